@@ -1,0 +1,42 @@
+"""The ``searchr1`` command line (also ``python cli.py``).
+
+Commands are loaded lazily so that ``--help`` answers instantly and a command only imports
+what it needs (the tokenizer and the SDK are heavy).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# command name -> "module:attribute" of a click.Command
+COMMANDS: dict[str, str] = {
+    "demo": "searchr1.commands.demo:demo",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attribute = target.split(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="searchr1")
+def main() -> None:
+    """Search-R1 on PyTRIO: teach an LLM when to search, what to search for, and when to answer.
+
+    Everything runs offline by default (scripted sampler, recorded search cassettes, the exact
+    Qwen3.5 tokenizer); live runs need PYTRIO_API_KEY and a search backend key.
+    """
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Click commands, one module per command (registered in ``searchr1.cli.COMMANDS``)."""

