@@ -58,6 +58,10 @@ class Trajectory:
     env_error: bool = False        # a search failed (the policy is not to blame)
     reward: float = -0.1
     advantage: float = 0.0
+    # Why this trajectory sends no datum although it has completion tokens, if it doesn't:
+    # "degenerate_group" (all rewards in its group equal) or "env_failure_group"
+    # (a trajectory of its group hit a search or sampler failure).
+    excluded: str | None = None
     valid_format: bool = False
     exact_match: bool = False
 
