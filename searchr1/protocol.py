@@ -1,0 +1,372 @@
+"""The search-tool protocol: what the model is told, how its turns are parsed, and how the
+token sequence grows from one turn to the next.
+
+The model input is never re-tokenised from text. Each new prompt is the previous prompt, the
+completion tokens exactly as the sampler returned them, the part of the assistant closing the
+sampler did not return, and the observation tokens that the chat template puts between the
+end of the assistant turn and the start of the next one. The template is consulted only for
+those environment tokens, and checked for not rewriting history while doing so.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import unicodedata
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SEARCH_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Look up evidence on the web. Pass one short English query.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "A short English search query."}
+            },
+            "required": ["query"],
+        },
+    },
+}
+
+_PROMPT_HEAD = """\
+You answer factual questions. A `search` tool returns short passages from the web.
+
+How to work:
+- Search whenever you are not sure of a fact. You may search several times, one short English query per turn.
+- Make at most one tool call in a turn, then wait for its result before going on.
+- Never make a tool call and give the final answer in the same turn.
+- When you know the answer, end your reply with exactly one line `Answer: <short answer>`."""
+
+_PROMPT_BUDGET = "- You can search at most {n} times in total; after that, answer with what you have."
+
+_PROMPT_EXAMPLE = """\
+
+Example. Question: Which country was the author of The Little Prince from?
+- First turn: call search with the query "The Little Prince author".
+- The result names Antoine de Saint-Exupery. Second turn: call search with the query "Antoine de Saint-Exupery nationality".
+- The result says he was a French writer. Third turn, no tool call:
+Answer: France"""
+
+SYSTEM_PROMPT = _PROMPT_HEAD + "\n" + _PROMPT_EXAMPLE
+
+
+def system_prompt(max_search_calls: int | None = None) -> str:
+    """The system prompt; with a budget it also tells the model how many searches it has."""
+    if max_search_calls is None:
+        return SYSTEM_PROMPT
+    return _PROMPT_HEAD + "\n" + _PROMPT_BUDGET.format(n=max_search_calls) + "\n" + _PROMPT_EXAMPLE
+
+
+def initial_messages(question: str, *, max_search_calls: int | None = None) -> list[dict[str, Any]]:
+    """System prompt plus the question, passed as it is."""
+    return [
+        {"role": "system", "content": system_prompt(max_search_calls)},
+        {"role": "user", "content": question},
+    ]
+
+
+def assistant_message(text: str) -> dict[str, Any]:
+    """The raw generated text, tool-call XML included (structured ``tool_calls`` are never used)."""
+    return {"role": "assistant", "content": text}
+
+
+def tool_message(call_id: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "name": "search", "content": content}
+
+
+def stop_sequences(tokenizer: Any) -> list[str]:
+    """Stop strings for sampling: the tokenizer's eos (``<|im_end|>`` for Qwen3.5)."""
+    eos = getattr(tokenizer, "eos_token", None)
+    return [eos] if eos else []
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+class _RenderCounter:
+    """Counts chat-template renders (the benchmark reports renders per tool turn)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def bump(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
+RENDERS = _RenderCounter()
+
+
+def _as_token_list(rendered: Any) -> list[int]:
+    """Normalise every shape ``apply_chat_template`` may return into ``list[int]``."""
+    if isinstance(rendered, Mapping) or hasattr(rendered, "keys"):
+        rendered = rendered["input_ids"]
+    if hasattr(rendered, "tolist"):
+        rendered = rendered.tolist()
+    if isinstance(rendered, Sequence) and rendered and not isinstance(rendered[0], (int,)):
+        first = rendered[0]
+        if isinstance(first, Sequence) or getattr(first, "ndim", 0) > 0:
+            if len(rendered) != 1:
+                raise ValueError(f"expected one rendered sequence, got a batch of {len(rendered)}")
+            rendered = first.tolist() if hasattr(first, "tolist") else first
+    return [int(token) for token in rendered]
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+    """Token ids of ``messages`` under the model's chat template, with the search tool and
+    thinking disabled (the generation prompt then ends with an empty think block)."""
+    RENDERS.bump()
+    rendered = tokenizer.apply_chat_template(
+        messages,
+        tools=[SEARCH_TOOL],
+        tokenize=True,
+        add_generation_prompt=add_generation_prompt,
+        enable_thinking=False,
+        return_dict=False,
+    )
+    return _as_token_list(rendered)
+
+
+def render_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    RENDERS.bump()
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=[SEARCH_TOOL],
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        enable_thinking=False,
+    )
+
+
+def build_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    return render(tokenizer, messages, add_generation_prompt=True)
+
+
+# --------------------------------------------------------------------------- parsing
+
+TOOL_CALL_PATTERN = re.compile(
+    r"<tool_call>\s*<function=search>\s*<parameter=query>\s*(.*?)\s*</parameter>\s*</function>\s*</tool_call>",
+    re.DOTALL,
+)
+_TRAILING_STOP = re.compile(r"(?:\s*(?:<\|im_end\|>|<\|endoftext\|>))+\s*\Z")
+
+
+@dataclass(frozen=True)
+class ParsedAssistant:
+    kind: str  # "tool" | "answer" | "invalid"
+    content: str
+    query: str | None = None
+
+
+def parse_assistant(text: str) -> ParsedAssistant:
+    """Classify one assistant turn (never raises).
+
+    * ``tool``: exactly one well-formed Qwen3.5 XML call to ``search`` with a single non-empty
+      ``query`` free of ``<``/``>``, and nothing but whitespace (or a trailing ``<|im_end|>``)
+      after it. Planning text before the call is kept as ``content``.
+    * ``invalid``: any other use of ``<tool_call>`` (JSON bodies, other functions, extra
+      parameters, two calls, text after the call, an unclosed call, an empty or bad query).
+    * ``answer``: no ``<tool_call>`` at all (whether it holds an ``Answer:`` line is the
+      reward's business).
+    """
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    body = _TRAILING_STOP.sub("", text)
+    if "<tool_call>" not in body:
+        return ParsedAssistant("answer", body.strip())
+    matches = list(TOOL_CALL_PATTERN.finditer(body))
+    invalid = ParsedAssistant("invalid", body.strip())
+    if len(matches) != 1 or body.count("<tool_call>") != 1 or body.count("</tool_call>") != 1:
+        return invalid
+    match = matches[0]
+    if body[match.end():].strip():
+        return invalid
+    query = match.group(1).strip()
+    if not query or "<" in query or ">" in query:
+        return invalid
+    return ParsedAssistant("tool", body[: match.start()].strip(), query)
+
+
+# --------------------------------------------------------------------------- stitching
+
+
+class TemplateDriftError(ValueError):
+    """The chat template does not behave as token stitching requires (it rewrote earlier
+    history, or its assistant/tool boundaries are not where they should be)."""
+
+
+@dataclass(frozen=True)
+class TemplateBoundaries:
+    """What the template puts around a tool observation, learnt once per tokenizer.
+
+    ``closing``: tokens that end an assistant turn (Qwen3.5: ``<|im_end|>``, ``\\n``).
+    ``observation_prefix`` / ``observation_suffix``: the text before and after the (trimmed)
+    tool content in the observation, which runs from the end of ``closing`` to the end of the
+    next generation prompt.
+    """
+
+    closing: tuple[int, ...]
+    observation_prefix: str
+    observation_suffix: str
+
+
+_BOUNDARIES: "weakref.WeakKeyDictionary[Any, tuple[str, TemplateBoundaries]]" = weakref.WeakKeyDictionary()
+_SENTINEL = "SEARCHR1-OBSERVATION-SENTINEL"
+_PROBE_MESSAGES = [
+    {"role": "system", "content": "probe"},
+    {"role": "user", "content": "Which river flows through Paris?"},
+]
+
+
+def template_boundaries(tokenizer: Any) -> TemplateBoundaries:
+    """Closing tokens and observation wrapper of this tokenizer's template (cached)."""
+    template = str(getattr(tokenizer, "chat_template", ""))
+    cached = _BOUNDARIES.get(tokenizer)
+    if cached is not None and cached[0] == template:
+        return cached[1]
+    prompt = build_prompt(tokenizer, _PROBE_MESSAGES)
+    empty_turn = render(tokenizer, _PROBE_MESSAGES + [assistant_message("")], add_generation_prompt=False)
+    if empty_turn[: len(prompt)] != prompt:
+        raise TemplateDriftError(
+            "cannot find the assistant closing: rendering an empty assistant turn does not "
+            "extend the generation prompt"
+        )
+    closing = tuple(empty_turn[len(prompt):])
+    if not closing:
+        raise TemplateDriftError("the template closes an assistant turn with no tokens")
+    call = "<tool_call>\n<function=search>\n<parameter=query>\nSeine\n</parameter>\n</function>\n</tool_call>"
+    before = _PROBE_MESSAGES + [assistant_message(call)]
+    end_text = render_text(tokenizer, before, add_generation_prompt=False)
+    next_text = render_text(
+        tokenizer, before + [tool_message("probe-1", _SENTINEL)], add_generation_prompt=True
+    )
+    closing_text = tokenizer.decode(list(closing), skip_special_tokens=False)
+    if not next_text.startswith(end_text) or not end_text.endswith(closing_text):
+        raise TemplateDriftError(
+            "adding a tool observation rewrote the rendered conversation before it"
+        )
+    delta = next_text[len(end_text):]
+    if delta.count(_SENTINEL) != 1:
+        raise TemplateDriftError("the tool observation text does not appear exactly once")
+    prefix, suffix = delta.split(_SENTINEL)
+    boundaries = TemplateBoundaries(closing, prefix, suffix)
+    _BOUNDARIES[tokenizer] = (template, boundaries)
+    return boundaries
+
+
+def observation_text(tokenizer: Any, content: str) -> str:
+    """The observation as text: wrapper plus the content trimmed as the template trims it."""
+    boundaries = template_boundaries(tokenizer)
+    return boundaries.observation_prefix + content.strip() + boundaries.observation_suffix
+
+
+def observation_tokens(tokenizer: Any, content: str) -> list[int]:
+    """Observation tokens for ``content`` without rendering the conversation.
+
+    Exact because the observation starts right after a special token (``<|im_end|>`` ends the
+    closing), so tokenisation cannot merge across the boundary. ``build_next_prompt`` checks
+    this against the template on every turn.
+    """
+    return list(tokenizer.encode(observation_text(tokenizer, content), add_special_tokens=False))
+
+
+def suffix_prefix_overlap(tokens: Sequence[int], suffix: Sequence[int]) -> int:
+    """Largest ``L`` with ``tokens[-L:] == suffix[:L]`` (0 when none)."""
+    for length in range(min(len(tokens), len(suffix)), 0, -1):
+        if list(tokens[-length:]) == list(suffix[:length]):
+            return length
+    return 0
+
+
+def missing_closing(tokenizer: Any, completion_tokens: Sequence[int]) -> list[int]:
+    """The part of the assistant closing the sampler did not already return."""
+    closing = template_boundaries(tokenizer).closing
+    return list(closing[suffix_prefix_overlap(completion_tokens, closing):])
+
+
+def build_next_prompt(
+    tokenizer: Any,
+    messages_before_assistant: list[dict[str, Any]],
+    assistant_text: str,
+    previous_prompt_tokens: Sequence[int],
+    completion_tokens: Sequence[int],
+    next_tool_message: dict[str, Any],
+) -> list[int]:
+    """``previous prompt + completion (as sampled) + missing closing + observation``.
+
+    Two template renders per call: the conversation ending with the assistant turn, and the
+    same conversation with the tool message and the next generation prompt. The second must
+    extend the first (else ``TemplateDriftError``), and the difference must be exactly the
+    observation that :func:`observation_tokens` predicts.
+    """
+    with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
+    assistant_end = render(tokenizer, with_assistant, add_generation_prompt=False)
+    next_prompt = render(tokenizer, with_assistant + [next_tool_message], add_generation_prompt=True)
+    if next_prompt[: len(assistant_end)] != assistant_end:
+        raise TemplateDriftError(
+            "the chat template rewrote earlier history after the tool observation was added "
+            "(the render with the tool message does not extend the render without it)"
+        )
+    closing = template_boundaries(tokenizer).closing
+    if tuple(assistant_end[-len(closing):]) != closing:
+        raise TemplateDriftError(
+            "the rendered assistant turn does not end with the closing tokens learnt from the template"
+        )
+    observation = next_prompt[len(assistant_end):]
+    predicted = observation_tokens(tokenizer, str(next_tool_message.get("content", "")))
+    if observation != predicted:
+        raise TemplateDriftError(
+            "the template's observation tokens differ from the wrapper learnt at start-up "
+            "(the tool turn is rendered differently for this conversation)"
+        )
+    return (
+        list(previous_prompt_tokens)
+        + list(completion_tokens)
+        + missing_closing(tokenizer, completion_tokens)
+        + observation
+    )
+
+
+def check_template(tokenizer: Any) -> TemplateBoundaries:
+    """Start-up self-check of the stitching invariants on a probe conversation.
+
+    A live run with an unexpected template fails here in seconds, with the failing check
+    named, instead of after a paid training step.
+    """
+    messages = initial_messages("Which country was the author of The Little Prince from?")
+    prompt = build_prompt(tokenizer, messages)
+    generation_prompt = tokenizer.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)
+    if prompt[-len(generation_prompt):] != generation_prompt:
+        raise TemplateDriftError(
+            "the generation prompt does not end with an empty think block; was enable_thinking=False ignored?"
+        )
+    boundaries = template_boundaries(tokenizer)
+    turns = [
+        "<tool_call>\n<function=search>\n<parameter=query>\nThe Little Prince author\n</parameter>\n</function>\n</tool_call>",
+        "Now his nationality.\n\n<tool_call>\n<function=search>\n<parameter=query>\nAntoine de Saint-Exupery nationality\n</parameter>\n</function>\n</tool_call>",
+    ]
+    observations = ["[1] Title: The Little Prince\n    Content: A novella by Antoine de Saint-Exupery.", "He was a French writer."]
+    tokens = prompt
+    for index, (text, observation) in enumerate(zip(turns, observations), start=1):
+        if parse_assistant(text).kind != "tool":
+            raise TemplateDriftError(f"probe tool call {index} does not parse as a search call")
+        completion = tokenizer.encode(text, add_special_tokens=False) + list(boundaries.closing[:1])
+        tool = tool_message(f"probe-{index}", observation)
+        tokens = build_next_prompt(tokenizer, messages, text, tokens, completion, tool)
+        messages = messages + [assistant_message(text), tool]
+    if tokens != build_prompt(tokenizer, messages):
+        raise TemplateDriftError(
+            "stitched tokens differ from a full render of the same two-search conversation"
+        )
+    return boundaries
+
+
+def nfc(text: str) -> str:
+    """The tokenizer normalises text to NFC; decoded text compares equal only after this."""
+    return unicodedata.normalize("NFC", text)
