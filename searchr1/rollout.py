@@ -1,0 +1,467 @@
+"""The rollout engine: every trajectory is its own small state machine.
+
+    sample -> parse -> (answer | invalid | over budget: end)
+                    -> search -> fit the observation -> stitch tokens -> sample -> ...
+
+The first turn of a question is one sampling request with ``num_samples = group_size`` on the
+shared prompt. From then on each trajectory runs as its own asyncio task, strictly
+sequential inside itself and concurrent with all others, under one global sampling
+semaphore (the search backend applies its own caps). Nobody waits for the slowest sample or
+the slowest search of a "round": there are no rounds.
+
+Trajectories keep exactly the tokens the sampler returned; the chat template is used only
+for the environment's tokens (see :mod:`searchr1.protocol`). Given the same scenario,
+cassettes and seed, the result does not depend on the order in which requests complete:
+every sampling seed is derived from (step, question, sample, turn), never from a counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from .advantage import assign_group_advantages
+from .data import SearchExample
+from .protocol import (
+    assistant_message,
+    build_next_prompt,
+    build_prompt,
+    initial_messages,
+    missing_closing,
+    observation_tokens,
+    parse_assistant,
+    stop_sequences,
+    template_boundaries,
+    tool_message,
+)
+from .reward import score_answer
+from .search.types import SearchBackend, SearchResult, observation_candidates
+from .trajectory import AssistantTurn, SearchRecord, Trajectory
+
+log = logging.getLogger("searchr1.rollout")
+T = TypeVar("T")
+
+TOOL_OVERFLOW_MODES = ("truncate", "end")
+TRUNCATION_MARKER = " [... truncated to fit the budget]"
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int = 8
+    max_search_calls: int = 4
+    max_assistant_turns: int = 6
+    max_trajectory_tokens: int = 8192
+    max_assistant_tokens: int = 1024
+    max_tool_response_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 42
+    # Scheduling and robustness (not in the seed).
+    sampling_concurrency: int = 64
+    sample_timeout: float | None = 900.0
+    sample_retries: int = 2
+    sample_retry_backoff: float = 1.0
+    max_sampler_failure_fraction: float = 0.25
+    # "truncate": when not even the first item fits, cut it at a token boundary and say so;
+    # "end": the seed's behaviour, the trajectory ends on its tool call.
+    tool_overflow: str = "truncate"
+    # Tell the model its search budget in the system prompt (the seed did not).
+    state_search_budget: bool = True
+
+    def __post_init__(self) -> None:
+        positive = ("group_size", "max_assistant_turns", "max_trajectory_tokens",
+                    "max_assistant_tokens", "max_tool_response_tokens", "sampling_concurrency")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_search_calls < 0 or self.sample_retries < 0:
+            raise ValueError("max_search_calls and sample_retries must be >= 0")
+        if self.tool_overflow not in TOOL_OVERFLOW_MODES:
+            raise ValueError(f"tool_overflow must be one of {TOOL_OVERFLOW_MODES}, got {self.tool_overflow!r}")
+        if not 0.0 <= self.max_sampler_failure_fraction <= 1.0:
+            raise ValueError("max_sampler_failure_fraction must be within [0, 1]")
+
+
+class SamplerFailureError(RuntimeError):
+    """Too large a share of the batch could not be sampled."""
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    prompt_tokens: list[int]
+    num_samples: int
+    max_tokens: int
+    seed: int
+
+
+def sampling_seed(base: int, step: int, question_index: int, group_index: int, turn: int) -> int:
+    """A 31-bit seed that differs for every step, question, sample and turn.
+
+    The seed reused ``seed + index`` every training step, so sampling noise was the same
+    each step; hashing the step in removes that correlation.
+    """
+    material = f"{base}/{step}/{question_index}/{group_index}/{turn}".encode()
+    return int.from_bytes(hashlib.blake2b(material, digest_size=4).digest(), "big") & 0x7FFFFFFF
+
+
+def make_request(
+    tokenizer: Any,
+    trajectory: Trajectory,
+    trajectory_index: int,
+    num_samples: int,
+    seed: int,
+    config: RolloutConfig,
+) -> SampleRequest | None:
+    """The next sampling request, or ``None`` (and the trajectory ends on ``token_budget``)
+    when the trajectory has no room left for even one generated token."""
+    if trajectory.next_prompt_tokens is not None:
+        prompt = trajectory.next_prompt_tokens
+    else:
+        prompt = build_prompt(tokenizer, trajectory.messages)
+    max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))
+    if max_tokens <= 0:
+        trajectory.finish("prompt_too_long" if not trajectory.turns else "token_budget")
+        return None
+    return SampleRequest(list(prompt), num_samples, max_tokens, seed)
+
+
+class MalformedSampleError(ValueError):
+    """The sampler answered, but not with what was asked for."""
+
+
+def read_sequence(sequence: Any, tokenizer: Any) -> tuple[list[int], list[float], str, str]:
+    """Tokens, logprobs, text and stop reason of one sampled sequence."""
+    tokens = [int(t) for t in sequence.tokens]
+    logprobs = [float(x) for x in sequence.logprobs]
+    if len(tokens) != len(logprobs):
+        raise MalformedSampleError(f"sampler returned {len(tokens)} tokens but {len(logprobs)} logprobs")
+    text = sequence.text if sequence.text is not None else tokenizer.decode(tokens, skip_special_tokens=True)
+    return tokens, logprobs, text, str(getattr(sequence, "stop_reason", "") or "")
+
+
+def is_sampler_failure(error: BaseException) -> bool:
+    """A failure of the sampling service (the trajectory ends as ``sampler_error``).
+
+    Anything else (a bug, a scenario that does not match, a missing cassette entry) is not the
+    service's fault and propagates.
+    """
+    from pytrio import PyTrioError
+
+    return isinstance(error, (PyTrioError, TimeoutError, ConnectionError, OSError, MalformedSampleError))
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Worth another sampling attempt: timeouts, dropped connections, and SDK errors that say so."""
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
+        return True
+    return getattr(error, "retryable", False) is True
+
+
+@dataclass(frozen=True)
+class FittedObservation:
+    content: str
+    next_prompt: list[int]
+    truncated: bool
+
+
+def _truncate_to_fit(tokenizer: Any, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
+    """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    keep = min(len(ids), limit)
+    while keep > 0:
+        head = tokenizer.decode(ids[:keep], skip_special_tokens=False).rstrip("\ufffd")
+        candidate = head.rstrip() + TRUNCATION_MARKER
+        if head.strip() and budget(candidate):
+            return candidate
+        keep = keep - max(1, keep // 8) if keep > 64 else keep - 1
+    return None
+
+
+def fit_tool_content(
+    tokenizer: Any,
+    messages_before_assistant: list[dict[str, Any]],
+    assistant_text: str,
+    previous_prompt_tokens: Sequence[int],
+    completion_tokens: Sequence[int],
+    call_id: str,
+    result: SearchResult,
+    config: RolloutConfig,
+) -> FittedObservation | None:
+    """The tool message content and the next prompt, or ``None`` when nothing fits.
+
+    Whole items are added greedily in rank order while the joined content stays within
+    ``max_tool_response_tokens`` and the next prompt leaves room for at least one generated
+    token; the first item that does not fit stops the loop (as the seed). Sizes come from the
+    tokenizer directly; the template is rendered twice, once, for the chosen content. If not
+    even the first item fits, ``tool_overflow="truncate"`` cuts it at a token boundary with a
+    visible marker; ``"end"`` returns ``None`` (the seed).
+    """
+    base = len(previous_prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
+    room = config.max_trajectory_tokens - 1 - base  # leave one token for the next turn
+
+    def fits(content: str) -> bool:
+        if len(tokenizer.encode(content, add_special_tokens=False)) > config.max_tool_response_tokens:
+            return False
+        return len(observation_tokens(tokenizer, content)) <= room
+
+    accepted: list[str] = []
+    for candidate in observation_candidates(result):
+        joined = "\n\n".join(accepted + [candidate])
+        if not fits(joined):
+            break
+        accepted.append(candidate)
+    truncated = False
+    if accepted:
+        content = "\n\n".join(accepted)
+    elif config.tool_overflow == "truncate":
+        first = observation_candidates(result)[0]
+        cut = _truncate_to_fit(tokenizer, first, fits, config.max_tool_response_tokens)
+        if cut is None:
+            return None
+        content, truncated = cut, True
+    else:
+        return None
+    next_prompt = build_next_prompt(
+        tokenizer,
+        messages_before_assistant,
+        assistant_text,
+        previous_prompt_tokens,
+        completion_tokens,
+        tool_message(call_id, content),
+    )
+    return FittedObservation(content, next_prompt, truncated)
+
+
+def score_trajectory(trajectory: Trajectory) -> None:
+    result = score_answer(trajectory.final_text, trajectory.example.answers)
+    trajectory.reward = result.reward
+    trajectory.valid_format = result.valid_format
+    trajectory.exact_match = result.exact_match
+
+
+async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
+    """Run concurrently; if one fails, cancel the rest and raise that error itself."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(c) for c in coroutines]
+    except BaseExceptionGroup as failure:
+        first = failure.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    return [task.result() for task in tasks]
+
+
+class _Engine:
+    """State shared by the tasks of one batch."""
+
+    def __init__(self, sampling_client: Any, tokenizer: Any, search_backend: SearchBackend,
+                 config: RolloutConfig, step: int, progress: Callable[[int], None] | None) -> None:
+        self.sampler = sampling_client
+        self.tokenizer = tokenizer
+        self.search = search_backend
+        self.config = config
+        self.step = step
+        self.progress = progress
+        self.semaphore = asyncio.Semaphore(config.sampling_concurrency)
+        self.stop = stop_sequences(tokenizer)
+        self.first_failure: str | None = None
+
+    def finished(self, trajectory: Trajectory) -> None:
+        if self.progress is not None:
+            self.progress(1)
+
+    async def sample(self, request: SampleRequest) -> list[Any]:
+        """One request with retries; returns exactly ``num_samples`` sequences or raises."""
+        import pytrio as trio
+
+        params = trio.SamplingParams(
+            max_tokens=request.max_tokens,
+            seed=request.seed,
+            stop=self.stop or None,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+        )
+        prompt = trio.ModelInput.from_ints(request.prompt_tokens)
+        attempt = 0
+        while True:
+            try:
+                async with self.semaphore:
+                    call = self.sampler.sample_async(
+                        prompt=prompt, num_samples=request.num_samples,
+                        sampling_params=params, return_text=True,
+                    )
+                    response = await asyncio.wait_for(call, self.config.sample_timeout)
+                sequences = list(response.sequences)
+                if len(sequences) != request.num_samples:
+                    raise MalformedSampleError(
+                        f"sampler returned {len(sequences)} sequences for num_samples={request.num_samples}"
+                    )
+                return sequences
+            except Exception as error:  # noqa: BLE001 - classified below, never swallowed silently
+                if attempt >= self.config.sample_retries or not is_retryable(error):
+                    raise
+                attempt += 1
+                log.warning("sampling failed (%s), retry %d/%d", type(error).__name__,
+                            attempt, self.config.sample_retries)
+                await asyncio.sleep(self.config.sample_retry_backoff * 2 ** (attempt - 1))
+
+    async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
+        config = self.config
+        budget = config.max_search_calls if config.state_search_budget else None
+        messages = initial_messages(example.question, max_search_calls=budget)
+        branches = [
+            Trajectory(example, question_index, g, [dict(m) for m in messages])
+            for g in range(config.group_size)
+        ]
+        seed = sampling_seed(config.seed, self.step, question_index, 0, 0)
+        request = make_request(self.tokenizer, branches[0], 0, config.group_size, seed, config)
+        if request is None:
+            for branch in branches[1:]:
+                branch.finish(branches[0].termination or "prompt_too_long")
+            log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
+            for branch in branches:
+                self.finished(branch)
+            return branches
+        try:
+            sequences = await self.sample(request)
+        except Exception as error:  # noqa: BLE001
+            if not is_sampler_failure(error):
+                raise
+            self._sampler_failed(branches, error)
+            return branches
+        await run_all(
+            self.run_trajectory(branch, request.prompt_tokens, sequence)
+            for branch, sequence in zip(branches, sequences)
+        )
+        return branches
+
+    def _sampler_failed(self, trajectories: list[Trajectory], error: BaseException) -> None:
+        summary = f"{type(error).__name__}: {str(error)[:200]}"
+        self.first_failure = self.first_failure or summary
+        log.warning("sampling failed for good (%s)", summary)
+        for trajectory in trajectories:
+            trajectory.finish("sampler_error")
+            self.finished(trajectory)
+
+    async def run_trajectory(self, trajectory: Trajectory, prompt: list[int], sequence: Any) -> None:
+        config = self.config
+        while True:
+            try:
+                tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
+            except MalformedSampleError as error:
+                self._sampler_failed([trajectory], error)
+                return
+            trajectory.turns.append(AssistantTurn(prompt, tokens, logprobs, text, stop_reason))
+            await self.advance(trajectory, prompt, tokens, text)
+            if trajectory.done:
+                self.finished(trajectory)
+                return
+            seed = sampling_seed(config.seed, self.step, trajectory.question_index,
+                                 trajectory.group_index, len(trajectory.turns))
+            request = make_request(self.tokenizer, trajectory, 0, 1, seed, config)
+            if request is None:
+                self.finished(trajectory)
+                return
+            try:
+                (sequence,) = await self.sample(request)
+            except Exception as error:  # noqa: BLE001
+                if not is_sampler_failure(error):
+                    raise
+                self._sampler_failed([trajectory], error)
+                return
+            prompt = request.prompt_tokens
+
+    async def advance(self, trajectory: Trajectory, prompt: list[int], tokens: list[int], text: str) -> None:
+        """Handle one assistant turn: end the trajectory, or search and stitch the next prompt."""
+        config = self.config
+        parsed = parse_assistant(text)
+        messages_before = list(trajectory.messages)
+        trajectory.messages.append(assistant_message(text))
+        if parsed.kind == "answer":
+            trajectory.finish("answer", text)
+            return
+        if parsed.kind == "invalid":
+            trajectory.finish("invalid", text)
+            return
+        if trajectory.search_calls >= config.max_search_calls:
+            trajectory.finish("search_budget", text)
+            return
+        if len(trajectory.turns) >= config.max_assistant_turns:
+            trajectory.finish("turn_budget", text)
+            return
+        assert parsed.query is not None
+        base = len(prompt) + len(tokens) + len(missing_closing(self.tokenizer, tokens))
+        overhead = len(observation_tokens(self.tokenizer, "x"))
+        if base + overhead + 1 > config.max_trajectory_tokens:
+            trajectory.finish("token_budget", text)  # no observation could fit: skip the search
+            return
+        call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
+        result = await self.search.search(parsed.query)
+        fitted = fit_tool_content(self.tokenizer, messages_before, text, prompt, tokens,
+                                  call_id, result, config)
+        if fitted is None:
+            trajectory.finish("tool_overflow", text)
+            return
+        trajectory.messages.append(tool_message(call_id, fitted.content))
+        trajectory.searches.append(SearchRecord(
+            query=parsed.query, ok=result.ok, observation=fitted.content, items=len(result.items),
+            error=result.error, cached=result.cached, truncated=fitted.truncated,
+        ))
+        trajectory.next_prompt_tokens = fitted.next_prompt
+        trajectory.search_calls += 1
+        trajectory.env_error = trajectory.env_error or not result.ok
+
+
+async def rollout_batch_async(
+    sampling_client: Any,
+    tokenizer: Any,
+    search_client: SearchBackend,
+    examples: Sequence[SearchExample],
+    config: RolloutConfig,
+    progress_callback: Callable[[int], None] | None = None,
+    *,
+    step: int = 0,
+    advantage_mode: str = "mean",
+    keep_env_failures: bool = False,
+) -> list[Trajectory]:
+    """Roll out ``group_size`` trajectories per example; score them and assign advantages.
+
+    Returns trajectories ordered by question, then sample. Raises
+    :class:`SamplerFailureError` when more than ``max_sampler_failure_fraction`` of them could
+    not be sampled (a smaller share ends as ``sampler_error`` and is left out of the update).
+    """
+    template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
+    engine = _Engine(sampling_client, tokenizer, search_client, config, step, progress_callback)
+    groups = await run_all(
+        engine.run_question(index, example) for index, example in enumerate(examples)
+    )
+    trajectories = [t for group in groups for t in group]
+    failed = sum(t.sampler_error for t in trajectories)
+    if trajectories and failed / len(trajectories) > config.max_sampler_failure_fraction:
+        raise SamplerFailureError(
+            f"{failed} of {len(trajectories)} trajectories could not be sampled (more than "
+            f"max_sampler_failure_fraction={config.max_sampler_failure_fraction}); "
+            f"the sampling service looks unhealthy (first failure: {engine.first_failure})"
+        )
+    for trajectory in trajectories:
+        if not trajectory.sampler_error:
+            score_trajectory(trajectory)
+    assign_group_advantages(trajectories, mode=advantage_mode, keep_env_failures=keep_env_failures)
+    return trajectories
+
+
+def rollout_batch(sampling_client: Any, tokenizer: Any, search_client: SearchBackend,
+                  examples: Sequence[SearchExample], config: RolloutConfig,
+                  progress_callback: Callable[[int], None] | None = None, **kwargs: Any) -> list[Trajectory]:
+    """Synchronous wrapper of :func:`rollout_batch_async` (runs its own event loop)."""
+    return asyncio.run(rollout_batch_async(sampling_client, tokenizer, search_client, examples,
+                                           config, progress_callback, **kwargs))
+
+
+def with_overrides(config: RolloutConfig, **overrides: Any) -> RolloutConfig:
+    return replace(config, **overrides)

@@ -1,0 +1,379 @@
+"""Rollout engine: budgets, stitching, isolation, determinism and concurrency, with the real
+tokenizer, the scripted sampler and an in-memory search backend."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pytrio.errors.actor import ActorAPIError
+
+from searchr1.protocol import missing_closing, observation_tokens, template_boundaries
+from searchr1.rollout import (
+    TRUNCATION_MARKER,
+    RolloutConfig,
+    SamplerFailureError,
+    make_request,
+    rollout_batch,
+    rollout_batch_async,
+    sampling_seed,
+)
+from searchr1.scripted import ScenarioError, ScriptedSampler, ScriptedSearch, parse_scenario
+from searchr1.search.types import SearchItem, SearchResult
+from searchr1.trajectory import Trajectory
+
+CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
+FAST = dict(sample_retry_backoff=0.0)
+
+
+def call(query: str, planning: str = "") -> str:
+    return f"{planning}\n\n{CALL.format(query)}" if planning else CALL.format(query)
+
+
+def item(title: str, words: int = 12) -> SearchItem:
+    return SearchItem(title, " ".join(f"{title.lower()}{i}" for i in range(words)), "Wikipedia", f"https://w/{title}")
+
+
+RESULTS = {
+    "alpha": SearchResult(True, (item("Alpha"), item("Beta"), item("Gamma"))),
+    "beta": SearchResult(True, ()),
+    "gamma": SearchResult(False, (), status=503, error="HTTP 503"),
+    "long": SearchResult(True, (item("Long", 600), item("Short", 5))),
+}
+
+
+def scenario(questions):
+    return parse_scenario({"questions": questions})
+
+
+def question(qid, samples, answers=("France",), text=None):
+    return {"id": qid, "question": text or f"Question {qid}?", "answers": list(answers),
+            "data_source": "nq", "samples": samples}
+
+
+def run(tokenizer, questions, config=None, search=None, **kw):
+    sc = scenario(questions)
+    sampler = ScriptedSampler(sc, tokenizer, **kw.pop("sampler_kw", {}))
+    search = search or ScriptedSearch(RESULTS)
+    config = config or RolloutConfig(group_size=len(questions[0]["samples"]), **FAST)
+    return rollout_batch(sampler, tokenizer, search, sc.examples, config, **kw), sampler, search
+
+
+# ----------------------------------------------------------------------------- terminations
+
+
+def test_answer_invalid_and_search_terminations(tokenizer):
+    samples = [
+        [call("alpha"), "Answer: France"],
+        ["Answer: Spain"],
+        ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'],
+        [call("alpha", "Let me look."), "Answer: Italy"],
+    ]
+    trajectories, _, _ = run(tokenizer, [question("q", samples)])
+    assert [t.termination for t in trajectories] == ["answer", "answer", "invalid", "answer"]
+    assert [t.reward for t in trajectories] == [1.0, 0.0, -0.1, 0.0]
+    assert [t.search_calls for t in trajectories] == [1, 0, 0, 1]
+    mean = sum(t.reward for t in trajectories) / 4
+    assert [t.advantage for t in trajectories] == pytest.approx([r - mean for r in (1.0, 0.0, -0.1, 0.0)])
+
+
+def test_a_tool_call_after_the_search_budget_ends_the_trajectory(tokenizer):
+    samples = [[call("alpha"), call("beta"), call("alpha", "Answer: France"), "Answer: France"]]
+    config = RolloutConfig(group_size=1, max_search_calls=2, **FAST)
+    (t,), _, search = run(tokenizer, [question("q", samples)], config)
+    assert t.termination == "search_budget"
+    assert t.search_calls == 2 and len(search.calls) == 2
+    assert t.final_text == samples[0][2]  # scored as the seed does: on the tool-call turn
+
+
+def test_the_turn_budget_binds_when_lower_than_the_search_budget(tokenizer):
+    samples = [[call("alpha"), call("beta"), "Answer: France"]]
+    config = RolloutConfig(group_size=1, max_assistant_turns=2, **FAST)
+    (t,), _, _ = run(tokenizer, [question("q", samples)], config)
+    assert t.termination == "turn_budget" and len(t.turns) == 2 and t.search_calls == 1
+
+
+def test_search_errors_become_observations_and_flag_the_trajectory(tokenizer):
+    samples = [[call("gamma"), "Answer: France"], ["Answer: France"]]
+    trajectories, _, _ = run(tokenizer, [question("q", samples)])
+    failed = trajectories[0]
+    assert failed.env_error and failed.searches[0].observation == "Search error: HTTP 503"
+    assert failed.search_calls == 1  # a failed search still spends budget, as in the seed
+    assert {t.excluded for t in trajectories} == {"env_failure_group"}
+
+
+def test_no_results_is_not_an_environment_error(tokenizer):
+    (t,), _, _ = run(tokenizer, [question("q", [[call("beta"), "Answer: France"]])],
+                     RolloutConfig(group_size=1, **FAST))
+    assert t.searches[0].observation == "Search returned no results." and not t.env_error
+
+
+def test_a_completion_cut_by_max_tokens_stops_with_length(tokenizer):
+    long_answer = "word " * 50 + "\nAnswer: France"
+    config = RolloutConfig(group_size=1, max_assistant_tokens=10, **FAST)
+    (t,), _, _ = run(tokenizer, [question("q", [[long_answer]])], config)
+    assert t.turns[0].stop_reason == "length" and len(t.turns[0].completion_tokens) == 10
+    assert t.reward == -0.1
+
+
+def test_a_prompt_longer_than_the_budget_ends_every_sample_visibly(tokenizer):
+    config = RolloutConfig(group_size=2, max_trajectory_tokens=50, **FAST)
+    trajectories, sampler, _ = run(tokenizer, [question("q", [["Answer: x"], ["Answer: y"]])], config)
+    assert [t.termination for t in trajectories] == ["prompt_too_long"] * 2
+    assert sampler.calls == []
+
+
+def test_items_are_added_whole_and_greedily_until_the_tool_budget(tokenizer):
+    one = len(tokenizer.encode(RESULTS["alpha"].items and "[1] Title: Alpha\n    Content: "
+                               + RESULTS["alpha"].items[0].content + "\n    Source: Wikipedia\n    URL: https://w/Alpha"))
+    config = RolloutConfig(group_size=1, max_tool_response_tokens=one + 5, **FAST)
+    (t,), _, _ = run(tokenizer, [question("q", [[call("alpha"), "Answer: France"]])], config)
+    observation = t.searches[0].observation
+    assert observation.startswith("[1] Title: Alpha") and "[2]" not in observation
+    assert not t.searches[0].truncated
+
+
+def test_an_oversized_first_item_is_truncated_with_a_marker(tokenizer):
+    config = RolloutConfig(group_size=1, max_tool_response_tokens=100, **FAST)
+    (t,), _, _ = run(tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
+    record = t.searches[0]
+    assert record.truncated and record.observation.endswith(TRUNCATION_MARKER)
+    assert len(tokenizer.encode(record.observation)) <= 100
+    assert t.termination == "answer"
+
+
+def test_the_seed_overflow_mode_ends_the_trajectory_instead(tokenizer):
+    config = RolloutConfig(group_size=1, max_tool_response_tokens=100, tool_overflow="end", **FAST)
+    (t,), _, _ = run(tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
+    assert t.termination == "tool_overflow" and t.reward == -0.1 and t.search_calls == 0
+
+
+def test_make_request_caps_max_tokens_by_the_remaining_budget(tokenizer):
+    from searchr1.data import SearchExample
+    from searchr1.protocol import initial_messages
+
+    t = Trajectory(SearchExample("i", "Q?", ("a",), "nq"), 0, 0, initial_messages("Q?"))
+    t.next_prompt_tokens = [1] * 1000
+    request = make_request(tokenizer, t, 0, 1, 7, RolloutConfig(max_trajectory_tokens=1500))
+    assert request.max_tokens == 500 and request.seed == 7
+    assert make_request(tokenizer, t, 0, 1, 7, RolloutConfig(max_assistant_tokens=300)).max_tokens == 300
+    t.turns.append(object())
+    assert make_request(tokenizer, t, 0, 1, 7, RolloutConfig(max_trajectory_tokens=1000)) is None
+    assert t.termination == "token_budget"
+
+
+def test_seeds_differ_across_steps_questions_samples_and_turns():
+    seeds = {sampling_seed(42, s, q, g, k) for s in range(3) for q in range(3) for g in range(3) for k in range(3)}
+    assert len(seeds) == 81 and all(0 <= s < 2**31 for s in seeds)
+
+
+# ----------------------------------------------------------------------------- sampler failures
+
+
+def _retryable():
+    return ActorAPIError("sampling overloaded", code="actor.request_failed", status_code=503)
+
+
+def test_retryable_sampler_errors_are_retried(tokenizer):
+    failures = {"left": 2}
+
+    def faults(call):
+        if failures["left"]:
+            failures["left"] -= 1
+            return _retryable()
+        return None
+
+    (t,), sampler, _ = run(tokenizer, [question("q", [["Answer: France"]])],
+                           RolloutConfig(group_size=1, sample_retries=2, **FAST),
+                           sampler_kw={"faults": faults})
+    assert t.termination == "answer" and len(sampler.calls) == 3
+
+
+def test_a_trajectory_whose_sampling_fails_ends_without_crashing_the_batch(tokenizer):
+    def faults(call):
+        return _retryable() if call.question_id == "bad" and call.turn == 1 else None
+
+    questions = [question(f"ok{i}", [[call("alpha"), "Answer: France"], ["Answer: x"]]) for i in range(4)]
+    questions.append(question("bad", [[call("alpha"), "Answer: France"], ["Answer: x"]]))
+    trajectories, _, _ = run(tokenizer, questions, RolloutConfig(group_size=2, sample_retries=1, **FAST),
+                             sampler_kw={"faults": faults})
+    bad = [t for t in trajectories if t.example.id == "bad"]
+    assert [t.termination for t in bad] == ["sampler_error", "answer"]
+    assert all(t.excluded == "env_failure_group" for t in bad)
+    assert all(t.termination == "answer" for t in trajectories if t.example.id != "bad")
+
+
+def test_too_many_sampler_failures_raise_a_clear_error(tokenizer):
+    def faults(call):
+        return ActorAPIError("bad request", code="actor.invalid_response", status_code=400)
+
+    with pytest.raises(SamplerFailureError, match="could not be sampled.*ActorAPIError"):
+        run(tokenizer, [question("q", [["Answer: x"], ["Answer: y"]])], sampler_kw={"faults": faults})
+
+
+def test_a_prompt_the_scenario_does_not_know_names_the_question_and_turn(tokenizer):
+    samples = [[call("alpha")]]  # the script ends on a tool call: the engine asks for turn 2
+    with pytest.raises(ScenarioError, match=r"question 'q' turn 2"):
+        run(tokenizer, [question("q", samples)], RolloutConfig(group_size=1, **FAST))
+
+
+def test_a_harness_error_in_search_propagates(tokenizer):
+    with pytest.raises(KeyError, match="unknown"):
+        run(tokenizer, [question("q", [[call("unknown"), "Answer: x"]])], RolloutConfig(group_size=1, **FAST))
+
+
+# ----------------------------------------------------------------------------- properties
+
+QUERIES = sorted(RESULTS)
+
+
+@st.composite
+def random_batches(draw):
+    group = draw(st.integers(1, 3))
+    questions = []
+    for q in range(draw(st.integers(1, 3))):
+        samples = []
+        for j in range(group):
+            turns = [call(draw(st.sampled_from(QUERIES)), f"Sample {j} of {q}.")]
+            turns += [call(draw(st.sampled_from(QUERIES))) for _ in range(draw(st.integers(0, 4)))]
+            turns.append(draw(st.sampled_from(["Answer: France", "Answer: Spain", "no answer", "<tool_call>bad"])))
+            samples.append(turns)
+        questions.append(question(f"q{q}", samples))
+    config = RolloutConfig(
+        group_size=group,
+        max_search_calls=draw(st.integers(0, 4)),
+        max_assistant_turns=draw(st.integers(1, 6)),
+        max_trajectory_tokens=draw(st.integers(560, 1600)),
+        max_assistant_tokens=draw(st.integers(4, 80)),
+        max_tool_response_tokens=draw(st.integers(8, 300)),
+        tool_overflow=draw(st.sampled_from(["truncate", "end"])),
+        **FAST,
+    )
+    return questions, config
+
+
+def _assert_within_budgets(tokenizer, t, config):
+    assert t.termination is not None
+    assert len(t.turns) <= config.max_assistant_turns
+    assert t.search_calls <= config.max_search_calls
+    assert t.total_tokens <= config.max_trajectory_tokens
+    assert len(t.searches) == len(t.turns) - 1 or t.termination == "prompt_too_long"
+    for previous, turn, search in zip(t.turns, t.turns[1:], t.searches):
+        grown = previous.prompt_tokens + previous.completion_tokens
+        assert turn.prompt_tokens[: len(grown)] == grown
+        environment = missing_closing(tokenizer, previous.completion_tokens) + observation_tokens(
+            tokenizer, search.observation)
+        assert turn.prompt_tokens[len(grown):] == environment
+    for turn in t.turns:
+        assert len(turn.completion_tokens) == len(turn.logprobs) <= config.max_assistant_tokens
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(random_batches())
+def test_every_trajectory_ends_within_every_budget_and_each_prompt_extends_the_last(tokenizer, batch):
+    questions, config = batch
+    trajectories, _, _ = run(tokenizer, questions, config)
+    assert len(trajectories) == len(questions) * config.group_size
+    assert [(t.question_index, t.group_index) for t in trajectories] == sorted(
+        (t.question_index, t.group_index) for t in trajectories)
+    for t in trajectories:
+        _assert_within_budgets(tokenizer, t, config)
+
+
+def _fingerprint(trajectories):
+    return [
+        (t.question_index, t.group_index, t.termination, t.reward, t.advantage, t.excluded,
+         [(x.prompt_tokens, x.completion_tokens, x.logprobs, x.text, x.stop_reason) for x in t.turns],
+         [(s.query, s.ok, s.observation, s.truncated) for s in t.searches])
+        for t in trajectories
+    ]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(random_batches(), st.integers(0, 3))
+def test_group_isolation_other_questions_never_change_a_groups_trajectories(tokenizer, batch, pick):
+    questions, config = batch
+    pick %= len(questions)
+    baseline = _fingerprint(run(tokenizer, questions, config)[0])
+    changed = [q if i == pick else question(q["id"], [["Answer: France"]] * config.group_size, text=q["question"])
+               for i, q in enumerate(questions)]
+    other = _fingerprint(run(tokenizer, changed, config)[0])
+    mine = [f for f in baseline if f[0] == pick]
+    assert [f for f in other if f[0] == pick] == mine
+
+
+def test_results_do_not_depend_on_completion_order(tokenizer):
+    questions = [
+        question(f"q{q}", [
+            [call("alpha", f"Sample {j}."), call(["beta", "gamma", "alpha"][(q + j) % 3]), "Answer: France"]
+            for j in range(3)
+        ] + [["Answer: Spain"]])
+        for q in range(3)
+    ]
+    runs = []
+    for seed in (1, 2, 3):
+        rng = random.Random(seed)
+        sampler_kw = {"latency": lambda c, toks, rng=rng: rng.uniform(0, 0.02)}
+        search = ScriptedSearch(RESULTS, latency=lambda q, rng=rng: rng.uniform(0, 0.02))
+        runs.append(_fingerprint(run(tokenizer, questions, RolloutConfig(group_size=4, **FAST),
+                                     search=search, sampler_kw=sampler_kw)[0]))
+    assert runs[0] == runs[1] == runs[2]
+
+
+# ----------------------------------------------------------------------------- concurrency
+
+
+def test_no_trajectory_waits_for_another_trajectorys_search(tokenizer):
+    """One sample meets a slow search; its sibling keeps sampling and searching meanwhile."""
+    questions = [question("q", [
+        [call("slow"), "Answer: France"],
+        [call("alpha", "Fast."), call("beta"), call("alpha"), "Answer: France"],
+    ])]
+    results = dict(RESULTS, slow=SearchResult(True, (item("Slow"),)))
+    search = ScriptedSearch(results, latency=lambda q: 1.0 if q == "slow" else 0.01)
+    _, sampler, _ = run(tokenizer, questions, RolloutConfig(group_size=2, **FAST), search=search,
+                        sampler_kw={"latency": lambda c, toks: 0.01})
+    slow = next(c for c in search.calls if c.query == "slow")
+    fast_turns = [c for c in sampler.calls if c.sample_indices == (1,)]
+    assert len(fast_turns) == 3
+    assert max(c.end for c in fast_turns) < slow.end  # sample 1 finished while sample 0 waited
+
+
+def _max_overlap(intervals):
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    level = peak = 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def test_sampling_and_search_caps_are_respected(tokenizer):
+    questions = [question(f"q{q}", [[call(["alpha", "beta"][j % 2], f"S{j}."), "Answer: x"] for j in range(4)])
+                 for q in range(3)]
+    search = ScriptedSearch(RESULTS, latency=lambda q: 0.02, concurrency=2)
+    config = RolloutConfig(group_size=4, sampling_concurrency=3, **FAST)
+    _, sampler, search = run(tokenizer, questions, config, search=search,
+                             sampler_kw={"latency": lambda c, toks: 0.02})
+    assert _max_overlap([(c.start, c.end) for c in sampler.calls]) <= 3
+    assert _max_overlap([(c.start, c.end) for c in search.calls]) <= 2
+    assert len(search.calls) == 12
+
+
+async def test_rollout_runs_inside_an_existing_event_loop(tokenizer):
+    sc = scenario([question("q", [["Answer: France"]])])
+    trajectories = await rollout_batch_async(ScriptedSampler(sc, tokenizer), tokenizer, ScriptedSearch({}),
+                                             sc.examples, RolloutConfig(group_size=1, **FAST))
+    assert trajectories[0].reward == 1.0
+
+
+def test_observation_tokens_in_the_prompt_are_those_the_template_renders(tokenizer):
+    (t,), _, _ = run(tokenizer, [question("q", [[call("alpha"), "Answer: France"]])],
+                     RolloutConfig(group_size=1, **FAST))
+    first, second = t.turns
+    tail = second.prompt_tokens[len(first.prompt_tokens) + len(first.completion_tokens):]
+    closing = list(template_boundaries(tokenizer).closing)
+    assert tail == closing[1:] + observation_tokens(tokenizer, t.searches[0].observation)
