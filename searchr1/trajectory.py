@@ -59,8 +59,9 @@ class Trajectory:
     reward: float = -0.1
     advantage: float = 0.0
     # Why this trajectory sends no datum although it has completion tokens, if it doesn't:
-    # "degenerate_group" (all rewards in its group equal) or "env_failure_group"
-    # (a trajectory of its group hit a search or sampler failure).
+    # "degenerate_group" (all rewards in its group equal), "env_failure_group" (a trajectory
+    # of its group hit a search or sampler failure) or, when env failures are kept,
+    # "sampler_error" (this trajectory's own sampling failed; it is left out of the mean).
     excluded: str | None = None
     valid_format: bool = False
     exact_match: bool = False

@@ -1,0 +1,150 @@
+"""Group-relative advantages (GRPO without a critic).
+
+Every question is rolled out ``G`` times; a trajectory's advantage says how much better its
+reward was than its siblings'. Groups are formed by ``question_index`` only, so no group can
+influence another (a property the tests check).
+
+Three decisions matter more than the formula:
+
+* **Degenerate groups are decided on the rewards.** If every reward in a group is equal, the
+  group carries no learning signal. The seed compared the *advantages* with ``== 0.0`` and
+  missed e.g. eight rewards of ``-0.1`` (their mean is not exactly ``-0.1`` in floating point,
+  so each advantage is about ``-1.39e-17``) and trained on that noise. Here equality of the
+  rewards themselves decides, and such a group gets advantage exactly ``0.0``.
+* **Environment failures are not the policy's fault.** When a search failed (``env_error``)
+  or sampling failed (``sampler_error``) anywhere in a group, the whole group is left out of
+  the update by default: its siblings' advantages would be measured against a reward the
+  policy did not earn. ``keep_env_failures=True`` keeps such groups; sampler-error
+  trajectories then still take no part (their reward is a placeholder and they may have no
+  tokens), while search-error trajectories are scored like any other.
+* **Normalisation is a choice.** ``mode="mean"`` (default, as the seed and Dr. GRPO):
+  ``reward - group mean``. ``mode="zscore"``: divided by the group's sample standard
+  deviation (``ddof=1``) plus ``ZSCORE_EPSILON``, as verl's GRPO that official Search-R1
+  trains with. ``mode="none"``: the raw reward. Degenerate groups never reach the division.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .trajectory import Trajectory
+
+AdvantageMode = Literal["mean", "zscore", "none"]
+ADVANTAGE_MODES: tuple[str, ...] = ("mean", "zscore", "none")
+
+# Added to the standard deviation (not the variance), as in verl's GRPO estimator.
+ZSCORE_EPSILON = 1e-6
+
+# Values of ``Trajectory.excluded`` set here.
+DEGENERATE_GROUP = "degenerate_group"
+ENV_FAILURE_GROUP = "env_failure_group"
+SAMPLER_ERROR = "sampler_error"  # only with keep_env_failures=True
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """Counts for metrics. Each group is counted in at most one of ``env_failure`` and
+    ``degenerate`` (an environment failure is checked first: its rewards are not trusted)."""
+
+    groups: int
+    degenerate: int
+    env_failure: int
+
+    @property
+    def trained(self) -> int:
+        """Groups that may send datums to the trainer."""
+        return self.groups - self.degenerate - self.env_failure
+
+
+def group_by_question(trajectories: Iterable[Trajectory]) -> dict[int, list[Trajectory]]:
+    """Groups in first-seen order of their question index."""
+    groups: dict[int, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        groups[trajectory.question_index].append(trajectory)
+    return dict(groups)
+
+
+def _has_env_failure(trajectory: Trajectory) -> bool:
+    return trajectory.env_error or trajectory.sampler_error
+
+
+def _scored_members(group: Sequence[Trajectory]) -> list[Trajectory]:
+    """The trajectories whose rewards enter the group statistics (with kept env failures)."""
+    return [t for t in group if not t.sampler_error]
+
+
+def classify_group(group: Sequence[Trajectory], *, keep_env_failures: bool = False) -> str | None:
+    """``ENV_FAILURE_GROUP``, ``DEGENERATE_GROUP`` or ``None`` (the group trains)."""
+    if not keep_env_failures and any(_has_env_failure(t) for t in group):
+        return ENV_FAILURE_GROUP
+    rewards = {t.reward for t in _scored_members(group)}
+    if len(rewards) <= 1:  # all equal (or nothing scored): no signal
+        return DEGENERATE_GROUP
+    return None
+
+
+def summarize_groups(
+    trajectories: Iterable[Trajectory], *, keep_env_failures: bool = False
+) -> GroupSummary:
+    """Pure: what :func:`assign_group_advantages` would decide, without touching anything."""
+    kinds = [
+        classify_group(group, keep_env_failures=keep_env_failures)
+        for group in group_by_question(trajectories).values()
+    ]
+    return GroupSummary(
+        groups=len(kinds),
+        degenerate=kinds.count(DEGENERATE_GROUP),
+        env_failure=kinds.count(ENV_FAILURE_GROUP),
+    )
+
+
+def group_advantages(rewards: Sequence[float], *, mode: AdvantageMode = "mean") -> list[float]:
+    """Advantages of one non-degenerate group (pure; the caller handles degenerate groups)."""
+    if mode not in ADVANTAGE_MODES:
+        raise ValueError(f"unknown advantage mode {mode!r}; expected one of {ADVANTAGE_MODES}")
+    if mode == "none":
+        return [float(r) for r in rewards]
+    mean = math.fsum(rewards) / len(rewards)
+    centred = [float(r) - mean for r in rewards]
+    if mode == "mean":
+        return centred
+    if len(rewards) < 2:
+        raise ValueError("zscore advantages need at least two rewards")
+    std = math.sqrt(math.fsum(c * c for c in centred) / (len(rewards) - 1))
+    return [c / (std + ZSCORE_EPSILON) for c in centred]
+
+
+def assign_group_advantages(
+    trajectories: Sequence[Trajectory],
+    *,
+    mode: AdvantageMode = "mean",
+    keep_env_failures: bool = False,
+) -> int:
+    """Set ``advantage`` and ``excluded`` on every trajectory; return the number of
+    degenerate groups (as the seed did). Use :func:`summarize_groups` for all counts."""
+    if mode not in ADVANTAGE_MODES:
+        raise ValueError(f"unknown advantage mode {mode!r}; expected one of {ADVANTAGE_MODES}")
+    degenerate = 0
+    for group in group_by_question(trajectories).values():
+        for trajectory in group:
+            trajectory.advantage = 0.0
+            trajectory.excluded = None
+        kind = classify_group(group, keep_env_failures=keep_env_failures)
+        if kind is not None:
+            degenerate += kind == DEGENERATE_GROUP
+            for trajectory in group:
+                trajectory.excluded = kind
+            continue
+        scored = _scored_members(group)
+        for trajectory, advantage in zip(
+            scored, group_advantages([t.reward for t in scored], mode=mode), strict=True
+        ):
+            trajectory.advantage = advantage
+        for trajectory in group:
+            if trajectory.sampler_error:
+                trajectory.excluded = SAMPLER_ERROR
+    return degenerate

@@ -1,0 +1,97 @@
+"""``searchr1 probe-loss``: how does the service reduce the loss? (see ``searchr1.probe_loss``)"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import click
+
+from ..probe_loss import DEFAULT_BASE_MODEL
+
+REDUCTION_CHOICES = ("per_token", "per_sample", "sum")
+
+
+@click.command("probe-loss")
+@click.option(
+    "--base-model",
+    default=DEFAULT_BASE_MODEL,
+    show_default=True,
+    help="Model of the probe's training run.",
+)
+@click.option(
+    "--lora-rank",
+    default=32,
+    show_default=True,
+    type=click.IntRange(4, 64),
+    help="LoRA rank of that run.",
+)
+@click.option("--offline", is_flag=True, help="Probe the offline fake instead of the live service.")
+@click.option(
+    "--fake-reduction",
+    type=click.Choice(REDUCTION_CHOICES),
+    default="per_token",
+    show_default=True,
+    help="With --offline: the fake server's reduction within a call.",
+)
+@click.option(
+    "--fake-accumulation",
+    type=click.Choice(("sum", "mean")),
+    default="sum",
+    show_default=True,
+    help="With --offline: how the fake combines calls before one optim_step.",
+)
+@click.option(
+    "--yes", "-y", is_flag=True, help="Do not ask before creating the (billed) live training run."
+)
+def probe_loss(
+    base_model: str,
+    lora_rank: int,
+    offline: bool,
+    fake_reduction: str,
+    fake_accumulation: str,
+    yes: bool,
+) -> None:
+    """Find out whether the service reduces a loss per token, per sample or by sum, and
+    whether the seed's manual n_k/N micro-batch reweighting is therefore exact.
+
+    Live (default) this creates ONE LoRA training run and sends a handful of tiny
+    forward / forward_backward / optim_step calls at learning rate 0. Needs PYTRIO_API_KEY.
+    """
+    from ..probe_loss import probe_loss as run_probe
+
+    if offline:
+        from ..fake_trio import FakeServiceClient
+        from ..tokenizer import shared_tokenizer
+
+        with tempfile.TemporaryDirectory(prefix="searchr1-probe-") as home:
+            service = FakeServiceClient(
+                home=home,
+                tokenizer=shared_tokenizer(),
+                reduction=fake_reduction,  # type: ignore[arg-type]
+                accumulation=fake_accumulation,  # type: ignore[arg-type]
+                supported_models=(base_model,),
+            )
+            report = run_probe(service, base_model=base_model, lora_rank=lora_rank)
+        click.echo(report.render())
+        return
+
+    key = os.environ.get("PYTRIO_API_KEY", "").strip()
+    if not key:
+        raise click.ClickException(
+            "PYTRIO_API_KEY is not set: export it to probe the live service, or pass --offline"
+        )
+    if not yes:
+        click.confirm(
+            f"This creates one billed LoRA training run ({base_model}, rank {lora_rank}). Continue?",
+            abort=True,
+        )
+    from pytrio import ServiceClient
+    from pytrio.errors.base import PyTrioError
+
+    try:
+        report = run_probe(ServiceClient(api_key=key), base_model=base_model, lora_rank=lora_rank)
+    except PyTrioError as error:
+        message = f"PyTRIO error {error.code}: {error.message}".replace(key, "***")
+        raise click.ClickException(message.splitlines()[0]) from None
+    click.echo(report.render())

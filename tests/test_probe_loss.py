@@ -1,0 +1,168 @@
+"""The loss-reduction probe identifies every reduction of the fake, with few calls."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from pytrio.errors.auth import AuthError
+from pytrio.types import OptimStepResponse
+from training_strategies import StubTokenizer
+
+from searchr1.cli import main
+from searchr1.fake_trio import FakeServiceClient
+from searchr1.probe_loss import (
+    PROBE_ANSWER,
+    PROBE_PROMPT,
+    ProbeReport,
+    classify_accumulation,
+    classify_reduction,
+    find_grad_norm_key,
+    probe_loss,
+)
+
+
+class Counting:
+    """Proxy that counts method calls on the wrapped client (and on what it creates)."""
+
+    def __init__(self, inner, calls, strip_optimizer_metrics=False):
+        self._inner, self._calls, self._strip = inner, calls, strip_optimizer_metrics
+
+    def __getattr__(self, name):
+        attribute = getattr(self._inner, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args, **kwargs):
+            self._calls[name] += 1
+            result = attribute(*args, **kwargs)
+            if name.startswith("create_"):
+                return Counting(result, self._calls, self._strip)
+            if name == "optim_step" and self._strip:
+                result.result()
+                from pytrio.types import APIFuture
+
+                return APIFuture.completed(OptimStepResponse(metrics={"learning_rate": 0.0}))
+            return result
+
+        return call
+
+
+@pytest.mark.parametrize("reduction", ["per_token", "per_sample", "sum"])
+@pytest.mark.parametrize("accumulation", ["sum", "mean"])
+def test_the_probe_identifies_each_fake_reduction(tmp_path, reduction, accumulation):
+    calls = Counter()
+    fake = FakeServiceClient(
+        home=tmp_path, tokenizer=StubTokenizer(), reduction=reduction, accumulation=accumulation
+    )
+    report = probe_loss(Counting(fake, calls))
+    assert (report.reduction, report.accumulation) == (reduction, accumulation)
+    assert report.nk_over_n_exact == (reduction == "per_sample" and accumulation == "sum")
+    tokens = len(PROBE_PROMPT) + len(PROBE_ANSWER)  # the stub tokenizer has one id per character
+    assert report.token_count_full == tokens - 1
+    assert report.token_count_masked == len(PROBE_ANSWER)
+    assert report.masked_targets_ignored
+    # the minimum: one training run, no sampler, a handful of tiny calls
+    assert calls["create_lora_training_client"] == 1
+    assert not any(name.startswith("create_sampling") or name.startswith("save") for name in calls)
+    assert calls["forward"] == 2
+    assert calls["forward_backward"] == (4 if reduction == "sum" else 5)
+    assert calls["optim_step"] == (3 if reduction == "sum" else 4)
+
+
+def test_without_a_gradient_norm_the_probe_stops_undetermined(tmp_path):
+    calls = Counter()
+    fake = FakeServiceClient(home=tmp_path, tokenizer=StubTokenizer(), reduction="per_sample")
+    report = probe_loss(Counting(fake, calls, strip_optimizer_metrics=True))
+    assert report.reduction == report.accumulation == "undetermined"
+    assert report.nk_over_n_exact is None and report.grad_norm_key is None
+    assert calls["forward_backward"] == 1 and calls["optim_step"] == 1
+    assert "no usable gradient norm" in report.render()
+
+
+@given(st.floats(0.96, 1.04), st.floats(0.05, 0.4))
+def test_classification_of_a_mean(ratio_double, per_token_ratio):
+    assert classify_reduction(ratio_double, 0.5, per_token_ratio) == "per_sample"
+    assert classify_reduction(ratio_double, per_token_ratio, per_token_ratio) == "per_token"
+    assert classify_reduction(ratio_double, 1.0, per_token_ratio) == "per_advantage_token"
+    assert classify_reduction(ratio_double, 0.75, per_token_ratio) == "undetermined"
+
+
+@given(st.floats(1.91, 2.09))
+def test_classification_of_a_sum(ratio):
+    assert classify_reduction(ratio, None, 0.25) == "sum"
+    assert classify_accumulation(ratio) == "sum"
+
+
+def test_ambiguous_or_odd_ratios_are_undetermined():
+    assert classify_reduction(1.5, None, 0.25) == "undetermined"
+    assert classify_reduction(1.0, 0.5, 0.5) == "undetermined"  # per token looks like per sample
+    assert classify_accumulation(1.0) == "mean"
+    assert classify_accumulation(3.0) == "undetermined"
+
+
+def test_grad_norm_key_detection():
+    assert find_grad_norm_key({"lr": 1.0, "optim/grad_norm": 2.0}) == "optim/grad_norm"
+    assert find_grad_norm_key({"gradNorm": 1.0}) == "gradNorm"
+    assert find_grad_norm_key({"loss": 1.0}) is None
+
+
+def test_report_renders_every_conclusion():
+    report = ProbeReport(
+        base_model="m",
+        token_count_full=10,
+        token_count_masked=3,
+        masked_targets_ignored=True,
+        grad_norm_key="grad_norm",
+        norms={"[d]": 1.0},
+        reduction="per_sample",
+        accumulation="sum",
+    )
+    text = report.render()
+    assert "per_sample" in text and "n_k/N reweighting exact:      yes" in text
+    assert "-100 targets are ignored" in text
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def test_offline_command_reports_the_fake_reduction(tokenizer):
+    result = CliRunner().invoke(main, ["probe-loss", "--offline", "--fake-reduction", "per_sample"])
+    assert result.exit_code == 0, result.output
+    assert "reduction within a call:      per_sample" in result.output
+    assert "n_k/N reweighting exact:      yes" in result.output
+
+
+def test_live_command_without_a_key_is_one_clear_line(monkeypatch):
+    monkeypatch.delenv("PYTRIO_API_KEY", raising=False)
+    result = CliRunner().invoke(main, ["probe-loss"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "Error: PYTRIO_API_KEY is not set: export it to probe the live service, or pass --offline"
+    ]
+
+
+def test_live_command_asks_before_spending_and_never_prints_the_key(monkeypatch):
+    import pytrio
+
+    secret = "sk-test-very-secret-123"
+    monkeypatch.setenv("PYTRIO_API_KEY", secret)
+    constructed = []
+
+    def refuse(api_key=None):
+        constructed.append(api_key)
+        raise AuthError(f"Login failed for key {api_key}", code="auth.login_failed")
+
+    monkeypatch.setattr(pytrio, "ServiceClient", refuse)
+    declined = CliRunner().invoke(main, ["probe-loss"], input="n\n")
+    assert declined.exit_code == 1 and constructed == []
+    result = CliRunner().invoke(main, ["probe-loss", "--yes"])
+    assert constructed == [secret]
+    assert result.exit_code == 1
+    assert secret not in result.output and "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        "Error: PyTRIO error auth.login_failed: Login failed for key ***"
+    ]
