@@ -1,0 +1,126 @@
+"""``prepare-data``: build train/test/dev JSONL and a manifest from the Search-R1 parquet release."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from searchr1 import data
+
+
+def _local_sources(
+    source: Path | None, train_parquet: Path | None, test_parquet: Path | None
+) -> dict[str, Path] | None:
+    """Resolve the offline inputs, or None when the dataset should be downloaded."""
+    if source is not None and (train_parquet or test_parquet):
+        raise click.UsageError("give either --source DIR or --train-parquet/--test-parquet, not both")
+    if (train_parquet is None) != (test_parquet is None):
+        raise click.UsageError("--train-parquet and --test-parquet must be given together")
+    if train_parquet is not None:
+        return {"train": train_parquet, "test": test_parquet}
+    if source is None:
+        return None
+    paths = {split: source / name for split, name in data.RAW_FILES.items()}
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        raise click.BadParameter(f"missing {', '.join(missing)}", param_hint="--source")
+    return paths
+
+
+def _describe(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in counts.items()) or "-"
+
+
+@click.command("prepare-data")
+@click.option(
+    "--source",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Offline: a directory holding train.parquet and test.parquet (nothing is downloaded).",
+)
+@click.option(
+    "--train-parquet",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Offline: explicit train parquet file.",
+)
+@click.option(
+    "--test-parquet",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Offline: explicit test parquet file.",
+)
+@click.option(
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("datasets"),
+    show_default=True,
+    help="Where train/test/dev.jsonl and manifest.json go.",
+)
+@click.option(
+    "--raw-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Download destination for the parquet files [default: OUTPUT_DIR/raw].",
+)
+@click.option(
+    "--dev-per-source",
+    type=click.IntRange(min=0),
+    default=data.DEFAULT_DEV_PER_SOURCE,
+    show_default=True,
+    help="Dev questions sampled per benchmark from test.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=data.DEFAULT_SEED,
+    show_default=True,
+    help="Seed of the stratified dev sample.",
+)
+def prepare_data(
+    source: Path | None,
+    train_parquet: Path | None,
+    test_parquet: Path | None,
+    output_dir: Path,
+    raw_dir: Path | None,
+    dev_per_source: int,
+    seed: int,
+) -> None:
+    """Clean the Search-R1 QA release into train.jsonl, test.jsonl, dev.jsonl and manifest.json.
+
+    Without --source/--train-parquet the pinned revision of the ModelScope mirror
+    (zhuangzhuang2023/nq_hotpotqa_train) is downloaded first. Rows without a question or an
+    answer are dropped and counted; train questions that also occur in test (compared after
+    Unicode/case/punctuation normalisation) are dropped from train; dev is a seeded sample of
+    test, stratified by benchmark. Files are replaced atomically, the manifest last.
+    """
+    local = _local_sources(source, train_parquet, test_parquet)
+    provenance = {"kind": "local"}
+    try:
+        if local is None:
+            raw = raw_dir or output_dir / "raw"
+            click.echo(f"downloading {data.DATASET_ID}@{data.DATASET_REVISION} into {raw}")
+            local = data.download_raw(raw)
+            provenance = {
+                "kind": "modelscope",
+                "dataset_id": data.DATASET_ID,
+                "revision": data.DATASET_REVISION,
+            }
+        manifest = data.prepare_dataset(
+            local["train"],
+            local["test"],
+            output_dir,
+            dev_per_source=dev_per_source,
+            seed=seed,
+            provenance=provenance,
+        )
+    except data.DataError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for name, split in manifest["splits"].items():
+        click.echo(f"{name}: total={split['total']}; {_describe(split['per_source'])}")
+    for name, dropped in manifest["dropped"].items():
+        click.echo(f"dropped from {name}: {_describe(dropped)}")
+    if manifest["dev_short_sources"]:
+        click.echo(
+            f"note: dev has fewer than {dev_per_source} questions for: {', '.join(manifest['dev_short_sources'])}",
+            err=True,
+        )
+    click.echo(f"wrote {output_dir}/{{train,test,dev}}.jsonl and {output_dir}/{data.MANIFEST_NAME}")

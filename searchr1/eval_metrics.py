@@ -1,0 +1,288 @@
+"""Pure parts of evaluation: per-question records, aggregate metrics, the summary record, and
+reading a summary back.
+
+An eval JSONL file holds one ``type="trajectory"`` record per question (written as chunks
+finish, so a crash keeps what was done) followed by one ``type="summary"`` record. A resumed or
+interrupted run may append more than one summary; the last one wins.
+
+Confidence intervals (``*_ci95_low`` / ``*_ci95_high``) are percentile bootstrap intervals over
+BOOTSTRAP_RESAMPLES resamples with a fixed seed, so the same records always give the same
+interval:
+
+* micro EM resamples questions with replacement from the whole pool;
+* macro EM resamples within each source (stratified: every resample keeps each source's size)
+  and averages the per-source means, matching how macro EM itself is computed;
+* per-source EM resamples that source's questions.
+
+Resampling n values with replacement is drawn as a multinomial over the distinct scores, which
+is the same distribution as drawing indices but costs O(distinct values) per resample instead
+of O(n). The percentile interval is widened to include the point estimate in the rare case the
+finite resample set would exclude it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .trajectory import TERMINATIONS, Trajectory
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+CI_LEVEL = 0.95
+
+# Summary-config fields that must agree for two evaluations to be comparable (plots refuse to
+# mix files that differ in any of them). The eval runner writes its config under these names.
+COMPARABLE_CONFIG_FIELDS = (
+    "search_backend",
+    "search_concurrency",
+    "search_timeout",
+    "search_model",
+    "dataset_sha256",
+)
+
+
+class EvalFileError(ValueError):
+    """An eval JSONL file is unreadable or has no summary; the message names path(:line)."""
+
+
+# --- records --------------------------------------------------------------------------------
+
+
+def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
+    """One JSON-ready record per evaluated question, with the whole transcript so that queries,
+    observations and the model's text can be audited after the fact (the seed kept only the
+    final text). ``turns[i]`` is the i-th assistant turn; ``searches[j]`` the j-th search, in
+    the order they ran."""
+    example = trajectory.example
+    return {
+        "type": "trajectory",
+        "id": example.id,
+        "question": example.question,
+        "answers": list(example.answers),
+        "data_source": example.data_source,
+        "group_index": trajectory.group_index,
+        "turns": [{"text": t.text, "stop_reason": t.stop_reason} for t in trajectory.turns],
+        "searches": [
+            {
+                "query": s.query,
+                "ok": s.ok,
+                "error": s.error,
+                "observation": s.observation,
+                "items": s.items,
+                "cached": s.cached,
+                "truncated": s.truncated,
+            }
+            for s in trajectory.searches
+        ],
+        "final_text": trajectory.final_text,
+        "termination": trajectory.termination,
+        "reward": trajectory.reward,
+        "exact_match": bool(trajectory.exact_match),
+        "valid_format": bool(trajectory.valid_format),
+        "search_calls": trajectory.search_calls,
+        "assistant_turns": len(trajectory.turns),
+        "env_error": bool(trajectory.env_error),
+    }
+
+
+# --- bootstrap (pure) ---------------------------------------------------------------------
+
+
+def _resampled_means(scores: Sequence[float], rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """``resamples`` bootstrap means of ``scores`` (multinomial over distinct values)."""
+    values, counts = np.unique(np.asarray(scores, dtype=float), return_counts=True)
+    n = int(counts.sum())
+    draws = rng.multinomial(n, counts / n, size=resamples)
+    return draws @ values / n
+
+
+def _interval(point: float, means: np.ndarray) -> tuple[float, float]:
+    tail = (1.0 - CI_LEVEL) / 2
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(min(low, point)), float(max(high, point))
+
+
+def bootstrap_ci(
+    scores: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of ``scores`` (non-empty)."""
+    if not scores:
+        raise ValueError("bootstrap_ci needs at least one score")
+    rng = np.random.default_rng(seed)
+    return _interval(float(np.mean(scores)), _resampled_means(scores, rng, resamples))
+
+
+def stratified_macro_ci(
+    groups: Mapping[str, Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
+    """95% interval of the unweighted mean of per-group means, resampling within each group."""
+    if not groups or any(len(g) == 0 for g in groups.values()):
+        raise ValueError("stratified_macro_ci needs non-empty groups")
+    rng = np.random.default_rng(seed)
+    per_group = [_resampled_means(groups[k], rng, resamples) for k in sorted(groups)]
+    point = float(np.mean([np.mean(groups[k]) for k in sorted(groups)]))
+    return _interval(point, np.mean(per_group, axis=0))
+
+
+# --- aggregate metrics (pure) ---------------------------------------------------------------
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def evaluation_metrics(
+    records: Iterable[Mapping[str, Any]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> dict[str, float]:
+    """Aggregate trajectory records (others, e.g. summaries, are ignored) into flat metrics.
+
+    EM is computed per question: records of the same question (same data_source and id) are
+    averaged first, so ``em/micro`` is over questions even if a runner ever samples a question
+    more than once. Format, rollout and termination rates are over trajectories.
+
+    Keys: ``em/<source>``, ``em/macro`` (unweighted mean over the sources present),
+    ``em/micro``, their ``*_ci95_low/high``, ``em_ci95_low/<source>``, ``em_ci95_high/<source>``,
+    ``questions/<source>``, ``format/rate``, ``format/<source>``, ``reward/mean``,
+    ``rollout/search_calls``, ``rollout/no_search_rate``, ``rollout/turns``,
+    ``rollout/env_error_rate``, ``rollout/search_ok_rate``, ``rollout/search_cached_rate``,
+    ``rollout/search_truncated_rate`` (only when there were searches),
+    ``rollout/termination/<reason>`` (every known reason,
+    plus any other seen; ``unfinished`` for a missing one), ``eval/questions``,
+    ``eval/trajectories``, ``eval/sources``."""
+    trajectories = [r for r in records if r.get("type", "trajectory") == "trajectory"]
+    if not trajectories:
+        raise ValueError("no trajectory records to aggregate")
+
+    question_scores: dict[tuple[str, str], list[float]] = defaultdict(list)
+    by_source_traj: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in trajectories:
+        source = str(r["data_source"])
+        question_scores[(source, str(r["id"]))].append(1.0 if r["exact_match"] else 0.0)
+        by_source_traj[source].append(r)
+    em_by_source: dict[str, list[float]] = defaultdict(list)
+    for (source, _), scores in question_scores.items():
+        em_by_source[source].append(_mean(scores))
+    sources = sorted(em_by_source)
+
+    metrics: dict[str, float] = {}
+    for index, source in enumerate(sources):
+        scores = em_by_source[source]
+        point = _mean(scores)
+        low, high = bootstrap_ci(scores, resamples=resamples, seed=seed + 1 + index)
+        metrics[f"em/{source}"] = point
+        metrics[f"em_ci95_low/{source}"] = low
+        metrics[f"em_ci95_high/{source}"] = high
+        metrics[f"questions/{source}"] = len(scores)
+        metrics[f"format/{source}"] = _mean(1.0 if r["valid_format"] else 0.0 for r in by_source_traj[source])
+
+    all_scores = [s for source in sources for s in em_by_source[source]]
+    metrics["em/macro"] = _mean(metrics[f"em/{s}"] for s in sources)
+    metrics["em/macro_ci95_low"], metrics["em/macro_ci95_high"] = stratified_macro_ci(
+        em_by_source, resamples=resamples, seed=seed
+    )
+    metrics["em/micro"] = _mean(all_scores)
+    metrics["em/micro_ci95_low"], metrics["em/micro_ci95_high"] = bootstrap_ci(
+        all_scores, resamples=resamples, seed=seed
+    )
+
+    n = len(trajectories)
+    searches = [s for r in trajectories for s in r.get("searches", [])]
+    metrics["format/rate"] = _mean(1.0 if r["valid_format"] else 0.0 for r in trajectories)
+    metrics["reward/mean"] = _mean(float(r["reward"]) for r in trajectories)
+    metrics["rollout/search_calls"] = _mean(float(r["search_calls"]) for r in trajectories)
+    metrics["rollout/no_search_rate"] = _mean(1.0 if r["search_calls"] == 0 else 0.0 for r in trajectories)
+    metrics["rollout/turns"] = _mean(float(r["assistant_turns"]) for r in trajectories)
+    metrics["rollout/env_error_rate"] = _mean(1.0 if r.get("env_error") else 0.0 for r in trajectories)
+    if searches:  # rates over searches; absent (not 0) when the model never searched
+        metrics["rollout/search_ok_rate"] = _mean(1.0 if s.get("ok") else 0.0 for s in searches)
+        metrics["rollout/search_cached_rate"] = _mean(1.0 if s.get("cached") else 0.0 for s in searches)
+        metrics["rollout/search_truncated_rate"] = _mean(1.0 if s.get("truncated") else 0.0 for s in searches)
+
+    reasons = [r.get("termination") or "unfinished" for r in trajectories]
+    for reason in sorted(set(TERMINATIONS) | set(reasons)):
+        metrics[f"rollout/termination/{reason}"] = reasons.count(reason) / n
+
+    metrics["eval/questions"] = len(question_scores)
+    metrics["eval/trajectories"] = n
+    metrics["eval/sources"] = len(sources)
+    return metrics
+
+
+def summary_record(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    config: Mapping[str, Any],
+    search_metrics: Mapping[str, Any],
+    partial: bool,
+) -> dict[str, Any]:
+    """The closing line of an eval file.
+
+    ``config`` is the exact configuration of the run (backend, search concurrency, timeout and
+    model, sampling parameters, base_model, model_path, dataset path and sha256, code version;
+    see COMPARABLE_CONFIG_FIELDS for the names plots compare) and is stored as given; it must be
+    JSON-serialisable, checked here so the runner fails before writing a broken line.
+    ``search_metrics`` (the search client's stats) join the metrics under ``search/``."""
+    records = list(records)
+    metrics: dict[str, Any] = evaluation_metrics(records)
+    for key, value in search_metrics.items():
+        metrics[key if key.startswith("search/") else f"search/{key}"] = value
+    config = dict(config)
+    try:
+        json.dumps(config, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"summary config is not plain JSON: {exc}") from exc
+    return {
+        "type": "summary",
+        "partial": bool(partial),
+        "evaluated_examples": int(metrics["eval/questions"]),
+        "metrics": metrics,
+        "config": config,
+    }
+
+
+# --- reading eval files -------------------------------------------------------------------
+
+
+def read_eval_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every JSON object of an eval JSONL file; a bad line raises EvalFileError(path:line)."""
+    path = Path(path)
+    records: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise EvalFileError(
+                    f"{path}:{number}: invalid JSON ({exc.msg} at column {exc.colno})"
+                ) from None
+            if not isinstance(record, dict):
+                raise EvalFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+            records.append(record)
+    return records
+
+
+def load_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The last ``type="summary"`` record of an eval file (later summaries supersede earlier
+    ones, e.g. after a resumed run)."""
+    summaries = [r for r in read_eval_records(path) if r.get("type") == "summary"]
+    if not summaries:
+        raise EvalFileError(f"{path}: no summary record (the evaluation may have stopped before finishing)")
+    summary = summaries[-1]
+    if not isinstance(summary.get("metrics"), dict):
+        raise EvalFileError(f"{path}: the last summary record has no 'metrics' object")
+    return summary
+
+
+def is_finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

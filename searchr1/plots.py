@@ -1,0 +1,372 @@
+"""Figures from eval summaries and from a training run's metrics.
+
+Everything is data-driven: which checkpoint is best, the axis ranges and the annotations all
+come from the files (the seed hard-coded a "best" index, y-ranges and a footer claim). Figures
+are built with ``matplotlib.figure.Figure`` directly (no pyplot state, no GUI backend; the Agg
+canvas renders the PNG) and returned unsaved, so tests can count panels before saving.
+Sizes are fixed in inches at a fixed dpi, so a PNG's pixel size is known in advance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .data import EVAL_SOURCES
+from .eval_metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary
+
+DPI = 100
+EVAL_FIGSIZE = (11.0, 9.0)  # inches -> 1100 x 900 px at DPI
+RUN_FIGSIZE = (12.0, 8.0)  # inches -> 1200 x 800 px at DPI
+DEFAULT_RUN_METRICS = (
+    "reward/mean",
+    "reward/correct",
+    "reward/format",
+    "search/success_rate",
+    "rollout/degenerate_group_rate",
+    "time/step_seconds",
+)
+RUN_METRICS_FILE = "metrics.jsonl"
+
+
+class PlotInputError(ValueError):
+    """Input files that cannot be plotted (or not together); the message names the files."""
+
+
+# --- eval summaries -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    path: Path
+    label: str
+    summary: dict[str, Any]
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.summary["metrics"]
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.summary.get("partial", False))
+
+    def config_value(self, field: str) -> Any:
+        """A config field; seed-format summaries keep these at the top level instead."""
+        config = self.summary.get("config")
+        if isinstance(config, Mapping):
+            return config.get(field)
+        return self.summary.get(field)
+
+    @property
+    def display_label(self) -> str:
+        if not self.partial:
+            return self.label
+        return f"{self.label} (partial, n={self.summary.get('evaluated_examples', '?')})"
+
+
+def default_label(path: Path, summary: Mapping[str, Any]) -> str:
+    """The last path segment of the config's model_path (a sampler-weights URI names the
+    checkpoint), else the file stem (base-model runs have no model_path)."""
+    config = summary.get("config") if isinstance(summary.get("config"), Mapping) else summary
+    model_path = config.get("model_path")
+    if isinstance(model_path, str) and model_path.strip("/ "):
+        return model_path.rstrip("/").rsplit("/", 1)[-1]
+    return path.stem
+
+
+def load_eval_runs(
+    paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | None = None
+) -> list[EvalRun]:
+    """Read the last summary of each eval file and label it; labels that would repeat fall back
+    to the file stem so every checkpoint stays distinguishable."""
+    if not paths:
+        raise PlotInputError("no eval files given")
+    if labels and len(labels) != len(paths):
+        raise PlotInputError(
+            f"got {len(labels)} --label values for {len(paths)} eval files; give one per file or none"
+        )
+    runs: list[EvalRun] = []
+    for index, raw in enumerate(paths):
+        path = Path(raw)
+        summary = load_summary(path)
+        label = labels[index] if labels else default_label(path, summary)
+        runs.append(EvalRun(path, label, summary))
+    if not labels:
+        counts = {r.label: sum(o.label == r.label for o in runs) for r in runs}
+        runs = [EvalRun(r.path, r.path.stem if counts[r.label] > 1 else r.label, r.summary) for r in runs]
+    return runs
+
+
+def config_differences(
+    runs: Sequence[EvalRun], fields: Sequence[str] = COMPARABLE_CONFIG_FIELDS
+) -> dict[str, dict[str, Any]]:
+    """``{field: {file: value}}`` for every field whose value is not the same in all runs."""
+    differing: dict[str, dict[str, Any]] = {}
+    for field in fields:
+        values = {str(r.path): r.config_value(field) for r in runs}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            differing[field] = values
+    return differing
+
+
+def check_comparable(runs: Sequence[EvalRun]) -> None:
+    """Refuse to put evaluations with different search setups or eval sets on one chart: their
+    EM differences would measure the environment, not the checkpoint."""
+    differing = config_differences(runs)
+    if differing:
+        lines = [
+            f"  {field}: " + ", ".join(f"{path}={value!r}" for path, value in values.items())
+            for field, values in differing.items()
+        ]
+        raise PlotInputError(
+            "eval files are not comparable (pass --allow-mixed to plot them anyway):\n" + "\n".join(lines)
+        )
+
+
+def eval_sources(runs: Sequence[EvalRun]) -> list[str]:
+    """Sources present in any run: the seven benchmarks in release order, then others sorted."""
+    found = {key.split("/", 1)[1] for run in runs for key in run.metrics if key.startswith("questions/")}
+    if not found:  # seed-format summaries: em/<source> without question counts
+        reserved = {"macro", "micro"}
+        found = {
+            key.split("/", 1)[1]
+            for run in runs
+            for key in run.metrics
+            if key.startswith("em/") and "_ci95_" not in key and key.split("/", 1)[1] not in reserved
+        }
+    return [s for s in EVAL_SOURCES if s in found] + sorted(found - set(EVAL_SOURCES))
+
+
+def _number(metrics: Mapping[str, Any], key: str) -> float:
+    value = metrics.get(key)
+    return float(value) if is_finite_number(value) else math.nan
+
+
+def _error(point: float, low: float, high: float) -> tuple[float, float]:
+    if math.isnan(point) or math.isnan(low) or math.isnan(high):
+        return (0.0, 0.0)
+    return (max(point - low, 0.0), max(high - point, 0.0))
+
+
+def _y_top(values: Sequence[float]) -> float:
+    """Upper y limit from the data: 20% headroom for the value labels, at most 12 points."""
+    finite = [v for v in values if not math.isnan(v)]
+    top = max(finite, default=0.0)
+    return min(top * 1.2, top + 12) if top > 0 else 1.0
+
+
+def _labels(values: Sequence[float]) -> list[str]:
+    return ["" if math.isnan(v) else f"{v:.1f}" for v in values]
+
+
+def _title(runs: Sequence[EvalRun]) -> str:
+    parts = [f"{len(runs)} evaluation(s)"]
+    backends = {str(r.config_value("search_backend")) for r in runs if r.config_value("search_backend")}
+    if backends:
+        parts.append("search: " + "/".join(sorted(backends)))
+    shas = {str(r.config_value("dataset_sha256"))[:10] for r in runs if r.config_value("dataset_sha256")}
+    if shas:
+        parts.append("eval set " + "/".join(sorted(shas)))
+    sizes = sorted({str(r.summary.get("evaluated_examples", "?")) for r in runs})
+    parts.append("questions " + "/".join(sizes))
+    title = " | ".join(parts)
+    if any(r.partial for r in runs):
+        title += "\nincludes PARTIAL evaluations (marked in the legend)"
+    if len(config_differences(runs)) > 0:
+        title += "\nMIXED search config or eval set (--allow-mixed)"
+    return title
+
+
+def eval_figure(runs: Sequence[EvalRun]) -> Figure:
+    """Two panels: EM per benchmark grouped by checkpoint, and macro EM (bars) with format rate
+    (line) across checkpoints; EM error bars are the summaries' bootstrap 95% intervals."""
+    if not runs:
+        raise PlotInputError("no evaluations to plot")
+    fig = Figure(figsize=EVAL_FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1)
+    sources = eval_sources(runs)
+
+    width = 0.8 / len(runs)
+    heights_seen: list[float] = []
+    for i, run in enumerate(runs):
+        points = [100 * _number(run.metrics, f"em/{s}") for s in sources]
+        lows = [100 * _number(run.metrics, f"em_ci95_low/{s}") for s in sources]
+        highs = [100 * _number(run.metrics, f"em_ci95_high/{s}") for s in sources]
+        errors = [_error(p, lo, hi) for p, lo, hi in zip(points, lows, highs)]
+        xs = [j - 0.4 + width * (i + 0.5) for j in range(len(sources))]
+        top.bar(
+            xs,
+            points,
+            width,
+            label=run.display_label,
+            yerr=[[e[0] for e in errors], [e[1] for e in errors]],
+            capsize=2,
+            error_kw={"elinewidth": 0.8},
+            hatch="//" if run.partial else None,
+        )
+        # Value labels sit at the foot of each bar, where the error bars cannot hide them.
+        for x, text in zip(xs, _labels(points)):
+            if text:
+                top.annotate(
+                    text,
+                    (x, 0),
+                    textcoords="offset points",
+                    xytext=(0, 3),
+                    ha="center",
+                    va="bottom",
+                    rotation=90,
+                    fontsize=7,
+                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "alpha": 0.7, "lw": 0},
+                )
+        heights_seen += [p + e[1] for p, e in zip(points, errors)]
+    top.set_xticks(range(len(sources)), sources)
+    top.set_ylabel("exact match (%)")
+    top.set_title("EM per benchmark (95% bootstrap CI)")
+    top.set_ylim(0, _y_top(heights_seen))
+    top.legend(
+        fontsize=8, ncols=min(len(runs), 4), loc="upper center", bbox_to_anchor=(0.5, -0.08), frameon=False
+    )
+
+    xs = list(range(len(runs)))
+    macro = [100 * _number(r.metrics, "em/macro") for r in runs]
+    macro_err = [
+        _error(
+            m, 100 * _number(r.metrics, "em/macro_ci95_low"), 100 * _number(r.metrics, "em/macro_ci95_high")
+        )
+        for m, r in zip(macro, runs)
+    ]
+    fmt = [100 * _number(r.metrics, "format/rate") for r in runs]
+    bottom.bar(
+        xs,
+        macro,
+        0.5,
+        label="macro EM",
+        yerr=[[e[0] for e in macro_err], [e[1] for e in macro_err]],
+        capsize=3,
+    )
+    for x, m, e, text in zip(xs, macro, macro_err, _labels(macro)):
+        if text:  # above the upper whisker
+            bottom.annotate(
+                text,
+                (x, m + e[1]),
+                textcoords="offset points",
+                xytext=(0, 3),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+    bottom.plot(xs, fmt, marker="o", color="tab:orange", label="format rate")
+    for x, y in zip(xs, fmt):
+        if not math.isnan(y):
+            bottom.annotate(
+                f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=8
+            )
+    bottom.set_xticks(xs, [r.display_label for r in runs], rotation=15 if len(runs) > 4 else 0, fontsize=8)
+    bottom.set_ylabel("%")
+    bottom.set_title("Macro EM and format rate across checkpoints")
+    bottom.set_ylim(0, _y_top([m + e[1] for m, e in zip(macro, macro_err)] + fmt))
+    bottom.legend(fontsize=8)
+
+    fig.suptitle(_title(runs), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --- training-run metrics -----------------------------------------------------------------
+
+
+def resolve_metrics_path(run_dir_or_file: str | os.PathLike[str]) -> Path:
+    path = Path(run_dir_or_file)
+    if path.is_dir():
+        path = path / RUN_METRICS_FILE
+    if not path.is_file():
+        raise PlotInputError(f"{path}: no such metrics file")
+    return path
+
+
+def load_run_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Rows of a run's metrics.jsonl, one per step, sorted by step. A step logged twice (a
+    resumed run repeats steps) keeps its last row. Bad lines raise with ``path:line``."""
+    path = Path(path)
+    by_step: dict[float, dict[str, Any]] = {}
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PlotInputError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or not is_finite_number(row.get("step")):
+                raise PlotInputError(f"{path}:{number}: expected a JSON object with a numeric 'step'")
+            by_step[row["step"]] = row
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def run_series(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[float], list[float]]:
+    """(steps, values) where the metric was logged as a finite number."""
+    pairs = [(float(r["step"]), float(r[metric])) for r in rows if is_finite_number(r.get(metric))]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def run_figure(
+    rows: Sequence[Mapping[str, Any]],
+    metrics: Sequence[str] = DEFAULT_RUN_METRICS,
+    *,
+    title: str | None = None,
+) -> tuple[Figure, list[str]]:
+    """One panel per requested metric that the run logged, over steps. Returns the figure and
+    the metrics skipped because they never appear (so the caller can say so)."""
+    present = [m for m in metrics if run_series(rows, m)[0]]
+    skipped = [m for m in metrics if m not in present]
+    if not present:
+        logged = sorted({k for r in rows for k in r if k != "step"})
+        raise PlotInputError(
+            f"none of the requested metrics ({', '.join(metrics)}) were logged; available: {', '.join(logged) or 'none'}"
+        )
+    fig = Figure(figsize=RUN_FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ncols = min(3, len(present))
+    nrows = math.ceil(len(present) / ncols)
+    grid = fig.subplots(nrows, ncols, squeeze=False)
+    cells = [ax for row in grid for ax in row]
+    for ax, metric in zip(cells, present):
+        steps, values = run_series(rows, metric)
+        ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3)
+        ax.set_title(metric, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in cells[len(present) :]:
+        fig.delaxes(ax)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    if skipped:
+        fig.text(0.01, 0.005, "not logged: " + ", ".join(skipped), fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return fig, skipped
+
+
+def save_figure(fig: Figure, output: str | os.PathLike[str]) -> Path:
+    """Render to PNG at the figure's own dpi (no tight bbox, so the pixel size is exactly
+    figsize x dpi) through a temporary file and an atomic rename."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=fig.dpi)
+        os.replace(tmp, output)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return output

@@ -1,0 +1,277 @@
+"""Figures from eval summaries and run metrics, rendered from files written by the tests."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from searchr1 import plots
+from searchr1.cli import main
+from searchr1.eval_metrics import load_summary, summary_record
+
+BASE_CONFIG = {
+    "search_backend": "wikipedia",
+    "search_concurrency": 3,
+    "search_timeout": 15.0,
+    "search_model": None,
+    "base_model": "Qwen/Qwen3.5-4B",
+    "model_path": None,
+    "dataset_path": "datasets/dev.jsonl",
+    "dataset_sha256": "0" * 64,
+}
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from the PNG IHDR chunk."""
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", header[16:24])
+
+
+def trajectory(source: str, index: int, em: bool, fmt: bool = True) -> dict:
+    return {
+        "type": "trajectory",
+        "id": f"{source}/{index}",
+        "question": "q?",
+        "answers": ["a"],
+        "data_source": source,
+        "turns": [],
+        "searches": [],
+        "final_text": "",
+        "termination": "answer",
+        "reward": 1.0 if em else 0.0,
+        "exact_match": em,
+        "valid_format": fmt,
+        "search_calls": 0,
+        "assistant_turns": 1,
+        "env_error": False,
+    }
+
+
+def write_eval_file(
+    path: Path, correct: dict[str, int], *, per_source: int = 10, partial: bool = False, **config
+) -> Path:
+    """An eval JSONL with ``correct[source]`` right answers out of ``per_source`` per source."""
+    records = [trajectory(s, i, i < k) for s, k in correct.items() for i in range(per_source)]
+    summary = summary_record(
+        records, config={**BASE_CONFIG, **config}, search_metrics={"success_rate": 1.0}, partial=partial
+    )
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*records, summary]), encoding="utf-8")
+    return path
+
+
+CHECKPOINTS = {
+    "base": {"nq": 3, "hotpotqa": 2, "bamboogle": 1},
+    "step20": {"nq": 5, "hotpotqa": 4, "bamboogle": 2},
+    "step50": {"nq": 4, "hotpotqa": 6, "bamboogle": 3},
+}
+
+
+@pytest.fixture
+def eval_files(tmp_path: Path) -> list[Path]:
+    return [
+        write_eval_file(
+            tmp_path / f"eval_{name}.jsonl",
+            correct,
+            model_path=None if name == "base" else f"trio://run/{name}-weights",
+        )
+        for name, correct in CHECKPOINTS.items()
+    ]
+
+
+# --- eval figure -------------------------------------------------------------------------------
+
+
+def test_eval_figure_has_two_panels_and_renders_at_the_declared_size(eval_files, tmp_path):
+    fig = plots.eval_figure(plots.load_eval_runs(eval_files))
+    assert len(fig.axes) == 2
+    out = plots.save_figure(fig, tmp_path / "figs" / "eval.png")
+    assert png_size(out) == (1100, 900)
+    assert not [p for p in out.parent.iterdir() if p.name != "eval.png"]  # no temp file left
+
+
+def test_eval_figure_bars_follow_the_data(eval_files):
+    fig = plots.eval_figure(plots.load_eval_runs(eval_files))
+    top, bottom = fig.axes
+    assert [t.get_text() for t in top.get_xticklabels()] == ["nq", "hotpotqa", "bamboogle"]  # release order
+    per_source = [p.get_height() for p in top.patches]
+    expected = [100 * k / 10 for correct in CHECKPOINTS.values() for k in correct.values()]
+    assert per_source == pytest.approx(expected)
+    macro = [p.get_height() for p in bottom.patches]
+    assert macro == pytest.approx([100 * sum(c.values()) / 30 for c in CHECKPOINTS.values()])
+    # the axis adapts to the data: it clears the highest error bar with room for the labels
+    highest = max(
+        100 * load_summary(f)["metrics"][f"em_ci95_high/{s}"]
+        for f in eval_files
+        for s in ("nq", "hotpotqa", "bamboogle")
+    )
+    assert highest < top.get_ylim()[1] <= highest + 12
+    assert [t.get_text() for t in bottom.get_xticklabels()] == [
+        "eval_base",
+        "step20-weights",
+        "step50-weights",
+    ]
+
+
+def test_eval_figure_y_axis_is_not_fixed(tmp_path):
+    low = write_eval_file(tmp_path / "low.jsonl", {"nq": 1, "popqa": 1})
+    high = write_eval_file(tmp_path / "high.jsonl", {"nq": 10, "popqa": 9})
+    low_top = plots.eval_figure(plots.load_eval_runs([low])).axes[0].get_ylim()[1]
+    high_top = plots.eval_figure(plots.load_eval_runs([high])).axes[0].get_ylim()[1]
+    assert low_top < 50
+    assert high_top >= 100
+
+
+def test_partial_evaluations_are_marked(tmp_path):
+    full = write_eval_file(tmp_path / "full.jsonl", {"nq": 2})
+    part = write_eval_file(tmp_path / "part.jsonl", {"nq": 2}, per_source=4, partial=True)
+    fig = plots.eval_figure(plots.load_eval_runs([full, part], ["base", "step10"]))
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["base", "step10 (partial, n=4)"]
+    assert "PARTIAL" in fig._suptitle.get_text()
+
+
+def test_labels_must_match_the_files(eval_files):
+    with pytest.raises(plots.PlotInputError, match="2 --label values for 3 eval files"):
+        plots.load_eval_runs(eval_files, ["a", "b"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("search_backend", "deepseek"),
+        ("search_concurrency", 16),
+        ("search_timeout", 60.0),
+        ("search_model", "deepseek-v4-flash"),
+        ("dataset_sha256", "f" * 64),
+    ],
+)
+def test_mixed_configs_are_refused_naming_files_and_field(eval_files, tmp_path, field, value):
+    odd = write_eval_file(tmp_path / "odd.jsonl", {"nq": 1}, **{field: value})
+    runs = plots.load_eval_runs([*eval_files, odd])
+    with pytest.raises(plots.PlotInputError) as info:
+        plots.check_comparable(runs)
+    message = str(info.value)
+    assert field in message and str(odd) in message and str(eval_files[0]) in message
+    assert "--allow-mixed" in message
+    plots.check_comparable(runs[:-1])  # the others agree
+
+
+def test_cli_plot_eval_refuses_mixed_unless_allowed(eval_files, tmp_path):
+    odd = write_eval_file(tmp_path / "odd.jsonl", {"nq": 1}, search_backend="zhihu")
+    out = tmp_path / "mixed.png"
+    refused = CliRunner().invoke(
+        main, ["plot", "eval", *map(str, eval_files), str(odd), "--output", str(out)]
+    )
+    assert refused.exit_code != 0
+    assert "search_backend" in refused.output and "odd.jsonl" in refused.output
+    assert not out.exists()
+
+    allowed = CliRunner().invoke(
+        main, ["plot", "eval", *map(str, eval_files), str(odd), "--output", str(out), "--allow-mixed"]
+    )
+    assert allowed.exit_code == 0, allowed.output
+    assert png_size(out) == (1100, 900)
+
+
+def test_cli_plot_eval_with_labels(eval_files, tmp_path):
+    out = tmp_path / "labelled.png"
+    args = [
+        "plot",
+        "eval",
+        *map(str, eval_files),
+        "-o",
+        str(out),
+        "--label",
+        "b",
+        "--label",
+        "s20",
+        "--label",
+        "s50",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert out.is_file()
+
+
+def test_cli_plot_eval_reports_a_file_without_summary(tmp_path):
+    bad = tmp_path / "crashed.jsonl"
+    bad.write_text(json.dumps(trajectory("nq", 0, True)) + "\n")
+    result = CliRunner().invoke(main, ["plot", "eval", str(bad), "-o", str(tmp_path / "x.png")])
+    assert result.exit_code != 0
+    assert "crashed.jsonl" in result.output and "no summary" in result.output
+
+
+# --- run figure --------------------------------------------------------------------------------
+
+
+def write_metrics(path: Path, steps: int, keys: list[str]) -> Path:
+    rows = [{"step": s, **{k: 0.1 * s + i for i, k in enumerate(keys)}} for s in range(1, steps + 1)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_run_figure_has_a_panel_per_logged_metric(tmp_path):
+    logged = ["reward/mean", "reward/correct", "search/success_rate", "time/step_seconds"]
+    rows = plots.load_run_metrics(write_metrics(tmp_path / "metrics.jsonl", 5, logged))
+    fig, skipped = plots.run_figure(rows)
+    assert len(fig.axes) == 4
+    assert [ax.get_title() for ax in fig.axes] == logged
+    assert skipped == ["reward/format", "rollout/degenerate_group_rate"]
+    assert png_size(plots.save_figure(fig, tmp_path / "run.png")) == (1200, 800)
+
+
+def test_run_figure_plots_the_logged_values(tmp_path):
+    rows = plots.load_run_metrics(write_metrics(tmp_path / "m.jsonl", 4, ["reward/mean"]))
+    fig, _ = plots.run_figure(rows, ["reward/mean"])
+    line = fig.axes[0].get_lines()[0]
+    assert list(line.get_xdata()) == [1, 2, 3, 4]
+    assert list(line.get_ydata()) == pytest.approx([0.1, 0.2, 0.3, 0.4])
+
+
+def test_run_metrics_keep_the_last_row_of_a_repeated_step_and_skip_non_numbers(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 2, "reward/mean": 0.5},
+        {"step": 1, "reward/mean": None},
+        {"step": 2, "reward/mean": 0.7},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rows = plots.load_run_metrics(path)
+    assert plots.run_series(rows, "reward/mean") == ([2.0], [0.7])
+
+
+def test_run_metrics_bad_line_names_file_and_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"reward/mean": 1}\n')
+    with pytest.raises(plots.PlotInputError, match=rf"{path}:2"):
+        plots.load_run_metrics(path)
+
+
+def test_run_figure_without_any_requested_metric_lists_what_exists(tmp_path):
+    rows = plots.load_run_metrics(write_metrics(tmp_path / "m.jsonl", 2, ["trainer/loss"]))
+    with pytest.raises(plots.PlotInputError, match="available: trainer/loss"):
+        plots.run_figure(rows)
+
+
+def test_cli_plot_run_from_a_run_directory_notes_skipped_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_metrics(run_dir / "metrics.jsonl", 3, ["reward/mean", "rollout/degenerate_group_rate"])
+    out = tmp_path / "run.png"
+    result = CliRunner().invoke(main, ["plot", "run", str(run_dir), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "note: reward/correct not logged" in result.output  # stderr is part of output
+    assert png_size(out) == (1200, 800)
+
+
+def test_cli_plot_run_with_chosen_metrics(tmp_path):
+    path = write_metrics(tmp_path / "metrics.jsonl", 3, ["trainer/loss", "reward/mean"])
+    out = tmp_path / "loss.png"
+    result = CliRunner().invoke(main, ["plot", "run", str(path), "-o", str(out), "--metric", "trainer/loss"])
+    assert result.exit_code == 0, result.output
+    assert out.is_file()
