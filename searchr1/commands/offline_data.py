@@ -1,0 +1,50 @@
+"""``python cli.py offline-data``: regenerate the shipped offline question set and its cassettes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("offline-data")
+@click.option("--check", is_flag=True, help="Compare only; exit 1 if a generated file is stale.")
+@click.option("--no-cassettes", is_flag=True, help="Write the generated files but do not re-record the cassettes.")
+def offline_data(check: bool, no_cassettes: bool) -> None:
+    """Regenerate the offline world from searchr1/offline/questions.json.
+
+    Writes searchr1/offline/scenario.json (the scripted policy), train.jsonl, dev.jsonl and
+    cassettes/specs/offline.json, then records cassettes/<backend>/offline.yaml for every
+    backend through the real clients against the in-process fake services.
+    """
+    from ..offline import build_offline_files, load_source
+    from ..search.cassette_specs import build_cassettes
+
+    files = build_offline_files(load_source())
+    stale = [path for path, text in files.items()
+             if not path.is_file() or path.read_text("utf-8") != text]
+    if check:
+        for path in stale:
+            click.echo(f"STALE     {path}")
+        report = build_cassettes(check=True, only="offline")
+        for path in report.differing:
+            click.echo(f"STALE     {path}")
+        if stale or report.differing:
+            raise click.ClickException("offline files are stale; run `python cli.py offline-data`")
+        click.echo("offline files and cassettes are up to date")
+        return
+    for path in stale:
+        _write(path, files[path])
+        click.echo(f"wrote     {path}")
+    if not no_cassettes:
+        report = build_cassettes(only="offline")
+        for path in report.written:
+            click.echo(f"wrote     {path}")
+    click.echo(f"{len(files) - len(stale)} generated file(s) were already up to date")
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, "utf-8")
+    temporary.replace(path)

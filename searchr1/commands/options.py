@@ -1,0 +1,92 @@
+"""Click options shared by the commands that roll out (train, eval, rollout)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..rollout import TOOL_OVERFLOW_MODES, RolloutConfig
+
+ROLLOUT_OPTION_NAMES = (
+    "group_size", "max_search_calls", "max_assistant_turns", "max_trajectory_tokens",
+    "max_assistant_tokens", "max_tool_response_tokens", "temperature", "top_p",
+    "sampling_concurrency", "sample_timeout", "sample_retries", "tool_overflow",
+)
+
+
+def _at_least(minimum: float) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None and value < minimum:
+            raise click.BadParameter(f"must be >= {minimum}, got {value}")
+        return value
+
+    return check
+
+
+def rollout_options(*, group_size: int = 8, temperature: float = 1.0) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Budgets and sampling flags (the seed's names and defaults)."""
+    options = [
+        click.option("--group-size", type=int, default=group_size, show_default=True, callback=_at_least(1),
+                     help="Trajectories per question."),
+        click.option("--max-search-calls", type=int, default=4, show_default=True, callback=_at_least(0),
+                     help="Searches per trajectory."),
+        click.option("--max-assistant-turns", type=int, default=6, show_default=True, callback=_at_least(1),
+                     help="Assistant turns per trajectory."),
+        click.option("--max-trajectory-tokens", type=int, default=8192, show_default=True, callback=_at_least(1),
+                     help="Whole-sequence budget (also the training datum limit)."),
+        click.option("--max-assistant-tokens", type=int, default=1024, show_default=True, callback=_at_least(1),
+                     help="Generation cap per assistant turn."),
+        click.option("--max-tool-response-tokens", type=int, default=1024, show_default=True, callback=_at_least(1),
+                     help="Cap on one observation's content."),
+        click.option("--temperature", type=float, default=temperature, show_default=True, callback=_at_least(0.0)),
+        click.option("--top-p", type=float, default=1.0, show_default=True, callback=_at_least(0.0)),
+        click.option("--sampling-concurrency", type=int, default=64, show_default=True, callback=_at_least(1),
+                     help="Sampling requests in flight at once."),
+        click.option("--sample-timeout", type=float, default=900.0, show_default=True, callback=_at_least(1.0),
+                     help="Seconds before one sampling request is abandoned (then retried)."),
+        click.option("--sample-retries", type=int, default=2, show_default=True, callback=_at_least(0),
+                     help="Retries of a retryable sampling failure."),
+        click.option("--tool-overflow", type=click.Choice(TOOL_OVERFLOW_MODES), default="truncate", show_default=True,
+                     help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed)."),
+    ]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def rollout_config_from(kwargs: dict[str, Any], *, seed: int) -> RolloutConfig:
+    """Pop the rollout flags out of a command's kwargs into a :class:`RolloutConfig`."""
+    values = {name: kwargs.pop(name) for name in ROLLOUT_OPTION_NAMES}
+    return RolloutConfig(seed=seed, **values)
+
+
+def echo_error(message: str) -> None:
+    click.secho(f"error: {message}", fg="red", err=True)
+
+
+def run_guarded(function: Callable[[], Any]) -> Any:
+    """Turn expected failures into one clear line and a non-zero exit (no traceback)."""
+    from ..data import DataError
+    from ..run_dir import RunDirError
+    from ..scripted import ScenarioError
+    from ..search.env import MissingApiKeyError
+    from ..search.replay import CassetteFormatError, CassetteMissError
+    from ..services import ServiceSetupError
+    from ..tokenizer import TokenizerSetupError
+
+    expected = (DataError, RunDirError, ScenarioError, MissingApiKeyError, CassetteMissError,
+                CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError)
+    try:
+        return function()
+    except expected as error:
+        raise click.ClickException(str(error)) from None
+    except KeyboardInterrupt:
+        raise click.ClickException("interrupted") from None
+
+

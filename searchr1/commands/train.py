@@ -1,0 +1,232 @@
+"""``python cli.py train``: Search-R1 training on PyTRIO, or on its offline twin."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from ..search.cli_options import SearchOptions, search_options
+from .options import rollout_config_from, rollout_options, run_guarded
+
+OFFLINE_DEFAULT_STEPS = 4
+# Flags that may differ when a run is resumed (everything else is fixed by config.json).
+RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "swanlab_project", "quiet", "chat_template"}
+
+
+@click.command(context_settings={"show_default": True})
+@click.option("--offline", is_flag=True,
+              help="No key, no network: the fake PyTRIO service, the scripted policy and search cassettes.")
+@click.option("--max-steps", type=int, default=None,
+              help=f"Training steps [required live; default {OFFLINE_DEFAULT_STEPS} with --offline].")
+@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Training JSONL [default: datasets/train.jsonl; the shipped offline set with --offline].")
+@click.option("--max-train-samples", type=int, default=0, help="Use only the first N shuffled examples (0 = all).")
+@click.option("--base-model", default="Qwen/Qwen3.5-4B")
+@click.option("--lora-rank", type=click.IntRange(4, 64), default=32)
+@click.option("--questions-per-batch", type=click.IntRange(min=1), default=8)
+@rollout_options()
+@click.option("--learning-rate", type=float, default=4e-5)
+@click.option("--beta1", type=float, default=0.9)
+@click.option("--beta2", type=float, default=0.95)
+@click.option("--save-every", type=click.IntRange(min=0), default=50,
+              help="Checkpoint every N steps (0 = only the final save).")
+@click.option("--seed", type=int, default=42, help="Data order, LoRA init and sampling seeds.")
+@click.option("--run-name", default="search-r1-qwen35-4b", help="Also the checkpoint name prefix.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where config, metrics and checkpoints go [default: runs/<run-name>].")
+@click.option("--resume", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Continue the run in this directory from its last checkpoint (same data order, optimizer state).")
+@click.option("--accumulation", type=click.Choice(["sdk", "manual"]), default="sdk",
+              help="sdk: one forward_backward per step (exact whatever the server's reduction); "
+                   "manual: the seed's micro-batches with n_k/N weights.")
+@click.option("--advantage", "advantage_mode", type=click.Choice(["mean", "zscore", "none"]), default="mean",
+              help="Group-relative advantage: reward minus group mean (seed), z-score, or raw reward.")
+@click.option("--keep-env-failures", is_flag=True,
+              help="Train on groups hit by search or sampler failures (default: leave them out and count them).")
+@click.option("--swanlab-mode", type=click.Choice(["auto", "online", "local", "offline", "disabled"]), default="auto",
+              help="auto: disabled with --offline, else online when swanlab is installed.")
+@click.option("--swanlab-project", default="searchr1")
+@click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
+              help="Another copy of the Qwen3.5 chat template (checked by sha256).")
+@click.option("--quiet", is_flag=True, help="No progress display.")
+@search_options(default_backend="deepseek")
+@click.pass_context
+def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
+    """Train a search policy with GRPO-style group advantages and importance sampling.
+
+    \b
+    Live:     python cli.py train --backend zhihu --max-steps 200
+              (needs PYTRIO_API_KEY, and ZHIHU_SEARCH_KEYS / DEEPSEEK_API_KEY for those backends)
+    Offline:  python cli.py train --offline
+    Resume:   python cli.py train --resume runs/<run-name> [--max-steps N]
+
+    Each step writes one line to <run-dir>/metrics.jsonl; checkpoints go to checkpoints.jsonl
+    (their weights URI is what `eval --model-path` takes).
+    """
+    run_guarded(lambda: _train(ctx, search, kwargs))
+
+
+def _explicit(ctx: click.Context) -> set[str]:
+    return {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+
+
+def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) -> None:
+    from ..data import file_sha256, shuffled_examples
+    from ..offline import TRAIN
+    from ..run_dir import RunDir
+    from ..services import check_base_model, describe_search, load_tokenizer, live_service, offline_scenario, offline_service, search_backend
+    from ..trainer import TrainConfig, Trainer, TrainingStopped
+
+    explicit = _explicit(ctx)
+    resume_dir: Path | None = kwargs.pop("resume")
+    quiet = kwargs.pop("quiet")
+    swanlab_mode, swanlab_project = kwargs.pop("swanlab_mode"), kwargs.pop("swanlab_project")
+    chat_template = kwargs.pop("chat_template")
+    if resume_dir is not None:
+        if kwargs["run_dir"] is not None:
+            raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
+        run = RunDir(resume_dir)
+        stored = run.open()
+        given = {**kwargs, **search.__dict__, "search_backend": search.backend}
+        changed = sorted(name for name in explicit - RESUMABLE_FLAGS
+                         if _stored_value(stored, name) != _plain(given.get(name, kwargs.get(name))))
+        if changed:
+            flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+            raise click.UsageError(f"{flags} cannot change when resuming; the run's settings are in "
+                                   f"{resume_dir / 'config.json'} (only --max-steps may be raised)")
+        if kwargs["max_steps"] is not None:
+            stored["max_steps"] = kwargs["max_steps"]
+        config = TrainConfig.from_json(stored)
+        if Path(config.data).is_file() and file_sha256(config.data) != config.data_sha256:
+            raise click.ClickException(f"{config.data} changed since the run started (sha256 differs); "
+                                       "the data order could not be reproduced")
+        search = SearchOptions(**{**search.__dict__, **{k: v for k, v in config.search.get("options", {}).items()}})
+    else:
+        offline = kwargs.pop("offline")
+        if kwargs["max_steps"] is None:
+            if not offline:
+                raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
+            kwargs["max_steps"] = OFFLINE_DEFAULT_STEPS
+        data = kwargs.pop("data") or (TRAIN if offline else Path("datasets/train.jsonl"))
+        if not data.is_file():
+            hint = "run `python cli.py prepare-data` first" if not offline else "reinstall the package"
+            raise click.ClickException(f"training data {data} does not exist; {hint}")
+        if not offline:
+            check_base_model(kwargs["base_model"])
+        rollout = rollout_config_from(kwargs, seed=kwargs["seed"])
+        if rollout.temperature != 1.0 or rollout.top_p != 1.0:
+            click.secho("warning: importance ratios assume the sampler's logprobs match the trainer's; "
+                        "temperature and top-p other than 1 bias them", fg="yellow", err=True)
+        run_dir = kwargs.pop("run_dir") or Path("runs") / kwargs["run_name"]
+        config = TrainConfig(
+            data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data),
+            search={**describe_search(search, offline=offline), "options": _search_options_record(search)},
+            **kwargs,
+        )
+        run = RunDir(run_dir)
+        run.create(config.to_json())
+    offline = config.offline
+    tokenizer = load_tokenizer(chat_template)
+    examples = shuffled_examples(config.data, config.seed)
+    if config.max_train_samples:
+        examples = examples[: config.max_train_samples]
+    service = offline_service(run.path / "fake-trio", tokenizer, offline_scenario()) if offline else live_service()
+    logger = _swanlab_logger(swanlab_mode, swanlab_project, config, offline)
+    reporter = None
+    if not quiet:
+        from ..progress import RichReporter
+
+        reporter = RichReporter()
+
+    async def main() -> int:
+        backend = search_backend(search, offline=offline)
+        try:
+            trainer = Trainer(config, run, service=service, tokenizer=tokenizer, search=backend,
+                              examples=examples, reporter=reporter, logger=logger)
+            return await trainer.run_steps(run.resume_point() if resume_dir is not None else None)
+        finally:
+            await backend.aclose()
+
+    click.echo(f"run directory: {run.path}  ({'offline twin' if offline else 'live PyTRIO'}, "
+               f"backend {search.backend}, {config.max_steps} steps)", err=True)
+    try:
+        completed = asyncio.run(main())
+    except TrainingStopped as stopped:
+        click.secho(str(stopped), fg="red", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.secho(f"interrupted. Finished steps are saved in {run.path}; resume with: "
+                    f"python cli.py train --resume {run.path}", fg="yellow", err=True)
+        sys.exit(130)
+    finally:
+        if logger is not None:
+            logger.finish()
+    last = run.resume_point()
+    click.echo(f"done: {completed} steps. metrics: {run.file('metrics.jsonl')}")
+    if last is not None:
+        click.echo(f"last checkpoint: {last.name}  weights for eval: {last.weights_path}")
+
+
+_MISSING = object()
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
+
+
+def _stored_value(stored: dict[str, Any], name: str) -> Any:
+    """A flag's value as the run's config.json recorded it (``_MISSING`` if it was not)."""
+    search_options = stored.get("search", {}).get("options", {})
+    key = {"search_backend": "backend", "search_concurrency": "concurrency", "search_timeout": "timeout",
+           "search_model": "model", "search_cache": "cache", "search_env_file": "env_file",
+           "search_tool_type": "tool_type", "search_cache_ttl": "cache_ttl_hours"}.get(name, name)
+    for scope in (stored, stored.get("rollout", {}), search_options):
+        if key in scope:
+            return scope[key]
+    return _MISSING
+
+
+def _search_options_record(search: SearchOptions) -> dict[str, Any]:
+    """The search flags to reuse on --resume (paths as strings, nothing secret)."""
+    record = {}
+    for key, value in search.__dict__.items():
+        record[key] = str(value) if isinstance(value, Path) else value
+    return record
+
+
+class _SwanLab:
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        import swanlab
+
+        swanlab.log(metrics, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def _swanlab_logger(mode: str, project: str, config: Any, offline: bool) -> _SwanLab | None:
+    if mode == "auto":
+        if offline:
+            return None
+        try:
+            import swanlab  # noqa: F401
+        except ImportError:
+            click.echo("swanlab is not installed; metrics go to metrics.jsonl only (pip install swanlab)", err=True)
+            return None
+        mode = "online"
+    if mode == "disabled":
+        return None
+    try:
+        import swanlab
+    except ImportError:
+        raise click.ClickException(f"--swanlab-mode {mode} needs swanlab: pip install swanlab") from None
+    run = swanlab.init(project=project, experiment_name=config.run_name, mode=mode, config=config.to_json())
+    return _SwanLab(run)

@@ -1,0 +1,167 @@
+"""The shipped offline world: a small question set, a scripted policy for it, and the canned
+search results its queries get.
+
+``questions.json`` is the hand-written source. :func:`build_offline_files` turns it into
+
+* ``scenario.json``: the scripted policy (8 samples per question, mixed behaviours: search
+  every hop and answer, stop after one hop, guess, emit a JSON-style call, forget the
+  ``Answer:`` line, search and still answer wrongly, repeat a search), used by
+  ``ScriptedSampler`` for ``train --offline``, ``eval --offline`` and ``rollout --offline``;
+* ``train.jsonl`` / ``dev.jsonl``: the questions in the dataset format;
+* ``cassettes/specs/offline.json``: a cassette spec with the canned passages for every query,
+  from which ``python cli.py cassettes build`` records ``cassettes/<backend>/offline.yaml``.
+
+Regenerate everything with ``python cli.py offline-data``; ``--check`` fails if a generated
+file differs from what the source produces (a test runs it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+OFFLINE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = OFFLINE_DIR.parents[1]
+QUESTIONS = OFFLINE_DIR / "questions.json"
+SCENARIO = OFFLINE_DIR / "scenario.json"
+TRAIN = OFFLINE_DIR / "train.jsonl"
+DEV = OFFLINE_DIR / "dev.jsonl"
+CASSETTE_SPEC = REPO_ROOT / "cassettes" / "specs" / "offline.json"
+CASSETTE_NAME = "offline"
+BACKENDS = ("wikipedia", "zhihu", "deepseek", "retriever")
+
+CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{query}\n</parameter>\n</function>\n</tool_call>"
+
+# One opening per sample index: every sample's first turn differs, so every later prompt
+# differs too and the scripted policy stays a function of its prompt.
+OPENINGS = (
+    "I should look this up.",
+    "Let me search for that first.",
+    "I will check a source before answering.",
+    "A quick search will confirm it.",
+    "I need evidence for this.",
+    "Let me find a reliable passage.",
+    "Searching is safer than guessing here.",
+    "I want to verify this.",
+)
+BEHAVIOURS = (
+    "full",            # search every hop, then the right answer
+    "one_hop",         # search the first hop only, then answer (wrong on two-hop questions)
+    "guess_wrong",     # no search, wrong answer
+    "guess_right",     # no search, right answer
+    "json_call",       # a JSON-style tool call: invalid for Qwen3.5
+    "no_answer",       # no Answer: line (format failure)
+    "search_then_wrong",
+    "double_search",   # repeats the first query once, then proceeds like "full"
+)
+
+
+def cassette_path(backend: str) -> Path:
+    return REPO_ROOT / "cassettes" / backend / f"{CASSETTE_NAME}.yaml"
+
+
+def _call(query: str, opening: str = "") -> str:
+    text = CALL.format(query=query)
+    return f"{opening}\n\n{text}" if opening else text
+
+
+def script_sample(item: dict[str, Any], behaviour: str, opening: str) -> list[str]:
+    """The assistant turns of one scripted sample (pure)."""
+    hops = [hop["query"] for hop in item["hops"]]
+    right, wrong = item["answers"][0], item["wrong"]
+    if behaviour == "full":
+        return [_call(hops[0], opening)] + [_call(q) for q in hops[1:]] + [f"The passages agree.\n\nAnswer: {right}"]
+    if behaviour == "one_hop":
+        return [_call(hops[0], opening), f"Answer: {right if len(hops) == 1 else wrong}"]
+    if behaviour == "guess_wrong":
+        return [f"{opening} Actually, I am fairly sure already.\n\nAnswer: {wrong}"]
+    if behaviour == "guess_right":
+        return [f"{opening} Actually, I know this one.\n\nAnswer: {right}"]
+    if behaviour == "json_call":
+        payload = json.dumps({"name": "search", "arguments": {"query": hops[0]}})
+        return [f"{opening}\n\n<tool_call>\n{payload}\n</tool_call>"]
+    if behaviour == "no_answer":
+        return [f"{opening} I cannot tell without more context."]
+    if behaviour == "search_then_wrong":
+        return [_call(hops[0], opening), f"Answer: {wrong}"]
+    if behaviour == "double_search":
+        return ([_call(hops[0], opening), _call(hops[0], "That was short; once more.")]
+                + [_call(q) for q in hops[1:]] + [f"Answer: {right}"])
+    raise ValueError(f"unknown behaviour {behaviour!r}")
+
+
+def _question_entries(items: list[dict[str, Any]], offset: int, samples: int) -> list[dict[str, Any]]:
+    entries = []
+    for index, item in enumerate(items):
+        fixed = item.get("behaviour")
+        if fixed is not None and fixed not in BEHAVIOURS:
+            raise ValueError(f"{QUESTIONS}: {item['id']}: unknown behaviour {fixed!r}")
+        scripted = [
+            script_sample(item, fixed or BEHAVIOURS[(j + index + offset) % len(BEHAVIOURS)], OPENINGS[j])
+            for j in range(samples)
+        ]
+        entries.append({
+            "id": item["id"], "question": item["question"], "answers": item["answers"],
+            "data_source": item["data_source"], "samples": scripted,
+        })
+    return entries
+
+
+def _expand_repeats(query: dict[str, Any]) -> dict[str, Any]:
+    """``{"text": t, "repeat": n}`` becomes n numbered copies of t (for very long passages)."""
+    if "results" not in query:
+        return dict(query)
+    results = []
+    for result in query["results"]:
+        result = dict(result)
+        count = int(result.pop("repeat", 1))
+        if count > 1:
+            result["text"] = " ".join(f"({i}) {result['text']}" for i in range(1, count + 1))
+        results.append(result)
+    return {**query, "results": results}
+
+
+def build_offline_files(source: dict[str, Any], *, samples: int = 8) -> dict[Path, str]:
+    """Every generated file's path and text (pure: nothing is written)."""
+    train, dev = source["train"], source["dev"]
+    scenario = {
+        "name": "offline",
+        "description": "Scripted policy for the shipped offline question set (generated from "
+                       "searchr1/offline/questions.json by `python cli.py offline-data`).",
+        "backend": "wikipedia",
+        "cassette": f"cassettes/wikipedia/{CASSETTE_NAME}.yaml",
+        "questions": _question_entries(train, 0, samples) + _question_entries(dev, len(train), samples),
+    }
+
+    def jsonl(items: list[dict[str, Any]]) -> str:
+        rows = [{"id": i["id"], "question": i["question"], "answers": i["answers"],
+                 "data_source": i["data_source"]} for i in items]
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+    queries: dict[str, dict[str, Any]] = {}
+    for item in train + dev:
+        for hop in item["hops"]:
+            entry = {"query": hop["query"], "results": [{"title": hop["title"], "text": hop["text"]}]}
+            if queries.setdefault(hop["query"], entry) != entry:
+                raise ValueError(f"{QUESTIONS}: query {hop['query']!r} has two different results")
+    for extra in source.get("extra_queries", []):
+        if extra["query"] in queries:
+            raise ValueError(f"{QUESTIONS}: extra query {extra['query']!r} duplicates a hop")
+        queries[extra["query"]] = _expand_repeats(extra)
+    spec = {
+        "description": "Offline question set (generated from searchr1/offline/questions.json by "
+                       "`python cli.py offline-data`; do not edit by hand).",
+        "backends": list(BACKENDS),
+        "options": {"max_retries": 2},
+        "queries": list(queries.values()),
+    }
+
+    def dump(payload: Any) -> str:
+        return json.dumps(payload, indent=1, ensure_ascii=False) + "\n"
+
+    return {SCENARIO: dump(scenario), TRAIN: jsonl(train), DEV: jsonl(dev), CASSETTE_SPEC: dump(spec)}
+
+
+def load_source(path: Path = QUESTIONS) -> dict[str, Any]:
+    return json.loads(path.read_text("utf-8"))

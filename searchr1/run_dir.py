@@ -1,0 +1,171 @@
+"""The run directory: everything a training run writes, written so a crash loses nothing.
+
+    config.json          the exact configuration (written once)
+    metrics.jsonl        one line per finished step, appended and fsynced
+    checkpoints.jsonl    one line per checkpoint (the resume points), appended and fsynced
+    run_state.json       step, data cursor, seeds and last checkpoint (atomic rewrite)
+    metrics.rewound.jsonl  lines of steps that were undone by a resume (kept, not deleted)
+
+Order inside a step: metrics line, then checkpoint line, then run state. A resume restarts at
+the last checkpoint, so steps finished after it are run again; their old metrics lines move
+to ``metrics.rewound.jsonl`` instead of being duplicated or lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints.jsonl"
+STATE = "run_state.json"
+REWOUND = "metrics.rewound.jsonl"
+
+
+class RunDirError(ValueError):
+    """The run directory is unusable; the message names it and says why."""
+
+
+def write_json_atomically(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            json.dump(payload, stream, indent=2, sort_keys=True)
+            stream.write("\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def append_json_line(path: Path, record: Any) -> None:
+    line = json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n"
+    with open(path, "a", encoding="utf-8") as stream:
+        stream.write(line)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def read_json_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Complete records, and any torn lines (a crash in the middle of a write)."""
+    if not path.exists():
+        return [], []
+    records, torn = [], []
+    for number, line in enumerate(path.read_text("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            torn.append(line)
+    return records, torn
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    step: int                # steps completed when the checkpoint was taken
+    cursor: int              # data cursor at that point
+    state_path: str          # save_state URI (weights + optimizer)
+    weights_path: str        # save_weights_for_sampler URI (for eval)
+    name: str
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    # -- creation and opening --------------------------------------------------------------
+
+    def create(self, config: dict[str, Any]) -> None:
+        """Start a new run; refuses a directory that already holds anything."""
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise RunDirError(
+                f"run directory {self.path} already exists and is not empty; pick another "
+                "--run-dir or --run-name, or continue it with --resume"
+            )
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_text("ok", "utf-8")
+            probe.unlink()
+        except OSError as error:
+            raise RunDirError(f"cannot write to run directory {self.path}: {error.strerror or error}") from None
+        write_json_atomically(self.file(CONFIG), config)
+        self.write_state({"step": 0, "cursor": 0, "last_checkpoint": None})
+
+    def open(self) -> dict[str, Any]:
+        """Validate an existing run and return its configuration."""
+        if not self.path.is_dir():
+            raise RunDirError(f"{self.path} is not a directory, so it is not a run to resume")
+        missing = [name for name in (CONFIG, STATE) if not self.file(name).is_file()]
+        if missing:
+            raise RunDirError(
+                f"{self.path} is not a searchr1 run directory (missing {', '.join(missing)})"
+            )
+        try:
+            config = json.loads(self.file(CONFIG).read_text("utf-8"))
+            json.loads(self.file(STATE).read_text("utf-8"))
+        except json.JSONDecodeError as error:
+            raise RunDirError(f"{self.path}: a run file is not valid JSON ({error.msg})") from None
+        return config
+
+    # -- records ---------------------------------------------------------------------------
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        append_json_line(self.file(METRICS), record)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_json_lines(self.file(METRICS))[0]
+
+    def record_checkpoint(self, entry: dict[str, Any]) -> None:
+        append_json_line(self.file(CHECKPOINTS), entry)
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return read_json_lines(self.file(CHECKPOINTS))[0]
+
+    def write_state(self, state: dict[str, Any]) -> None:
+        write_json_atomically(self.file(STATE), state)
+
+    def state(self) -> dict[str, Any]:
+        return json.loads(self.file(STATE).read_text("utf-8"))
+
+    def resume_point(self) -> ResumePoint | None:
+        entries = [e for e in self.checkpoints() if e.get("state_path")]
+        if not entries:
+            return None
+        last = entries[-1]
+        return ResumePoint(int(last["step"]), int(last["cursor"]), str(last["state_path"]),
+                           str(last.get("weights_path") or ""), str(last.get("name") or ""))
+
+    def rewind_to(self, step: int) -> int:
+        """Keep metrics of steps ``< step``; move the rest (and torn lines) aside. Returns the
+        number of lines moved."""
+        path = self.file(METRICS)
+        records, torn = read_json_lines(path)
+        keep = [r for r in records if int(r.get("step", -1)) < step]
+        moved = [r for r in records if int(r.get("step", -1)) >= step]
+        if not moved and not torn:
+            return 0
+        for record in moved:
+            append_json_line(self.file(REWOUND), {**record, "rewound_to_step": step})
+        for line in torn:
+            append_json_line(self.file(REWOUND), {"torn_line": line, "rewound_to_step": step})
+        handle, temporary = tempfile.mkstemp(prefix=f".{METRICS}.", dir=self.path)
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            for record in keep:
+                stream.write(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+        return len(moved) + len(torn)

@@ -1,0 +1,101 @@
+"""Where the remote services come from: PyTRIO and a search backend (live), or their offline
+twins (the fake PyTRIO, the scripted sampler and the search cassettes). The training loop
+and the evaluation see the same interfaces either way."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .offline import SCENARIO, cassette_path
+from .search.cli_options import SearchOptions, build_search_backend
+
+QWEN35_PREFIX = "Qwen/Qwen3.5-"
+
+
+class ServiceSetupError(RuntimeError):
+    """A service cannot be reached or configured; the message says what to do."""
+
+
+def require_pytrio_key() -> None:
+    """Fail fast, without a traceback and without echoing anything secret, when no PyTRIO key
+    is configured (environment variable or the profile written by ``trio login``)."""
+    if os.environ.get("PYTRIO_API_KEY"):
+        return
+    home = Path.home() / ".pytrio"
+    if (home / "config.toml").is_file() or (home / "envs").is_dir():
+        return
+    raise ServiceSetupError(
+        "no PyTRIO API key: set PYTRIO_API_KEY or run `trio login` "
+        "(or use --offline to run against the offline twin)"
+    )
+
+
+def check_base_model(base_model: str) -> None:
+    if not base_model.startswith(QWEN35_PREFIX):
+        raise ServiceSetupError(
+            f"--base-model {base_model!r}: the search protocol is Qwen3.5's XML tool-call format; "
+            f"use a {QWEN35_PREFIX}* model"
+        )
+
+
+def load_tokenizer(chat_template: str | None = None) -> Any:
+    from .tokenizer import shared_tokenizer
+
+    return shared_tokenizer(chat_template)
+
+
+def live_service() -> Any:
+    require_pytrio_key()
+    import pytrio
+
+    try:
+        return pytrio.ServiceClient()
+    except pytrio.PyTrioError as error:
+        code = getattr(error, "code", "") or type(error).__name__
+        raise ServiceSetupError(f"cannot connect to PyTRIO ({code}); check the key and the network") from None
+
+
+def offline_scenario(path: str | Path | None = None) -> Any:
+    from .scripted import load_scenario
+
+    return load_scenario(path or SCENARIO)
+
+
+def offline_service(home: Path, tokenizer: Any, scenario: Any, **fake_options: Any) -> Any:
+    """The fake PyTRIO service whose samplers replay ``scenario``; checkpoints live in ``home``."""
+    from .fake_trio import FakeServiceClient
+    from .scripted import ScriptedSampler
+
+    def sampler_factory(model_path: str | None) -> Any:
+        return ScriptedSampler(scenario, tokenizer, model_path=model_path)
+
+    return FakeServiceClient(home=home, tokenizer=tokenizer, sampler_factory=sampler_factory, **fake_options)
+
+
+def offline_search_options(options: SearchOptions) -> SearchOptions:
+    """Offline search replays a cassette: the one given, or the backend's offline cassette."""
+    if options.cassette is not None:
+        return options
+    return replace(options, cassette=cassette_path(options.backend))
+
+
+def search_backend(options: SearchOptions, *, offline: bool) -> Any:
+    return build_search_backend(offline_search_options(options) if offline else options)
+
+
+def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:
+    """The search configuration as recorded in run configs and eval summaries (no secrets)."""
+    from .search.factory import resolve_concurrency, resolve_timeout
+
+    effective = offline_search_options(options) if offline else options
+    return {
+        "backend": effective.backend,
+        "concurrency": resolve_concurrency(effective.backend, effective.concurrency),
+        "timeout": resolve_timeout(effective.backend, effective.timeout),
+        "model": effective.model if effective.backend == "deepseek" else None,
+        "cassette": str(effective.cassette) if effective.cassette else None,
+        "cache": None if not effective.cache_enabled else effective.cache,
+    }

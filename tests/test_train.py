@@ -1,0 +1,164 @@
+"""The training loop end to end on the offline twin: a few steps, metrics and checkpoints on
+disk, crash and resume, and the flags that must be refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from searchr1.cli import main
+from searchr1.run_dir import RunDir
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4"]
+
+
+def train(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [*BASE, *args])
+    return result.exit_code, result.output + (str(result.exception) if result.exception and result.exit_code not in (0, 1, 2) else "")
+
+
+def comparable(record: dict) -> dict:
+    """A metrics line without wall-clock measurements."""
+    return {k: v for k, v in record.items() if not k.startswith("time/")}
+
+
+def test_offline_training_writes_a_line_per_step_and_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    code, output = train("--max-steps", "3", "--save-every", "2", "--run-dir", str(run_dir))
+    assert code == 0, output
+    run = RunDir(run_dir)
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    for line in metrics:
+        assert {"reward/mean", "reward/correct", "reward/format", "rollout/degenerate_group_rate",
+                "train/tokens_sent", "time/step_seconds", "search/success_rate"} <= set(line)
+        assert line["rollout/trajectories"] == 16
+    names = [c["name"] for c in run.checkpoints()]
+    assert names == ["search-r1-qwen35-4b-step-000002", "search-r1-qwen35-4b-final"]
+    assert run.state()["step"] == 3 and run.state()["cursor"] == 12
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["offline"] is True and config["rollout"]["group_size"] == 4
+
+
+def test_the_final_save_does_not_duplicate_the_last_periodic_one(tmp_path):
+    run_dir = tmp_path / "run"
+    code, output = train("--max-steps", "2", "--save-every", "2", "--run-dir", str(run_dir))
+    assert code == 0, output
+    assert [c["name"] for c in RunDir(run_dir).checkpoints()] == ["search-r1-qwen35-4b-step-000002"]
+
+
+def test_both_accumulation_modes_train(tmp_path):
+    for mode in ("sdk", "manual"):
+        code, output = train("--max-steps", "1", "--accumulation", mode, "--run-dir", str(tmp_path / mode))
+        assert code == 0, output
+        line = RunDir(tmp_path / mode).metrics()[0]
+        expected_calls = 1 if mode == "sdk" else line["train/micro_batches_per_step"]
+        assert line["train/forward_backward_calls"] == expected_calls
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from searchr1 import run_dir
+    kill_after = int(sys.argv[1])
+    original = run_dir.RunDir.append_metrics
+    def append_then_maybe_die(self, record):
+        original(self, record)
+        if record["step"] == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+    run_dir.RunDir.append_metrics = append_then_maybe_die
+    from searchr1.cli import main
+    main(sys.argv[2:])
+    """
+)
+
+
+def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path):
+    args = [*BASE, "--max-steps", "6", "--save-every", "2", "--run-dir"]
+    killed = tmp_path / "killed"
+    process = subprocess.run(
+        [sys.executable, "-c", KILLER, "3", *args, str(killed)], cwd=REPO, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert process.returncode == -9, process.stderr[-2000:]
+    run = RunDir(killed)
+    assert [m["step"] for m in run.metrics()] == [0, 1, 2, 3]  # step 3 finished after checkpoint 2
+    assert run.resume_point().step == 2
+
+    code, output = train("--resume", str(killed))
+    assert code == 0, output
+    code, output = train("--max-steps", "6", "--save-every", "2", "--run-dir", str(tmp_path / "straight"))
+    assert code == 0, output
+
+    resumed = [comparable(m) for m in RunDir(killed).metrics()]
+    straight = [comparable(m) for m in RunDir(tmp_path / "straight").metrics()]
+    assert [m["step"] for m in resumed] == list(range(6))
+    assert resumed == straight
+    rewound = [json.loads(line) for line in (killed / "metrics.rewound.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rewound] == [2, 3]  # undone work is kept aside, not lost
+
+
+def test_resume_may_raise_max_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    assert train("--max-steps", "2", "--save-every", "1", "--run-dir", str(run_dir))[0] == 0
+    code, output = train("--resume", str(run_dir), "--max-steps", "3")
+    assert code == 0, output
+    assert [m["step"] for m in RunDir(run_dir).metrics()] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--resume", "RUN", "--group-size", "8"], "--group-size cannot change when resuming"),
+        (["--resume", "RUN", "--run-dir", "elsewhere"], "contradict"),
+    ],
+)
+def test_contradictory_flags_are_refused(tmp_path, args, message):
+    run_dir = tmp_path / "run"
+    assert train("--max-steps", "1", "--run-dir", str(run_dir))[0] == 0
+    code, output = train(*[str(run_dir) if a == "RUN" else a for a in args])
+    assert code == 2 and message in output
+
+
+def test_resuming_a_directory_that_is_not_a_run_names_it(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    code, output = train("--resume", str(tmp_path))
+    assert code == 1 and "is not a searchr1 run directory" in output and str(tmp_path) in output
+
+
+def test_an_existing_run_directory_is_never_overwritten(tmp_path):
+    run_dir = tmp_path / "run"
+    assert train("--max-steps", "1", "--run-dir", str(run_dir))[0] == 0
+    before = (run_dir / "metrics.jsonl").read_text()
+    code, output = train("--max-steps", "1", "--run-dir", str(run_dir))
+    assert code == 1 and "already exists" in output
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_an_unwritable_run_directory_is_named(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a directory should go")  # works even as root
+    code, output = train("--max-steps", "1", "--run-dir", str(blocker / "run"))
+    assert code == 1 and "cannot write to run directory" in output and "blocker" in output
+
+
+def test_a_live_run_without_a_key_fails_fast(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTRIO_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"id": "1", "question": "q?", "answers": ["a"], "data_source": "nq"}\n')
+    result = CliRunner().invoke(main, ["train", "--quiet", "--max-steps", "1", "--data", str(data),
+                                       "--run-dir", str(tmp_path / "run"), "--backend", "wikipedia"])
+    assert result.exit_code == 1 and "PYTRIO_API_KEY" in result.output
+
+
+def test_live_runs_need_max_steps():
+    result = CliRunner().invoke(main, ["train", "--quiet"])
+    assert result.exit_code == 2 and "--max-steps is required" in result.output
