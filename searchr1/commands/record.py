@@ -1,0 +1,191 @@
+"""``python cli.py record``: record live search traffic into a vcrpy cassette."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from searchr1.search.cache import normalise_query
+from searchr1.search.env import MissingApiKeyError
+from searchr1.search.factory import BACKEND_NAMES, create_search_backend
+from searchr1.search.recording import SecretLeakError, recording
+
+
+def read_queries_file(path: Path) -> list[str]:
+    """One query per line; blank lines and lines starting with '#' are skipped."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def read_dataset_questions(path: Path, limit: int | None) -> list[str]:
+    """The ``question`` of each JSONL row (a bad row is an error naming its line)."""
+    questions: list[str] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise click.BadParameter(
+                    f"{path}:{number}: not valid JSON ({exc.msg})", param_hint="--from-dataset"
+                ) from None
+            question = row.get("question") if isinstance(row, dict) else None
+            if not isinstance(question, str) or not question.strip():
+                raise click.BadParameter(
+                    f"{path}:{number}: row has no string 'question'", param_hint="--from-dataset"
+                )
+            questions.append(question.strip())
+            if limit is not None and len(questions) >= limit:
+                break
+    return questions
+
+
+def unique(queries: list[str]) -> list[str]:
+    seen: dict[str, str] = {}
+    for query in queries:
+        seen.setdefault(normalise_query(query), query)
+    return [q for key, q in seen.items() if key]
+
+
+@click.command(
+    help="""Record real search requests into a vcrpy cassette, through the real client.
+
+Give the queries with --query (repeatable), --queries FILE (one per line, '#' comments) or
+--from-dataset JSONL (the 'question' of each row; --limit N rows). Requests run one at a
+time, with the backend's real retry policy; failures are recorded too (they are data).
+
+Secrets never reach the file: key headers are dropped, key values are replaced by <SECRET_n>
+everywhere (URLs, bodies, echoes in responses), and the file is checked for them before it
+replaces the target. An existing cassette is kept unless --overwrite is given, and is never
+lost on a crash (the new one is written to a temporary file and renamed).
+
+Keys: DEEPSEEK_API_KEY / ZHIHU_SEARCH_KEYS from the environment or the .env file.
+
+\b
+Examples:
+  python cli.py record --backend wikipedia --query "The Little Prince author" \\
+      --cassette cassettes/wikipedia/live-demo.yaml
+  python cli.py record --backend deepseek --from-dataset datasets/dev.jsonl --limit 20 \\
+      --cassette cassettes/deepseek/dev20.yaml
+""",
+)
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), required=True, help="Search backend to record.")
+@click.option("--query", "query_texts", multiple=True, metavar="TEXT", help="A query (repeatable).")
+@click.option(
+    "--queries",
+    "queries_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File with one query per line.",
+)
+@click.option(
+    "--from-dataset",
+    "dataset",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSONL dataset; each row's 'question' is a query.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use at most N queries.")
+@click.option(
+    "--cassette",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Cassette file to write (YAML).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing cassette.")
+@click.option(
+    "--search-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Per-attempt timeout in seconds [default: the backend's].",
+)
+@click.option("--search-model", default=None, help="DeepSeek model name.")
+@click.option("--search-tool-type", default=None, help="DeepSeek web-search tool type.")
+@click.option("--retriever-url", default=None, help="Search-R1 retrieval server URL.")
+@click.option(
+    "--wikipedia-contact", default=None, help="Contact for the Wikipedia User-Agent [$SEARCHR1_CONTACT]."
+)
+@click.option(
+    "--search-env-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="dotenv file with the keys [default: ./.env].",
+)
+def record(
+    backend: str,
+    query_texts: tuple[str, ...],
+    queries_file: Path | None,
+    dataset: Path | None,
+    limit: int | None,
+    cassette: Path,
+    overwrite: bool,
+    search_timeout: float | None,
+    search_model: str | None,
+    search_tool_type: str | None,
+    retriever_url: str | None,
+    wikipedia_contact: str | None,
+    search_env_file: Path | None,
+) -> None:
+    sources = [bool(query_texts), queries_file is not None, dataset is not None]
+    if sum(sources) != 1:
+        raise click.UsageError("give exactly one of --query, --queries or --from-dataset")
+    if query_texts:
+        queries = list(query_texts)
+    elif queries_file is not None:
+        queries = read_queries_file(queries_file)
+    else:
+        queries = read_dataset_questions(dataset, limit)
+    queries = unique(queries)[:limit] if limit else unique(queries)
+    if not queries:
+        raise click.UsageError("no queries to record")
+    if cassette.exists() and not overwrite:
+        raise click.ClickException(f"cassette {cassette} already exists; pass --overwrite to replace it")
+
+    options: dict[str, Any] = {}
+    if backend == "deepseek":
+        options.update({k: v for k, v in (("model", search_model), ("tool_type", search_tool_type)) if v})
+    elif backend == "retriever":
+        options["url"] = retriever_url  # None: $SEARCHR1_RETRIEVER_URL or the default
+    elif backend == "wikipedia":
+        options["contact"] = wikipedia_contact  # None: $SEARCHR1_CONTACT
+    try:
+        client = create_search_backend(backend, timeout=search_timeout, env_file=search_env_file, **options)
+    except MissingApiKeyError as exc:
+        raise click.ClickException(str(exc)) from None
+    if backend == "wikipedia" and client.contact is None:
+        click.echo(
+            "warning: no Wikipedia contact set (--wikipedia-contact or SEARCHR1_CONTACT); "
+            "Wikimedia may refuse anonymous User-Agents",
+            err=True,
+        )
+    try:
+        outcomes = asyncio.run(_record(client, queries, cassette, overwrite))
+    except (FileExistsError, SecretLeakError) as exc:
+        raise click.ClickException(str(exc)) from None
+    failed = sum(1 for ok in outcomes if not ok)
+    click.echo(f"wrote {cassette}: {len(queries)} queries, {len(queries) - failed} ok, {failed} failed")
+
+
+async def _record(client, queries: list[str], cassette: Path, overwrite: bool) -> list[bool]:
+    metadata: dict[str, Any] = {
+        "backend": client.name,
+        "generator": "python cli.py record",
+        "provenance": "live",
+        "recorded_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "options": {"max_retries": client.max_retries},
+    }
+    if client.name == "zhihu":
+        metadata["keys"] = len(client.pool)
+    outcomes: list[bool] = []
+    async with client:
+        with recording(cassette, secrets=client.secrets(), metadata=metadata, overwrite=overwrite):
+            for query in queries:
+                result = await client.search(query)
+                outcomes.append(result.ok)
+                status = f"{len(result.items)} items" if result.ok else f"error: {result.error}"
+                click.echo(f"  {query!r}: {status} ({result.latency:.2f} s)")
+    return outcomes

@@ -1,0 +1,342 @@
+"""What every HTTP search backend shares: the call pipeline around one backend-specific attempt.
+
+``search(query)`` = normalise → cache lookup → single-flight → retry loop → stats, cache.
+Each retry-loop iteration takes a concurrency slot (the semaphore), runs the backend's
+``_attempt`` under a wall-clock limit, and turns every network, HTTP, timeout, decoding and
+schema failure into an :class:`Outcome`. Nothing of that kind escapes ``search()``; only
+programming errors (and harness errors such as a cassette miss) propagate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import httpx
+
+from searchr1.search.cache import QueryCache, cache_key, normalise_query
+from searchr1.search.clock import Clock, RealClock
+from searchr1.search.limits import Backoff, parse_retry_after
+from searchr1.search.secrets import Secret, sanitise_error
+from searchr1.search.singleflight import SingleFlight
+from searchr1.search.stats import CallRecord, SearchStats, Usage
+from searchr1.search.types import SearchItem, SearchResult
+
+log = logging.getLogger("searchr1.search")
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+CLIENT_PRODUCT = "SearchR1-RL/0.1"
+CONTENT_LIMIT = 1200  # characters of one item's content (Wikipedia's exchars maximum)
+
+
+class PayloadError(ValueError):
+    """The service answered, but not in its documented shape (names the part at fault)."""
+
+
+class ResponseTooLarge(Exception):
+    """A response body grew past the backend's ``max_body_bytes``."""
+
+
+@dataclass
+class Outcome:
+    """The result of one attempt. ``items`` set means success; otherwise ``error`` says what
+    went wrong and ``retryable`` whether another attempt may help."""
+
+    items: tuple[SearchItem, ...] | None = None
+    error: str | None = None
+    status: int | None = None
+    retryable: bool = False
+    retry_after: float | None = None  # the server's requested wait, seconds
+    rate_limited: bool = False  # counts towards search/429_rate
+    failover: bool = False  # retry at once with another credential (no retry consumed)
+
+    @classmethod
+    def success(cls, items: tuple[SearchItem, ...], status: int | None = 200) -> Outcome:
+        return cls(items=tuple(items), status=status)
+
+    @classmethod
+    def fail(cls, error: str, status: int | None = None) -> Outcome:
+        return cls(error=error, status=status)
+
+    @classmethod
+    def retry(cls, error: str, status: int | None = None, **kw: Any) -> Outcome:
+        return cls(error=error, status=status, retryable=True, **kw)
+
+
+@dataclass
+class CallContext:
+    """Mutable state of one network-going ``search()`` call (shared by its attempts)."""
+
+    query: str
+    started: float
+    deadline: float
+    attempts: int = 0
+    failovers: int = 0
+    rate_limited: bool = False
+    timed_out: bool = False
+    usage: Usage = field(default_factory=Usage)
+
+
+def check_url(url: str, what: str) -> str:
+    """A clear construction-time error for a URL httpx could not use."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ValueError(f"{what}: invalid URL {url!r} ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"{what}: expected an http(s) URL with a host, got {url!r}")
+    return url
+
+
+def truncate(text: str, limit: int = CONTENT_LIMIT) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+async def read_body(response: httpx.Response, max_bytes: int) -> bytes:
+    """The (decoded) body, refusing to buffer more than ``max_bytes``."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise ResponseTooLarge(int(declared))
+    size = 0
+    chunks: list[bytes] = []
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ResponseTooLarge(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(response: httpx.Response, max_bytes: int) -> Any:
+    """Parse a JSON body; raises ``json.JSONDecodeError``/``UnicodeDecodeError`` when it is not."""
+    return json.loads((await read_body(response, max_bytes)).decode("utf-8"))
+
+
+def http_status_outcome(response: httpx.Response) -> Outcome | None:
+    """The generic meaning of a non-2xx status (``None`` for 2xx)."""
+    code = response.status_code
+    if 200 <= code < 300:
+        return None
+    retry_after = parse_retry_after(response.headers.get("retry-after"))
+    if code == 429:
+        return Outcome.retry("HTTP 429 (rate limited)", 429, retry_after=retry_after, rate_limited=True)
+    if code >= 500:
+        return Outcome.retry(f"HTTP {code}", code, retry_after=retry_after)
+    return Outcome.fail(f"HTTP {code}", code)
+
+
+class HttpSearchBackend:
+    """Base class of the four backends. Subclasses set ``name`` and implement ``_attempt``
+    (and ``request_params``, the request settings that change answers, for the cache key)."""
+
+    name: ClassVar[str] = "base"
+    token_metrics: ClassVar[bool] = False
+    failover_metric: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        concurrency: int,
+        timeout: float,
+        max_retries: int = 2,
+        deadline: float | None = None,
+        max_retry_after: float = 120.0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Clock | None = None,
+        cache: QueryCache | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"{self.name}: concurrency must be an integer >= 1, got {concurrency!r}")
+        if not timeout or timeout <= 0:
+            raise ValueError(f"{self.name}: timeout must be > 0 seconds, got {timeout!r}")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"{self.name}: max_retries must be an integer >= 0, got {max_retries!r}")
+        if deadline is not None and deadline <= 0:
+            raise ValueError(f"{self.name}: deadline must be > 0 seconds, got {deadline!r}")
+        if client is not None and transport is not None:
+            raise ValueError(f"{self.name}: pass either client or transport, not both")
+        self.concurrency = concurrency
+        self.timeout = float(timeout)
+        self.max_retries = max_retries
+        # Total budget of one call, retries and waits included (the per-attempt limit is
+        # ``timeout``, enforced both by httpx per operation and as wall-clock time).
+        self.deadline = float(deadline) if deadline is not None else self.timeout * (max_retries + 1) + 10.0
+        self.max_retry_after = max_retry_after
+        self.max_body_bytes = max_body_bytes
+        self.clock: Clock = clock or RealClock()
+        self.cache = cache
+        self.backoff = backoff or Backoff()
+        self.stats = SearchStats(
+            self.name, token_metrics=self.token_metrics, failover_metric=self.failover_metric
+        )
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._flights: SingleFlight[SearchResult] = SingleFlight()
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(self.timeout),
+            follow_redirects=False,
+            # Fixed headers (no library version) keep recorded cassettes stable across upgrades.
+            headers={"Accept-Encoding": "gzip", "User-Agent": CLIENT_PRODUCT},
+        )
+
+    # ----------------------------------------------------------------- subclass hooks
+
+    def request_params(self) -> dict[str, Any]:
+        """Settings that change the answer to a query (part of the cache key)."""
+        return {}
+
+    def secrets(self) -> tuple[Secret, ...]:
+        """Keys this backend holds (masked in any server-provided text)."""
+        return ()
+
+    async def _before_attempt(self, ctx: CallContext) -> None:
+        """Runs inside the concurrency slot, before the attempt's timer starts."""
+
+    async def _attempt(self, ctx: CallContext) -> Outcome:
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- public API
+
+    async def search(self, query: str) -> SearchResult:
+        if not isinstance(query, str):
+            raise TypeError(f"{self.name}.search: query must be str, got {type(query).__name__}")
+        text = normalise_query(query)
+        if not text:
+            self.stats.record(CallRecord(ok=False, origin="local"))
+            return SearchResult(ok=False, error="empty query")
+        key = cache_key(self.name, text, self.request_params())
+        if self.cache is not None:
+            try:
+                hit = self.cache.get(key)
+            except sqlite3.Error as exc:
+                log.warning("%s: search cache read failed (%s); searching", self.name, type(exc).__name__)
+                hit = None
+            if hit is not None:
+                self.stats.record(CallRecord(ok=True, items=len(hit.items), origin="cache"))
+                return hit
+        result, shared = await self._flights.run(key, lambda: self._fetch(text, key))
+        if shared:
+            self.stats.record(CallRecord(ok=result.ok, items=len(result.items), origin="shared"))
+            return replace(result, cached=True)
+        return result
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(concurrency={self.concurrency}, timeout={self.timeout:g}, "
+            f"max_retries={self.max_retries}, cache={'on' if self.cache else 'off'})"
+        )
+
+    # ----------------------------------------------------------------- the pipeline
+
+    async def _fetch(self, text: str, key: str) -> SearchResult:
+        started = self.clock.now()
+        ctx = CallContext(query=text, started=started, deadline=started + self.deadline)
+        result = await self._run_attempts(ctx)
+        result = replace(result, latency=self.clock.now() - started)
+        self.stats.record(
+            CallRecord(
+                ok=result.ok,
+                items=len(result.items),
+                latency=result.latency,
+                origin="network",
+                rate_limited=ctx.rate_limited,
+                timed_out=ctx.timed_out,
+                failovers=ctx.failovers,
+                attempts=ctx.attempts,
+                usage=ctx.usage,
+            )
+        )
+        if not result.ok:
+            log.warning("%s search failed after %d attempt(s): %s", self.name, ctx.attempts, result.error)
+        elif self.cache is not None:
+            try:
+                self.cache.put(
+                    key, backend=self.name, query=text, params=self.request_params(), result=result
+                )
+            except sqlite3.Error as exc:
+                log.warning("%s: search cache write failed (%s)", self.name, type(exc).__name__)
+        return result
+
+    def _max_failovers(self) -> int:
+        return 0
+
+    async def _run_attempts(self, ctx: CallContext) -> SearchResult:
+        retries = 0
+        while True:
+            outcome = await self._guarded_attempt(ctx)
+            ctx.attempts += 1
+            ctx.rate_limited |= outcome.rate_limited
+            if outcome.items is not None:
+                return SearchResult(ok=True, items=outcome.items, status=outcome.status)
+            if not outcome.retryable:
+                return self._failure(outcome, ctx)
+            if outcome.failover and ctx.failovers < self._max_failovers():
+                ctx.failovers += 1
+                log.info("%s: %s; switching credential", self.name, outcome.error)
+                continue
+            retries += 1
+            if retries > self.max_retries:
+                return self._failure(outcome, ctx)
+            # The server's requested wait wins over our own backoff schedule.
+            delay = outcome.retry_after if outcome.retry_after is not None else self.backoff.delay(retries)
+            if delay > self.max_retry_after:
+                return self._failure(outcome, ctx, note=f"server asked to wait {delay:.0f} s")
+            if self.clock.now() + delay >= ctx.deadline:
+                return self._failure(outcome, ctx, note="call deadline reached")
+            log.info(
+                "%s: %s; retry %d/%d in %.2f s", self.name, outcome.error, retries, self.max_retries, delay
+            )
+            await self.clock.sleep(delay)
+
+    def _failure(self, outcome: Outcome, ctx: CallContext, note: str | None = None) -> SearchResult:
+        error = outcome.error or "unknown error"
+        details = [d for d in (note, f"{ctx.attempts} attempts" if ctx.attempts > 1 else None) if d]
+        if details:
+            error = f"{error} ({'; '.join(details)})"
+        return SearchResult(ok=False, status=outcome.status, error=sanitise_error(error, self.secrets()))
+
+    async def _guarded_attempt(self, ctx: CallContext) -> Outcome:
+        async with self._semaphore:
+            await self._before_attempt(ctx)
+            remaining = ctx.deadline - self.clock.now()
+            if remaining <= 0:
+                ctx.timed_out = True
+                return Outcome.fail("request timeout (call deadline reached)")
+            try:
+                async with asyncio.timeout(min(self.timeout, remaining)):
+                    return await self._attempt(ctx)
+            except (TimeoutError, httpx.TimeoutException):
+                ctx.timed_out = True
+                return Outcome.retry("request timeout")
+            except (httpx.DecodingError, zlib.error):
+                return Outcome.fail("response decoding error (bad compressed body)")
+            except (httpx.TransportError, OSError, EOFError) as exc:  # refused, reset, cut off, ...
+                return Outcome.retry(f"network error ({type(exc).__name__})")
+            except httpx.HTTPError as exc:  # e.g. too many redirects
+                return Outcome.fail(f"HTTP client error ({type(exc).__name__})")
+            except ResponseTooLarge:
+                return Outcome.fail(f"response too large (> {self.max_body_bytes} bytes)")
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return Outcome.fail("invalid JSON response")
+            except PayloadError as exc:
+                return Outcome.fail(sanitise_error(f"unexpected response schema: {exc}", self.secrets()))

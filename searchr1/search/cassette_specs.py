@@ -1,0 +1,362 @@
+"""Cassette specs: the hand-written source from which the shipped cassettes are generated.
+
+A spec is a JSON file. ``cassettes/specs/<backend>/<name>.json`` makes
+``cassettes/<backend>/<name>.yaml``; ``cassettes/specs/<name>.json`` lists its ``backends``
+and makes one cassette per backend (the ``demo`` set works this way). Layout::
+
+    {
+      "description": "what the cassette is for",
+      "backends": ["wikipedia", "zhihu"],        # top-level specs only
+      "options": {"max_retries": 2},             # backend options when recording and replaying
+      "keys": 2,                                 # zhihu: how many keys the client rotates
+      "queries": [
+        {"query": "The Little Prince author",
+         "results": [{"title": "The Little Prince", "text": "..."}]},        # shorthand
+        {"query": "...", "scenario": "429 then success",
+         "responses": [{"status": 429, "retry_after": 2}, {"results": [...]}],
+         "expect": {"ok": true, "rate_limited": true, "min_latency": 2}}
+      ]
+    }
+
+Responses use the fake-service vocabulary (:mod:`searchr1.search.fake_service`). ``expect``
+(optional) states the outcome the replay tests check: ``ok``, ``error`` (a substring),
+``status``, ``rate_limited``, ``min_latency``, ``titles``; without it a query is expected to succeed with
+the titles of its last scripted ``results``.
+
+``build`` records every spec through the real client against the fake service (virtual time,
+placeholder keys) and writes the cassettes atomically; ``check`` rebuilds in a temporary
+directory and reports every cassette that differs. Cassettes recorded live (metadata
+``provenance: live``) are never overwritten by ``build`` and never compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from searchr1.search.cache import normalise_query
+from searchr1.search.clock import VirtualClock
+from searchr1.search.factory import BACKEND_NAMES, create_search_backend
+from searchr1.search.fake_service import FakeSearchService, check_response_spec
+from searchr1.search.limits import Backoff
+from searchr1.search.recording import recording
+from searchr1.search.replay import read_cassette_metadata
+from searchr1.search.secrets import Secret
+
+CASSETTE_ROOT = Path(__file__).resolve().parents[2] / "cassettes"
+GENERATOR = "python cli.py cassettes build"
+SYNTHETIC = (
+    "synthetic: served by the in-process fake service to the documented wire format "
+    "(not a capture of the live service); regenerate with `python cli.py cassettes build`"
+)
+BUILD_CONTACT = "cassette-builder@searchr1.invalid"
+EXPECT_KEYS = {"ok", "error", "status", "rate_limited", "min_latency", "titles"}
+SPEC_KEYS = {"description", "backends", "options", "keys", "queries"}
+QUERY_KEYS = {"query", "scenario", "results", "responses", "expect"}
+README_BEGIN = "<!-- BEGIN GENERATED: python cli.py cassettes build -->"
+README_END = "<!-- END GENERATED -->"
+
+
+class SpecError(ValueError):
+    """A spec file is malformed, or disagrees with what the client does (names file and query)."""
+
+
+@dataclass(frozen=True)
+class QuerySpec:
+    query: str
+    responses: tuple[dict[str, Any], ...]
+    scenario: str = ""
+    expect: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expected_ok(self) -> bool:
+        return bool(self.expect.get("ok", True))
+
+    def expected_titles(self, limit: int = 3) -> list[str]:
+        """``expect.titles`` if given, else the titles of the last scripted results that have
+        text, best first (what parsing must recover)."""
+        if "titles" in self.expect:
+            return list(self.expect["titles"])
+        for response in reversed(self.responses):
+            if "results" in response:
+                return [r["title"] for r in response["results"] if str(r["text"]).strip()][:limit]
+        return []
+
+
+@dataclass(frozen=True)
+class CassetteSpec:
+    name: str
+    path: Path
+    backends: tuple[str, ...]
+    description: str
+    queries: tuple[QuerySpec, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    keys: int = 1
+
+    def script(self) -> dict[str, list[dict[str, Any]]]:
+        return {q.query: list(q.responses) for q in self.queries}
+
+    def cassette_path(self, backend: str, root: Path = CASSETTE_ROOT) -> Path:
+        return root / backend / f"{self.name}.yaml"
+
+
+def load_spec(path: Path, root: Path = CASSETTE_ROOT) -> CassetteSpec:
+    """Parse and validate one spec file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"{path}: cannot read JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: top level must be an object")
+    unknown = sorted(set(data) - SPEC_KEYS)
+    if unknown:
+        raise SpecError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(SPEC_KEYS)}")
+    parent = path.parent.name
+    if parent in BACKEND_NAMES:
+        backends = (parent,)
+        if "backends" in data and tuple(data["backends"]) != backends:
+            raise SpecError(f"{path}: a spec under specs/{parent}/ is for {parent} only")
+    else:
+        backends = tuple(data.get("backends") or ())
+        if not backends:
+            raise SpecError(f"{path}: a top-level spec must list its 'backends'")
+    for backend in backends:
+        if backend not in BACKEND_NAMES:
+            raise SpecError(f"{path}: unknown backend {backend!r}; choose from {', '.join(BACKEND_NAMES)}")
+    queries: list[QuerySpec] = []
+    seen: set[str] = set()
+    for n, entry in enumerate(data.get("queries") or []):
+        where = f"{path}: queries[{n}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("query"), str):
+            raise SpecError(f"{where}: needs a string 'query'")
+        extra = sorted(set(entry) - QUERY_KEYS)
+        if extra:
+            raise SpecError(f"{where}: unknown key(s) {extra}; allowed: {sorted(QUERY_KEYS)}")
+        query = normalise_query(entry["query"])
+        if not query:
+            raise SpecError(f"{where}: empty query")
+        if query in seen:
+            raise SpecError(f"{where}: query {query!r} appears twice; give it several 'responses' instead")
+        seen.add(query)
+        if ("results" in entry) == ("responses" in entry):
+            raise SpecError(f"{where} ({query!r}): give exactly one of 'results' or 'responses'")
+        responses = [{"results": entry["results"]}] if "results" in entry else entry["responses"]
+        if not isinstance(responses, list) or not responses:
+            raise SpecError(f"{where} ({query!r}): 'responses' must be a non-empty list")
+        for backend in backends:
+            for k, response in enumerate(responses):
+                if not isinstance(response, dict):
+                    raise SpecError(f"{where} ({query!r}): responses[{k}] must be an object")
+                try:
+                    check_response_spec(backend, response, f"{where} ({query!r}) responses[{k}]")
+                except ValueError as exc:
+                    raise SpecError(str(exc)) from exc
+        expect = entry.get("expect") or {}
+        bad = sorted(set(expect) - EXPECT_KEYS)
+        if bad:
+            raise SpecError(
+                f"{where} ({query!r}): unknown expect key(s) {bad}; allowed: {sorted(EXPECT_KEYS)}"
+            )
+        queries.append(QuerySpec(query, tuple(responses), str(entry.get("scenario", "")), dict(expect)))
+    if not queries:
+        raise SpecError(f"{path}: no queries")
+    keys = data.get("keys", 1)
+    if not isinstance(keys, int) or keys < 1:
+        raise SpecError(f"{path}: 'keys' must be an integer >= 1")
+    return CassetteSpec(
+        name=path.stem,
+        path=path,
+        backends=backends,
+        description=str(data.get("description", "")),
+        queries=tuple(queries),
+        options=dict(data.get("options") or {}),
+        keys=keys,
+    )
+
+
+def discover_specs(root: Path = CASSETTE_ROOT) -> list[CassetteSpec]:
+    """Every spec under ``root/specs``, checking that no two make the same cassette."""
+    specs = [load_spec(p, root) for p in sorted((root / "specs").rglob("*.json"))]
+    owners: dict[Path, Path] = {}
+    for spec in specs:
+        for backend in spec.backends:
+            target = spec.cassette_path(backend, root)
+            if target in owners:
+                raise SpecError(f"{spec.path} and {owners[target]} both make {target}")
+            owners[target] = spec.path
+    return specs
+
+
+def _build_keys(backend: str, count: int) -> tuple[Secret, ...]:
+    if backend == "zhihu":
+        return tuple(Secret(f"builder-zhihu-key-{n}") for n in range(1, count + 1))
+    if backend == "deepseek":
+        return (Secret("builder-deepseek-key"),)
+    return ()
+
+
+async def record_spec(spec: CassetteSpec, backend: str, target: Path, root: Path = CASSETTE_ROOT) -> None:
+    """Record one spec for one backend into ``target`` (through the real client)."""
+    service = FakeSearchService(backend, spec.script())
+    keys = _build_keys(backend, spec.keys)
+    credentials: dict[str, Any] = {}
+    if backend == "zhihu":
+        credentials["keys"] = keys
+    elif backend == "deepseek":
+        credentials["api_key"] = keys[0]
+    elif backend == "wikipedia":
+        credentials["contact"] = BUILD_CONTACT
+    try:
+        client = create_search_backend(
+            backend,
+            transport=httpx.MockTransport(service.handler),
+            clock=VirtualClock(),
+            backoff=Backoff(rng=random.Random(0)),
+            **credentials,
+            **spec.options,
+        )
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{spec.path}: options do not fit {backend}: {exc}") from exc
+    metadata: dict[str, Any] = {
+        "backend": backend,
+        "spec": spec.path.relative_to(root).as_posix(),
+        "generator": GENERATOR,
+        "provenance": SYNTHETIC,
+        "options": spec.options,
+    }
+    if backend == "zhihu":
+        metadata["keys"] = spec.keys
+    async with client:
+        with recording(target, secrets=keys, metadata=metadata, overwrite=True):
+            for query in spec.queries:
+                await client.search(query.query)
+    unused = service.unused()
+    if unused:
+        raise SpecError(
+            f"{spec.path}: {backend}: the client never asked for these scripted responses "
+            f"(query: count) {unused}; the script and the client's retry policy disagree"
+        )
+
+
+@dataclass
+class BuildReport:
+    written: list[Path] = field(default_factory=list)
+    unchanged: list[Path] = field(default_factory=list)
+    differing: list[Path] = field(default_factory=list)
+    skipped_live: list[Path] = field(default_factory=list)
+    orphans: list[Path] = field(default_factory=list)
+    readme_stale: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return not (self.differing or self.orphans or self.readme_stale)
+
+
+def is_live_recording(path: Path) -> bool:
+    return path.is_file() and read_cassette_metadata(path).get("provenance") == "live"
+
+
+def build_cassettes(
+    root: Path = CASSETTE_ROOT, *, check: bool = False, only: str | None = None
+) -> BuildReport:
+    """Regenerate (or with ``check``, compare) every cassette made from a spec, or only those
+    of the spec(s) named ``only``. The README table always reflects every spec."""
+    all_specs = discover_specs(root)
+    specs = all_specs if only is None else [s for s in all_specs if s.name == only]
+    if not specs:
+        raise SpecError(f"no spec named {only!r} under {root / 'specs'}")
+    report = BuildReport()
+    search_log = logging.getLogger("searchr1.search")
+    previous_level = search_log.level
+    search_log.setLevel(logging.ERROR)  # the fault specs fail on purpose; don't warn about it
+    try:
+        with tempfile.TemporaryDirectory(prefix="searchr1-cassettes-") as scratch:
+            for spec in specs:
+                for backend in spec.backends:
+                    _build_one(spec, backend, root, Path(scratch), check, report)
+    finally:
+        search_log.setLevel(previous_level)
+    if only is None:
+        _check_orphans(all_specs, root, report)
+    _refresh_readme(all_specs, root, check, report)
+    return report
+
+
+def _build_one(
+    spec: CassetteSpec, backend: str, root: Path, scratch: Path, check: bool, report: BuildReport
+) -> None:
+    target = spec.cassette_path(backend, root)
+    if is_live_recording(target):
+        report.skipped_live.append(target)
+        return
+    fresh = scratch / backend / f"{spec.name}.yaml"
+    asyncio.run(record_spec(spec, backend, fresh, root))
+    text = fresh.read_text(encoding="utf-8")
+    current = target.read_text(encoding="utf-8") if target.is_file() else None
+    if current == text:
+        report.unchanged.append(target)
+    elif check:
+        report.differing.append(target)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fresh.replace(target)
+        report.written.append(target)
+
+
+def _check_orphans(specs: list[CassetteSpec], root: Path, report: BuildReport) -> None:
+    made = {spec.cassette_path(b, root) for spec in specs for b in spec.backends}
+    for path in sorted(root.glob("*/*.yaml")):
+        if path not in made and not is_live_recording(path):
+            report.orphans.append(path)
+
+
+def _refresh_readme(specs: list[CassetteSpec], root: Path, check: bool, report: BuildReport) -> None:
+    readme = root / "README.md"
+    current = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    updated = render_readme(current, specs, root)
+    if updated != current:
+        if check:
+            report.readme_stale = True
+        else:
+            readme.write_text(updated, encoding="utf-8")
+            report.written.append(readme)
+
+
+def render_readme(current: str, specs: list[CassetteSpec], root: Path = CASSETTE_ROOT) -> str:
+    """README with the generated per-cassette table between the markers (appended if absent)."""
+    lines = [
+        README_BEGIN,
+        "",
+        "| Cassette | Spec | Provenance | Queries (scenario) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for spec in sorted(specs, key=lambda s: (s.name != "demo", s.path.as_posix())):
+        for backend in spec.backends:
+            target = spec.cassette_path(backend, root)
+            provenance = (
+                "live recording (`cli.py record`)"
+                if is_live_recording(target)
+                else ("synthetic: fake service, documented wire format; not a live capture")
+            )
+            scenarios = "; ".join(
+                f"`{q.query}`" + (f" ({q.scenario})" if q.scenario else "") for q in spec.queries
+            ).replace("|", "\\|")
+            lines.append(
+                f"| `{target.relative_to(root).as_posix()}` | `{spec.path.relative_to(root).as_posix()}` "
+                f"| {provenance} | {scenarios} |"
+            )
+    lines += ["", README_END]
+    block = "\n".join(lines)
+    if README_BEGIN in current and README_END in current:
+        head, _, rest = current.partition(README_BEGIN)
+        _, _, tail = rest.partition(README_END)
+        return head + block + tail
+    return (current.rstrip() + "\n\n" if current.strip() else "") + block + "\n"

@@ -1,0 +1,135 @@
+"""DeepSeek backend: evidence search over the Anthropic-compatible Messages endpoint (SSE).
+
+Our own httpx client (PyPI's ``deepseek-search`` is an unrelated project). One streamed call
+per attempt; the stream is read to ``message_stop``. Retries on 429, 5xx, timeouts and
+connection errors; 402 (balance), 401 and other 4xx fail at once. An SSE ``error`` event
+becomes ``ok=False`` with a short, sanitised message. Every attempt's token usage is counted,
+failed ones included. The model name and the web-search tool type are settings because the
+service renamed both in 2026.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from httpx_sse import EventSource, SSEError
+
+from searchr1.search.base import (
+    CallContext,
+    HttpSearchBackend,
+    Outcome,
+    ResponseTooLarge,
+    check_url,
+    http_status_outcome,
+)
+from searchr1.search.evidence import EVIDENCE_SYSTEM_PROMPT, EvidenceStream, build_request, parse_evidence
+from searchr1.search.secrets import Secret, sanitise_error
+
+DEFAULT_BASE_URL = "https://api.deepseek.com/anthropic"
+MESSAGES_PATH = "/v1/messages"
+DEFAULT_MODEL = "deepseek-v4-flash"
+DEFAULT_TOOL_TYPE = "web_search_20260209"
+KEY_ENV_VARS = ("DEEPSEEK_API_KEY",)
+
+_STATUS_NOTES = {401: "authentication failed", 402: "insufficient balance", 422: "invalid parameters"}
+
+
+class DeepSeekSearchBackend(HttpSearchBackend):
+    name = "deepseek"
+    token_metrics = True
+
+    def __init__(
+        self,
+        *,
+        api_key: Secret | str,
+        base_url: str = DEFAULT_BASE_URL,
+        model: str = DEFAULT_MODEL,
+        tool_type: str = DEFAULT_TOOL_TYPE,
+        max_tokens: int = 2048,
+        max_uses: int = 1,
+        concurrency: int = 16,
+        timeout: float = 60.0,
+        max_retries: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(concurrency=concurrency, timeout=timeout, max_retries=max_retries, **kwargs)
+        self._api_key = api_key if isinstance(api_key, Secret) else Secret(api_key)
+        if not self._api_key:
+            raise ValueError("deepseek: api_key is empty")
+        if not model or not tool_type:
+            raise ValueError("deepseek: model and tool_type must be non-empty")
+        self.base_url = check_url(base_url, "deepseek base_url").rstrip("/")
+        self.model = model
+        self.tool_type = tool_type
+        self.max_tokens = max_tokens
+        self.max_uses = max_uses
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, model={self.model!r}, tool_type={self.tool_type!r})"
+
+    def secrets(self) -> tuple[Secret, ...]:
+        return (self._api_key,)
+
+    def request_params(self) -> dict[str, Any]:
+        return {
+            "base_url": self.base_url,
+            "model": self.model,
+            "tool_type": self.tool_type,
+            "max_uses": self.max_uses,
+            "max_tokens": self.max_tokens,
+            "prompt": EVIDENCE_SYSTEM_PROMPT,
+        }
+
+    async def _attempt(self, ctx: CallContext) -> Outcome:
+        body = build_request(
+            ctx.query,
+            model=self.model,
+            tool_type=self.tool_type,
+            max_uses=self.max_uses,
+            max_tokens=self.max_tokens,
+        )
+        headers = {
+            "x-api-key": self._api_key.reveal(),
+            "anthropic-version": "2023-06-01",
+            "Accept": "text/event-stream",
+        }
+        stream = EvidenceStream()
+        try:
+            async with self._client.stream(
+                "POST", self.base_url + MESSAGES_PATH, json=body, headers=headers
+            ) as response:
+                status = http_status_outcome(response)
+                if status is not None:
+                    note = _STATUS_NOTES.get(response.status_code)
+                    if note:
+                        status.error = f"HTTP {response.status_code} ({note})"
+                    return status
+                async for event in EventSource(response).aiter_sse():
+                    if response.num_bytes_downloaded > self.max_body_bytes:
+                        raise ResponseTooLarge(response.num_bytes_downloaded)
+                    try:
+                        data = json.loads(event.data)
+                    except ValueError:
+                        continue  # keep-alives, "[DONE]" and other non-JSON data lines
+                    stream.feed(data)
+                    if stream.finished or stream.failed:
+                        break
+        except SSEError:
+            return Outcome.fail("unexpected content type (expected an event stream)", 200)
+        finally:
+            ctx.usage.add(stream.usage_record())
+        return self._judge(stream)
+
+    def _judge(self, stream: EvidenceStream) -> Outcome:
+        if stream.failed:
+            message = sanitise_error(stream.error_message or "", self.secrets(), limit=120)
+            kind = sanitise_error(stream.error_type or "error", self.secrets(), limit=40)
+            return Outcome.fail(f"DeepSeek stream error ({kind}): {message}".rstrip(": "), 200)
+        if not stream.finished:
+            return Outcome.fail("truncated event stream (no message_stop)", 200)
+        if stream.searches > self.max_uses:
+            return Outcome.fail(
+                f"evidence mode broken: {stream.searches} web searches (max {self.max_uses})", 200
+            )
+        return Outcome.success(parse_evidence(stream.text), 200)

@@ -1,0 +1,116 @@
+"""``create_search_backend(name, ...)``: one entry point for the four backends.
+
+Per-backend defaults (concurrency, per-attempt timeout in seconds): deepseek 16/60,
+wikipedia 3/15, zhihu 1/15, retriever 32/30. Keys are resolved here, at construction, from
+explicit arguments, then the environment, then the ``.env`` file; a missing key raises
+:class:`~searchr1.search.env.MissingApiKeyError` naming the variable and the file.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from searchr1.search import deepseek, wikipedia, zhihu
+from searchr1.search.base import HttpSearchBackend
+from searchr1.search.deepseek import DeepSeekSearchBackend
+from searchr1.search.env import coerce_keys, lookup, require_keys
+from searchr1.search.retriever import RetrieverSearchBackend
+from searchr1.search.wikipedia import WikipediaSearchBackend
+from searchr1.search.zhihu import ZhihuSearchBackend
+
+BACKENDS: dict[str, type[HttpSearchBackend]] = {
+    "deepseek": DeepSeekSearchBackend,
+    "wikipedia": WikipediaSearchBackend,
+    "zhihu": ZhihuSearchBackend,
+    "retriever": RetrieverSearchBackend,
+}
+BACKEND_NAMES = tuple(BACKENDS)
+DEFAULT_CONCURRENCY = {"deepseek": 16, "wikipedia": 3, "zhihu": 1, "retriever": 32}
+DEFAULT_TIMEOUT = {"deepseek": 60.0, "wikipedia": 15.0, "zhihu": 15.0, "retriever": 30.0}
+KEY_ENV_VARS = {"deepseek": deepseek.KEY_ENV_VARS, "zhihu": zhihu.KEY_ENV_VARS}
+RETRIEVER_URL_ENV = "SEARCHR1_RETRIEVER_URL"
+
+
+def check_backend_name(name: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown search backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    return name
+
+
+def resolve_concurrency(name: str, value: int | None) -> int:
+    check_backend_name(name)
+    if value is None:
+        return DEFAULT_CONCURRENCY[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"search concurrency must be an integer >= 1, got {value!r}")
+    return value
+
+
+def resolve_timeout(name: str, value: float | None) -> float:
+    check_backend_name(name)
+    if value is None:
+        return DEFAULT_TIMEOUT[name]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"search timeout must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+def create_search_backend(
+    name: str,
+    *,
+    concurrency: int | None = None,
+    timeout: float | None = None,
+    env_file: str | Path | None = None,
+    **options: Any,
+) -> HttpSearchBackend:
+    """Build a backend. ``options`` go to the backend class: common ones are ``cache``
+    (a :class:`~searchr1.search.cache.QueryCache`), ``clock``, ``transport``/``client``,
+    ``max_retries``, ``deadline``; backend ones e.g. ``model``/``tool_type`` (deepseek),
+    ``contact``/``api_url``/``rate_limit_per_minute`` (wikipedia), ``keys`` (zhihu),
+    ``api_key`` (deepseek), ``url`` (retriever)."""
+    cls = BACKENDS[check_backend_name(name)]
+    accepted = _accepted_options(cls)
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise TypeError(
+            f"search backend {name!r} does not take option(s) {', '.join(unknown)}; "
+            f"it takes {', '.join(sorted(accepted))}"
+        )
+    if name == "deepseek":
+        given = options.pop("api_key", None)
+        options["api_key"] = (
+            coerce_keys(given, "deepseek api_key")[0]
+            if given is not None
+            else require_keys(KEY_ENV_VARS["deepseek"], env_file=env_file)[0]
+        )
+    elif name == "zhihu":
+        given = options.pop("keys", None)
+        options["keys"] = (
+            coerce_keys(given, "zhihu keys")
+            if given is not None
+            else require_keys(KEY_ENV_VARS["zhihu"], env_file=env_file)
+        )
+    elif name == "wikipedia" and options.get("contact") is None:
+        options["contact"] = lookup((wikipedia.CONTACT_ENV,), env_file=env_file)
+    elif name == "retriever" and options.get("url") is None:
+        options.pop("url", None)
+        url = lookup((RETRIEVER_URL_ENV,), env_file=env_file)
+        if url:
+            options["url"] = url
+    return cls(
+        concurrency=resolve_concurrency(name, concurrency),
+        timeout=resolve_timeout(name, timeout),
+        **options,
+    )
+
+
+def _accepted_options(cls: type[HttpSearchBackend]) -> set[str]:
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            for parameter in inspect.signature(klass.__init__).parameters.values():
+                if parameter.kind is parameter.KEYWORD_ONLY:
+                    names.add(parameter.name)
+    return names - {"concurrency", "timeout"}

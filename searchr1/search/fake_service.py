@@ -1,0 +1,536 @@
+"""In-process fakes of the four search services, for ``httpx.MockTransport``.
+
+Each fake checks that a request follows the service's documented wire format (see
+``/work/shared/reference/search-backends.md``; a violation raises :class:`WireFormatError`),
+finds the query in it, and answers with the next scripted response for that query, rendered
+in the service's documented response format. The cassette builder records these exchanges
+through the real clients; tests use the same fakes for fault injection.
+
+A scripted response is a small mapping (the "spec vocabulary"):
+
+- every backend: ``results`` (list of ``{title, text, url?}``, best first; success),
+  ``status`` (HTTP status, default 200), ``headers``, ``retry_after`` (adds ``Retry-After``),
+  ``raw`` + ``content_type`` (a literal body: HTML error pages, broken JSON);
+- wikipedia: ``api_error`` (``{"code": "maxlag", ...}``: an API error envelope, HTTP 200);
+- zhihu: ``code`` (+ ``message``): a body ``Code`` other than 0, ``Data: null``;
+  results may add ``type`` and ``author``;
+- deepseek: ``evidence_text`` (literal model text instead of numbered items), ``usage``,
+  ``sse_error`` (``{"type", "message"}``: an SSE error event after ``message_start``),
+  ``truncate`` (stream ends before ``message_delta``/``message_stop``), ``web_searches``;
+- retriever: results may add ``score``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from searchr1.search.cache import normalise_query
+
+COMMON_KEYS = {"results", "status", "headers", "retry_after", "raw", "content_type"}
+BACKEND_KEYS = {
+    "wikipedia": {"api_error"},
+    "zhihu": {"code", "message"},
+    "deepseek": {"evidence_text", "usage", "sse_error", "truncate", "web_searches"},
+    "retriever": set(),
+}
+RESULT_KEYS = {"title", "text", "url", "type", "author", "score"}
+DEFAULT_DEEPSEEK_USAGE = {"input_tokens": 1200, "cache_read_input_tokens": 0, "output_tokens": 80}
+ZHIHU_MESSAGES = {
+    10001: "parameter error",
+    20001: "authentication failed",
+    30001: "second limit exceeded",
+    30002: "quota exceeded",
+    90001: "internal error",
+}
+
+
+class WireFormatError(AssertionError):
+    """The client sent a request the real service would reject (names the field)."""
+
+
+class ScriptExhausted(AssertionError):
+    """The client made more requests for a query than the script has responses for."""
+
+
+def check_response_spec(backend: str, response: Mapping[str, Any], where: str) -> None:
+    """Reject unknown keys so that typos in a spec fail loudly."""
+    allowed = COMMON_KEYS | BACKEND_KEYS[backend]
+    unknown = sorted(set(response) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} for {backend}; allowed: {sorted(allowed)}")
+    for n, result in enumerate(response.get("results") or []):
+        if (
+            not isinstance(result, Mapping)
+            or not isinstance(result.get("title"), str)
+            or "text" not in result
+        ):
+            raise ValueError(f"{where}: results[{n}] needs a string 'title' and a 'text'")
+        extra = sorted(set(result) - RESULT_KEYS)
+        if extra:
+            raise ValueError(
+                f"{where}: results[{n}] has unknown key(s) {extra}; allowed: {sorted(RESULT_KEYS)}"
+            )
+
+
+def _stable_int(text: str, digits: int = 8) -> int:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:digits], 16)
+
+
+def _json_response(status: int, payload: Any, headers: Mapping[str, str]) -> httpx.Response:
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return httpx.Response(
+        status, headers={"content-type": "application/json; charset=utf-8", **headers}, content=body
+    )
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise WireFormatError(message)
+
+
+# --------------------------------------------------------------------------- request checks
+
+
+def wikipedia_query(request: httpx.Request) -> str:
+    _require(request.method == "GET", f"wikipedia: expected GET, got {request.method}")
+    _require(
+        request.url.path.endswith("/api.php"), f"wikipedia: expected .../api.php, got {request.url.path}"
+    )
+    params = request.url.params
+    expected = {"action": "query", "format": "json", "formatversion": "2", "generator": "search"}
+    for key, value in expected.items():
+        _require(params.get(key) == value, f"wikipedia: {key} must be {value!r}, got {params.get(key)!r}")
+    _require("extracts" in params.get("prop", "").split("|"), "wikipedia: prop must include extracts")
+    for flag in ("exintro", "explaintext", "redirects"):
+        value = params.get(flag)
+        _require(
+            value is None or value.lower() not in {"false", "0", "no", ""},
+            f"wikipedia: boolean {flag}={value!r} would be read as TRUE; leave it out instead",
+        )
+    _require("exintro" in params, "wikipedia: exintro is required for more than one extract per request")
+    _require(
+        not ("exchars" in params and "exsentences" in params), "wikipedia: exchars and exsentences together"
+    )
+    _require(1 <= int(params.get("exchars", "1200")) <= 1200, "wikipedia: exchars must be 1..1200")
+    agent = request.headers.get("user-agent", "")
+    _require(
+        "(" in agent and not agent.startswith("python-httpx"),
+        f"wikipedia: non-descriptive User-Agent {agent!r}",
+    )
+    query = params.get("gsrsearch", "")
+    _require(bool(query), "wikipedia: gsrsearch is empty")
+    return query
+
+
+def zhihu_query(request: httpx.Request) -> str:
+    _require(request.method == "GET", f"zhihu: expected GET, got {request.method}")
+    _require(
+        request.url.path == "/api/v1/content/global_search", f"zhihu: unexpected path {request.url.path}"
+    )
+    auth = request.headers.get("authorization", "")
+    _require(
+        auth.startswith("Bearer ") and len(auth) > len("Bearer "),
+        "zhihu: Authorization: Bearer <key> missing",
+    )
+    _require(request.headers.get("x-request-timestamp", "").isdigit(), "zhihu: X-Request-Timestamp missing")
+    params = request.url.params
+    _require(1 <= int(params.get("Count", "10")) <= 20, "zhihu: Count must be 1..20")
+    _require(params.get("SearchDB", "all") in {"all", "realtime", "static"}, "zhihu: bad SearchDB")
+    query = params.get("Query", "")
+    _require(bool(query), "zhihu: Query is empty")
+    return query
+
+
+def deepseek_query(request: httpx.Request) -> str:
+    _require(request.method == "POST", f"deepseek: expected POST, got {request.method}")
+    _require(request.url.path.endswith("/v1/messages"), f"deepseek: unexpected path {request.url.path}")
+    _require(
+        bool(request.headers.get("x-api-key") or request.headers.get("authorization")),
+        "deepseek: no key header",
+    )
+    body = json.loads(request.content)
+    _require(body.get("stream") is True, "deepseek: stream must be true")
+    _require(isinstance(body.get("model"), str) and body["model"], "deepseek: model missing")
+    _require(isinstance(body.get("max_tokens"), int), "deepseek: max_tokens missing")
+    tools = body.get("tools")
+    _require(isinstance(tools, list) and len(tools) == 1, "deepseek: exactly one tool expected")
+    _require(
+        tools[0].get("name") == "web_search" and tools[0].get("max_uses") == 1,
+        "deepseek: web_search tool with max_uses=1 expected",
+    )
+    messages = body.get("messages")
+    _require(
+        isinstance(messages, list) and len(messages) == 1 and messages[0].get("role") == "user",
+        "deepseek: one user message expected",
+    )
+    query = messages[0].get("content")
+    _require(isinstance(query, str) and bool(query), "deepseek: user content must be the query text")
+    return query
+
+
+def retriever_query(request: httpx.Request) -> str:
+    _require(request.method == "POST", f"retriever: expected POST, got {request.method}")
+    _require(request.url.path.endswith("/retrieve"), f"retriever: unexpected path {request.url.path}")
+    body = json.loads(request.content)
+    queries = body.get("queries")
+    _require(
+        isinstance(queries, list) and len(queries) == 1 and isinstance(queries[0], str),
+        "retriever: queries must be a list with one string",
+    )
+    _require(isinstance(body.get("topk"), int) and body["topk"] >= 1, "retriever: topk must be an int >= 1")
+    _require(isinstance(body.get("return_scores"), bool), "retriever: return_scores must be a boolean")
+    return queries[0]
+
+
+# --------------------------------------------------------------------------- renderers
+
+
+def wikipedia_url(title: str) -> str:
+    return "https://en.wikipedia.org/wiki/" + quote(title.replace(" ", "_"), safe="_()',-")
+
+
+def render_wikipedia(
+    response: Mapping[str, Any], request: httpx.Request, headers: dict[str, str]
+) -> httpx.Response:
+    if "api_error" in response:
+        error = dict(response["api_error"])
+        code = error.get("code", "internal_api_error")
+        if code == "maxlag":
+            error.setdefault("info", "Waiting for 10.64.16.41: 6.2 seconds lagged.")
+            error.setdefault("host", "10.64.16.41")
+            error.setdefault("lag", 6.2)
+            error.setdefault("type", "db")
+            headers.setdefault("Retry-After", "5")
+            headers.setdefault("X-Database-Lag", "6")
+        else:
+            error.setdefault("info", "An API error occurred.")
+        error.setdefault("docref", "See https://en.wikipedia.org/w/api.php for API usage.")
+        return _json_response(response.get("status", 200), {"error": error, "servedby": "mw-fake"}, headers)
+    results = response.get("results") or []
+    if not results:
+        return _json_response(response.get("status", 200), {"batchcomplete": True}, headers)
+    exchars = int(request.url.params.get("exchars", "1200"))
+    pages = []
+    for rank, result in enumerate(results, start=1):
+        title = result["title"]
+        extract = result["text"]
+        if len(extract) > exchars:
+            extract = extract[:exchars].rstrip() + "…"
+        url = result.get("url") or wikipedia_url(title)
+        pages.append(
+            {
+                "pageid": _stable_int(title, 6),
+                "ns": 0,
+                "title": title,
+                "index": rank,
+                "extract": extract,
+                "contentmodel": "wikitext",
+                "pagelanguage": "en",
+                "pagelanguagehtmlcode": "en",
+                "pagelanguagedir": "ltr",
+                "touched": "2026-01-15T08:00:00Z",
+                "lastrevid": _stable_int(title + "#rev", 8),
+                "length": 1000 + len(result["text"]) * 7,
+                "fullurl": url,
+                "editurl": url.replace("/wiki/", "/w/index.php?title=") + "&action=edit",
+                "canonicalurl": url,
+            }
+        )
+    pages.sort(key=lambda page: page["pageid"])  # the API lists pages by id, not by rank
+    payload = {
+        "batchcomplete": True,
+        "continue": {"gsroffset": len(results), "continue": "gsroffset||"},
+        "query": {"pages": pages},
+    }
+    return _json_response(response.get("status", 200), payload, headers)
+
+
+def _highlight(text: str, query: str) -> str:
+    for word in query.split():
+        if len(word) >= 2:
+            found = re.search(re.escape(word), text, flags=re.IGNORECASE)
+            if found:
+                return text[: found.start()] + "<em>" + found.group(0) + "</em>" + text[found.end() :]
+    return text
+
+
+def render_zhihu(response: Mapping[str, Any], query: str, headers: dict[str, str]) -> httpx.Response:
+    status = response.get("status", 200)
+    if "code" in response:
+        code = int(response["code"])
+        message = response.get("message", ZHIHU_MESSAGES.get(code, "error"))
+        return _json_response(status, {"Code": code, "Message": message, "Data": None}, headers)
+    items = []
+    for rank, result in enumerate(response.get("results") or []):
+        content_id = str(1_900_000_000_000_000_000 + _stable_int(result["title"], 12))
+        items.append(
+            {
+                "Title": result["title"],
+                "ContentType": result.get("type", "Answer"),
+                "ContentID": content_id,
+                "ContentText": _highlight(result["text"], query),
+                "Url": result.get("url")
+                or f"https://www.zhihu.com/answer/{content_id}?utm_medium=openapi_platform&utm_source=6d23634e",
+                "CommentCount": 3 + rank,
+                "VoteUpCount": 120 - 10 * rank,
+                "AuthorName": result.get("author", "知乎用户"),
+                "AuthorAvatar": "https://picx.zhimg.com/v2-placeholder_l.jpg",
+                "AuthorBadge": "",
+                "AuthorBadgeText": "",
+                "EditTime": 1767225600 - 86400 * rank,
+                "AuthorityLevel": str(2 + (rank % 3)),
+            }
+        )
+    payload = {"Code": 0, "Message": "success", "Data": {"HasMore": False, "Items": items}}
+    return _json_response(status, payload, headers)
+
+
+def _sse(event: str, data: Mapping[str, Any]) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def evidence_text(results: Sequence[Mapping[str, Any]]) -> str:
+    return "\n\n".join(
+        f"[{n}] Source: {r['title']}\nEvidence: {r['text']}" for n, r in enumerate(results, start=1)
+    )
+
+
+def render_deepseek(
+    response: Mapping[str, Any], query: str, model: str, headers: dict[str, str]
+) -> httpx.Response:
+    results = response.get("results") or []
+    usage = {**DEFAULT_DEEPSEEK_USAGE, **(response.get("usage") or {})}
+    message_id = f"msg_{_stable_int(query, 12):012x}"
+    events = [
+        _sse(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": message_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {
+                        "input_tokens": usage["input_tokens"],
+                        "cache_read_input_tokens": usage["cache_read_input_tokens"],
+                        "output_tokens": 1,
+                    },
+                },
+            },
+        )
+    ]
+    if "sse_error" in response:
+        error = {"type": "api_error", "message": "Internal server error", **response["sse_error"]}
+        events.append(_sse("error", {"type": "error", "error": error}))
+        return _sse_response(response, events, headers)
+    index = 0
+    for search in range(int(response.get("web_searches", 1))):
+        tool_id = f"srvtoolu_{_stable_int(query + str(search), 10):010x}"
+        events.append(
+            _sse(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": index,
+                    "content_block": {
+                        "type": "server_tool_use",
+                        "id": tool_id,
+                        "name": "web_search",
+                        "input": {},
+                    },
+                },
+            )
+        )
+        events.append(
+            _sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {
+                        "type": "input_json_delta",
+                        "partial_json": json.dumps({"query": query}, ensure_ascii=False),
+                    },
+                },
+            )
+        )
+        events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+        index += 1
+        hits = [
+            {
+                "type": "web_search_result",
+                "title": r["title"],
+                "url": r.get("url") or wikipedia_url(r["title"]),
+                "page_age": None,
+                "encrypted_content": "RW5jcnlwdGVkQ29udGVudA==",
+            }
+            for r in results
+        ]
+        events.append(
+            _sse(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": index,
+                    "content_block": {
+                        "type": "web_search_tool_result",
+                        "tool_use_id": tool_id,
+                        "content": hits,
+                    },
+                },
+            )
+        )
+        events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+        index += 1
+    text = response.get("evidence_text")
+    if text is None:
+        text = evidence_text(results) if results else "Insufficient evidence from this search."
+    events.append(
+        _sse(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "text", "text": ""},
+            },
+        )
+    )
+    for start in range(0, len(text), 48):
+        events.append(
+            _sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "text_delta", "text": text[start : start + 48]},
+                },
+            )
+        )
+    if not response.get("truncate"):
+        events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+        events.append(
+            _sse(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": usage["output_tokens"]},
+                },
+            )
+        )
+        events.append(_sse("message_stop", {"type": "message_stop"}))
+    return _sse_response(response, events, headers)
+
+
+def _sse_response(response: Mapping[str, Any], events: list[str], headers: dict[str, str]) -> httpx.Response:
+    return httpx.Response(
+        response.get("status", 200),
+        headers={"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", **headers},
+        content="".join(events).encode(),
+    )
+
+
+def render_retriever(response: Mapping[str, Any], headers: dict[str, str]) -> httpx.Response:
+    hits = []
+    for rank, result in enumerate(response.get("results") or []):
+        hits.append(
+            {
+                "document": {
+                    "id": str(_stable_int(result["title"], 7)),
+                    "contents": f'"{result["title"]}"\n{result["text"]}',
+                },
+                "score": result.get("score", round(0.9 - 0.05 * rank, 4)),
+            }
+        )
+    return _json_response(response.get("status", 200), {"result": [hits]}, headers)
+
+
+# --------------------------------------------------------------------------- the service
+
+QUERY_EXTRACTORS = {
+    "wikipedia": wikipedia_query,
+    "zhihu": zhihu_query,
+    "deepseek": deepseek_query,
+    "retriever": retriever_query,
+}
+
+
+class FakeSearchService:
+    """Answers requests for one backend from a script ``{query: [response, ...]}``."""
+
+    def __init__(self, backend: str, script: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        if backend not in QUERY_EXTRACTORS:
+            raise ValueError(f"no fake service for backend {backend!r}")
+        self.backend = backend
+        self._queues: dict[str, deque[Mapping[str, Any]]] = {}
+        for query, responses in script.items():
+            for n, response in enumerate(responses):
+                check_response_spec(backend, response, f"query {query!r} response {n}")
+            self._queues[normalise_query(query)] = deque(responses)
+        self.requests: list[httpx.Request] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        query = QUERY_EXTRACTORS[self.backend](request)
+        queue = self._queues.get(query)
+        if queue is None:
+            raise ScriptExhausted(f"{self.backend} fake: no script for query {query!r}")
+        if not queue:
+            raise ScriptExhausted(f"{self.backend} fake: more requests than scripted responses for {query!r}")
+        response = queue.popleft()
+        return self.render(response, request, query)
+
+    def render(self, response: Mapping[str, Any], request: httpx.Request, query: str) -> httpx.Response:
+        headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
+        if "retry_after" in response:
+            headers["Retry-After"] = str(response["retry_after"])
+        status = response.get("status", 200)
+        if "raw" in response:
+            content_type = response.get("content_type", "text/html; charset=utf-8")
+            return httpx.Response(
+                status,
+                headers={"content-type": content_type, **headers},
+                content=str(response["raw"]).encode(),
+            )
+        if status != 200 and not response.get("results") and not set(response) & BACKEND_KEYS[self.backend]:
+            return self._error_page(status, headers)
+        if self.backend == "wikipedia":
+            return render_wikipedia(response, request, headers)
+        if self.backend == "zhihu":
+            return render_zhihu(response, query, headers)
+        if self.backend == "deepseek":
+            return render_deepseek(response, query, json.loads(request.content).get("model", ""), headers)
+        return render_retriever(response, headers)
+
+    def _error_page(self, status: int, headers: dict[str, str]) -> httpx.Response:
+        reason = httpx.codes.get_reason_phrase(status) or "Error"
+        if self.backend == "deepseek":
+            kind = "rate_limit_error" if status == 429 else "api_error"
+            return _json_response(
+                status, {"type": "error", "error": {"type": kind, "message": reason}}, headers
+            )
+        if self.backend == "zhihu":
+            return _json_response(status, {"Code": status, "Message": reason, "Data": None}, headers)
+        page = (
+            f"<!DOCTYPE html><html><head><title>{status} {reason}</title></head>"
+            f"<body><h1>{reason}</h1></body></html>"
+        )
+        return httpx.Response(
+            status, headers={"content-type": "text/html; charset=utf-8", **headers}, content=page.encode()
+        )
+
+    def unused(self) -> dict[str, int]:
+        """Queries whose scripted responses were not all requested (script and client disagree)."""
+        return {query: len(queue) for query, queue in self._queues.items() if queue}

@@ -1,0 +1,119 @@
+"""Recording cassettes: vcrpy around the real client, secrets scrubbed, files replaced atomically.
+
+Used by ``python cli.py record`` (live services) and ``python cli.py cassettes build`` (the
+in-process fake services). Requests are recorded exactly as the client sends them, except:
+
+- headers ``Authorization``, ``x-api-key``, ``Cookie``, ``Proxy-Authorization`` are dropped,
+  and ``X-Request-Timestamp`` too (it changes every second and is never matched);
+- query parameters that usually carry keys (``key``, ``api_key``, ``apikey``, ``token``,
+  ``access_token``) are dropped;
+- every known key value is replaced by ``<SECRET_n>`` anywhere in requests and responses
+  (vcrpy's ``filter_sensitive_data``: bodies, URLs, echoes in responses);
+- ``Set-Cookie`` response headers are dropped and compressed bodies are stored decoded.
+
+The cassette is written to a temporary file next to the target, checked for every key value
+(raw, URL-encoded and JSON-escaped), and only then renamed over the target, so an existing
+cassette survives a crash or a leak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, quote_plus
+
+import vcr
+from vcr.cassette import Cassette
+
+from searchr1.search.secrets import Secret
+
+SECRET_REQUEST_HEADERS = (
+    "authorization",
+    "x-api-key",
+    "cookie",
+    "proxy-authorization",
+    "x-request-timestamp",
+)
+SECRET_QUERY_PARAMETERS = ("key", "api_key", "apikey", "token", "access_token")
+DROPPED_RESPONSE_HEADERS = ("set-cookie",)
+RECORD_MATCH_ON = ("method", "scheme", "host", "port", "path", "query", "body")
+
+
+class SecretLeakError(RuntimeError):
+    """A key value survived scrubbing; the cassette was not written."""
+
+
+def _drop_response_headers(response: dict[str, Any]) -> dict[str, Any]:
+    headers = response.get("headers") or {}
+    response["headers"] = {
+        name: values for name, values in headers.items() if name.lower() not in DROPPED_RESPONSE_HEADERS
+    }
+    return response
+
+
+def secret_forms(secret: Secret) -> set[str]:
+    """The ways a key can appear in a cassette file."""
+    value = secret.reveal()
+    return {value, quote(value, safe=""), quote_plus(value), json.dumps(value)[1:-1]} - {""}
+
+
+def find_leaks(text: str, secrets: Sequence[Secret]) -> list[int]:
+    """1-based numbers of the secrets that appear in ``text``."""
+    return [
+        n for n, secret in enumerate(secrets, start=1) if any(form in text for form in secret_forms(secret))
+    ]
+
+
+def recorder(secrets: Sequence[Secret]) -> vcr.VCR:
+    return vcr.VCR(
+        serializer="yaml",
+        record_mode="all",
+        match_on=RECORD_MATCH_ON,
+        filter_headers=list(SECRET_REQUEST_HEADERS),
+        filter_query_parameters=list(SECRET_QUERY_PARAMETERS),
+        before_record_response=_drop_response_headers,
+        decode_compressed_response=True,
+        filter_sensitive_data={f"<SECRET_{n}>": s.reveal() for n, s in enumerate(secrets, start=1)},
+    )
+
+
+@contextmanager
+def recording(
+    path: str | Path,
+    *,
+    secrets: Sequence[Secret],
+    metadata: Mapping[str, Any],
+    overwrite: bool = False,
+) -> Iterator[Cassette]:
+    """Record every httpx request made inside the block into the cassette at ``path``.
+
+    Refuses to replace an existing file unless ``overwrite``. Nothing is written to ``path``
+    if the block raises or a secret would leak.
+    """
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"cassette {target} already exists; pass --overwrite to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.recording")
+    temporary.unlink(missing_ok=True)
+    finished = False
+    try:
+        with recorder(secrets).use_cassette(str(temporary)) as cassette:
+            for key, value in metadata.items():
+                cassette.get_metadata(key, value)
+            yield cassette
+        text = temporary.read_text(encoding="utf-8")
+        leaked = find_leaks(text, secrets)
+        if leaked:
+            raise SecretLeakError(
+                f"key number(s) {leaked} would have been written to {target}; nothing was written"
+            )
+        os.replace(temporary, target)
+        finished = True
+    finally:
+        if not finished:
+            temporary.unlink(missing_ok=True)

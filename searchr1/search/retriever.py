@@ -1,0 +1,107 @@
+"""Retriever backend: the official Search-R1 retrieval server (``POST /retrieve``).
+
+Request ``{"queries": [q], "topk": 3, "return_scores": true}``; response
+``{"result": [[{"document": {"id", "contents"}, "score"}, …]]}`` (one list per query; plain
+document lists when scores are off). As in the official rollout code, a document's first line
+is its title and the rest its text; wiki-18 titles are stored in double quotes, which we drop.
+Items carry ``source="wiki-18"`` (configurable) so observations use the Title:/Content: layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from searchr1.search.base import (
+    CallContext,
+    HttpSearchBackend,
+    Outcome,
+    PayloadError,
+    check_url,
+    http_status_outcome,
+    read_json,
+    truncate,
+)
+from searchr1.search.types import SearchItem
+
+DEFAULT_URL = "http://127.0.0.1:8000/retrieve"
+DEFAULT_SOURCE = "wiki-18"
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """``(title, text)`` of a corpus document: first line (quotes dropped) and the rest."""
+    first, _, rest = contents.strip().partition("\n")
+    title = first.strip()
+    if len(title) >= 2 and title[0] == title[-1] == '"':
+        title = title[1:-1].strip()
+    return title, rest.strip()
+
+
+def parse_retriever_payload(
+    payload: Any, *, limit: int = 3, source: str = DEFAULT_SOURCE
+) -> tuple[SearchItem, ...]:
+    """Items of the first (only) query's hits, in server order; documents without text dropped."""
+    if not isinstance(payload, dict):
+        raise PayloadError(f"top level is {type(payload).__name__}, expected an object")
+    result = payload.get("result")
+    if not isinstance(result, list):
+        raise PayloadError("result is not a list")
+    if not result:
+        return ()
+    hits = result[0]
+    if not isinstance(hits, list):
+        raise PayloadError("result[0] is not a list")
+    items: list[SearchItem] = []
+    for position, hit in enumerate(hits):
+        if not isinstance(hit, dict):
+            raise PayloadError(f"result[0][{position}] is not an object")
+        document = hit.get("document", hit)
+        if not isinstance(document, dict):
+            raise PayloadError(f"result[0][{position}].document is not an object")
+        contents = document.get("contents")
+        if not isinstance(contents, str):
+            raise PayloadError(f"result[0][{position}] has no string 'contents'")
+        title, text = split_contents(contents)
+        if not text:
+            continue
+        items.append(SearchItem(title=title or "Untitled", content=truncate(text), source=source))
+    return tuple(items[:limit])
+
+
+class RetrieverSearchBackend(HttpSearchBackend):
+    name = "retriever"
+
+    def __init__(
+        self,
+        *,
+        url: str = DEFAULT_URL,
+        topk: int = 3,
+        source: str = DEFAULT_SOURCE,
+        concurrency: int = 32,
+        timeout: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(concurrency=concurrency, timeout=timeout, **kwargs)
+        if topk < 1:
+            raise ValueError(f"retriever: topk must be >= 1, got {topk}")
+        if not source:
+            raise ValueError(
+                "retriever: source label must be non-empty (it selects the Title:/Content: layout)"
+            )
+        self.url = check_url(url, "retriever url")
+        self.topk = topk
+        self.source = source
+
+    def request_params(self) -> dict[str, Any]:
+        return {"url": self.url, "topk": self.topk}
+
+    async def _attempt(self, ctx: CallContext) -> Outcome:
+        body = {"queries": [ctx.query], "topk": self.topk, "return_scores": True}
+        async with self._client.stream(
+            "POST", self.url, json=body, headers={"Accept": "application/json"}
+        ) as response:
+            status = http_status_outcome(response)
+            if status is not None:
+                return status
+            payload = await read_json(response, self.max_body_bytes)
+            items = parse_retriever_payload(payload, limit=self.topk, source=self.source)
+            return Outcome.success(items, response.status_code)

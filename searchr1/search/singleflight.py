@@ -1,0 +1,40 @@
+"""Single-flight: concurrent calls with the same key share one in-flight request.
+
+The eight trajectories of a GRPO group often open with the same query; only the first
+caller (the leader) runs the request, the others await its outcome. The shared work runs in
+its own task, shielded, so one caller being cancelled does not cancel it for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class SingleFlight(Generic[T]):
+    def __init__(self) -> None:
+        self._inflight: dict[str, asyncio.Task[T]] = {}
+
+    async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
+        """Run ``work()`` once per key at a time. Returns ``(value, shared)``, where
+        ``shared`` is true for callers that joined someone else's request. Exceptions from
+        ``work`` reach every caller."""
+        task = self._inflight.get(key)
+        shared = task is not None
+        if task is None:
+            task = asyncio.ensure_future(work())
+            self._inflight[key] = task
+            task.add_done_callback(lambda _t, k=key: self._forget(k, _t))
+        return await asyncio.shield(task), shared
+
+    def _forget(self, key: str, task: asyncio.Task[T]) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # mark retrieved: callers got it through the shield
+
+    def __len__(self) -> int:
+        return len(self._inflight)

@@ -1,0 +1,135 @@
+"""Per-window search metrics: ``backend.stats.drain()`` once per training step.
+
+Every ``search()`` call adds one :class:`CallRecord`; ``drain()`` turns the records since the
+previous drain into metrics and starts a new window. Definitions (all over the window):
+
+- ``search/requests``: number of ``search()`` calls (cache hits and shared calls included).
+- ``search/success_rate`` / ``search/error_rate``: calls that returned ``ok=True`` / ``ok=False``,
+  divided by ``search/requests``.
+- ``search/429_rate``: calls that met at least one rate-limit signal (HTTP 429, Wikipedia
+  ``maxlag``/``ratelimited``, Zhihu code 30001, every key cooling down), per call.
+- ``search/timeout_rate``: calls that met at least one timeout (per attempt or overall), per call.
+- ``search/results``: mean number of parsed items handed back per call (failures count 0).
+  This is the same for every backend: DeepSeek counts evidence items, not raw web hits.
+- ``search/latency``, ``search/latency_p50``, ``search/latency_p95``: mean and nearest-rank
+  percentiles of the latency of calls that went to the network (waits and retries included;
+  cache hits and shared calls excluded). Seconds, on the backend's clock.
+- ``search/cache_hit_rate``: calls answered by the persistent cache, per call.
+- ``search/deduplicated``: number of calls that shared another caller's in-flight request.
+- DeepSeek only: ``search/input_tokens``, ``search/cache_read_input_tokens``,
+  ``search/output_tokens``, ``search/web_search_requests``: sums over the window, failed
+  attempts included (they are billed too).
+- Zhihu only: ``search/credential_failover_rate``: switches to another key caused by a rate
+  limit, quota or rejected key, per call.
+
+An empty window reports ``search/requests = 0`` and 0.0 for everything else.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Literal
+
+Origin = Literal["network", "cache", "shared", "local"]
+
+TOKEN_FIELDS = ("input_tokens", "cache_read_input_tokens", "output_tokens")
+
+
+@dataclass
+class Usage:
+    """Tokens and searches a DeepSeek call consumed (summed over its attempts)."""
+
+    input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    output_tokens: int = 0
+    web_search_requests: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.cache_read_input_tokens += other.cache_read_input_tokens
+        self.output_tokens += other.output_tokens
+        self.web_search_requests += other.web_search_requests
+
+
+@dataclass
+class CallRecord:
+    """What one ``search()`` call did, as far as the metrics are concerned."""
+
+    ok: bool
+    items: int = 0
+    latency: float = 0.0
+    origin: Origin = "network"
+    rate_limited: bool = False
+    timed_out: bool = False
+    failovers: int = 0
+    attempts: int = 0
+    usage: Usage = field(default_factory=Usage)
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of an ascending list (0.0 for an empty list)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, math.ceil(fraction * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+class SearchStats:
+    """Thread-safe accumulator of :class:`CallRecord` for one backend."""
+
+    def __init__(self, backend: str, *, token_metrics: bool = False, failover_metric: bool = False):
+        self.backend = backend
+        self.token_metrics = token_metrics
+        self.failover_metric = failover_metric
+        self._lock = threading.Lock()
+        self._records: list[CallRecord] = []
+
+    def record(self, record: CallRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+
+    def peek(self) -> dict[str, float]:
+        """The current window's metrics, without resetting it."""
+        with self._lock:
+            records = list(self._records)
+        return self._metrics(records)
+
+    def drain(self) -> dict[str, float]:
+        """The current window's metrics; the next window starts empty."""
+        with self._lock:
+            records, self._records = self._records, []
+        return self._metrics(records)
+
+    def _metrics(self, records: list[CallRecord]) -> dict[str, float]:
+        n = len(records)
+        per_call = 1.0 / n if n else 0.0
+        network = sorted(r.latency for r in records if r.origin == "network")
+        metrics: dict[str, float] = {
+            "search/requests": float(n),
+            "search/success_rate": sum(r.ok for r in records) * per_call,
+            "search/error_rate": sum(not r.ok for r in records) * per_call,
+            "search/429_rate": sum(r.rate_limited for r in records) * per_call,
+            "search/timeout_rate": sum(r.timed_out for r in records) * per_call,
+            "search/results": sum(r.items for r in records if r.ok) * per_call,
+            "search/latency": (sum(network) / len(network)) if network else 0.0,
+            "search/latency_p50": percentile(network, 0.50),
+            "search/latency_p95": percentile(network, 0.95),
+            "search/cache_hit_rate": sum(r.origin == "cache" for r in records) * per_call,
+            "search/deduplicated": float(sum(r.origin == "shared" for r in records)),
+        }
+        if self.token_metrics:
+            total = Usage()
+            for r in records:
+                total.add(r.usage)
+            metrics["search/input_tokens"] = float(total.input_tokens)
+            metrics["search/cache_read_input_tokens"] = float(total.cache_read_input_tokens)
+            metrics["search/output_tokens"] = float(total.output_tokens)
+            metrics["search/web_search_requests"] = float(total.web_search_requests)
+        if self.failover_metric:
+            metrics["search/credential_failover_rate"] = sum(r.failovers for r in records) * per_call
+        return metrics
+
+    def __repr__(self) -> str:
+        return f"SearchStats(backend={self.backend!r}, window_calls={len(self._records)})"
