@@ -15,12 +15,15 @@ COMMANDS: dict[str, str] = {
     "demo": "searchr1.commands.demo:demo",
     "offline-data": "searchr1.commands.offline_data:offline_data",
     "train": "searchr1.commands.train:train",
+    "rollout": "searchr1.commands.rollout:rollout",
+    "golden": "searchr1.commands.golden:golden",
     "record": "searchr1.commands.record:record",
     "cassettes": "searchr1.commands.search_cassettes:cassettes",
     "zhihu-quota": "searchr1.commands.search_zhihu_quota:zhihu_quota",
     "probe-loss": "searchr1.commands.probe_loss:probe_loss",
     "prepare-data": "searchr1.commands.prepare_data:prepare_data",
     "plot": "searchr1.commands.plot:plot",
+    "eval": "searchr1.commands.eval:eval_command",
 }
 
 

@@ -38,7 +38,7 @@ from .protocol import (
     template_boundaries,
     tool_message,
 )
-from .reward import score_answer
+from .reward import FORMAT_PENALTY, score_answer
 from .search.types import SearchBackend, SearchResult, observation_candidates
 from .trajectory import AssistantTurn, SearchRecord, Trajectory
 
@@ -237,6 +237,16 @@ def fit_tool_content(
 
 
 def score_trajectory(trajectory: Trajectory) -> None:
+    """Score the final answer; a trajectory that did not end by answering gets the format
+    penalty.
+
+    The seed scored the text of whatever turn came last, so a malformed or over-budget tool
+    call that also carried an ``Answer:`` line could earn 1.0: a reward for breaking the
+    protocol. Here only an ``answer`` termination is scored.
+    """
+    if trajectory.termination != "answer":
+        trajectory.reward, trajectory.valid_format, trajectory.exact_match = FORMAT_PENALTY, False, False
+        return
     result = score_answer(trajectory.final_text, trajectory.example.answers)
     trajectory.reward = result.reward
     trajectory.valid_format = result.valid_format

@@ -86,7 +86,9 @@ def test_a_tool_call_after_the_search_budget_ends_the_trajectory(tokenizer):
     (t,), _, search = run(tokenizer, [question("q", samples)], config)
     assert t.termination == "search_budget"
     assert t.search_calls == 2 and len(search.calls) == 2
-    assert t.final_text == samples[0][2]  # scored as the seed does: on the tool-call turn
+    assert t.final_text == samples[0][2]
+    # the seed scored this turn's "Answer: France" as 1.0; a tool call is not an answer
+    assert (t.reward, t.valid_format) == (-0.1, False)
 
 
 def test_the_turn_budget_binds_when_lower_than_the_search_budget(tokenizer):
@@ -218,6 +220,12 @@ def test_a_prompt_the_scenario_does_not_know_names_the_question_and_turn(tokeniz
     samples = [[call("alpha")]]  # the script ends on a tool call: the engine asks for turn 2
     with pytest.raises(ScenarioError, match=r"question 'q' turn 2"):
         run(tokenizer, [question("q", samples)], RolloutConfig(group_size=1, **FAST))
+
+
+def test_an_invalid_turn_is_a_format_failure_even_with_a_right_answer_in_it(tokenizer):
+    samples = [[call("alpha") + "\nAnswer: France"], ["Answer: France"]]
+    trajectories, _, _ = run(tokenizer, [question("q", samples)])
+    assert [(t.termination, t.reward) for t in trajectories] == [("invalid", -0.1), ("answer", 1.0)]
 
 
 def test_a_harness_error_in_search_propagates(tokenizer):
