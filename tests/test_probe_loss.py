@@ -136,12 +136,14 @@ def test_offline_command_reports_the_fake_reduction(tokenizer):
     assert "n_k/N reweighting exact:      yes" in result.output
 
 
-def test_live_command_without_a_key_is_one_clear_line(monkeypatch):
+def test_live_command_without_a_key_is_one_clear_line(monkeypatch, tmp_path):
     monkeypatch.delenv("PYTRIO_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.pytrio profile either
     result = CliRunner().invoke(main, ["probe-loss"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
-        "Error: PYTRIO_API_KEY is not set: export it to probe the live service, or pass --offline"
+        "Error: no PyTRIO API key: set PYTRIO_API_KEY or run `trio login` "
+        "(or use --offline to run against the offline twin)"
     ]
 
 
@@ -160,9 +162,9 @@ def test_live_command_asks_before_spending_and_never_prints_the_key(monkeypatch)
     declined = CliRunner().invoke(main, ["probe-loss"], input="n\n")
     assert declined.exit_code == 1 and constructed == []
     result = CliRunner().invoke(main, ["probe-loss", "--yes"])
-    assert constructed == [secret]
+    assert constructed == [None]  # the SDK reads the key itself; we never pass it around
     assert result.exit_code == 1
     assert secret not in result.output and "Traceback" not in result.output
     assert result.output.strip().splitlines() == [
-        "Error: PyTRIO error auth.login_failed: Login failed for key ***"
+        "Error: cannot connect to PyTRIO (auth.login_failed); check the key and the network"
     ]

@@ -56,7 +56,8 @@ def probe_loss(
     whether the seed's manual n_k/N micro-batch reweighting is therefore exact.
 
     Live (default) this creates ONE LoRA training run and sends a handful of tiny
-    forward / forward_backward / optim_step calls at learning rate 0. Needs PYTRIO_API_KEY.
+    forward / forward_backward / optim_step calls at learning rate 0. Needs PYTRIO_API_KEY
+    (or a profile saved by `trio login`).
     """
     from ..probe_loss import probe_loss as run_probe
 
@@ -76,22 +77,27 @@ def probe_loss(
         click.echo(report.render())
         return
 
-    key = os.environ.get("PYTRIO_API_KEY", "").strip()
-    if not key:
-        raise click.ClickException(
-            "PYTRIO_API_KEY is not set: export it to probe the live service, or pass --offline"
-        )
+    from ..services import ServiceSetupError, live_service, require_pytrio_key
+
+    try:
+        require_pytrio_key()
+    except ServiceSetupError as error:
+        raise click.ClickException(str(error)) from None
     if not yes:
         click.confirm(
             f"This creates one billed LoRA training run ({base_model}, rank {lora_rank}). Continue?",
             abort=True,
         )
-    from pytrio import ServiceClient
     from pytrio.errors.base import PyTrioError
 
     try:
-        report = run_probe(ServiceClient(api_key=key), base_model=base_model, lora_rank=lora_rank)
+        report = run_probe(live_service(), base_model=base_model, lora_rank=lora_rank)
+    except ServiceSetupError as error:
+        raise click.ClickException(str(error)) from None
     except PyTrioError as error:
-        message = f"PyTRIO error {error.code}: {error.message}".replace(key, "***")
+        key = os.environ.get("PYTRIO_API_KEY", "")
+        message = f"PyTRIO error {error.code}: {error.message}"
+        if key:
+            message = message.replace(key, "***")
         raise click.ClickException(message.splitlines()[0]) from None
     click.echo(report.render())

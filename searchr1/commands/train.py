@@ -38,7 +38,7 @@ RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "swanlab_project", "qu
 @click.option("--seed", type=int, default=42, help="Data order, LoRA init and sampling seeds.")
 @click.option("--run-name", default="search-r1-qwen35-4b", help="Also the checkpoint name prefix.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where config, metrics and checkpoints go [default: runs/<run-name>].")
+              help="Where config, metrics and checkpoints go [default: runs/<run-name>, or -2, -3… if taken].")
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Continue the run in this directory from its last checkpoint (same data order, optimizer state).")
 @click.option("--accumulation", type=click.Choice(["sdk", "manual"]), default="sdk",
@@ -122,7 +122,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         if rollout.temperature != 1.0 or rollout.top_p != 1.0:
             click.secho("warning: importance ratios assume the sampler's logprobs match the trainer's; "
                         "temperature and top-p other than 1 bias them", fg="yellow", err=True)
-        run_dir = kwargs.pop("run_dir") or Path("runs") / kwargs["run_name"]
+        run_dir = kwargs.pop("run_dir") or _free_run_dir(Path("runs"), kwargs["run_name"])
         config = TrainConfig(
             data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data),
             search={**describe_search(search, offline=offline), "options": _search_options_record(search)},
@@ -173,6 +173,15 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
 
 
 _MISSING = object()
+
+
+def _free_run_dir(root: Path, name: str) -> Path:
+    """``runs/<name>``, or ``runs/<name>-2``, ``-3``… when taken: a default never collides."""
+    candidate, number = root / name, 1
+    while candidate.exists():
+        number += 1
+        candidate = root / f"{name}-{number}"
+    return candidate
 
 
 def _plain(value: Any) -> Any:
