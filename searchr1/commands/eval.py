@@ -1,0 +1,303 @@
+"""``python cli.py eval``: evaluate a base model or a checkpoint on the dev set (live PyTRIO, or
+offline: the scripted sampler and the search cassettes). The runner is
+:mod:`searchr1.evaluate`; this module turns flags into its inputs and prints the result."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..search.cli_options import SearchOptions, search_options
+from .options import rollout_config_from, rollout_options, run_guarded
+
+LIVE_DATA = Path("datasets/dev.jsonl")
+RESULT_DIR = Path("eval_result")
+
+
+@click.command("eval", context_settings={"show_default": True})
+@click.option("--offline", is_flag=True,
+              help="No key, no network: the fake PyTRIO service with the scripted policy, and the "
+                   "backend's offline search cassette.")
+@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Eval JSONL [default: datasets/dev.jsonl; the shipped offline dev set with --offline].")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Evaluate N questions spread evenly across sources (round-robin), not the first N lines "
+                   "[default: all].")
+@click.option("--base-model", default="Qwen/Qwen3.5-4B")
+@click.option("--model-path", default=None, metavar="URI",
+              help="Sampler-weights URI of a checkpoint (trio://…, printed by train) [default: the base model].")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Eval JSONL to write or resume [default: eval_result/eval_[offline_]<checkpoint or "
+                   "model name>_<backend>.jsonl].")
+@click.option("--overwrite", is_flag=True,
+              help="Start the output afresh; without it an existing output is resumed (and refused if it "
+                   "was produced with another configuration).")
+@click.option("--offline-home", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Checkpoint store of the fake PyTRIO service, to evaluate a `train --offline` checkpoint "
+                   "(runs/<run-name>/fake-trio) [default: an empty temporary one].")
+@rollout_options(group_size=1, temperature=0.0)
+@click.option("--seed", type=int, default=42, help="Sampling seeds (with each question's position in the data).")
+@click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
+              help="Another copy of the Qwen3.5 chat template (checked by sha256).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@search_options(default_backend="deepseek")
+def eval_command(search: SearchOptions, **kwargs: Any) -> None:
+    """Evaluate a model on the dev set: exact match per source, macro and micro EM with
+    bootstrap 95% intervals, format rate, rollout and search metrics.
+
+    \b
+    Offline:     python cli.py eval --offline --output eval_result/offline.jsonl
+    Base model:  python cli.py eval --backend zhihu
+    Checkpoint:  python cli.py eval --backend zhihu --model-path trio://<run>/…/step-20-weights
+    Plot:        python cli.py plot eval eval_result/*.jsonl -o eval_result/em.png
+
+    The output holds one record per question (the whole transcript: turn texts, queries,
+    observations, termination reason, reward, EM, format) and a closing summary with the exact
+    configuration. Records are written as questions finish; an interrupted run keeps them and
+    writes a summary marked partial, and rerunning the same command resumes it (questions
+    already recorded are skipped, the summary is rewritten).
+    """
+    run_guarded(lambda: _eval(search, kwargs))
+
+
+def code_version() -> dict[str, Any]:
+    """The package version and, in a git checkout, the commit and whether tracked files differ."""
+    from .. import __version__
+
+    version: dict[str, Any] = {"searchr1": __version__, "git_commit": None, "git_dirty": None}
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return version
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return version
+    version.update(git_commit=commit or None, git_dirty=bool(status.strip()))
+    return version
+
+
+def default_output(base_model: str, model_path: str | None, backend: str, offline: bool) -> Path:
+    label = (model_path.rstrip("/").rsplit("/", 1)[-1] if model_path else base_model.rsplit("/", 1)[-1])
+    label = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or "model"
+    return RESULT_DIR / f"eval_{'offline_' if offline else ''}{label}_{backend}.jsonl"
+
+
+def _manifest_sha256(data: Path) -> str | None:
+    from ..data import MANIFEST_NAME, file_sha256
+
+    manifest = data.parent / MANIFEST_NAME
+    return file_sha256(manifest) if manifest.is_file() else None
+
+
+def _repo_relative(path: str | None) -> str | None:
+    """A path inside the repository relative to its root (the shipped cassettes), else as given."""
+    from ..offline import REPO_ROOT
+
+    if path is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return path
+
+
+def build_run_config(*, offline: bool, base_model: str, model_path: str | None, search: SearchOptions,
+                     rollout: Any, data: Path, limit: int | None, chat_template: str | None,
+                     offline_home: Path | None) -> dict[str, Any]:
+    """The exact configuration stored in the header and summary (plain JSON, nothing secret).
+    The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
+    from ..data import file_sha256
+    from ..offline import SCENARIO
+    from ..services import describe_search
+
+    described = describe_search(search, offline=offline)
+    return {
+        "sampling_backend": "offline-scripted" if offline else "pytrio",
+        "offline": offline,
+        "base_model": base_model,
+        "model_path": model_path,
+        "search_backend": described["backend"],
+        "search_concurrency": described["concurrency"],
+        "search_timeout": described["timeout"],
+        "search_model": described["model"],
+        "search_cassette": _repo_relative(described["cassette"]),
+        "search_cache": described["cache"],
+        "sampling": {"temperature": rollout.temperature, "top_p": rollout.top_p, "seed": rollout.seed,
+                     "max_tokens": rollout.max_assistant_tokens},
+        "rollout": asdict(rollout),
+        "dataset": str(data),
+        "dataset_sha256": file_sha256(data),
+        "manifest_sha256": _manifest_sha256(data),
+        "scenario_sha256": file_sha256(SCENARIO) if offline else None,
+        "limit": limit,
+        "chat_template": chat_template,
+        "offline_home": str(offline_home) if offline_home else None,
+        "code_version": code_version(),
+    }
+
+
+class _Bar:
+    """:class:`~searchr1.progress.CountingBar` over questions, opened once the total is known."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def start(self, total: int, done: int) -> None:
+        from ..progress import CountingBar
+
+        self.bar = CountingBar("questions", total).__enter__()
+        if done:
+            self.bar.advance(done)
+
+    def advance(self, count: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.advance(count)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def _sampling_client(service: Any, base_model: str, model_path: str | None, *, offline: bool,
+                     offline_home: Path | None) -> Any:
+    from ..services import ServiceSetupError
+
+    try:
+        return service.create_sampling_client(base_model=base_model, model_path=model_path)
+    except Exception as error:
+        from pytrio import PyTrioError
+
+        if not isinstance(error, PyTrioError):
+            raise
+        code = getattr(error, "code", "") or type(error).__name__
+        hint = ""
+        if offline and model_path:
+            where = f"not in {offline_home}" if offline_home else "no --offline-home given"
+            hint = f"; a `train --offline` checkpoint needs --offline-home runs/<run-name>/fake-trio ({where})"
+        raise ServiceSetupError(f"cannot create a sampler for {base_model}"
+                                f"{' at ' + model_path if model_path else ''} ({code}){hint}") from None
+
+
+def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
+    from ..data import load_examples
+    from ..eval_metrics import EvalFileError
+    from ..evaluate import EvalResumeError, evaluate
+    from ..offline import DEV
+    from ..services import (
+        check_base_model,
+        live_service,
+        load_tokenizer,
+        offline_scenario,
+        offline_service,
+        search_backend,
+    )
+
+    offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
+    base_model, model_path = kwargs.pop("base_model"), kwargs.pop("model_path")
+    limit, chat_template, offline_home = kwargs.pop("limit"), kwargs.pop("chat_template"), kwargs.pop("offline_home")
+    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
+    given = kwargs.pop("data")
+    data = given or (DEV if offline else LIVE_DATA)
+    if not data.is_file():
+        hint = ("" if given else "; run `python cli.py prepare-data` first, or pass --data" if not offline
+                else "; reinstall the package")
+        raise click.ClickException(f"eval data {data} does not exist{hint}")
+    if offline_home is not None and not offline:
+        raise click.UsageError("--offline-home only applies with --offline")
+    check_base_model(base_model)
+    examples = load_examples(data)
+    if not examples:
+        raise click.ClickException(f"eval data {data} holds no questions")
+    output = kwargs.pop("output") or default_output(base_model, model_path, search.backend, offline)
+    run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
+                                  rollout=rollout, data=data, limit=limit, chat_template=chat_template,
+                                  offline_home=offline_home)
+    tokenizer = load_tokenizer(chat_template)
+    with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
+        home = offline_home or Path(scratch)
+        service = offline_service(home, tokenizer, offline_scenario()) if offline else live_service()
+        sampler = _sampling_client(service, base_model, model_path, offline=offline, offline_home=offline_home)
+        bar = None if quiet else _Bar()
+
+        async def main() -> Any:
+            backend = search_backend(search, offline=offline)
+            try:
+                return await evaluate(sampler, tokenizer, backend, examples, rollout, output, run_config,
+                                      limit=limit, overwrite=overwrite, progress=bar)
+            finally:
+                await backend.aclose()
+
+        click.echo(f"eval: {data} -> {output}  ({'offline twin' if offline else 'live PyTRIO'}, "
+                   f"{model_path or base_model}, backend {search.backend})", err=True)
+        try:
+            outcome = asyncio.run(main())
+        except (EvalFileError, EvalResumeError) as error:
+            raise click.ClickException(str(error)) from None
+        except BaseException as error:
+            if bar is not None:
+                bar.close()
+            _report_interrupted(output, error)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    for note in outcome.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"{outcome.evaluated} questions evaluated, {outcome.skipped} already in {output}", err=True)
+    if outcome.summary is not None:
+        click.echo(format_summary(outcome.summary))
+    click.echo(f"results: {output}")
+    if outcome.failed:
+        click.secho(f"sampling failed for {len(outcome.failed)} question(s) ({', '.join(outcome.failed[:5])}"
+                    f"{', …' if len(outcome.failed) > 5 else ''}); the summary is partial. Rerun the same "
+                    "command to retry them.", fg="yellow", err=True)
+        sys.exit(1)
+
+
+def _report_interrupted(output: Path, error: BaseException) -> None:
+    """Say what survived (records and a partial summary) and how to continue."""
+    from ..evaluate import read_existing
+
+    try:
+        existing = read_existing(output)
+    except Exception:  # noqa: BLE001 - best effort; the original error is what matters
+        return
+    what = "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped by an error"
+    summary = "a partial summary" if existing.summary is not None else "no summary (nothing finished)"
+    click.secho(f"{what}: {len(existing.records)} records kept in {output} with {summary}; "
+                "rerun the same command to resume", fg="yellow", err=True)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The console view of a summary: macro/micro EM with intervals, format, per-source table."""
+    m = summary["metrics"]
+    sources = sorted(key.split("/", 1)[1] for key in m if key.startswith("questions/"))
+    head = "PARTIAL " if summary.get("partial") else ""
+    lines = [
+        (f"{head}summary over {summary.get('evaluated_examples')} questions "
+         f"({summary.get('questions_missing', 0)} of {summary.get('questions_planned', '?')} planned missing)"),
+        (f"  macro EM {m['em/macro']:.3f} [{m['em/macro_ci95_low']:.3f}, {m['em/macro_ci95_high']:.3f}]   "
+         f"micro EM {m['em/micro']:.3f} [{m['em/micro_ci95_low']:.3f}, {m['em/micro_ci95_high']:.3f}]   "
+         f"format {m['format/rate']:.3f}"),
+        (f"  searches/question {m['rollout/search_calls']:.2f}   no-search rate {m['rollout/no_search_rate']:.2f}   "
+         f"turns {m['rollout/turns']:.2f}   search success {m.get('search/success_rate', 0.0):.3f}"),
+        f"  {'source':<18}{'n':>5}{'EM':>8}   {'95% CI':<16}{'format':>7}",
+    ]
+    for source in sources:
+        lines.append(
+            f"  {source:<18}{int(m[f'questions/{source}']):>5}{m[f'em/{source}']:>8.3f}   "
+            f"[{m[f'em_ci95_low/{source}']:.3f}, {m[f'em_ci95_high/{source}']:.3f}]  {m[f'format/{source}']:>7.3f}"
+        )
+    return "\n".join(lines)
