@@ -82,6 +82,21 @@ def offline_search_options(options: SearchOptions) -> SearchOptions:
     return replace(options, cassette=cassette_path(options.backend))
 
 
+def check_search_keys(options: SearchOptions, *, offline: bool) -> None:
+    """Raise :class:`~searchr1.search.env.MissingApiKeyError` (naming the variable and the
+    ``.env`` file) when a live backend needs a key that is not configured. Commands call it
+    before they contact PyTRIO or write anything; the backend itself is built later (opening
+    its cache has side effects). Offline replay uses placeholder keys and needs none."""
+    if offline or options.cassette is not None:
+        return
+    from .search.env import require_keys
+    from .search.factory import KEY_ENV_VARS
+
+    variables = KEY_ENV_VARS.get(options.backend)
+    if variables:
+        require_keys(variables, env_file=options.env_file)
+
+
 def search_backend(options: SearchOptions, *, offline: bool) -> Any:
     return build_search_backend(offline_search_options(options) if offline else options)
 

@@ -376,7 +376,8 @@ def test_errors_are_one_clear_line(tmp_path, monkeypatch):
 
     monkeypatch.delenv("PYTRIO_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    result = CliRunner().invoke(main, ["eval", "--quiet", "--data", str(DEV), "--output", str(tmp_path / "l.jsonl")])
+    result = CliRunner().invoke(main, ["eval", "--quiet", "--backend", "wikipedia", "--data", str(DEV),
+                                       "--output", str(tmp_path / "l.jsonl")])  # wikipedia needs no search key
     assert result.exit_code == 1 and "PYTRIO_API_KEY" in result.output
 
 
@@ -406,3 +407,21 @@ def test_search_metrics_merge_over_sessions():
     ])
     assert merged == {"search/requests": 4.0, "search/success_rate": 0.75, "search/input_tokens": 35.0}
     assert merge_search_metrics([{"search/requests": 0.0, "search/latency": 0.0}])["search/latency"] == 0.0
+
+
+def test_a_missing_search_key_is_named_before_pytrio_is_contacted(tmp_path, monkeypatch):
+    import pytrio
+
+    from searchr1.cli import main as cli_main
+
+    contacted = []
+    monkeypatch.setattr(pytrio, "ServiceClient", lambda *a, **k: contacted.append(1))
+    monkeypatch.setenv("PYTRIO_API_KEY", "pytrio-placeholder")
+    monkeypatch.delenv("ZHIHU_SEARCH_KEYS", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./.env here
+    data = tmp_path / "dev.jsonl"
+    data.write_text('{"id": "1", "question": "q?", "answers": ["a"], "data_source": "nq"}\n')
+    result = CliRunner().invoke(cli_main, ["eval", "--quiet", "--backend", "zhihu", "--data", str(data),
+                                           "--output", str(tmp_path / "out.jsonl")])
+    assert result.exit_code == 1 and "ZHIHU_SEARCH_KEYS" in result.output
+    assert contacted == [] and not (tmp_path / "out.jsonl").exists()

@@ -197,6 +197,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     from ..offline import DEV
     from ..services import (
         check_base_model,
+        check_search_keys,
         live_service,
         load_tokenizer,
         offline_scenario,
@@ -224,6 +225,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
                                   rollout=rollout, data=data, limit=limit, chat_template=chat_template,
                                   offline_home=offline_home)
+    check_search_keys(search, offline=offline)  # before PyTRIO is contacted or anything written
     tokenizer = load_tokenizer(chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
         home = offline_home or Path(scratch)

@@ -79,7 +79,16 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     from ..data import file_sha256, shuffled_examples
     from ..offline import TRAIN
     from ..run_dir import RunDir
-    from ..services import check_base_model, describe_search, load_tokenizer, live_service, offline_scenario, offline_service, search_backend
+    from ..services import (
+        check_base_model,
+        check_search_keys,
+        describe_search,
+        live_service,
+        load_tokenizer,
+        offline_scenario,
+        offline_service,
+        search_backend,
+    )
     from ..trainer import TrainConfig, Trainer, TrainingStopped
 
     explicit = _explicit(ctx)
@@ -129,13 +138,22 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
             **kwargs,
         )
         run = RunDir(run_dir)
-        run.create(config.to_json())
+    # Everything bad input can break, before PyTRIO is contacted and before a new run
+    # directory is written: the data (a malformed line names file:line), the tokenizer and
+    # chat template, the search keys; then the PyTRIO key and connection.
     offline = config.offline
     tokenizer = load_tokenizer(chat_template)
     examples = shuffled_examples(config.data, config.seed)
     if config.max_train_samples:
         examples = examples[: config.max_train_samples]
-    service = offline_service(run.path / "fake-trio", tokenizer, offline_scenario()) if offline else live_service()
+    if not examples:
+        raise click.ClickException(f"no training examples in {config.data}")
+    check_search_keys(search, offline=offline)
+    service = None if offline else live_service()
+    if resume_dir is None:
+        run.create(config.to_json())
+    if offline:
+        service = offline_service(run.path / "fake-trio", tokenizer, offline_scenario())
     logger = _swanlab_logger(swanlab_mode, swanlab_project, config, offline)
     reporter = None
     if not quiet:
