@@ -87,13 +87,22 @@ class RunDir:
 
     # -- creation and opening --------------------------------------------------------------
 
-    def create(self, config: dict[str, Any]) -> None:
-        """Start a new run; refuses a directory that already holds anything."""
+    def check_creatable(self) -> None:
+        """Raise what :meth:`create` would raise about the location, without writing anything."""
         if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
             raise RunDirError(
                 f"run directory {self.path} already exists and is not empty; pick another "
                 "--run-dir or --run-name, or continue it with --resume"
             )
+        ancestor = self.path
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+            raise RunDirError(f"cannot write to run directory {self.path}: {ancestor} is not a writable directory")
+
+    def create(self, config: dict[str, Any]) -> None:
+        """Start a new run; refuses a directory that already holds anything."""
+        self.check_creatable()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             probe = self.path / ".write-test"

@@ -149,6 +149,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     if not examples:
         raise click.ClickException(f"no training examples in {config.data}")
     check_search_keys(search, offline=offline)
+    if resume_dir is None:
+        run.check_creatable()
     service = None if offline else live_service()
     if resume_dir is None:
         run.create(config.to_json())
