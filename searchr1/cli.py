@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "probe-loss": "searchr1.commands.probe_loss:probe_loss",
     "prepare-data": "searchr1.commands.prepare_data:prepare_data",
     "plot": "searchr1.commands.plot:plot",
+    "bench": "searchr1.commands.bench:bench",
     "eval": "searchr1.commands.eval:eval_command",
 }
 

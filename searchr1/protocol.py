@@ -300,36 +300,37 @@ def build_next_prompt(
 ) -> list[int]:
     """``previous prompt + completion (as sampled) + missing closing + observation``.
 
-    Two template renders per call: the conversation ending with the assistant turn, and the
-    same conversation with the tool message and the next generation prompt. The second must
-    extend the first (else ``TemplateDriftError``), and the difference must be exactly the
-    observation that :func:`observation_tokens` predicts.
+    Two template renders per call, as text: the conversation ending with the assistant turn,
+    and the same conversation with the tool message and the next generation prompt. The
+    second must extend the first (else ``TemplateDriftError``: the template rewrote history),
+    the first must end with the assistant closing, and the difference must be exactly the
+    observation the start-up wrapper predicts. Only that difference is tokenised: it starts
+    right after a special token, so its tokens are the ones a full render would produce.
     """
     with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
-    assistant_end = render(tokenizer, with_assistant, add_generation_prompt=False)
-    next_prompt = render(tokenizer, with_assistant + [next_tool_message], add_generation_prompt=True)
-    if next_prompt[: len(assistant_end)] != assistant_end:
+    assistant_end = render_text(tokenizer, with_assistant, add_generation_prompt=False)
+    next_prompt = render_text(tokenizer, with_assistant + [next_tool_message], add_generation_prompt=True)
+    if not next_prompt.startswith(assistant_end):
         raise TemplateDriftError(
             "the chat template rewrote earlier history after the tool observation was added "
             "(the render with the tool message does not extend the render without it)"
         )
-    closing = template_boundaries(tokenizer).closing
-    if tuple(assistant_end[-len(closing):]) != closing:
+    boundaries = template_boundaries(tokenizer)
+    if not assistant_end.endswith(tokenizer.decode(list(boundaries.closing), skip_special_tokens=False)):
         raise TemplateDriftError(
             "the rendered assistant turn does not end with the closing tokens learnt from the template"
         )
-    observation = next_prompt[len(assistant_end):]
-    predicted = observation_tokens(tokenizer, str(next_tool_message.get("content", "")))
-    if observation != predicted:
+    content = str(next_tool_message.get("content", ""))
+    if next_prompt[len(assistant_end):] != observation_text(tokenizer, content):
         raise TemplateDriftError(
-            "the template's observation tokens differ from the wrapper learnt at start-up "
+            "the template's observation differs from the wrapper learnt at start-up "
             "(the tool turn is rendered differently for this conversation)"
         )
     return (
         list(previous_prompt_tokens)
         + list(completion_tokens)
         + missing_closing(tokenizer, completion_tokens)
-        + observation
+        + observation_tokens(tokenizer, content)
     )
 
 

@@ -1,0 +1,202 @@
+"""Figure 2: local CPU of a tool turn, ours against the seed's way of fitting the observation.
+
+The seed built the next prompt once per candidate item with four chat-template renders each
+(canonical prompt, the same with an empty assistant turn to learn the closing tokens, the
+conversation ending with the assistant turn, and the next prompt), so a result of three items
+cost twelve renders (``seed-system.md`` §1.6, §2.3). Ours sizes the items with the tokenizer and
+renders twice, once, for the chosen content (:func:`searchr1.rollout.fit_tool_content`).
+
+The tool turns are those of a real step: a zero-latency rollout of 8 questions x 8 samples with
+up to 4 searches of 3 items each, through the real engine and the real tokenizer. Each tool
+turn is then fitted both ways, passes interleaved, and must give the same content and the same
+next prompt as the engine used. Reported: renders per tool turn (``RENDERS.count``) and process
+CPU per tool turn (``time.process_time``), medians over passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..protocol import (
+    RENDERS,
+    TemplateDriftError,
+    assistant_message,
+    build_prompt,
+    render,
+    suffix_prefix_overlap,
+    tool_message,
+)
+from ..rollout import RolloutConfig, fit_tool_content, rollout_batch_async
+from ..scripted import ScriptedSearch
+from ..search.types import SearchResult, observation_candidates
+from ..trajectory import Trajectory
+from .report import Figure, Measure
+from .workload import MemoSampler, WorkloadSpec, build_workload, median, quick_spec
+
+
+@dataclass(frozen=True)
+class ToolTurn:
+    """The inputs of one observation fit, and what the engine made of them."""
+
+    messages_before_assistant: list[dict[str, Any]]
+    assistant_text: str
+    previous_prompt_tokens: list[int]
+    completion_tokens: list[int]
+    call_id: str
+    result: SearchResult
+    content: str
+    next_prompt: list[int] | None  # the engine's next prompt (None if it never sampled again)
+
+
+def tool_turns(trajectories: Sequence[Trajectory], results: dict[str, SearchResult]) -> list[ToolTurn]:
+    """Every tool turn of the rollout, rebuilt from the trajectories' records."""
+    turns = []
+    for t in trajectories:
+        for k, record in enumerate(t.searches):
+            turn = t.turns[k]
+            tool = t.messages[2 + 2 * k + 1]
+            following = t.turns[k + 1].prompt_tokens if k + 1 < len(t.turns) else None
+            turns.append(ToolTurn(
+                [dict(m) for m in t.messages[: 2 + 2 * k]], turn.text, list(turn.prompt_tokens),
+                list(turn.completion_tokens), tool["tool_call_id"], results[record.query],
+                record.observation, list(following) if following is not None else None,
+            ))
+    return turns
+
+
+# ------------------------------------------------------------------------------- the seed's way
+
+
+def seed_build_next_prompt(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
+                           previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
+                           next_tool_message: dict[str, Any]) -> list[int]:
+    """The seed's stitching: four renders, the closing tokens learnt afresh on every call."""
+    canonical_prompt = build_prompt(tokenizer, messages_before_assistant)
+    empty_turn = render(tokenizer, list(messages_before_assistant) + [assistant_message("")],
+                        add_generation_prompt=False)
+    if empty_turn[: len(canonical_prompt)] != canonical_prompt:
+        raise TemplateDriftError("cannot extract the assistant closing from an empty assistant turn")
+    closing = empty_turn[len(canonical_prompt):]
+    with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
+    assistant_end = render(tokenizer, with_assistant, add_generation_prompt=False)
+    next_prompt = render(tokenizer, with_assistant + [next_tool_message], add_generation_prompt=True)
+    if next_prompt[: len(assistant_end)] != assistant_end:
+        raise TemplateDriftError("the chat template rewrote history after the tool observation")
+    observation = next_prompt[len(assistant_end):]
+    overlap = suffix_prefix_overlap(completion_tokens, closing)
+    return list(previous_prompt_tokens) + list(completion_tokens) + list(closing[overlap:]) + observation
+
+
+def seed_fit_tool_content(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
+                          previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
+                          result: SearchResult, config: RolloutConfig) -> tuple[str, list[int]] | None:
+    """The seed's greedy fit: for every candidate item, the token count of the joined content,
+    then a whole next prompt (four renders) to check the trajectory budget; stop at the first
+    item that does not fit. ``None`` when not even the first fits (no truncation)."""
+    accepted: list[str] = []
+    best: tuple[str, list[int]] | None = None
+    for candidate in observation_candidates(result):
+        joined = "\n\n".join(accepted + [candidate])
+        if len(tokenizer.encode(joined, add_special_tokens=False)) > config.max_tool_response_tokens:
+            break
+        next_prompt = seed_build_next_prompt(tokenizer, messages_before_assistant, assistant_text,
+                                             previous_prompt_tokens, completion_tokens,
+                                             tool_message(call_id, joined))
+        if len(next_prompt) > config.max_trajectory_tokens:
+            break
+        accepted.append(candidate)
+        best = (joined, next_prompt)
+    return best
+
+
+# ------------------------------------------------------------------------------- measurement
+
+
+def _fit_ours(tokenizer: Any, turn: ToolTurn, config: RolloutConfig) -> tuple[str, list[int]] | None:
+    fitted = fit_tool_content(tokenizer, turn.messages_before_assistant, turn.assistant_text,
+                              turn.previous_prompt_tokens, turn.completion_tokens, turn.call_id,
+                              turn.result, config)
+    return None if fitted is None else (fitted.content, fitted.next_prompt)
+
+
+def _fit_seed(tokenizer: Any, turn: ToolTurn, config: RolloutConfig) -> tuple[str, list[int]] | None:
+    return seed_fit_tool_content(tokenizer, turn.messages_before_assistant, turn.assistant_text,
+                                 turn.previous_prompt_tokens, turn.completion_tokens, turn.call_id,
+                                 turn.result, config)
+
+
+FITTERS = {"ours": _fit_ours, "seed": _fit_seed}
+
+
+def measure_pass(kind: str, tokenizer: Any, turns: Sequence[ToolTurn], config: RolloutConfig) -> tuple[float, int, list[Any]]:
+    """CPU seconds and renders to fit every turn once; and the fits."""
+    fit = FITTERS[kind]
+    renders = RENDERS.count
+    cpu = time.process_time()
+    fits = [fit(tokenizer, turn, config) for turn in turns]
+    return time.process_time() - cpu, RENDERS.count - renders, fits
+
+
+def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
+                        repetitions: int | None = None, max_turns: int | None = None,
+                        spec: WorkloadSpec | None = None) -> Figure:
+    started = time.perf_counter()
+    spec = spec or (quick_spec(items_per_result=3) if quick else WorkloadSpec(items_per_result=3))
+    repetitions = repetitions if repetitions is not None else (1 if quick else 3)
+    workload = build_workload(spec, seed + 101)
+    sampler = MemoSampler(workload.scenario, tokenizer)
+    search = ScriptedSearch(workload.results)
+    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, search, workload.examples, workload.config))
+    turns = tool_turns(trajectories, workload.results)
+    if max_turns is not None:
+        turns = turns[:max_turns]
+    if not turns:
+        raise RuntimeError("the protocol workload produced no tool turns")
+    config = workload.config
+
+    cpu: dict[str, list[float]] = {"ours": [], "seed": []}
+    renders: dict[str, int] = {}
+    for rep in range(repetitions):
+        order = ("ours", "seed") if rep % 2 == 0 else ("seed", "ours")
+        for kind in order:
+            seconds, count, fits = measure_pass(kind, tokenizer, turns, config)
+            cpu[kind].append(seconds)
+            renders[kind] = count
+            for turn, fitted in zip(turns, fits):
+                if fitted is None or fitted[0] != turn.content or (
+                    turn.next_prompt is not None and fitted[1] != turn.next_prompt
+                ):
+                    raise AssertionError(f"{kind} fit differs from the engine's for tool turn {turn.call_id}")
+
+    n = len(turns)
+    ours_ms = 1000.0 * median(cpu["ours"]) / n
+    seed_ms = 1000.0 * median(cpu["seed"]) / n
+    items = [len(turn.result.items) for turn in turns]
+    figure = Figure(
+        number=2, name="protocol_cpu", title="Protocol CPU per tool turn",
+        measures=[
+            Measure("renders_per_tool_turn", "ours: chat-template renders / tool turn", renders["ours"] / n, 2.0, "<=", digits=1),
+            Measure("cpu_speedup_over_seed", "seed CPU / ours CPU", seed_ms / ours_ms, 3.0, ">=", "x"),
+            Measure("seed_renders_per_tool_turn", "seed: renders / tool turn", renders["seed"] / n, digits=1),
+            Measure("ours_cpu_ms_per_tool_turn", "ours: CPU / tool turn", ours_ms, unit="ms", digits=1),
+            Measure("seed_cpu_ms_per_tool_turn", "seed: CPU / tool turn", seed_ms, unit="ms", digits=1),
+        ],
+        details={
+            "tool_turns": n,
+            "trajectories": len(trajectories),
+            "items_per_result": sum(items) / n,
+            "mean_prompt_tokens_before_turn": sum(len(t.previous_prompt_tokens) for t in turns) / n,
+            "repetitions": repetitions,
+            "process_cpu_seconds": cpu,
+            "renders": renders,
+            "same_content_and_next_prompt": True,
+        },
+        notes=[(f"{n} tool turns of a {len(trajectories)}-trajectory step, {sum(items) / n:.1f} items each; "
+               f"medians of {repetitions} interleaved pass(es); both ways give the engine's content and next prompt")],
+    )
+    figure.seconds = time.perf_counter() - started
+    return figure

@@ -1,0 +1,62 @@
+"""Run the selected figures with one tokenizer and collect them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .report import Figure
+
+FIGURE_NUMBERS = (1, 2, 3, 4, 5)
+
+
+def _builders() -> dict[int, Callable[..., Figure]]:
+    from .packing import packing_figure
+    from .protocol_cpu import protocol_cpu_figure
+    from .scheduling import scheduling_figure
+    from .search_calls import search_calls_figure
+    from .step_overhead import step_overhead_figure
+
+    return {
+        1: scheduling_figure,
+        2: protocol_cpu_figure,
+        3: packing_figure,
+        4: search_calls_figure,
+        5: step_overhead_figure,
+    }
+
+
+def parse_only(text: str | None) -> list[int]:
+    """``"1,3"`` -> ``[1, 3]``; ``None`` or ``""`` -> every figure."""
+    if not text:
+        return list(FIGURE_NUMBERS)
+    chosen = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) not in FIGURE_NUMBERS:
+            raise ValueError(f"--only takes figure numbers from {FIGURE_NUMBERS}, got {part!r}")
+        chosen.add(int(part))
+    if not chosen:
+        raise ValueError("--only named no figure")
+    return sorted(chosen)
+
+
+def run_figures(numbers: Iterable[int], *, tokenizer: Any = None, seed: int = 0, quick: bool = False,
+                on_start: Callable[[int], None] | None = None,
+                on_done: Callable[[Figure], None] | None = None) -> list[Figure]:
+    if tokenizer is None:
+        from ..tokenizer import shared_tokenizer
+
+        tokenizer = shared_tokenizer()
+    builders = _builders()
+    figures = []
+    for number in numbers:
+        if on_start is not None:
+            on_start(number)
+        figure = builders[number](tokenizer, seed=seed, quick=quick)
+        figures.append(figure)
+        if on_done is not None:
+            on_done(figure)
+    return figures

@@ -1,0 +1,152 @@
+"""Figure 4: search requests saved by single-flight and the query cache.
+
+A scripted step (8 questions x 8 samples) in which groups repeat their first queries, as GRPO
+groups do: three in four samples of a group open with the same query, and later turns draw
+from three follow-up queries per question, so repeats arrive both at the same moment (for
+single-flight) and later (for the cache). It runs through the real engine and the REAL search
+stack: the Wikipedia backend (:func:`searchr1.search.testing.mock_backend`) with its SQLite
+:class:`~searchr1.search.cache.QueryCache` and single-flight, over an ``httpx.MockTransport``
+handler that answers every query and counts the requests that reach it. Sampling and search
+latencies follow the :class:`~.workload.LatencyModel`, on virtual time (:mod:`.vtime`), so the
+run is quick and the same on every machine.
+
+The baseline is the same step with neither (no cache, single-flight replaced by a pass-through),
+which is the seed's one request per ``search()`` call. Ideal: one request per distinct query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..rollout import rollout_batch_async
+from ..search.cache import QueryCache, normalise_query
+from ..search.fake_service import FakeSearchService
+from ..search.testing import mock_backend
+from .report import Figure, Measure
+from .vtime import run_virtual
+from .workload import (
+    LatencyModel,
+    MemoSampler,
+    WorkloadSpec,
+    build_workload,
+    quick_spec,
+    searched_queries,
+)
+
+
+class CountingWikipedia:
+    """An in-process Wikipedia API: three pages for any query, after the model's latency."""
+
+    def __init__(self, model: LatencyModel) -> None:
+        self.service = FakeSearchService("wikipedia", {})
+        self.model = model
+        self.requests = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        from ..search.fake_service import wikipedia_query
+
+        query = wikipedia_query(request)
+        self.requests += 1
+        await asyncio.sleep(self.model.search(query))
+        pages = [{"title": f"{query.title()} ({k})", "text": f"Passage {k} about {query}. " * 12}
+                 for k in range(1, 4)]
+        return self.service.render({"results": pages}, request, query)
+
+
+class NoSingleFlight:
+    """Stands in for the backend's ``SingleFlight``: every caller runs its own request."""
+
+    async def run(self, key: str, work: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
+        return await work(), False
+
+
+def _run_step(tokenizer: Any, workload: Any, model: LatencyModel, *, cache: QueryCache | None,
+              single_flight: bool) -> dict[str, Any]:
+    handler = CountingWikipedia(model)
+
+    async def main() -> dict[str, Any]:
+        async with mock_backend("wikipedia", handler, cache=cache, timeout=120.0) as backend:
+            if not single_flight:
+                if not hasattr(backend, "_flights"):
+                    raise RuntimeError("the search backend no longer has a _flights attribute to bypass")
+                backend._flights = NoSingleFlight()  # type: ignore[attr-defined]
+            sampler = MemoSampler(workload.scenario, tokenizer, latency=model.sampler_latency())
+            trajectories = await rollout_batch_async(sampler, tokenizer, backend, workload.examples,
+                                                     workload.config)
+            stats = backend.stats.peek()
+        queries = [q for t in trajectories for q in searched_queries(t)]
+        return {
+            "calls": int(stats["search/requests"]),
+            "requests": handler.requests,
+            "shared": int(stats["search/deduplicated"]),
+            "cache_hits": round(stats["search/cache_hit_rate"] * stats["search/requests"]),
+            "queries": queries,
+            "failed": sum(not s.ok for t in trajectories for s in t.searches),
+        }
+
+    outcome, seconds = run_virtual(main())
+    outcome["virtual_seconds"] = seconds
+    return outcome
+
+
+def search_calls_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
+                        spec: WorkloadSpec | None = None) -> Figure:
+    started = time.perf_counter()
+    spec = spec or (quick_spec(shared_queries=True) if quick else WorkloadSpec(shared_queries=True))
+    workload = build_workload(spec, seed + 404)
+    model = LatencyModel(scale=1.0, seed=seed, search_cap=20.0)
+    with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as home:
+        cache = QueryCache(Path(home) / "search-cache.sqlite")
+        try:
+            ours = _run_step(tokenizer, workload, model, cache=cache, single_flight=True)
+        finally:
+            cache.close()
+    seed_way = _run_step(tokenizer, workload, model, cache=None, single_flight=False)
+    if seed_way["requests"] != seed_way["calls"]:
+        raise AssertionError(
+            f"without cache and single-flight every search() call should reach the service once, "
+            f"got {seed_way['requests']} requests for {seed_way['calls']} calls"
+        )
+    if sorted(ours["queries"]) != sorted(seed_way["queries"]):
+        raise AssertionError("the two runs searched different queries")
+    distinct = len({normalise_query(q) for q in ours["queries"]})
+    without = seed_way["requests"]
+    saved = 1.0 - ours["requests"] / without
+    ideal = 1.0 - distinct / without
+    figure = Figure(
+        number=4, name="search_calls", title="Search calls saved",
+        measures=[
+            Measure("requests_saved", "requests saved by single-flight + cache", 100.0 * saved,
+                    100.0 * ideal, ">=", "%", target_source="bench", digits=1),
+            Measure("requests_per_distinct_query", "requests / distinct query", ours["requests"] / distinct,
+                    unit="x"),
+            Measure("saved_by_single_flight", "  joined an in-flight request", 100.0 * ours["shared"] / without,
+                    unit="%", digits=1),
+            Measure("saved_by_cache", "  answered by the cache", 100.0 * ours["cache_hits"] / without,
+                    unit="%", digits=1),
+            Measure("step_speedup", "step makespan without / with (virtual time)",
+                    seed_way["virtual_seconds"] / ours["virtual_seconds"], unit="x"),
+        ],
+        details={
+            "search_calls": without,
+            "requests_with": ours["requests"],
+            "requests_without": without,
+            "distinct_queries": distinct,
+            "shared_in_flight": ours["shared"],
+            "cache_hits": ours["cache_hits"],
+            "failed_searches": ours["failed"],
+            "virtual_seconds": {"with": ours["virtual_seconds"], "without": seed_way["virtual_seconds"]},
+            "backend": "wikipedia (real client, SQLite cache, single-flight) over httpx.MockTransport",
+        },
+        notes=[(f"{without} search() calls, {distinct} distinct queries: {ours['requests']} requests with "
+               f"single-flight + cache, {without} without (target: one request per distinct query)")],
+    )
+    figure.seconds = time.perf_counter() - started
+    return figure

@@ -1,0 +1,65 @@
+"""``searchr1 bench``: how much faster and cheaper than the seed's way (see ``searchr1.bench``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+TITLES = {
+    1: "rollout scheduling",
+    2: "protocol CPU",
+    3: "packing",
+    4: "search calls saved",
+    5: "local overhead of a step",
+}
+
+
+@click.command("bench")
+@click.option("--output", "-o", default="bench.json", show_default=True,
+              type=click.Path(dir_okay=False, writable=True), help="Where to write the JSON report.")
+@click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
+@click.option("--only", default=None, metavar="1,2,...", help="Run only these figures (numbers 1-5).")
+@click.option("--strict", is_flag=True, help="Exit with status 1 when a figure misses a target.")
+def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool) -> None:
+    """Measure this implementation against the seed's way, side by side in one run.
+
+    \b
+    1  rollout makespan / lower bound, ours and lock-step rounds (simulated latencies)
+    2  chat-template renders and CPU per tool turn, ours and the seed's fit
+    3  micro-batches / lower bound and padding of the seed's packer
+    4  search requests saved by single-flight and the query cache
+    5  local CPU of one offline training step, by phase
+
+    Every figure is a ratio of two things measured in the same run. Prints a table and writes
+    OUTPUT (value, target and "met" per figure). Exit status 0 even when a target is missed,
+    unless --strict.
+    """
+    from rich.console import Console
+
+    from ..bench.report import bench_json, print_report, write_json_atomically
+    from ..bench.runner import parse_only, run_figures
+
+    try:
+        numbers = parse_only(only)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--only") from None
+    console = Console(stderr=True)
+    started = time.perf_counter()
+    console.print("[dim]loading the Qwen3.5 tokenizer...[/dim]")
+    from ..tokenizer import shared_tokenizer
+
+    tokenizer = shared_tokenizer()
+    figures = run_figures(
+        numbers, tokenizer=tokenizer, seed=seed, quick=quick,
+        on_start=lambda n: console.print(f"[dim]figure {n}: {TITLES[n]}...[/dim]"),
+        on_done=lambda f: console.print(f"[dim]figure {f.number} done in {f.seconds:.1f} s[/dim]"),
+    )
+    payload = bench_json(figures, quick=quick, seed=seed, argv=sys.argv[1:])
+    payload["seconds"] = round(time.perf_counter() - started, 1)
+    path = write_json_atomically(output, payload)
+    print_report(figures, output=path, quick=quick)
+    if strict and not payload["all_met"]:
+        sys.exit(1)
