@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .fileio import iter_json_lines
+
 
 @dataclass(frozen=True)
 class SearchExample:
@@ -248,18 +250,8 @@ def load_examples(path: str | os.PathLike[str]) -> list[SearchExample]:
     field, so a broken file fails at load time rather than as a KeyError mid-training. Blank
     lines are ignored."""
     path = Path(path)
-    examples: list[SearchExample] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            examples.append(example_from_dict(record, where))
-    return examples
+    return [example_from_dict(record, f"{path}:{number}")
+            for number, record in iter_json_lines(path, error=DataError)]
 
 
 # --- orders and batches (pure) ---------------------------------------------------------

@@ -27,11 +27,11 @@ import math
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .fileio import iter_json_lines
 from .trajectory import TERMINATIONS, Trajectory
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -254,21 +254,11 @@ def summary_record(
 
 def read_eval_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every JSON object of an eval JSONL file; a bad line raises EvalFileError(path:line)."""
-    path = Path(path)
     records: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise EvalFileError(
-                    f"{path}:{number}: invalid JSON ({exc.msg} at column {exc.colno})"
-                ) from None
-            if not isinstance(record, dict):
-                raise EvalFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-            records.append(record)
+    for number, record in iter_json_lines(path, error=EvalFileError):
+        if not isinstance(record, dict):
+            raise EvalFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        records.append(record)
     return records
 
 

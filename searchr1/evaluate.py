@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,6 +47,7 @@ from typing import Any, Protocol
 
 from .data import DataError, SearchExample, spread_across_sources
 from .eval_metrics import EvalFileError, summary_record, trajectory_record
+from .fileio import append_text, write_text_atomically
 from .rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
 
 HEADER_TYPE = "eval_config"
@@ -209,35 +209,12 @@ def _dumps(record: Mapping[str, Any]) -> str:
 
 def append_records(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
     """Append and make durable before returning (a crash right after keeps them)."""
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write("".join(_dumps(r) + "\n" for r in records))
-        handle.flush()
-        os.fsync(handle.fileno())
+    append_text(path, "".join(_dumps(r) + "\n" for r in records))
 
 
 def rewrite_file(path: Path, lines: Sequence[Mapping[str, Any]]) -> None:
     """Replace ``path`` atomically (temporary file beside it, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write("".join(_dumps(r) + "\n" for r in lines))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    write_text_atomically(path, "".join(_dumps(r) + "\n" for r in lines))
 
 
 def _search_stats(search_backend: Any) -> dict[str, float]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from matplotlib.figure import Figure
 
 from .data import EVAL_SOURCES
 from .eval_metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary
+from .fileio import iter_json_lines, replacing
 
 DPI = 100
 EVAL_FIGSIZE = (11.0, 9.0)  # inches -> 1100 x 900 px at DPI
@@ -297,19 +297,11 @@ def resolve_metrics_path(run_dir_or_file: str | os.PathLike[str]) -> Path:
 def load_run_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Rows of a run's metrics.jsonl, one per step, sorted by step. A step logged twice (a
     resumed run repeats steps) keeps its last row. Bad lines raise with ``path:line``."""
-    path = Path(path)
     by_step: dict[float, dict[str, Any]] = {}
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PlotInputError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or not is_finite_number(row.get("step")):
-                raise PlotInputError(f"{path}:{number}: expected a JSON object with a numeric 'step'")
-            by_step[row["step"]] = row
+    for number, row in iter_json_lines(path, error=PlotInputError):
+        if not isinstance(row, dict) or not is_finite_number(row.get("step")):
+            raise PlotInputError(f"{path}:{number}: expected a JSON object with a numeric 'step'")
+        by_step[row["step"]] = row
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -361,12 +353,6 @@ def save_figure(fig: Figure, output: str | os.PathLike[str]) -> Path:
     """Render to PNG at the figure's own dpi (no tight bbox, so the pixel size is exactly
     figsize x dpi) through a temporary file and an atomic rename."""
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=fig.dpi)
-        os.replace(tmp, output)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with replacing(output) as temporary:
+        fig.savefig(temporary, format="png", dpi=fig.dpi)
     return output

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .fileio import append_json_line, json_line, write_json_atomically, write_text_atomically
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -31,35 +32,12 @@ class RunDirError(ValueError):
     """The run directory is unusable; the message names it and says why."""
 
 
-def write_json_atomically(path: Path, payload: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(payload, stream, indent=2, sort_keys=True)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def append_json_line(path: Path, record: Any) -> None:
-    line = json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n"
-    with open(path, "a", encoding="utf-8") as stream:
-        stream.write(line)
-        stream.flush()
-        os.fsync(stream.fileno())
-
-
 def read_json_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Complete records, and any torn lines (a crash in the middle of a write)."""
     if not path.exists():
         return [], []
     records, torn = [], []
-    for number, line in enumerate(path.read_text("utf-8").splitlines(), start=1):
+    for line in path.read_text("utf-8").splitlines():
         if not line.strip():
             continue
         try:
@@ -170,11 +148,5 @@ class RunDir:
             append_json_line(self.file(REWOUND), {**record, "rewound_to_step": step})
         for line in torn:
             append_json_line(self.file(REWOUND), {"torn_line": line, "rewound_to_step": step})
-        handle, temporary = tempfile.mkstemp(prefix=f".{METRICS}.", dir=self.path)
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            for record in keep:
-                stream.write(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
+        write_text_atomically(path, "".join(json_line(record) for record in keep))
         return len(moved) + len(torn)

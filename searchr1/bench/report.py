@@ -9,14 +9,14 @@ measure; the figure is met when every measure with a target is. Targets come fro
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .. import fileio
 
 SCHEMA_VERSION = 1
 
@@ -109,18 +109,7 @@ def bench_json(figures: list[Figure], *, quick: bool, seed: int, argv: list[str]
 
 def write_json_atomically(path: str | Path, payload: Any) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(payload, stream, indent=2, sort_keys=False)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    fileio.write_json_atomically(path, payload, sort_keys=False)
     return path
 
 

@@ -22,6 +22,7 @@ def golden(update: bool, only: str | None) -> None:
 
 
 def _golden(update: bool, only: str | None) -> None:
+    from ..fileio import write_text_atomically
     from ..golden import differences, dumps, generate, golden_path, scenario_paths
     from ..services import load_tokenizer
 
@@ -36,9 +37,7 @@ def _golden(update: bool, only: str | None) -> None:
         if update:
             text = dumps(fresh)
             if not target.is_file() or target.read_text("utf-8") != text:
-                temporary = target.with_name(f".{target.name}.tmp")
-                temporary.write_text(text, "utf-8")
-                temporary.replace(target)
+                write_text_atomically(target, text)
                 click.echo(f"wrote     {target}")
             continue
         if not target.is_file():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 
@@ -17,6 +15,7 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
     cassettes/specs/offline.json, then records cassettes/<backend>/offline.yaml for every
     backend through the real clients against the in-process fake services.
     """
+    from ..fileio import write_text_atomically
     from ..offline import build_offline_files, load_source
     from ..search.cassette_specs import build_cassettes
 
@@ -34,17 +33,10 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
         click.echo("offline files and cassettes are up to date")
         return
     for path in stale:
-        _write(path, files[path])
+        write_text_atomically(path, files[path])
         click.echo(f"wrote     {path}")
     if not no_cassettes:
         report = build_cassettes(only="offline")
         for path in report.written:
             click.echo(f"wrote     {path}")
     click.echo(f"{len(files) - len(stale)} generated file(s) were already up to date")
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, "utf-8")
-    temporary.replace(path)
