@@ -205,7 +205,10 @@ class ScriptedSampler:
         question_text, turns = _read_conversation(text)
         scripted = self._by_question.get(_normalise(question_text))
         if scripted is None:
-            raise ScenarioError(f"no scripted question matches the prompt's question {question_text!r}")
+            raise ScenarioError(
+                f"no scripted question matches the prompt's question {question_text!r} "
+                f"(turn {len(turns) + 1})"
+            )
         qid, turn = scripted.example.id, len(turns)
         if turn == 0:
             if num_samples > len(scripted.samples):

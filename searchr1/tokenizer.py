@@ -157,8 +157,8 @@ def read_chat_template(
     if verify and digest != TEMPLATE_SHA256:
         raise TokenizerSetupError(
             f"chat template {path} has sha256 {digest[:12]}…, expected the official "
-            f"Qwen3.5 template {TEMPLATE_SHA256[:12]}…; reinstall trl==1.16.0, or opt out with "
-            f"--no-template-check / {TEMPLATE_NO_CHECK_ENV}=1 if you changed it on purpose"
+            f"Qwen3.5 template {TEMPLATE_SHA256[:12]}…; reinstall trl==1.16.0, or set "
+            f"{TEMPLATE_NO_CHECK_ENV}=1 if you changed it on purpose"
         )
     return data.decode("utf-8")
 

@@ -385,3 +385,13 @@ def test_observation_tokens_in_the_prompt_are_those_the_template_renders(tokeniz
     tail = second.prompt_tokens[len(first.prompt_tokens) + len(first.completion_tokens):]
     closing = list(template_boundaries(tokenizer).closing)
     assert tail == closing[1:] + observation_tokens(tokenizer, t.searches[0].observation)
+
+
+def test_a_question_the_scenario_does_not_know_is_named_with_its_turn(tokenizer):
+    from searchr1.data import SearchExample
+
+    sc = scenario([question("q", [["Answer: France"]])])
+    stranger = SearchExample("x", "Who painted Guernica?", ("Picasso",), "nq")
+    with pytest.raises(ScenarioError, match=r"'Who painted Guernica\?' \(turn 1\)"):
+        rollout_batch(ScriptedSampler(sc, tokenizer), tokenizer, ScriptedSearch({}), [stranger],
+                      RolloutConfig(group_size=1, **FAST))
