@@ -45,8 +45,9 @@ class LazyGroup(click.Group):
 def main() -> None:
     """Search-R1 on PyTRIO: teach an LLM when to search, what to search for, and when to answer.
 
-    Everything runs offline by default (scripted sampler, recorded search cassettes, the exact
-    Qwen3.5 tokenizer); live runs need PYTRIO_API_KEY and a search backend key.
+    Live runs need PYTRIO_API_KEY and a search backend key. With --offline, train, eval and
+    rollout run the same code against offline twins (a scripted policy, a fake PyTRIO service,
+    recorded search cassettes) and the exact Qwen3.5 tokenizer: no key, no network.
     """
 
 
