@@ -21,7 +21,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .advantage import assign_group_advantages
@@ -472,6 +472,3 @@ def rollout_batch(sampling_client: Any, tokenizer: Any, search_client: SearchBac
     return asyncio.run(rollout_batch_async(sampling_client, tokenizer, search_client, examples,
                                            config, progress_callback, **kwargs))
 
-
-def with_overrides(config: RolloutConfig, **overrides: Any) -> RolloutConfig:
-    return replace(config, **overrides)

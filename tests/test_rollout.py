@@ -3,7 +3,6 @@ tokenizer, the scripted sampler and an in-memory search backend."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 import pytest

@@ -4,7 +4,6 @@ blindly."""
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from pathlib import Path
 

@@ -66,10 +66,6 @@ def rollout_config_from(kwargs: dict[str, Any], *, seed: int) -> RolloutConfig:
     return RolloutConfig(seed=seed, **values)
 
 
-def echo_error(message: str) -> None:
-    click.secho(f"error: {message}", fg="red", err=True)
-
-
 def run_guarded(function: Callable[[], Any]) -> Any:
     """Turn expected failures into one clear line and a non-zero exit (no traceback)."""
     from ..data import DataError
