@@ -253,6 +253,68 @@ def score_trajectory(trajectory: Trajectory) -> None:
     trajectory.exact_match = result.exact_match
 
 
+@dataclass(frozen=True)
+class PendingSearch:
+    """A valid tool call within budget, waiting for its search result."""
+
+    trajectory: Trajectory
+    messages_before_assistant: list[dict[str, Any]]
+    assistant_text: str
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    call_id: str
+    query: str
+
+
+def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Any,
+                      config: RolloutConfig) -> PendingSearch | None:
+    """Record one assistant turn; end the trajectory (answer, invalid call, a budget spent) or
+    return the search it asks for."""
+    trajectory.turns.append(turn)
+    text, tokens, prompt = turn.text, turn.completion_tokens, turn.prompt_tokens
+    parsed = parse_assistant(text)
+    messages_before = list(trajectory.messages)
+    trajectory.messages.append(assistant_message(text))
+    if parsed.kind == "answer":
+        trajectory.finish("answer", text)
+        return None
+    if parsed.kind == "invalid":
+        trajectory.finish("invalid", text)
+        return None
+    if trajectory.search_calls >= config.max_search_calls:
+        trajectory.finish("search_budget", text)
+        return None
+    if len(trajectory.turns) >= config.max_assistant_turns:
+        trajectory.finish("turn_budget", text)
+        return None
+    assert parsed.query is not None
+    base = len(prompt) + len(tokens) + len(missing_closing(tokenizer, tokens))
+    overhead = len(observation_tokens(tokenizer, "x"))
+    if base + overhead + 1 > config.max_trajectory_tokens:
+        trajectory.finish("token_budget", text)  # no observation could fit: skip the search
+        return None
+    call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
+    return PendingSearch(trajectory, messages_before, text, list(prompt), list(tokens), call_id, parsed.query)
+
+
+def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Any, config: RolloutConfig) -> None:
+    """Fit the result into the trajectory and stitch its next prompt, or end it on overflow."""
+    trajectory = pending.trajectory
+    fitted = fit_tool_content(tokenizer, pending.messages_before_assistant, pending.assistant_text,
+                              pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, config)
+    if fitted is None:
+        trajectory.finish("tool_overflow", pending.assistant_text)
+        return
+    trajectory.messages.append(tool_message(pending.call_id, fitted.content))
+    trajectory.searches.append(SearchRecord(
+        query=pending.query, ok=result.ok, observation=fitted.content, items=len(result.items),
+        error=result.error, cached=result.cached, truncated=fitted.truncated,
+    ))
+    trajectory.next_prompt_tokens = fitted.next_prompt
+    trajectory.search_calls += 1
+    trajectory.env_error = trajectory.env_error or not result.ok
+
+
 async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
     """Run concurrently; if one fails, cancel the rest and raise that error itself."""
     try:
@@ -366,8 +428,7 @@ class _Engine:
             except MalformedSampleError as error:
                 self._sampler_failed([trajectory], error)
                 return
-            trajectory.turns.append(AssistantTurn(prompt, tokens, logprobs, text, stop_reason))
-            await self.advance(trajectory, prompt, tokens, text)
+            await self.advance(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason))
             if trajectory.done:
                 self.finished(trajectory)
                 return
@@ -386,45 +447,11 @@ class _Engine:
                 return
             prompt = request.prompt_tokens
 
-    async def advance(self, trajectory: Trajectory, prompt: list[int], tokens: list[int], text: str) -> None:
+    async def advance(self, trajectory: Trajectory, turn: AssistantTurn) -> None:
         """Handle one assistant turn: end the trajectory, or search and stitch the next prompt."""
-        config = self.config
-        parsed = parse_assistant(text)
-        messages_before = list(trajectory.messages)
-        trajectory.messages.append(assistant_message(text))
-        if parsed.kind == "answer":
-            trajectory.finish("answer", text)
-            return
-        if parsed.kind == "invalid":
-            trajectory.finish("invalid", text)
-            return
-        if trajectory.search_calls >= config.max_search_calls:
-            trajectory.finish("search_budget", text)
-            return
-        if len(trajectory.turns) >= config.max_assistant_turns:
-            trajectory.finish("turn_budget", text)
-            return
-        assert parsed.query is not None
-        base = len(prompt) + len(tokens) + len(missing_closing(self.tokenizer, tokens))
-        overhead = len(observation_tokens(self.tokenizer, "x"))
-        if base + overhead + 1 > config.max_trajectory_tokens:
-            trajectory.finish("token_budget", text)  # no observation could fit: skip the search
-            return
-        call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
-        result = await self.search.search(parsed.query)
-        fitted = fit_tool_content(self.tokenizer, messages_before, text, prompt, tokens,
-                                  call_id, result, config)
-        if fitted is None:
-            trajectory.finish("tool_overflow", text)
-            return
-        trajectory.messages.append(tool_message(call_id, fitted.content))
-        trajectory.searches.append(SearchRecord(
-            query=parsed.query, ok=result.ok, observation=fitted.content, items=len(result.items),
-            error=result.error, cached=result.cached, truncated=fitted.truncated,
-        ))
-        trajectory.next_prompt_tokens = fitted.next_prompt
-        trajectory.search_calls += 1
-        trajectory.env_error = trajectory.env_error or not result.ok
+        pending = consume_assistant(trajectory, turn, self.tokenizer, self.config)
+        if pending is not None:
+            finish_search(pending, await self.search.search(pending.query), self.tokenizer, self.config)
 
 
 async def rollout_batch_async(

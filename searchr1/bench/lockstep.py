@@ -25,42 +25,26 @@ from typing import Any
 from ..advantage import assign_group_advantages
 from ..data import SearchExample
 from ..protocol import (
-    assistant_message,
     initial_messages,
-    missing_closing,
-    observation_tokens,
-    parse_assistant,
     stop_sequences,
     template_boundaries,
-    tool_message,
 )
 from ..rollout import (
     MalformedSampleError,
+    PendingSearch,
     RolloutConfig,
     SampleRequest,
-    fit_tool_content,
+    consume_assistant,
+    finish_search,
     make_request,
     read_sequence,
     sampling_seed,
     score_trajectory,
 )
 from ..search.types import SearchBackend
-from ..trajectory import AssistantTurn, SearchRecord, Trajectory
+from ..trajectory import AssistantTurn, Trajectory
 
 DEFAULT_SEARCH_CONCURRENCY = 16  # the seed's RolloutConfig.search_concurrency
-
-
-@dataclass(frozen=True)
-class PendingSearch:
-    """A tool call waiting for the round's search phase."""
-
-    trajectory: Trajectory
-    messages_before_assistant: list[dict[str, Any]]
-    assistant_text: str
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    call_id: str
-    query: str
 
 
 @dataclass
@@ -108,34 +92,11 @@ class LockstepRollout:
         return sequences
 
     def _consume(self, trajectory: Trajectory, prompt: list[int], sequence: Any) -> PendingSearch | None:
-        """Record one assistant turn; end the trajectory or return its pending search.
-
-        The same decisions, in the same order, as the engine's ``advance``."""
-        config = self.config
+        """Record one assistant turn; end the trajectory or return its pending search (the
+        engine's own ``consume_assistant``: only the scheduling differs)."""
         tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
-        trajectory.turns.append(AssistantTurn(prompt, tokens, logprobs, text, stop_reason))
-        parsed = parse_assistant(text)
-        messages_before = list(trajectory.messages)
-        trajectory.messages.append(assistant_message(text))
-        if parsed.kind == "answer":
-            trajectory.finish("answer", text)
-            return None
-        if parsed.kind == "invalid":
-            trajectory.finish("invalid", text)
-            return None
-        if trajectory.search_calls >= config.max_search_calls:
-            trajectory.finish("search_budget", text)
-            return None
-        if len(trajectory.turns) >= config.max_assistant_turns:
-            trajectory.finish("turn_budget", text)
-            return None
-        assert parsed.query is not None
-        base = len(prompt) + len(tokens) + len(missing_closing(self.tokenizer, tokens))
-        if base + len(observation_tokens(self.tokenizer, "x")) + 1 > config.max_trajectory_tokens:
-            trajectory.finish("token_budget", text)
-            return None
-        call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
-        return PendingSearch(trajectory, messages_before, text, list(prompt), list(tokens), call_id, parsed.query)
+        return consume_assistant(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason),
+                                 self.tokenizer, self.config)
 
     async def _resolve(self, pending: list[PendingSearch]) -> None:
         """All pending searches in a pool ``search_concurrency`` wide; the round waits for all."""
@@ -150,21 +111,7 @@ class LockstepRollout:
         results = await asyncio.gather(*(one(p.query) for p in pending))
         self.stats.searches += len(pending)
         for item, result in zip(pending, results):
-            trajectory = item.trajectory
-            fitted = fit_tool_content(self.tokenizer, item.messages_before_assistant, item.assistant_text,
-                                      item.prompt_tokens, item.completion_tokens, item.call_id, result,
-                                      self.config)
-            if fitted is None:
-                trajectory.finish("tool_overflow", item.assistant_text)
-                continue
-            trajectory.messages.append(tool_message(item.call_id, fitted.content))
-            trajectory.searches.append(SearchRecord(
-                query=item.query, ok=result.ok, observation=fitted.content, items=len(result.items),
-                error=result.error, cached=result.cached, truncated=fitted.truncated,
-            ))
-            trajectory.next_prompt_tokens = fitted.next_prompt
-            trajectory.search_calls += 1
-            trajectory.env_error = trajectory.env_error or not result.ok
+            finish_search(item, result, self.tokenizer, self.config)
 
     async def run(self, examples: Sequence[SearchExample]) -> list[Trajectory]:
         config = self.config
