@@ -154,7 +154,8 @@ TOOL_CALL_PATTERN = re.compile(
     r"<tool_call>\s*<function=search>\s*<parameter=query>\s*(.*?)\s*</parameter>\s*</function>\s*</tool_call>",
     re.DOTALL,
 )
-_TRAILING_STOP = re.compile(r"(?:\s*(?:<\|im_end\|>|<\|endoftext\|>))+\s*\Z")
+_STOP = r"(?:<\|im_end\|>|<\|endoftext\|>)"
+_TRAILING_STOP = re.compile(_STOP + r"(?:\s*" + _STOP + r")*\s*\Z")
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,17 @@ class ParsedAssistant:
     kind: str  # "tool" | "answer" | "invalid"
     content: str
     query: str | None = None
+    # The turn's text as classified: the sampled text without a trailing stop string. Whether
+    # the sampler returns ``<|im_end|>`` in ``text`` is the service's convention; everything
+    # downstream (messages, transcripts, the reward) uses this text, so it does not matter.
+    text: str = ""
+
+
+def without_stop_strings(text: str) -> str:
+    """``text`` without trailing ``<|im_end|>`` / ``<|endoftext|>`` strings (and the
+    whitespace around them)."""
+    match = _TRAILING_STOP.search(text)
+    return text[: match.start()] if match else text
 
 
 def parse_assistant(text: str) -> ParsedAssistant:
@@ -177,11 +189,11 @@ def parse_assistant(text: str) -> ParsedAssistant:
     """
     if not isinstance(text, str):
         text = "" if text is None else str(text)
-    body = _TRAILING_STOP.sub("", text)
+    body = without_stop_strings(text)
     if "<tool_call>" not in body:
-        return ParsedAssistant("answer", body.strip())
+        return ParsedAssistant("answer", body.strip(), text=body)
     matches = list(TOOL_CALL_PATTERN.finditer(body))
-    invalid = ParsedAssistant("invalid", body.strip())
+    invalid = ParsedAssistant("invalid", body.strip(), text=body)
     if len(matches) != 1 or body.count("<tool_call>") != 1 or body.count("</tool_call>") != 1:
         return invalid
     match = matches[0]
@@ -190,7 +202,7 @@ def parse_assistant(text: str) -> ParsedAssistant:
     query = match.group(1).strip()
     if not query or "<" in query or ">" in query:
         return invalid
-    return ParsedAssistant("tool", body[: match.start()].strip(), query)
+    return ParsedAssistant("tool", body[: match.start()].strip(), query, text=body)
 
 
 # --------------------------------------------------------------------------- stitching

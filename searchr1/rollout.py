@@ -271,8 +271,9 @@ def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: An
     """Record one assistant turn; end the trajectory (answer, invalid call, a budget spent) or
     return the search it asks for."""
     trajectory.turns.append(turn)
-    text, tokens, prompt = turn.text, turn.completion_tokens, turn.prompt_tokens
-    parsed = parse_assistant(text)
+    tokens, prompt = turn.completion_tokens, turn.prompt_tokens
+    parsed = parse_assistant(turn.text)
+    text = parsed.text  # the one place that decides what the turn said (no stop string)
     messages_before = list(trajectory.messages)
     trajectory.messages.append(assistant_message(text))
     if parsed.kind == "answer":
