@@ -55,17 +55,23 @@ def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary) ->
 
 
 def datum_metrics(
-    datums: Sequence[TrainingDatum], micro_batches: Sequence[Sequence[TrainingDatum]]
+    datums: Sequence[TrainingDatum], micro_batches: Sequence[Sequence[TrainingDatum]] | None = None
 ) -> dict[str, float]:
-    padded = [len(batch) * max(d.num_tokens for d in batch) for batch in micro_batches if batch]
-    return {
+    """Sizes of the step's datums; with ``micro_batches`` (manual accumulation only: the
+    default sends one call and lets PyTRIO split it) also the seed's packing metrics."""
+    metrics = {
         "train/datums_per_rollout_batch": float(len(datums)),
-        "train/micro_batches_per_step": float(len(micro_batches)),
         "train/tokens_per_rollout_batch": float(sum(d.num_tokens for d in datums)),
         "train/loss_tokens_per_rollout_batch": float(sum(d.loss_tokens for d in datums)),
-        "train/padded_tokens_per_rollout_batch": float(sum(padded)),
-        "train/max_micro_batch_padded_tokens": float(max(padded, default=0)),
     }
+    if micro_batches is not None:
+        padded = [len(batch) * max(d.num_tokens for d in batch) for batch in micro_batches if batch]
+        metrics.update({
+            "train/micro_batches_per_step": float(len(micro_batches)),
+            "train/padded_tokens_per_rollout_batch": float(sum(padded)),
+            "train/max_micro_batch_padded_tokens": float(max(padded, default=0)),
+        })
+    return metrics
 
 
 def trainer_metrics(outputs: Sequence[Mapping[str, float]]) -> dict[str, float]:

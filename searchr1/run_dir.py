@@ -47,6 +47,19 @@ def read_json_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return records, torn
 
 
+def recorded_checkpoints(root: Path) -> dict[str, Path]:
+    """Every checkpoint name recorded by a run directory directly under ``root``, with the
+    ``checkpoints.jsonl`` that records it."""
+    names: dict[str, Path] = {}
+    if not root.is_dir():
+        return names
+    for ledger in sorted(root.glob(f"*/{CHECKPOINTS}")):
+        for entry in read_json_lines(ledger)[0]:
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                names.setdefault(entry["name"], ledger)
+    return names
+
+
 @dataclass(frozen=True)
 class ResumePoint:
     step: int                # steps completed when the checkpoint was taken

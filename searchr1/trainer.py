@@ -69,6 +69,9 @@ class TrainConfig:
     offline: bool = False
     data_sha256: str = ""
     code_version: str = __version__
+    # A random id drawn when the run starts and kept by --resume: it is part of every
+    # checkpoint name, so two runs with the same --run-name never save under the same name.
+    run_id: str = ""
 
     def __post_init__(self) -> None:
         import re
@@ -90,6 +93,19 @@ class TrainConfig:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def checkpoint_prefix(self) -> str:
+        """What every checkpoint name of this run starts with: ``<run-name>-<run-id>-``."""
+        return f"{self.run_name}-{self.run_id}-" if self.run_id else f"{self.run_name}-"
+
+    def checkpoint_name(self, completed_steps: int, session: int = 0) -> str:
+        """The name of the checkpoint taken after ``completed_steps`` steps in the run's
+        ``session``-th start (0 fresh, 1 after the first ``--resume``...). One start saves at
+        most once per step count, and the session tells apart a save that a crash left half
+        written from its retry after the resume, so no name is ever reused (no ``overwrite``)."""
+        name = f"{self.checkpoint_prefix}step-{completed_steps:06d}"
+        return f"{name}-resume{session}" if session else name
+
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> TrainConfig:
         values = dict(payload)
@@ -99,6 +115,13 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"config.json holds unknown fields {unknown}; written by another version?")
         return cls(**values)
+
+
+def new_run_id() -> str:
+    """Eight random hex digits: the part of checkpoint names that tells runs apart."""
+    import secrets
+
+    return secrets.token_hex(4)
 
 
 class TrainingStopped(RuntimeError):
@@ -168,6 +191,7 @@ class Trainer:
         self.logger = logger
         self.training_client: Any = None
         self.last_saved_step: int | None = None
+        self.session = 0  # how many times this run was resumed (part of checkpoint names)
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -185,20 +209,28 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------
 
-    async def _update(self, datums: list[TrainingDatum]) -> tuple[list[dict[str, float]], dict[str, float], int]:
-        """forward_backward (as configured) and one optim_step; returns metrics and #calls."""
+    def _micro_batches(self, datums: list[TrainingDatum]) -> list[list[TrainingDatum]]:
+        """The seed's first-fit-decreasing micro-batches (manual accumulation only)."""
+        config = self.config
+        return pack_micro_batches(
+            datums, max_datum_tokens=config.rollout.max_trajectory_tokens,
+            max_items=config.max_micro_batch_items, max_padded_tokens=config.max_micro_batch_padded_tokens,
+        )
+
+    async def _update(
+        self, datums: list[TrainingDatum], micro_batches: list[list[TrainingDatum]] | None,
+    ) -> tuple[list[dict[str, float]], dict[str, float], int]:
+        """forward_backward (one call, or one per micro-batch with n_k/N weights) and one
+        optim_step; returns metrics and the number of forward_backward calls."""
         import pytrio as trio
 
         client = self.training_client
         config = self.config
-        if config.accumulation == "sdk":
+        if micro_batches is None:
             calls = [[item.datum for item in datums]]
         else:
-            batches = pack_micro_batches(
-                datums, max_datum_tokens=config.rollout.max_trajectory_tokens,
-                max_items=config.max_micro_batch_items, max_padded_tokens=config.max_micro_batch_padded_tokens,
-            )
-            calls = [[item.datum for item in weight_micro_batch_for_global_mean(batch, len(datums))] for batch in batches]
+            calls = [[item.datum for item in weight_micro_batch_for_global_mean(batch, len(datums))]
+                     for batch in micro_batches]
         outputs = []
         for data in calls:
             future = await client.forward_backward_async(data, loss_fn="importance_sampling")
@@ -222,17 +254,14 @@ class Trainer:
         groups = summarize_groups(trajectories, keep_env_failures=config.keep_env_failures)
         datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
-        micro_batches = pack_micro_batches(
-            datums, max_datum_tokens=config.rollout.max_trajectory_tokens,
-            max_items=config.max_micro_batch_items, max_padded_tokens=config.max_micro_batch_padded_tokens,
-        )
+        micro_batches = self._micro_batches(datums) if config.accumulation == "manual" else None
         metrics: dict[str, float] = {}
         metrics.update(rollout_metrics(trajectories, groups))
         metrics.update(datum_metrics(datums, micro_batches))
         metrics["train/datums_dropped_out_of_vocab"] = float(dropped)
         train_started = time.perf_counter()
         if datums:
-            outputs, optim_metrics, calls = await self._update(datums)
+            outputs, optim_metrics, calls = await self._update(datums, micro_batches)
             metrics.update(trainer_metrics(outputs))
             metrics.update(optim_metrics)
         else:
@@ -250,12 +279,14 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------
 
-    async def save(self, name: str, completed: int) -> dict[str, Any]:
+    async def save(self, completed: int, *, final: bool = False) -> dict[str, Any]:
         client = self.training_client
-        state = await (await client.save_state_async(name=f"{name}-state", overwrite=True))
+        name = self.config.checkpoint_name(completed, self.session)
+        state = await (await client.save_state_async(name=f"{name}-state", overwrite=False))
         weights = await (await client.save_weights_for_sampler_async(name=f"{name}-weights"))
         entry = {
             "name": name,
+            "final": final,
             "step": completed,
             "cursor": completed * self.config.questions_per_batch,
             "state_path": state.path,
@@ -275,6 +306,9 @@ class Trainer:
 
         config = self.config
         first = self._connect(resume)
+        if resume is not None:
+            self.session = int(self.run.state().get("session", 0)) + 1
+            self.run.write_state({**self.run.state(), "session": self.session})
         rewound = self.run.rewind_to(first)
         if rewound:
             self.reporter.note(f"resuming at step {first}: {rewound} later metrics line(s) moved to metrics.rewound.jsonl")
@@ -289,16 +323,17 @@ class Trainer:
                     self.logger(step, metrics)
                 self.reporter.end_step(step, metrics)
                 if config.save_every and completed % config.save_every == 0:
-                    await self.save(f"{config.run_name}-step-{completed:06d}", completed)
+                    await self.save(completed)
                 self.run.write_state({
                     "step": completed,
                     "cursor": completed * config.questions_per_batch,
                     "seed": config.seed,
                     "last_checkpoint": self.last_saved_step,
                     "max_steps": config.max_steps,
+                    "session": self.session,
                 })
             if self.last_saved_step != completed:
-                await self.save(f"{config.run_name}-final", completed)
+                await self.save(completed, final=True)
                 self.run.write_state({**self.run.state(), "last_checkpoint": completed})
         except SamplerFailureError as error:
             raise TrainingStopped(f"stopped in step {completed}: {error}", step=completed,

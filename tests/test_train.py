@@ -40,10 +40,11 @@ def test_offline_training_writes_a_line_per_step_and_checkpoints(tmp_path):
         assert {"reward/mean", "reward/correct", "reward/format", "rollout/degenerate_group_rate",
                 "train/tokens_sent", "time/step_seconds", "search/success_rate"} <= set(line)
         assert line["rollout/trajectories"] == 16
-    names = [c["name"] for c in run.checkpoints()]
-    assert names == ["search-r1-qwen35-4b-step-000002", "search-r1-qwen35-4b-final"]
-    assert run.state()["step"] == 3 and run.state()["cursor"] == 12
     config = json.loads((run_dir / "config.json").read_text())
+    prefix = f"search-r1-qwen35-4b-{config['run_id']}-"
+    assert [(c["name"], c["final"]) for c in run.checkpoints()] == [
+        (prefix + "step-000002", False), (prefix + "step-000003", True)]
+    assert run.state()["step"] == 3 and run.state()["cursor"] == 12
     assert config["offline"] is True and config["rollout"]["group_size"] == 4
 
 
@@ -51,7 +52,7 @@ def test_the_final_save_does_not_duplicate_the_last_periodic_one(tmp_path):
     run_dir = tmp_path / "run"
     code, output = train("--max-steps", "2", "--save-every", "2", "--run-dir", str(run_dir))
     assert code == 0, output
-    assert [c["name"] for c in RunDir(run_dir).checkpoints()] == ["search-r1-qwen35-4b-step-000002"]
+    assert [c["step"] for c in RunDir(run_dir).checkpoints()] == [2]
 
 
 def test_both_accumulation_modes_train(tmp_path):
@@ -111,6 +112,42 @@ def test_resume_may_raise_max_steps(tmp_path):
     code, output = train("--resume", str(run_dir), "--max-steps", "3")
     assert code == 0, output
     assert [m["step"] for m in RunDir(run_dir).metrics()] == [0, 1, 2]
+
+
+def test_two_fresh_runs_never_share_a_checkpoint_name_and_a_resume_keeps_its_runs_names(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for run_dir in (first, second):  # default --run-name for both
+        assert train("--max-steps", "2", "--save-every", "1", "--run-dir", str(run_dir))[0] == 0
+    assert train("--resume", str(first), "--max-steps", "3")[0] == 0
+    names = {run_dir: [c["name"] for c in RunDir(run_dir).checkpoints()] for run_dir in (first, second)}
+    assert not set(names[first]) & set(names[second])
+    prefix = names[first][0].rsplit("step-", 1)[0]
+    assert prefix != names[second][0].rsplit("step-", 1)[0]
+    assert len(names[first]) == 3 and all(name.startswith(prefix) for name in names[first])
+    assert len(set(names[first])) == 3
+
+
+def test_a_fresh_run_whose_checkpoint_names_are_already_recorded_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr("searchr1.trainer.new_run_id", lambda: "cafe0001")
+    assert train("--max-steps", "1", "--run-dir", str(tmp_path / "first"))[0] == 0
+    code, output = train("--max-steps", "1", "--run-dir", str(tmp_path / "second"))
+    assert code == 1 and "cafe0001" in output and "first" in output
+    assert not (tmp_path / "second").exists()
+
+
+def test_a_trajectory_budget_beyond_the_seeds_packer_limit_trains_with_one_call_per_step(tmp_path):
+    code, output = train("--max-steps", "1", "--max-trajectory-tokens", "70000", "--run-dir", str(tmp_path / "r"))
+    assert code == 0, output
+    assert RunDir(tmp_path / "r").metrics()[0]["train/forward_backward_calls"] == 1
+
+
+@pytest.mark.parametrize("flag", [["--temperature", "0.7"], ["--top-p", "0.9"]])
+def test_training_refuses_a_sampling_distribution_the_importance_ratio_cannot_use(tmp_path, flag):
+    code, output = train("--max-steps", "1", *flag, "--run-dir", str(tmp_path / "r"))
+    assert code == 2 and "--allow-tempered-sampling" in output
+    assert not (tmp_path / "r").exists()
+    code, output = train("--max-steps", "1", *flag, "--allow-tempered-sampling", "--run-dir", str(tmp_path / "r"))
+    assert code == 0, output
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ from .options import rollout_config_from, rollout_options, run_guarded
 
 OFFLINE_DEFAULT_STEPS = 4
 # Flags that may differ when a run is resumed (everything else is fixed by config.json).
-RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "swanlab_project", "quiet", "chat_template"}
+RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "swanlab_project", "quiet", "chat_template",
+                   "allow_tempered_sampling"}
 
 
 @click.command(context_settings={"show_default": True})
@@ -54,6 +55,9 @@ RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "swanlab_project", "qu
 @click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
               help="Another copy of the Qwen3.5 chat template (checked by sha256).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@click.option("--allow-tempered-sampling", is_flag=True,
+              help="Accept --temperature/--top-p other than 1. The importance ratio then uses logprobs of a "
+                   "tempered or truncated distribution instead of the trained policy's, which biases the update.")
 @search_options(default_backend="deepseek")
 @click.pass_context
 def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
@@ -78,7 +82,7 @@ def _explicit(ctx: click.Context) -> set[str]:
 def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) -> None:
     from ..data import file_sha256, shuffled_examples
     from ..offline import TRAIN
-    from ..run_dir import RunDir
+    from ..run_dir import RunDir, recorded_checkpoints
     from ..services import (
         check_base_model,
         check_search_keys,
@@ -89,7 +93,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         offline_service,
         search_backend,
     )
-    from ..trainer import TrainConfig, Trainer, TrainingStopped
+    from ..trainer import TrainConfig, Trainer, TrainingStopped, new_run_id
 
     explicit = _explicit(ctx)
     resume_dir: Path | None = kwargs.pop("resume")
@@ -127,17 +131,31 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
             raise click.ClickException(f"training data {data} does not exist; {hint}")
         if not offline:
             check_base_model(kwargs["base_model"])
+        allow_tempered = kwargs.pop("allow_tempered_sampling")
         rollout = rollout_config_from(kwargs, seed=kwargs["seed"])
         if rollout.temperature != 1.0 or rollout.top_p != 1.0:
-            click.secho("warning: importance ratios assume the sampler's logprobs match the trainer's; "
-                        "temperature and top-p other than 1 bias them", fg="yellow", err=True)
+            if not allow_tempered:
+                raise click.UsageError(
+                    f"--temperature {rollout.temperature} / --top-p {rollout.top_p}: the importance-sampling "
+                    "loss divides by the sampler's logprobs, which then belong to a tempered or truncated "
+                    "distribution, not the policy being trained; keep both at 1 or pass "
+                    "--allow-tempered-sampling to accept the bias")
+            click.secho("warning: --allow-tempered-sampling: importance ratios are biased by temperature/top-p",
+                        fg="yellow", err=True)
         run_dir = kwargs.pop("run_dir") or _free_run_dir(Path("runs"), kwargs["run_name"])
         config = TrainConfig(
             data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data),
             search={**describe_search(search, offline=offline), "options": _search_options_record(search)},
-            **kwargs,
+            run_id=new_run_id(), **kwargs,
         )
         run = RunDir(run_dir)
+        taken = sorted(name for name in recorded_checkpoints(run.path.parent)
+                       if name.startswith(config.checkpoint_prefix))
+        if taken:
+            raise click.ClickException(
+                f"checkpoint names starting with {config.checkpoint_prefix!r} are already recorded in "
+                f"{recorded_checkpoints(run.path.parent)[taken[0]]}; saving under them would overwrite "
+                "that run's checkpoints on PyTRIO")
     # Everything bad input can break, before PyTRIO is contacted and before a new run
     # directory is written: the data (a malformed line names file:line), the tokenizer and
     # chat template, the search keys; then the PyTRIO key and connection.
