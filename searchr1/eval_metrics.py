@@ -46,6 +46,8 @@ COMPARABLE_CONFIG_FIELDS = (
     "search_timeout",
     "search_model",
     "dataset_sha256",
+    "system_prompt",
+    "tool_description",
 )
 
 

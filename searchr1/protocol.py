@@ -18,20 +18,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-SEARCH_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "search",
-        "description": "Look up evidence on the web. Pass one short English query.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "A short English search query."}
+DEFAULT_TOOL_DESCRIPTION = "Look up evidence on the web. Pass one short English query."
+BUDGET_PLACEHOLDER = "{max_search_calls}"
+
+
+def search_tool(description: str | None = None) -> dict[str, Any]:
+    """The ``search`` function schema shown to the model (``--tool-description`` replaces its
+    description; the name and the single required ``query`` string are the protocol)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": DEFAULT_TOOL_DESCRIPTION if description is None else description,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "A short English search query."}
+                },
+                "required": ["query"],
             },
-            "required": ["query"],
         },
-    },
-}
+    }
+
+
+SEARCH_TOOL: dict[str, Any] = search_tool()
 
 _PROMPT_HEAD = """\
 You answer factual questions. A `search` tool returns short passages from the web.
@@ -55,17 +65,26 @@ Answer: France"""
 SYSTEM_PROMPT = _PROMPT_HEAD + "\n" + _PROMPT_EXAMPLE
 
 
-def system_prompt(max_search_calls: int | None = None) -> str:
-    """The system prompt; with a budget it also tells the model how many searches it has."""
+def system_prompt(max_search_calls: int | None = None, template: str | None = None) -> str:
+    """The system prompt; with a budget it also tells the model how many searches it has.
+
+    ``template`` (``--system-prompt-file``) replaces the default wording; the text
+    ``{max_search_calls}`` in it, if present, becomes the budget (nothing else is substituted,
+    so other braces stay as written).
+    """
+    if template is not None:
+        budget = "" if max_search_calls is None else str(max_search_calls)
+        return template.replace(BUDGET_PLACEHOLDER, budget)
     if max_search_calls is None:
         return SYSTEM_PROMPT
     return _PROMPT_HEAD + "\n" + _PROMPT_BUDGET.format(n=max_search_calls) + "\n" + _PROMPT_EXAMPLE
 
 
-def initial_messages(question: str, *, max_search_calls: int | None = None) -> list[dict[str, Any]]:
+def initial_messages(question: str, *, max_search_calls: int | None = None,
+                     system_template: str | None = None) -> list[dict[str, Any]]:
     """System prompt plus the question, passed as it is."""
     return [
-        {"role": "system", "content": system_prompt(max_search_calls)},
+        {"role": "system", "content": system_prompt(max_search_calls, system_template)},
         {"role": "user", "content": question},
     ]
 
@@ -118,13 +137,14 @@ def _as_token_list(rendered: Any) -> list[int]:
     return [int(token) for token in rendered]
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
-    """Token ids of ``messages`` under the model's chat template, with the search tool and
-    thinking disabled (the generation prompt then ends with an empty think block)."""
+def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+           tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of ``messages`` under the model's chat template, with the search tool (or
+    ``tools``) and thinking disabled (the generation prompt then ends with an empty think block)."""
     RENDERS.bump()
     rendered = tokenizer.apply_chat_template(
         messages,
-        tools=[SEARCH_TOOL],
+        tools=tools or [SEARCH_TOOL],
         tokenize=True,
         add_generation_prompt=add_generation_prompt,
         enable_thinking=False,
@@ -133,19 +153,21 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt
     return _as_token_list(rendered)
 
 
-def render_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+def render_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None = None) -> str:
     RENDERS.bump()
     return tokenizer.apply_chat_template(
         messages,
-        tools=[SEARCH_TOOL],
+        tools=tools or [SEARCH_TOOL],
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         enable_thinking=False,
     )
 
 
-def build_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    return render(tokenizer, messages, add_generation_prompt=True)
+def build_prompt(tokenizer: Any, messages: list[dict[str, Any]],
+                 tools: list[dict[str, Any]] | None = None) -> list[int]:
+    return render(tokenizer, messages, add_generation_prompt=True, tools=tools)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -309,6 +331,7 @@ def build_next_prompt(
     previous_prompt_tokens: Sequence[int],
     completion_tokens: Sequence[int],
     next_tool_message: dict[str, Any],
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """``previous prompt + completion (as sampled) + missing closing + observation``.
 
@@ -320,8 +343,9 @@ def build_next_prompt(
     right after a special token, so its tokens are the ones a full render would produce.
     """
     with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
-    assistant_end = render_text(tokenizer, with_assistant, add_generation_prompt=False)
-    next_prompt = render_text(tokenizer, with_assistant + [next_tool_message], add_generation_prompt=True)
+    assistant_end = render_text(tokenizer, with_assistant, add_generation_prompt=False, tools=tools)
+    next_prompt = render_text(tokenizer, with_assistant + [next_tool_message], add_generation_prompt=True,
+                              tools=tools)
     if not next_prompt.startswith(assistant_end):
         raise TemplateDriftError(
             "the chat template rewrote earlier history after the tool observation was added "

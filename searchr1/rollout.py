@@ -34,7 +34,9 @@ from .protocol import (
     missing_closing,
     observation_tokens,
     parse_assistant,
+    search_tool,
     stop_sequences,
+    system_prompt,
     template_boundaries,
     tool_message,
 )
@@ -71,6 +73,18 @@ class RolloutConfig:
     tool_overflow: str = "truncate"
     # Tell the model its search budget in the system prompt (the seed did not).
     state_search_budget: bool = True
+    # The user's own wording (--system-prompt-file, --tool-description); None = the default.
+    system_prompt: str | None = None
+    tool_description: str | None = None
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return [search_tool(self.tool_description)]
+
+
+def effective_system_prompt(config: RolloutConfig) -> str:
+    """The system message every trajectory of ``config`` starts with."""
+    return system_prompt(config.max_search_calls if config.state_search_budget else None, config.system_prompt)
 
     def __post_init__(self) -> None:
         positive = ("group_size", "max_assistant_turns", "max_trajectory_tokens",
@@ -121,7 +135,7 @@ def make_request(
     if trajectory.next_prompt_tokens is not None:
         prompt = trajectory.next_prompt_tokens
     else:
-        prompt = build_prompt(tokenizer, trajectory.messages)
+        prompt = build_prompt(tokenizer, trajectory.messages, tools=config.tools)
     max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))
     if max_tokens <= 0:
         trajectory.finish("prompt_too_long" if not trajectory.turns else "token_budget")
@@ -232,6 +246,7 @@ def fit_tool_content(
         previous_prompt_tokens,
         completion_tokens,
         tool_message(call_id, content),
+        tools=config.tools,
     )
     return FittedObservation(content, next_prompt, truncated)
 
@@ -386,7 +401,7 @@ class _Engine:
     async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
         config = self.config
         budget = config.max_search_calls if config.state_search_budget else None
-        messages = initial_messages(example.question, max_search_calls=budget)
+        messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
         branches = [
             Trajectory(example, question_index, g, [dict(m) for m in messages])
             for g in range(config.group_size)

@@ -119,6 +119,7 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
     The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
     from ..data import file_sha256
     from ..offline import SCENARIO
+    from ..rollout import effective_system_prompt
     from ..services import describe_search
 
     described = describe_search(search, offline=offline)
@@ -136,6 +137,8 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
         "sampling": {"temperature": rollout.temperature, "top_p": rollout.top_p, "seed": rollout.seed,
                      "max_tokens": rollout.max_assistant_tokens},
         "rollout": asdict(rollout),
+        "system_prompt": effective_system_prompt(rollout),
+        "tool_description": rollout.tools[0]["function"]["description"],
         "dataset": str(data),
         "dataset_sha256": file_sha256(data),
         "manifest_sha256": _manifest_sha256(data),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -12,7 +13,7 @@ from ..rollout import TOOL_OVERFLOW_MODES, RolloutConfig
 ROLLOUT_OPTION_NAMES = (
     "group_size", "max_search_calls", "max_assistant_turns", "max_trajectory_tokens",
     "max_assistant_tokens", "max_tool_response_tokens", "temperature", "top_p",
-    "sampling_concurrency", "sample_timeout", "sample_retries", "tool_overflow",
+    "sampling_concurrency", "sample_timeout", "sample_retries", "tool_overflow", "tool_description",
 )
 
 
@@ -50,6 +51,12 @@ def rollout_options(*, group_size: int = 8, temperature: float = 1.0) -> Callabl
                      help="Retries of a retryable sampling failure."),
         click.option("--tool-overflow", type=click.Choice(TOOL_OVERFLOW_MODES), default="truncate", show_default=True,
                      help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed)."),
+        click.option("--system-prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     default=None,
+                     help="Use this file's text as the system prompt ({max_search_calls} in it becomes the search "
+                          "budget) instead of the project's wording; recorded in config.json and eval summaries."),
+        click.option("--tool-description", default=None, metavar="TEXT",
+                     help="Description of the search tool shown to the model [default: the project's wording]."),
     ]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,9 +67,23 @@ def rollout_options(*, group_size: int = 8, temperature: float = 1.0) -> Callabl
     return decorate
 
 
+def read_system_prompt(path: Path | None) -> str | None:
+    """The text of ``--system-prompt-file`` (``None`` keeps the default wording)."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise click.BadParameter(f"cannot read {path}: {error}", param_hint="--system-prompt-file") from None
+    if not text.strip():
+        raise click.BadParameter(f"{path} is empty", param_hint="--system-prompt-file")
+    return text
+
+
 def rollout_config_from(kwargs: dict[str, Any], *, seed: int) -> RolloutConfig:
     """Pop the rollout flags out of a command's kwargs into a :class:`RolloutConfig`."""
     values = {name: kwargs.pop(name) for name in ROLLOUT_OPTION_NAMES}
+    values["system_prompt"] = read_system_prompt(kwargs.pop("system_prompt_file"))
     return RolloutConfig(seed=seed, **values)
 
 
