@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "plot": "searchr1.commands.plot:plot",
     "bench": "searchr1.commands.bench:bench",
     "eval": "searchr1.commands.eval:eval_command",
+    "show": "searchr1.commands.show:show",
 }
 
 

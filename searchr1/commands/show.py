@@ -1,0 +1,199 @@
+"""``python cli.py show``: read transcripts in the terminal, or write them as one HTML page.
+
+The source is a run directory (its ``transcripts.jsonl``: a sample of every training step), a
+``transcripts.jsonl`` itself, or an eval JSONL file (one transcript per question).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+DEFAULT_LIMIT = 20
+
+
+class StepType(click.ParamType):
+    """A step number (>= 0) or ``all``."""
+
+    name = "N|all"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or value == "all":
+            return value
+        text = str(value).strip().lower()
+        if text == "all":
+            return "all"
+        try:
+            number = int(text)
+        except ValueError:
+            self.fail(f"{value!r} is neither a step number nor 'all'", param, ctx)
+        if number < 0:
+            self.fail(f"steps count from 0, got {number}", param, ctx)
+        return number
+
+
+@dataclass
+class Selection:
+    heading: str
+    sections: list[tuple[str | None, list[dict[str, Any]]]]
+    notes: list[str] = field(default_factory=list)
+    shown: int = 0
+    available: int = 0
+
+
+def _describe_config(config: dict[str, Any] | None) -> str | None:
+    if not config:
+        return None
+    offline = bool(config.get("offline"))
+    backend = config.get("search_backend") or (config.get("search") or {}).get("backend")
+    model = config.get("model_path") or config.get("base_model")
+    parts = ["OFFLINE twin (scripted policy, cassette search)" if offline else "live"]
+    if model:
+        parts.append(f"model {model}")
+    if backend:
+        parts.append(f"search {backend}")
+    return ", ".join(parts)
+
+
+def _step_ranges(steps: list[int]) -> str:
+    """``0-3, 7, 9-10``."""
+    ranges: list[str] = []
+    start = previous = None
+    for step in steps + [None]:  # type: ignore[list-item]
+        if start is not None and (step is None or step != previous + 1):
+            ranges.append(str(start) if start == previous else f"{start}-{previous}")
+            start = None
+        if step is not None and start is None:
+            start = step
+        previous = step
+    return ", ".join(ranges)
+
+
+def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | str | None,
+                    limit: int) -> Selection:
+    from ..transcripts import read_run_transcripts
+
+    found = read_run_transcripts(transcripts_path)
+    if not found.by_step:
+        raise click.ClickException(f"{transcripts_path} holds no transcripts yet")
+    steps = found.steps
+    if step is None:
+        chosen = [steps[-1]]
+    elif step == "all":
+        chosen = steps
+    elif step in found.by_step:
+        chosen = [int(step)]
+    else:
+        raise click.ClickException(
+            f"step {step} has no transcripts in {transcripts_path}; recorded steps: {_step_ranges(steps)}"
+        )
+    config = None
+    if run_dir is not None and (run_dir / "config.json").is_file():
+        try:
+            config = json.loads((run_dir / "config.json").read_text("utf-8"))
+        except json.JSONDecodeError:
+            config = None
+    name = (config or {}).get("run_name") or (run_dir.name if run_dir else transcripts_path.parent.name)
+    sections: list[tuple[str | None, list[dict[str, Any]]]] = []
+    remaining = limit
+    for number in chosen:
+        records = found.by_step[number][:remaining]
+        remaining -= len(records)
+        if records:
+            sections.append((f"step {number}", records))
+    available = sum(len(found.by_step[s]) for s in chosen)
+    shown = sum(len(records) for _, records in sections)
+    notes = [f"source: {transcripts_path}", f"steps recorded: {_step_ranges(steps)}"]
+    described = _describe_config(config if isinstance(config, dict) else None)
+    if described:
+        notes.append(described)
+    if found.torn_lines:
+        notes.append(f"skipped unreadable line(s) {', '.join(map(str, found.torn_lines[:10]))}")
+    return Selection(f"Transcripts of run {name}", sections, notes, shown, available)
+
+
+def select_from_eval(path: Path, limit: int) -> Selection:
+    from ..transcripts import read_eval_transcripts
+
+    config, records = read_eval_transcripts(path)
+    if not records:
+        raise click.ClickException(f"{path} holds no transcripts (no trajectory records)")
+    shown = records[:limit]
+    notes = [f"source: {path}"]
+    described = _describe_config(config)
+    if described:
+        notes.append(described)
+    return Selection(f"Eval transcripts: {path.name}", [(None, shown)], notes, len(shown), len(records))
+
+
+def load_selection(source: Path, step: int | str | None, limit: int) -> Selection:
+    from ..transcripts import TRANSCRIPTS_FILE, TranscriptFileError, is_run_transcript_file
+
+    try:
+        if source.is_dir():
+            path = source / TRANSCRIPTS_FILE
+            if not path.is_file():
+                raise click.ClickException(
+                    f"{source} has no {TRANSCRIPTS_FILE}: not a run directory, or a run that has not "
+                    "finished a step (or was trained before transcripts were recorded)"
+                )
+            return select_from_run(path, source, step, limit)
+        if is_run_transcript_file(source):
+            return select_from_run(source, source.parent, step, limit)
+        if step is not None:
+            raise click.UsageError(f"--step applies to a run's transcripts; {source} is an eval file (no steps)")
+        return select_from_eval(source, limit)
+    except (TranscriptFileError, UnicodeDecodeError) as error:
+        raise click.ClickException(f"{source}: {error}" if isinstance(error, UnicodeDecodeError) else str(error))
+
+
+@click.command("show")
+@click.argument("source", type=click.Path(exists=True, path_type=Path), metavar="RUN_DIR|EVAL_FILE")
+@click.option("--step", type=StepType(), default=None,
+              help="Training step to show, or 'all' [default: the last step with transcripts]. Run directories only.")
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
+              help="Show at most this many transcripts.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write one self-contained HTML page here instead of printing.")
+@click.option("--full", is_flag=True, help="Print long turns and observations whole (the page always has them whole).")
+def show(source: Path, step: int | str | None, limit: int, html_path: Path | None, full: bool) -> None:
+    """Read what the model did: turns, queries, observations, reward, EM and how each
+    trajectory ended.
+
+    \b
+    python cli.py show runs/offline-demo                  the last step's sample
+    python cli.py show runs/offline-demo --step all --html run.html
+    python cli.py show eval_result/offline_base.jsonl --limit 5
+    """
+    selection = load_selection(source, step, limit)
+    cut = selection.available - selection.shown
+    if cut > 0:
+        selection.notes.append(f"showing {selection.shown} of {selection.available} transcripts (--limit {limit})")
+    if html_path is not None:
+        from ..fileio import write_text_atomically
+        from ..transcript_html import transcript_page
+
+        page = transcript_page(selection.sections, heading=selection.heading, notes=selection.notes)
+        write_text_atomically(html_path, page)
+        click.echo(f"wrote {html_path} ({selection.shown} transcripts)")
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    from ..transcript_view import print_transcripts, printable
+
+    console = Console(highlight=False)
+    if not console.is_terminal:  # a pipe or a file: whole lines, so that grep finds phrases
+        console = Console(highlight=False, soft_wrap=True)
+    console.print(Text(printable(selection.heading), style="bold"))
+    for note in selection.notes:
+        console.print(Text(printable(note), style="dim"))
+    console.print()
+    for name, records in selection.sections:
+        if name is not None and len(selection.sections) > 1:
+            console.rule(Text(name, style="bold"))
+        print_transcripts(console, records, full=full)
