@@ -300,14 +300,83 @@ def observation_text(tokenizer: Any, content: str) -> str:
     return boundaries.observation_prefix + content.strip() + boundaries.observation_suffix
 
 
+_PLAIN_ENCODERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _plain_encoder(tokenizer: Any) -> Any:
+    """The tokenizer's normaliser, pre-tokeniser and BPE model without its added tokens
+    (shares the model, costs nothing to build), cached per tokenizer."""
+    encoder = _PLAIN_ENCODERS.get(tokenizer)
+    if encoder is None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise TypeError(
+                f"{type(tokenizer).__name__} has no backend_tokenizer: observations need a fast "
+                "(tokenizers-backed) tokenizer to keep special-token strings as plain text"
+            )
+        from tokenizers import Tokenizer
+
+        encoder = Tokenizer(backend.model)
+        encoder.normalizer = backend.normalizer
+        encoder.pre_tokenizer = backend.pre_tokenizer
+        _PLAIN_ENCODERS[tokenizer] = encoder
+    return encoder
+
+
+def plain_tokens(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` read as plain text: a string such as ``<|im_end|>`` or
+    ``</tool_response>`` is spelled with ordinary vocabulary tokens, never turned into the
+    control token of that name. For text holding no such string this equals
+    ``tokenizer.encode(text, add_special_tokens=False)``."""
+    return list(_plain_encoder(tokenizer).encode(text, add_special_tokens=False).ids)
+
+
+@dataclass(frozen=True)
+class _Wrapper:
+    """The observation wrapper cut where plain text meets the template's own tokens."""
+
+    head: tuple[int, ...]  # tokens up to and including the prefix's last added token
+    head_text: str  # prefix text after that token (joins the content's tokenisation)
+    tail_text: str  # suffix text before its first added token (joins the content's too)
+    tail: tuple[int, ...]  # tokens from the suffix's first added token on
+
+
+_WRAPPERS: "weakref.WeakKeyDictionary[Any, tuple[TemplateBoundaries, _Wrapper]]" = weakref.WeakKeyDictionary()
+
+
+def _observation_wrapper(tokenizer: Any) -> _Wrapper:
+    boundaries = template_boundaries(tokenizer)
+    cached = _WRAPPERS.get(tokenizer)
+    if cached is not None and cached[0] is boundaries:
+        return cached[1]
+    added = [token for token in tokenizer.get_added_vocab() if token]
+    prefix, suffix = boundaries.observation_prefix, boundaries.observation_suffix
+    cut = max((prefix.rfind(t) + len(t) for t in added if t in prefix), default=0)
+    start = min((suffix.find(t) for t in added if t in suffix), default=len(suffix))
+    wrapper = _Wrapper(
+        head=tuple(tokenizer.encode(prefix[:cut], add_special_tokens=False)),
+        head_text=prefix[cut:],
+        tail_text=suffix[:start],
+        tail=tuple(tokenizer.encode(suffix[start:], add_special_tokens=False)),
+    )
+    _WRAPPERS[tokenizer] = (boundaries, wrapper)
+    return wrapper
+
+
 def observation_tokens(tokenizer: Any, content: str) -> list[int]:
     """Observation tokens for ``content`` without rendering the conversation.
 
-    Exact because the observation starts right after a special token (``<|im_end|>`` ends the
-    closing), so tokenisation cannot merge across the boundary. ``build_next_prompt`` checks
-    this against the template on every turn.
+    The wrapper keeps the template's real control tokens; the content (with the plain text
+    next to it) is tokenised by :func:`plain_tokens`, so a search result that contains
+    ``<|im_end|>``, ``<|im_start|>``, ``</tool_response>`` or any other special-token string
+    stays text the policy reads and can never end the tool turn or forge a new one. For
+    content without such strings the tokens equal those of a full render (the observation
+    starts right after ``<|im_end|>``, so nothing merges across the boundary), which
+    ``build_next_prompt`` checks against the template on every turn.
     """
-    return list(tokenizer.encode(observation_text(tokenizer, content), add_special_tokens=False))
+    wrapper = _observation_wrapper(tokenizer)
+    body = plain_tokens(tokenizer, wrapper.head_text + content.strip() + wrapper.tail_text)
+    return list(wrapper.head) + body + list(wrapper.tail)
 
 
 def suffix_prefix_overlap(tokens: Sequence[int], suffix: Sequence[int]) -> int:
@@ -340,7 +409,9 @@ def build_next_prompt(
     second must extend the first (else ``TemplateDriftError``: the template rewrote history),
     the first must end with the assistant closing, and the difference must be exactly the
     observation the start-up wrapper predicts. Only that difference is tokenised: it starts
-    right after a special token, so its tokens are the ones a full render would produce.
+    right after a special token, so its tokens are the ones a full render would produce,
+    except that special-token strings inside the tool content stay plain text (a full render
+    would turn them into control tokens; see :func:`observation_tokens`).
     """
     with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
     assistant_end = render_text(tokenizer, with_assistant, add_generation_prompt=False, tools=tools)

@@ -34,6 +34,7 @@ from .protocol import (
     missing_closing,
     observation_tokens,
     parse_assistant,
+    plain_tokens,
     search_tool,
     stop_sequences,
     system_prompt,
@@ -183,8 +184,9 @@ class FittedObservation:
 
 
 def _truncate_to_fit(tokenizer: Any, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
-    """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``.
+    Counted with :func:`plain_tokens`, as the observation will be tokenised."""
+    ids = plain_tokens(tokenizer, text)
     keep = min(len(ids), limit)
     while keep > 0:
         head = tokenizer.decode(ids[:keep], skip_special_tokens=False).rstrip("\ufffd")
@@ -218,7 +220,7 @@ def fit_tool_content(
     room = config.max_trajectory_tokens - 1 - base  # leave one token for the next turn
 
     def fits(content: str) -> bool:
-        if len(tokenizer.encode(content, add_special_tokens=False)) > config.max_tool_response_tokens:
+        if len(plain_tokens(tokenizer, content)) > config.max_tool_response_tokens:
             return False
         return len(observation_tokens(tokenizer, content)) <= room
 
