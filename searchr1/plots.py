@@ -1,7 +1,9 @@
 """Figures from eval summaries and from a training run's metrics.
 
-Everything is data-driven: which checkpoint is best, the axis ranges and the annotations all
-come from the files (the seed hard-coded a "best" index, y-ranges and a footer claim). Figures
+Everything is data-driven: which checkpoint is best, the annotations and the range of every
+unbounded axis come from the files (the seed hard-coded a "best" index, y-ranges and a footer
+claim); only bounded metrics (rates, the mean reward) sit on their fixed range, so curves
+compare at a glance. Offline (scripted) results say so in the title. Figures
 are built with ``matplotlib.figure.Figure`` directly (no pyplot state, no GUI backend; the Agg
 canvas renders the PNG) and returned unsaved, so tests can count panels before saving.
 Sizes are fixed in inches at a fixed dpi, so a PNG's pixel size is known in advance.
@@ -19,6 +21,7 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .data import EVAL_SOURCES
 from .eval_metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary
@@ -32,10 +35,14 @@ DEFAULT_RUN_METRICS = (
     "reward/correct",
     "reward/format",
     "search/success_rate",
+    "rollout/search_calls",
     "rollout/degenerate_group_rate",
+    "trainer/loss_mean",
     "time/step_seconds",
 )
+RATE_REWARDS = ("reward/correct", "reward/format")  # shares of trajectories, not mean rewards
 RUN_METRICS_FILE = "metrics.jsonl"
+RUN_CONFIG_FILE = "config.json"
 
 
 class PlotInputError(ValueError):
@@ -67,6 +74,12 @@ class EvalRun:
         return self.summary.get(field)
 
     @property
+    def offline(self) -> bool:
+        """Produced by the offline twin (scripted policy, cassette search): it measures the
+        plumbing, not a model."""
+        return bool(self.config_value("offline")) or self.config_value("sampling_backend") == "offline-scripted"
+
+    @property
     def display_label(self) -> str:
         if not self.partial:
             return self.label
@@ -74,12 +87,17 @@ class EvalRun:
 
 
 def default_label(path: Path, summary: Mapping[str, Any]) -> str:
-    """The last path segment of the config's model_path (a sampler-weights URI names the
-    checkpoint), else the file stem (base-model runs have no model_path)."""
+    """What was evaluated, by name: the checkpoint named by the config's model_path (the last
+    segment of a sampler-weights URI, without ``-weights``: ``<run-name>-...-step-000050``),
+    else the base model (``Qwen3.5-4B (base)``), else the file stem."""
     config = summary.get("config") if isinstance(summary.get("config"), Mapping) else summary
     model_path = config.get("model_path")
     if isinstance(model_path, str) and model_path.strip("/ "):
-        return model_path.rstrip("/").rsplit("/", 1)[-1]
+        name = model_path.rstrip("/").rsplit("/", 1)[-1]
+        return name.removesuffix("-weights") or name
+    base_model = config.get("base_model")
+    if isinstance(base_model, str) and base_model.strip("/ "):
+        return f"{base_model.rstrip('/').rsplit('/', 1)[-1]} (base)"
     return path.stem
 
 
@@ -168,8 +186,24 @@ def _labels(values: Sequence[float]) -> list[str]:
     return ["" if math.isnan(v) else f"{v:.1f}" for v in values]
 
 
-def _title(runs: Sequence[EvalRun]) -> str:
-    parts = [f"{len(runs)} evaluation(s)"]
+def questions_per_source(runs: Sequence[EvalRun], source: str) -> list[int]:
+    """The distinct question counts of ``source`` across the runs (sorted; runs that did not
+    record one are left out)."""
+    counts = {int(r.metrics[f"questions/{source}"]) for r in runs if is_finite_number(r.metrics.get(f"questions/{source}"))}
+    return sorted(counts)
+
+
+def source_tick_label(runs: Sequence[EvalRun], source: str) -> str:
+    """``nq`` over ``n=50`` (``n=50/20`` when the runs evaluated different numbers)."""
+    counts = questions_per_source(runs, source)
+    return f"{source}\nn={'/'.join(map(str, counts))}" if counts else source
+
+
+OFFLINE_NOTE = "OFFLINE: scripted policy and cassette search; these numbers test the plumbing, not a model"
+
+
+def eval_title(runs: Sequence[EvalRun]) -> str:
+    parts = [f"{len(runs)} evaluation{'s' if len(runs) != 1 else ''}"]
     backends = {str(r.config_value("search_backend")) for r in runs if r.config_value("search_backend")}
     if backends:
         parts.append("search: " + "/".join(sorted(backends)))
@@ -178,23 +212,42 @@ def _title(runs: Sequence[EvalRun]) -> str:
         parts.append("eval set " + "/".join(sorted(shas)))
     sizes = sorted({str(r.summary.get("evaluated_examples", "?")) for r in runs})
     parts.append("questions " + "/".join(sizes))
-    title = " | ".join(parts)
+    lines = [" | ".join(parts)]
+    offline = [r for r in runs if r.offline]
+    if len(offline) == len(runs):
+        lines.insert(0, OFFLINE_NOTE)
+    elif offline:
+        lines.insert(0, "MIXED: runs marked (offline) used the scripted policy and cassette search")
     if any(r.partial for r in runs):
-        title += "\nincludes PARTIAL evaluations (marked in the legend)"
+        lines.append("includes PARTIAL evaluations (marked in the legend)")
     if len(config_differences(runs)) > 0:
-        title += "\nMIXED search config or eval set (--allow-mixed)"
-    return title
+        lines.append("MIXED search config or eval set (--allow-mixed)")
+    return "\n".join(lines)
+
+
+def _run_label(run: EvalRun, runs: Sequence[EvalRun]) -> str:
+    """The legend/tick label; offline runs are marked when live ones share the figure."""
+    mixed = any(r.offline for r in runs) and not all(r.offline for r in runs)
+    return f"{run.display_label} (offline)" if mixed and run.offline else run.display_label
+
+
+def _value_label_size(runs: int) -> float:
+    """Smaller labels when more bars share a benchmark, so neighbours do not overlap."""
+    return 8.0 if runs <= 2 else 7.0 if runs <= 4 else 6.0
 
 
 def eval_figure(runs: Sequence[EvalRun]) -> Figure:
     """Two panels: EM per benchmark grouped by checkpoint, and macro EM (bars) with format rate
-    (line) across checkpoints; EM error bars are the summaries' bootstrap 95% intervals."""
+    (line) across checkpoints. EM error bars are the summaries' bootstrap 95% intervals; every
+    value is written horizontally above its upper whisker; each benchmark's tick says how many
+    questions it had."""
     if not runs:
         raise PlotInputError("no evaluations to plot")
     fig = Figure(figsize=EVAL_FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1)
     sources = eval_sources(runs)
+    label_size = _value_label_size(len(runs))
 
     width = 0.8 / len(runs)
     heights_seen: list[float] = []
@@ -208,76 +261,55 @@ def eval_figure(runs: Sequence[EvalRun]) -> Figure:
             xs,
             points,
             width,
-            label=run.display_label,
+            label=_run_label(run, runs),
             yerr=[[e[0] for e in errors], [e[1] for e in errors]],
             capsize=2,
             error_kw={"elinewidth": 0.8},
             hatch="//" if run.partial else None,
         )
-        # Value labels sit at the foot of each bar, where the error bars cannot hide them.
-        for x, text in zip(xs, _labels(points)):
-            if text:
-                top.annotate(
-                    text,
-                    (x, 0),
-                    textcoords="offset points",
-                    xytext=(0, 3),
-                    ha="center",
-                    va="bottom",
-                    rotation=90,
-                    fontsize=7,
-                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "alpha": 0.7, "lw": 0},
-                )
+        for x, point, error, text in zip(xs, points, errors, _labels(points)):
+            if text:  # horizontal, just above the upper whisker
+                top.annotate(text, (x, point + error[1]), textcoords="offset points", xytext=(0, 2),
+                             ha="center", va="bottom", fontsize=label_size)
         heights_seen += [p + e[1] for p, e in zip(points, errors)]
-    top.set_xticks(range(len(sources)), sources)
+    top.set_xticks(range(len(sources)), [source_tick_label(runs, s) for s in sources], fontsize=9)
     top.set_ylabel("exact match (%)")
-    top.set_title("EM per benchmark (95% bootstrap CI)")
+    top.set_title("EM per benchmark (95% bootstrap CI; n = questions)", fontsize=10)
     top.set_ylim(0, _y_top(heights_seen))
-    top.legend(
-        fontsize=8, ncols=min(len(runs), 4), loc="upper center", bbox_to_anchor=(0.5, -0.08), frameon=False
-    )
+    top.legend(fontsize=8, ncols=min(len(runs), 4), loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
 
     xs = list(range(len(runs)))
     macro = [100 * _number(r.metrics, "em/macro") for r in runs]
     macro_err = [
-        _error(
-            m, 100 * _number(r.metrics, "em/macro_ci95_low"), 100 * _number(r.metrics, "em/macro_ci95_high")
-        )
+        _error(m, 100 * _number(r.metrics, "em/macro_ci95_low"), 100 * _number(r.metrics, "em/macro_ci95_high"))
         for m, r in zip(macro, runs)
     ]
     fmt = [100 * _number(r.metrics, "format/rate") for r in runs]
-    bottom.bar(
-        xs,
-        macro,
-        0.5,
-        label="macro EM",
-        yerr=[[e[0] for e in macro_err], [e[1] for e in macro_err]],
-        capsize=3,
-    )
+    bottom.bar(xs, macro, 0.5, label="macro EM", yerr=[[e[0] for e in macro_err], [e[1] for e in macro_err]],
+               capsize=3)
     for x, m, e, text in zip(xs, macro, macro_err, _labels(macro)):
         if text:  # above the upper whisker
-            bottom.annotate(
-                text,
-                (x, m + e[1]),
-                textcoords="offset points",
-                xytext=(0, 3),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
+            bottom.annotate(text, (x, m + e[1]), textcoords="offset points", xytext=(0, 2), ha="center",
+                            va="bottom", fontsize=8)
     bottom.plot(xs, fmt, marker="o", color="tab:orange", label="format rate")
-    for x, y in zip(xs, fmt):
-        if not math.isnan(y):
-            bottom.annotate(
-                f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=8
-            )
-    bottom.set_xticks(xs, [r.display_label for r in runs], rotation=15 if len(runs) > 4 else 0, fontsize=8)
+    bottom_top = _y_top([m + e[1] for m, e in zip(macro, macro_err)] + fmt)
+    for x, y, m, e in zip(xs, fmt, macro, macro_err):
+        if math.isnan(y):
+            continue
+        # above the marker, or below it where the bar's own label sits just above
+        below = not math.isnan(m) and 0 <= y - (m + e[1]) < 0.08 * bottom_top
+        bottom.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, -7 if below else 6),
+                        ha="center", va="top" if below else "bottom", fontsize=8, color="tab:orange")
+    long_labels = len(runs) > 4 or max(len(_run_label(r, runs)) for r in runs) * len(runs) > 90
+    bottom.set_xticks(xs, [_run_label(r, runs) for r in runs], rotation=15 if long_labels else 0,
+                      ha="right" if long_labels else "center", fontsize=8)
+    bottom.set_xlim(-0.75, len(runs) - 0.25)
     bottom.set_ylabel("%")
-    bottom.set_title("Macro EM and format rate across checkpoints")
-    bottom.set_ylim(0, _y_top([m + e[1] for m, e in zip(macro, macro_err)] + fmt))
+    bottom.set_title("Macro EM and format rate across checkpoints", fontsize=10)
+    bottom.set_ylim(0, bottom_top)
     bottom.legend(fontsize=8)
 
-    fig.suptitle(_title(runs), fontsize=10)
+    fig.suptitle(eval_title(runs), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -305,10 +337,77 @@ def load_run_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def load_run_config(metrics_path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run's config.json beside its metrics file, or None when there is none."""
+    path = Path(metrics_path).with_name(RUN_CONFIG_FILE)
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PlotInputError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise PlotInputError(f"{path}: expected a JSON object")
+    return config
+
+
+def run_title(config: Mapping[str, Any] | None, fallback: str) -> str:
+    """Run name and the settings that shape the curves; the offline twin is said out loud."""
+    if not config:
+        return fallback
+    rollout = config.get("rollout") if isinstance(config.get("rollout"), Mapping) else {}
+    search = config.get("search") if isinstance(config.get("search"), Mapping) else {}
+    parts = [str(config.get("run_name") or fallback)]
+    if config.get("base_model"):
+        model = str(config["base_model"]).rsplit("/", 1)[-1]
+        parts.append(f"{model} LoRA r{config['lora_rank']}" if config.get("lora_rank") else model)
+    if search.get("backend"):
+        parts.append(f"search {search['backend']}")
+    if config.get("questions_per_batch") and rollout.get("group_size"):
+        parts.append(f"{config['questions_per_batch']} questions x {rollout['group_size']} samples")
+    if is_finite_number(config.get("learning_rate")):
+        parts.append(f"lr {config['learning_rate']:g}")
+    if config.get("advantage_mode"):
+        parts.append(f"advantage {config['advantage_mode']}")
+    title = " | ".join(parts)
+    if config.get("offline"):
+        title = "OFFLINE twin (scripted policy, fake PyTRIO): curves test the plumbing, not learning\n" + title
+    return title
+
+
 def run_series(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[float], list[float]]:
     """(steps, values) where the metric was logged as a finite number."""
     pairs = [(float(r["step"]), float(r[metric])) for r in rows if is_finite_number(r.get(metric))]
     return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def metric_range(metric: str) -> tuple[float, float] | None:
+    """The fixed y range of a bounded metric (rates and shares 0-1, the mean reward -0.1-1),
+    so that curves of different runs and steps compare at a glance; None when unbounded."""
+    if metric == "reward/mean" or (metric.startswith("reward/") and metric not in RATE_REWARDS):
+        return (-0.1, 1.0)
+    name = metric.rsplit("/", 1)[-1]
+    if metric in RATE_REWARDS or name.endswith("_rate") or metric.startswith("rollout/termination/"):
+        return (0.0, 1.0)
+    return None
+
+
+def smoothing_half_width(points: int) -> int:
+    """Half the centred window used for the smoothed line: none under 5 points, then about a
+    tenth of the run (1 for 5-29 points, 10 for 200)."""
+    return 0 if points < 5 else max(1, round(points / 20))
+
+
+def smooth(values: Sequence[float], half_width: int) -> list[float]:
+    """Centred moving average: each value is the mean of the values at most ``half_width``
+    positions away (fewer at the ends)."""
+    if half_width < 0:
+        raise ValueError(f"half_width must be >= 0, got {half_width}")
+    means = []
+    for i in range(len(values)):
+        window = values[max(0, i - half_width): i + half_width + 1]
+        means.append(sum(window) / len(window))
+    return means
 
 
 def run_figure(
@@ -316,9 +415,12 @@ def run_figure(
     metrics: Sequence[str] = DEFAULT_RUN_METRICS,
     *,
     title: str | None = None,
+    half_width: int | None = None,
 ) -> tuple[Figure, list[str]]:
-    """One panel per requested metric that the run logged, over steps. Returns the figure and
-    the metrics skipped because they never appear (so the caller can say so)."""
+    """One panel per requested metric that the run logged, over integer steps: each step as a
+    faint dot, a centred moving average as the line (``half_width`` steps either side; by
+    default :func:`smoothing_half_width`), bounded metrics on their fixed range. Returns the
+    figure and the metrics skipped because they never appear (so the caller can say so)."""
     present = [m for m in metrics if run_series(rows, m)[0]]
     skipped = [m for m in metrics if m not in present]
     if not present:
@@ -328,13 +430,25 @@ def run_figure(
         )
     fig = Figure(figsize=RUN_FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)
-    ncols = min(3, len(present))
+    ncols = min(4, len(present))
     nrows = math.ceil(len(present) / ncols)
     grid = fig.subplots(nrows, ncols, squeeze=False)
     cells = [ax for row in grid for ax in row]
+    windows = set()
     for ax, metric in zip(cells, present):
         steps, values = run_series(rows, metric)
-        ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3)
+        width = smoothing_half_width(len(values)) if half_width is None else half_width
+        if width:
+            ax.plot(steps, values, linestyle="none", marker="o", markersize=2.5, alpha=0.35, color="tab:blue")
+            ax.plot(steps, smooth(values, width), color="tab:blue", linewidth=1.6)
+            windows.add(2 * width + 1)
+        else:
+            ax.plot(steps, values, marker="o", markersize=3, color="tab:blue")
+        bounds = metric_range(metric)
+        if bounds is not None:
+            margin = 0.05 * (bounds[1] - bounds[0])
+            ax.set_ylim(bounds[0] - margin, bounds[1] + margin)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -343,8 +457,13 @@ def run_figure(
         fig.delaxes(ax)
     if title:
         fig.suptitle(title, fontsize=10)
+    footer = []
+    if windows:
+        footer.append(f"dots: each step; line: centred mean over {'/'.join(map(str, sorted(windows)))} steps")
     if skipped:
-        fig.text(0.01, 0.005, "not logged: " + ", ".join(skipped), fontsize=7, color="gray")
+        footer.append("not logged: " + ", ".join(skipped))
+    if footer:
+        fig.text(0.01, 0.005, "   ".join(footer), fontsize=7, color="gray")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return fig, skipped
 

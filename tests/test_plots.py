@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from searchr1 import plots
 from searchr1.cli import main
@@ -97,7 +99,8 @@ def test_eval_figure_has_two_panels_and_renders_at_the_declared_size(eval_files,
 def test_eval_figure_bars_follow_the_data(eval_files):
     fig = plots.eval_figure(plots.load_eval_runs(eval_files))
     top, bottom = fig.axes
-    assert [t.get_text() for t in top.get_xticklabels()] == ["nq", "hotpotqa", "bamboogle"]  # release order
+    # release order, each with its number of questions
+    assert [t.get_text() for t in top.get_xticklabels()] == ["nq\nn=10", "hotpotqa\nn=10", "bamboogle\nn=10"]
     per_source = [p.get_height() for p in top.patches]
     expected = [100 * k / 10 for correct in CHECKPOINTS.values() for k in correct.values()]
     assert per_source == pytest.approx(expected)
@@ -110,11 +113,7 @@ def test_eval_figure_bars_follow_the_data(eval_files):
         for s in ("nq", "hotpotqa", "bamboogle")
     )
     assert highest < top.get_ylim()[1] <= highest + 12
-    assert [t.get_text() for t in bottom.get_xticklabels()] == [
-        "eval_base",
-        "step20-weights",
-        "step50-weights",
-    ]
+    assert [t.get_text() for t in bottom.get_xticklabels()] == ["Qwen3.5-4B (base)", "step20", "step50"]
 
 
 def test_eval_figure_y_axis_is_not_fixed(tmp_path):
@@ -221,7 +220,7 @@ def test_run_figure_has_a_panel_per_logged_metric(tmp_path):
     fig, skipped = plots.run_figure(rows)
     assert len(fig.axes) == 4
     assert [ax.get_title() for ax in fig.axes] == logged
-    assert skipped == ["reward/format", "rollout/degenerate_group_rate"]
+    assert skipped == ["reward/format", "rollout/search_calls", "rollout/degenerate_group_rate", "trainer/loss_mean"]
     assert png_size(plots.save_figure(fig, tmp_path / "run.png")) == (1200, 800)
 
 
@@ -275,3 +274,154 @@ def test_cli_plot_run_with_chosen_metrics(tmp_path):
     result = CliRunner().invoke(main, ["plot", "run", str(path), "-o", str(out), "--metric", "trainer/loss"])
     assert result.exit_code == 0, result.output
     assert out.is_file()
+
+
+# --- what the figures say ------------------------------------------------------------------------
+
+
+def test_every_em_value_is_written_horizontally_just_above_its_upper_whisker(eval_files):
+    fig = plots.eval_figure(plots.load_eval_runs(eval_files))
+    top = fig.axes[0]
+    labels = [t for t in top.texts if t.get_text()]
+    expected = {}
+    for path, correct in zip(eval_files, CHECKPOINTS.values()):
+        metrics = load_summary(path)["metrics"]
+        for source, k in correct.items():
+            expected.setdefault(f"{100 * k / 10:.1f}", []).append(100 * metrics[f"em_ci95_high/{source}"])
+    assert len(labels) == sum(len(v) for v in expected.values()) == 9
+    for label in labels:
+        assert label.get_rotation() == 0
+        # anchored at the top of a whisker of that value
+        assert any(label.xy[1] == pytest.approx(top_) for top_ in expected[label.get_text()])
+        assert label.xyann[1] > 0 and label.get_va() == "bottom"  # and drawn above it
+
+
+def test_a_benchmark_evaluated_with_different_sizes_shows_both_counts(tmp_path):
+    small = write_eval_file(tmp_path / "small.jsonl", {"nq": 2}, per_source=4)
+    large = write_eval_file(tmp_path / "large.jsonl", {"nq": 2}, per_source=10)
+    ticks = plots.eval_figure(plots.load_eval_runs([small, large])).axes[0].get_xticklabels()
+    assert [t.get_text() for t in ticks] == ["nq\nn=4/10"]
+
+
+def test_offline_evaluations_are_marked_in_the_title_and_live_ones_are_not(tmp_path):
+    offline = write_eval_file(tmp_path / "offline.jsonl", {"nq": 2}, offline=True)
+    live = write_eval_file(tmp_path / "live.jsonl", {"nq": 3})
+    assert "OFFLINE" in plots.eval_figure(plots.load_eval_runs([offline])).get_suptitle()
+    assert "OFFLINE" not in plots.eval_figure(plots.load_eval_runs([live])).get_suptitle()
+    mixed = plots.eval_figure(plots.load_eval_runs([offline, live], ["scripted", "real"]))
+    assert "MIXED" in mixed.get_suptitle()
+    assert [t.get_text() for t in mixed.axes[0].get_legend().get_texts()] == ["scripted (offline)", "real"]
+
+
+def test_default_labels_name_the_checkpoint_or_the_base_model(tmp_path):
+    base = write_eval_file(tmp_path / "a.jsonl", {"nq": 1}, base_model="Qwen/Qwen3.5-9B")
+    checkpoint = write_eval_file(tmp_path / "b.jsonl", {"nq": 1},
+                                 model_path="trio://fake/run-0001/weights/demo-0a1b2c3d-step-000050-weights")
+    assert [r.label for r in plots.load_eval_runs([base, checkpoint])] == [
+        "Qwen3.5-9B (base)", "demo-0a1b2c3d-step-000050"]
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_run_panels_have_integer_step_ticks(tmp_path):
+    rows = plots.load_run_metrics(write_metrics(tmp_path / "m.jsonl", 3, ["reward/mean", "time/step_seconds"]))
+    fig, _ = plots.run_figure(rows)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+@pytest.mark.parametrize("metric", ["reward/correct", "reward/format", "search/success_rate",
+                                    "rollout/degenerate_group_rate", "rollout/termination/answer"])
+def test_rates_sit_on_a_fixed_zero_to_one_axis_whatever_their_values(tmp_path, metric):
+    for values in ([0.40, 0.45, 0.42], [0.0, 0.01, 0.02], [0.97, 1.0, 0.99]):
+        rows = [{"step": s, metric: v} for s, v in enumerate(values)]
+        fig, _ = plots.run_figure(rows, [metric])
+        low, high = fig.axes[0].get_ylim()
+        assert low <= 0 < 0.1 and 0.9 < 1 <= high < 1.1
+
+
+def test_unbounded_metrics_follow_their_data(tmp_path):
+    rows = [{"step": s, "time/step_seconds": 60 + s} for s in range(4)]
+    low, high = plots.run_figure(rows, ["time/step_seconds"])[0].axes[0].get_ylim()
+    assert 55 < low < 60 and 63 < high < 68
+
+
+def test_a_smoothed_line_runs_over_the_raw_points(tmp_path):
+    values = [0.0] * 10
+    values[4] = 1.0
+    rows = [{"step": s, "reward/correct": v} for s, v in enumerate(values)]
+    fig, _ = plots.run_figure(rows, ["reward/correct"])
+    raw, line = fig.axes[0].get_lines()
+    assert list(raw.get_ydata()) == values and raw.get_linestyle() == "None"
+    # ten points: the mean over one step either side, fewer at the ends
+    assert list(line.get_ydata()) == pytest.approx([0, 0, 0, 1 / 3, 1 / 3, 1 / 3, 0, 0, 0, 0])
+    assert "centred mean over 3 steps" in " ".join(t.get_text() for t in fig.texts)
+    few = plots.run_figure(rows[:4], ["reward/correct"])[0]
+    assert len(few.axes[0].get_lines()) == 1  # too few points to average
+
+
+@given(st.lists(st.floats(-1e6, 1e6), max_size=60), st.integers(0, 10))
+def test_each_smoothed_value_lies_within_the_values_of_its_window(values, half_width):
+    smoothed = plots.smooth(values, half_width)
+    assert len(smoothed) == len(values)
+    for i, value in enumerate(smoothed):
+        window = values[max(0, i - half_width): i + half_width + 1]
+        assert min(window) - 1e-6 <= value <= max(window) + 1e-6
+
+
+@given(st.floats(-1e6, 1e6), st.integers(1, 60), st.integers(0, 10))
+def test_smoothing_leaves_a_constant_series_constant(value, length, half_width):
+    assert plots.smooth([value] * length, half_width) == pytest.approx([value] * length)
+
+
+def test_the_loss_is_plotted_by_default():
+    assert "trainer/loss_mean" in plots.DEFAULT_RUN_METRICS
+
+
+def test_the_run_title_names_the_run_and_its_settings_and_marks_the_offline_twin(tmp_path):
+    config = {"run_name": "zhihu-200", "base_model": "Qwen/Qwen3.5-4B", "lora_rank": 32, "questions_per_batch": 8,
+              "learning_rate": 4e-5, "advantage_mode": "mean", "rollout": {"group_size": 8},
+              "search": {"backend": "zhihu"}, "offline": False}
+    title = plots.run_title(config, "fallback")
+    for part in ("zhihu-200", "Qwen3.5-4B LoRA r32", "search zhihu", "8 questions x 8 samples", "lr 4e-05"):
+        assert part in title
+    assert "OFFLINE" not in title
+    assert "OFFLINE" in plots.run_title({**config, "offline": True}, "fallback")
+    assert plots.run_title(None, "runs/x/metrics.jsonl") == "runs/x/metrics.jsonl"
+
+
+def test_cli_plot_run_titles_the_figure_from_the_run_config(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_metrics(run_dir / "metrics.jsonl", 6, ["reward/mean"])
+    (run_dir / "config.json").write_text(json.dumps({"run_name": "my-run", "offline": True}))
+    out = tmp_path / "run.png"
+    result = CliRunner().invoke(main, ["plot", "run", str(run_dir), "-o", str(out), "--smooth", "2"])
+    assert result.exit_code == 0, result.output
+    (run_dir / "config.json").write_text("{broken")
+    broken = CliRunner().invoke(main, ["plot", "run", str(run_dir), "-o", str(out)])
+    assert broken.exit_code == 1 and f"{run_dir / 'config.json'}: not valid JSON" in broken.output
+
+
+@pytest.mark.parametrize(("args", "culprit"), [
+    (["run", "RUN", "-o", "x.png", "--smooth", "-1"], "--smooth"),
+    (["run", "RUN", "-o", "x.svg"], "--output"),
+    (["run", "RUN", "-o", "x.png", "--metric", ""], "--metric"),
+    (["eval", "EVAL", "-o", "x.png", "--label", ""], "--label"),
+    (["eval", "EVAL", "-o", "x.jpg"], "--output"),
+])
+def test_impossible_plot_options_are_one_line_errors_naming_the_flag(eval_files, tmp_path, args, culprit):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_metrics(run_dir / "metrics.jsonl", 3, ["reward/mean"])
+    args = [str(run_dir) if a == "RUN" else str(eval_files[0]) if a == "EVAL" else a for a in args]
+    args = [str(tmp_path / a) if a.startswith("x.") else a for a in args]
+    result = CliRunner().invoke(main, ["plot", *args])
+    assert result.exit_code == 2, result.output
+    assert culprit in result.output and "Traceback" not in result.output
+    assert not list(tmp_path.glob("x.*"))

@@ -10,6 +10,22 @@ from searchr1 import plots
 from searchr1.eval_metrics import EvalFileError
 
 
+def _png(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+    if value.suffix.lower() != ".png":
+        raise click.BadParameter(f"{value} does not end in .png; the figure is written as PNG")
+    return value
+
+
+def _non_empty(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    if any(not value.strip() for value in values):
+        raise click.BadParameter("must not be empty")
+    return values
+
+
+OUTPUT = click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+                      callback=_png, help="PNG to write.")
+
+
 @click.group("plot")
 def plot() -> None:
     """Draw PNG figures from eval results or a training run (matplotlib, Agg, no display)."""
@@ -19,14 +35,14 @@ def plot() -> None:
 @click.argument(
     "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-@click.option(
-    "--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path), help="PNG to write."
-)
+@OUTPUT
 @click.option(
     "--label",
     "labels",
     multiple=True,
-    help="Checkpoint label, once per FILE in the same order [default: the config's model_path, else the file stem].",
+    callback=_non_empty,
+    help="Checkpoint label, once per FILE in the same order [default: the checkpoint named by the config's "
+    "model_path, else '<base model> (base)'].",
 )
 @click.option(
     "--allow-mixed",
@@ -51,22 +67,32 @@ def plot_eval(files: tuple[Path, ...], output: Path, labels: tuple[str, ...], al
 
 @plot.command("run", short_help="Training metrics over steps, one panel per metric.")
 @click.argument("run", type=click.Path(exists=True, path_type=Path), metavar="RUN_DIR_OR_METRICS")
-@click.option(
-    "--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path), help="PNG to write."
-)
+@OUTPUT
 @click.option(
     "--metric",
     "metrics",
     multiple=True,
+    callback=_non_empty,
     help=f"Metric to plot, repeatable [default: {', '.join(plots.DEFAULT_RUN_METRICS)}].",
 )
-def plot_run(run: Path, output: Path, metrics: tuple[str, ...]) -> None:
+@click.option(
+    "--smooth",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="STEPS",
+    help="Average the line over this many steps either side (0: no line through averages) "
+    "[default: about a tenth of the run, none under 5 steps].",
+)
+def plot_run(run: Path, output: Path, metrics: tuple[str, ...], smooth: int | None) -> None:
     """One panel per metric over steps, from a run directory's metrics.jsonl (or the file
-    itself). Metrics the run never logged are skipped with a note."""
+    itself): each step as a dot, a centred moving average as the line, rates on a fixed 0-1
+    axis; the run's name and settings (from config.json) in the title. Metrics the run never
+    logged are skipped with a note."""
     try:
         path = plots.resolve_metrics_path(run)
         rows = plots.load_run_metrics(path)
-        fig, skipped = plots.run_figure(rows, metrics or plots.DEFAULT_RUN_METRICS, title=str(path))
+        title = plots.run_title(plots.load_run_config(path), str(path))
+        fig, skipped = plots.run_figure(rows, metrics or plots.DEFAULT_RUN_METRICS, title=title, half_width=smooth)
     except plots.PlotInputError as exc:
         raise click.ClickException(str(exc)) from exc
     for metric in skipped:
