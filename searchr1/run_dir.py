@@ -26,6 +26,7 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints.jsonl"
 STATE = "run_state.json"
 REWOUND = "metrics.rewound.jsonl"
+TWIN_HOME = "fake-trio"  # the offline twin's checkpoints, kept with the run (offline runs only)
 
 
 class RunDirError(ValueError):
@@ -78,12 +79,31 @@ class RunDir:
 
     # -- creation and opening --------------------------------------------------------------
 
+    def finished_steps(self) -> int:
+        """Metrics lines on disk: the steps this run has finished (0 for a new directory)."""
+        return len(self.metrics())
+
+    def can_start_over(self) -> bool:
+        """True for a directory a new run may take: missing, empty, or a run that stopped
+        before finishing its first step (a bad flag, a failed preflight, a sampler that never
+        answered) - it holds nothing worth keeping, so rerunning must not need ``rm -rf``."""
+        if not self.path.exists():
+            return True
+        if not self.path.is_dir():
+            return False
+        entries = {entry.name for entry in self.path.iterdir()}
+        if not entries:
+            return True
+        ours = {CONFIG, STATE, METRICS, CHECKPOINTS, TWIN_HOME}  # rewound steps are work: keep them
+        return entries <= ours and not self.finished_steps() and not self.checkpoints()
+
     def check_creatable(self) -> None:
         """Raise what :meth:`create` would raise about the location, without writing anything."""
-        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+        if not self.can_start_over():
             raise RunDirError(
-                f"run directory {self.path} already exists and is not empty; pick another "
-                "--run-dir or --run-name, or continue it with --resume"
+                f"run directory {self.path} already exists and holds "
+                + (f"{self.finished_steps()} finished step(s)" if (self.path / CONFIG).is_file() else "other files")
+                + "; pick another --run-dir or --run-name, or continue it with --resume"
             )
         ancestor = self.path
         while not ancestor.exists() and ancestor != ancestor.parent:
@@ -101,6 +121,8 @@ class RunDir:
             probe.unlink()
         except OSError as error:
             raise RunDirError(f"cannot write to run directory {self.path}: {error.strerror or error}") from None
+        for stale in (METRICS, CHECKPOINTS):  # empty, left by a start that finished no step
+            self.file(stale).unlink(missing_ok=True)
         write_json_atomically(self.file(CONFIG), config)
         self.write_state({"step": 0, "cursor": 0, "last_checkpoint": None})
 

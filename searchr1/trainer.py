@@ -24,6 +24,7 @@ whose message says how to resume; ``--resume`` restarts at the last checkpoint.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from .data import SearchExample, take_batch
 from .datum import TrainingDatum, build_training_datums
 from .metrics import datum_metrics, rollout_metrics, trainer_metrics
 from .packing import pack_micro_batches, weight_micro_batch_for_global_mean
+from .preflight import PreflightError, check_service_tokenizer
 from .protocol import check_template
 from .rollout import RolloutConfig, SamplerFailureError, rollout_batch_async
 from .run_dir import ResumePoint, RunDir
@@ -72,6 +74,8 @@ class TrainConfig:
     # A random id drawn when the run starts and kept by --resume: it is part of every
     # checkpoint name, so two runs with the same --run-name never save under the same name.
     run_id: str = ""
+    # What the service reported for base_model when the run started (searchr1.preflight).
+    server_limits: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         import re
@@ -152,6 +156,27 @@ class SilentReporter:
     def close(self) -> None: ...
 
 
+# Where an exception comes from when it is a failure of the remote service or the network
+# rather than of this program: pytrio itself, and what pytrio lets through from below it.
+SERVICE_MODULES = ("pytrio", "httpx", "httpcore", "h11", "modelscope", "modelscope_hub", "requests", "urllib3")
+
+
+def is_service_failure(error: BaseException) -> bool:
+    """True for errors of the service or the network (PyTrioError, httpx and ModelScope
+    errors, timeouts, dropped connections): they end a run with one line and a resumable run
+    directory. Anything else is a bug and keeps its traceback."""
+    if isinstance(error, (TimeoutError, ConnectionError, concurrent.futures.TimeoutError)):
+        return True
+    return any(cls.__module__.split(".")[0] in SERVICE_MODULES for cls in type(error).__mro__)
+
+
+def describe_failure(error: BaseException) -> str:
+    """``code or class: first line of the message`` (bounded; never a traceback)."""
+    code = getattr(error, "code", None) or type(error).__name__
+    text = str(error).strip().splitlines()[0][:300] if str(error).strip() else "no message"
+    return f"{code}: {text}"
+
+
 def drop_out_of_vocab(datums: Sequence[TrainingDatum], vocab_size: int) -> tuple[list[TrainingDatum], int]:
     """PyTRIO rejects any token id >= len(tokenizer) (the embedding has 243 spare rows the
     sampler can in principle emit); drop such datums instead of failing the step."""
@@ -190,22 +215,40 @@ class Trainer:
         self.reporter = reporter or SilentReporter()
         self.logger = logger
         self.training_client: Any = None
+        self.first_step = 0
         self.last_saved_step: int | None = None
         self.session = 0  # how many times this run was resumed (part of checkpoint names)
+        self.stop_requested = False
 
     # -- set-up ------------------------------------------------------------------------------
 
-    def _connect(self, resume: ResumePoint | None) -> int:
-        """Create the training client (fresh or from the resume point); return the first step."""
+    def connect(self, resume: ResumePoint | None) -> int:
+        """Create the training client (fresh or from the resume point) and check, before any
+        sample is paid for, that the service's tokenizer is the one the protocol was built
+        with (:mod:`searchr1.preflight`). Returns the first step; idempotent."""
+        if self.training_client is not None:
+            return self.first_step
         check_template(self.tokenizer)  # before anything that costs money
-        if resume is None:
-            self.training_client = self.service.create_lora_training_client(
-                base_model=self.config.base_model, rank=self.config.lora_rank, seed=self.config.seed
-            )
-            return 0
-        self.training_client = self.service.create_training_client_from_state_with_optimizer(resume.state_path)
-        self.last_saved_step = resume.step
-        return resume.step
+        try:
+            if resume is None:
+                client = self.service.create_lora_training_client(
+                    base_model=self.config.base_model, rank=self.config.lora_rank, seed=self.config.seed
+                )
+            else:
+                client = self.service.create_training_client_from_state_with_optimizer(resume.state_path)
+        except Exception as error:
+            if not is_service_failure(error):
+                raise
+            raise PreflightError(f"cannot create the training run: {describe_failure(error)}") from None
+        check_service_tokenizer(self.tokenizer, client)
+        self.training_client = client
+        self.last_saved_step = None if resume is None else resume.step
+        self.first_step = 0 if resume is None else resume.step
+        return self.first_step
+
+    def request_stop(self) -> None:
+        """Finish the current step, save a checkpoint and stop (the first Ctrl-C)."""
+        self.stop_requested = True
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -301,11 +344,10 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
 
     async def run_steps(self, resume: ResumePoint | None) -> int:
-        """Run to ``max_steps``; returns the number of completed steps."""
-        import pytrio
-
+        """Run to ``max_steps`` (or, after :meth:`request_stop`, to the end of the current step,
+        then checkpoint); returns the number of completed steps."""
         config = self.config
-        first = self._connect(resume)
+        first = self.connect(resume)
         if resume is not None:
             self.session = int(self.run.state().get("session", 0)) + 1
             self.run.write_state({**self.run.state(), "session": self.session})
@@ -332,16 +374,19 @@ class Trainer:
                     "max_steps": config.max_steps,
                     "session": self.session,
                 })
+                if self.stop_requested and completed < config.max_steps:
+                    break
             if self.last_saved_step != completed:
-                await self.save(completed, final=True)
+                await self.save(completed, final=completed >= config.max_steps)
                 self.run.write_state({**self.run.state(), "last_checkpoint": completed})
         except SamplerFailureError as error:
             raise TrainingStopped(f"stopped in step {completed}: {error}", step=completed,
                                   run_dir=str(self.run.path)) from error
-        except pytrio.PyTrioError as error:
-            code = getattr(error, "code", None) or type(error).__name__
+        except Exception as error:
+            if not is_service_failure(error):
+                raise
             raise TrainingStopped(
-                f"stopped in step {completed}: the training service failed ({code}: {str(error)[:300]})",
+                f"stopped in step {completed}: the training service failed ({describe_failure(error)})",
                 step=completed, run_dir=str(self.run.path),
             ) from error
         finally:

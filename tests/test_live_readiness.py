@@ -123,3 +123,131 @@ def test_an_empty_system_prompt_file_is_refused_by_name(tmp_path):
     empty.write_text("  \n")
     result = CliRunner().invoke(main, ["eval", "--offline", "--quiet", "--system-prompt-file", str(empty)])
     assert result.exit_code == 2 and "empty.txt is empty" in result.output
+
+
+# --- preflight: server limits and the service's tokenizer -----------------------------------
+
+import concurrent.futures  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import httpx  # noqa: E402
+import pytest  # noqa: E402
+
+from searchr1.preflight import (  # noqa: E402
+    OperationLimits,
+    PreflightError,
+    ServerLimits,
+    fit_trajectory_budget,
+    limits_from_capabilities,
+    load_service_tokenizer,
+    tokenizer_differences,
+)
+from searchr1.trainer import describe_failure, is_service_failure  # noqa: E402
+
+
+def limits(train_seq=None, train_request=None, sample_seq=None, context=None, available=True, batch=None):
+    return ServerLimits("Qwen/Qwen3.5-4B", context, OperationLimits(available, None, train_request, train_seq),
+                        OperationLimits(True, batch, None, sample_seq))
+
+
+@pytest.mark.parametrize("bounds, name", [
+    (dict(train_seq=4096), "training max_seq_len"),
+    (dict(train_request=4096), "training max_tokens_per_request"),
+    (dict(sample_seq=4096), "sampling max_seq_len"),
+    (dict(context=4096), "context length"),
+])
+def test_a_trajectory_budget_over_any_server_limit_stops_with_both_numbers_and_the_flag(bounds, name):
+    with pytest.raises(PreflightError) as refused:
+        fit_trajectory_budget(limits(**bounds), 8192, clamp=False, group_size=8)
+    message = str(refused.value)
+    assert "8192" in message and "4096" in message and "--max-trajectory-tokens" in message and name in message
+    clamped = fit_trajectory_budget(limits(**bounds), 8192, clamp=True, group_size=8)
+    assert clamped.max_trajectory_tokens == 4096 and "8192" in clamped.warnings[0]
+
+
+def test_the_tightest_limit_wins_and_unknown_limits_do_not_bind():
+    fit = fit_trajectory_budget(limits(train_seq=6000, sample_seq=5000), 8192, clamp=True, group_size=8)
+    assert fit.max_trajectory_tokens == 5000
+    assert fit_trajectory_budget(limits(), 100_000, clamp=False, group_size=8).max_trajectory_tokens == 100_000
+    assert fit_trajectory_budget(limits(train_seq=8192), 8192, clamp=False, group_size=8).warnings == ()
+
+
+def test_a_model_unavailable_for_training_or_missing_from_the_catalog_is_refused_by_name():
+    with pytest.raises(PreflightError, match="not available for training"):
+        fit_trajectory_budget(limits(available=False), 8192, clamp=True, group_size=8)
+    catalog = SimpleNamespace(supported_models=[SimpleNamespace(model_name="Qwen/Qwen3.5-9B")])
+    with pytest.raises(PreflightError, match=r"Qwen3\.5-4B.*Qwen3\.5-9B"):
+        limits_from_capabilities(catalog, "Qwen/Qwen3.5-4B")
+
+
+class _Renamed:
+    """The real tokenizer with one special id moved and one extra token: a different model."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __len__(self):
+        return len(self.tokenizer) + 1
+
+    def convert_tokens_to_ids(self, token):
+        return 7 if token == "</tool_call>" else self.tokenizer.convert_tokens_to_ids(token)
+
+    def encode(self, text, **kwargs):
+        return self.tokenizer.encode(text, **kwargs)
+
+
+def test_the_service_tokenizer_check_names_every_difference(tokenizer):
+    assert tokenizer_differences(tokenizer, tokenizer) == []
+    problems = tokenizer_differences(tokenizer, _Renamed(tokenizer))
+    assert any("vocabulary size" in p for p in problems) and any("</tool_call> is id 7" in p for p in problems)
+
+
+def test_a_tokenizer_download_failure_becomes_one_line_naming_modelscope():
+    class NetworkError(Exception):
+        __module__ = "modelscope_hub.errors"
+
+    def fail():
+        raise NetworkError("[E1020] cannot reach modelscope.cn\nretrying...")
+
+    client = SimpleNamespace(model_id="Qwen/Qwen3.5-4B", get_tokenizer=fail)
+    with pytest.raises(PreflightError) as refused:
+        load_service_tokenizer(client)
+    message = str(refused.value)
+    assert "ModelScope" in message and "Qwen/Qwen3.5-4B" in message and "\n" not in message
+
+
+def test_service_and_network_failures_are_told_apart_from_bugs():
+    class ModelScopeError(Exception):
+        __module__ = "modelscope.hub.errors"
+
+    service_side = [httpx.ReadTimeout("read timed out"), httpx.ConnectError("refused"), ModelScopeError("E1020"),
+                    concurrent.futures.TimeoutError(), TimeoutError("t"), ConnectionResetError("reset")]
+    assert all(is_service_failure(error) for error in service_side)
+    assert not any(is_service_failure(error) for error in (ValueError("bug"), KeyError("k"), AssertionError()))
+    assert describe_failure(httpx.ReadTimeout("read timed out\nmore")) == "ReadTimeout: read timed out"
+
+
+# --- run directories: nothing written before the checks, nothing stuck after a failed start --
+
+
+def test_preflight_only_checks_and_writes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--preflight-only", "--run-dir", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert "preflight passed" in result.output
+    assert not run_dir.exists()
+
+
+def test_a_run_that_failed_before_its_first_step_can_be_started_over_without_removing_it(tmp_path):
+    run_dir = tmp_path / "run"
+    garbage = tmp_path / "garbage.yaml"
+    garbage.write_text("not: [a cassette")
+    base = ["train", "--offline", "--quiet", "--max-steps", "1", "--questions-per-batch", "2", "--group-size", "2",
+            "--backend", "wikipedia", "--run-dir", str(run_dir)]
+    failed = CliRunner().invoke(main, [*base, "--cassette", str(garbage)])
+    assert failed.exit_code == 1, failed.output
+    retried = CliRunner().invoke(main, base)
+    assert retried.exit_code == 0, retried.output
+    from searchr1.run_dir import RunDir
+
+    assert [m["step"] for m in RunDir(run_dir).metrics()] == [0]

@@ -90,6 +90,7 @@ def rollout_config_from(kwargs: dict[str, Any], *, seed: int) -> RolloutConfig:
 def run_guarded(function: Callable[[], Any]) -> Any:
     """Turn expected failures into one clear line and a non-zero exit (no traceback)."""
     from ..data import DataError
+    from ..preflight import PreflightError
     from ..run_dir import RunDirError
     from ..scripted import ScenarioError
     from ..search.env import MissingApiKeyError
@@ -97,7 +98,7 @@ def run_guarded(function: Callable[[], Any]) -> Any:
     from ..services import ServiceSetupError
     from ..tokenizer import TokenizerSetupError
 
-    expected = (DataError, RunDirError, ScenarioError, MissingApiKeyError, CassetteMissError,
+    expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, CassetteMissError,
                 CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError)
     try:
         return function()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from .options import rollout_config_from, rollout_options, run_guarded
 OFFLINE_DEFAULT_STEPS = 4
 # Flags that may differ when a run is resumed (everything else is fixed by config.json).
 RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "swanlab_project", "quiet", "chat_template",
-                   "allow_tempered_sampling"}
+                   "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits"}
 
 
 @click.command(context_settings={"show_default": True})
@@ -55,6 +56,12 @@ RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "swanlab_project", "qu
 @click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
               help="Another copy of the Qwen3.5 chat template (checked by sha256).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@click.option("--preflight-only", is_flag=True,
+              help="Run the checks a paid run makes before its first sample (server limits, the service's "
+                   "tokenizer), print what they found and exit 0 when the run is ready; nothing is written.")
+@click.option("--clamp-to-server-limits", is_flag=True,
+              help="Lower --max-trajectory-tokens to the service's limits for the model (with a warning) "
+                   "instead of stopping.")
 @click.option("--allow-tempered-sampling", is_flag=True,
               help="Accept --temperature/--top-p other than 1. The importance ratio then uses logprobs of a "
                    "tempered or truncated distribution instead of the trained policy's, which biases the update.")
@@ -82,7 +89,7 @@ def _explicit(ctx: click.Context) -> set[str]:
 def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) -> None:
     from ..data import file_sha256, shuffled_examples
     from ..offline import TRAIN
-    from ..run_dir import RunDir, recorded_checkpoints
+    from ..run_dir import TWIN_HOME, RunDir, recorded_checkpoints
     from ..services import (
         check_base_model,
         check_search_keys,
@@ -100,6 +107,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     quiet = kwargs.pop("quiet")
     swanlab_mode, swanlab_project = kwargs.pop("swanlab_mode"), kwargs.pop("swanlab_project")
     chat_template = kwargs.pop("chat_template")
+    preflight_only, clamp = kwargs.pop("preflight_only"), kwargs.pop("clamp_to_server_limits")
     if resume_dir is not None:
         if kwargs["run_dir"] is not None:
             raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
@@ -158,7 +166,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
                 "that run's checkpoints on PyTRIO")
     # Everything bad input can break, before PyTRIO is contacted and before a new run
     # directory is written: the data (a malformed line names file:line), the tokenizer and
-    # chat template, the search keys; then the PyTRIO key and connection.
+    # chat template, the search keys; then the PyTRIO key and connection, the server's limits
+    # and its tokenizer (searchr1.preflight). Only then is the run directory written.
     offline = config.offline
     tokenizer = load_tokenizer(chat_template)
     examples = shuffled_examples(config.data, config.seed)
@@ -169,54 +178,129 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     check_search_keys(search, offline=offline)
     if resume_dir is None:
         run.check_creatable()
-    service = None if offline else live_service()
-    if resume_dir is None:
-        run.create(config.to_json())
     if offline:
-        service = offline_service(run.path / "fake-trio", tokenizer, offline_scenario())
-    logger = _swanlab_logger(swanlab_mode, swanlab_project, config, offline)
+        # --preflight-only writes nothing, not even the twin's home, for a new run
+        home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
+        service = offline_service(home, tokenizer, offline_scenario())
+    else:
+        service = live_service()
+    config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
+    resume = run.resume_point() if resume_dir is not None else None
+    logger = None if preflight_only else _swanlab_logger(swanlab_mode, swanlab_project, config, offline)
     reporter = None
-    if not quiet:
+    if not quiet and not preflight_only:
         from ..progress import RichReporter
 
         reporter = RichReporter()
+    stop = _StopOnInterrupt()
 
     async def main() -> int:
         backend = search_backend(search, offline=offline)
         try:
             trainer = Trainer(config, run, service=service, tokenizer=tokenizer, search=backend,
                               examples=examples, reporter=reporter, logger=logger)
-            return await trainer.run_steps(run.resume_point() if resume_dir is not None else None)
+            first = trainer.connect(resume)
+            if preflight_only:
+                click.echo(f"preflight passed: the service's tokenizer matches; the run would start at step "
+                           f"{first} of {config.max_steps}", err=True)
+                return first
+            if resume_dir is None:
+                run.create(config.to_json())
+            stop.trainer = trainer
+            return await trainer.run_steps(resume)
         finally:
             await backend.aclose()
 
     click.echo(f"run directory: {run.path}  ({'offline twin' if offline else 'live PyTRIO'}, "
                f"backend {search.backend}, {config.max_steps} steps)", err=True)
     try:
-        completed = asyncio.run(main())
+        with stop:
+            completed = asyncio.run(main())
     except TrainingStopped as stopped:
         click.secho(str(stopped), fg="red", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
-        click.secho(f"interrupted. Finished steps are saved in {run.path}; resume with: "
-                    f"python cli.py train --resume {run.path}", fg="yellow", err=True)
+        click.secho(f"interrupted at once. Finished steps are in {run.path}; resume (from the last checkpoint) "
+                    f"with: python cli.py train --resume {run.path}", fg="yellow", err=True)
         sys.exit(130)
     finally:
         if logger is not None:
             logger.finish()
+    if preflight_only:
+        return
     last = run.resume_point()
+    if stop.requested and completed < config.max_steps:
+        click.secho(f"stopped on Ctrl-C after step {completed}; checkpoint {last.name if last else '-'} saved. "
+                    f"Continue with: python cli.py train --resume {run.path}", fg="yellow", err=True)
+        sys.exit(130)
     click.echo(f"done: {completed} steps. metrics: {run.file('metrics.jsonl')}")
     if last is not None:
         click.echo(f"last checkpoint: {last.name}  weights for eval: {last.weights_path}")
+
+
+def _fit_server_limits(service: Any, config: Any, *, clamp: bool, resuming: bool) -> Any:
+    """Check the trajectory budget against the service's limits for the model (or lower it
+    with --clamp-to-server-limits on a fresh run); the limits are recorded in config.json."""
+    import dataclasses
+
+    from ..preflight import fit_trajectory_budget, read_server_limits
+
+    if not hasattr(service, "get_server_capabilities"):  # the client-level fake has no catalog
+        return config
+    limits = read_server_limits(service, config.base_model)
+    fit = fit_trajectory_budget(limits, config.rollout.max_trajectory_tokens, clamp=clamp and not resuming,
+                                group_size=config.rollout.group_size)
+    for warning in fit.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    rollout = dataclasses.replace(config.rollout, max_trajectory_tokens=fit.max_trajectory_tokens)
+    if resuming:
+        return config
+    return dataclasses.replace(config, rollout=rollout, server_limits=limits.to_json())
+
+
+class _StopOnInterrupt:
+    """First Ctrl-C: let the current step finish, checkpoint, stop (``trainer.request_stop``).
+    Second Ctrl-C: stop at once (``KeyboardInterrupt``; finished steps are on disk, the resume
+    point is the last checkpoint)."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopOnInterrupt:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested or self.trainer is None:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.trainer.request_stop()
+        click.secho("\nCtrl-C: finishing the current step, then saving a checkpoint "
+                    "(press Ctrl-C again to quit at once)", fg="yellow", err=True)
 
 
 _MISSING = object()
 
 
 def _free_run_dir(root: Path, name: str) -> Path:
-    """``runs/<name>``, or ``runs/<name>-2``, ``-3``… when taken: a default never collides."""
+    """``runs/<name>``, or ``runs/<name>-2``, ``-3``… when taken (a directory whose run never
+    finished a step is not taken): a default never collides."""
+    from ..run_dir import RunDir
+
     candidate, number = root / name, 1
-    while candidate.exists():
+    while not RunDir(candidate).can_start_over():
         number += 1
         candidate = root / f"{name}-{number}"
     return candidate
