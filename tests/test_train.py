@@ -199,3 +199,59 @@ def test_a_live_run_without_a_key_fails_fast(tmp_path, monkeypatch):
 def test_live_runs_need_max_steps():
     result = CliRunner().invoke(main, ["train", "--quiet"])
     assert result.exit_code == 2 and "--max-steps is required" in result.output
+
+
+INTERRUPTER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from searchr1 import run_dir, trainer
+    where, at_step, presses = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    def press():
+        for _ in range(presses):
+            os.kill(os.getpid(), signal.SIGINT)
+    original_append = run_dir.RunDir.append_metrics
+    def append(self, record):
+        original_append(self, record)
+        if where == "after_step" and record["step"] == at_step:
+            press()
+    run_dir.RunDir.append_metrics = append
+    original_rollout = trainer.rollout_batch_async
+    async def rollout(*args, step, **kwargs):
+        if where == "in_rollout" and step == at_step:
+            press()
+        return await original_rollout(*args, step=step, **kwargs)
+    trainer.rollout_batch_async = rollout
+    from searchr1.cli import main
+    main(sys.argv[4:])
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["after_step", "in_rollout"])
+def test_the_first_ctrl_c_finishes_the_step_and_checkpoints_it_so_resume_loses_nothing(tmp_path, where):
+    run_dir = tmp_path / "run"
+    args = [*BASE, "--backend", "wikipedia", "--max-steps", "4", "--save-every", "50", "--run-dir", str(run_dir)]
+    process = subprocess.run([sys.executable, "-c", INTERRUPTER, where, "1", "1", *args], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == 130, process.stderr[-2000:]
+    assert "checkpoint" in process.stderr and "--resume" in process.stderr
+    run = RunDir(run_dir)
+    assert [m["step"] for m in run.metrics()] == [0, 1]
+    assert run.resume_point().step == 2  # the interrupted step was finished and saved
+    code, output = train("--resume", str(run_dir))
+    assert code == 0, output
+    assert [m["step"] for m in run.metrics()] == [0, 1, 2, 3]
+    assert not (run_dir / "metrics.rewound.jsonl").exists()  # no finished step was undone
+
+
+def test_a_second_ctrl_c_quits_at_once_and_resume_restarts_at_the_last_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*BASE, "--backend", "wikipedia", "--max-steps", "4", "--save-every", "1", "--run-dir", str(run_dir)]
+    process = subprocess.run([sys.executable, "-c", INTERRUPTER, "in_rollout", "2", "2", *args], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == 130, process.stderr[-2000:]
+    run = RunDir(run_dir)
+    assert [m["step"] for m in run.metrics()] == [0, 1]  # step 2 was abandoned, not recorded
+    assert run.resume_point().step == 2
+    assert train("--resume", str(run_dir))[0] == 0
+    assert [m["step"] for m in run.metrics()] == [0, 1, 2, 3]
