@@ -1,0 +1,464 @@
+"""A small policy that really learns from the project's RL update: the twin's ``learning`` model.
+
+What it is
+    A softmax over whole assistant turns. At every turn the policy reads its prompt, finds the
+    question and how much of the evidence that question needs the prompt already holds, and
+    picks one of at most five *strategies*; each strategy is one full assistant turn in the
+    project's protocol (Qwen3.5 XML tool call or an ``Answer:`` line), tokenised with the real
+    tokenizer and ended with ``<|im_end|>``:
+
+    ================  ===========================================================  ===========
+    kind              the turn                                                     phases
+    ================  ===========================================================  ===========
+    ``search_next``   search the next hop's query                                  none, partial
+    ``repeat_search`` search the last hop's query again (wastes the budget)        partial, complete
+    ``answer``        answer from what was found: the question's right answer      all
+                      once every hop's passage is in the prompt, its plausible
+                      wrong answer before that (with nothing found: a guess)
+    ``json_call``     a JSON-style ``<tool_call>`` (invalid for Qwen3.5)           all
+    ``no_answer``     a reply without an ``Answer:`` line                          all
+    ================  ===========================================================  ===========
+
+    The *phase* is ``none`` / ``partial`` / ``complete``: how many of the question's hops, in
+    order, have their passage somewhere in the prompt after the user turn (none, some, all;
+    one-hop questions have no ``partial``).
+
+Parameters
+    ``params`` has shape ``(3, 5)``: one logit delta per (phase, kind), shared by every
+    question, so what is learnt on the train questions transfers to the dev questions. The
+    logits are ``BASE_LOGITS + params`` over the kinds valid in the phase (the other cells
+    are unused and keep a zero gradient). ``initial_params()`` is zeros, so a fresh run is
+    the base model, as a fresh LoRA adapter is. The base table is deliberately poor: it
+    prefers guessing and answering from partial evidence (its greedy dev EM is 0, sampled
+    about 5%), yet every behaviour keeps a probability above 0.1, so the RL signal has
+    something to find.
+
+Token-level exactness
+    The candidates of a state sit in a trie of token ids. The logprob of token ``t`` at a
+    node is ``log(mass of the candidates through the child for t / mass through the node)``
+    (masses are softmax probabilities, computed as log-sum-exps of logits), so a candidate's
+    token logprobs add up to its log-probability, sampling (draw a candidate, return its
+    tokens) draws from exactly the distribution whose logprobs it returns, and the gradient
+    is closed form: ``d logp / d logits = q_child - q_node``, where ``q_S`` is the softmax
+    restricted to the candidates through ``S``. ``max_tokens`` cuts a candidate (then
+    ``stopped=False``). ``temperature`` divides the logits; ``temperature == 0`` means the
+    argmax candidate (ties go to the kind listed first above), whose tokens then have
+    logprob 0.0. The same seed and prompt give the same draws; ``seed=None`` draws from
+    fresh entropy, as a sampler without a seed does.
+
+Training (``loss_and_grad``)
+    Sees only what a real service receives: per datum the input tokens, the targets, the
+    sampler's logprobs, the advantages (and cross-entropy weights), the loss name and the
+    totals of the whole call. A *generated segment* starts right after each no-think
+    generation header ``<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n`` in the inputs and
+    runs up to and including the next ``<|im_end|>`` (whether the sampler returned it or the
+    environment appended it: it is the same token on the same trie path). Inside a segment,
+    the target's exact logprob under ``params`` (at temperature 1, the model's own
+    distribution) is computed on the trie of the state the segment's prompt is in. Outside
+    segments (system prompt, question, observations, closing newlines) a target gets
+    ``ENVIRONMENT_LOGPROB`` (0.0: the environment's tokens are given, not chosen) with zero
+    gradient. A generated token that is not on the trie (and every later token of its
+    segment) gets ``OFF_TRIE_LOGPROB`` (-30.0, far below any candidate) with zero gradient.
+    Losses per active position (target ``!= -100``): ``importance_sampling`` is
+    ``-exp(logp - old_logprob) * advantage``, ``cross_entropy`` is ``-weight * logp``; the
+    sum is divided by ``totals.denominator(reduction)``.
+
+No side channel
+    The policy never sees a reward, which answer is right, or which candidate is good. Its
+    "knowledge" is the offline question set's hop queries and passages (to write queries
+    and recognise evidence) and the answer each strategy would produce in each phase (the
+    first accepted answer after complete evidence, the plausible wrong one otherwise). That
+    searching every hop before answering pays, it must learn from the advantages alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..offline import CALL
+from .offline_world import WorldQuestion, load_world, question_key
+from .policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
+
+KINDS: tuple[str, ...] = ("search_next", "repeat_search", "answer", "json_call", "no_answer")
+PHASES: tuple[str, ...] = ("none", "partial", "complete")
+
+# Which kinds exist in which phase (rows: PHASES, columns: KINDS).
+VALID_KINDS = np.array(
+    [
+        [True, False, True, True, True],   # none: nothing to repeat
+        [True, True, True, True, True],    # partial
+        [False, True, True, True, True],   # complete: no next hop
+    ]
+)
+
+# The base model's logits (rows: PHASES, columns: KINDS; unused cells are 0.0). At base it
+# guesses half the time with nothing found (0.50), answers early from partial evidence (0.44),
+# searches the next hop with probability 0.20, and answers once all is found with 0.61.
+BASE_LOGITS = np.array(
+    [
+        [0.0, 0.0, 0.9, -0.2, -0.4],
+        [0.0, -0.3, 0.8, -0.6, -0.6],
+        [0.0, -0.4, 1.0, -0.6, -0.6],
+    ]
+)
+
+ENVIRONMENT_LOGPROB = 0.0
+OFF_TRIE_LOGPROB = -30.0
+
+GENERATION_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+STOP_TOKEN = "<|im_end|>"
+_USER_HEADER = "<|im_start|>user\n"
+_OPENING = "I need evidence for this."
+
+
+class UnknownQuestionError(ValueError):
+    """A prompt's question is not in the offline question set the policy knows."""
+
+
+class PromptFormatError(ValueError):
+    """A prompt is not a conversation that ends with the no-think generation header."""
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+def phase_index(found: int, hops: int) -> int:
+    """0 (none), 1 (partial) or 2 (complete) for ``found`` of ``hops`` hops."""
+    if found <= 0:
+        return 0
+    return 2 if found >= hops else 1
+
+
+def candidate_text(question: WorldQuestion, found: int, kind: str) -> str:
+    """The assistant turn of ``kind`` when the first ``found`` hops are in the prompt (pure)."""
+    hops = question.hops
+    complete = found >= len(hops)
+    next_query = hops[min(found, len(hops) - 1)].query
+    if kind == "search_next" and not complete:
+        return f"{_OPENING}\n\n" + CALL.format(query=next_query)
+    if kind == "repeat_search" and found > 0:
+        return "Let me run that search once more.\n\n" + CALL.format(query=hops[found - 1].query)
+    if kind == "answer":
+        if complete:
+            return f"The passages agree.\n\nAnswer: {question.answers[0]}"
+        if found:
+            return f"The first passage points to this.\n\nAnswer: {question.wrong}"
+        return f"I am fairly sure already.\n\nAnswer: {question.wrong}"
+    if kind == "json_call":
+        payload = json.dumps({"name": "search", "arguments": {"query": next_query}})
+        return f"{_OPENING}\n\n<tool_call>\n{payload}\n</tool_call>"
+    if kind == "no_answer":
+        return "I cannot tell without more context."
+    raise ValueError(f"kind {kind!r} does not exist when {found} of {len(hops)} hops are found")
+
+
+@dataclass
+class TrieNode:
+    """The candidates (indices into the state's list) whose tokens pass through this node."""
+
+    members: tuple[int, ...]
+    children: dict[int, TrieNode] = field(default_factory=dict)
+
+
+def build_trie(sequences: Sequence[Sequence[int]]) -> TrieNode:
+    """A trie of token sequences; no sequence may be a prefix of another (each ends with the
+    stop token, so only identical sequences could be)."""
+    root = TrieNode(tuple(range(len(sequences))))
+    for index, tokens in enumerate(sequences):
+        node = root
+        for token in tokens:
+            child = node.children.get(token)
+            if child is None:
+                child = node.children[token] = TrieNode(())
+            child.members += (index,)
+            node = child
+        if node.children:
+            raise ValueError(f"candidate {index} is a prefix of another candidate")
+    for index, tokens in enumerate(sequences):
+        for other in range(index):
+            if list(sequences[other]) == list(tokens):
+                raise ValueError(f"candidates {other} and {index} have the same tokens")
+    return root
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """Where a prompt is: the question, how many hops are found, and the candidate turns."""
+
+    question: WorldQuestion
+    found: int
+    phase: int
+    kinds: tuple[int, ...]  # indices into KINDS, in KINDS order
+    texts: tuple[str, ...]
+    tokens: tuple[tuple[int, ...], ...]
+    trie: TrieNode
+
+
+def _logsumexp(values: np.ndarray) -> float:
+    top = float(values.max())
+    return top + float(np.log(np.exp(values - top).sum()))
+
+
+def _restricted_softmax(logits: np.ndarray, members: Sequence[int]) -> np.ndarray:
+    """``softmax(logits)`` restricted to ``members`` (zeros elsewhere): ``d lse(S) / d logits``."""
+    out = np.zeros_like(logits)
+    chosen = logits[list(members)]
+    weights = np.exp(chosen - chosen.max())
+    out[list(members)] = weights / weights.sum()
+    return out
+
+
+def path_logprobs(trie: TrieNode, logits: np.ndarray, tokens: Sequence[int]) -> list[float]:
+    """Per-token logprobs of ``tokens`` along the trie (every token must be on it)."""
+    out = []
+    node = trie
+    mass = _logsumexp(logits[list(node.members)])
+    for token in tokens:
+        node = node.children[token]
+        child_mass = _logsumexp(logits[list(node.members)])
+        out.append(child_mass - mass)
+        mass = child_mass
+    return out
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+class LearningPolicy:
+    """The twin's ``learning`` model (see the module docstring). Satisfies ``TwinPolicy``."""
+
+    kind = "learning-search-strategy-v1"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        questions: Sequence[WorldQuestion] | None = None,
+        *,
+        base_logits: np.ndarray = BASE_LOGITS,
+        state_cache_size: int = 4096,
+    ) -> None:
+        base = np.asarray(base_logits, dtype=np.float64)
+        if base.shape != (len(PHASES), len(KINDS)) or not np.all(np.isfinite(base)):
+            raise ValueError(f"base_logits must be a finite {len(PHASES)}x{len(KINDS)} table, got shape {base.shape}")
+        self.base_logits = base
+        self.tokenizer = tokenizer
+        self.questions = tuple(load_world() if questions is None else questions)
+        self._by_question = {question_key(q.question): q for q in self.questions}
+        self._header = tuple(tokenizer.encode(GENERATION_HEADER, add_special_tokens=False))
+        self._stop = int(tokenizer.convert_tokens_to_ids(STOP_TOKEN))
+        self._candidates = lru_cache(maxsize=None)(self._build_candidates)
+        self._state_of = lru_cache(maxsize=state_cache_size)(self._read_state)
+
+    # -- TwinPolicy ---------------------------------------------------------------------
+
+    def initial_params(self) -> np.ndarray:
+        return np.zeros((len(PHASES), len(KINDS)), dtype=np.float64)
+
+    def sample(
+        self,
+        params: np.ndarray,
+        prompt: Sequence[int],
+        num_samples: int,
+        *,
+        max_tokens: int,
+        seed: int | None,
+        temperature: float,
+    ) -> list[SampledSequence]:
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self._check_params(params)
+        prompt = [int(t) for t in prompt]
+        if tuple(prompt[-len(self._header):]) != self._header:
+            raise PromptFormatError(
+                "learning policy: the prompt does not end with the no-think generation header "
+                f"{GENERATION_HEADER!r}"
+            )
+        state = self.state(prompt)
+        logits = self.logits(params, state)
+        if temperature == 0.0:
+            chosen = [int(np.argmax(logits))] * num_samples
+            paths = {chosen[0]: [0.0] * len(state.tokens[chosen[0]])}
+        else:
+            tempered = logits / temperature
+            probabilities = np.exp(tempered - _logsumexp(tempered))
+            chosen = [int(i) for i in self._rng(prompt, seed).choice(len(logits), size=num_samples, p=probabilities)]
+            paths = {i: path_logprobs(state.trie, tempered, state.tokens[i]) for i in set(chosen)}
+        out = []
+        for index in chosen:
+            tokens = list(state.tokens[index])
+            stopped = len(tokens) <= max_tokens
+            out.append(SampledSequence(tokens[:max_tokens], paths[index][:max_tokens], stopped))
+        return out
+
+    def loss_and_grad(
+        self,
+        params: np.ndarray,
+        samples: Sequence[PolicySample],
+        *,
+        loss_fn: str,
+        reduction: Reduction,
+        totals: Totals,
+    ) -> LossResult:
+        if loss_fn not in ("importance_sampling", "cross_entropy"):
+            raise ValueError(
+                f"learning policy has no loss {loss_fn!r}; expected importance_sampling or cross_entropy"
+            )
+        denominator = totals.denominator(reduction)
+        self._check_params(params)
+        grad = np.zeros((len(PHASES), len(KINDS)), dtype=np.float64)
+        loss_sum = 0.0
+        token_count = 0
+        all_logprobs = []
+        for sample in samples:
+            logp, slopes = self.target_logprobs(params, sample.inputs, sample.targets)
+            all_logprobs.append(logp)
+            active = sample.active
+            if not active.any():
+                continue
+            if loss_fn == "importance_sampling":
+                terms = -np.exp(logp - sample.old_logprobs) * sample.advantages
+                dterms = terms  # d/dlogp of -exp(logp - old) * A is the term itself
+            else:
+                terms = -sample.weights * logp
+                dterms = -sample.weights
+            loss_sum += float(terms[active].sum())
+            token_count += int(active.sum())
+            for position, phase, slope in slopes:
+                grad[phase] += dterms[position] * slope
+        return LossResult(
+            loss=loss_sum / denominator,
+            grad=grad / denominator,
+            loss_sum=loss_sum,
+            token_count=token_count,
+            logprobs=all_logprobs,
+        )
+
+    # -- reading prompts ----------------------------------------------------------------
+
+    def state(self, prompt: Sequence[int]) -> PolicyState:
+        """The state of a prompt that ends with the generation header (cached)."""
+        return self._state_of(np.asarray(prompt, dtype=np.int64).tobytes())
+
+    def _read_state(self, prompt_bytes: bytes) -> PolicyState:
+        tokens = np.frombuffer(prompt_bytes, dtype=np.int64).tolist()
+        text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+        start = text.find(_USER_HEADER)
+        if start < 0:
+            raise PromptFormatError("learning policy: the prompt holds no user turn")
+        question_key_text, _, after = text[start + len(_USER_HEADER):].partition("<|im_end|>")
+        question = self._by_question.get(question_key(question_key_text))
+        if question is None:
+            raise UnknownQuestionError(
+                f"learning policy: the prompt's question {question_key_text.strip()!r} is not one of "
+                f"the {len(self.questions)} offline questions it knows (searchr1/offline/questions.json)"
+            )
+        found = 0
+        for hop in question.hops:
+            if question_key(hop.text) not in after:
+                break
+            found += 1
+        return self._candidates(question, found)
+
+    def _build_candidates(self, question: WorldQuestion, found: int) -> PolicyState:
+        phase = phase_index(found, len(question.hops))
+        kinds = tuple(int(k) for k in np.flatnonzero(VALID_KINDS[phase]))
+        texts = tuple(candidate_text(question, found, KINDS[k]) for k in kinds)
+        tokens = tuple(
+            tuple(self.tokenizer.encode(text, add_special_tokens=False)) + (self._stop,) for text in texts
+        )
+        try:
+            trie = build_trie(tokens)
+        except ValueError as error:
+            raise ValueError(f"learning policy: question {question.id} ({found} hops found): {error}") from None
+        return PolicyState(question, found, phase, kinds, texts, tokens, trie)
+
+    # -- distributions ------------------------------------------------------------------
+
+    def _check_params(self, params: np.ndarray) -> None:
+        if np.shape(params) != (len(PHASES), len(KINDS)):
+            raise ValueError(
+                f"learning policy params must have shape {(len(PHASES), len(KINDS))}, got {np.shape(params)}"
+            )
+
+    def logits(self, params: np.ndarray, state: PolicyState) -> np.ndarray:
+        """Logits of the state's candidates (in ``state.kinds`` order) at temperature 1."""
+        self._check_params(params)
+        row = self.base_logits[state.phase] + np.asarray(params, dtype=np.float64)[state.phase]
+        return row[list(state.kinds)]
+
+    def kind_probabilities(self, params: np.ndarray, prompt: Sequence[int]) -> dict[str, float]:
+        """The probability of each candidate kind for this prompt (temperature 1)."""
+        state = self.state(prompt)
+        logits = self.logits(params, state)
+        probabilities = np.exp(logits - _logsumexp(logits))
+        return {KINDS[k]: float(p) for k, p in zip(state.kinds, probabilities)}
+
+    def _rng(self, prompt: Sequence[int], seed: int | None) -> np.random.Generator:
+        if seed is None:
+            return np.random.default_rng()
+        digest = hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=8).digest()
+        return np.random.default_rng([int(seed) & (2**64 - 1), int.from_bytes(digest, "big")])
+
+    def target_logprobs(
+        self, params: np.ndarray, inputs: np.ndarray, targets: np.ndarray
+    ) -> tuple[np.ndarray, list[tuple[int, int, np.ndarray]]]:
+        """Per-position logprobs of ``targets`` (``inputs[:i + 1]`` predicts ``targets[i]``;
+        0.0 where the target is -100) and, for every generated on-trie position whose
+        logprob depends on ``params``, ``(position, phase, d logp / d params[phase])``."""
+        inputs = np.asarray(inputs, dtype=np.int64)
+        targets = np.asarray(targets, dtype=np.int64)
+        out = np.full(len(targets), ENVIRONMENT_LOGPROB, dtype=np.float64)
+        slopes: list[tuple[int, int, np.ndarray]] = []
+        for start in self._segment_starts(inputs):
+            state = self.state(inputs[: start + 1])
+            logits = self.logits(params, state)
+            row_index = list(state.kinds)
+            node: TrieNode | None = state.trie
+            position = start
+            while position < len(targets):
+                if position > start:
+                    if int(inputs[position]) == self._stop:
+                        break  # the segment ended with the previous target
+                    node = None if node is None else node.children.get(int(inputs[position]))
+                target = int(targets[position])
+                child = None if node is None else node.children.get(target)
+                if target == IGNORE_INDEX:
+                    out[position] = 0.0
+                elif child is None:
+                    out[position] = OFF_TRIE_LOGPROB
+                else:
+                    assert node is not None
+                    if len(child.members) == len(node.members):
+                        out[position] = 0.0  # the node has one way on: certain, no gradient
+                    else:
+                        out[position] = _logsumexp(logits[list(child.members)]) - _logsumexp(logits[list(node.members)])
+                        slope = np.zeros(len(KINDS))
+                        slope[row_index] = (
+                            _restricted_softmax(logits, child.members) - _restricted_softmax(logits, node.members)
+                        )
+                        slopes.append((position, state.phase, slope))
+                position += 1
+        out[targets == IGNORE_INDEX] = 0.0
+        return out, slopes
+
+    def _segment_starts(self, inputs: np.ndarray) -> list[int]:
+        """Positions ``e`` where ``inputs[: e + 1]`` ends with the generation header."""
+        width = len(self._header)
+        if len(inputs) < width:
+            return []
+        last = self._header[-1]
+        return [
+            int(e) for e in np.flatnonzero(inputs == last)
+            if e + 1 >= width and tuple(inputs[e + 1 - width: e + 1].tolist()) == self._header
+        ]
