@@ -350,14 +350,15 @@ class _Engine:
     """State shared by the tasks of one batch."""
 
     def __init__(self, sampling_client: Any, tokenizer: Any, search_backend: SearchBackend,
-                 config: RolloutConfig, step: int, progress: Callable[[int], None] | None) -> None:
+                 config: RolloutConfig, step: int, progress: Callable[[int], None] | None,
+                 sampling_slots: asyncio.Semaphore | None = None) -> None:
         self.sampler = sampling_client
         self.tokenizer = tokenizer
         self.search = search_backend
         self.config = config
         self.step = step
         self.progress = progress
-        self.semaphore = asyncio.Semaphore(config.sampling_concurrency)
+        self.semaphore = sampling_slots or asyncio.Semaphore(config.sampling_concurrency)
         self.stop = stop_sequences(tokenizer)
         self.first_failure: str | None = None
 
@@ -483,15 +484,19 @@ async def rollout_batch_async(
     step: int = 0,
     advantage_mode: str = "mean",
     keep_env_failures: bool = False,
+    sampling_slots: asyncio.Semaphore | None = None,
 ) -> list[Trajectory]:
     """Roll out ``group_size`` trajectories per example; score them and assign advantages.
+
+    ``sampling_slots`` caps sampling requests across several batches rolling out at once (the
+    trainer's off-policy pipeline); by default the batch has ``sampling_concurrency`` of its own.
 
     Returns trajectories ordered by question, then sample. Raises
     :class:`SamplerFailureError` when more than ``max_sampler_failure_fraction`` of them could
     not be sampled (a smaller share ends as ``sampler_error`` and is left out of the update).
     """
     template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
-    engine = _Engine(sampling_client, tokenizer, search_client, config, step, progress_callback)
+    engine = _Engine(sampling_client, tokenizer, search_client, config, step, progress_callback, sampling_slots)
     groups = await run_all(
         engine.run_question(index, example) for index, example in enumerate(examples)
     )

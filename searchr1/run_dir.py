@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,8 @@ class ResumePoint:
     state_path: str          # save_state URI (weights + optimizer)
     weights_path: str        # save_weights_for_sampler URI (for eval)
     name: str
+    # off-policy runs: weights version -> sampler URI of the batches in flight at the checkpoint
+    sampler_paths: dict[int, str] = field(default_factory=dict)
 
 
 class RunDir:
@@ -167,8 +169,9 @@ class RunDir:
         if not entries:
             return None
         last = entries[-1]
+        samplers = {int(version): str(path) for version, path in (last.get("sampler_paths") or {}).items()}
         return ResumePoint(int(last["step"]), int(last["cursor"]), str(last["state_path"]),
-                           str(last.get("weights_path") or ""), str(last.get("name") or ""))
+                           str(last.get("weights_path") or ""), str(last.get("name") or ""), samplers)
 
     def rewind_to(self, step: int) -> int:
         """Keep metrics of steps ``< step``; move the rest (and torn lines) aside. Returns the

@@ -24,6 +24,7 @@ whose message says how to resume; ``--resume`` restarts at the last checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import time
@@ -36,14 +37,18 @@ from .advantage import summarize_groups
 from .data import SearchExample, take_batch
 from .datum import TrainingDatum, build_training_datums
 from .metrics import datum_metrics, rollout_metrics, trainer_metrics
+from .off_policy import off_policy_metrics, sampler_version, versions_to_record
 from .packing import pack_micro_batches, weight_micro_batch_for_global_mean
 from .preflight import PreflightError, check_service_tokenizer
 from .protocol import check_template
 from .rollout import RolloutConfig, SamplerFailureError, rollout_batch_async
 from .run_dir import ResumePoint, RunDir
 from .search.types import SearchBackend
+from .trajectory import Trajectory
+from .transcripts import append_transcripts, select_transcripts, transcript_record
 
 ACCUMULATION_MODES = ("sdk", "manual")
+SAMPLER_TTL_SECONDS = 24 * 3600  # named samplers of off-policy runs (resume reuses them)
 CHECKPOINT_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?$"
 
 
@@ -76,6 +81,9 @@ class TrainConfig:
     run_id: str = ""
     # What the service reported for base_model when the run started (searchr1.preflight).
     server_limits: dict[str, Any] | None = None
+    # Rollouts for step b run on the weights after b - K steps (searchr1.off_policy); 0 = on-policy.
+    max_steps_off_policy: int = 0
+    transcripts_per_step: int = 4
 
     def __post_init__(self) -> None:
         import re
@@ -88,6 +96,10 @@ class TrainConfig:
             raise ValueError(f"--accumulation must be one of {ACCUMULATION_MODES}, got {self.accumulation!r}")
         if self.save_every < 0:
             raise ValueError(f"--save-every must be >= 0, got {self.save_every}")
+        if self.max_steps_off_policy < 0:
+            raise ValueError(f"--max-steps-off-policy must be >= 0, got {self.max_steps_off_policy}")
+        if self.transcripts_per_step < 0:
+            raise ValueError(f"--transcripts-per-step must be >= 0, got {self.transcripts_per_step}")
         if not re.match(CHECKPOINT_NAME, self.run_name) or len(self.run_name) > 150:
             raise ValueError(
                 f"--run-name {self.run_name!r} cannot prefix PyTRIO checkpoint names: use letters, "
@@ -189,6 +201,41 @@ def drop_out_of_vocab(datums: Sequence[TrainingDatum], vocab_size: int) -> tuple
     return kept, len(datums) - len(kept)
 
 
+@dataclass(frozen=True)
+class BatchRollout:
+    """One step's batch, rolled out (possibly while earlier steps trained)."""
+
+    batch_index: int
+    sampler_version: int
+    trajectories: list[Trajectory]
+    seconds: float
+
+
+class _BatchProgress:
+    """Routes per-trajectory progress to the reporter for the batch being waited on; batches
+    rolling out ahead of time are counted and shown when their step starts."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.current: int | None = None
+        self.pending: dict[int, int] = {}
+
+    def focus(self, batch_index: int) -> None:
+        self.current = batch_index
+        done = self.pending.pop(batch_index, 0)
+        if done:
+            self.reporter.trajectory_done(done)
+
+    def callback(self, batch_index: int) -> Callable[[int], None]:
+        def advance(count: int = 1) -> None:
+            if batch_index == self.current:
+                self.reporter.trajectory_done(count)
+            else:
+                self.pending[batch_index] = self.pending.get(batch_index, 0) + count
+
+        return advance
+
+
 class Trainer:
     """Runs steps ``[start_step, max_steps)`` of one run against any PyTRIO-shaped service."""
 
@@ -219,6 +266,14 @@ class Trainer:
         self.last_saved_step: int | None = None
         self.session = 0  # how many times this run was resumed (part of checkpoint names)
         self.stop_requested = False
+        self.weights_version = 0  # finished steps of the training client's current weights
+        # The pipeline: samplers per weights version, rollouts per batch (step) index.
+        self.sampler_paths: dict[int, str] = {}
+        self._samplers: dict[int, asyncio.Future[tuple[Any, int]]] = {}
+        self._rollouts: dict[int, asyncio.Future[BatchRollout]] = {}
+        self._progress = _BatchProgress(self.reporter)
+        self._sampling_slots: asyncio.Semaphore | None = None  # one cap for every batch in flight
+        self._last_trajectories: list[Trajectory] = []
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -244,6 +299,8 @@ class Trainer:
         self.training_client = client
         self.last_saved_step = None if resume is None else resume.step
         self.first_step = 0 if resume is None else resume.step
+        self.sampler_paths = {} if resume is None else dict(resume.sampler_paths)
+        self.weights_version = self.first_step
         return self.first_step
 
     def request_stop(self) -> None:
@@ -282,20 +339,86 @@ class Trainer:
         optim = await (await client.optim_step_async(adam))
         return outputs, {f"optim/{k}": float(v) for k, v in dict(optim.metrics).items()}, len(calls)
 
+    # -- samplers (one per weights version) ----------------------------------------------
+
+    def _sampler(self, version: int) -> asyncio.Future[tuple[Any, int]]:
+        """The sampling client on the weights after ``version`` finished steps (a task, made
+        once per version). On-policy (K=0) it is PyTRIO's temporary sampler; with K >= 1 the
+        weights are saved under a name of this run, so that a resumed run can roll out its
+        in-flight batches on exactly the weights the uninterrupted run used."""
+        if version not in self._samplers:
+            self._samplers[version] = asyncio.ensure_future(self._make_sampler(version))
+        return self._samplers[version]
+
+    async def _make_sampler(self, version: int) -> tuple[Any, int]:
+        """The sampler and the version it really holds: a version older than the current
+        weights that was not recorded (a finished run resumed with a larger --max-steps)
+        is no longer available, and the current weights stand in for it."""
+        client = self.training_client
+        if version in self.sampler_paths:  # recorded before a resume
+            return await client.create_sampling_client_async(self.sampler_paths[version]), version
+        if version < self.weights_version:
+            self.reporter.note(f"the sampler of the weights after {version} steps was not recorded; "
+                               f"sampling on the current weights (after {self.weights_version} steps)")
+            version = self.weights_version
+        if self.config.max_steps_off_policy == 0:
+            return await client.save_weights_and_get_sampling_client_async(), version
+        name = f"{self.config.checkpoint_name(version, self.session)}-sampler"
+        saved = await (await client.save_weights_for_sampler_async(name=name, ttl_seconds=SAMPLER_TTL_SECONDS))
+        self.sampler_paths[version] = saved.path
+        return await client.create_sampling_client_async(saved.path), version
+
+    # -- rollouts, possibly ahead of training -----------------------------------------------
+
+    def _launch(self, batch_index: int) -> asyncio.Future[BatchRollout]:
+        if batch_index not in self._rollouts:
+            self._rollouts[batch_index] = asyncio.ensure_future(self._roll_out(batch_index))
+        return self._rollouts[batch_index]
+
+    async def _roll_out(self, batch_index: int) -> BatchRollout:
+        """Roll out the batch trained in step ``batch_index``, on the sampler of
+        ``sampler_version(batch_index, K)``: seeds, questions and weights are fixed by the
+        step index alone, whenever the rollout actually runs."""
+        config = self.config
+        sampler, version = await self._sampler(sampler_version(batch_index, config.max_steps_off_policy))
+        batch = take_batch(self.examples, batch_index * config.questions_per_batch, config.questions_per_batch)
+        started = time.perf_counter()
+        trajectories = await rollout_batch_async(
+            sampler, self.tokenizer, self.search, batch, config.rollout, self._progress.callback(batch_index),
+            step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
+            sampling_slots=self._sampling_slots,
+        )
+        return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started)
+
+    def _drop_rollouts_from(self, first_batch: int) -> int:
+        """Cancel rollouts of batches ``>= first_batch`` (a stop or the end of the run)."""
+        dropped = 0
+        for index in sorted(self._rollouts):
+            if index >= first_batch:
+                task = self._rollouts.pop(index)
+                dropped += not task.done()
+                task.cancel()
+        return dropped
+
+    # -- one step ----------------------------------------------------------------------------
+
     async def step(self, step: int) -> dict[str, float]:
+        """Train step ``step``: launch the rollouts of steps ``step .. step + K`` that are not
+        running yet, wait for this step's batch, update, and start the sampler the batch
+        ``step + 1 + K`` will need."""
         config = self.config
         started = time.perf_counter()
-        batch = take_batch(self.examples, step * config.questions_per_batch, config.questions_per_batch)
-        self.reporter.start_step(step, len(batch) * config.rollout.group_size)
-        sampler = await self.training_client.save_weights_and_get_sampling_client_async()
-        rollout_started = time.perf_counter()
-        trajectories = await rollout_batch_async(
-            sampler, self.tokenizer, self.search, batch, config.rollout, self.reporter.trajectory_done,
-            step=step, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
-        )
-        rollout_seconds = time.perf_counter() - rollout_started
+        self.reporter.start_step(step, config.questions_per_batch * config.rollout.group_size)
+        self._progress.focus(step)
+        for index in range(step, min(step + config.max_steps_off_policy + 1, config.max_steps)):
+            self._launch(index)
+        rollout = await self._rollouts.pop(step)
+        waited = time.perf_counter() - started
+        trajectories = rollout.trajectories
         groups = summarize_groups(trajectories, keep_env_failures=config.keep_env_failures)
-        datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
+        staleness = step - rollout.sampler_version
+        stale = staleness > config.max_steps_off_policy  # never by construction; guarded all the same
+        datums = [] if stale else build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
         micro_batches = self._micro_batches(datums) if config.accumulation == "manual" else None
         metrics: dict[str, float] = {}
@@ -309,15 +432,24 @@ class Trainer:
             metrics.update(optim_metrics)
         else:
             calls = 0
+        self.weights_version = step + 1
+        if step + 1 + config.max_steps_off_policy < config.max_steps:
+            self._sampler(step + 1)  # saving the new weights overlaps with this step's bookkeeping
         metrics["train/forward_backward_calls"] = float(calls)
         metrics["train/tokens_sent"] = float(sum(d.num_tokens for d in datums))
         metrics["train/update_skipped"] = float(not datums)
+        if config.max_steps_off_policy:
+            metrics.update(off_policy_metrics(staleness, config.max_steps_off_policy, len(trajectories),
+                                              discarded=len(trajectories) if stale else 0,
+                                              in_flight=len(self._rollouts)))
         stats = getattr(self.search, "stats", None)
         if stats is not None and hasattr(stats, "drain"):
             metrics.update(stats.drain())
-        metrics["time/rollout_seconds"] = rollout_seconds
+        metrics["time/rollout_seconds"] = rollout.seconds
+        metrics["time/rollout_wait_seconds"] = waited
         metrics["time/train_seconds"] = time.perf_counter() - train_started
         metrics["time/step_seconds"] = time.perf_counter() - started
+        self._last_trajectories = trajectories
         return metrics
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -334,6 +466,10 @@ class Trainer:
             "cursor": completed * self.config.questions_per_batch,
             "state_path": state.path,
             "weights_path": weights.path,
+            # samplers of the batches in flight (off-policy runs): a resume redoes them exactly
+            "sampler_paths": {str(v): self.sampler_paths[v] for v in sorted(
+                versions_to_record(completed, self.config.max_steps, self.config.max_steps_off_policy))
+                if v in self.sampler_paths},
             "time": time.time(),
         }
         self.run.record_checkpoint(entry)
@@ -354,6 +490,7 @@ class Trainer:
         rewound = self.run.rewind_to(first)
         if rewound:
             self.reporter.note(f"resuming at step {first}: {rewound} later metrics line(s) moved to metrics.rewound.jsonl")
+        self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)
         self.reporter.start(config.max_steps, first)
         completed = first
         try:
@@ -361,10 +498,16 @@ class Trainer:
                 metrics = await self.step(step)
                 completed = step + 1
                 self.run.append_metrics({"step": step, **metrics})
+                if config.transcripts_per_step:
+                    chosen = select_transcripts(self._last_trajectories, config.transcripts_per_step)
+                    append_transcripts(self.run.path, step, [transcript_record(t, step) for t in chosen])
                 if self.logger is not None:
                     self.logger(step, metrics)
                 self.reporter.end_step(step, metrics)
-                if config.save_every and completed % config.save_every == 0:
+                stopping = self.stop_requested and completed < config.max_steps
+                if stopping:
+                    self._drop_rollouts_from(completed)  # in flight; redone exactly on resume
+                if (config.save_every and completed % config.save_every == 0) or stopping:
                     await self.save(completed)
                 self.run.write_state({
                     "step": completed,
@@ -374,7 +517,7 @@ class Trainer:
                     "max_steps": config.max_steps,
                     "session": self.session,
                 })
-                if self.stop_requested and completed < config.max_steps:
+                if stopping:
                     break
             if self.last_saved_step != completed:
                 await self.save(completed, final=completed >= config.max_steps)
@@ -390,5 +533,8 @@ class Trainer:
                 step=completed, run_dir=str(self.run.path),
             ) from error
         finally:
+            self._drop_rollouts_from(0)
+            for task in self._samplers.values():
+                task.cancel()
             self.reporter.close()
         return completed

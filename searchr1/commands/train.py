@@ -11,12 +11,13 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from ..loggers import LOGGER_NAMES, SWANLAB_MODES
 from ..search.cli_options import SearchOptions, search_options
 from .options import rollout_config_from, rollout_options, run_guarded
 
 OFFLINE_DEFAULT_STEPS = 4
 # Flags that may differ when a run is resumed (everything else is fixed by config.json).
-RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "swanlab_project", "quiet", "chat_template",
+RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "logger", "logger_project", "quiet", "chat_template",
                    "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits"}
 
 
@@ -50,12 +51,23 @@ RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "swanlab_project", "qu
               help="Group-relative advantage: reward minus group mean (seed), z-score, or raw reward.")
 @click.option("--keep-env-failures", is_flag=True,
               help="Train on groups hit by search or sampler failures (default: leave them out and count them).")
-@click.option("--swanlab-mode", type=click.Choice(["auto", "online", "local", "offline", "disabled"]), default="auto",
-              help="auto: disabled with --offline, else online when swanlab is installed.")
-@click.option("--swanlab-project", default="searchr1")
+@click.option("--logger", "logger", multiple=True, type=click.Choice(["none", *LOGGER_NAMES]),
+              help="Also send each step's metrics to swanlab, wandb or tensorboard (<run-dir>/tensorboard); "
+                   "repeatable; none for none [default: swanlab on live runs when it is installed, else none]. "
+                   "metrics.jsonl is always written.")
+@click.option("--logger-project", "--swanlab-project", "logger_project", default="searchr1",
+              help="SwanLab / W&B project (--swanlab-project is the old name).")
+@click.option("--swanlab-mode", type=click.Choice(SWANLAB_MODES), default="auto",
+              help="SwanLab's mode; any but auto and disabled implies --logger swanlab (older flag, kept working).")
 @click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
               help="Another copy of the Qwen3.5 chat template (checked by sha256).")
-@click.option("--quiet", is_flag=True, help="No progress display.")
+@click.option("--quiet", is_flag=True, help="No progress bars; one line per step.")
+@click.option("--max-steps-off-policy", type=click.IntRange(min=0), default=0,
+              help="Roll out the batches of the next K steps while a step trains, on weights up to K steps "
+                   "old (the importance ratio corrects for it); 0 = on-policy. Worth it when steps are long "
+                   "or training calls are expensive.")
+@click.option("--transcripts-per-step", type=click.IntRange(min=0), default=4,
+              help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
 @click.option("--preflight-only", is_flag=True,
               help="Run the checks a paid run makes before its first sample (server limits, the service's "
                    "tokenizer), print what they found and exit 0 when the run is ready; nothing is written.")
@@ -105,7 +117,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     explicit = _explicit(ctx)
     resume_dir: Path | None = kwargs.pop("resume")
     quiet = kwargs.pop("quiet")
-    swanlab_mode, swanlab_project = kwargs.pop("swanlab_mode"), kwargs.pop("swanlab_project")
+    swanlab_mode, logger_project = kwargs.pop("swanlab_mode"), kwargs.pop("logger_project")
+    requested_loggers = kwargs.pop("logger")
     chat_template = kwargs.pop("chat_template")
     preflight_only, clamp = kwargs.pop("preflight_only"), kwargs.pop("clamp_to_server_limits")
     if resume_dir is not None:
@@ -176,6 +189,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     if not examples:
         raise click.ClickException(f"no training examples in {config.data}")
     check_search_keys(search, offline=offline)
+    loggers = None if preflight_only else _planned_loggers(requested_loggers, swanlab_mode, logger_project,
+                                                           config, run.path)
     if resume_dir is None:
         run.check_creatable()
     if offline:
@@ -186,19 +201,18 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         service = live_service()
     config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
     resume = run.resume_point() if resume_dir is not None else None
-    logger = None if preflight_only else _swanlab_logger(swanlab_mode, swanlab_project, config, offline)
     reporter = None
-    if not quiet and not preflight_only:
-        from ..progress import RichReporter
+    if not preflight_only:
+        from ..progress import make_reporter
 
-        reporter = RichReporter()
+        reporter = make_reporter(quiet=quiet)
     stop = _StopOnInterrupt()
 
     async def main() -> int:
         backend = search_backend(search, offline=offline)
         try:
             trainer = Trainer(config, run, service=service, tokenizer=tokenizer, search=backend,
-                              examples=examples, reporter=reporter, logger=logger)
+                              examples=examples, reporter=reporter, logger=loggers)
             first = trainer.connect(resume)
             if preflight_only:
                 click.echo(f"preflight passed: the service's tokenizer matches; the run would start at step "
@@ -207,6 +221,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
             if resume_dir is None:
                 run.create(config.to_json())
             stop.trainer = trainer
+            if loggers is not None:
+                _start_loggers(loggers, config)  # they write into the run directory, which exists now
             return await trainer.run_steps(resume)
         finally:
             await backend.aclose()
@@ -224,8 +240,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
                     f"with: python cli.py train --resume {run.path}", fg="yellow", err=True)
         sys.exit(130)
     finally:
-        if logger is not None:
-            logger.finish()
+        if loggers is not None:
+            loggers.finish()
     if preflight_only:
         return
     last = run.resume_point()
@@ -330,34 +346,27 @@ def _search_options_record(search: SearchOptions) -> dict[str, Any]:
     return record
 
 
-class _SwanLab:
-    def __init__(self, run: Any) -> None:
-        self.run = run
+def _planned_loggers(requested: tuple[str, ...], swanlab_mode: str, project: str, config: Any,
+                     run_path: Path) -> Any:
+    """The --logger writers, checked now (a missing package is one line before any work) and
+    started once the run directory exists."""
+    from ..loggers import Loggers, LoggerSettings, LoggerSetupError, resolve_loggers
 
-    def __call__(self, step: int, metrics: dict[str, float]) -> None:
-        import swanlab
-
-        swanlab.log(metrics, step=step)
-
-    def finish(self) -> None:
-        self.run.finish()
-
-
-def _swanlab_logger(mode: str, project: str, config: Any, offline: bool) -> _SwanLab | None:
-    if mode == "auto":
-        if offline:
-            return None
-        try:
-            import swanlab  # noqa: F401
-        except ImportError:
-            click.echo("swanlab is not installed; metrics go to metrics.jsonl only (pip install swanlab)", err=True)
-            return None
-        mode = "online"
-    if mode == "disabled":
-        return None
     try:
-        import swanlab
-    except ImportError:
-        raise click.ClickException(f"--swanlab-mode {mode} needs swanlab: pip install swanlab") from None
-    run = swanlab.init(project=project, experiment_name=config.run_name, mode=mode, config=config.to_json())
-    return _SwanLab(run)
+        names = resolve_loggers(requested, offline=config.offline, swanlab_mode=swanlab_mode)
+        return Loggers(names, LoggerSettings(run_name=config.run_name, run_dir=run_path, config=config.to_json(),
+                                             project=project, swanlab_mode=swanlab_mode))
+    except LoggerSetupError as error:
+        raise click.UsageError(str(error)) from None
+
+
+def _start_loggers(loggers: Any, config: Any) -> None:
+    import dataclasses
+
+    from ..loggers import LoggerSetupError
+
+    loggers.settings = dataclasses.replace(loggers.settings, config=config.to_json())  # as finally fitted
+    try:
+        loggers.start()
+    except LoggerSetupError as error:
+        raise click.ClickException(str(error)) from None
