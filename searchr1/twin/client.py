@@ -1,0 +1,81 @@
+"""A real, unmodified ``pytrio.ServiceClient`` pointed at a twin.
+
+pytrio reads its settings from one process-wide ``Configuration`` that every new
+``ServiceClient`` deep-copies when it is created. :func:`connect` sets the twin's address,
+a private SDK home (so the user's ``~/.pytrio`` profile is never read for it) and the retry
+timing, creates the client, and puts the process-wide settings back, all under one lock: other
+clients of the same process keep their own settings. Telemetry is off by default (the twin
+accepts it when on).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+TWIN_API_KEY = "twin-local-key"
+
+# Retry timing for a local twin: pytrio's defaults wait seconds to minutes between attempts
+# and poll for capacity every 30 s, which is right for a remote service and needlessly slow
+# against a loopback one. Fault tests get retries within milliseconds.
+LOCAL_RETRIES: Mapping[str, Any] = {
+    "retry_initial_delay_seconds": 0.05,
+    "retry_max_delay_seconds": 0.5,
+    "retry_jitter_ratio": 0.0,
+    "control_retry_timeout_seconds": 30.0,
+    "training_retry_timeout_seconds": 30.0,
+    "sampling_retry_timeout_seconds": 30.0,
+    "actor_capacity_poll_interval_seconds": 0.05,
+    "actor_capacity_poll_jitter_ratio": 0.0,
+}
+FAST_RETRIES: Mapping[str, Any] = {
+    **LOCAL_RETRIES,
+    "retry_initial_delay_seconds": 0.005,
+    "retry_max_delay_seconds": 0.02,
+    "control_retry_timeout_seconds": 3.0,
+    "training_retry_timeout_seconds": 3.0,
+    "sampling_retry_timeout_seconds": 3.0,
+    "actor_capacity_poll_interval_seconds": 0.005,
+}
+
+_configure_lock = threading.Lock()
+
+
+def connect(base_url: str, *, home: str | Path, api_key: str = TWIN_API_KEY, telemetry: bool = False,
+            sdk_options: Mapping[str, Any] = LOCAL_RETRIES) -> Any:
+    """Create a ``pytrio.ServiceClient`` for ``base_url`` (a twin's, or any PyTRIO server's)."""
+    import pytrio
+    from pytrio.config import config as sdk_config
+    from pytrio.observability import api as observability
+
+    Path(home).mkdir(parents=True, exist_ok=True)
+    with _configure_lock:
+        saved = sdk_config.configuration.model_copy(deep=True)
+        saved_auth = sdk_config.auth_state.model_copy()
+        saved_telemetry = observability._enabled
+        try:
+            pytrio.configure(home=str(home))
+            pytrio.configure(base_url=base_url, **dict(sdk_options))
+            pytrio.configure_observability(enabled=telemetry)
+            return pytrio.ServiceClient(api_key=api_key)
+        finally:
+            for name in type(saved).model_fields:
+                setattr(sdk_config.configuration, name, getattr(saved, name))
+            sdk_config.auth_state.api_key = saved_auth.api_key
+            sdk_config.auth_state.config_error = saved_auth.config_error
+            pytrio.configure_observability(enabled=saved_telemetry)
+
+
+def close(client: Any) -> None:
+    """End a client's session and release its threads and connections now.
+
+    pytrio 0.2.9 has no ``ServiceClient.close()``: its runtime is released by a finalizer when
+    the client and every client derived from it are unreachable. A twin that is about to stop
+    ends its clients first through that same (private) runtime, so that no finalizer later
+    retries against a server that is gone.
+    """
+    runtime = getattr(client, "_runtime", None)
+    if runtime is not None:
+        runtime.shutdown()

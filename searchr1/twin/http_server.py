@@ -1,0 +1,389 @@
+"""The twin's HTTP face: pytrio 0.2.9's control API (JSON under ``/api/``) and actor API
+(MessagePack events, a streamed JSON sampling body, a JSON heartbeat) on 127.0.0.1.
+
+Stack: the standard library's ``ThreadingHTTPServer`` speaking HTTP/1.1 with keep-alive (one
+thread per connection; a long-polled event holds its connection's thread, as it would hold a
+socket on the real actor). No dependency, starts in milliseconds, and every byte pytrio reads
+is written here explicitly. Each request is validated with pytrio's own protocol model for
+that route (``extra="forbid"``), so a body the real service would reject is rejected here
+too (422 ``validation_error``). Injected wire faults (:class:`~searchr1.twin.config.TwinFaults`)
+are applied per operation before the backend sees the request.
+
+Actor endpoints live under ``/actor/<run>/``; each training or sampling run gets its own
+actor address and JWT, and a request must carry the JWT of the run its path names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import msgpack
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
+from pytrio.protocol.actor.events.event import EventEnvelope
+from pytrio.protocol.actor.sampling_run.sample import SampleRequest
+from pytrio.protocol.control.sampling_run.create import SamplingRunCreateRequest
+from pytrio.protocol.control.service_session.close import ServiceSessionCloseRequest
+from pytrio.protocol.control.service_session.create import ServiceSessionCreateRequest
+from pytrio.protocol.control.training_run.create import TrainingRunCreateRequest
+from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest
+
+from .backend import ApiError, TwinBackend
+
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+HEARTBEAT_MS = 60_000
+
+
+class Reply:
+    """What a route answers (or, for sampling, a stream it writes itself)."""
+
+    def __init__(self, status: int, body: Any, content_type: str = JSON) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+
+def _model(model: type[BaseModel], data: Any) -> Any:
+    try:
+        return model.model_validate(data)
+    except PydanticValidationError as error:
+        first = error.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ApiError(422, "validation_error", f"{model.__name__}.{where}: {first['msg']}") from None
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json")
+
+
+Route = tuple[str, re.Pattern[str], str, Callable[["_Handler", re.Match[str]], Reply | None]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _TwinHTTPServer
+    _call_number = 0
+    _drop_answer = False
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: no request log
+        return
+
+    @property
+    def backend(self) -> TwinBackend:
+        return self.server.backend
+
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _json(self) -> Any:
+        raw = self._body()
+        try:
+            return json.loads(raw) if raw else {}
+        except json.JSONDecodeError as error:
+            raise ApiError(400, "invalid_json", f"the body is not JSON ({error.msg})") from None
+
+    def _query(self) -> dict[str, str]:
+        return {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()}
+
+    def _send(self, reply: Reply) -> None:
+        if self._drop_answer:  # the request was handled; its answer is lost with the connection
+            self.close_connection = True
+            return
+        if reply.content_type == MSGPACK:
+            data = msgpack.packb(reply.body, use_bin_type=True)
+        else:
+            data = json.dumps(reply.body).encode()
+        self.send_response(reply.status)
+        self.send_header("Content-Type", reply.content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _control_auth(self) -> None:
+        self.backend.check_api_key(self.headers.get("X-API-Key"))
+
+    def _actor_auth(self, owner: str) -> None:
+        self.backend.check_actor_token(owner, self.headers.get("Authorization"))
+
+    # --- dispatch -----------------------------------------------------------------------
+
+    def _dispatch(self, method: str) -> None:
+        path = urlsplit(self.path).path
+        for route_method, pattern, operation, handler in ROUTES:
+            match = pattern.fullmatch(path)
+            if route_method == method and match:
+                break
+        else:
+            self._body()
+            self._send(Reply(404, {"code": "not_found", "message": f"no route {method} {path}"}))
+            return
+        faults = self.backend.settings.faults
+        number = self._call_number = self.backend.count(operation)
+        actor = path.startswith("/actor/")
+        self._drop_answer = number in faults.dropped_connections.get(operation, ())
+        status = faults.http_errors.get(operation, {}).get(number)
+        if status is not None:
+            self._body()
+            message = f"injected HTTP {status} on {operation} call {number} (TwinFaults.http_errors)"
+            self._send(Reply(status, {"code": "twin.injected_http_error", "message": message},
+                             MSGPACK if actor and operation == "event_submit" else JSON))
+            return
+        try:
+            reply = handler(self, match)
+        except ApiError as error:
+            self._send(Reply(error.status, {"code": error.code, "message": error.message}))
+            return
+        if reply is not None:
+            self._send(reply)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    # --- control API --------------------------------------------------------------------
+
+    def verify(self, _: re.Match[str]) -> Reply:
+        self._control_auth()
+        return Reply(200, _dump(self.backend.verify()))
+
+    def bootstrap(self, _: re.Match[str]) -> Reply:
+        self._control_auth()
+        return Reply(200, _dump(self.backend.bootstrap(self._query().get("sdk_version", ""))))
+
+    def model_list(self, _: re.Match[str]) -> Reply:
+        self._control_auth()
+        query = self._query()
+        return Reply(200, _dump(self.backend.models(int(query.get("limit", 100)), int(query.get("offset", 0)))))
+
+    def session_create(self, _: re.Match[str]) -> Reply:
+        self._control_auth()
+        request = _model(ServiceSessionCreateRequest, self._json())
+        return Reply(200, _dump(self.backend.create_session(request)))
+
+    def session_get(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        return Reply(200, _dump(self.backend.get_session(m["sid"])))
+
+    def session_renew(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        self._body()
+        return Reply(200, _dump(self.backend.renew_session(m["sid"])))
+
+    def session_close(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        request = _model(ServiceSessionCloseRequest, self._json())
+        return Reply(200, self.backend.close_session(m["sid"], request))
+
+    def training_create(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        request = _model(TrainingRunCreateRequest, self._json())
+        return Reply(200, _dump(self.backend.create_training_run(m["sid"], request)))
+
+    def training_update(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        request = _model(TrainingRunUpdateRequest, self._json())
+        return Reply(200, _dump(self.backend.update_training_run(m["sid"], m["rid"], request)))
+
+    def training_find(self, _: re.Match[str]) -> Reply:
+        self._control_auth()
+        uri = self._query().get("checkpoint_uri", "")
+        return Reply(200, _dump(self.backend.find_by_checkpoint_uri(uri)))
+
+    def training_get(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        return Reply(200, _dump(self.backend.get_training_run(m["rid"])))
+
+    def training_renew(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        self._body()
+        return Reply(200, _dump(self.backend.renew_training_run(m["rid"])))
+
+    def sampling_create(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        request = _model(SamplingRunCreateRequest, self._json())
+        return Reply(200, _dump(self.backend.create_sampling_run(m["sid"], request)))
+
+    def sampling_get(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        return Reply(200, _dump(self.backend.get_sampling_run(m["id"])))
+
+    def sampling_renew(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        self._body()
+        return Reply(200, _dump(self.backend.renew_sampling_run(m["id"])))
+
+    def telemetry(self, _: re.Match[str]) -> Reply:
+        self._control_auth()
+        self._body()
+        with self.backend._lock:
+            self.backend.telemetry_batches += 1
+        return Reply(200, {"accepted": True})
+
+    # --- actor API ----------------------------------------------------------------------
+
+    def event_submit(self, m: re.Match[str]) -> Reply:
+        self._actor_auth(m["owner"])
+        raw = self._body()
+        try:
+            data = msgpack.unpackb(raw, raw=False)
+        except Exception:  # noqa: BLE001 - any undecodable body is a bad request
+            raise ApiError(400, "invalid_msgpack", "the event body is not MessagePack") from None
+        envelope = _model(EventEnvelope, data)
+        return Reply(200, self.backend.submit_event(m["owner"], envelope), MSGPACK)
+
+    def event_get(self, m: re.Match[str]) -> Reply:
+        self._actor_auth(m["owner"])
+        prefer = self.headers.get("Prefer", "")
+        wait = 0.0
+        if prefer.startswith("wait="):
+            try:
+                wait = max(0.0, float(prefer.removeprefix("wait=")) - 1.0)  # answer before the client gives up
+            except ValueError:
+                raise ApiError(400, "invalid_prefer", f"Prefer header {prefer!r} is not wait=<seconds>") from None
+        return Reply(200, self.backend.get_event(m["owner"], m["event"], wait), MSGPACK)
+
+    def heartbeat(self, m: re.Match[str]) -> Reply:
+        self._actor_auth(m["owner"])
+        self._body()
+        return Reply(200, {"status": "ok", "heartbeat_ms": HEARTBEAT_MS})
+
+    def sample(self, m: re.Match[str]) -> None:
+        """Headers at once, then the JSON body as one chunk when the modelled time is up: the
+        body is JSON-shaped and streaming is only pytrio's liveness signal."""
+        owner = m["owner"]
+        self._actor_auth(owner)
+        if m["id"] != owner:
+            raise ApiError(404, "sampling_run_not_found", f"sampling run {m['id']} is not served at {owner}")
+        request = _model(SampleRequest, self._json())
+        faults = self.backend.settings.faults
+        if self._call_number in faults.sample_timeouts:
+            self._start_stream()
+            self.backend.wait(faults.sample_timeout_hold)  # no byte until the client gives up
+            self.close_connection = True
+            return None
+        body, delay = self.backend.sample(owner, request)
+        if self._drop_answer:
+            self.close_connection = True
+            return None
+        self._start_stream()
+        if not self.backend.wait(delay):
+            self.close_connection = True
+            return None
+        self._chunk(json.dumps(body).encode())
+        self._chunk(b"")
+        return None
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", JSON)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+_OPENAPI = "/api/openapi/v1"
+ROUTES: list[Route] = [
+    (method, re.compile(pattern), operation, handler)
+    for method, pattern, operation, handler in [
+        ("GET", f"{_OPENAPI}/api-key/verify", "api_key_verify", _Handler.verify),
+        ("GET", "/api/sdk/bootstrap", "sdk_bootstrap", _Handler.bootstrap),
+        ("GET", "/api/models", "model_list", _Handler.model_list),
+        ("POST", f"{_OPENAPI}/service-sessions", "service_session_create", _Handler.session_create),
+        ("GET", f"{_OPENAPI}/service-sessions/(?P<sid>[^/]+)", "service_session_get", _Handler.session_get),
+        ("POST", f"{_OPENAPI}/service-sessions/(?P<sid>[^/]+)/renew", "service_session_renew", _Handler.session_renew),
+        ("POST", f"{_OPENAPI}/service-sessions/(?P<sid>[^/]+)/close", "service_session_close", _Handler.session_close),
+        ("POST", f"{_OPENAPI}/service-sessions/(?P<sid>[^/]+)/training-runs", "training_run_create",
+         _Handler.training_create),
+        ("PATCH", f"{_OPENAPI}/service-sessions/(?P<sid>[^/]+)/training-runs/(?P<rid>[^/]+)", "training_run_update",
+         _Handler.training_update),
+        ("POST", f"{_OPENAPI}/service-sessions/(?P<sid>[^/]+)/sampling-runs", "sampling_run_create",
+         _Handler.sampling_create),
+        ("GET", f"{_OPENAPI}/training-runs/by-checkpoint-uri", "training_run_find_by_checkpoint_uri",
+         _Handler.training_find),
+        ("GET", f"{_OPENAPI}/training-runs/(?P<rid>[^/]+)", "training_run_get", _Handler.training_get),
+        ("POST", f"{_OPENAPI}/training-runs/(?P<rid>[^/]+)/renew", "training_run_renew", _Handler.training_renew),
+        ("GET", f"{_OPENAPI}/sampling-runs/(?P<id>[^/]+)", "sampling_run_get", _Handler.sampling_get),
+        ("POST", f"{_OPENAPI}/sampling-runs/(?P<id>[^/]+)/renew", "sampling_run_renew", _Handler.sampling_renew),
+        ("POST", "/api/telemetry/event", "telemetry", _Handler.telemetry),
+        ("POST", "/actor/(?P<owner>[^/]+)/v1/events", "event_submit", _Handler.event_submit),
+        ("GET", "/actor/(?P<owner>[^/]+)/v1/events/(?P<event>[^/]+)", "event_get", _Handler.event_get),
+        ("POST", "/actor/(?P<owner>[^/]+)/v1/client/heartbeat", "heartbeat", _Handler.heartbeat),
+        ("POST", "/actor/(?P<owner>[^/]+)/v1/sampling-runs/(?P<id>[^/]+)/sample", "sample", _Handler.sample),
+    ]
+]
+
+
+class _TwinHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int, backend: TwinBackend) -> None:
+        self.backend = backend
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(("127.0.0.1", port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class TwinHTTPServer:
+    """A started server: ``url`` is ``http://127.0.0.1:<port>``; :meth:`stop` is idempotent."""
+
+    def __init__(self, backend: TwinBackend, port: int = 0) -> None:
+        self._server = _TwinHTTPServer(port, backend)
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"twin-http-{self.port}", daemon=True)
+        self._stopped = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.shutdown()
+        self._server.drop_connections()
+        self._server.server_close()

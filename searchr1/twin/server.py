@@ -1,0 +1,170 @@
+"""Starting and stopping a twin: ``with start_twin(home=..., policy=...) as twin: ...``.
+
+``twin.base_url`` is what ``PYTRIO_BASE_URL`` would be; ``twin.service_client()`` is a real
+``pytrio.ServiceClient`` connected to it. Everything the server knows that a test may want to
+check is on the object: the policy, the sampling and event logs, the recorded strict-mode
+violations. Stopping ends the clients it handed out, then the server (idempotent).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .backend import EventLogEntry, SampleLogEntry, TwinBackend, TwinSettings
+from .client import LOCAL_RETRIES, TWIN_API_KEY, close, connect
+from .config import Latencies, StopConvention, Strictness, TwinFaults, TwinLimits
+from .http_server import TwinHTTPServer
+from .policies import make_policy
+from .policy import Reduction, TwinPolicy
+from .served_tokenizer import served_tokenizer_dir
+from .strict import Violation
+from .training_run import Accumulation
+
+DEFAULT_MODEL = "Qwen/Qwen3.5-4B"
+
+# Twins alive in this process (the test suite fails a test whose twin recorded a violation).
+LIVE_TWINS: weakref.WeakSet[Twin] = weakref.WeakSet()
+
+
+class Twin:
+    def __init__(self, backend: TwinBackend, server: TwinHTTPServer) -> None:
+        self.backend = backend
+        self._server = server
+        self._clients: list[Any] = []
+        self._lock = threading.Lock()
+        self.closed = False
+
+    # --- addresses and clients ----------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return self._server.url
+
+    @property
+    def home(self) -> Path:
+        return self.backend.settings.home
+
+    @property
+    def api_key(self) -> str:
+        return self.backend.settings.api_key
+
+    def service_client(self, *, sdk_options: Mapping[str, Any] = LOCAL_RETRIES, telemetry: bool = False) -> Any:
+        """A real ``pytrio.ServiceClient`` for this twin (its SDK home lives in the twin's home)."""
+        client = connect(self.base_url, home=self.home / "sdk-home", api_key=self.api_key,
+                         telemetry=telemetry, sdk_options=sdk_options)
+        with self._lock:
+            self._clients.append(client)
+        return client
+
+    # --- what the server saw ------------------------------------------------------------
+
+    @property
+    def policy(self) -> TwinPolicy:
+        return self.backend.settings.policy
+
+    @policy.setter
+    def policy(self, policy: TwinPolicy) -> None:
+        """Serve another model from now on (runs keep their params; kinds must match to load)."""
+        self.backend.settings.policy = policy
+
+    @property
+    def sample_log(self) -> list[SampleLogEntry]:
+        return list(self.backend.sample_log)
+
+    @property
+    def event_log(self) -> list[EventLogEntry]:
+        return list(self.backend.event_log)
+
+    @property
+    def violations(self) -> list[Violation]:
+        return list(self.backend.violations)
+
+    def calls(self, operation: str) -> int:
+        """How many requests of ``operation`` (a :data:`~searchr1.twin.config.OPERATIONS` name)
+        reached the twin, answered or not."""
+        with self.backend._lock:
+            return self.backend._counts[operation]
+
+    def take_violations(self) -> list[Violation]:
+        """The violations recorded so far, cleared (a test that expects them takes them)."""
+        return self.backend.take_violations()
+
+    def training_run(self, cuid: str) -> Any:
+        """The server-side state of a live training run (params, optimiser, gradients)."""
+        return self.backend._run(cuid)
+
+    # --- lifetime -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            clients, self._clients = self._clients, []
+        for client in clients:
+            close(client)
+        self.backend.stop()
+        self._server.stop()
+
+    def __enter__(self) -> Twin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_twin(
+    *,
+    home: str | Path,
+    policy: str | TwinPolicy = "scripted",
+    tokenizer: Any = None,
+    scenario: Any = None,
+    limits: TwinLimits | None = None,
+    faults: TwinFaults | None = None,
+    convention: StopConvention | None = None,
+    latencies: Latencies | None = None,
+    strictness: Strictness | None = None,
+    reduction: Reduction = "per_token",
+    accumulation: Accumulation = "sum",
+    model_name: str = DEFAULT_MODEL,
+    serve_tokenizer: bool = True,
+    port: int = 0,
+    api_key: str = TWIN_API_KEY,
+) -> Twin:
+    """Start a twin on 127.0.0.1 (``port=0``: a free port) and return it, serving.
+
+    ``policy`` is a name (``scripted``, ``toy``, ``learning``) or a ``TwinPolicy``; the
+    tokenizer defaults to the exact Qwen3.5 one. ``serve_tokenizer=False`` answers with the
+    model's real name as ``model_id``, so the SDK's tokenizer load goes to ModelScope as it
+    would for a user (offline: it fails).
+    """
+    if reduction not in ("per_token", "per_sample", "sum"):
+        raise ValueError(f"reduction must be per_token, per_sample or sum, got {reduction!r}")
+    if accumulation not in ("sum", "mean"):
+        raise ValueError(f"accumulation must be sum or mean, got {accumulation!r}")
+    if tokenizer is None:
+        from ..tokenizer import shared_tokenizer
+
+        tokenizer = shared_tokenizer()
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    served = policy if not isinstance(policy, str) else make_policy(policy, tokenizer, scenario=scenario)
+    model_id = str(served_tokenizer_dir(tokenizer, home)) if serve_tokenizer else model_name
+    settings = TwinSettings(
+        home=home, policy=served, tokenizer=tokenizer, base_url="", model_name=model_name,
+        served_model_id=model_id, api_key=api_key, limits=limits or TwinLimits(),
+        convention=convention or StopConvention(), latencies=latencies or Latencies(),
+        faults=faults or TwinFaults(), strictness=strictness or Strictness(),
+        reduction=reduction, accumulation=accumulation,
+    )
+    backend = TwinBackend(settings)
+    server = TwinHTTPServer(backend, port)
+    settings.base_url = server.url
+    server.start()
+    twin = Twin(backend, server)
+    LIVE_TWINS.add(twin)
+    return twin

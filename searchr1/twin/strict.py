@@ -1,0 +1,275 @@
+"""Strict mode: protocol rules the twin checks on every training event.
+
+A violation is recorded on the twin (tests fail on any they did not expect) and, while strict
+mode is on, the violating event fails with ``twin.protocol_violation`` and a message naming
+the rule. The rules:
+
+``event_order``
+    A run's events carry indices 1, 2, 3, ... in submission order, the first is
+    ``trainer.init_run`` (and only the first), and every event's ``step`` equals the number of
+    ``forward_backward`` calls completed before it (the chunks of one call share a step).
+``accumulation_totals``
+    Every chunk of one call carries the same totals, and once the call's chunks have all
+    arrived (as many samples as ``total_samples``) the samples, active targets and
+    advantage targets actually received add up to them. A call left short fails the next
+    event; a chunk that overshoots fails itself.
+``token_range``
+    Every input token and every target other than ``-100`` is in ``[0, vocab size)``.
+``sampled_action``
+    Every position trained with a non-zero advantage holds a token the twin sampled right
+    after exactly that prefix, ...
+``sampled_logprob``
+    ... with the logprob the twin returned for it (compared at float32 precision), ...
+``stale_sampler``
+    ... by a sampler whose weights are at most ``max_staleness`` weight-changing optimiser
+    steps behind the run, and of the same run lineage (a sampler of the base model counts as
+    version 0 of every lineage).
+
+The ledger of sampled tokens is keyed by a rolling hash of the whole prefix (mod 2^61 - 1)
+and its length, so a lookup never compares token lists.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .policy import IGNORE_INDEX, PolicySample
+
+VIOLATION_CODE = "twin.protocol_violation"
+RULES = ("event_order", "accumulation_totals", "token_range", "sampled_action", "sampled_logprob",
+         "stale_sampler")
+BASE_LINEAGE = "base"
+_MODULUS = (1 << 61) - 1
+_BASE = 1_000_003
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    message: str
+    run: str | None = None
+    event_id: str | None = None
+
+    def __str__(self) -> str:
+        where = f" (run {self.run}, event {self.event_id})" if self.run else ""
+        return f"{self.rule}: {self.message}{where}"
+
+
+class ProtocolViolation(Exception):
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"strict mode: {rule}: {message}")
+        self.rule = rule
+        self.detail = message
+
+
+def prefix_hashes(tokens: Sequence[int]) -> list[int]:
+    """``hashes[i]`` identifies ``tokens[: i + 1]``."""
+    out = []
+    h = 0
+    for token in tokens:
+        h = (h * _BASE + int(token) + 1) % _MODULUS
+        out.append(h)
+    return out
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    logprob: np.float32
+    lineage: str
+    version: int
+
+
+class SampleLedger:
+    """Every token the twin returned from a sampler, keyed by (prefix hash, prefix length, token)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[int, int, int], list[SampledToken]] = {}
+
+    def record(self, prompt: Sequence[int], tokens: Sequence[int], logprobs: Sequence[float],
+               *, lineage: str, version: int) -> None:
+        h = prefix_hashes(prompt)[-1] if prompt else 0
+        length = len(prompt)
+        with self._lock:
+            for token, logprob in zip(tokens, logprobs):
+                entry = SampledToken(np.float32(logprob), lineage, version)
+                self._entries.setdefault((h, length, int(token)), []).append(entry)
+                h = (h * _BASE + int(token) + 1) % _MODULUS
+                length += 1
+
+    def lookup(self, prefix_hash: int, length: int, token: int) -> list[SampledToken]:
+        with self._lock:
+            return list(self._entries.get((prefix_hash, length, token), ()))
+
+    def forget_older_than(self, lineage: str, version: int) -> None:
+        """Drop what samplers of ``lineage`` older than ``version`` returned."""
+        with self._lock:
+            for key in list(self._entries):
+                kept = [e for e in self._entries[key] if e.lineage != lineage or e.version >= version]
+                if kept:
+                    self._entries[key] = kept
+                else:
+                    del self._entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def check_token_range(samples: Sequence[PolicySample], vocab_size: int) -> None:
+    for index, sample in enumerate(samples):
+        for name, ids in (("input", sample.inputs), ("target", sample.targets[sample.targets != IGNORE_INDEX])):
+            bad = ids[(ids < 0) | (ids >= vocab_size)]
+            if len(bad):
+                raise ProtocolViolation(
+                    "token_range", f"datum {index}: {name} token id {int(bad[0])} is outside [0, {vocab_size})"
+                )
+
+
+def check_sampled_actions(samples: Sequence[PolicySample], ledger: SampleLedger, *, lineage: str,
+                          version: int, max_staleness: int) -> None:
+    """The ``sampled_action``, ``sampled_logprob`` and ``stale_sampler`` rules."""
+    for index, sample in enumerate(samples):
+        trained = np.flatnonzero(sample.active & (sample.advantages != 0.0))
+        if not len(trained):
+            continue
+        hashes = prefix_hashes(sample.inputs[: int(trained[-1]) + 1].tolist())
+        for position in trained.tolist():
+            token = int(sample.targets[position])
+            found = ledger.lookup(hashes[position], position + 1, token)
+            where = f"datum {index} position {position} (token {token})"
+            if not found:
+                raise ProtocolViolation(
+                    "sampled_action",
+                    f"{where} is trained with advantage {sample.advantages[position]:g} but the twin "
+                    "never sampled that token after that prefix",
+                )
+            logprob = np.float32(sample.old_logprobs[position])
+            matching = [e for e in found if e.logprob == logprob]
+            if not matching:
+                raise ProtocolViolation(
+                    "sampled_logprob",
+                    f"{where} carries logprob {float(logprob):.6g}, the twin returned "
+                    f"{', '.join(f'{float(e.logprob):.6g}' for e in found)}",
+                )
+            fresh = [
+                e for e in matching
+                if (e.lineage == lineage or e.lineage == BASE_LINEAGE) and version - e.version <= max_staleness
+            ]
+            if not fresh:
+                e = matching[0]
+                raise ProtocolViolation(
+                    "stale_sampler",
+                    f"{where} was sampled from weights version {e.version} of {e.lineage}; the run "
+                    f"({lineage}) is at version {version} and allows {max_staleness} step(s) of staleness",
+                )
+
+
+@dataclass
+class GroupProgress:
+    """The chunks of one forward/forward_backward call received so far."""
+
+    event_type: str
+    step: int
+    totals: tuple[int, int, int]
+    samples: int = 0
+    active: int = 0
+    advantage: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.samples >= self.totals[0]
+
+
+def counted(samples: Sequence[PolicySample], loss_fn: str) -> tuple[int, int]:
+    """Active and advantage targets as pytrio counts them (cross entropy: weight != 0)."""
+    active = advantage = 0
+    for sample in samples:
+        mask = sample.active
+        if loss_fn == "cross_entropy":
+            mask = mask & (sample.weights != 0.0)
+            active += int(mask.sum())
+        else:
+            active += int(mask.sum())
+            advantage += int((mask & (sample.advantages != 0.0)).sum())
+    return active, advantage
+
+
+@dataclass
+class RunProtocol:
+    """Per-run state of the ``event_order`` and ``accumulation_totals`` rules."""
+
+    next_index: int = 1
+    completed_calls: int = 0  # forward_backward calls whose chunks have all arrived
+    open_group: GroupProgress | None = None
+    initialized: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def _close_group(self) -> None:
+        group = self.open_group
+        if group is None:
+            return
+        self.open_group = None
+        if group.event_type == "trainer.forward_backward":
+            self.completed_calls += 1
+
+    def admit(self, event_type: str, index: int, step: int) -> None:
+        """Check an event's place in the run (called in submission order)."""
+        expected = self.next_index
+        self.next_index = index + 1
+        if index != expected:
+            raise ProtocolViolation("event_order", f"event index {index}, expected {expected}")
+        if event_type == "trainer.init_run":
+            if self.initialized or index != 1:
+                raise ProtocolViolation("event_order", "trainer.init_run must be the run's first event, once")
+            self.initialized = True
+        elif not self.initialized:
+            raise ProtocolViolation("event_order", f"{event_type} before trainer.init_run")
+        group = self.open_group
+        continuing = group is not None and group.event_type == event_type and group.step == step
+        if group is not None and not continuing:
+            self._close_group()
+            raise ProtocolViolation(
+                "accumulation_totals",
+                f"the {group.event_type} call at step {group.step} sent {group.samples} of its "
+                f"{group.totals[0]} samples before {event_type} arrived",
+            )
+        if not continuing and step != self.completed_calls:
+            raise ProtocolViolation(
+                "event_order", f"{event_type} carries step {step}, but {self.completed_calls} "
+                "forward_backward call(s) came before it"
+            )
+
+    def receive_chunk(self, event_type: str, step: int, totals: tuple[int, int, int],
+                      samples: Sequence[PolicySample], loss_fn: str) -> None:
+        """Account one forward/forward_backward chunk against its call's totals."""
+        group = self.open_group
+        if group is None:
+            group = self.open_group = GroupProgress(event_type, step, totals)
+        elif group.totals != totals:
+            self._close_group()
+            raise ProtocolViolation(
+                "accumulation_totals", f"chunk totals {totals} differ from the call's first chunk {group.totals}"
+            )
+        active, advantage = counted(samples, loss_fn)
+        group.samples += len(samples)
+        group.active += active
+        group.advantage += advantage
+        received = (group.samples, group.active, group.advantage)
+        if group.samples > totals[0] or group.active > totals[1] or group.advantage > totals[2]:
+            self._close_group()
+            raise ProtocolViolation(
+                "accumulation_totals",
+                f"received (samples, active, advantage tokens) {received} exceed the totals {totals}",
+            )
+        if group.complete:
+            self._close_group()
+            if received != totals:
+                raise ProtocolViolation(
+                    "accumulation_totals",
+                    f"the call's chunks add up to (samples, active, advantage tokens) {received}, "
+                    f"the totals say {totals}",
+                )

@@ -1,0 +1,119 @@
+"""The real pytrio client against the twin: every call crosses a loopback socket, requests are
+validated with pytrio's own protocol models, and the twin starts and stops in well under a
+second."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import pytrio
+from pytrio.errors.auth import AuthError
+from pytrio.errors.control import ControlAPIError
+from pytrio.types import AdamParams
+from twin_support import MODEL, PROMPT, datum_from, running_twin, sample_once
+
+from searchr1.twin import start_twin
+from searchr1.twin.client import FAST_RETRIES, connect
+
+
+def test_a_real_client_trains_samples_and_saves_through_the_socket(tmp_path, tokenizer):
+    with running_twin(tmp_path, tokenizer) as (twin, service):
+        assert isinstance(service, pytrio.ServiceClient)
+        trainer = service.create_lora_training_client(MODEL, rank=8)
+        sampler = trainer.save_weights_and_get_sampling_client()
+        prompt = tokenizer.encode(PROMPT)
+        sequence = sample_once(sampler, prompt, max_tokens=5).sequences[0]
+        assert len(sequence.tokens) == len(sequence.logprobs) == 5
+        datum = datum_from(prompt, list(sequence.tokens), list(sequence.logprobs))
+        out = trainer.forward_backward([datum], loss_fn="importance_sampling").result()
+        assert out.metrics["token_count"] == len(prompt) + 5 - 1
+        before = twin.training_run(trainer.training_run_cuid).params.copy()
+        trainer.optim_step(AdamParams(learning_rate=0.01)).result()
+        after = twin.training_run(trainer.training_run_cuid).params
+        assert not np.array_equal(before, after)  # the server applied the update it computed
+        state = trainer.save_state("smoke-state").result()
+        assert state.path == f"trio://twin/{trainer.training_run_cuid}/state/smoke-state"
+        events = [(e.type, e.index, e.status) for e in twin.event_log]
+    assert events == [
+        ("trainer.init_run", 1, "succeeded"), ("trainer.save_weights", 2, "succeeded"),
+        ("trainer.forward_backward", 3, "succeeded"), ("trainer.optimize_step", 4, "succeeded"),
+        ("trainer.save_state", 5, "succeeded"),
+    ]
+    assert [(e.prompt_tokens, e.output_tokens) for e in twin.sample_log] == [(len(prompt), (5,))]
+
+
+def test_the_catalog_names_the_model_and_run_creation_serves_the_tokenizer_from_disk(tmp_path, tokenizer):
+    with running_twin(tmp_path, tokenizer) as (_, service):
+        assert service.get_supported_models() == [MODEL]
+        trainer = service.create_lora_training_client(MODEL, rank=8)
+        loaded = trainer.get_tokenizer()  # ModelScope's loader, on the path the twin returned
+    assert len(loaded) == len(tokenizer)
+    assert loaded.encode("hello world", add_special_tokens=False) == tokenizer.encode("hello world", add_special_tokens=False)
+    assert loaded.convert_tokens_to_ids("<|im_end|>") == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_the_twin_starts_in_well_under_a_second_and_stops_cleanly(tmp_path, tokenizer):
+    threads = set(threading.enumerate())
+    started = time.perf_counter()
+    twin = start_twin(home=tmp_path, tokenizer=tokenizer, policy="toy")
+    elapsed = time.perf_counter() - started
+    service = twin.service_client(sdk_options=FAST_RETRIES)
+    service.create_lora_training_client(MODEL, rank=8)
+    twin.close()
+    twin.close()  # idempotent
+    assert elapsed < 0.5
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{twin.base_url}/api/models", timeout=1)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and twin_threads(threads):
+        time.sleep(0.01)
+    assert not twin_threads(threads)
+
+
+def twin_threads(before):
+    return {t.name for t in set(threading.enumerate()) - before if t.name.startswith("twin")}
+
+
+def test_a_wrong_api_key_is_refused_like_the_service_refuses_it(tmp_path, tokenizer):
+    with start_twin(home=tmp_path, tokenizer=tokenizer, policy="toy") as twin:
+        with pytest.raises((AuthError, ControlAPIError)) as caught:
+            connect(twin.base_url, home=tmp_path / "sdk", api_key="not-the-key", sdk_options=FAST_RETRIES)
+    assert caught.value.code == "unauthorized"
+    assert "not-the-key" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "culprit"),
+    [
+        ("/api/openapi/v1/service-sessions", {"sdk_version": "0.2.9", "surprise": 1}, "surprise"),
+        ("/api/openapi/v1/service-sessions", {}, "sdk_version"),
+    ],
+)
+def test_a_request_pytrios_protocol_models_reject_is_rejected(tmp_path, tokenizer, path, body, culprit):
+    with start_twin(home=tmp_path, tokenizer=tokenizer, policy="toy") as twin:
+        response = httpx.post(twin.base_url + path, json=body, headers={"X-API-Key": twin.api_key})
+    assert response.status_code == 422
+    assert response.json()["code"] == "validation_error" and culprit in response.json()["message"]
+
+
+def test_an_event_submitted_twice_is_answered_as_already_accepted(tmp_path, tokenizer):
+    """pytrio re-submits an event after a dropped answer; the twin must not run it twice."""
+    from twin_support import sampled_datum
+
+    from searchr1.twin import TwinFaults
+
+    faults = TwinFaults(dropped_connections={"event_submit": {3}})  # the forward_backward's first answer
+    with running_twin(tmp_path, tokenizer, faults=faults) as (twin, service):
+        trainer = service.create_lora_training_client(MODEL, rank=8)
+        sampler = trainer.save_weights_and_get_sampling_client()
+        datum = sampled_datum(sampler, tokenizer.encode(PROMPT))
+        trainer.forward_backward([datum], loss_fn="importance_sampling").result()
+        trainer.optim_step(AdamParams(learning_rate=0.01)).result()
+        kinds = [e.type for e in twin.event_log]
+        submits = twin.calls("event_submit")
+    assert kinds.count("trainer.forward_backward") == 1
+    assert submits == len(kinds) + 1  # the answer was lost once and the event sent again
