@@ -2,7 +2,7 @@
 Biases and TensorBoard, chosen with ``train --logger NAME`` (repeatable; ``none`` for none).
 
 Every writer has the same two methods, ``log(step, metrics)`` and ``finish()``, and the
-trainer sees one :class:`FanOut` that calls each of them. The packages are optional extras
+trainer sees one :class:`Loggers` that calls each of them. The packages are optional extras
 (``pip install 'searchr1[wandb]'``) imported only when chosen; :func:`check_available` tells,
 before any work starts, which chosen one is missing, in one line. A writer that fails while the
 run goes on (its service unreachable, its disk full) is reported once and dropped: the metrics
@@ -227,17 +227,31 @@ class FanOut:
         self.writers = []
 
 
+class Loggers(FanOut):
+    """The writers a run asked for: checked when made (a missing package raises before any work),
+    started by :meth:`start` once the run directory exists (TensorBoard and W&B write into it)."""
+
+    def __init__(self, names: Sequence[str], settings: LoggerSettings, *,
+                 warn: Callable[[str], None] = _warn) -> None:
+        check_available(names)
+        super().__init__([], warn=warn)
+        self.planned = list(names)
+        self.settings = settings
+
+    def start(self) -> Loggers:
+        """Start every writer. One that cannot start raises LoggerSetupError naming it (after
+        finishing the ones already started): nothing has been trained yet."""
+        for name in self.planned:
+            try:
+                self.writers.append(WRITERS[name](self.settings))
+            except Exception as error:
+                self.finish()
+                detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+                raise LoggerSetupError(f"--logger {name} could not start: {detail}") from None
+        return self
+
+
 def open_loggers(names: Sequence[str], settings: LoggerSettings, *,
-                 warn: Callable[[str], None] = _warn) -> FanOut:
-    """Start every chosen writer. One that cannot start raises LoggerSetupError naming it (after
-    finishing the ones already started), since nothing has been trained yet."""
-    check_available(names)
-    started: list[MetricsLogger] = []
-    for name in names:
-        try:
-            started.append(WRITERS[name](settings))
-        except Exception as error:
-            FanOut(started, warn=warn).finish()
-            detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-            raise LoggerSetupError(f"--logger {name} could not start: {detail}") from None
-    return FanOut(started, warn=warn)
+                 warn: Callable[[str], None] = _warn) -> Loggers:
+    """Check, then start, the chosen writers."""
+    return Loggers(names, settings, warn=warn).start()

@@ -1,25 +1,106 @@
-"""Progress display for long work (rich): steps, trajectories of the current step, and one
-summary line per step."""
+"""What long work prints while it runs.
+
+On a terminal: rich progress bars (steps, the current step's trajectories) and one summary
+line per step, cut to the terminal's width so it never wraps. Anywhere else (a log file, a
+pipe, CI) and with ``--quiet``: no bars, just one plain line per step and the notes, written
+whole so that each step stays one line of the log. :func:`make_reporter` picks.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+FIELD_SEPARATOR = "  "
 
-def step_summary(step: int, metrics: dict[str, float]) -> str:
+
+@dataclass(frozen=True)
+class Field:
+    text: str
+    rank: int  # 0 is kept longest; higher ranks are dropped first when the line is too wide
+
+
+def step_fields(step: int, metrics: dict[str, float]) -> list[Field]:
+    """The pieces of a step line in reading order, each ranked by how much it matters."""
     loss = metrics.get("trainer/loss_mean")
     loss_text = "skipped" if metrics.get("train/update_skipped") else ("n/a" if loss is None else f"{loss:+.4f}")
-    return (
-        f"step {step:>4}  {metrics.get('time/step_seconds', 0.0):6.1f}s  loss {loss_text}  "
-        f"reward {metrics.get('reward/mean', 0.0):+.3f}  correct {metrics.get('reward/correct', 0.0):.3f}  "
-        f"format {metrics.get('reward/format', 0.0):.3f}  searches {metrics.get('rollout/search_calls', 0.0):.2f}  "
-        f"degenerate {metrics.get('rollout/degenerate_group_rate', 0.0):.2f}  "
-        f"datums {int(metrics.get('train/datums_per_rollout_batch', 0))}  "
-        f"tokens {int(metrics.get('train/tokens_sent', 0))}"
-    )
+    return [
+        Field(f"step {step:>4}", 0),
+        Field(f"{metrics.get('time/step_seconds', 0.0):6.1f}s", 5),
+        Field(f"loss {loss_text}", 3),
+        Field(f"reward {metrics.get('reward/mean', 0.0):+.3f}", 1),
+        Field(f"correct {metrics.get('reward/correct', 0.0):.3f}", 2),
+        Field(f"format {metrics.get('reward/format', 0.0):.3f}", 4),
+        Field(f"searches {metrics.get('rollout/search_calls', 0.0):.2f}", 6),
+        Field(f"degenerate {metrics.get('rollout/degenerate_group_rate', 0.0):.2f}", 7),
+        Field(f"datums {int(metrics.get('train/datums_per_rollout_batch', 0))}", 8),
+        Field(f"tokens {int(metrics.get('train/tokens_sent', 0))}", 9),
+    ]
+
+
+def fit_line(fields: Sequence[Field], width: int | None) -> str:
+    """The fields joined in order; when wider than ``width``, the highest-ranked fields are
+    left out until it fits (the rank-0 field stays, cut with ``…`` if even it is too wide).
+    ``None`` means no limit."""
+    kept = list(fields)
+    line = FIELD_SEPARATOR.join(f.text for f in kept)
+    if width is None:
+        return line
+    while len(line) > width and len(kept) > 1:
+        kept.remove(max((f for f in kept if f.rank > 0), key=lambda f: f.rank, default=kept[-1]))
+        line = FIELD_SEPARATOR.join(f.text for f in kept)
+    if len(line) > width:
+        line = line[: max(width - 1, 0)] + "…" if width > 0 else ""
+    return line
+
+
+def step_summary(step: int, metrics: dict[str, float], width: int | None = None) -> str:
+    return fit_line(step_fields(step, metrics), width)
+
+
+def nothing_to_do(total_steps: int, first_step: int) -> str | None:
+    """What to say when a resumed run has already reached ``--max-steps``."""
+    if first_step < total_steps:
+        return None
+    return (f"nothing to run: {first_step} step(s) already finished and --max-steps is {total_steps}; "
+            "raise --max-steps to train further")
+
+
+class LineReporter:
+    """The trainer's :class:`~searchr1.trainer.Reporter` for logs and ``--quiet``: one plain
+    line per step and the notes; no bars. ``width`` cuts step lines (a terminal's width), None
+    keeps them whole."""
+
+    def __init__(self, stream: TextIO | None = None, width: int | None = None) -> None:
+        self._stream = stream
+        self.width = width
+
+    def _print(self, text: str) -> None:
+        stream = self._stream or sys.stderr
+        stream.write(text + "\n")
+        stream.flush()
+
+    def start(self, total_steps: int, first_step: int) -> None:
+        message = nothing_to_do(total_steps, first_step)
+        if message:
+            self._print(message)
+
+    def start_step(self, step: int, trajectories: int) -> None: ...
+
+    def trajectory_done(self, count: int = 1) -> None: ...
+
+    def end_step(self, step: int, metrics: dict[str, float]) -> None:
+        self._print(step_summary(step, metrics, self.width))
+
+    def note(self, text: str) -> None:
+        self._print(text)
+
+    def close(self) -> None: ...
 
 
 class RichReporter:
@@ -35,8 +116,11 @@ class RichReporter:
         self._trajectories: Any = None
 
     def start(self, total_steps: int, first_step: int) -> None:
+        message = nothing_to_do(total_steps, first_step)
+        if message:
+            self.console.print(message, markup=False, highlight=False)
         self.progress.start()
-        self._steps = self.progress.add_task("steps", total=total_steps, completed=first_step)
+        self._steps = self.progress.add_task("steps", total=total_steps, completed=min(first_step, total_steps))
 
     def start_step(self, step: int, trajectories: int) -> None:
         if self._trajectories is not None:
@@ -49,31 +133,50 @@ class RichReporter:
 
     def end_step(self, step: int, metrics: dict[str, float]) -> None:
         self.progress.advance(self._steps)
-        self.progress.console.print(step_summary(step, metrics))
+        self.progress.console.print(step_summary(step, metrics, self.console.width), markup=False,
+                                    highlight=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
-        self.progress.console.print(text)
+        self.progress.console.print(text, markup=False, highlight=False)
 
     def close(self) -> None:
         self.progress.stop()
 
 
+def make_reporter(*, quiet: bool = False, console: Console | None = None) -> RichReporter | LineReporter:
+    """Bars and fitted lines on a terminal; plain whole lines elsewhere; with ``quiet``, the
+    step lines only (fitted on a terminal)."""
+    console = console or Console(stderr=True)
+    if not console.is_terminal:
+        return LineReporter(stream=console.file, width=None)
+    if quiet:
+        return LineReporter(stream=console.file, width=console.width)
+    return RichReporter(console)
+
+
 class CountingBar:
-    """A single progress bar for a known amount of work (eval, record, rollout)."""
+    """A single progress bar for a known amount of work (eval, record, rollout); silent when
+    the console is not a terminal, where a bar would only leave its last frame in the log."""
 
     def __init__(self, description: str, total: int, console: Console | None = None) -> None:
-        self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console or Console(stderr=True),
-        )
-        self.task = self.progress.add_task(description, total=total)
+        console = console or Console(stderr=True)
+        self.progress: Progress | None = None
+        if console.is_terminal:
+            self.progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=console,
+            )
+            self.task = self.progress.add_task(description, total=total)
 
     def __enter__(self) -> CountingBar:
-        self.progress.start()
+        if self.progress is not None:
+            self.progress.start()
         return self
 
     def advance(self, count: int = 1) -> None:
-        self.progress.advance(self.task, count)
+        if self.progress is not None:
+            self.progress.advance(self.task, count)
 
     def __exit__(self, *exc_info: object) -> None:
-        self.progress.stop()
+        if self.progress is not None:
+            self.progress.stop()

@@ -287,3 +287,61 @@ def test_the_extras_are_declared_in_pyproject():
     for name, (module, extra) in loggers.PACKAGES.items():
         assert extra in extras, f"extra {extra!r} for --logger {name} is missing"
         assert any(requirement.lower().startswith(module.lower()) for requirement in extras[extra])
+
+
+def test_planned_loggers_check_packages_at_once_and_write_nothing_until_started(monkeypatch, settings):
+    recorder = Recorder()
+    monkeypatch.setitem(sys.modules, "tensorboardX", fake_tensorboard(recorder))
+    absent(monkeypatch, "wandb")
+    with pytest.raises(LoggerSetupError, match="--logger wandb needs"):
+        loggers.Loggers(["tensorboard", "wandb"], settings)
+    planned = loggers.Loggers(["tensorboard"], settings)
+    assert recorder.calls == []  # nothing opened, nothing written yet
+    planned.log(0, {"reward/mean": 1.0})  # before start: nowhere to go, no error
+    planned.start().log(1, {"reward/mean": 0.5})
+    planned.finish()
+    assert [c[0] for c in recorder.calls] == ["init", "scalar", "flush", "close"]
+
+
+# --- train --logger -----------------------------------------------------------------------------------
+
+TRAIN = ["train", "--offline", "--questions-per-batch", "2", "--group-size", "2", "--max-steps", "2"]
+
+
+def invoke_train(*args) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from searchr1.cli import main
+
+    result = CliRunner().invoke(main, [*TRAIN, *map(str, args)])
+    return result.exit_code, result.output
+
+
+def test_train_refuses_a_missing_logger_package_in_one_line_before_any_work(monkeypatch, tmp_path):
+    absent(monkeypatch, "wandb")
+    code, output = invoke_train("--run-dir", tmp_path / "run", "--logger", "wandb")
+    assert code == 2
+    assert "--logger wandb needs the wandb package" in output and "Traceback" not in output
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_sends_every_step_to_the_chosen_logger(monkeypatch, tmp_path):
+    recorder = Recorder()
+    monkeypatch.setitem(sys.modules, "tensorboardX", fake_tensorboard(recorder))
+    code, output = invoke_train("--run-dir", tmp_path / "run", "--logger", "tensorboard", "--quiet")
+    assert code == 0, output
+    assert recorder.calls[0] == ("init", str(tmp_path / "run" / "tensorboard"))
+    steps = {c[3] for c in recorder.calls if c[0] == "scalar" and c[1] == "reward/mean"}
+    assert steps == {0, 1}
+    assert recorder.calls[-1] == ("close",)
+
+
+def test_the_old_swanlab_flags_still_choose_swanlab(monkeypatch, tmp_path):
+    recorder = Recorder()
+    monkeypatch.setitem(sys.modules, "swanlab", fake_swanlab(recorder))
+    code, output = invoke_train("--run-dir", tmp_path / "run", "--swanlab-mode", "local",
+                                "--swanlab-project", "old-name", "--quiet")
+    assert code == 0, output
+    init = recorder.calls[0]
+    assert init[0] == "init" and init[1]["mode"] == "local" and init[1]["project"] == "old-name"
+    assert [c[1] for c in recorder.calls if c[0] == "log"] == [0, 1]
