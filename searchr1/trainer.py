@@ -150,6 +150,12 @@ class TrainingStopped(RuntimeError):
         self.run_dir = run_dir
 
 
+class MetricsLogger(Protocol):
+    """Where each finished step's metrics also go (SwanLab, W&B, TensorBoard: searchr1.loggers)."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+
 class Reporter(Protocol):
     def start(self, total_steps: int, first_step: int) -> None: ...
     def start_step(self, step: int, trajectories: int) -> None: ...
@@ -249,7 +255,7 @@ class Trainer:
         search: SearchBackend,
         examples: Sequence[SearchExample],
         reporter: Reporter | None = None,
-        logger: Callable[[int, dict[str, float]], None] | None = None,
+        logger: MetricsLogger | None = None,
     ) -> None:
         if not examples:
             raise ValueError(f"no training examples in {config.data}")
@@ -502,7 +508,7 @@ class Trainer:
                     chosen = select_transcripts(self._last_trajectories, config.transcripts_per_step)
                     append_transcripts(self.run.path, step, [transcript_record(t, step) for t in chosen])
                 if self.logger is not None:
-                    self.logger(step, metrics)
+                    self.logger.log(step, metrics)
                 self.reporter.end_step(step, metrics)
                 stopping = self.stop_requested and completed < config.max_steps
                 if stopping:
