@@ -255,3 +255,25 @@ def test_a_second_ctrl_c_quits_at_once_and_resume_restarts_at_the_last_checkpoin
     assert run.resume_point().step == 2
     assert train("--resume", str(run_dir))[0] == 0
     assert [m["step"] for m in run.metrics()] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-steps", "0"], "--max-steps"),
+    (["--max-steps", "-1"], "--max-steps"),
+    (["--learning-rate", "0"], "--learning-rate"),
+    (["--beta2", "1"], "--beta2"),
+    (["--group-size", "1"], "a group of one always has advantage 0"),
+    (["--questions-per-batch", "0"], "--questions-per-batch"),
+    (["--max-train-samples", "-3"], "--max-train-samples"),
+])
+def test_impossible_values_get_one_line_naming_the_flag(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["train", "--offline", "--quiet", *args, "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2 and message in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 4
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_batch_larger_than_the_dataset_warns_that_steps_repeat_questions(tmp_path):
+    code, output = train("--max-steps", "1", "--max-train-samples", "3", "--run-dir", str(tmp_path / "r"))
+    assert code == 0, output
+    assert "every step repeats questions" in output

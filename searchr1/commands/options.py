@@ -26,10 +26,20 @@ def _at_least(minimum: float) -> Callable[[click.Context, click.Parameter, Any],
     return check
 
 
-def rollout_options(*, group_size: int = 8, temperature: float = 1.0) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _group_size_for_training(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is not None and value < 2:
+        raise click.BadParameter(
+            f"{value}: group advantages compare a question's samples with each other, so a group of one "
+            "always has advantage 0 and no step could ever update; use at least 2")
+    return value
+
+
+def rollout_options(*, group_size: int = 8, temperature: float = 1.0,
+                    min_group_size: int = 1) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Budgets and sampling flags (the seed's names and defaults)."""
     options = [
-        click.option("--group-size", type=int, default=group_size, show_default=True, callback=_at_least(1),
+        click.option("--group-size", type=int, default=group_size, show_default=True,
+                     callback=_group_size_for_training if min_group_size >= 2 else _at_least(1),
                      help="Trajectories per question."),
         click.option("--max-search-calls", type=int, default=4, show_default=True, callback=_at_least(0),
                      help="Searches per trajectory."),

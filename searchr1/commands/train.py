@@ -24,18 +24,19 @@ RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "logger", "logger_proj
 @click.command(context_settings={"show_default": True})
 @click.option("--offline", is_flag=True,
               help="No key, no network: the fake PyTRIO service, the scripted policy and search cassettes.")
-@click.option("--max-steps", type=int, default=None,
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help=f"Training steps [required live; default {OFFLINE_DEFAULT_STEPS} with --offline].")
 @click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Training JSONL [default: datasets/train.jsonl; the shipped offline set with --offline].")
-@click.option("--max-train-samples", type=int, default=0, help="Use only the first N shuffled examples (0 = all).")
+@click.option("--max-train-samples", type=click.IntRange(min=0), default=0,
+              help="Use only the first N shuffled examples (0 = all).")
 @click.option("--base-model", default="Qwen/Qwen3.5-4B")
 @click.option("--lora-rank", type=click.IntRange(4, 64), default=32)
 @click.option("--questions-per-batch", type=click.IntRange(min=1), default=8)
-@rollout_options()
-@click.option("--learning-rate", type=float, default=4e-5)
-@click.option("--beta1", type=float, default=0.9)
-@click.option("--beta2", type=float, default=0.95)
+@rollout_options(min_group_size=2)
+@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=4e-5)
+@click.option("--beta1", type=click.FloatRange(0, 1, max_open=True), default=0.9)
+@click.option("--beta2", type=click.FloatRange(0, 1, max_open=True), default=0.95)
 @click.option("--save-every", type=click.IntRange(min=0), default=50,
               help="Checkpoint every N steps (0 = only the final save).")
 @click.option("--seed", type=int, default=42, help="Data order, LoRA init and sampling seeds.")
@@ -188,6 +189,9 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         examples = examples[: config.max_train_samples]
     if not examples:
         raise click.ClickException(f"no training examples in {config.data}")
+    if config.questions_per_batch > len(examples):
+        click.secho(f"warning: --questions-per-batch {config.questions_per_batch} is more than the "
+                    f"{len(examples)} training examples, so every step repeats questions", fg="yellow", err=True)
     check_search_keys(search, offline=offline)
     loggers = None if preflight_only else _planned_loggers(requested_loggers, swanlab_mode, logger_project,
                                                            config, run.path)
@@ -196,7 +200,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     if offline:
         # --preflight-only writes nothing, not even the twin's home, for a new run
         home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
-        service = offline_service(home, tokenizer, offline_scenario())
+        service = offline_service(home, tokenizer, offline_scenario(), max_staleness=config.max_steps_off_policy)
     else:
         service = live_service()
     config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
