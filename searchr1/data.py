@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
+import shutil
+import socket
 import tempfile
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .fileio import iter_json_lines
 
@@ -213,33 +218,57 @@ def example_to_dict(example: SearchExample) -> dict[str, Any]:
     }
 
 
+EXAMPLE_FIELDS = ("id", "question", "answers", "data_source")
+
+
+def _described(value: Any) -> str:
+    """``a string 'x'``, ``a number 3``, ``null``…: what the line holds, in JSON's words."""
+    kind = ("null" if value is None else "true/false" if isinstance(value, bool)
+            else "a number" if isinstance(value, (int, float)) else "a string" if isinstance(value, str)
+            else "a list" if isinstance(value, list) else "an object" if isinstance(value, dict)
+            else type(value).__name__)
+    shown = json.dumps(value, ensure_ascii=False) if value is not None and not isinstance(value, bool) else ""
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return f"{kind} {shown}".strip()
+
+
+def _require(record: Mapping[str, Any], field: str, where: str) -> Any:
+    if field in record:
+        return record[field]
+    present = ", ".join(repr(k) for k in record) or "no fields"
+    hint = ""
+    if field == "answers" and "golden_answers" in record:
+        hint = ("; 'golden_answers' is the raw release's column: convert the release with "
+                "`python cli.py prepare-data --source DIR`")
+    raise DataError(f"{where}: missing field {field!r} (the line has {present}){hint}")
+
+
 def _nonempty_str(record: Mapping[str, Any], field: str, where: str) -> str:
-    if field not in record:
-        raise DataError(f"{where}: missing field {field!r}")
-    value = record[field]
+    value = _require(record, field, where)
     if not isinstance(value, str) or not value.strip():
-        raise DataError(f"{where}: field {field!r} must be a non-empty string, got {value!r}")
+        raise DataError(f"{where}: field {field!r} must be a non-empty string, got {_described(value)}")
     return value
 
 
 def example_from_dict(record: Any, where: str) -> SearchExample:
-    """Validate one decoded JSONL row; ``where`` (``file:line``) prefixes every error."""
+    """Validate one decoded JSONL row; ``where`` (``file:line``) prefixes every error, which
+    names the field (and for ``answers`` the item) at fault and what the line holds instead."""
     if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        raise DataError(f"{where}: expected a JSON object with fields {', '.join(EXAMPLE_FIELDS)}, "
+                        f"got {_described(record)}")
     id_ = _nonempty_str(record, "id", where)
     question = _nonempty_str(record, "question", where)
+    answers = _require(record, "answers", where)
     source = _nonempty_str(record, "data_source", where)
-    if "answers" not in record:
-        raise DataError(f"{where}: missing field 'answers'")
-    answers = record["answers"]
-    if (
-        not isinstance(answers, list)
-        or not answers
-        or not all(isinstance(a, str) and a.strip() for a in answers)
-    ):
-        raise DataError(
-            f"{where}: field 'answers' must be a non-empty list of non-empty strings, got {answers!r}"
-        )
+    if not isinstance(answers, list):
+        raise DataError(f"{where}: field 'answers' must be a list of answer strings, got {_described(answers)}")
+    if not answers:
+        raise DataError(f"{where}: field 'answers' is an empty list; a question needs at least one gold answer")
+    for index, answer in enumerate(answers):
+        if not isinstance(answer, str) or not answer.strip():
+            raise DataError(f"{where}: field 'answers' item {index} must be a non-empty string, "
+                            f"got {_described(answer)}")
     return SearchExample(id=id_, question=question, answers=tuple(answers), data_source=source)
 
 
@@ -356,6 +385,15 @@ def jsonl_bytes(examples: Iterable[SearchExample]) -> bytes:
     )
 
 
+def parquet_columns(path: str | os.PathLike[str]) -> list[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.ParquetFile(path).schema_arrow.names)
+    except Exception as exc:  # noqa: BLE001 - name the file whatever pyarrow raises
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
+
+
 def read_parquet_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Rows of a release parquet file as dicts (only RAW_COLUMNS that the file has), streamed
     in record batches so the 170k-row train file never sits in memory as one Python list."""
@@ -374,6 +412,92 @@ def read_parquet_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         yield from batch.to_pylist()
 
 
+MODELSCOPE_DEFAULT_ENDPOINT = "https://modelscope.cn"
+OFFLINE_HINT = "use --source DIR (a folder holding train.parquet and test.parquet) instead"
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+# Exception classes (by name, anywhere in an error's class hierarchy or cause chain) that mean the
+# service could not be reached at all: builtins, socket, urllib3, requests, modelscope_hub.
+_NETWORK_FAILURES = {
+    "ConnectionError", "TimeoutError", "gaierror", "timeout", "NameResolutionError", "NewConnectionError",
+    "MaxRetryError", "ConnectTimeout", "ReadTimeout", "Timeout", "NetworkError", "RequestTimeoutError",
+}
+
+
+def modelscope_host() -> str:
+    """The host the ModelScope SDK will contact (``MODELSCOPE_ENDPOINT`` or its default)."""
+    endpoint = os.environ.get("MODELSCOPE_ENDPOINT") or os.environ.get("MODELSCOPE_DOMAIN") or MODELSCOPE_DEFAULT_ENDPOINT
+    if "://" not in endpoint:
+        endpoint = f"https://{endpoint}"
+    return urlsplit(endpoint).hostname or endpoint
+
+
+def modelscope_resolvable(host: str | None = None) -> bool:
+    """Whether the ModelScope host's name resolves. Without a network this fails at once, where
+    the SDK would spend ~20 s on retries; behind a proxy the proxy resolves names, so say yes."""
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return True
+    try:
+        socket.getaddrinfo(host or modelscope_host(), 443, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
+def _error_chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def is_network_failure(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the service could not be reached."""
+    return any(cls.__name__ in _NETWORK_FAILURES for e in _error_chain(error) for cls in type(e).__mro__)
+
+
+def describe_download_failure(error: BaseException, *, revision: str = DATASET_REVISION) -> str:
+    """One line for a failed download: unreachable, no such dataset/revision, or what happened."""
+    first = " ".join(str(error).split())[:200] or type(error).__name__
+    if is_network_failure(error):
+        return f"cannot reach ModelScope ({modelscope_host()}); {OFFLINE_HINT}"
+    if any(type(e).__name__ == "NotExistError" for e in _error_chain(error)):
+        return f"ModelScope has no dataset {DATASET_ID} at revision {revision} ({first})"
+    return f"download of {DATASET_ID}@{revision} from ModelScope failed ({type(error).__name__}: {first}); {OFFLINE_HINT}"
+
+
+@contextmanager
+def _quiet_loggers(names: Sequence[str] = ("modelscope", "modelscope_hub")) -> Iterator[None]:
+    """Hold the SDK's loggers at ERROR: its retry warnings are not the user's business; the
+    outcome is reported in one line."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def modelscope_downloader() -> Callable[..., str]:
+    """``modelscope.dataset_snapshot_download`` (imported only when downloading: it is heavy)."""
+    from modelscope import dataset_snapshot_download
+
+    return dataset_snapshot_download
+
+
+def _missing_ancestors(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, innermost first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
 def download_raw(
     raw_dir: str | os.PathLike[str],
     *,
@@ -381,22 +505,44 @@ def download_raw(
     downloader: Callable[..., str] | None = None,
 ) -> dict[str, Path]:
     """Fetch train/test parquet of the pinned revision from ModelScope into ``raw_dir`` and
-    return their paths. ``downloader`` defaults to ``modelscope.dataset_snapshot_download``
-    (imported lazily: it is heavy and only this path needs it)."""
-    if downloader is None:
-        from modelscope import dataset_snapshot_download as downloader
+    return their paths. ``downloader`` defaults to :func:`modelscope_downloader`.
+
+    The download goes to a hidden folder beside ``raw_dir`` and only the two parquet files move
+    in when both arrived; on any failure (or Ctrl-C) that folder and every directory this call
+    created are removed, so a failed download leaves nothing behind. Failures are DataError in
+    one line (:func:`describe_download_failure`)."""
     raw_dir = Path(raw_dir)
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    local = Path(
-        downloader(
-            DATASET_ID, revision=revision, local_dir=str(raw_dir), allow_patterns=list(RAW_FILES.values())
-        )
-    )
-    paths = {split: local / name for split, name in RAW_FILES.items()}
-    missing = [str(p) for p in paths.values() if not p.is_file()]
-    if missing:
-        raise DataError(f"download of {DATASET_ID}@{revision} did not produce {', '.join(missing)}")
-    return paths
+    if downloader is None:
+        if not modelscope_resolvable():
+            raise DataError(f"cannot reach ModelScope ({modelscope_host()} does not resolve); {OFFLINE_HINT}")
+        downloader = modelscope_downloader()
+    created = _missing_ancestors(raw_dir)
+    staging: Path | None = None
+    try:
+        raw_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{raw_dir.name}.download-", dir=raw_dir.parent))
+        try:
+            with _quiet_loggers():
+                local = Path(downloader(DATASET_ID, revision=revision, local_dir=str(staging),
+                                        allow_patterns=list(RAW_FILES.values())))
+        except Exception as error:  # the SDK's own errors, requests', urllib3's...
+            raise DataError(describe_download_failure(error, revision=revision)) from None
+        fetched = {split: local / name for split, name in RAW_FILES.items()}
+        missing = [name for name in RAW_FILES.values() if not (local / name).is_file()]
+        if missing:
+            raise DataError(f"download of {DATASET_ID}@{revision} did not produce {', '.join(missing)}")
+        raw_dir.mkdir(exist_ok=True)
+        for split, name in RAW_FILES.items():
+            os.replace(fetched[split], raw_dir / name)
+    except BaseException:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        for directory in created:  # innermost first; only what this call made, only if empty
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return {split: raw_dir / name for split, name in RAW_FILES.items()}
 
 
 def prepare_dataset(
@@ -416,6 +562,14 @@ def prepare_dataset(
     neither shares a question with ``train.jsonl``."""
     train = clean_rows(read_parquet_rows(train_parquet), "train")
     test = clean_rows(read_parquet_rows(test_parquet), "test")
+    for path, split in ((train_parquet, train), (test_parquet, test)):
+        if not split.examples:
+            dropped = ", ".join(f"{reason}={n}" for reason, n in sorted(split.dropped.items())) or "no rows"
+            columns = ", ".join(repr(c) for c in parquet_columns(path))
+            raise DataError(
+                f"{path}: no usable row ({dropped}); its columns are {columns}, and a row needs 'question' "
+                "and answers in 'golden_answers' (or reward_model.ground_truth.target)"
+            )
     train_examples, overlapping = remove_overlap(train.examples, test.examples)
     train.dropped["duplicate_of_test_question"] = overlapping
     dev_examples = select_dev(test.examples, dev_per_source, seed)

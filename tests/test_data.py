@@ -323,6 +323,104 @@ def test_download_raw_without_files_names_what_is_missing(tmp_path):
         data.download_raw(tmp_path / "dl", downloader=lambda *a, local_dir, **k: local_dir)
 
 
+def test_a_successful_download_leaves_only_the_two_files(raw_dir, tmp_path):
+    def downloader(dataset_id, *, revision, local_dir, allow_patterns):
+        for name in ("train.parquet", "test.parquet"):
+            shutil.copy(raw_dir / name, Path(local_dir) / name)
+        (Path(local_dir) / ".msc").write_text("sdk bookkeeping")
+        return local_dir
+
+    data.download_raw(tmp_path / "ds" / "raw", downloader=downloader)
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == ["raw"]
+    assert sorted(p.name for p in (tmp_path / "ds" / "raw").iterdir()) == ["test.parquet", "train.parquet"]
+
+
+class NetworkError(ConnectionError):
+    """Shaped like modelscope_hub.errors.NetworkError (a ConnectionError)."""
+
+
+def unreachable(dataset_id, *, revision, local_dir, allow_patterns):
+    (Path(local_dir) / "train.parquet.incomplete").write_bytes(b"PAR1")  # a partial file, then the failure
+    try:
+        raise OSError(-2, "Name or service not known")
+    except OSError as cause:
+        raise NetworkError("[E1020] Connection failed: Max retries exceeded\n(many more lines)") from cause
+
+
+def test_prepare_data_without_network_is_one_line_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "modelscope_resolvable", lambda host=None: True)  # let the SDK be tried
+    monkeypatch.setattr(data, "modelscope_downloader", lambda: unreachable)
+    monkeypatch.delenv("MODELSCOPE_ENDPOINT", raising=False)
+    monkeypatch.delenv("MODELSCOPE_DOMAIN", raising=False)
+    result = CliRunner().invoke(main, ["prepare-data", "--output-dir", str(tmp_path / "datasets")])
+    assert result.exit_code == 1
+    assert result.output == ("Error: cannot reach ModelScope (modelscope.cn); use --source DIR (a folder holding "
+                             "train.parquet and test.parquet) instead\n")
+    assert list(tmp_path.iterdir()) == []  # no datasets/, no datasets/raw, no partial download
+
+
+def test_an_unresolvable_host_fails_at_once_without_loading_the_sdk(tmp_path, monkeypatch):
+    import socket
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def must_not_load():
+        raise AssertionError("the SDK was loaded although the host does not resolve")
+
+    for name in data.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MODELSCOPE_ENDPOINT", "https://hub.example.invalid")
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(data, "modelscope_downloader", must_not_load)
+    with pytest.raises(DataError, match=r"^cannot reach ModelScope \(hub\.example\.invalid does not resolve\); use --source DIR"):
+        data.download_raw(tmp_path / "datasets" / "raw")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_behind_a_proxy_the_name_check_is_left_to_the_proxy(monkeypatch):
+    import socket
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: pytest.fail("resolved a name behind a proxy"))
+    assert data.modelscope_resolvable("modelscope.cn")
+
+
+class NotExistError(Exception):
+    """Shaped like modelscope_hub.errors.NotExistError."""
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    (TimeoutError("read timed out"), "cannot reach ModelScope"),
+    (NotExistError("[E2003] revision not found"), "ModelScope has no dataset zhuangzhuang2023/nq_hotpotqa_train "
+                                                  "at revision aa2da04"),
+    (RuntimeError("boom\nsecond line"), "from ModelScope failed (RuntimeError: boom second line); use --source DIR"),
+])
+def test_download_failures_are_one_line_saying_what_happened(tmp_path, error, expected):
+    def failing(*args, **kwargs):
+        raise error
+
+    with pytest.raises(DataError) as info:
+        data.download_raw(tmp_path / "raw", downloader=failing)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_ctrl_c_during_a_download_leaves_an_existing_raw_folder_as_it_was(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "train.parquet").write_bytes(b"old train")
+
+    def interrupted(*args, local_dir, **kwargs):
+        (Path(local_dir) / "train.parquet").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        data.download_raw(raw, downloader=interrupted)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]
+    assert [p.name for p in raw.iterdir()] == ["train.parquet"]
+    assert (raw / "train.parquet").read_bytes() == b"old train"
+
+
 # --- CLI -------------------------------------------------------------------------------------------
 
 
@@ -412,12 +510,14 @@ def test_load_examples_round_trips_prepared_files(raw_dir, tmp_path):
         ('{"id": "nq/2", "question": "q?", "answers": ["a"]', "invalid JSON"),
         (json.dumps({k: v for k, v in GOOD.items() if k != "answers"}), "missing field 'answers'"),
         (json.dumps({k: v for k, v in GOOD.items() if k != "id"}), "missing field 'id'"),
-        (json.dumps({**GOOD, "answers": "a"}), "'answers' must be a non-empty list"),
-        (json.dumps({**GOOD, "answers": []}), "'answers' must be a non-empty list"),
-        (json.dumps({**GOOD, "answers": ["a", 3]}), "'answers' must be a non-empty list"),
-        (json.dumps({**GOOD, "question": "  "}), "'question' must be a non-empty string"),
-        (json.dumps({**GOOD, "data_source": None}), "'data_source' must be a non-empty string"),
-        (json.dumps(["not", "an", "object"]), "expected a JSON object"),
+        (json.dumps({**GOOD, "answers": "a"}), "field 'answers' must be a list of answer strings, got a string \"a\""),
+        (json.dumps({**GOOD, "answers": []}), "field 'answers' is an empty list"),
+        (json.dumps({**GOOD, "answers": ["a", 3]}), "field 'answers' item 1 must be a non-empty string, got a number 3"),
+        (json.dumps({**GOOD, "answers": ["a", " "]}), "field 'answers' item 1 must be a non-empty string"),
+        (json.dumps({**GOOD, "question": "  "}), "field 'question' must be a non-empty string, got a string"),
+        (json.dumps({**GOOD, "data_source": None}), "field 'data_source' must be a non-empty string, got null"),
+        (json.dumps({**GOOD, "id": 7}), "field 'id' must be a non-empty string, got a number 7"),
+        (json.dumps(["not", "an", "object"]), "expected a JSON object with fields id, question, answers, data_source, got a list"),
     ],
 )
 def test_load_examples_names_file_line_and_field(tmp_path, bad_line, fragment):
@@ -426,6 +526,32 @@ def test_load_examples_names_file_line_and_field(tmp_path, bad_line, fragment):
         load_examples(path)
     assert f"{path}:3:" in str(info.value)
     assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_missing_field_lists_the_fields_the_line_has_and_spots_the_raw_release_column(tmp_path):
+    raw_row = {"id": "train_0", "question": "q?", "golden_answers": ["a"], "data_source": "nq"}
+    path = write_lines(tmp_path / "raw.jsonl", [json.dumps(raw_row)])
+    with pytest.raises(DataError) as info:
+        load_examples(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:1: missing field 'answers' (the line has 'id', 'question', 'golden_answers'")
+    assert "prepare-data" in message
+
+
+def test_a_release_file_whose_rows_all_lack_answers_is_refused_naming_its_columns(tmp_path):
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    rows = [{"id": f"train_{i}", "question": f"q{i}?", "answer": "x", "data_source": "nq"} for i in range(3)]
+    pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
+    pq.write_table(pa.Table.from_pylist([{**r, "id": f"test_{i}"} for i, r in enumerate(rows)]),
+                   folder / "test.parquet")
+    with pytest.raises(DataError) as info:
+        prepare(folder, tmp_path / "out")
+    message = str(info.value)
+    assert "train.parquet" in message and "missing_answers=3" in message
+    assert "'answer'" in message and "golden_answers" in message
+    assert not (tmp_path / "out").exists()
 
 
 # --- orders and batches (properties) -------------------------------------------------------

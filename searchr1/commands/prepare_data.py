@@ -63,7 +63,7 @@ def _describe(counts: dict[str, int]) -> str:
 )
 @click.option(
     "--dev-per-source",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=1),
     default=data.DEFAULT_DEV_PER_SOURCE,
     show_default=True,
     help="Dev questions sampled per benchmark from test.",
@@ -87,7 +87,8 @@ def prepare_data(
     """Clean the Search-R1 QA release into train.jsonl, test.jsonl, dev.jsonl and manifest.json.
 
     Without --source/--train-parquet the pinned revision of the ModelScope mirror
-    (zhuangzhuang2023/nq_hotpotqa_train) is downloaded first. Rows without a question or an
+    (zhuangzhuang2023/nq_hotpotqa_train) is downloaded first; when ModelScope cannot be reached
+    this says so in one line and leaves nothing behind. Rows without a question or an
     answer are dropped and counted; train questions that also occur in test (compared after
     Unicode/case/punctuation normalisation) are dropped from train; dev is a seeded sample of
     test, stratified by benchmark. Files are replaced atomically, the manifest last.
@@ -97,8 +98,8 @@ def prepare_data(
     try:
         if local is None:
             raw = raw_dir or output_dir / "raw"
-            click.echo(f"downloading {data.DATASET_ID}@{data.DATASET_REVISION} into {raw}")
             local = data.download_raw(raw)
+            click.echo(f"downloaded {data.DATASET_ID}@{data.DATASET_REVISION} into {raw}")
             provenance = {
                 "kind": "modelscope",
                 "dataset_id": data.DATASET_ID,
