@@ -1,6 +1,7 @@
 """Where the remote services come from: PyTRIO and a search backend (live), or their offline
-twins (the fake PyTRIO, the scripted sampler and the search cassettes). The training loop
-and the evaluation see the same interfaces either way."""
+twins (a PyTRIO server on 127.0.0.1 serving the scripted policy, and the search cassettes).
+Either way the training loop and the evaluation talk to a real ``pytrio.ServiceClient``; offline
+only its address differs."""
 
 from __future__ import annotations
 
@@ -47,32 +48,46 @@ def load_tokenizer(chat_template: str | None = None) -> Any:
     return shared_tokenizer(chat_template)
 
 
-def live_service() -> Any:
+def live_service(connect_timeout: float | None = None) -> Any:
+    """A real ``pytrio.ServiceClient``, after saying where it connects; it stops with one line
+    when PyTRIO does not answer within ``connect_timeout`` seconds (see :mod:`searchr1.connect`)."""
     require_pytrio_key()
+    import sys
+
     import pytrio
 
+    from .connect import DEFAULT_CONNECT_TIMEOUT, ConnectTimeout, call_with_deadline, diagnose, pytrio_base_url
+
+    url = pytrio_base_url()
+    print(f"connecting to PyTRIO at {url}...", file=sys.stderr, flush=True)
     try:
-        return pytrio.ServiceClient()
+        return call_with_deadline(pytrio.ServiceClient, connect_timeout or DEFAULT_CONNECT_TIMEOUT,
+                                  what=f"cannot connect to PyTRIO at {url}", explain=lambda: diagnose(url))
+    except ConnectTimeout as error:
+        raise ServiceSetupError(str(error)) from None
     except pytrio.PyTrioError as error:
         code = getattr(error, "code", "") or type(error).__name__
-        raise ServiceSetupError(f"cannot connect to PyTRIO ({code}); check the key and the network") from None
+        raise ServiceSetupError(f"cannot connect to PyTRIO at {url} ({code}); check the key and the network") from None
 
 
 def offline_scenario(path: str | Path | None = None) -> Any:
-    from .scripted import load_scenario
+    from .twin.scenario import load_scenario
 
     return load_scenario(path or SCENARIO)
 
 
-def offline_service(home: Path, tokenizer: Any, scenario: Any, **fake_options: Any) -> Any:
-    """The fake PyTRIO service whose samplers replay ``scenario``; checkpoints live in ``home``."""
-    from .fake_trio import FakeServiceClient
-    from .scripted import ScriptedSampler
+def offline_service(home: Path, tokenizer: Any, scenario: Any = None, *, policy: str = "scripted",
+                    max_staleness: int = 0, **twin_options: Any) -> Any:
+    """A real ``pytrio.ServiceClient`` connected to an offline twin started for it on 127.0.0.1
+    (checkpoints under ``home``, strict mode on, ``policy`` replying from ``scenario``). The twin
+    stops once the client and every client derived from it are gone (or at exit)."""
+    from .twin import Strictness, start_twin
 
-    def sampler_factory(model_path: str | None) -> Any:
-        return ScriptedSampler(scenario, tokenizer, model_path=model_path)
-
-    return FakeServiceClient(home=home, tokenizer=tokenizer, sampler_factory=sampler_factory, **fake_options)
+    twin = start_twin(home=home, tokenizer=tokenizer, policy=policy, scenario=scenario,
+                      strictness=Strictness(max_staleness=max_staleness), **twin_options)
+    client = twin.service_client()
+    twin.stop_with(client)
+    return client
 
 
 def offline_search_options(options: SearchOptions) -> SearchOptions:

@@ -251,3 +251,33 @@ def test_a_run_that_failed_before_its_first_step_can_be_started_over_without_rem
     from searchr1.run_dir import RunDir
 
     assert [m["step"] for m in RunDir(run_dir).metrics()] == [0]
+
+
+# --- connecting: say where, wait a bounded time, name the cause -----------------------------
+
+
+@pytest.mark.parametrize("command", [["probe-loss", "--yes"], ["eval", "--quiet", "--backend", "wikipedia"]])
+def test_an_unreachable_service_fails_within_the_connect_timeout_naming_url_and_cause(monkeypatch, tmp_path,
+                                                                                        command):
+    import threading
+    import time
+
+    import pytrio
+
+    monkeypatch.setenv("PYTRIO_API_KEY", "sk-test-unreachable-0001")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "datasets" / "dev.jsonl").write_text(
+        '{"id": "1", "question": "q?", "answers": ["a"], "data_source": "nq"}\n')
+    monkeypatch.setattr("searchr1.connect.pytrio_base_url", lambda: "http://127.0.0.1:9")
+    release = threading.Event()
+    monkeypatch.setattr(pytrio, "ServiceClient", lambda *a, **k: release.wait(30))  # retries, silently
+    started = time.monotonic()
+    result = CliRunner().invoke(main, [*command, "--connect-timeout", "0.3"])
+    release.set()
+    assert time.monotonic() - started < 10
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0] == "connecting to PyTRIO at http://127.0.0.1:9..."
+    assert "no answer within 0.3 s" in lines[-1] and "127.0.0.1:9" in lines[-1] and "--connect-timeout" in lines[-1]
+    assert "sk-test-unreachable-0001" not in result.output

@@ -166,5 +166,6 @@ def test_live_command_asks_before_spending_and_never_prints_the_key(monkeypatch)
     assert result.exit_code == 1
     assert secret not in result.output and "Traceback" not in result.output
     assert result.output.strip().splitlines() == [
-        "Error: cannot connect to PyTRIO (auth.login_failed); check the key and the network"
+        "connecting to PyTRIO at https://pytrio.com...",
+        "Error: cannot connect to PyTRIO at https://pytrio.com (auth.login_failed); check the key and the network",
     ]

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from ..search.cli_options import SearchOptions, search_options
-from .options import rollout_config_from, rollout_options, run_guarded
+from .options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
 
 LIVE_DATA = Path("datasets/dev.jsonl")
 RESULT_DIR = Path("eval_result")
@@ -48,6 +48,7 @@ RESULT_DIR = Path("eval_result")
 @click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
               help="Another copy of the Qwen3.5 chat template (checked by sha256).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@connect_timeout_option()
 @search_options(default_backend="deepseek")
 def eval_command(search: SearchOptions, **kwargs: Any) -> None:
     """Evaluate a model on the dev set: exact match per source, macro and micro EM with
@@ -209,6 +210,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     )
 
     offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
+    connect_timeout = kwargs.pop("connect_timeout")
     base_model, model_path = kwargs.pop("base_model"), kwargs.pop("model_path")
     limit, chat_template, offline_home = kwargs.pop("limit"), kwargs.pop("chat_template"), kwargs.pop("offline_home")
     rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
@@ -232,7 +234,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     tokenizer = load_tokenizer(chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
         home = offline_home or Path(scratch)
-        service = offline_service(home, tokenizer, offline_scenario()) if offline else live_service()
+        service = offline_service(home, tokenizer, offline_scenario()) if offline else live_service(connect_timeout)
         sampler = _sampling_client(service, base_model, model_path, offline=offline, offline_home=offline_home)
         bar = None if quiet else _Bar()
 
@@ -254,6 +256,10 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
             if bar is not None:
                 bar.close()
             _report_interrupted(output, error)
+            from ..trainer import describe_failure, is_service_failure
+
+            if isinstance(error, Exception) and is_service_failure(error):
+                raise click.ClickException(f"the service or the network failed ({describe_failure(error)})") from None
             raise
         finally:
             if bar is not None:
@@ -279,10 +285,15 @@ def _report_interrupted(output: Path, error: BaseException) -> None:
         existing = read_existing(output)
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
         return
+    from ..trainer import is_service_failure
+
+    transient = isinstance(error, KeyboardInterrupt) or (isinstance(error, Exception) and is_service_failure(error))
     what = "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped by an error"
     summary = "a partial summary" if existing.summary is not None else "no summary (nothing finished)"
-    click.secho(f"{what}: {len(existing.records)} records kept in {output} with {summary}; "
-                "rerun the same command to resume", fg="yellow", err=True)
+    then = ("rerun the same command to resume" if transient
+            else "fix the error below, then rerun the same command to resume")
+    click.secho(f"{what}: {len(existing.records)} records kept in {output} with {summary}; {then}",
+                fg="yellow", err=True)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

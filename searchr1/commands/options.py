@@ -26,6 +26,14 @@ def _at_least(minimum: float) -> Callable[[click.Context, click.Parameter, Any],
     return check
 
 
+def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--connect-timeout``: how long to wait for PyTRIO to answer before naming the cause."""
+    return click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+                        show_default=True, metavar="SECONDS",
+                        help="Give up connecting to PyTRIO after this long and say why (no network, DNS, "
+                             "refused); the run's own calls keep PyTRIO's retry windows.")
+
+
 def _group_size_for_training(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     if value is not None and value < 2:
         raise click.BadParameter(

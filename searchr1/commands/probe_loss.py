@@ -8,6 +8,7 @@ import tempfile
 import click
 
 from ..probe_loss import DEFAULT_BASE_MODEL
+from .options import connect_timeout_option
 
 REDUCTION_CHOICES = ("per_token", "per_sample", "sum")
 
@@ -44,6 +45,7 @@ REDUCTION_CHOICES = ("per_token", "per_sample", "sum")
 @click.option(
     "--yes", "-y", is_flag=True, help="Do not ask before creating the (billed) live training run."
 )
+@connect_timeout_option()
 def probe_loss(
     base_model: str,
     lora_rank: int,
@@ -51,6 +53,7 @@ def probe_loss(
     fake_reduction: str,
     fake_accumulation: str,
     yes: bool,
+    connect_timeout: float,
 ) -> None:
     """Find out whether the service reduces a loss per token, per sample or by sum, and
     whether the seed's manual n_k/N micro-batch reweighting is therefore exact.
@@ -90,13 +93,18 @@ def probe_loss(
         )
     from pytrio.errors.base import PyTrioError
 
+    from ..trainer import describe_failure, is_service_failure
+
     try:
-        report = run_probe(live_service(), base_model=base_model, lora_rank=lora_rank)
+        report = run_probe(live_service(connect_timeout), base_model=base_model, lora_rank=lora_rank)
     except ServiceSetupError as error:
         raise click.ClickException(str(error)) from None
-    except PyTrioError as error:
+    except Exception as error:  # PyTrioError, and what pytrio lets through (httpx, ModelScope, timeouts)
+        if not is_service_failure(error):
+            raise
         key = os.environ.get("PYTRIO_API_KEY", "")
-        message = f"PyTRIO error {error.code}: {error.message}"
+        message = f"PyTRIO error {error.code}: {error.message}" if isinstance(error, PyTrioError) \
+            else f"the service or the network failed ({describe_failure(error)})"
         if key:
             message = message.replace(key, "***")
         raise click.ClickException(message.splitlines()[0]) from None

@@ -13,12 +13,12 @@ from click.core import ParameterSource
 
 from ..loggers import LOGGER_NAMES, SWANLAB_MODES
 from ..search.cli_options import SearchOptions, search_options
-from .options import rollout_config_from, rollout_options, run_guarded
+from .options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
 
 OFFLINE_DEFAULT_STEPS = 4
 # Flags that may differ when a run is resumed (everything else is fixed by config.json).
 RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "logger", "logger_project", "quiet", "chat_template",
-                   "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits"}
+                   "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits", "connect_timeout"}
 
 
 @click.command(context_settings={"show_default": True})
@@ -69,6 +69,7 @@ RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "logger", "logger_proj
                    "or training calls are expensive.")
 @click.option("--transcripts-per-step", type=click.IntRange(min=0), default=4,
               help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
+@connect_timeout_option()
 @click.option("--preflight-only", is_flag=True,
               help="Run the checks a paid run makes before its first sample (server limits, the service's "
                    "tokenizer), print what they found and exit 0 when the run is ready; nothing is written.")
@@ -122,6 +123,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     requested_loggers = kwargs.pop("logger")
     chat_template = kwargs.pop("chat_template")
     preflight_only, clamp = kwargs.pop("preflight_only"), kwargs.pop("clamp_to_server_limits")
+    connect_timeout = kwargs.pop("connect_timeout")
     if resume_dir is not None:
         if kwargs["run_dir"] is not None:
             raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
@@ -202,7 +204,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
         service = offline_service(home, tokenizer, offline_scenario(), max_staleness=config.max_steps_off_policy)
     else:
-        service = live_service()
+        service = live_service(connect_timeout)
     config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
     resume = run.resume_point() if resume_dir is not None else None
     reporter = None
