@@ -233,8 +233,9 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         finally:
             await backend.aclose()
 
-    click.echo(f"run directory: {run.path}  ({'offline twin' if offline else 'live PyTRIO'}, "
-               f"backend {search.backend}, {config.max_steps} steps)", err=True)
+    click.echo(f"{'preflight only, nothing is written; ' if preflight_only else ''}run directory: {run.path}  "
+               f"({'offline twin' if offline else 'live PyTRIO'}, backend {search.backend}, {config.max_steps} steps)",
+               err=True)
     try:
         with stop:
             completed = asyncio.run(main())
@@ -267,8 +268,6 @@ def _fit_server_limits(service: Any, config: Any, *, clamp: bool, resuming: bool
 
     from ..preflight import fit_trajectory_budget, read_server_limits
 
-    if not hasattr(service, "get_server_capabilities"):  # the client-level fake has no catalog
-        return config
     limits = read_server_limits(service, config.base_model)
     fit = fit_trajectory_budget(limits, config.rollout.max_trajectory_tokens, clamp=clamp and not resuming,
                                 group_size=config.rollout.group_size)
