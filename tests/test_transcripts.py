@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from searchr1.data import SearchExample
 from searchr1.rollout import RolloutConfig, rollout_batch_async
-from searchr1.scripted import ScriptedSampler, ScriptedSearch
+from searchr1.offline import SCENARIO
+from searchr1.scripted import ScriptedSampler, ScriptedSearch, load_scenario
 from searchr1.search.types import SearchItem, SearchResult
-from searchr1.services import offline_scenario
 from searchr1.trajectory import Trajectory
 from searchr1.transcripts import (
     TRANSCRIPTS_FILE,
@@ -97,7 +97,7 @@ def test_a_negative_count_is_refused():
 def rolled_out(tokenizer):
     """One step of the shipped offline scenario's scripted policy through the real engine (every
     query finds the same passage: only the shape of the records matters here)."""
-    scenario = offline_scenario()
+    scenario = load_scenario(SCENARIO)
     passage = SearchItem("Passage", "Some evidence about the question.", "Wikipedia", "https://w/Passage")
     search = ScriptedSearch({}, default=SearchResult(True, (passage,)))
     return asyncio.run(rollout_batch_async(
