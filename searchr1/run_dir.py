@@ -137,12 +137,26 @@ class RunDir:
             raise RunDirError(
                 f"{self.path} is not a searchr1 run directory (missing {', '.join(missing)})"
             )
-        try:
-            config = json.loads(self.file(CONFIG).read_text("utf-8"))
-            json.loads(self.file(STATE).read_text("utf-8"))
-        except json.JSONDecodeError as error:
-            raise RunDirError(f"{self.path}: a run file is not valid JSON ({error.msg})") from None
+        config = self._read_object(CONFIG)
+        self._read_object(STATE)
         return config
+
+    def _read_object(self, name: str) -> dict[str, Any]:
+        """A run file that holds one JSON object; any other content is a RunDirError naming the
+        file (and where in it the JSON breaks)."""
+        path = self.file(name)
+        try:
+            value = json.loads(path.read_text("utf-8"))
+        except json.JSONDecodeError as error:
+            raise RunDirError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column "
+                              f"{error.colno})") from None
+        except UnicodeDecodeError:
+            raise RunDirError(f"{path} is not UTF-8 text, so not a file this run wrote") from None
+        except OSError as error:
+            raise RunDirError(f"cannot read {path}: {error.strerror or error}") from None
+        if not isinstance(value, dict):
+            raise RunDirError(f"{path} should hold a JSON object, not {type(value).__name__}")
+        return value
 
     # -- records ---------------------------------------------------------------------------
 
@@ -162,7 +176,7 @@ class RunDir:
         write_json_atomically(self.file(STATE), state)
 
     def state(self) -> dict[str, Any]:
-        return json.loads(self.file(STATE).read_text("utf-8"))
+        return self._read_object(STATE)
 
     def resume_point(self) -> ResumePoint | None:
         entries = [e for e in self.checkpoints() if e.get("state_path")]

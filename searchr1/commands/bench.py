@@ -22,7 +22,7 @@ TITLES = {
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
 @click.option("--only", default=None, metavar="1,2,...", help="Run only these figures (numbers 1-5).")
-@click.option("--strict", is_flag=True, help="Exit with status 1 when a figure misses a target.")
+@click.option("--strict", is_flag=True, help="Exit with status 1 when a figure misses a target (not with --quick).")
 def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool) -> None:
     """Measure this implementation against the seed's way, side by side in one run.
 
@@ -42,6 +42,9 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool) -
     from ..bench.report import bench_json, print_report, write_json_atomically
     from ..bench.runner import parse_only, run_figures
 
+    if strict and quick:
+        raise click.UsageError("--strict and --quick contradict each other: --quick is a smoke run, not held "
+                               "to the targets")
     try:
         numbers = parse_only(only)
     except ValueError as error:

@@ -1,4 +1,5 @@
-"""``python cli.py rollout --offline``: one scripted batch through the engine, outcome per trajectory."""
+"""``python cli.py rollout --offline``: one scripted batch through the engine (sampled with the
+real PyTRIO client from the offline twin), outcome per trajectory."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from ..search.cli_options import SearchOptions, search_options
 from .options import rollout_config_from, rollout_options, run_guarded
@@ -17,30 +19,47 @@ from .options import rollout_config_from, rollout_options, run_guarded
               help="Required: rollouts run against the scripted policy and search cassettes.")
 @click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Scenario file [default: the shipped offline scenario]; golden/scenarios/*.json also work.")
-@click.option("--questions", type=click.IntRange(min=1), default=4, show_default=True,
-              help="How many of the scenario's questions to roll out.")
+@click.option("--questions", type=click.IntRange(min=1), default=None,
+              help="How many of the scenario's questions to roll out [default: 4, or all if it has fewer].")
 @click.option("--seed", type=int, default=42, show_default=True)
 @rollout_options(group_size=8)
-@search_options(default_backend="wikipedia")
-def rollout(offline: bool, scenario: Path | None, questions: int, seed: int, search: SearchOptions, **kwargs: Any) -> None:
+@search_options(default_backend="deepseek")
+def rollout(offline: bool, scenario: Path | None, questions: int | None, seed: int, search: SearchOptions,
+            **kwargs: Any) -> None:
     """Roll out a scripted batch and print each trajectory's outcome.
 
     Without --cassette, search replays the scenario's cassette (or cassettes/<backend>/offline.yaml).
+    A scenario scripts a fixed number of samples per question (the shipped one, 8 samples), which
+    is as large as --group-size can be; without the flag the group is capped to it.
     """
     run_guarded(lambda: _rollout(scenario, questions, seed, search, kwargs))
 
 
-def _rollout(scenario_path: Path | None, questions: int, seed: int, search: SearchOptions, kwargs: dict[str, Any]) -> None:
+def _rollout(scenario_path: Path | None, questions: int | None, seed: int, search: SearchOptions,
+             kwargs: dict[str, Any]) -> None:
     from dataclasses import replace
 
     from ..offline import REPO_ROOT
     from ..progress import CountingBar
     from ..rollout import rollout_batch_async
-    from ..scripted import ScriptedSampler
-    from ..services import load_tokenizer, offline_scenario, search_backend
+    from ..offline import SCENARIO
+    from ..services import load_tokenizer, scripted_sampling_client, search_backend
+    from ..twin.scenario import load_scenario
 
     config = rollout_config_from(kwargs, seed=seed)
-    scenario = offline_scenario(scenario_path)
+    scenario = load_scenario(scenario_path or SCENARIO)
+    name = scenario_path or SCENARIO.name
+    if questions is None:
+        questions = min(4, len(scenario.questions))
+    elif questions > len(scenario.questions):
+        raise click.BadParameter(f"{questions} is more than the {len(scenario.questions)} question(s) "
+                                 f"scripted in {name}", param_hint="--questions")
+    scripted = min(len(q.samples) for q in scenario.questions[:questions])
+    if config.group_size > scripted:
+        if click.get_current_context().get_parameter_source("group_size") == ParameterSource.COMMANDLINE:
+            raise click.BadParameter(f"{config.group_size} is more than the {scripted} samples per question "
+                                     f"scripted in {name}", param_hint="--group-size")
+        config = replace(config, group_size=scripted)
     if scenario_path is not None and search.cassette is None and scenario.cassette:
         search = replace(search, backend=scenario.backend or search.backend, cassette=REPO_ROOT / scenario.cassette)
     if scenario.rollout:
@@ -49,16 +68,16 @@ def _rollout(scenario_path: Path | None, questions: int, seed: int, search: Sear
     examples = scenario.examples[:questions]
     tokenizer = load_tokenizer()
 
-    async def main() -> list[Any]:
+    async def main(sampler: Any) -> list[Any]:
         backend = search_backend(search, offline=True)
         try:
             with CountingBar("trajectories", len(examples) * config.group_size) as bar:
-                return await rollout_batch_async(ScriptedSampler(scenario, tokenizer), tokenizer, backend,
-                                                 examples, config, bar.advance)
+                return await rollout_batch_async(sampler, tokenizer, backend, examples, config, bar.advance)
         finally:
             await backend.aclose()
 
-    trajectories = asyncio.run(main())
+    with scripted_sampling_client(scenario, tokenizer) as sampler:
+        trajectories = asyncio.run(main(sampler))
     click.echo(f"{'question':<16} {'g':>2}  {'end':<14} {'turns':>5} {'search':>6} {'reward':>6} {'adv':>7}  queries")
     for t in trajectories:
         queries = "; ".join(s.query + ("" if s.ok else " [error]") for s in t.searches)
