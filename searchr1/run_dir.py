@@ -26,7 +26,7 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints.jsonl"
 STATE = "run_state.json"
 REWOUND = "metrics.rewound.jsonl"
-TWIN_HOME = "fake-trio"  # the offline twin's checkpoints, kept with the run (offline runs only)
+TWIN_HOME = "twin"  # the offline twin's runs and checkpoints, kept with the run (offline runs only)
 
 
 class RunDirError(ValueError):

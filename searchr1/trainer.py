@@ -84,6 +84,8 @@ class TrainConfig:
     # Rollouts for step b run on the weights after b - K steps (searchr1.off_policy); 0 = on-policy.
     max_steps_off_policy: int = 0
     transcripts_per_step: int = 4
+    # Offline runs: the policy the twin serves ("learning" or "scripted"); None for live runs.
+    offline_policy: str | None = None
 
     def __post_init__(self) -> None:
         import re

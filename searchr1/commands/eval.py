@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,13 @@ RESULT_DIR = Path("eval_result")
 @click.option("--overwrite", is_flag=True,
               help="Start the output afresh; without it an existing output is resumed (and refused if it "
                    "was produced with another configuration).")
+@click.option("--checkpoint", "checkpoint_run", type=click.Path(file_okay=False, path_type=Path), default=None,
+              metavar="RUN_DIR",
+              help="Evaluate the last checkpoint of this training run (offline or live; its weights and, "
+                   "offline, the twin it trained on), instead of copying a URI into --model-path.")
+@click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
+              help="With --offline: the policy the twin serves (learning: a small model that `train --offline` "
+                   "improves; scripted: the fixed scenario of the golden tests).")
 @click.option("--offline-home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Checkpoint store of the fake PyTRIO service, to evaluate a `train --offline` checkpoint "
                    "(runs/<run-name>/fake-trio) [default: an empty temporary one].")
@@ -115,7 +122,7 @@ def _repo_relative(path: str | None) -> str | None:
 
 def build_run_config(*, offline: bool, base_model: str, model_path: str | None, search: SearchOptions,
                      rollout: Any, data: Path, limit: int | None, chat_template: str | None,
-                     offline_home: Path | None) -> dict[str, Any]:
+                     offline_home: Path | None, offline_policy: str = "learning") -> dict[str, Any]:
     """The exact configuration stored in the header and summary (plain JSON, nothing secret).
     The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
     from ..data import file_sha256
@@ -125,7 +132,7 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
 
     described = describe_search(search, offline=offline)
     return {
-        "sampling_backend": "offline-scripted" if offline else "pytrio",
+        "sampling_backend": f"offline-{offline_policy}" if offline else "pytrio",
         "offline": offline,
         "base_model": base_model,
         "model_path": model_path,
@@ -174,6 +181,34 @@ class _Bar:
             self.bar = None
 
 
+@dataclass(frozen=True)
+class RunCheckpoint:
+    """What ``eval --checkpoint RUN_DIR`` needs from a training run."""
+
+    weights_path: str
+    base_model: str
+    offline: bool
+    offline_home: Path | None
+    offline_policy: str | None
+
+
+def checkpoint_of(run_dir: Path) -> RunCheckpoint:
+    """The last checkpoint of the training run in ``run_dir`` (one line naming the problem if
+    there is none)."""
+    from ..run_dir import TWIN_HOME, RunDir
+
+    run = RunDir(run_dir)
+    config = run.open()
+    last = run.resume_point()
+    if last is None or not last.weights_path:
+        raise click.ClickException(f"{run_dir} holds no checkpoint yet ({run_dir / 'checkpoints.jsonl'}); "
+                                   "train at least until the first save")
+    offline = bool(config.get("offline"))
+    return RunCheckpoint(last.weights_path, str(config.get("base_model") or "Qwen/Qwen3.5-4B"), offline,
+                         run_dir / TWIN_HOME if offline else None,
+                         config.get("offline_policy") if offline else None)
+
+
 def _sampling_client(service: Any, base_model: str, model_path: str | None, *, offline: bool,
                      offline_home: Path | None) -> Any:
     from ..services import ServiceSetupError
@@ -213,6 +248,14 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     connect_timeout = kwargs.pop("connect_timeout")
     base_model, model_path = kwargs.pop("base_model"), kwargs.pop("model_path")
     limit, chat_template, offline_home = kwargs.pop("limit"), kwargs.pop("chat_template"), kwargs.pop("offline_home")
+    offline_policy, checkpoint_run = kwargs.pop("offline_policy"), kwargs.pop("checkpoint_run")
+    if checkpoint_run is not None:
+        if model_path is not None or offline_home is not None:
+            raise click.UsageError("--checkpoint picks the model path (and, offline, the twin's home); "
+                                   "do not combine it with --model-path or --offline-home")
+        checkpoint = checkpoint_of(checkpoint_run)
+        offline, base_model, model_path = checkpoint.offline, checkpoint.base_model, checkpoint.weights_path
+        offline_home, offline_policy = checkpoint.offline_home, checkpoint.offline_policy or offline_policy
     rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
     given = kwargs.pop("data")
     data = given or (DEV if offline else LIVE_DATA)
@@ -229,12 +272,13 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     output = kwargs.pop("output") or default_output(base_model, model_path, search.backend, offline)
     run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
                                   rollout=rollout, data=data, limit=limit, chat_template=chat_template,
-                                  offline_home=offline_home)
+                                  offline_home=offline_home, offline_policy=offline_policy)
     check_search_keys(search, offline=offline)  # before PyTRIO is contacted or anything written
     tokenizer = load_tokenizer(chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
         home = offline_home or Path(scratch)
-        service = offline_service(home, tokenizer, offline_scenario()) if offline else live_service(connect_timeout)
+        service = (offline_service(home, tokenizer, offline_scenario(), policy=offline_policy) if offline
+                   else live_service(connect_timeout))
         sampler = _sampling_client(service, base_model, model_path, offline=offline, offline_home=offline_home)
         bar = None if quiet else _Bar()
 

@@ -15,17 +15,25 @@ from ..loggers import LOGGER_NAMES, SWANLAB_MODES
 from ..search.cli_options import SearchOptions, search_options
 from .options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
 
-OFFLINE_DEFAULT_STEPS = 4
+# Offline defaults per twin policy: enough steps (and, for the small learning policy, a large
+# enough Adam step) to watch the reward rise in well under a minute.
+OFFLINE_DEFAULT_STEPS = {"learning": 20, "scripted": 4}
+OFFLINE_LEARNING_RATE = {"learning": 0.2}
 # Flags that may differ when a run is resumed (everything else is fixed by config.json).
 RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "logger", "logger_project", "quiet", "chat_template",
                    "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits", "connect_timeout"}
 
 
 @click.command(context_settings={"show_default": True})
+@click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
+              help="With --offline: the policy the twin serves. learning: a small model over whole assistant "
+                   "turns that really improves from the updates; scripted: the fixed scenario of the golden "
+                   "tests (8 samples per question, so --group-size at most 8).")
 @click.option("--offline", is_flag=True,
               help="No key, no network: the fake PyTRIO service, the scripted policy and search cassettes.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help=f"Training steps [required live; default {OFFLINE_DEFAULT_STEPS} with --offline].")
+              help="Training steps [required live; with --offline default 20 for the learning policy, 4 for "
+                   "the scripted one].")
 @click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Training JSONL [default: datasets/train.jsonl; the shipped offline set with --offline].")
 @click.option("--max-train-samples", type=click.IntRange(min=0), default=0,
@@ -144,11 +152,16 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
                                        "the data order could not be reproduced")
         search = SearchOptions(**{**search.__dict__, **{k: v for k, v in config.search.get("options", {}).items()}})
     else:
-        offline = kwargs.pop("offline")
+        offline, policy = kwargs.pop("offline"), kwargs.pop("offline_policy")
+        if not offline and "offline_policy" in explicit:
+            raise click.UsageError("--offline-policy only applies with --offline")
+        kwargs["offline_policy"] = policy if offline else None
         if kwargs["max_steps"] is None:
             if not offline:
                 raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
-            kwargs["max_steps"] = OFFLINE_DEFAULT_STEPS
+            kwargs["max_steps"] = OFFLINE_DEFAULT_STEPS[policy]
+        if offline and "learning_rate" not in explicit and policy in OFFLINE_LEARNING_RATE:
+            kwargs["learning_rate"] = OFFLINE_LEARNING_RATE[policy]
         data = kwargs.pop("data") or (TRAIN if offline else Path("datasets/train.jsonl"))
         if not data.is_file():
             hint = "run `python cli.py prepare-data` first" if not offline else "reinstall the package"
@@ -202,7 +215,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     if offline:
         # --preflight-only writes nothing, not even the twin's home, for a new run
         home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
-        service = offline_service(home, tokenizer, offline_scenario(), max_staleness=config.max_steps_off_policy)
+        service = offline_service(home, tokenizer, offline_scenario(), policy=config.offline_policy or "scripted",
+                                  max_staleness=config.max_steps_off_policy)
     else:
         service = live_service(connect_timeout)
     config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
@@ -257,8 +271,15 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
                     f"Continue with: python cli.py train --resume {run.path}", fg="yellow", err=True)
         sys.exit(130)
     click.echo(f"done: {completed} steps. metrics: {run.file('metrics.jsonl')}")
+    rewards = [line["reward/mean"] for line in run.metrics() if "reward/mean" in line]
+    if len(rewards) >= 2:
+        n = min(5, len(rewards) // 2)
+        click.echo(f"mean reward: first {n} steps {sum(rewards[:n]) / n:+.3f}, "
+                   f"last {n} steps {sum(rewards[-n:]) / n:+.3f}")
     if last is not None:
-        click.echo(f"last checkpoint: {last.name}  weights for eval: {last.weights_path}")
+        click.echo(f"last checkpoint: {last.name}  weights: {last.weights_path}")
+        click.echo(f"evaluate it with: python cli.py eval --checkpoint {run.path}"
+                   + (f" --backend {search.backend}" if not offline else ""))
 
 
 def _fit_server_limits(service: Any, config: Any, *, clamp: bool, resuming: bool) -> Any:
