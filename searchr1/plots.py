@@ -75,9 +75,13 @@ class EvalRun:
 
     @property
     def offline(self) -> bool:
-        """Produced by the offline twin (scripted policy, cassette search): it measures the
-        plumbing, not a model."""
-        return bool(self.config_value("offline")) or self.config_value("sampling_backend") == "offline-scripted"
+        """Produced by the offline twin (a small offline policy, cassette search), not a model."""
+        return bool(self.config_value("offline")) or str(self.config_value("sampling_backend")).startswith("offline-")
+
+    @property
+    def offline_policy(self) -> str:
+        backend = str(self.config_value("sampling_backend") or "")
+        return backend.removeprefix("offline-") if backend.startswith("offline-") else "scripted"
 
     @property
     def display_label(self) -> str:
@@ -199,7 +203,14 @@ def source_tick_label(runs: Sequence[EvalRun], source: str) -> str:
     return f"{source}\nn={'/'.join(map(str, counts))}" if counts else source
 
 
-OFFLINE_NOTE = "OFFLINE: scripted policy and cassette search; these numbers test the plumbing, not a model"
+OFFLINE_NOTES = {
+    "scripted": "OFFLINE: scripted policy and cassette search; these numbers test the plumbing, not a model",
+    "learning": "OFFLINE: the twin's small learning policy and cassette search, not a language model",
+}
+
+
+def offline_note(policy: str) -> str:
+    return OFFLINE_NOTES.get(policy, f"OFFLINE: the twin's {policy} policy and cassette search, not a language model")
 
 
 def eval_title(runs: Sequence[EvalRun]) -> str:
@@ -215,9 +226,10 @@ def eval_title(runs: Sequence[EvalRun]) -> str:
     lines = [" | ".join(parts)]
     offline = [r for r in runs if r.offline]
     if len(offline) == len(runs):
-        lines.insert(0, OFFLINE_NOTE)
+        policies = sorted({r.offline_policy for r in offline})
+        lines.insert(0, offline_note(policies[0]) if len(policies) == 1 else offline_note("/".join(policies)))
     elif offline:
-        lines.insert(0, "MIXED: runs marked (offline) used the scripted policy and cassette search")
+        lines.insert(0, "MIXED: runs marked (offline) used an offline twin policy and cassette search")
     if any(r.partial for r in runs):
         lines.append("includes PARTIAL evaluations (marked in the legend)")
     if len(config_differences(runs)) > 0:
@@ -371,7 +383,10 @@ def run_title(config: Mapping[str, Any] | None, fallback: str) -> str:
         parts.append(f"advantage {config['advantage_mode']}")
     title = " | ".join(parts)
     if config.get("offline"):
-        title = "OFFLINE twin (scripted policy, fake PyTRIO): curves test the plumbing, not learning\n" + title
+        policy = str(config.get("offline_policy") or "scripted")
+        what = ("a small policy learning on the offline question set, not a language model" if policy == "learning"
+                else f"{policy} policy: curves test the plumbing, not learning")
+        title = f"OFFLINE twin ({what})\n" + title
     return title
 
 
