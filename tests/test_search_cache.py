@@ -193,6 +193,7 @@ TOKENS = {
     "search/cache_read_input_tokens",
     "search/output_tokens",
     "search/web_search_requests",
+    "search/no_web_search_rate",
 }
 
 

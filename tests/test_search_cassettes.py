@@ -96,6 +96,9 @@ def test_shipped_cassette_replays_to_the_scripted_results_and_stats(spec, backen
         sum(len(q.expected_titles()) for q in spec.queries if q.expected_ok) / n
     )
     assert metrics["search/timeout_rate"] == 0.0 and metrics["search/cache_hit_rate"] == 0.0
+    if backend == "deepseek":  # answers written without a web search are counted, not used
+        unsearched = sum(q.responses[-1].get("web_searches", 1) == 0 for q in spec.queries)
+        assert metrics["search/no_web_search_rate"] == pytest.approx(unsearched / n)
 
 
 def test_demo_items_carry_the_scripted_text_in_each_backend_layout():

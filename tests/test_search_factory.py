@@ -107,7 +107,7 @@ def test_split_keys_dedupes_in_order():
 def test_wikipedia_contact_and_retriever_url_from_the_environment(monkeypatch):
     monkeypatch.setenv("SEARCHR1_CONTACT", "ops@example.org")
     monkeypatch.setenv("SEARCHR1_RETRIEVER_URL", "http://gpu-box:9000/retrieve")
-    assert "(ops@example.org)" in create_search_backend("wikipedia").headers["User-Agent"]
+    assert "; ops@example.org)" in create_search_backend("wikipedia").headers["User-Agent"]
     assert create_search_backend("retriever").url == "http://gpu-box:9000/retrieve"
     assert create_search_backend("retriever", url="http://x/retrieve").url == "http://x/retrieve"
 
@@ -132,9 +132,9 @@ def capture(name, **options):
 def test_wikipedia_request():
     request = capture("wikipedia", contact="me@example.org")
     params = request.url.params
-    assert params["gsrsearch"] == "The Little Prince author"
+    assert params["gsrsearch"] == "The Little   Prince author"  # as typed, ends stripped
     assert "false" not in str(request.url).lower()
-    assert "(me@example.org)" in request.headers["user-agent"] and params["maxlag"] == "5"
+    assert "; me@example.org)" in request.headers["user-agent"] and params["maxlag"] == "5"
 
 
 def test_deepseek_request_uses_the_configured_model_and_tool():
@@ -149,7 +149,7 @@ def test_deepseek_request_uses_the_configured_model_and_tool():
 def test_zhihu_request():
     request = capture("zhihu")
     assert request.url.path == "/api/v1/content/global_search"
-    assert dict(request.url.params) == {"Query": "The Little Prince author", "Count": "3", "SearchDB": "all"}
+    assert dict(request.url.params) == {"Query": "The Little   Prince author", "Count": "3", "SearchDB": "all"}
     assert (
         request.headers["authorization"].startswith("Bearer ")
         and request.headers["x-request-timestamp"].isdigit()
@@ -159,7 +159,7 @@ def test_zhihu_request():
 def test_retriever_request():
     request = capture("retriever", url="http://127.0.0.1:8000/retrieve")
     assert json.loads(request.content) == {
-        "queries": ["The Little Prince author"],
+        "queries": ["The Little   Prince author"],
         "topk": 3,
         "return_scores": True,
     }

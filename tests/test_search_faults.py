@@ -17,6 +17,7 @@ from searchr1.search.clock import RealClock
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.testing import mock_backend
 from searchr1.search.types import format_observation
+from searchr1.search.wikipedia import WikipediaRefusedError
 
 BACKENDS = ["wikipedia", "zhihu", "deepseek", "retriever"]
 GOOD = [{"results": [{"title": "Good", "text": "good text"}]}]
@@ -259,7 +260,8 @@ def test_sse_error_message_is_bounded_and_sanitised():
 @pytest.mark.parametrize("name", BACKENDS)
 def test_a_trickling_response_is_cut_at_the_wall_clock_limit(name):
     """httpx's per-read timeout never fires on a stream that sends a byte every 50 ms; the
-    per-attempt wall-clock limit (= timeout) must."""
+    per-attempt wall-clock limit (``total_timeout``: = timeout, but its own setting for
+    DeepSeek) must, and says so."""
     content_type = "text/event-stream" if name == "deepseek" else "application/json"
     chunk = b": keep-alive\n\n" if name == "deepseek" else b" "
     script = Script(
@@ -268,11 +270,12 @@ def test_a_trickling_response_is_cut_at_the_wall_clock_limit(name):
             200, headers={"content-type": content_type}, stream=EndlessStream(chunk, delay=0.05)
         ),
     )
-    backend = mock_backend(name, script, timeout=0.4, max_retries=0, clock=RealClock())
+    limits = {"total_timeout": 0.4} if name == "deepseek" else {}
+    backend = mock_backend(name, script, timeout=0.4, max_retries=0, clock=RealClock(), **limits)
     started = time.monotonic()
     result = search(backend)
     elapsed = time.monotonic() - started
-    assert not result.ok and result.error.startswith("request timeout")
+    assert not result.ok and result.error.startswith("request timeout (total limit of 0.4 s")
     assert elapsed < 2.0
     assert backend.stats.drain()["search/timeout_rate"] == 1.0
 
@@ -338,7 +341,9 @@ content_types = st.sampled_from(["application/json", "text/html", "text/event-st
     content_type=content_types,
     retry_after=st.one_of(st.none(), st.sampled_from(["0", "1", "x", "-5", "1e9"])),
 )
-def test_search_never_raises_whatever_the_server_answers(name, code, body, content_type, retry_after):
+def test_search_never_raises_whatever_the_server_answers_but_a_wikimedia_refusal_stops(
+    name, code, body, content_type, retry_after
+):
     marker = b"BODYMARKER"
     headers = {"content-type": content_type} if content_type else {}
     if retry_after is not None:
@@ -347,6 +352,10 @@ def test_search_never_raises_whatever_the_server_answers(name, code, body, conte
     def handler(request):
         return httpx.Response(code, headers=headers, content=body + marker)
 
+    if name == "wikipedia" and code == 403:  # the run must stop: see WikipediaRefusedError
+        with pytest.raises(WikipediaRefusedError):
+            search(mock_backend(name, handler, max_retries=1))
+        return
     result = search(mock_backend(name, handler, max_retries=1))
     assert isinstance(result.ok, bool)
     if not result.ok:

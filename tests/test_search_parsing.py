@@ -112,9 +112,14 @@ def test_wikipedia_request_parameters_follow_the_documented_recipe():
     assert "maxlag" not in search_params("q", maxlag=None)
 
 
-def test_wikipedia_user_agent_names_client_contact_and_library():
+def test_wikipedia_user_agent_names_project_version_url_contact_and_library():
+    from searchr1 import __version__
+    from searchr1.search.base import PROJECT_URL
+
     agent = user_agent("me@example.org")
-    assert agent.startswith("SearchR1-RL/") and "(me@example.org)" in agent and "httpx/" in agent
+    assert agent.startswith(f"searchr1/{__version__} ({PROJECT_URL}; me@example.org) httpx/")
+    # Without a contact the project URL is still a way to reach the client's authors.
+    assert user_agent(None).startswith(f"searchr1/{__version__} ({PROJECT_URL}) httpx/")
 
 
 # ----------------------------------------------------------------------------- DeepSeek evidence

@@ -10,10 +10,16 @@ from typing import Any
 
 import click
 
+from searchr1.search.base import SearchRefusedError
 from searchr1.search.cache import normalise_query
 from searchr1.search.env import MissingApiKeyError
 from searchr1.search.factory import BACKEND_NAMES, create_search_backend
 from searchr1.search.recording import SecretLeakError, recording
+
+
+class RecordingFailed(click.ClickException):
+    """The recording is not worth keeping (every request failed, or some did and failures
+    were not allowed); nothing was written."""
 
 
 def read_queries_file(path: Path) -> list[str]:
@@ -58,12 +64,21 @@ def unique(queries: list[str]) -> list[str]:
 
 Give the queries with --query (repeatable), --queries FILE (one per line, '#' comments) or
 --from-dataset JSONL (the 'question' of each row; --limit N rows). Requests run one at a
-time, with the backend's real retry policy; failures are recorded too (they are data).
+time, with the backend's real retry policy.
+
+Failures: when every query fails, nothing is written and the exit code is 1. When some
+fail, nothing is written either unless --allow-failures is given; the cassette then keeps the
+failed exchanges too and lists them in its metadata (failed_queries).
+
+The cassette stores what replay needs (the backend and the options that shape its requests:
+retriever URL, Wikipedia API URL, DeepSeek model and tool type, ...), so it replays with
+`--cassette PATH` alone.
 
 Secrets never reach the file: key headers are dropped, key values are replaced by <SECRET_n>
-everywhere (URLs, bodies, echoes in responses), and the file is checked for them before it
-replaces the target. An existing cassette is kept unless --overwrite is given, and is never
-lost on a crash (the new one is written to a temporary file and renamed).
+and the Wikipedia contact by <CONTACT> everywhere (URLs, headers, bodies, echoes in
+responses), and the file is checked for them before it replaces the target. An existing
+cassette is kept unless --overwrite is given, and is never lost on a crash (the new one is
+written to a temporary file and renamed).
 
 Keys: DEEPSEEK_API_KEY / ZHIHU_SEARCH_KEYS from the environment or the .env file.
 
@@ -98,10 +113,22 @@ Examples:
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing cassette.")
 @click.option(
+    "--allow-failures",
+    is_flag=True,
+    help="Write the cassette even if some (not all) queries failed; they are listed in its metadata.",
+)
+@click.option(
     "--search-timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Per-attempt timeout in seconds [default: the backend's].",
+    help="Per-read timeout in seconds [default: the backend's].",
+)
+@click.option(
+    "--search-total-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Wall-clock limit of one request, a whole stream included [default: deepseek 300, "
+    "others the per-read timeout].",
 )
 @click.option("--search-model", default=None, help="DeepSeek model name.")
 @click.option("--search-tool-type", default=None, help="DeepSeek web-search tool type.")
@@ -123,7 +150,9 @@ def record(
     limit: int | None,
     cassette: Path,
     overwrite: bool,
+    allow_failures: bool,
     search_timeout: float | None,
+    search_total_timeout: float | None,
     search_model: str | None,
     search_tool_type: str | None,
     retriever_url: str | None,
@@ -146,6 +175,8 @@ def record(
         raise click.ClickException(f"cassette {cassette} already exists; pass --overwrite to replace it")
 
     options: dict[str, Any] = {}
+    if search_total_timeout is not None:
+        options["total_timeout"] = search_total_timeout
     if backend == "deepseek":
         options.update({k: v for k, v in (("model", search_model), ("tool_type", search_tool_type)) if v})
     elif backend == "retriever":
@@ -154,7 +185,7 @@ def record(
         options["contact"] = wikipedia_contact  # None: $SEARCHR1_CONTACT
     try:
         client = create_search_backend(backend, timeout=search_timeout, env_file=search_env_file, **options)
-    except MissingApiKeyError as exc:
+    except (MissingApiKeyError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     if backend == "wikipedia" and client.contact is None:
         click.echo(
@@ -163,29 +194,62 @@ def record(
             err=True,
         )
     try:
-        outcomes = asyncio.run(_record(client, queries, cassette, overwrite))
-    except (FileExistsError, SecretLeakError) as exc:
-        raise click.ClickException(str(exc)) from None
-    failed = sum(1 for ok in outcomes if not ok)
-    click.echo(f"wrote {cassette}: {len(queries)} queries, {len(queries) - failed} ok, {failed} failed")
+        failed = asyncio.run(_record(client, queries, cassette, overwrite, allow_failures))
+    except (FileExistsError, SecretLeakError, SearchRefusedError) as exc:
+        raise click.ClickException(f"{exc}; nothing was written") from None
+    click.echo(
+        f"wrote {cassette}: {len(queries)} queries, {len(queries) - len(failed)} ok, {len(failed)} failed"
+    )
 
 
-async def _record(client, queries: list[str], cassette: Path, overwrite: bool) -> list[bool]:
+def recording_verdict(queries: list[str], failed: list[str], allow_failures: bool) -> str | None:
+    """Why a recording must not be kept (``None``: keep it)."""
+    if len(failed) == len(queries):
+        return (
+            f"every one of the {len(queries)} queries failed (first: {failed[0]!r}); nothing was "
+            "written; check the keys, the URL and the network"
+        )
+    if failed and not allow_failures:
+        shown = ", ".join(repr(q) for q in failed[:3]) + (" ..." if len(failed) > 3 else "")
+        return (
+            f"{len(failed)} of {len(queries)} queries failed ({shown}); nothing was written; "
+            "pass --allow-failures to keep the failed exchanges in the cassette"
+        )
+    return None
+
+
+async def _record(
+    client, queries: list[str], cassette: Path, overwrite: bool, allow_failures: bool
+) -> list[str]:
+    """Record the queries; returns the ones that failed. Raises :class:`RecordingFailed`
+    (inside the recording, so nothing is written) when the recording is not worth keeping."""
     metadata: dict[str, Any] = {
         "backend": client.name,
         "generator": "python cli.py record",
         "provenance": "live",
         "recorded_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "options": {"max_retries": client.max_retries},
+        "options": client.replay_options(),
     }
     if client.name == "zhihu":
         metadata["keys"] = len(client.pool)
-    outcomes: list[bool] = []
+    failed: list[str] = []
     async with client:
-        with recording(cassette, secrets=client.secrets(), metadata=metadata, overwrite=overwrite):
+        with recording(
+            cassette,
+            secrets=client.secrets(),
+            private=client.private_values(),
+            metadata=metadata,
+            overwrite=overwrite,
+        ) as tape:
             for query in queries:
                 result = await client.search(query)
-                outcomes.append(result.ok)
+                if not result.ok:
+                    failed.append(query)
                 status = f"{len(result.items)} items" if result.ok else f"error: {result.error}"
                 click.echo(f"  {query!r}: {status} ({result.latency:.2f} s)")
-    return outcomes
+            verdict = recording_verdict(queries, failed, allow_failures)
+            if verdict is not None:
+                raise RecordingFailed(verdict)
+            if failed:
+                tape.get_metadata("failed_queries", failed)
+    return failed

@@ -13,7 +13,7 @@ Typical use::
         ...                                                          # offline, virtual time
 """
 
-from searchr1.search.base import HttpSearchBackend
+from searchr1.search.base import HttpSearchBackend, SearchRefusedError
 from searchr1.search.cache import QueryCache, normalise_query
 from searchr1.search.clock import RealClock, VirtualClock
 from searchr1.search.env import MissingApiKeyError
@@ -33,6 +33,7 @@ from searchr1.search.types import (
     format_observation,
     observation_candidates,
 )
+from searchr1.search.wikipedia import WikipediaRefusedError
 
 __all__ = [
     "BACKEND_NAMES",
@@ -47,9 +48,11 @@ __all__ = [
     "ReplayBackend",
     "SearchBackend",
     "SearchItem",
+    "SearchRefusedError",
     "SearchResult",
     "SearchStats",
     "VirtualClock",
+    "WikipediaRefusedError",
     "create_search_backend",
     "format_observation",
     "normalise_query",

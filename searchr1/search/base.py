@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from searchr1 import __version__
 from searchr1.search.cache import QueryCache, cache_key, normalise_query
 from searchr1.search.clock import Clock, RealClock
 from searchr1.search.limits import Backoff, parse_retry_after
@@ -30,7 +31,10 @@ from searchr1.search.types import SearchItem, SearchResult
 log = logging.getLogger("searchr1.search")
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-CLIENT_PRODUCT = "SearchR1-RL/0.1"
+CLIENT_PRODUCT = f"searchr1/{__version__}"
+# Where the operators of a searchr1 client can be read about (Wikimedia's User-Agent policy
+# asks for a URL or an e-mail; the user's own contact comes from SEARCHR1_CONTACT).
+PROJECT_URL = "https://github.com/searchr1/searchr1"
 CONTENT_LIMIT = 1200  # characters of one item's content (Wikipedia's exchars maximum)
 
 
@@ -40,6 +44,13 @@ class PayloadError(ValueError):
 
 class ResponseTooLarge(Exception):
     """A response body grew past the backend's ``max_body_bytes``."""
+
+
+class SearchRefusedError(RuntimeError):
+    """The service refuses this client outright (e.g. Wikimedia's HTTP 403 for a User-Agent
+    without contact). Not a search failure the policy should read: it propagates out of
+    ``search()`` so a run stops at once with this one-line message instead of training on
+    error observations."""
 
 
 @dataclass
@@ -79,6 +90,7 @@ class CallContext:
     failovers: int = 0
     rate_limited: bool = False
     timed_out: bool = False
+    searched: bool = True  # False: the service answered without running a search (DeepSeek)
     usage: Usage = field(default_factory=Usage)
 
 
@@ -145,6 +157,7 @@ class HttpSearchBackend:
         concurrency: int,
         timeout: float,
         max_retries: int = 2,
+        total_timeout: float | None = None,
         deadline: float | None = None,
         max_retry_after: float = 120.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -160,16 +173,23 @@ class HttpSearchBackend:
             raise ValueError(f"{self.name}: timeout must be > 0 seconds, got {timeout!r}")
         if not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"{self.name}: max_retries must be an integer >= 0, got {max_retries!r}")
+        if total_timeout is not None and total_timeout <= 0:
+            raise ValueError(f"{self.name}: total_timeout must be > 0 seconds, got {total_timeout!r}")
         if deadline is not None and deadline <= 0:
             raise ValueError(f"{self.name}: deadline must be > 0 seconds, got {deadline!r}")
         if client is not None and transport is not None:
             raise ValueError(f"{self.name}: pass either client or transport, not both")
         self.concurrency = concurrency
+        # ``timeout`` is httpx's limit per operation (connect, each read, each write): a stream
+        # that keeps sending is never cut by it. ``total_timeout`` is the wall-clock limit of
+        # one attempt, the whole body or stream included (default: ``timeout``, except where a
+        # backend streams long answers). ``deadline`` bounds one call, retries and waits included.
         self.timeout = float(timeout)
+        self.total_timeout = float(total_timeout) if total_timeout is not None else self.default_total_timeout()
         self.max_retries = max_retries
-        # Total budget of one call, retries and waits included (the per-attempt limit is
-        # ``timeout``, enforced both by httpx per operation and as wall-clock time).
-        self.deadline = float(deadline) if deadline is not None else self.timeout * (max_retries + 1) + 10.0
+        self.deadline = (
+            float(deadline) if deadline is not None else self.total_timeout * (max_retries + 1) + 10.0
+        )
         self.max_retry_after = max_retry_after
         self.max_body_bytes = max_body_bytes
         self.clock: Clock = clock or RealClock()
@@ -191,13 +211,26 @@ class HttpSearchBackend:
 
     # ----------------------------------------------------------------- subclass hooks
 
+    def default_total_timeout(self) -> float:
+        """The per-attempt wall-clock limit when none is given."""
+        return self.timeout
+
     def request_params(self) -> dict[str, Any]:
         """Settings that change the answer to a query (part of the cache key)."""
         return {}
 
+    def replay_options(self) -> dict[str, Any]:
+        """Constructor options that shape the requests (URLs, model, counts): stored in a
+        recorded cassette so that replaying it needs only the backend name and the path."""
+        return {"max_retries": self.max_retries}
+
     def secrets(self) -> tuple[Secret, ...]:
         """Keys this backend holds (masked in any server-provided text)."""
         return ()
+
+    def private_values(self) -> dict[str, Secret]:
+        """Personal values (not keys) that recordings must replace by the given placeholder."""
+        return {}
 
     async def _before_attempt(self, ctx: CallContext) -> None:
         """Runs inside the concurrency slot, before the attempt's timer starts."""
@@ -208,12 +241,16 @@ class HttpSearchBackend:
     # ----------------------------------------------------------------- public API
 
     async def search(self, query: str) -> SearchResult:
+        """Search for ``query``. The request carries the query as typed (ends stripped): a
+        search engine may care about full-width punctuation or spacing. The NFKC-normalised
+        form only keys the cache and the single-flight, so equivalent spellings share them."""
         if not isinstance(query, str):
             raise TypeError(f"{self.name}.search: query must be str, got {type(query).__name__}")
         text = normalise_query(query)
         if not text:
             self.stats.record(CallRecord(ok=False, origin="local"))
             return SearchResult(ok=False, error="empty query")
+        typed = query.strip()
         key = cache_key(self.name, text, self.request_params())
         if self.cache is not None:
             try:
@@ -224,7 +261,7 @@ class HttpSearchBackend:
             if hit is not None:
                 self.stats.record(CallRecord(ok=True, items=len(hit.items), origin="cache"))
                 return hit
-        result, shared = await self._flights.run(key, lambda: self._fetch(text, key))
+        result, shared = await self._flights.run(key, lambda: self._fetch(typed, text, key))
         if shared:
             self.stats.record(CallRecord(ok=result.ok, items=len(result.items), origin="shared"))
             return replace(result, cached=True)
@@ -248,9 +285,9 @@ class HttpSearchBackend:
 
     # ----------------------------------------------------------------- the pipeline
 
-    async def _fetch(self, text: str, key: str) -> SearchResult:
+    async def _fetch(self, typed: str, text: str, key: str) -> SearchResult:
         started = self.clock.now()
-        ctx = CallContext(query=text, started=started, deadline=started + self.deadline)
+        ctx = CallContext(query=typed, started=started, deadline=started + self.deadline)
         result = await self._run_attempts(ctx)
         result = replace(result, latency=self.clock.now() - started)
         self.stats.record(
@@ -264,6 +301,7 @@ class HttpSearchBackend:
                 failovers=ctx.failovers,
                 attempts=ctx.attempts,
                 usage=ctx.usage,
+                searched=ctx.searched,
             )
         )
         if not result.ok:
@@ -322,12 +360,18 @@ class HttpSearchBackend:
             if remaining <= 0:
                 ctx.timed_out = True
                 return Outcome.fail("request timeout (call deadline reached)")
+            limit = min(self.total_timeout, remaining)
             try:
-                async with asyncio.timeout(min(self.timeout, remaining)):
+                async with asyncio.timeout(limit):
                     return await self._attempt(ctx)
-            except (TimeoutError, httpx.TimeoutException):
+            except httpx.TimeoutException as exc:
                 ctx.timed_out = True
-                return Outcome.retry("request timeout")
+                return Outcome.retry(f"request timeout ({self._httpx_timeout_note(exc)})")
+            except TimeoutError:
+                ctx.timed_out = True
+                if limit < self.total_timeout:  # no time left for another attempt either
+                    return Outcome.fail("request timeout (call deadline reached)")
+                return Outcome.retry(f"request timeout (total limit of {self.total_timeout:g} s reached)")
             except (httpx.DecodingError, zlib.error):
                 return Outcome.fail("response decoding error (bad compressed body)")
             except (httpx.TransportError, OSError, EOFError) as exc:  # refused, reset, cut off, ...
@@ -340,3 +384,13 @@ class HttpSearchBackend:
                 return Outcome.fail("invalid JSON response")
             except PayloadError as exc:
                 return Outcome.fail(sanitise_error(f"unexpected response schema: {exc}", self.secrets()))
+
+    def _httpx_timeout_note(self, exc: httpx.TimeoutException) -> str:
+        """Which per-operation limit fired, in words."""
+        if isinstance(exc, httpx.ReadTimeout):
+            return f"no data for {self.timeout:g} s"
+        if isinstance(exc, httpx.ConnectTimeout):
+            return f"no connection within {self.timeout:g} s"
+        if isinstance(exc, httpx.WriteTimeout):
+            return f"could not send for {self.timeout:g} s"
+        return f"{type(exc).__name__} after {self.timeout:g} s"

@@ -87,7 +87,7 @@ class QuerySpec:
             return list(self.expect["titles"])
         for response in reversed(self.responses):
             if "results" in response:
-                return [r["title"] for r in response["results"] if str(r["text"]).strip()][:limit]
+                return [r["title"] for r in response["results"] if (r["text"] or "").strip()][:limit]
         return []
 
 
@@ -230,12 +230,21 @@ async def record_spec(spec: CassetteSpec, backend: str, target: Path, root: Path
         "spec": spec.path.relative_to(root).as_posix(),
         "generator": GENERATOR,
         "provenance": SYNTHETIC,
-        "options": spec.options,
+        # What replay needs besides the path: the options that shape the requests.
+        "options": {**client.replay_options(), **spec.options},
     }
     if backend == "zhihu":
         metadata["keys"] = spec.keys
     async with client:
-        with recording(target, secrets=keys, metadata=metadata, overwrite=True):
+        # Compressed bodies stay compressed, so that replay exercises the client's gzip path.
+        with recording(
+            target,
+            secrets=keys,
+            private=client.private_values(),
+            metadata=metadata,
+            overwrite=True,
+            decode_compressed=False,
+        ):
             for query in spec.queries:
                 await client.search(query.query)
     unused = service.unused()

@@ -32,6 +32,7 @@ OPTION_NAMES = (
     "search_backend",
     "search_concurrency",
     "search_timeout",
+    "search_total_timeout",
     "search_model",
     "search_tool_type",
     "search_cache",
@@ -56,6 +57,7 @@ class SearchOptions:
     retriever_url: str | None = None
     wikipedia_contact: str | None = None
     env_file: Path | None = None
+    total_timeout: float | None = None
 
     @property
     def cache_enabled(self) -> bool:
@@ -95,8 +97,16 @@ def search_options(default_backend: str = "wikipedia", *, backend_alias: bool = 
             type=float,
             default=None,
             callback=_positive(),
-            help="Per-attempt timeout in seconds "
+            help="Per-read timeout in seconds (connect, each read, each write) "
             "[default: deepseek 60, wikipedia 15, zhihu 15, retriever 30].",
+        ),
+        click.option(
+            "--search-total-timeout",
+            type=float,
+            default=None,
+            callback=_positive(),
+            help="Wall-clock limit of one search request, a whole streamed answer included; the "
+            "error says which limit fired [default: deepseek 300; others: the per-read timeout].",
         ),
         click.option(
             "--search-model", default=None, help="DeepSeek model name [default: deepseek-v4-flash]."
@@ -166,6 +176,7 @@ def options_from_kwargs(kwargs: dict[str, Any]) -> SearchOptions:
         backend=values["search_backend"],
         concurrency=values["search_concurrency"],
         timeout=values["search_timeout"],
+        total_timeout=values["search_total_timeout"],
         model=values["search_model"],
         tool_type=values["search_tool_type"],
         cache=values["search_cache"],
@@ -200,6 +211,8 @@ def build_search_backend(options: SearchOptions, **overrides: Any) -> HttpSearch
         settings["concurrency"] = options.concurrency
     if options.timeout is not None:
         settings["timeout"] = options.timeout
+    if options.total_timeout is not None:
+        settings["total_timeout"] = options.total_timeout
     if options.cassette is not None:
         return open_replay_backend(options.backend, options.cassette, **settings)
     if options.cache_enabled:

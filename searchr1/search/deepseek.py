@@ -6,6 +6,16 @@ connection errors; 402 (balance), 401 and other 4xx fail at once. An SSE ``error
 becomes ``ok=False`` with a short, sanitised message. Every attempt's token usage is counted,
 failed ones included. The model name and the web-search tool type are settings because the
 service renamed both in 2026.
+
+Timeouts, as in the seed: ``timeout`` (60 s) is httpx's limit per read, so an evidence text
+that keeps streaming is never cut by it; ``total_timeout`` (default 300 s) is the separate
+wall-clock limit of one attempt. The error text says which one fired.
+
+What counts as evidence: only text written after the search results arrived. A reply
+without any web search (the service did not honour ``tool_choice``) returns no items and is
+counted in ``search/no_web_search_rate``; its text, the model's own answer, is discarded. A
+web-search error block (``web_search_tool_result_error``) is a failed search, retried when the
+code says the search service was busy or down.
 """
 
 from __future__ import annotations
@@ -30,7 +40,10 @@ DEFAULT_BASE_URL = "https://api.deepseek.com/anthropic"
 MESSAGES_PATH = "/v1/messages"
 DEFAULT_MODEL = "deepseek-v4-flash"
 DEFAULT_TOOL_TYPE = "web_search_20260209"
+DEFAULT_TOTAL_TIMEOUT = 300.0  # seconds of wall-clock time for one streamed attempt
 KEY_ENV_VARS = ("DEEPSEEK_API_KEY",)
+# web_search_tool_result_error codes (Anthropic's vocabulary) worth another attempt.
+RETRYABLE_SEARCH_ERRORS = {"too_many_requests", "unavailable"}
 
 _STATUS_NOTES = {401: "authentication failed", 402: "insufficient balance", 422: "invalid parameters"}
 
@@ -70,6 +83,19 @@ class DeepSeekSearchBackend(HttpSearchBackend):
 
     def secrets(self) -> tuple[Secret, ...]:
         return (self._api_key,)
+
+    def default_total_timeout(self) -> float:
+        return max(DEFAULT_TOTAL_TIMEOUT, self.timeout)
+
+    def replay_options(self) -> dict[str, Any]:
+        return {
+            **super().replay_options(),
+            "base_url": self.base_url,
+            "model": self.model,
+            "tool_type": self.tool_type,
+            "max_tokens": self.max_tokens,
+            "max_uses": self.max_uses,
+        }
 
     def request_params(self) -> dict[str, Any]:
         return {
@@ -119,9 +145,9 @@ class DeepSeekSearchBackend(HttpSearchBackend):
             return Outcome.fail("unexpected content type (expected an event stream)", 200)
         finally:
             ctx.usage.add(stream.usage_record())
-        return self._judge(stream)
+        return self._judge(stream, ctx)
 
-    def _judge(self, stream: EvidenceStream) -> Outcome:
+    def _judge(self, stream: EvidenceStream, ctx: CallContext) -> Outcome:
         if stream.failed:
             message = sanitise_error(stream.error_message or "", self.secrets(), limit=120)
             kind = sanitise_error(stream.error_type or "error", self.secrets(), limit=40)
@@ -132,4 +158,14 @@ class DeepSeekSearchBackend(HttpSearchBackend):
             return Outcome.fail(
                 f"evidence mode broken: {stream.searches} web searches (max {self.max_uses})", 200
             )
+        if stream.search_error is not None:
+            code = sanitise_error(stream.search_error, self.secrets(), limit=40)
+            error = f"DeepSeek web search failed ({code})"
+            if stream.search_error in RETRYABLE_SEARCH_ERRORS:
+                return Outcome.retry(error, 200, rate_limited=stream.search_error == "too_many_requests")
+            return Outcome.fail(error, 200)
+        if not stream.searched:
+            ctx.searched = False  # the model answered from memory: not evidence
+            return Outcome.success((), 200)
+        ctx.searched = True
         return Outcome.success(parse_evidence(stream.text), 200)

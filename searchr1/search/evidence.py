@@ -16,21 +16,33 @@ from searchr1.search.base import truncate
 from searchr1.search.stats import Usage
 from searchr1.search.types import SearchItem
 
-EVIDENCE_SYSTEM_PROMPT = """\
-You are a retrieval component, not an assistant. For the user's text, run the web_search tool \
-exactly once, with the user's text as the query; do not search again and do not rephrase it.
+# The search model's instructions. Evidence, not answers: the policy must still decide what the
+# facts mean, so the rules forbid everything that would do that work for it.
+EVIDENCE_RULES: tuple[str, ...] = (
+    "Run the web_search tool exactly once, with the user's text as the query. Do not rephrase "
+    "it and do not search a second time.",
+    "Use only what the search results returned. Add nothing from your own knowledge.",
+    "Quote each fact, or restate it as closely as the source words it; report facts, never "
+    "conclusions.",
+    "Do not infer a relation, an ordering (earlier or later, larger or smaller, first or last) "
+    "or a cause that a result does not state in so many words.",
+    "Keep every item to one source: do not combine facts from different sources into one "
+    "statement, and do not assemble them into an answer.",
+    "Do not phrase anything as an answer: no direct reply to the user's question, no yes or "
+    "no, no \"the answer is\".",
+    "Give at most 8 items, one per source, each with the source's title and one or two short "
+    "sentences taken from that source. Do not include URLs.",
+    "If the results contain nothing relevant, reply exactly: Insufficient evidence from this search.",
+)
 
-Then report only what the search results state:
-- Give at most 8 items, one per source, each with the source's title and one or two short \
-factual sentences taken from that source.
-- Do not answer the question, compare entities, draw conclusions or add anything the sources \
-do not say.
-- Do not include URLs.
-- If the results contain nothing relevant, reply exactly: Insufficient evidence from this search.
-
-Format every item as below, with one blank line between items:
-[1] Source: <title of the source>
-Evidence: <fact stated by that source>"""
+EVIDENCE_SYSTEM_PROMPT = (
+    "You are a retrieval component, not an assistant. You collect evidence; someone else "
+    "decides what it means.\n\nRules:\n"
+    + "\n".join(f"- {rule}" for rule in EVIDENCE_RULES)
+    + "\n\nFormat every item as below, with one blank line between items:\n"
+    "[1] Source: <title of the source>\n"
+    "Evidence: <fact stated by that source>"
+)
 
 INSUFFICIENT_EVIDENCE = "Insufficient evidence from this search."
 FALLBACK_TITLE = "DeepSeek Web Search"
@@ -64,9 +76,10 @@ def parse_evidence(text: str | None) -> tuple[SearchItem, ...]:
 
     Items need a blank line between them. Text that does not follow the numbered format
     becomes one item titled ``DeepSeek Web Search`` (the seed's fallback), bounded to 1200
-    characters; the exact "insufficient evidence" sentence, or empty text, means no results.
+    characters. The "insufficient evidence" sentence (case and final full stop aside), or
+    empty text, means no results; the seed showed that sentence as an evidence item.
     """
-    if text is None or not text.strip() or text.strip() == INSUFFICIENT_EVIDENCE:
+    if text is None or not text.strip() or is_insufficient(text):
         return ()
     items = []
     for match in _EVIDENCE_ITEM.finditer(text):
@@ -78,6 +91,11 @@ def parse_evidence(text: str | None) -> tuple[SearchItem, ...]:
     return (SearchItem(title=FALLBACK_TITLE, content=truncate(text)),)
 
 
+def is_insufficient(text: str) -> bool:
+    """Whether the model's whole reply is the "insufficient evidence" sentence."""
+    return text.strip().rstrip(".").strip().casefold() == INSUFFICIENT_EVIDENCE.rstrip(".").casefold()
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -86,17 +104,25 @@ def _int(value: Any) -> int | None:
 class EvidenceStream:
     """Accumulates the decoded SSE events of one evidence call.
 
-    Only text written after the last search counts as evidence. Unknown events are ignored.
+    Only text written after search results arrived is evidence: text blocks that start after
+    the last ``web_search_tool_result`` block. Anything the model writes before (a plan, its
+    own answer when it does not search at all) is dropped, and thinking blocks never count.
+    A result block whose content is an error object (``web_search_tool_result_error``) is
+    kept as ``search_error``. Unknown events (``ping``, ``citations_delta``, …) are ignored.
     """
 
     usage: dict[str, int] = field(default_factory=dict)
     search_queries: list[str] = field(default_factory=list)
     web_results: list[dict[str, str]] = field(default_factory=list)
     searches: int = 0
+    search_error: str | None = None
+    dropped_text: int = 0  # characters written outside evidence blocks (before any results)
     finished: bool = False
     error_type: str | None = None
     error_message: str | None = None
     _text: list[str] = field(default_factory=list)
+    _evidence_blocks: set[int] = field(default_factory=set)
+    _other_text_blocks: set[int] = field(default_factory=set)
     _tool_input: dict[int, list[str]] = field(default_factory=dict)
 
     @property
@@ -106,6 +132,11 @@ class EvidenceStream:
     @property
     def failed(self) -> bool:
         return self.error_type is not None
+
+    @property
+    def searched(self) -> bool:
+        """Whether search results (not an error) arrived."""
+        return self.searches > 0 and self.search_error is None
 
     def _take_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):
@@ -145,26 +176,45 @@ class EvidenceStream:
             return
         kind = block.get("type")
         if kind == "server_tool_use":
-            self._text.clear()
+            self._restart_evidence()
             if isinstance(index, int):
                 self._tool_input[index] = []
             query = (block.get("input") or {}).get("query") if isinstance(block.get("input"), dict) else None
             if isinstance(query, str) and query:
                 self.search_queries.append(query)
         elif kind == "web_search_tool_result":
+            self._restart_evidence()
             self.searches += 1
-            self._take_results(block.get("content"))
-        elif kind == "text":
-            initial = block.get("text")
-            if isinstance(initial, str):
+            content = block.get("content")
+            if isinstance(content, dict) and content.get("type") == "web_search_tool_result_error":
+                self.search_error = str(content.get("error_code") or "unknown")
+            else:
+                self._take_results(content)
+        elif kind == "text" and isinstance(index, int):
+            initial = block.get("text") if isinstance(block.get("text"), str) else ""
+            if self.searches:
+                self._evidence_blocks.add(index)
                 self._text.append(initial)
+            else:
+                self._other_text_blocks.add(index)
+                self.dropped_text += len(initial)
+
+    def _restart_evidence(self) -> None:
+        """Text written before these results is not evidence about them."""
+        self.dropped_text += sum(len(part) for part in self._text)
+        self._text.clear()
+        self._other_text_blocks |= self._evidence_blocks
+        self._evidence_blocks.clear()
 
     def _block_delta(self, index: Any, delta: Any) -> None:
         if not isinstance(delta, dict):
             return
         kind = delta.get("type")
         if kind == "text_delta" and isinstance(delta.get("text"), str):
-            self._text.append(delta["text"])
+            if index in self._evidence_blocks:
+                self._text.append(delta["text"])
+            else:
+                self.dropped_text += len(delta["text"])
         elif kind == "input_json_delta" and index in self._tool_input:
             partial = delta.get("partial_json")
             if isinstance(partial, str):

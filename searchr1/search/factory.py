@@ -1,7 +1,9 @@
 """``create_search_backend(name, ...)``: one entry point for the four backends.
 
-Per-backend defaults (concurrency, per-attempt timeout in seconds): deepseek 16/60,
-wikipedia 3/15, zhihu 1/15, retriever 32/30. Keys are resolved here, at construction, from
+Per-backend defaults (concurrency, per-read timeout in seconds): deepseek 16/60,
+wikipedia 3/15, zhihu 1/15, retriever 32/30. The wall-clock limit of one request
+(``total_timeout``) defaults to the per-read timeout, except DeepSeek's 300 s: its evidence
+stream may keep sending for longer than 60 s. Keys are resolved here, at construction, from
 explicit arguments, then the environment, then the ``.env`` file; a missing key raises
 :class:`~searchr1.search.env.MissingApiKeyError` naming the variable and the file.
 """
@@ -67,7 +69,7 @@ def create_search_backend(
 ) -> HttpSearchBackend:
     """Build a backend. ``options`` go to the backend class: common ones are ``cache``
     (a :class:`~searchr1.search.cache.QueryCache`), ``clock``, ``transport``/``client``,
-    ``max_retries``, ``deadline``; backend ones e.g. ``model``/``tool_type`` (deepseek),
+    ``max_retries``, ``total_timeout``, ``deadline``; backend ones e.g. ``model``/``tool_type`` (deepseek),
     ``contact``/``api_url``/``rate_limit_per_minute`` (wikipedia), ``keys`` (zhihu),
     ``api_key`` (deepseek), ``url`` (retriever)."""
     cls = BACKENDS[check_backend_name(name)]

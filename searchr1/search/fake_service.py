@@ -10,18 +10,33 @@ A scripted response is a small mapping (the "spec vocabulary"):
 
 - every backend: ``results`` (list of ``{title, text, url?}``, best first; success),
   ``status`` (HTTP status, default 200), ``headers``, ``retry_after`` (adds ``Retry-After``),
-  ``raw`` + ``content_type`` (a literal body: HTML error pages, broken JSON);
-- wikipedia: ``api_error`` (``{"code": "maxlag", ...}``: an API error envelope, HTTP 200);
+  ``raw`` + ``content_type`` (a literal body: HTML error pages, broken JSON), ``gzip``
+  (send the body gzip-compressed, ``Content-Encoding: gzip``);
+- wikipedia: ``api_error`` (``{"code": "maxlag", ...}``: an API error envelope, HTTP 200,
+  with the ``MediaWiki-API-Error`` header the API sets on every error), ``warnings`` (added to
+  the payload as given); a result with ``"text": null`` is a page without ``extract``; more
+  results than the client asked for are sent as they are (pages out of rank order);
 - zhihu: ``code`` (+ ``message``): a body ``Code`` other than 0, ``Data: null``;
-  results may add ``type`` and ``author``;
+  ``empty_as`` (``"items_null"``, ``"data_null"``, ``"items_missing"``): how a success with
+  no hits is written; results may add ``type`` and ``author``;
 - deepseek: ``evidence_text`` (literal model text instead of numbered items), ``usage``,
   ``sse_error`` (``{"type", "message"}``: an SSE error event after ``message_start``),
-  ``truncate`` (stream ends before ``message_delta``/``message_stop``), ``web_searches``;
+  ``truncate`` (stream ends before ``message_delta``/``message_stop``), ``web_searches``
+  (0: the model answers without searching), ``search_error`` (the result block is a
+  ``web_search_tool_result_error`` with this code), ``ping`` (ping events between blocks),
+  ``thinking`` (a thinking block first), ``pre_search_text`` (text before the search),
+  ``citations`` (each fact in its own cited text block, with ``citations_delta``);
 - retriever: results may add ``score``.
+
+Error pages (a non-200 ``status`` with nothing else) take each service's shape: Wikimedia's
+plain-text refusal on 403 and HTML pages otherwise, Zhihu's ``{Code, Message, Data: null}``
+envelope (30001 on 429, 20001 on 401/403, 90001 on 500) or a gateway's HTML page on 502-504,
+DeepSeek's ``{"type": "error", "error": {...}}``.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import re
@@ -34,20 +49,35 @@ import httpx
 
 from searchr1.search.cache import normalise_query
 
-COMMON_KEYS = {"results", "status", "headers", "retry_after", "raw", "content_type"}
+COMMON_KEYS = {"results", "status", "headers", "retry_after", "raw", "content_type", "gzip"}
 BACKEND_KEYS = {
-    "wikipedia": {"api_error"},
-    "zhihu": {"code", "message"},
-    "deepseek": {"evidence_text", "usage", "sse_error", "truncate", "web_searches"},
+    "wikipedia": {"api_error", "warnings"},
+    "zhihu": {"code", "message", "empty_as"},
+    "deepseek": {
+        "evidence_text",
+        "usage",
+        "sse_error",
+        "truncate",
+        "web_searches",
+        "search_error",
+        "ping",
+        "thinking",
+        "pre_search_text",
+        "citations",
+    },
     "retriever": set(),
 }
+ZHIHU_EMPTY_FORMS = {"items_null", "data_null", "items_missing"}
+WIKIMEDIA_UA_REFUSAL = (
+    "Please set a user-agent and respect our robot policy https://w.wiki/4wJS. See also T400119.\n"
+)
 RESULT_KEYS = {"title", "text", "url", "type", "author", "score"}
 DEFAULT_DEEPSEEK_USAGE = {"input_tokens": 1200, "cache_read_input_tokens": 0, "output_tokens": 80}
 ZHIHU_MESSAGES = {
     10001: "parameter error",
     20001: "authentication failed",
     30001: "second limit exceeded",
-    30002: "quota exceeded",
+    30002: "额度不足",
     90001: "internal error",
 }
 
@@ -66,6 +96,8 @@ def check_response_spec(backend: str, response: Mapping[str, Any], where: str) -
     unknown = sorted(set(response) - allowed)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown} for {backend}; allowed: {sorted(allowed)}")
+    if "empty_as" in response and response["empty_as"] not in ZHIHU_EMPTY_FORMS:
+        raise ValueError(f"{where}: empty_as must be one of {sorted(ZHIHU_EMPTY_FORMS)}")
     for n, result in enumerate(response.get("results") or []):
         if (
             not isinstance(result, Mapping)
@@ -73,6 +105,8 @@ def check_response_spec(backend: str, response: Mapping[str, Any], where: str) -
             or "text" not in result
         ):
             raise ValueError(f"{where}: results[{n}] needs a string 'title' and a 'text'")
+        if result["text"] is None and backend != "wikipedia":
+            raise ValueError(f"{where}: results[{n}]: a null 'text' (page without extract) is Wikipedia's")
         extra = sorted(set(result) - RESULT_KEYS)
         if extra:
             raise ValueError(
@@ -203,6 +237,7 @@ def render_wikipedia(
     if "api_error" in response:
         error = dict(response["api_error"])
         code = error.get("code", "internal_api_error")
+        headers.setdefault("MediaWiki-API-Error", code)
         if code == "maxlag":
             error.setdefault("info", "Waiting for 10.64.16.41: 6.2 seconds lagged.")
             error.setdefault("host", "10.64.16.41")
@@ -212,17 +247,26 @@ def render_wikipedia(
             headers.setdefault("X-Database-Lag", "6")
         else:
             error.setdefault("info", "An API error occurred.")
-        error.setdefault("docref", "See https://en.wikipedia.org/w/api.php for API usage.")
-        return _json_response(response.get("status", 200), {"error": error, "servedby": "mw-fake"}, headers)
+        error.setdefault(
+            "docref",
+            "See https://en.wikipedia.org/w/api.php for API usage. Subscribe to the "
+            "mediawiki-api-announce mailing list at "
+            "&lt;https://lists.wikimedia.org/postorius/lists/mediawiki-api-announce.lists.wikimedia.org/&gt; "
+            "for notice of API deprecations and breaking changes.",
+        )
+        return _json_response(response.get("status", 200), {"error": error, "servedby": "mw1376"}, headers)
     results = response.get("results") or []
     if not results:
-        return _json_response(response.get("status", 200), {"batchcomplete": True}, headers)
+        payload: dict[str, Any] = {"batchcomplete": True}
+        if "warnings" in response:
+            payload["warnings"] = response["warnings"]
+        return _json_response(response.get("status", 200), payload, headers)
     exchars = int(request.url.params.get("exchars", "1200"))
     pages = []
     for rank, result in enumerate(results, start=1):
         title = result["title"]
         extract = result["text"]
-        if len(extract) > exchars:
+        if extract is not None and len(extract) > exchars:
             extract = extract[:exchars].rstrip() + "…"
         url = result.get("url") or wikipedia_url(title)
         pages.append(
@@ -231,14 +275,14 @@ def render_wikipedia(
                 "ns": 0,
                 "title": title,
                 "index": rank,
-                "extract": extract,
+                **({"extract": extract} if extract is not None else {}),
                 "contentmodel": "wikitext",
                 "pagelanguage": "en",
                 "pagelanguagehtmlcode": "en",
                 "pagelanguagedir": "ltr",
                 "touched": "2026-01-15T08:00:00Z",
                 "lastrevid": _stable_int(title + "#rev", 8),
-                "length": 1000 + len(result["text"]) * 7,
+                "length": 1000 + len(result["text"] or "") * 7,
                 "fullurl": url,
                 "editurl": url.replace("/wiki/", "/w/index.php?title=") + "&action=edit",
                 "canonicalurl": url,
@@ -250,6 +294,8 @@ def render_wikipedia(
         "continue": {"gsroffset": len(results), "continue": "gsroffset||"},
         "query": {"pages": pages},
     }
+    if "warnings" in response:
+        payload["warnings"] = response["warnings"]
     return _json_response(response.get("status", 200), payload, headers)
 
 
@@ -268,6 +314,13 @@ def render_zhihu(response: Mapping[str, Any], query: str, headers: dict[str, str
         code = int(response["code"])
         message = response.get("message", ZHIHU_MESSAGES.get(code, "error"))
         return _json_response(status, {"Code": code, "Message": message, "Data": None}, headers)
+    if not response.get("results") and "empty_as" in response:
+        data: Any = {
+            "items_null": {"HasMore": False, "Items": None},
+            "data_null": None,
+            "items_missing": {"HasMore": False},
+        }[response["empty_as"]]
+        return _json_response(status, {"Code": 0, "Message": "success", "Data": data}, headers)
     items = []
     for rank, result in enumerate(response.get("results") or []):
         content_id = str(1_900_000_000_000_000_000 + _stable_int(result["title"], 12))
@@ -303,12 +356,121 @@ def evidence_text(results: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+def _text_block(index: int, text: str, *, cited: Mapping[str, Any] | None = None) -> list[str]:
+    """A text content block streamed in 48-character deltas (with a citation when given)."""
+    block: dict[str, Any] = {"type": "text", "text": ""}
+    if cited is not None:
+        block["citations"] = []
+    events = [_sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})]
+    if cited is not None:
+        citation = {
+            "type": "web_search_result_location",
+            "cited_text": text[:150],
+            "url": cited.get("url") or wikipedia_url(cited["title"]),
+            "title": cited["title"],
+            "encrypted_index": "RW5jcnlwdGVkSW5kZXg=",
+        }
+        events.append(
+            _sse(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": {"type": "citations_delta", "citation": citation}},
+            )
+        )
+    for start in range(0, len(text), 48):
+        events.append(
+            _sse(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text[start : start + 48]}},
+            )
+        )
+    return events
+
+
+def _stop(index: int) -> str:
+    return _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def _ping() -> str:
+    return _sse("ping", {"type": "ping"})
+
+
+def _thinking_block(index: int, thinking: str) -> list[str]:
+    return [
+        _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+        ),
+        _sse(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": thinking}},
+        ),
+        _sse(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": "U2lnbmF0dXJl"}},
+        ),
+        _stop(index),
+    ]
+
+
+def _search_blocks(index: int, query: str, search: int, results: Sequence[Mapping[str, Any]], error: str | None) -> list[str]:
+    """The server_tool_use block of one web search and its result block."""
+    tool_id = f"srvtoolu_{_stable_int(query + str(search), 10):010x}"
+    events = [
+        _sse(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "server_tool_use", "id": tool_id, "name": "web_search", "input": {}},
+            },
+        ),
+        _sse(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": json.dumps({"query": query}, ensure_ascii=False)},
+            },
+        ),
+        _stop(index),
+    ]
+    content: Any
+    if error is not None:
+        content = {"type": "web_search_tool_result_error", "error_code": error}
+    else:
+        content = [
+            {
+                "type": "web_search_result",
+                "title": r["title"],
+                "url": r.get("url") or wikipedia_url(r["title"]),
+                "page_age": None,
+                "encrypted_content": "RW5jcnlwdGVkQ29udGVudA==",
+            }
+            for r in results
+        ]
+    events.append(
+        _sse(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": index + 1,
+                "content_block": {"type": "web_search_tool_result", "tool_use_id": tool_id, "content": content},
+            },
+        )
+    )
+    events.append(_stop(index + 1))
+    return events
+
+
 def render_deepseek(
     response: Mapping[str, Any], query: str, model: str, headers: dict[str, str]
 ) -> httpx.Response:
+    """One evidence call as the Anthropic-compatible stream: message_start, optional thinking
+    and pre-search text, the search and its results, the evidence text, usage, message_stop."""
     results = response.get("results") or []
     usage = {**DEFAULT_DEEPSEEK_USAGE, **(response.get("usage") or {})}
     message_id = f"msg_{_stable_int(query, 12):012x}"
+    ping = bool(response.get("ping"))
     events = [
         _sse(
             "message_start",
@@ -331,95 +493,41 @@ def render_deepseek(
             },
         )
     ]
+    if ping:
+        events.append(_ping())
     if "sse_error" in response:
         error = {"type": "api_error", "message": "Internal server error", **response["sse_error"]}
         events.append(_sse("error", {"type": "error", "error": error}))
         return _sse_response(response, events, headers)
     index = 0
+    if response.get("thinking"):
+        events += _thinking_block(index, str(response["thinking"]))
+        index += 1
+    if response.get("pre_search_text"):
+        events += _text_block(index, str(response["pre_search_text"])) + [_stop(index)]
+        index += 1
     for search in range(int(response.get("web_searches", 1))):
-        tool_id = f"srvtoolu_{_stable_int(query + str(search), 10):010x}"
-        events.append(
-            _sse(
-                "content_block_start",
-                {
-                    "type": "content_block_start",
-                    "index": index,
-                    "content_block": {
-                        "type": "server_tool_use",
-                        "id": tool_id,
-                        "name": "web_search",
-                        "input": {},
-                    },
-                },
-            )
-        )
-        events.append(
-            _sse(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {
-                        "type": "input_json_delta",
-                        "partial_json": json.dumps({"query": query}, ensure_ascii=False),
-                    },
-                },
-            )
-        )
-        events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
-        index += 1
-        hits = [
-            {
-                "type": "web_search_result",
-                "title": r["title"],
-                "url": r.get("url") or wikipedia_url(r["title"]),
-                "page_age": None,
-                "encrypted_content": "RW5jcnlwdGVkQ29udGVudA==",
-            }
-            for r in results
-        ]
-        events.append(
-            _sse(
-                "content_block_start",
-                {
-                    "type": "content_block_start",
-                    "index": index,
-                    "content_block": {
-                        "type": "web_search_tool_result",
-                        "tool_use_id": tool_id,
-                        "content": hits,
-                    },
-                },
-            )
-        )
-        events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
-        index += 1
+        events += _search_blocks(index, query, search, results, response.get("search_error"))
+        index += 2
+        if ping:
+            events.append(_ping())
     text = response.get("evidence_text")
     if text is None:
         text = evidence_text(results) if results else "Insufficient evidence from this search."
-    events.append(
-        _sse(
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": index,
-                "content_block": {"type": "text", "text": ""},
-            },
-        )
-    )
-    for start in range(0, len(text), 48):
-        events.append(
-            _sse(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": "text_delta", "text": text[start : start + 48]},
-                },
-            )
-        )
+    if response.get("citations") and results and response.get("evidence_text") is None:
+        # Each item: its label as plain text, the fact in a cited block, then the separator.
+        for n, result in enumerate(results, start=1):
+            label = f"[{n}] Source: {result['title']}\nEvidence: "
+            events += _text_block(index, ("\n\n" if n > 1 else "") + label) + [_stop(index)]
+            events += _text_block(index + 1, str(result["text"]), cited=result) + [_stop(index + 1)]
+            index += 2
+        last = index - 1
+        events.pop()  # the last block's stop is sent with the message end below
+    else:
+        events += _text_block(index, text)
+        last = index
     if not response.get("truncate"):
-        events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+        events.append(_stop(last))
         events.append(
             _sse(
                 "message_delta",
@@ -484,7 +592,7 @@ class FakeSearchService:
     def handler(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         query = QUERY_EXTRACTORS[self.backend](request)
-        queue = self._queues.get(query)
+        queue = self._queues.get(normalise_query(query))
         if queue is None:
             raise ScriptExhausted(f"{self.backend} fake: no script for query {query!r}")
         if not queue:
@@ -493,6 +601,16 @@ class FakeSearchService:
         return self.render(response, request, query)
 
     def render(self, response: Mapping[str, Any], request: httpx.Request, query: str) -> httpx.Response:
+        rendered = self._render(response, request, query)
+        if not response.get("gzip"):
+            return rendered
+        body = gzip.compress(rendered.content, mtime=0)  # mtime=0: the same bytes every build
+        headers = {k: v for k, v in rendered.headers.items() if k.lower() != "content-length"}
+        return httpx.Response(
+            rendered.status_code, headers={**headers, "Content-Encoding": "gzip"}, content=body
+        )
+
+    def _render(self, response: Mapping[str, Any], request: httpx.Request, query: str) -> httpx.Response:
         headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
         if "retry_after" in response:
             headers["Retry-After"] = str(response["retry_after"])
@@ -521,8 +639,17 @@ class FakeSearchService:
             return _json_response(
                 status, {"type": "error", "error": {"type": kind, "message": reason}}, headers
             )
-        if self.backend == "zhihu":
-            return _json_response(status, {"Code": status, "Message": reason, "Data": None}, headers)
+        if self.backend == "zhihu" and status not in (502, 503, 504):
+            code = {429: 30001, 401: 20001, 403: 20001}.get(status, 90001 if status >= 500 else 10001)
+            return _json_response(
+                status, {"Code": code, "Message": ZHIHU_MESSAGES.get(code, reason), "Data": None}, headers
+            )
+        if self.backend == "wikipedia" and status == 403:
+            return httpx.Response(
+                status,
+                headers={"content-type": "text/plain; charset=utf-8", **headers},
+                content=WIKIMEDIA_UA_REFUSAL.encode(),
+            )
         page = (
             f"<!DOCTYPE html><html><head><title>{status} {reason}</title></head>"
             f"<body><h1>{reason}</h1></body></html>"

@@ -8,18 +8,25 @@ in-process fake services). Requests are recorded exactly as the client sends the
 - query parameters that usually carry keys (``key``, ``api_key``, ``apikey``, ``token``,
   ``access_token``) are dropped;
 - every known key value is replaced by ``<SECRET_n>`` anywhere in requests and responses
-  (vcrpy's ``filter_sensitive_data``: bodies, URLs, echoes in responses);
-- ``Set-Cookie`` response headers are dropped and compressed bodies are stored decoded.
+  (vcrpy's ``filter_sensitive_data``: bodies, URLs, echoes in responses), and personal values
+  such as the Wikipedia contact (an e-mail in the User-Agent) by their own placeholder
+  (``<CONTACT>``), the same way;
+- ``Set-Cookie`` response headers are dropped; compressed bodies are stored decoded, unless
+  the caller keeps them compressed (the cassette builder does, so that replay exercises the
+  client's gzip handling; they are then stored as YAML ``!!binary``).
 
-The cassette is written to a temporary file next to the target, checked for every key value
-(raw, URL-encoded and JSON-escaped), and only then renamed over the target, so an existing
-cassette survives a crash or a leak.
+The cassette is written to a temporary file next to the target, checked for every key and
+personal value (raw, URL-encoded and JSON-escaped, inside compressed bodies too), and only
+then renamed over the target, so an existing cassette survives a crash or a leak. A block
+that raises writes nothing: that is how ``record`` refuses to keep a failed recording.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +34,9 @@ from typing import Any
 from urllib.parse import quote, quote_plus
 
 import vcr
+import yaml
 from vcr.cassette import Cassette
+from vcr.serializers import yamlserializer
 
 from searchr1.search.secrets import Secret
 
@@ -68,7 +77,34 @@ def find_leaks(text: str, secrets: Sequence[Secret]) -> list[int]:
     ]
 
 
-def recorder(secrets: Sequence[Secret]) -> vcr.VCR:
+def compressed_bodies(text: str) -> list[str]:
+    """The decompressed text of every binary (compressed) response body in a cassette file."""
+    try:
+        data = yamlserializer.deserialize(text)
+    except yaml.YAMLError:
+        return []
+    out: list[str] = []
+    for interaction in (data or {}).get("interactions") or []:
+        body = ((interaction.get("response") or {}).get("body") or {}).get("string")
+        if isinstance(body, bytes):
+            try:
+                out.append(gzip.decompress(body).decode("utf-8", "replace"))
+            except (OSError, EOFError, zlib.error):
+                out.append(body.decode("latin-1"))
+    return out
+
+
+def placeholders(secrets: Sequence[Secret], private: Mapping[str, Secret]) -> dict[str, str]:
+    """Placeholder → value for vcrpy's ``filter_sensitive_data``: ``<SECRET_n>`` for keys, the
+    given placeholder for personal values."""
+    mapping = {f"<SECRET_{n}>": s.reveal() for n, s in enumerate(secrets, start=1)}
+    mapping.update({placeholder: s.reveal() for placeholder, s in private.items()})
+    return {placeholder: value for placeholder, value in mapping.items() if value}
+
+
+def recorder(
+    secrets: Sequence[Secret], private: Mapping[str, Secret] | None = None, *, decode_compressed: bool = True
+) -> vcr.VCR:
     return vcr.VCR(
         serializer="yaml",
         record_mode="all",
@@ -76,8 +112,8 @@ def recorder(secrets: Sequence[Secret]) -> vcr.VCR:
         filter_headers=list(SECRET_REQUEST_HEADERS),
         filter_query_parameters=list(SECRET_QUERY_PARAMETERS),
         before_record_response=_drop_response_headers,
-        decode_compressed_response=True,
-        filter_sensitive_data={f"<SECRET_{n}>": s.reveal() for n, s in enumerate(secrets, start=1)},
+        decode_compressed_response=decode_compressed,
+        filter_sensitive_data=placeholders(secrets, private or {}),
     )
 
 
@@ -88,12 +124,17 @@ def recording(
     secrets: Sequence[Secret],
     metadata: Mapping[str, Any],
     overwrite: bool = False,
+    private: Mapping[str, Secret] | None = None,
+    decode_compressed: bool = True,
 ) -> Iterator[Cassette]:
     """Record every httpx request made inside the block into the cassette at ``path``.
 
-    Refuses to replace an existing file unless ``overwrite``. Nothing is written to ``path``
-    if the block raises or a secret would leak.
+    ``secrets`` (keys) and ``private`` (placeholder → personal value) are scrubbed. Refuses to
+    replace an existing file unless ``overwrite``. Nothing is written to ``path`` if the block
+    raises or a secret would leak. Metadata may be added inside the block with
+    ``cassette.get_metadata(key, value)``.
     """
+    private = dict(private or {})
     target = Path(path)
     if target.exists() and not overwrite:
         raise FileExistsError(f"cassette {target} already exists; pass --overwrite to replace it")
@@ -102,15 +143,24 @@ def recording(
     temporary.unlink(missing_ok=True)
     finished = False
     try:
-        with recorder(secrets).use_cassette(str(temporary)) as cassette:
+        with recorder(secrets, private, decode_compressed=decode_compressed).use_cassette(
+            str(temporary)
+        ) as cassette:
             for key, value in metadata.items():
                 cassette.get_metadata(key, value)
             yield cassette
         text = temporary.read_text(encoding="utf-8")
-        leaked = find_leaks(text, secrets)
+        texts = [text, *compressed_bodies(text)]
+        leaked = sorted({n for part in texts for n in find_leaks(part, secrets)})
         if leaked:
             raise SecretLeakError(
                 f"key number(s) {leaked} would have been written to {target}; nothing was written"
+            )
+        personal = sorted({p for part in texts for p, s in private.items() if find_leaks(part, [s])})
+        if personal:
+            raise SecretLeakError(
+                f"the value behind {', '.join(personal)} would have been written to {target}; "
+                "nothing was written"
             )
         os.replace(temporary, target)
         finished = True

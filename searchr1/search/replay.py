@@ -10,8 +10,15 @@ Repeats: when a request matches several recorded interactions (a 429 followed by
 successful retry), the least-played one is served, earliest first; replaying the same query
 again therefore replays the same episode again.
 
-A request missing from the cassette raises :class:`CassetteMissError` naming the query. That
-is a harness error, not a search failure, so it propagates out of ``search()``.
+A request missing from the cassette raises :class:`CassetteMissError` naming the query and
+saying what to do: add it to the spec (generated cassettes), record again (live ones), or
+replay with the settings the cassette was recorded with (when it holds the query under other
+settings). That is a harness error, not a search failure, so it propagates out of ``search()``.
+
+A cassette carries what replay needs in its ``metadata``: the backend and the options that
+shape its requests (retriever URL, Wikipedia API URL, DeepSeek model and tool type, …), so
+``open_replay_backend(name, path)`` needs nothing else. A file that is not a cassette fails
+with :class:`CassetteFormatError` naming it.
 
 ``open_replay_backend`` uses a :class:`~searchr1.search.clock.VirtualClock` by default, so
 ``Retry-After`` waits and backoff cost no real time.
@@ -19,10 +26,12 @@ is a harness error, not a search failure, so it propagates out of ``search()``.
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import yaml
@@ -36,6 +45,7 @@ from searchr1.search.base import HttpSearchBackend
 from searchr1.search.clock import Clock, VirtualClock
 from searchr1.search.factory import check_backend_name, create_search_backend
 from searchr1.search.limits import Backoff
+from searchr1.search.retriever import DEFAULT_URL as DEFAULT_RETRIEVER_URL
 from searchr1.search.types import SearchResult
 
 MATCH_ON = (
@@ -48,25 +58,46 @@ MATCH_ON = (
     matchers.body,
 )
 PLACEHOLDER_KEY = "replay-placeholder-key"
+PLACEHOLDER_CONTACT = "replay@searchr1.invalid"
 
 
 class CassetteMissError(LookupError):
-    """The cassette has no recorded response for a request (names the query when known)."""
+    """The cassette has no recorded response for a request (names the query when known, and
+    what to do about it)."""
 
-    def __init__(self, *, cassette: str | Path, method: str, url: str, query: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        cassette: str | Path,
+        method: str,
+        url: str,
+        query: str | None = None,
+        hint: str | None = None,
+        differs_in: tuple[str, ...] = (),
+    ) -> None:
         self.cassette = str(cassette)
         self.method = method
         self.url = url
         self.query = query
+        self.differs_in = differs_in
+        self.hint = hint or (
+            "Add the query to the cassette's spec and run `python cli.py cassettes build` "
+            "(generated cassettes), or record it with `python cli.py record` (live ones)."
+        )
         subject = f"query {query!r}" if query is not None else "a request"
         super().__init__(
-            f"cassette {self.cassette} has no recorded response for {subject} ({method} {url}). "
-            "Add the query to the cassette's spec and run `python cli.py cassettes build`, "
-            "or record it live with `python cli.py record`."
+            f"cassette {self.cassette} has no recorded response for {subject} ({method} {url}). {self.hint}"
         )
 
-    def with_query(self, query: str) -> CassetteMissError:
-        return CassetteMissError(cassette=self.cassette, method=self.method, url=self.url, query=query)
+    def with_hint(self, query: str, hint: str) -> CassetteMissError:
+        return CassetteMissError(
+            cassette=self.cassette,
+            method=self.method,
+            url=self.url,
+            query=query,
+            hint=hint,
+            differs_in=self.differs_in,
+        )
 
 
 class CassetteFormatError(ValueError):
@@ -85,11 +116,54 @@ class _LeastPlayedCassette(Cassette):
         return response
 
 
-def load_cassette(path: str | Path) -> Cassette:
-    """Load a cassette for replay only (no recording, no patching)."""
+def _not_a_cassette(path: Path, why: str) -> CassetteFormatError:
+    return CassetteFormatError(
+        f"{path} is not a search cassette ({why}); expected a vcrpy YAML file with "
+        "'interactions' (make one with `python cli.py record` or `python cli.py cassettes build`)"
+    )
+
+
+def read_cassette_data(path: str | Path) -> dict[str, Any]:
+    """The parsed cassette file, checked for the shape of a vcrpy cassette."""
     path = Path(path)
     if not path.is_file():
         raise CassetteFormatError(f"cassette {path} does not exist")
+    try:
+        data = yamlserializer.deserialize(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise _not_a_cassette(path, "binary data, not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise _not_a_cassette(path, f"not valid YAML{where}") from None
+    except OSError as exc:
+        raise CassetteFormatError(f"cassette {path} cannot be read: {exc}") from exc
+    if data is None:
+        raise _not_a_cassette(path, "the file is empty")
+    if not isinstance(data, dict):
+        raise _not_a_cassette(path, f"its top level is {type(data).__name__}, not a mapping")
+    interactions = data.get("interactions")
+    if not isinstance(interactions, list):
+        raise _not_a_cassette(path, "no 'interactions' list")
+    for number, interaction in enumerate(interactions, start=1):
+        request = interaction.get("request") if isinstance(interaction, dict) else None
+        response = interaction.get("response") if isinstance(interaction, dict) else None
+        if not (
+            isinstance(request, dict)
+            and {"method", "uri", "body", "headers"} <= set(request)
+            and isinstance(response, dict)
+            and {"status", "headers", "body"} <= set(response)
+        ):
+            raise _not_a_cassette(path, f"interaction {number} lacks a request or a response")
+    if not interactions:
+        raise CassetteFormatError(f"cassette {path} holds no interactions")
+    return data
+
+
+def load_cassette(path: str | Path) -> Cassette:
+    """Load a cassette for replay only (no recording, no patching)."""
+    path = Path(path)
+    read_cassette_data(path)
     try:
         cassette = _LeastPlayedCassette.load(
             path=str(path),
@@ -98,7 +172,7 @@ def load_cassette(path: str | Path) -> Cassette:
             record_mode=RecordMode.NONE,
             allow_playback_repeats=True,
         )
-    except (ValueError, yaml.YAMLError, KeyError, TypeError) as exc:
+    except (ValueError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
         raise CassetteFormatError(f"cassette {path} cannot be loaded: {exc}") from exc
     if len(cassette) == 0:
         raise CassetteFormatError(f"cassette {path} holds no interactions")
@@ -107,15 +181,36 @@ def load_cassette(path: str | Path) -> Cassette:
 
 def read_cassette_metadata(path: str | Path) -> dict[str, Any]:
     """The ``metadata`` mapping stored in a cassette ({} when there is none)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CassetteFormatError(f"cassette {path} does not exist")
-    try:
-        data = yamlserializer.deserialize(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise CassetteFormatError(f"cassette {path} cannot be read: {exc}") from exc
-    metadata = data.get("metadata") if isinstance(data, dict) else None
+    metadata = read_cassette_data(path).get("metadata")
     return dict(metadata) if isinstance(metadata, Mapping) else {}
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def recorded_texts(cassette: Cassette) -> set[str]:
+    """Every string a recorded request carried (query parameters, JSON body values): where
+    a query shows up if it was recorded at all."""
+    texts: set[str] = set()
+    for request in cassette.requests:
+        texts.update(value for _, value in parse_qsl(urlsplit(request.uri).query))
+        body = request.body
+        if isinstance(body, bytes):
+            body = body.decode("utf-8", "replace")
+        if body:
+            try:
+                texts.update(_strings(json.loads(body)))
+            except ValueError:
+                texts.add(body)
+    return {text.strip() for text in texts}
 
 
 class CassetteTransport(httpx.AsyncBaseTransport):
@@ -128,7 +223,11 @@ class CassetteTransport(httpx.AsyncBaseTransport):
         body = await request.aread()
         wanted = VcrRequest(request.method, str(request.url), body, request.headers)
         if not self.cassette.can_play_response_for(wanted):
-            raise CassetteMissError(cassette=self.cassette.path, method=request.method, url=str(request.url))
+            closest = self.cassette.find_requests_with_most_matches(wanted)
+            differs = tuple(name for name, _message in closest[0][2]) if closest else ()
+            raise CassetteMissError(
+                cassette=self.cassette.path, method=request.method, url=str(request.url), differs_in=differs
+            )
         recorded = self.cassette.play_response(wanted)
         message = recorded["status"].get("message") or ""
         return httpx.Response(
@@ -144,17 +243,54 @@ class ReplayBackend:
     """A backend answering from a cassette. Same interface as the backend it wraps
     (``name``, ``search``, ``stats``, ``aclose``, async context manager)."""
 
-    def __init__(self, backend: HttpSearchBackend, cassette_path: str | Path) -> None:
+    def __init__(
+        self,
+        backend: HttpSearchBackend,
+        cassette_path: str | Path,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        cassette: Cassette | None = None,
+    ) -> None:
         self.backend = backend
         self.name = backend.name
         self.stats = backend.stats
         self.cassette_path = Path(cassette_path)
+        self.metadata = dict(metadata or {})
+        self._cassette = cassette
 
     async def search(self, query: str) -> SearchResult:
         try:
             return await self.backend.search(query)
         except CassetteMissError as exc:
-            raise exc.with_query(query) from None
+            raise exc.with_hint(query, self.miss_hint(query, exc.differs_in)) from None
+
+    def miss_hint(self, query: str, differs_in: tuple[str, ...] = ()) -> str:
+        """What to do about a query this cassette cannot answer."""
+        if self._cassette is not None and query.strip() in recorded_texts(self._cassette):
+            settings = ", ".join(f"{k}={v!r}" for k, v in sorted((self.metadata.get("options") or {}).items()))
+            parts = ", ".join(differs_in) or "the request"
+            return (
+                f"The cassette holds this query, but recorded with other request settings (the "
+                f"requests differ in: {parts}). Replay with the settings it was recorded with"
+                + (f" ({settings})" if settings else "")
+                + ", or record it again with the new ones."
+            )
+        if self.metadata.get("provenance") == "live":
+            return (
+                f"This cassette was recorded live: record it again with the query included "
+                f"(`python cli.py record --backend {self.name} --query ... --cassette "
+                f"{self.cassette_path} --overwrite`)."
+            )
+        spec = self.metadata.get("spec")
+        if spec:
+            return (
+                f"Add the query to cassettes/{spec} and run `python cli.py cassettes build` "
+                "(this cassette is generated from that spec)."
+            )
+        return (
+            "Record the query into a cassette with `python cli.py record`, or add it to a "
+            "spec under cassettes/specs/ and run `python cli.py cassettes build`."
+        )
 
     async def aclose(self) -> None:
         await self.backend.aclose()
@@ -191,18 +327,26 @@ def open_replay_backend(
             f"cassette {cassette_path} was recorded for {recorded_backend!r}, not {name!r}"
         )
     settings: dict[str, Any] = dict(metadata.get("options") or {})
-    settings.update(options)
+    settings.update({key: value for key, value in options.items() if value is not None})
     if name == "zhihu":
         settings.setdefault(
             "keys", tuple(f"{PLACEHOLDER_KEY}-{i + 1}" for i in range(int(metadata.get("keys", 1))))
         )
     elif name == "deepseek":
         settings.setdefault("api_key", PLACEHOLDER_KEY)
+    elif name == "wikipedia":
+        settings.setdefault("contact", PLACEHOLDER_CONTACT)  # never the user's: not needed to match
+    elif name == "retriever":
+        settings.setdefault("url", DEFAULT_RETRIEVER_URL)  # never $SEARCHR1_RETRIEVER_URL
     settings.setdefault("backoff", Backoff(rng=random.Random(0)))
-    backend = create_search_backend(
-        name,
-        clock=clock or VirtualClock(),
-        transport=CassetteTransport(cassette_path),
-        **settings,
-    )
-    return ReplayBackend(backend, cassette_path)
+    cassette = load_cassette(cassette_path)
+    try:
+        backend = create_search_backend(
+            name,
+            clock=clock or VirtualClock(),
+            transport=CassetteTransport(cassette),
+            **settings,
+        )
+    except (TypeError, ValueError) as exc:
+        raise CassetteFormatError(f"cassette {cassette_path}: its recorded options do not fit {name}: {exc}") from exc
+    return ReplayBackend(backend, cassette_path, metadata=metadata, cassette=cassette)

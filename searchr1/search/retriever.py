@@ -94,6 +94,9 @@ class RetrieverSearchBackend(HttpSearchBackend):
     def request_params(self) -> dict[str, Any]:
         return {"url": self.url, "topk": self.topk}
 
+    def replay_options(self) -> dict[str, Any]:
+        return {**super().replay_options(), "url": self.url, "topk": self.topk, "source": self.source}
+
     async def _attempt(self, ctx: CallContext) -> Outcome:
         body = {"queries": [ctx.query], "topk": self.topk, "return_scores": True}
         async with self._client.stream(

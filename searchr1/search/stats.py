@@ -18,7 +18,9 @@ previous drain into metrics and starts a new window. Definitions (all over the w
 - ``search/deduplicated``: number of calls that shared another caller's in-flight request.
 - DeepSeek only: ``search/input_tokens``, ``search/cache_read_input_tokens``,
   ``search/output_tokens``, ``search/web_search_requests``: sums over the window, failed
-  attempts included (they are billed too).
+  attempts included (they are billed too). ``search/no_web_search_rate``: calls answered
+  without any web-search result (the search model wrote from memory; that text is discarded
+  and the call returns no items), per call.
 - Zhihu only: ``search/credential_failover_rate``: switches to another key caused by a rate
   limit, quota or rejected key, per call.
 
@@ -66,6 +68,7 @@ class CallRecord:
     failovers: int = 0
     attempts: int = 0
     usage: Usage = field(default_factory=Usage)
+    searched: bool = True  # False: a successful answer that ran no web search (DeepSeek)
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
@@ -127,6 +130,7 @@ class SearchStats:
             metrics["search/cache_read_input_tokens"] = float(total.cache_read_input_tokens)
             metrics["search/output_tokens"] = float(total.output_tokens)
             metrics["search/web_search_requests"] = float(total.web_search_requests)
+            metrics["search/no_web_search_rate"] = sum(not r.searched for r in records) * per_call
         if self.failover_metric:
             metrics["search/credential_failover_rate"] = sum(r.failovers for r in records) * per_call
         return metrics

@@ -2,9 +2,16 @@
 
 ``generator=search`` ranks pages, ``prop=extracts|info`` adds the lead section (``exintro``,
 which is what allows more than one extract per request) and the page URL. Politeness: a
-descriptive User-Agent with a contact, ``maxlag``, at most 3 requests in flight and a start-rate
-limiter shared by all concurrent calls (200 per minute by default), ``Retry-After`` honoured on
-HTTP 429 and on ``maxlag`` errors (which arrive as HTTP 200). No key is needed.
+descriptive User-Agent (project name, version and URL, plus the user's contact from
+``SEARCHR1_CONTACT``), ``maxlag``, at most 3 requests in flight and a start-rate limiter shared
+by all concurrent calls (200 per minute by default), ``Retry-After`` honoured on HTTP 429 and
+on ``maxlag`` errors (which arrive as HTTP 200, with a ``MediaWiki-API-Error`` header). No key
+is needed.
+
+Wikimedia answers HTTP 403 to clients it will not serve (typically a User-Agent without a way
+to reach its operator). Retrying cannot help and every later search would fail the same way,
+so a 403 raises :class:`WikipediaRefusedError` out of ``search()``: the run stops with one
+line that says to set ``SEARCHR1_CONTACT``, instead of training on error observations.
 """
 
 from __future__ import annotations
@@ -17,31 +24,56 @@ import httpx
 
 from searchr1.search.base import (
     CLIENT_PRODUCT,
+    PROJECT_URL,
     CallContext,
     HttpSearchBackend,
     Outcome,
     PayloadError,
+    SearchRefusedError,
     check_url,
     http_status_outcome,
     read_json,
     truncate,
 )
 from searchr1.search.limits import StartRateLimiter, parse_retry_after
+from searchr1.search.secrets import Secret
 from searchr1.search.types import SearchItem
 
 log = logging.getLogger("searchr1.search")
 
 DEFAULT_API_URL = "https://en.wikipedia.org/w/api.php"
 CONTACT_ENV = "SEARCHR1_CONTACT"
-UNSET_CONTACT = "contact unset: export SEARCHR1_CONTACT"
+CONTACT_PLACEHOLDER = "<CONTACT>"  # what recordings show instead of the user's contact
 MAXLAG_DEFAULT_WAIT = 5.0  # seconds, when a maxlag error carries no Retry-After
 RATE_LIMIT_CODES = {"maxlag", "ratelimited"}
+API_ERROR_HEADER = "mediawiki-api-error"
+
+
+class WikipediaRefusedError(SearchRefusedError):
+    """Wikimedia refused the client (HTTP 403); names ``SEARCHR1_CONTACT``, never its value."""
+
+    def __init__(self, *, contact_set: bool) -> None:
+        if contact_set:
+            advice = (
+                f"the User-Agent already carries the contact from {CONTACT_ENV} (or "
+                "--wikipedia-contact); make sure it is an e-mail address or URL where you can be "
+                "reached, and see https://w.wiki/4wJS"
+            )
+        else:
+            advice = (
+                f"Wikimedia requires a way to reach you in the User-Agent: export "
+                f"{CONTACT_ENV}=you@example.org (or pass --wikipedia-contact)"
+            )
+        super().__init__(f"Wikipedia refused the search client (HTTP 403); {advice}")
+        self.contact_set = contact_set
 
 
 def user_agent(contact: str | None) -> str:
-    """``<client>/<version> (<contact>) <library>/<version>``, as Wikimedia's policy asks."""
+    """``<client>/<version> (<project URL>[; <contact>]) <library>/<version>``, the format
+    Wikimedia's User-Agent policy asks for."""
     library = "httpx/" + ".".join(httpx.__version__.split(".")[:2])
-    return f"{CLIENT_PRODUCT} ({contact or UNSET_CONTACT}) {library}"
+    reach = f"{PROJECT_URL}; {contact}" if contact else PROJECT_URL
+    return f"{CLIENT_PRODUCT} ({reach}) {library}"
 
 
 def mediawiki_params(**params: Any) -> dict[str, str]:
@@ -170,7 +202,12 @@ class WikipediaSearchBackend(HttpSearchBackend):
         if not 1 <= exchars <= 1200:
             raise ValueError(f"wikipedia: exchars must be 1..1200 (TextExtracts' range), got {exchars}")
         self.api_url = check_url(api_url, "wikipedia api_url")
-        self.contact = contact
+        contact = contact.strip() if isinstance(contact, str) else None
+        if contact and any(ch in contact for ch in "()\r\n"):
+            raise ValueError(
+                f"wikipedia: the contact must not contain parentheses or line breaks ({CONTACT_ENV})"
+            )
+        self.contact = contact or None
         self.limit = limit
         self.exchars = exchars
         self.maxlag = maxlag
@@ -180,21 +217,41 @@ class WikipediaSearchBackend(HttpSearchBackend):
     def request_params(self) -> dict[str, Any]:
         return {"api_url": self.api_url, "limit": self.limit, "exchars": self.exchars}
 
+    def replay_options(self) -> dict[str, Any]:
+        return {
+            **super().replay_options(),
+            "api_url": self.api_url,
+            "limit": self.limit,
+            "exchars": self.exchars,
+            "maxlag": self.maxlag,
+        }
+
+    def private_values(self) -> dict[str, Secret]:
+        return {CONTACT_PLACEHOLDER: Secret(self.contact)} if self.contact else {}
+
     async def _before_attempt(self, ctx: CallContext) -> None:
         await self.limiter.acquire()
 
     async def _attempt(self, ctx: CallContext) -> Outcome:
         params = search_params(ctx.query, limit=self.limit, exchars=self.exchars, maxlag=self.maxlag)
         async with self._client.stream("GET", self.api_url, params=params, headers=self.headers) as response:
+            if response.status_code == 403:
+                raise WikipediaRefusedError(contact_set=self.contact is not None)
             status = http_status_outcome(response)
             if status is not None:
                 if status.rate_limited and status.retry_after:
                     self.limiter.pause_for(status.retry_after)
-                if response.status_code == 403:
-                    status.error = "HTTP 403 (refused; check the User-Agent contact)"
                 return status
-            payload = await read_json(response, self.max_body_bytes)
+            header_code = response.headers.get(API_ERROR_HEADER)
+            try:
+                payload = await read_json(response, self.max_body_bytes)
+            except (ValueError, UnicodeDecodeError):
+                if header_code is None:
+                    raise
+                payload = {"error": {"code": header_code}}  # the header names the error anyway
             error = api_error(payload)
+            if error is None and header_code is not None:
+                error = (header_code, "")
             if error is not None:
                 code = _SAFE_CODE.sub("", error[0])[:40] or "unknown"
                 if code in RATE_LIMIT_CODES:

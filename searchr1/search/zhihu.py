@@ -3,7 +3,8 @@
 ``GET /api/v1/content/global_search?Query=…&Count=3&SearchDB=all`` with
 ``Authorization: Bearer <key>`` and ``X-Request-Timestamp``. Keys come from
 ``ZHIHU_SEARCH_KEYS`` (several, comma separated; also read from ``.env``) and are used round
-robin. Rate limits arrive as HTTP 429 *or* as HTTP 200 with body ``Code`` 30001: that key
+robin. A success without hits may carry ``"Items": null`` or ``"Data": null``: that is zero
+items, not a schema error. Rate limits arrive as HTTP 429 *or* as HTTP 200 with body ``Code`` 30001: that key
 cools down (for the server's ``Retry-After`` if any) and the call moves to the next key.
 ``Code`` 30002 (daily quota spent) and rejected keys (401/403/20001) disable the key for the
 rest of the run. When every key is out, the result says so.
@@ -112,7 +113,10 @@ class KeyPool:
 
 
 def parse_zhihu_items(items: Any, *, limit: int = 3) -> tuple[SearchItem, ...]:
-    """Map ``Data.Items`` to search items (``<em>`` highlight tags removed)."""
+    """Map ``Data.Items`` to search items (``<em>`` highlight tags removed); ``null`` or a
+    missing list is zero items (the service's way of saying "no hits")."""
+    if items is None:
+        return ()
     if not isinstance(items, list):
         raise PayloadError("Data.Items is not a list")
     out: list[SearchItem] = []
@@ -239,6 +243,9 @@ class ZhihuSearchBackend(HttpSearchBackend):
     def request_params(self) -> dict[str, Any]:
         return {"base_url": self.base_url, "count": self.count, "search_db": self.search_db}
 
+    def replay_options(self) -> dict[str, Any]:
+        return {**super().replay_options(), **self.request_params()}
+
     def _max_failovers(self) -> int:
         return len(self.pool)
 
@@ -298,6 +305,8 @@ class ZhihuSearchBackend(HttpSearchBackend):
             code, _message = body_code(payload)
             if code == CODE_OK:
                 data = payload.get("Data")
+                if data is None:  # no hits
+                    return Outcome.success((), 200)
                 if not isinstance(data, dict):
                     raise PayloadError("Data is not an object")
                 return Outcome.success(parse_zhihu_items(data.get("Items"), limit=self.count), 200)
