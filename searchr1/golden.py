@@ -1,9 +1,10 @@
 """Golden trajectories: scripted scenarios replayed through the real engine and frozen.
 
-``golden/scenarios/<name>.json`` is a scenario (see :mod:`searchr1.scripted`) that names a
-search backend and a cassette. :func:`generate` runs it through the scripted sampler, the
-real backend replaying the cassette, the rollout engine, the reward, the group advantages
-and the datum builder, and returns everything as plain JSON: messages, per-turn prompt and
+``golden/scenarios/<name>.json`` is a scenario (see :mod:`searchr1.twin.scenario`) that names
+a search backend and a cassette. :func:`generate` runs it through the real pytrio sampling
+client against the twin serving the scenario's script, the real backend replaying the
+cassette, the rollout engine, the reward, the group advantages and the datum builder, and
+returns everything as plain JSON: messages, per-turn prompt and
 completion ids, logprobs, termination, reward, advantage, and the arrays the trainer would
 send. ``golden/<name>.json`` holds the frozen copy; ``python cli.py golden --update``
 rewrites it and a test regenerates every scenario in memory and compares exactly.
@@ -20,7 +21,7 @@ from typing import Any
 from .datum import build_training_datums
 from .offline import REPO_ROOT
 from .rollout import RolloutConfig, rollout_batch_async
-from .scripted import Scenario, ScenarioError, ScriptedSampler, load_scenario
+from .twin.scenario import Scenario, ScenarioError, load_scenario
 from .trajectory import Trajectory
 
 GOLDEN_DIR = REPO_ROOT / "golden"
@@ -76,25 +77,27 @@ def _trajectory_json(t: Trajectory) -> dict[str, Any]:
     }
 
 
-async def _run(scenario: Scenario, tokenizer: Any) -> tuple[RolloutConfig, list[Trajectory]]:
+async def _run(scenario: Scenario, tokenizer: Any, sampler: Any) -> tuple[RolloutConfig, list[Trajectory]]:
     from .search.replay import open_replay_backend
 
-    if not scenario.backend or not scenario.cassette:
-        raise ScenarioError(f"{scenario.path}: a golden scenario names its 'backend' and 'cassette'")
     config = rollout_config(scenario)
-    backend = open_replay_backend(scenario.backend, REPO_ROOT / scenario.cassette)
+    backend = open_replay_backend(scenario.backend, REPO_ROOT / scenario.cassette)  # type: ignore[arg-type]
     try:
-        trajectories = await rollout_batch_async(
-            ScriptedSampler(scenario, tokenizer), tokenizer, backend, scenario.examples, config
-        )
+        trajectories = await rollout_batch_async(sampler, tokenizer, backend, scenario.examples, config)
     finally:
         await backend.aclose()
     return config, trajectories
 
 
-def generate(scenario_path: Path, tokenizer: Any) -> dict[str, Any]:
+def generate(scenario_path: Path, tokenizer: Any, *, twin: Any = None) -> dict[str, Any]:
+    """Replay one scenario (on ``twin`` when given, else on a twin started for it)."""
+    from .services import scripted_sampling_client
+
     scenario = load_scenario(scenario_path)
-    config, trajectories = asyncio.run(_run(scenario, tokenizer))
+    if not scenario.backend or not scenario.cassette:
+        raise ScenarioError(f"{scenario.path}: a golden scenario names its 'backend' and 'cassette'")
+    with scripted_sampling_client(scenario, tokenizer, twin=twin) as sampler:
+        config, trajectories = asyncio.run(_run(scenario, tokenizer, sampler))
     datums = build_training_datums(trajectories, max_tokens=config.max_trajectory_tokens)
     return {
         "scenario": scenario.name,

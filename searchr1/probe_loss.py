@@ -6,6 +6,9 @@ gradient depends on two server behaviours that pytrio 0.2.9 does not document
 calls before one ``optim_step`` combine. The checks of §7.5, on ONE training client with
 tiny datums:
 
+0. The action tokens of ``d`` are *sampled* from the run's own weights (a few tokens after a
+   fixed prompt), with the sampler's logprobs as old logprobs, as a training step would send
+   them: a service may refuse to train on tokens it never sampled (the twin's strict mode does).
 1. ``forward`` on a datum ``d`` and on the same datum with every non-action target set to
    ``-100``: does ``token_count`` drop, i.e. are ``-100`` targets ignored and what is
    counted?
@@ -30,13 +33,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from pytrio.types import AdamParams, Datum, ModelInput, TensorData
-
-from .trio_types import ServiceLike, TrainerLike
+from pytrio.types import AdamParams, Datum, ModelInput, SamplingParams, TensorData
 
 DEFAULT_BASE_MODEL = "Qwen/Qwen3.5-4B"
 PROBE_PROMPT = "Question: what is the capital of France?\nAnswer:"
-PROBE_ANSWER = " Paris"
+PROBE_ANSWER_TOKENS = 4
 ZERO_LR = AdamParams(learning_rate=0.0)
 IGNORE_INDEX = -100
 
@@ -158,7 +159,7 @@ def policy_datum(
     )
 
 
-def _step_metrics(trainer: TrainerLike, batches: list[list[Datum]]) -> dict[str, float]:
+def _step_metrics(trainer: Any, batches: list[list[Datum]]) -> dict[str, float]:
     """One ``forward_backward`` per batch, then one ``optim_step`` at learning rate 0."""
     for batch in batches:
         trainer.forward_backward(batch, loss_fn="importance_sampling").result()
@@ -166,7 +167,7 @@ def _step_metrics(trainer: TrainerLike, batches: list[list[Datum]]) -> dict[str,
 
 
 def probe_loss(
-    service: ServiceLike,
+    service: Any,
     *,
     base_model: str = DEFAULT_BASE_MODEL,
     lora_rank: int = 32,
@@ -177,28 +178,30 @@ def probe_loss(
     trainer = service.create_lora_training_client(base_model, rank=lora_rank)
     tokenizer = tokenizer if tokenizer is not None else trainer.get_tokenizer()
     prompt = list(tokenizer.encode(PROBE_PROMPT))
-    answer = list(tokenizer.encode(PROBE_ANSWER))
+    # 0. the action tokens, sampled from the run's own (fresh) weights
+    sampler = trainer.save_weights_and_get_sampling_client()
+    sequence = sampler.sample(
+        ModelInput.from_ints(prompt), num_samples=1,
+        sampling_params=SamplingParams(max_tokens=PROBE_ANSWER_TOKENS, seed=0),
+    ).result().sequences[0]
+    answer = list(sequence.tokens)
+    if not answer:
+        raise ValueError("the sampler returned no token to train on; the probe needs at least one")
     tokens = prompt + answer
     action_start = len(prompt)
+    old = [0.0] * (len(prompt) - 1) + [float(x) for x in sequence.logprobs]
     notes: list[str] = []
 
     # 1. -100 masking, through forward (no gradient, no optimiser state).
     full = trainer.forward(
-        [policy_datum(tokens, action_start)], loss_fn="importance_sampling"
+        [policy_datum(tokens, action_start, old_logprobs=old)], loss_fn="importance_sampling"
     ).result()
     masked = trainer.forward(
-        [policy_datum(tokens, action_start, mask_non_action=True)], loss_fn="importance_sampling"
+        [policy_datum(tokens, action_start, old_logprobs=old, mask_non_action=True)], loss_fn="importance_sampling"
     ).result()
     count_full = float(full.metrics["token_count"])
     count_masked = float(masked.metrics["token_count"])
 
-    # Old logprobs = current ones when the server returns them, so that ratios are 1.
-    old = None
-    outputs = full.loss_fn_outputs[0] if full.loss_fn_outputs else {}
-    if "logprobs" in outputs and len(outputs["logprobs"].to_numpy()) == len(tokens) - 1:
-        old = outputs["logprobs"].to_numpy().tolist()
-    else:
-        notes.append("forward returned no per-token logprobs; old logprobs set to 0")
     d = policy_datum(tokens, action_start, old_logprobs=old)
     filler = tokens * 3  # longer, zero advantage: changes the active-token count only
     e = policy_datum(filler, len(filler), advantage=0.0)

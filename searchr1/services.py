@@ -6,6 +6,9 @@ only its address differs."""
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -88,6 +91,26 @@ def offline_service(home: Path, tokenizer: Any, scenario: Any = None, *, policy:
     client = twin.service_client()
     twin.stop_with(client)
     return client
+
+
+@contextmanager
+def scripted_sampling_client(scenario: Any, tokenizer: Any, *, twin: Any = None, **twin_options: Any) -> Iterator[Any]:
+    """A real ``pytrio.SamplingClient`` for the base model on a twin serving ``scenario``'s script.
+
+    With ``twin`` (a running one) the twin is switched to the script and reused; otherwise a
+    twin is started in a temporary home for the duration of the ``with`` block.
+    """
+    from .twin import start_twin
+    from .twin.scripted_policy import ScriptedPolicy
+
+    policy = ScriptedPolicy(scenario, tokenizer)
+    if twin is not None:
+        twin.policy = policy
+        yield twin.service_client().create_sampling_client(base_model=twin.backend.settings.model_name)
+        return
+    with tempfile.TemporaryDirectory(prefix="searchr1-twin-") as home, \
+            start_twin(home=home, tokenizer=tokenizer, policy=policy, **twin_options) as started:
+        yield started.service_client().create_sampling_client(base_model=started.backend.settings.model_name)
 
 
 def offline_search_options(options: SearchOptions) -> SearchOptions:

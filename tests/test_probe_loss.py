@@ -1,4 +1,5 @@
-"""The loss-reduction probe identifies every reduction of the fake, with few calls."""
+"""The loss-reduction probe identifies every reduction of the twin, with few calls, through
+the real pytrio client."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 from pytrio.errors.auth import AuthError
-from pytrio.types import OptimStepResponse
-from training_strategies import StubTokenizer
+from twin_support import running_twin
 
 from searchr1.cli import main
-from searchr1.fake_trio import FakeServiceClient
 from searchr1.probe_loss import (
-    PROBE_ANSWER,
+    PROBE_ANSWER_TOKENS,
     PROBE_PROMPT,
     ProbeReport,
     classify_accumulation,
@@ -25,61 +24,34 @@ from searchr1.probe_loss import (
 )
 
 
-class Counting:
-    """Proxy that counts method calls on the wrapped client (and on what it creates)."""
-
-    def __init__(self, inner, calls, strip_optimizer_metrics=False):
-        self._inner, self._calls, self._strip = inner, calls, strip_optimizer_metrics
-
-    def __getattr__(self, name):
-        attribute = getattr(self._inner, name)
-        if not callable(attribute):
-            return attribute
-
-        def call(*args, **kwargs):
-            self._calls[name] += 1
-            result = attribute(*args, **kwargs)
-            if name.startswith("create_"):
-                return Counting(result, self._calls, self._strip)
-            if name == "optim_step" and self._strip:
-                result.result()
-                from pytrio.types import APIFuture
-
-                return APIFuture.completed(OptimStepResponse(metrics={"learning_rate": 0.0}))
-            return result
-
-        return call
-
-
 @pytest.mark.parametrize("reduction", ["per_token", "per_sample", "sum"])
 @pytest.mark.parametrize("accumulation", ["sum", "mean"])
-def test_the_probe_identifies_each_fake_reduction(tmp_path, reduction, accumulation):
-    calls = Counter()
-    fake = FakeServiceClient(
-        home=tmp_path, tokenizer=StubTokenizer(), reduction=reduction, accumulation=accumulation
-    )
-    report = probe_loss(Counting(fake, calls))
+def test_the_probe_identifies_each_twin_reduction(tmp_path, tokenizer, reduction, accumulation):
+    with running_twin(tmp_path, tokenizer, reduction=reduction, accumulation=accumulation) as (twin, service):
+        report = probe_loss(service, tokenizer=tokenizer)
+        events = Counter(e.type.removeprefix("trainer.") for e in twin.event_log)
+        samples = twin.sample_log
     assert (report.reduction, report.accumulation) == (reduction, accumulation)
     assert report.nk_over_n_exact == (reduction == "per_sample" and accumulation == "sum")
-    tokens = len(PROBE_PROMPT) + len(PROBE_ANSWER)  # the stub tokenizer has one id per character
-    assert report.token_count_full == tokens - 1
-    assert report.token_count_masked == len(PROBE_ANSWER)
+    answer = samples[0].output_tokens[0]
+    assert answer == PROBE_ANSWER_TOKENS
+    assert report.token_count_full == len(tokenizer.encode(PROBE_PROMPT)) + answer - 1
+    assert report.token_count_masked == answer
     assert report.masked_targets_ignored
-    # the minimum: one training run, no sampler, a handful of tiny calls
-    assert calls["create_lora_training_client"] == 1
-    assert not any(name.startswith("create_sampling") or name.startswith("save") for name in calls)
-    assert calls["forward"] == 2
-    assert calls["forward_backward"] == (4 if reduction == "sum" else 5)
-    assert calls["optim_step"] == (3 if reduction == "sum" else 4)
+    # the minimum: one training run, one sampler for the action tokens, a handful of tiny calls
+    assert events["init_run"] == 1 and events["save_weights"] == 1 and len(samples) == 1
+    assert events["forward"] == 2
+    assert events["forward_backward"] == (4 if reduction == "sum" else 5)
+    assert events["optimize_step"] == (3 if reduction == "sum" else 4)
 
 
-def test_without_a_gradient_norm_the_probe_stops_undetermined(tmp_path):
-    calls = Counter()
-    fake = FakeServiceClient(home=tmp_path, tokenizer=StubTokenizer(), reduction="per_sample")
-    report = probe_loss(Counting(fake, calls, strip_optimizer_metrics=True))
+def test_without_a_gradient_norm_the_probe_stops_undetermined(tmp_path, tokenizer):
+    with running_twin(tmp_path, tokenizer, reduction="per_sample", report_grad_norm=False) as (twin, service):
+        report = probe_loss(service, tokenizer=tokenizer)
+        events = Counter(e.type.removeprefix("trainer.") for e in twin.event_log)
     assert report.reduction == report.accumulation == "undetermined"
     assert report.nk_over_n_exact is None and report.grad_norm_key is None
-    assert calls["forward_backward"] == 1 and calls["optim_step"] == 1
+    assert events["forward_backward"] == 1 and events["optimize_step"] == 1
     assert "no usable gradient norm" in report.render()
 
 
@@ -129,8 +101,8 @@ def test_report_renders_every_conclusion():
 # --- the command ----------------------------------------------------------------------------
 
 
-def test_offline_command_reports_the_fake_reduction(tokenizer):
-    result = CliRunner().invoke(main, ["probe-loss", "--offline", "--fake-reduction", "per_sample"])
+def test_offline_command_reports_the_twins_reduction(tokenizer):
+    result = CliRunner().invoke(main, ["probe-loss", "--offline", "--twin-reduction", "per_sample"])
     assert result.exit_code == 0, result.output
     assert "reduction within a call:      per_sample" in result.output
     assert "n_k/N reweighting exact:      yes" in result.output

@@ -11,8 +11,9 @@ import click
 @click.option("--update", is_flag=True, help="Rewrite golden/<name>.json from golden/scenarios/.")
 @click.option("--only", default=None, metavar="NAME", help="Only this scenario.")
 def golden(update: bool, only: str | None) -> None:
-    """Replay every golden scenario through the scripted sampler, the search cassettes and the
-    real engine, and compare with the frozen golden/<name>.json (or rewrite it with --update).
+    """Replay every golden scenario through the real PyTRIO client against the offline twin
+    (serving the scenario's script), the search cassettes and the real engine, and compare with
+    the frozen golden/<name>.json (or rewrite it with --update).
 
     Exits 1 and lists the differing fields when a golden file is stale.
     """
@@ -22,17 +23,32 @@ def golden(update: bool, only: str | None) -> None:
 
 
 def _golden(update: bool, only: str | None) -> None:
-    from ..fileio import write_text_atomically
-    from ..golden import differences, dumps, generate, golden_path, scenario_paths
+    import tempfile
+
+    from ..golden import scenario_paths
     from ..services import load_tokenizer
+    from ..twin import start_twin
 
     tokenizer = load_tokenizer()
     paths = [p for p in scenario_paths() if only is None or p.stem == only]
     if not paths:
         raise click.ClickException(f"no golden scenario named {only!r}")
+    with tempfile.TemporaryDirectory(prefix="searchr1-golden-") as home, \
+            start_twin(home=home, tokenizer=tokenizer, policy="toy") as twin:
+        stale = _compare_or_write(paths, tokenizer, twin, update)
+    if stale:
+        raise click.ClickException(f"{stale} golden file(s) differ; inspect, then `python cli.py golden --update`")
+    if not update:
+        click.echo(f"{len(paths)} golden file(s) match")
+
+
+def _compare_or_write(paths: list, tokenizer: object, twin: object, update: bool) -> int:
+    from ..fileio import write_text_atomically
+    from ..golden import differences, dumps, generate, golden_path
+
     stale = 0
     for path in paths:
-        fresh = generate(path, tokenizer)
+        fresh = generate(path, tokenizer, twin=twin)
         target = golden_path(path)
         if update:
             text = dumps(fresh)
@@ -50,7 +66,4 @@ def _golden(update: bool, only: str | None) -> None:
             click.echo(f"STALE     {target}")
             for line in found:
                 click.echo(f"    {line}")
-    if stale:
-        raise click.ClickException(f"{stale} golden file(s) differ; inspect, then `python cli.py golden --update`")
-    if not update:
-        click.echo(f"{len(paths)} golden file(s) match")
+    return stale

@@ -27,20 +27,21 @@ REDUCTION_CHOICES = ("per_token", "per_sample", "sum")
     type=click.IntRange(4, 64),
     help="LoRA rank of that run.",
 )
-@click.option("--offline", is_flag=True, help="Probe the offline fake instead of the live service.")
+@click.option("--offline", is_flag=True,
+              help="Probe the offline twin (the real client against a PyTRIO server on 127.0.0.1) instead.")
 @click.option(
-    "--fake-reduction",
+    "--twin-reduction",
     type=click.Choice(REDUCTION_CHOICES),
     default="per_token",
     show_default=True,
-    help="With --offline: the fake server's reduction within a call.",
+    help="With --offline: the twin's reduction within a call.",
 )
 @click.option(
-    "--fake-accumulation",
+    "--twin-accumulation",
     type=click.Choice(("sum", "mean")),
     default="sum",
     show_default=True,
-    help="With --offline: how the fake combines calls before one optim_step.",
+    help="With --offline: how the twin combines calls before one optim_step.",
 )
 @click.option(
     "--yes", "-y", is_flag=True, help="Do not ask before creating the (billed) live training run."
@@ -50,8 +51,8 @@ def probe_loss(
     base_model: str,
     lora_rank: int,
     offline: bool,
-    fake_reduction: str,
-    fake_accumulation: str,
+    twin_reduction: str,
+    twin_accumulation: str,
     yes: bool,
     connect_timeout: float,
 ) -> None:
@@ -65,18 +66,15 @@ def probe_loss(
     from ..probe_loss import probe_loss as run_probe
 
     if offline:
-        from ..fake_trio import FakeServiceClient
         from ..tokenizer import shared_tokenizer
+        from ..twin import start_twin
 
-        with tempfile.TemporaryDirectory(prefix="searchr1-probe-") as home:
-            service = FakeServiceClient(
-                home=home,
-                tokenizer=shared_tokenizer(),
-                reduction=fake_reduction,  # type: ignore[arg-type]
-                accumulation=fake_accumulation,  # type: ignore[arg-type]
-                supported_models=(base_model,),
-            )
-            report = run_probe(service, base_model=base_model, lora_rank=lora_rank)
+        tokenizer = shared_tokenizer()
+        with tempfile.TemporaryDirectory(prefix="searchr1-probe-") as home, \
+                start_twin(home=home, tokenizer=tokenizer, policy="toy", model_name=base_model,
+                           reduction=twin_reduction, accumulation=twin_accumulation) as twin:  # type: ignore[arg-type]
+            report = run_probe(twin.service_client(), base_model=base_model, lora_rank=lora_rank,
+                               tokenizer=tokenizer)
         click.echo(report.render())
         return
 

@@ -101,6 +101,7 @@ class TwinSettings:
     strictness: Strictness = field(default_factory=Strictness)
     reduction: Reduction = "per_token"
     accumulation: Accumulation = "sum"
+    report_grad_norm: bool = True  # the optimiser's metrics (the live keys are not published)
 
 
 @dataclass
@@ -198,6 +199,7 @@ class TwinBackend:
         self._wakeups: dict[str, threading.Condition] = {}
         self._workers: list[threading.Thread] = []
         self._jitter = np.random.default_rng(settings.latencies.jitter_seed)
+        self._stop_cache: dict[tuple[tuple[Any, ...], tuple[Any, ...]], StopRules] = {}
         self._created = _now()
 
     # --- plumbing -----------------------------------------------------------------------
@@ -226,7 +228,8 @@ class TwinBackend:
             with condition:
                 condition.notify_all()
         for worker in self._workers:
-            worker.join(timeout=5)
+            if worker is not threading.current_thread():
+                worker.join(timeout=5)
 
     def record_violation(self, violation: Violation) -> None:
         with self._lock:
@@ -577,6 +580,8 @@ class TwinBackend:
             self.wait(settings.latencies.optim_step)
             before = run.version
             result = run.optimize(payload, settings.accumulation)
+            if not settings.report_grad_norm:
+                result = {"metrics": {}}
             if run.version != before and strict.enabled:
                 self.ledger.forget_older_than(run.lineage, run.version - strict.max_staleness)
             return result
@@ -658,7 +663,7 @@ class TwinBackend:
         except ValueError as error:  # the policy cannot answer this prompt (e.g. not in the script)
             raise ApiError(422, "twin.policy_refused", str(error)) from None
         tokenizer = self.settings.tokenizer
-        rules = StopRules.from_request(params, tokenizer)
+        rules = self._stop_rules(params)
 
         def decode(ids: list[int], skip_special: bool) -> str:
             return tokenizer.decode(ids, skip_special_tokens=skip_special)
@@ -669,9 +674,9 @@ class TwinBackend:
             done = finish(type(sequence)(list(sequence.tokens), rounded, sequence.stopped), rules,
                           self.settings.convention, decode=decode, return_text=request.return_text)
             sequences.append(done)
-            if self.settings.strictness.enabled:
-                self.ledger.record(prompt, done.tokens, done.logprobs, lineage=sampling.lineage,
-                                   version=sampling.version)
+        if self.settings.strictness.enabled:
+            self.ledger.record(prompt, [(s.tokens, s.logprobs) for s in sequences], lineage=sampling.lineage,
+                               version=sampling.version)
         output = sum(len(s.tokens) for s in sequences)
         latency = self.settings.latencies
         delay = latency.sample_request + latency.sampled_token * output
@@ -696,6 +701,17 @@ class TwinBackend:
                                                   tuple(len(s.tokens) for s in sequences), started,
                                                   started + delay))
         return body, delay
+
+    def _stop_rules(self, params: dict[str, object]) -> StopRules:
+        raw = params.get("stop") or ()
+        key = (tuple([raw] if isinstance(raw, str) else raw), tuple(params.get("stop_token_ids") or ()))  # type: ignore[arg-type]
+        with self._lock:
+            rules = self._stop_cache.get(key)
+        if rules is None:
+            rules = StopRules.from_request(params, self.settings.tokenizer)
+            with self._lock:
+                self._stop_cache[key] = rules
+        return rules
 
     def _prompt_logprobs(self, sampling: SamplingRun, prompt: list[int]) -> list[float | None]:
         """Through the policy's own loss: the target logprobs of a cross-entropy datum."""

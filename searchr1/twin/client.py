@@ -68,14 +68,14 @@ def connect(base_url: str, *, home: str | Path, api_key: str = TWIN_API_KEY, tel
             pytrio.configure_observability(enabled=saved_telemetry)
 
 
-def close(client: Any) -> None:
-    """End a client's session and release its threads and connections now.
+def session_closer(client: Any) -> Any:
+    """A callable that ends ``client``'s session and releases its threads and connections
+    (once; later calls do nothing), without keeping the client alive.
 
-    pytrio 0.2.9 has no ``ServiceClient.close()``: its runtime is released by a finalizer when
-    the client and every client derived from it are unreachable. A twin that is about to stop
-    ends its clients first through that same (private) runtime, so that no finalizer later
-    retries against a server that is gone.
+    pytrio 0.2.9 has no ``ServiceClient.close()``: its runtime is released by a
+    ``weakref.finalize`` when the client and every client derived from it are unreachable,
+    which closes the service session over HTTP. A twin that stops runs that same finalizer
+    first (it is the runtime's private ``_finalizer``), so that no finalizer ever retries
+    against a server that is gone.
     """
-    runtime = getattr(client, "_runtime", None)
-    if runtime is not None:
-        runtime.shutdown()
+    return client._runtime._finalizer

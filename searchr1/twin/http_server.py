@@ -384,6 +384,9 @@ class TwinHTTPServer:
         if self._stopped:
             return
         self._stopped = True
-        self._server.shutdown()
+        if threading.current_thread() is self._thread:  # shutdown() waits for this very loop
+            threading.Thread(target=self._server.shutdown, daemon=True).start()
+        else:
+            self._server.shutdown()
         self._server.drop_connections()
         self._server.server_close()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .backend import EventLogEntry, SampleLogEntry, TwinBackend, TwinSettings
-from .client import LOCAL_RETRIES, TWIN_API_KEY, close, connect
+from .client import LOCAL_RETRIES, TWIN_API_KEY, connect, session_closer
 from .config import Latencies, StopConvention, Strictness, TwinFaults, TwinLimits
 from .http_server import TwinHTTPServer
 from .policies import make_policy
@@ -34,7 +34,7 @@ class Twin:
     def __init__(self, backend: TwinBackend, server: TwinHTTPServer) -> None:
         self.backend = backend
         self._server = server
-        self._clients: list[Any] = []
+        self._closers: list[Any] = []  # one per client handed out; they hold no client alive
         self._lock = threading.Lock()
         self.closed = False
 
@@ -57,8 +57,13 @@ class Twin:
         client = connect(self.base_url, home=self.home / "sdk-home", api_key=self.api_key,
                          telemetry=telemetry, sdk_options=sdk_options)
         with self._lock:
-            self._clients.append(client)
+            self._closers.append(session_closer(client))
         return client
+
+    def stop_with(self, client: Any) -> None:
+        """Stop this twin once ``client`` and every client derived from it are gone (their
+        session is closed first)."""
+        weakref.finalize(client._runtime, self.close)
 
     # --- what the server saw ------------------------------------------------------------
 
@@ -104,9 +109,9 @@ class Twin:
             if self.closed:
                 return
             self.closed = True
-            clients, self._clients = self._clients, []
-        for client in clients:
-            close(client)
+            closers, self._closers = self._closers, []
+        for closer in closers:
+            closer()
         self.backend.stop()
         self._server.stop()
 
@@ -132,6 +137,7 @@ def start_twin(
     accumulation: Accumulation = "sum",
     model_name: str = DEFAULT_MODEL,
     serve_tokenizer: bool = True,
+    report_grad_norm: bool = True,
     port: int = 0,
     api_key: str = TWIN_API_KEY,
 ) -> Twin:
@@ -140,7 +146,8 @@ def start_twin(
     ``policy`` is a name (``scripted``, ``toy``, ``learning``) or a ``TwinPolicy``; the
     tokenizer defaults to the exact Qwen3.5 one. ``serve_tokenizer=False`` answers with the
     model's real name as ``model_id``, so the SDK's tokenizer load goes to ModelScope as it
-    would for a user (offline: it fails).
+    would for a user (offline: it fails). ``report_grad_norm=False`` leaves the optimiser's
+    metrics empty (the keys the live service reports are not published).
     """
     if reduction not in ("per_token", "per_sample", "sum"):
         raise ValueError(f"reduction must be per_token, per_sample or sum, got {reduction!r}")
@@ -153,13 +160,13 @@ def start_twin(
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     served = policy if not isinstance(policy, str) else make_policy(policy, tokenizer, scenario=scenario)
-    model_id = str(served_tokenizer_dir(tokenizer, home)) if serve_tokenizer else model_name
+    model_id = str(served_tokenizer_dir(tokenizer)) if serve_tokenizer else model_name
     settings = TwinSettings(
         home=home, policy=served, tokenizer=tokenizer, base_url="", model_name=model_name,
         served_model_id=model_id, api_key=api_key, limits=limits or TwinLimits(),
         convention=convention or StopConvention(), latencies=latencies or Latencies(),
         faults=faults or TwinFaults(), strictness=strictness or Strictness(),
-        reduction=reduction, accumulation=accumulation,
+        reduction=reduction, accumulation=accumulation, report_grad_norm=report_grad_norm,
     )
     backend = TwinBackend(settings)
     server = TwinHTTPServer(backend, port)

@@ -25,8 +25,9 @@ the rule. The rules:
     steps behind the run, and of the same run lineage (a sampler of the base model counts as
     version 0 of every lineage).
 
-The ledger of sampled tokens is keyed by a rolling hash of the whole prefix (mod 2^61 - 1)
-and its length, so a lookup never compares token lists.
+The ledger of sampled tokens is keyed by two polynomial hashes of the whole prefix (mod two
+primes near 2^31, computed with numpy over a whole sequence at once), the prefix length and
+the token, so a lookup never compares token lists.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ VIOLATION_CODE = "twin.protocol_violation"
 RULES = ("event_order", "accumulation_totals", "token_range", "sampled_action", "sampled_logprob",
          "stale_sampler")
 BASE_LINEAGE = "base"
-_MODULUS = (1 << 61) - 1
-_BASE = 1_000_003
+_MODULI = (2_147_483_647, 2_147_483_629)
+_BASES = (911_382_323, 972_663_749)
 
 
 @dataclass(frozen=True)
@@ -66,19 +67,80 @@ class ProtocolViolation(Exception):
         self.detail = message
 
 
-def prefix_hashes(tokens: Sequence[int]) -> list[int]:
-    """``hashes[i]`` identifies ``tokens[: i + 1]``."""
+class _Powers:
+    """``B^i`` and ``B^-i`` modulo each prime, grown on demand."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.size = 0
+        self.up: list[np.ndarray] = []
+        self.down: list[np.ndarray] = []
+
+    def ensure(self, n: int) -> None:
+        if n <= self.size:
+            return
+        with self._lock:
+            size = max(n, 2 * self.size, 1024)
+            self.up, self.down = [], []
+            for modulus, base in zip(_MODULI, _BASES):
+                inverse = pow(base, -1, modulus)
+                up, down = np.empty(size, np.int64), np.empty(size, np.int64)
+                a = b = 1
+                for i in range(size):
+                    up[i], down[i] = a, b
+                    a, b = a * base % modulus, b * inverse % modulus
+                self.up.append(up)
+                self.down.append(down)
+            self.size = size
+
+
+_POWERS = _Powers()
+
+
+def _hash_parts(tokens: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+    """Per modulus, ``parts[k][i]`` is the hash of ``tokens[: i + 1]``."""
+    ids = np.asarray(tokens, dtype=np.int64) + 1
+    n = len(ids)
+    _POWERS.ensure(n + 1)
+    return [
+        np.cumsum(ids * _POWERS.down[k][:n] % modulus) % modulus * _POWERS.up[k][:n] % modulus
+        for k, modulus in enumerate(_MODULI)
+    ]
+
+
+def _combine(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] * _MODULI[1] + parts[1]
+
+
+def prefix_hashes(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``hashes[i]`` identifies ``tokens[: i + 1]`` (one int64 from two modular hashes)."""
+    return _combine(_hash_parts(tokens))
+
+
+def continued_hashes(prefix: Sequence[int], continuations: Sequence[Sequence[int]]) -> list[list[int]]:
+    """For each continuation ``c``, the hashes of ``prefix + c[:k]`` for ``k`` in
+    ``0 .. len(c) - 1`` (the prefix before each of its tokens); the prefix is hashed once."""
+    head = [part[-1] for part in _hash_parts(prefix)]
     out = []
-    h = 0
-    for token in tokens:
-        h = (h * _BASE + int(token) + 1) % _MODULUS
-        out.append(h)
+    for tokens in continuations:
+        if not len(tokens):
+            out.append([])
+            continue
+        tail = _hash_parts(tokens)
+        n = len(tokens)
+        before = []
+        for k, modulus in enumerate(_MODULI):
+            # hash(prefix + c[:j]) = hash(prefix) * B^j + hash(c[:j]), for j = 0 .. n - 1
+            shifted = int(head[k]) * _POWERS.up[k][:n] % modulus
+            own = np.concatenate([[0], tail[k][:-1]])
+            before.append((shifted + own) % modulus)
+        out.append(_combine(before).tolist())
     return out
 
 
 @dataclass(frozen=True)
 class SampledToken:
-    logprob: np.float32
+    logprob: float  # as the float32 the twin returned
     lineage: str
     version: int
 
@@ -90,16 +152,16 @@ class SampleLedger:
         self._lock = threading.Lock()
         self._entries: dict[tuple[int, int, int], list[SampledToken]] = {}
 
-    def record(self, prompt: Sequence[int], tokens: Sequence[int], logprobs: Sequence[float],
+    def record(self, prompt: Sequence[int], sequences: Sequence[tuple[Sequence[int], Sequence[float]]],
                *, lineage: str, version: int) -> None:
-        h = prefix_hashes(prompt)[-1] if prompt else 0
-        length = len(prompt)
+        """The ``(tokens, logprobs)`` of every sequence one request returned after ``prompt``."""
+        hashes = continued_hashes(prompt, [tokens for tokens, _ in sequences])
         with self._lock:
-            for token, logprob in zip(tokens, logprobs):
-                entry = SampledToken(np.float32(logprob), lineage, version)
-                self._entries.setdefault((h, length, int(token)), []).append(entry)
-                h = (h * _BASE + int(token) + 1) % _MODULUS
-                length += 1
+            for (tokens, logprobs), before in zip(sequences, hashes):
+                values = np.asarray(logprobs, dtype=np.float32).tolist()
+                entries = [SampledToken(v, lineage, version) for v in values]
+                for k, (token, entry) in enumerate(zip(tokens, entries)):
+                    self._entries.setdefault((before[k], len(prompt) + k, int(token)), []).append(entry)
 
     def lookup(self, prefix_hash: int, length: int, token: int) -> list[SampledToken]:
         with self._lock:
@@ -136,10 +198,10 @@ def check_sampled_actions(samples: Sequence[PolicySample], ledger: SampleLedger,
         trained = np.flatnonzero(sample.active & (sample.advantages != 0.0))
         if not len(trained):
             continue
-        hashes = prefix_hashes(sample.inputs[: int(trained[-1]) + 1].tolist())
+        hashes = prefix_hashes(sample.inputs[: int(trained[-1]) + 1])
         for position in trained.tolist():
             token = int(sample.targets[position])
-            found = ledger.lookup(hashes[position], position + 1, token)
+            found = ledger.lookup(int(hashes[position]), position + 1, token)
             where = f"datum {index} position {position} (token {token})"
             if not found:
                 raise ProtocolViolation(
@@ -147,13 +209,13 @@ def check_sampled_actions(samples: Sequence[PolicySample], ledger: SampleLedger,
                     f"{where} is trained with advantage {sample.advantages[position]:g} but the twin "
                     "never sampled that token after that prefix",
                 )
-            logprob = np.float32(sample.old_logprobs[position])
+            logprob = float(np.float32(sample.old_logprobs[position]))
             matching = [e for e in found if e.logprob == logprob]
             if not matching:
                 raise ProtocolViolation(
                     "sampled_logprob",
-                    f"{where} carries logprob {float(logprob):.6g}, the twin returned "
-                    f"{', '.join(f'{float(e.logprob):.6g}' for e in found)}",
+                    f"{where} carries logprob {logprob:.6g}, the twin returned "
+                    f"{', '.join(f'{e.logprob:.6g}' for e in found)}",
                 )
             fresh = [
                 e for e in matching
