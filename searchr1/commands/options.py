@@ -112,13 +112,14 @@ def run_guarded(function: Callable[[], Any]) -> Any:
     from ..preflight import PreflightError
     from ..run_dir import RunDirError
     from ..scripted import ScenarioError
+    from ..search.base import SearchRefusedError
     from ..search.env import MissingApiKeyError
     from ..search.replay import CassetteFormatError, CassetteMissError
     from ..services import ServiceSetupError
     from ..tokenizer import TokenizerSetupError
 
-    expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, CassetteMissError,
-                CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError)
+    expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, SearchRefusedError,
+                CassetteMissError, CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError)
     try:
         return function()
     except expected as error:

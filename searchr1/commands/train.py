@@ -357,7 +357,8 @@ def _stored_value(stored: dict[str, Any], name: str) -> Any:
     search_options = stored.get("search", {}).get("options", {})
     key = {"search_backend": "backend", "search_concurrency": "concurrency", "search_timeout": "timeout",
            "search_model": "model", "search_cache": "cache", "search_env_file": "env_file",
-           "search_tool_type": "tool_type", "search_cache_ttl": "cache_ttl_hours"}.get(name, name)
+           "search_tool_type": "tool_type", "search_cache_ttl": "cache_ttl_hours",
+           "search_total_timeout": "total_timeout"}.get(name, name)
     for scope in (stored, stored.get("rollout", {}), search_options):
         if key in scope:
             return scope[key]
