@@ -8,7 +8,7 @@ import json
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from searchr1.data import SearchExample
