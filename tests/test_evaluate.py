@@ -36,7 +36,9 @@ DEV_EXAMPLES = load_examples(DEV)
 
 
 def cli(*args: str) -> object:
-    return CliRunner().invoke(main, ["eval", "--offline", "--quiet", *args])
+    """Offline eval on the scripted scenario: its fixed mix of behaviours (searches, guesses, bad
+    calls) exercises every part of the runner; the learning policy is tested in test_learning_twin."""
+    return CliRunner().invoke(main, ["eval", "--offline", "--offline-policy", "scripted", "--quiet", *args])
 
 
 def trajectories(path: Path) -> list[dict]:

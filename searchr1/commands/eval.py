@@ -49,7 +49,7 @@ RESULT_DIR = Path("eval_result")
                    "improves; scripted: the fixed scenario of the golden tests).")
 @click.option("--offline-home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Checkpoint store of the fake PyTRIO service, to evaluate a `train --offline` checkpoint "
-                   "(runs/<run-name>/fake-trio) [default: an empty temporary one].")
+                   "(runs/<run-name>/twin; or use --checkpoint RUN_DIR) [default: an empty temporary one].")
 @rollout_options(group_size=1, temperature=0.0)
 @click.option("--seed", type=int, default=42, help="Sampling seeds (with each question's position in the data).")
 @click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
@@ -224,7 +224,7 @@ def _sampling_client(service: Any, base_model: str, model_path: str | None, *, o
         hint = ""
         if offline and model_path:
             where = f"not in {offline_home}" if offline_home else "no --offline-home given"
-            hint = f"; a `train --offline` checkpoint needs --offline-home runs/<run-name>/fake-trio ({where})"
+            hint = f"; a `train --offline` checkpoint needs --checkpoint RUN_DIR, or --offline-home runs/<run-name>/twin ({where})"
         raise ServiceSetupError(f"cannot create a sampler for {base_model}"
                                 f"{' at ' + model_path if model_path else ''} ({code}){hint}") from None
 
