@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "bench": "searchr1.commands.bench:bench",
     "eval": "searchr1.commands.eval:eval_command",
     "show": "searchr1.commands.show:show",
+    "twin": "searchr1.commands.twin:twin",
 }
 
 

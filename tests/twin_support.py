@@ -49,3 +49,73 @@ def datum_from(prompt: list[int], tokens: list[int], logprobs: list[float], *, a
 def sampled_datum(sampler: Any, prompt: list[int], *, advantage: float = 1.0, **kwargs: Any) -> Datum:
     sequence = sample_once(sampler, prompt, **kwargs).sequences[0]
     return datum_from(prompt, list(sequence.tokens), list(sequence.logprobs), advantage=advantage)
+
+
+class RawTrainingRun:
+    """Speaks the actor protocol directly, with pytrio's own protocol builders, for the strict
+    rules the real client never breaks (event order, totals, token range)."""
+
+    def __init__(self, twin: Twin) -> None:
+        import httpx
+
+        self.twin = twin
+        headers = {"X-API-Key": twin.api_key}
+        base = f"{twin.base_url}/api/openapi/v1"
+        session = httpx.post(f"{base}/service-sessions", json={"sdk_version": "0.2.9"}, headers=headers).json()
+        run = httpx.post(
+            f"{base}/service-sessions/{session['service_session_cuid']}/training-runs", headers=headers,
+            json={"base_model": MODEL, "lora_rank": 8, "train_mlp": True, "train_attn": True, "train_unembed": True},
+        ).json()
+        self.cuid = run["training_run_cuid"]
+        self.actor = run["actor"]["endpoint"]
+        self.headers = {"Authorization": f"Bearer {run['actor_jwt']['token']}"}
+
+    def send(self, event_type: Any, payload: Any, *, index: int, step: int = 0) -> dict[str, Any]:
+        """Submit one event and wait for its final state."""
+        import httpx
+        import msgpack
+        from pytrio.protocol.actor.events.codec import payload_to_wire_value
+        from pytrio.protocol.actor.events.event import EventMetadata, build_event_envelope, pack_event_envelope
+
+        metadata = EventMetadata(index=index, step=step, timestamp=0, sdk="pytrio", sdk_version="0.2.9",
+                                 run_id=self.cuid)
+        envelope = build_event_envelope(event_type, payload_to_wire_value(event_type, payload), metadata)
+        submitted = httpx.post(f"{self.actor}/v1/events", content=pack_event_envelope(envelope),
+                               headers={**self.headers, "Content-Type": "application/msgpack"})
+        assert submitted.status_code == 200, submitted.text
+        answer = httpx.get(f"{self.actor}/v1/events/{envelope.event_id}",
+                           headers={**self.headers, "Prefer": "wait=10"}, timeout=15)
+        return msgpack.unpackb(answer.content, raw=False)
+
+    def init(self, *, index: int = 1) -> dict[str, Any]:
+        from pytrio.client.builders.training import build_trainer_init_payload
+        from pytrio.protocol.actor.events.event import EventType
+        from pytrio.protocol.actor.events.trainer.lora import FreshLoraSource, LoraRunSpec
+
+        lora = LoraRunSpec(MODEL, 8, None, True, True, True, FreshLoraSource())
+        return self.send(EventType.TRAINER_INIT_RUN, build_trainer_init_payload(lora, source=FreshLoraSource()),
+                         index=index)
+
+    def forward_backward(self, data: list[Datum], *, index: int, step: int = 0, vocab_size: int = 248_077,
+                         totals: Any = None) -> dict[str, Any]:
+        """One chunk holding ``data`` (with the call's real totals unless ``totals`` is given)."""
+        from dataclasses import replace
+
+        from pytrio.client.builders.training import build_trainer_forward_payload
+        from pytrio.client.training_batch import plan_training_batch
+        from pytrio.model.limits import TrainingLimits
+        from pytrio.protocol.actor.events.event import EventType
+
+        plan = plan_training_batch(data, loss_fn="importance_sampling", auto_shift=False,
+                                   limits=TrainingLimits(None, None, None), tokenizer_vocab_size=vocab_size)
+        sent = plan.totals if totals is None else replace(plan.totals, **totals)
+        payload = build_trainer_forward_payload(plan.chunks[0], None, False, sent)
+        return self.send(EventType.TRAINER_FORWARD_BACKWARD, payload, index=index, step=step)
+
+    def optim_step(self, *, index: int, step: int) -> dict[str, Any]:
+        from pytrio.client.builders.training import build_trainer_optimize_payload
+        from pytrio.protocol.actor.events.event import EventType
+        from pytrio.types import AdamParams
+
+        return self.send(EventType.TRAINER_OPTIMIZE_STEP, build_trainer_optimize_payload(AdamParams()),
+                         index=index, step=step)

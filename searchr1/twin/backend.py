@@ -251,15 +251,19 @@ class TwinBackend:
         return ActorJWT(token=token, expires_at=_now() + JWT_LIFETIME)
 
     def _actor(self, owner: str) -> ActorConnectionInfo:
-        return ActorConnectionInfo(actor_cuid=f"actor-{owner}", endpoint=f"{self.settings.base_url}/actor/{owner}",
+        """One actor address for every run (pytrio then reuses one HTTP client for all of them);
+        the JWT tells which run a request is for."""
+        return ActorConnectionInfo(actor_cuid=f"actor-{owner}", endpoint=f"{self.settings.base_url}/actor",
                                    connect_mode="direct", tls_enabled=False)
 
-    def check_actor_token(self, owner: str, authorization: str | None) -> None:
+    def actor_owner(self, authorization: str | None) -> str:
+        """The run an actor request's JWT was issued for."""
         token = (authorization or "").removeprefix("Bearer ").strip()
         with self._lock:
-            known = self._tokens.get(token)
-        if known != owner:
-            raise ApiError(401, "unauthorized", "actor token is not valid for this run")
+            owner = self._tokens.get(token)
+        if owner is None:
+            raise ApiError(401, "unauthorized", "the actor token is not one the twin issued")
+        return owner
 
     def _session(self, sid: str) -> dict[str, Any]:
         with self._lock:
@@ -549,6 +553,8 @@ class TwinBackend:
             record.status, record.error = "failed", (failure.code, failure.message)
         except CheckpointNotFound as error:
             record.status, record.error = "failed", ("checkpoint_not_found", str(error))
+        except Exception as error:  # noqa: BLE001 - a policy or twin bug fails the event, not the worker
+            record.status, record.error = "failed", ("twin.internal_error", f"{type(error).__name__}: {error}")
 
     def _apply(self, run: TrainingRun, envelope: EventEnvelope, name: str, record: EventRecord) -> dict[str, object]:
         settings = self.settings
@@ -556,9 +562,15 @@ class TwinBackend:
         checks = strict.enabled
         meta = envelope.metadata
         payload = payload_model_for_event(envelope.type).model_validate(envelope.payload)
-        protocol = self._protocols[run.cuid]
-        if checks:
+        forward = envelope.type in (EventType.TRAINER_FORWARD, EventType.TRAINER_FORWARD_BACKWARD)
+        samples = [PolicySample.from_wire(d, auto_shift=payload.auto_shift) for d in payload.data] if forward else []
+        if checks:  # the event arrived: it counts in the run's order and its call's totals, whatever happens next
+            protocol = self._protocols[run.cuid]
             protocol.admit(envelope.type.value, meta.index, meta.step)
+            if forward:
+                spec = payload.gradient_accumulation
+                protocol.receive_chunk(envelope.type.value, meta.step, (spec.total_samples, spec.total_active_tokens,
+                                       spec.total_advantage_tokens), samples, payload.loss.type.strip().lower())
         if run.broken is not None:
             raise EventFailure(RUN_BROKEN_CODE, run.broken)
         number = self.count(f"event:{name}")
@@ -573,9 +585,9 @@ class TwinBackend:
             return run.init(self.policy, self.store)
         if not run.initialized:
             raise EventFailure("twin.not_initialized", f"training run {run.cuid} received {name} before init_run")
-        if envelope.type in (EventType.TRAINER_FORWARD, EventType.TRAINER_FORWARD_BACKWARD):
-            return self._forward(run, payload, record, backward=envelope.type == EventType.TRAINER_FORWARD_BACKWARD,
-                                 checks=checks)
+        if forward:
+            return self._forward(run, payload, samples, record,
+                                 backward=envelope.type == EventType.TRAINER_FORWARD_BACKWARD, checks=checks)
         if envelope.type == EventType.TRAINER_OPTIMIZE_STEP:
             self.wait(settings.latencies.optim_step)
             before = run.version
@@ -583,7 +595,8 @@ class TwinBackend:
             if not settings.report_grad_norm:
                 result = {"metrics": {}}
             if run.version != before and strict.enabled:
-                self.ledger.forget_older_than(run.lineage, run.version - strict.max_staleness)
+                # one generation past the allowed staleness is kept, so a stale sampler is named as such
+                self.ledger.forget_older_than(run.lineage, run.version - strict.max_staleness - 1)
             return result
         if envelope.type in (EventType.TRAINER_SAVE_STATE, EventType.TRAINER_SAVE_WEIGHTS):
             self.wait(settings.latencies.weight_save)
@@ -591,11 +604,10 @@ class TwinBackend:
             return run.save(payload, kind, self.store, settings.model_name)
         raise EventFailure("twin.unsupported_event", f"the twin does not run {envelope.type.value} events")
 
-    def _forward(self, run: TrainingRun, payload: Any, record: EventRecord, *, backward: bool,
-                 checks: bool) -> dict[str, object]:
+    def _forward(self, run: TrainingRun, payload: Any, samples: list[PolicySample], record: EventRecord, *,
+                 backward: bool, checks: bool) -> dict[str, object]:
         settings = self.settings
         limits = settings.limits.training
-        samples = [PolicySample.from_wire(d, auto_shift=payload.auto_shift) for d in payload.data]
         tokens = sum(len(s.inputs) + int(payload.auto_shift) for s in samples)
         if limits.max_batch_size is not None and len(samples) > limits.max_batch_size:
             raise EventFailure("twin.training_batch_too_large",
@@ -608,11 +620,7 @@ class TwinBackend:
             raise EventFailure("twin.training_sample_too_long",
                                f"a datum of {longest} tokens; max_seq_len is {limits.max_seq_len}")
         loss_fn = payload.loss.type.strip().lower()
-        spec = payload.gradient_accumulation
-        totals = (spec.total_samples, spec.total_active_tokens, spec.total_advantage_tokens)
         if checks:
-            self._protocols[run.cuid].receive_chunk(record.envelope.type.value, record.envelope.metadata.step,
-                                                    totals, samples, loss_fn)
             check_token_range(samples, self.vocab_size)
             if backward and settings.strictness.sampled_actions and loss_fn != "cross_entropy":
                 check_sampled_actions(samples, self.ledger, lineage=run.lineage, version=run.version,
@@ -679,7 +687,8 @@ class TwinBackend:
                                version=sampling.version)
         output = sum(len(s.tokens) for s in sequences)
         latency = self.settings.latencies
-        delay = latency.sample_request + latency.sampled_token * output
+        # the sequences of one request are generated side by side: the longest sets the time
+        delay = latency.sample_request + latency.sampled_token * max((len(s.tokens) for s in sequences), default=0)
         if latency.sample_jitter:
             with self._lock:
                 delay += float(self._jitter.uniform(0.0, latency.sample_jitter))

@@ -9,8 +9,9 @@ that route (``extra="forbid"``), so a body the real service would reject is reje
 too (422 ``validation_error``). Injected wire faults (:class:`~searchr1.twin.config.TwinFaults`)
 are applied per operation before the backend sees the request.
 
-Actor endpoints live under ``/actor/<run>/``; each training or sampling run gets its own
-actor address and JWT, and a request must carry the JWT of the run its path names.
+Actor endpoints live under ``/actor/``: every run is served at the same actor address (so
+pytrio reuses one HTTP client for all of them), each with its own JWT, which names the run a
+request is for.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ Route = tuple[str, re.Pattern[str], str, Callable[["_Handler", re.Match[str]], R
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in separate writes; never wait for an ACK between
     server: _TwinHTTPServer
     _call_number = 0
     _drop_answer = False
@@ -113,8 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _control_auth(self) -> None:
         self.backend.check_api_key(self.headers.get("X-API-Key"))
 
-    def _actor_auth(self, owner: str) -> None:
-        self.backend.check_actor_token(owner, self.headers.get("Authorization"))
+    def _actor_owner(self) -> str:
+        return self.backend.actor_owner(self.headers.get("Authorization"))
 
     # --- dispatch -----------------------------------------------------------------------
 
@@ -143,6 +145,9 @@ class _Handler(BaseHTTPRequestHandler):
             reply = handler(self, match)
         except ApiError as error:
             self._send(Reply(error.status, {"code": error.code, "message": error.message}))
+            return
+        except Exception as error:  # noqa: BLE001 - a twin bug answers 500 and never kills the server
+            self._send(Reply(500, {"code": "twin.internal_error", "message": f"{type(error).__name__}: {error}"}))
             return
         if reply is not None:
             self._send(reply)
@@ -241,17 +246,17 @@ class _Handler(BaseHTTPRequestHandler):
     # --- actor API ----------------------------------------------------------------------
 
     def event_submit(self, m: re.Match[str]) -> Reply:
-        self._actor_auth(m["owner"])
+        owner = self._actor_owner()
         raw = self._body()
         try:
             data = msgpack.unpackb(raw, raw=False)
         except Exception:  # noqa: BLE001 - any undecodable body is a bad request
             raise ApiError(400, "invalid_msgpack", "the event body is not MessagePack") from None
         envelope = _model(EventEnvelope, data)
-        return Reply(200, self.backend.submit_event(m["owner"], envelope), MSGPACK)
+        return Reply(200, self.backend.submit_event(owner, envelope), MSGPACK)
 
     def event_get(self, m: re.Match[str]) -> Reply:
-        self._actor_auth(m["owner"])
+        owner = self._actor_owner()
         prefer = self.headers.get("Prefer", "")
         wait = 0.0
         if prefer.startswith("wait="):
@@ -259,18 +264,17 @@ class _Handler(BaseHTTPRequestHandler):
                 wait = max(0.0, float(prefer.removeprefix("wait=")) - 1.0)  # answer before the client gives up
             except ValueError:
                 raise ApiError(400, "invalid_prefer", f"Prefer header {prefer!r} is not wait=<seconds>") from None
-        return Reply(200, self.backend.get_event(m["owner"], m["event"], wait), MSGPACK)
+        return Reply(200, self.backend.get_event(owner, m["event"], wait), MSGPACK)
 
     def heartbeat(self, m: re.Match[str]) -> Reply:
-        self._actor_auth(m["owner"])
+        self._actor_owner()
         self._body()
         return Reply(200, {"status": "ok", "heartbeat_ms": HEARTBEAT_MS})
 
     def sample(self, m: re.Match[str]) -> None:
         """Headers at once, then the JSON body as one chunk when the modelled time is up: the
         body is JSON-shaped and streaming is only pytrio's liveness signal."""
-        owner = m["owner"]
-        self._actor_auth(owner)
+        owner = self._actor_owner()
         if m["id"] != owner:
             raise ApiError(404, "sampling_run_not_found", f"sampling run {m['id']} is not served at {owner}")
         request = _model(SampleRequest, self._json())
@@ -328,10 +332,10 @@ ROUTES: list[Route] = [
         ("GET", f"{_OPENAPI}/sampling-runs/(?P<id>[^/]+)", "sampling_run_get", _Handler.sampling_get),
         ("POST", f"{_OPENAPI}/sampling-runs/(?P<id>[^/]+)/renew", "sampling_run_renew", _Handler.sampling_renew),
         ("POST", "/api/telemetry/event", "telemetry", _Handler.telemetry),
-        ("POST", "/actor/(?P<owner>[^/]+)/v1/events", "event_submit", _Handler.event_submit),
-        ("GET", "/actor/(?P<owner>[^/]+)/v1/events/(?P<event>[^/]+)", "event_get", _Handler.event_get),
-        ("POST", "/actor/(?P<owner>[^/]+)/v1/client/heartbeat", "heartbeat", _Handler.heartbeat),
-        ("POST", "/actor/(?P<owner>[^/]+)/v1/sampling-runs/(?P<id>[^/]+)/sample", "sample", _Handler.sample),
+        ("POST", "/actor/v1/events", "event_submit", _Handler.event_submit),
+        ("GET", "/actor/v1/events/(?P<event>[^/]+)", "event_get", _Handler.event_get),
+        ("POST", "/actor/v1/client/heartbeat", "heartbeat", _Handler.heartbeat),
+        ("POST", "/actor/v1/sampling-runs/(?P<id>[^/]+)/sample", "sample", _Handler.sample),
     ]
 ]
 

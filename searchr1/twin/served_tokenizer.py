@@ -5,18 +5,22 @@ of a training client (and in ``get_tokenizer()``), with ModelScope's ``AutoToken
 ``model_id`` that run creation returned: first ``local_files_only=True``, then the network.
 A directory path is a valid ``model_id`` for that loader, and it needs no ModelScope cache
 layout or environment variable (both differ across ModelScope versions), so the twin answers
-run creation with the path of a ``save_pretrained`` directory of the exact Qwen3.5 tokenizer
+run creation with the path of a tokenizer directory holding the exact Qwen3.5 tokenizer
 (:mod:`searchr1.tokenizer`). The catalog (``get_server_capabilities()``) and ``model_alias``
 keep the real model name, so code that names models sees ``Qwen/Qwen3.5-4B`` as live; only
 ``training_client.model_id`` and ``sampling_client.model_id`` show the path.
 
-The directory is the tokenizer cache :mod:`searchr1.tokenizer` already wrote when it holds a
-``tokenizer.json``; otherwise the tokenizer is saved once next to that cache
-(``$SEARCHR1_CACHE_DIR/twin-tokenizer``), write-then-rename.
+The directory (``$SEARCHR1_CACHE_DIR/twin-tokenizer/<key>``, written once per machine,
+write-then-rename) holds the same ``tokenizer.json`` and chat template, and a
+``tokenizer_config.json`` that also lists the added tokens (``added_tokens_decoder``):
+transformers then skips re-reading the 33 MB ``tokenizer.json`` in Python, which halves every
+load the SDK makes. The loaded tokenizer is the same (a test compares its serialisation).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -24,24 +28,52 @@ from pathlib import Path
 from typing import Any
 
 TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+SKIPPED = {CONFIG_FILE, "searchr1-manifest.json"}
+
+
+def _added_tokens(tokenizer: Any) -> dict[str, dict[str, Any]]:
+    return {
+        str(index): {"content": token.content, "lstrip": token.lstrip, "normalized": token.normalized,
+                     "rstrip": token.rstrip, "single_word": token.single_word, "special": token.special}
+        for index, token in sorted(tokenizer.added_tokens_decoder.items())
+    }
+
+
+def _fill(staging: Path, tokenizer: Any, source: Path | None) -> None:
+    if source is not None:
+        for item in source.iterdir():
+            if item.is_file() and item.name not in SKIPPED:
+                try:
+                    os.link(item, staging / item.name)
+                except OSError:
+                    shutil.copy2(item, staging / item.name)
+        config = json.loads((source / CONFIG_FILE).read_text("utf-8"))
+    else:
+        tokenizer.save_pretrained(str(staging))
+        config = json.loads((staging / CONFIG_FILE).read_text("utf-8"))
+    config["added_tokens_decoder"] = _added_tokens(tokenizer)
+    (staging / CONFIG_FILE).write_text(json.dumps(config, indent=1, ensure_ascii=False), "utf-8")
 
 
 def served_tokenizer_dir(tokenizer: Any, root: Path | None = None) -> Path:
     """A directory ModelScope's ``AutoTokenizer.from_pretrained`` loads ``tokenizer`` from."""
-    cached = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
-    if str(cached) and (cached / TOKENIZER_FILE).is_file():
-        return cached.resolve()
     if root is None:
         from ..tokenizer import cache_root
 
-        root = cache_root()
-    target = root / "twin-tokenizer"
-    if (target / TOKENIZER_FILE).is_file():
+        root = cache_root() / "twin-tokenizer"
+    source: Path | None = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    if not str(source) or not (source / TOKENIZER_FILE).is_file() or not (source / CONFIG_FILE).is_file():
+        source = None
+    key = source.resolve().name if source is not None else \
+        hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:20]
+    target = root / key
+    if (target / TOKENIZER_FILE).is_file() and (target / CONFIG_FILE).is_file():
         return target.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".twin-tokenizer-", dir=root))
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
     try:
-        tokenizer.save_pretrained(str(staging))
+        _fill(staging, tokenizer, source)
         os.replace(staging, target)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)

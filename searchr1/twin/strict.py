@@ -207,7 +207,8 @@ def check_sampled_actions(samples: Sequence[PolicySample], ledger: SampleLedger,
                 raise ProtocolViolation(
                     "sampled_action",
                     f"{where} is trained with advantage {sample.advantages[position]:g} but the twin "
-                    "never sampled that token after that prefix",
+                    "never sampled that token after that prefix (or did so from weights more than "
+                    f"{max_staleness + 1} step(s) older than the run's, which it no longer remembers)",
                 )
             logprob = float(np.float32(sample.old_logprobs[position]))
             matching = [e for e in found if e.logprob == logprob]
