@@ -119,3 +119,16 @@ class RawTrainingRun:
 
         return self.send(EventType.TRAINER_OPTIMIZE_STEP, build_trainer_optimize_payload(AdamParams()),
                          index=index, step=step)
+
+
+def train_steps(trainer: Any, tokenizer: Any, steps: int, *, start: int = 0, lr: float = 0.05) -> None:
+    """``steps`` on-policy updates; the data of update ``k`` is sampled with seed ``k``."""
+    from pytrio.types import AdamParams
+
+    prompt = tokenizer.encode(PROMPT)
+    for k in range(start, start + steps):
+        sampler = trainer.save_weights_and_get_sampling_client()
+        good = sampled_datum(sampler, prompt, seed=2 * k, advantage=1.0 + k)
+        bad = sampled_datum(sampler, prompt, seed=2 * k + 1, advantage=-0.5)
+        trainer.forward_backward([good, bad], loss_fn="importance_sampling").result()
+        trainer.optim_step(AdamParams(learning_rate=lr, weight_decay=0.01)).result()
