@@ -10,13 +10,11 @@ differences first). Notation: a call over datums ``D`` with reduction ``r`` retu
 * Under a per-token mean: ``sum_k (n_k/N) * G(D_k)/A_k`` is not ``G(D)/A`` unless every
   micro-batch has the same tokens per sample; a concrete counterexample is asserted.
 * One call split by the SDK: every chunk carries the call's totals, so the chunks add up to
-  the unsplit call whatever the split (checked through the fake, which uses pytrio's own
-  planner to split).
+  the unsplit call whatever the split (checked through the real pytrio client against twins
+  whose limits force the split, so pytrio's own planner and transport do the splitting).
 """
 
 from __future__ import annotations
-
-import tempfile
 
 import numpy as np
 import pytest
@@ -25,21 +23,17 @@ from hypothesis import strategies as st
 from pytrio.client.training_batch import plan_training_batch
 from pytrio.model.limits import TrainingLimits
 from pytrio.types import AdamParams
-from training_strategies import VOCAB_SIZE, StubTokenizer, generated_trajectories
+from training_strategies import VOCAB_SIZE, generated_trajectories
+from twin_support import MODEL
 
 from searchr1.datum import TrainingDatum, build_datum
-from searchr1.fake_trio import FakeServiceClient
 from searchr1.packing import pack_micro_batches, weight_micro_batch_for_global_mean
 from searchr1.probe_loss import policy_datum
-from searchr1.toy_policy import (
-    AdamState,
-    PolicySample,
-    adam_step,
-    bucket_sizes,
-    loss_and_grad,
-    token_logprobs,
-    totals_of,
-)
+from searchr1.twin import OperationLimits, Strictness, TwinLimits, start_twin
+from searchr1.twin.client import FAST_RETRIES
+from searchr1.twin.optimizer import AdamState, adam_step
+from searchr1.twin.policy import PolicySample, totals_of
+from searchr1.twin.toy_policy import bucket_sizes, loss_and_grad, token_logprobs
 
 K = 8
 REDUCTIONS = ["per_token", "per_sample", "sum"]
@@ -191,39 +185,47 @@ def test_chunks_reduced_with_global_totals_add_up_to_the_whole_call(datums, data
         assert sum(p.loss for p in parts) == pytest.approx(whole.loss, rel=1e-10, abs=1e-14)
 
 
-@settings(max_examples=15, deadline=None)
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory, tokenizer):
+    """Per reduction: a twin without limits, and twins whose training batches hold 1 to 3
+    datums (the hypothesis datums were never sampled: the sampled-action rule is off)."""
+    started = {}
+    for reduction in REDUCTIONS:
+        for size in (None, 1, 2, 3):
+            twin = start_twin(home=tmp_path_factory.mktemp(f"{reduction}-{size}"), tokenizer=tokenizer,
+                              policy="toy", reduction=reduction, strictness=Strictness(sampled_actions=False),
+                              limits=TwinLimits(training=OperationLimits(max_batch_size=size)))
+            started[reduction, size] = (twin, twin.service_client(sdk_options=FAST_RETRIES))
+    yield started
+    for twin, _ in started.values():
+        twin.close()
+
+
+def _update(twin, service, datums):
+    """One forward_backward of every datum and one optim_step, through the real client."""
+    trainer = service.create_lora_training_client(MODEL, rank=8)
+    out = trainer.forward_backward([d.datum for d in datums], loss_fn="importance_sampling").result()
+    run = twin.training_run(trainer.training_run_cuid)
+    gradient = run.accumulated_gradient("sum")
+    trainer.optim_step(AdamParams(learning_rate=0.01)).result()
+    chunks = sum(1 for e in twin.event_log if e.run == run.cuid and e.type == "trainer.forward_backward")
+    return gradient, run.params.copy(), out.metrics, chunks
+
+
+@settings(max_examples=12, deadline=None)
 @given(datum_lists, st.integers(1, 3), st.sampled_from(REDUCTIONS))
-def test_single_call_is_invariant_to_how_the_sdk_splits_the_batch(
-    datums, max_batch_size, reduction
+def test_a_call_split_into_chunks_by_the_servers_limits_updates_exactly_like_one_chunk(
+    twins, datums, max_batch_size, reduction
 ):
-    biggest = max(d.num_tokens for d in datums)
-    split = TrainingLimits(
-        max_batch_size=max_batch_size, max_tokens_per_request=biggest, max_seq_len=None
-    )
-    unsplit = TrainingLimits(max_batch_size=None, max_tokens_per_request=None, max_seq_len=None)
-    plan = plan_training_batch(
-        [d.datum for d in datums],
-        loss_fn="importance_sampling",
-        auto_shift=False,
-        limits=split,
-        tokenizer_vocab_size=VOCAB_SIZE,
-    )
-    assert len(plan.chunks) >= -(-len(datums) // max_batch_size)  # the split really happens
-    results = []
-    for limits in (unsplit, split):
-        with tempfile.TemporaryDirectory() as home:
-            service = FakeServiceClient(
-                home=home, tokenizer=StubTokenizer(), reduction=reduction, limits=limits
-            )
-            trainer = service.create_lora_training_client("Qwen/Qwen3.5-4B")
-            out = trainer.forward_backward(
-                [d.datum for d in datums], loss_fn="importance_sampling"
-            ).result()
-            results.append((trainer.accumulated_gradient, out.metrics))
-    (g_unsplit, m_unsplit), (g_split, m_split) = results
-    assert np.allclose(g_split, g_unsplit, rtol=1e-10, atol=1e-14)
-    assert m_split["token_count"] == m_unsplit["token_count"] == sum(d.num_tokens for d in datums)
-    assert m_split["loss_sum"] == pytest.approx(m_unsplit["loss_sum"], rel=1e-10, abs=1e-14)
+    g_one, p_one, m_one, chunks_one = _update(*twins[reduction, None], datums)
+    g_split, p_split, m_split, chunks_split = _update(*twins[reduction, max_batch_size], datums)
+    plan = plan_training_batch([d.datum for d in datums], loss_fn="importance_sampling", auto_shift=False,
+                               limits=TrainingLimits(max_batch_size, None, None), tokenizer_vocab_size=VOCAB_SIZE)
+    assert chunks_one == 1 and chunks_split == len(plan.chunks) == -(-len(datums) // max_batch_size)
+    assert np.allclose(g_split, g_one, rtol=1e-10, atol=1e-14)
+    assert np.allclose(p_split, p_one, rtol=1e-10, atol=1e-14)
+    assert m_split["token_count"] == m_one["token_count"] == sum(d.num_tokens for d in datums)
+    assert m_split["loss_sum"] == pytest.approx(m_one["loss_sum"], rel=1e-10, abs=1e-14)
 
 
 # --- AdamW ---------------------------------------------------------------------------------

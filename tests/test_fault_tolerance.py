@@ -38,22 +38,23 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from pytrio import PyTrioError
-from pytrio.errors.actor import ActorAPIError
 
 import searchr1.trainer as trainer_module
 from searchr1.cli import main
 from searchr1.data import shuffled_examples, take_batch
-from searchr1.fake_trio import FakeFaults, FakeServiceClient
 from searchr1.offline import CASSETTE_SPEC, TRAIN, cassette_path
 from searchr1.rollout import RolloutConfig
 from searchr1.run_dir import RunDir
-from searchr1.scripted import SampleCall, ScriptedSampler
 from searchr1.search.cache import normalise_query
 from searchr1.search.factory import BACKEND_NAMES
 from searchr1.search.fake_service import FakeSearchService, wikipedia_query
 from searchr1.search.testing import mock_backend
 from searchr1.services import offline_scenario
 from searchr1.trainer import TrainConfig, Trainer, TrainingStopped
+from searchr1.twin import TwinFaults, start_twin
+from searchr1.twin.client import FAST_RETRIES
+from searchr1.twin.config import SampleRequestInfo
+from searchr1.twin.scripted_policy import ScriptedPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 RESUME_HINT = "python cli.py train --resume"
@@ -125,11 +126,14 @@ class SearchChaos:
 
 
 class SamplerChaos:
-    """The ScriptedSampler fault hook: transient failures that a retry cures, and on one
-    trajectory of two questions per batch a failure that ends it (one not retryable, one
-    retryable but lasting beyond the retries). ``outage`` fails every first turn for good."""
+    """A twin sampling fault hook, keyed by what is asked (question, turn, samples: read from the
+    prompt by the scripted policy), so it does not depend on the order requests arrive in.
+    Transient failures on every first turn that pytrio's own retries cure (a 503 or a lost
+    answer); on one trajectory of two questions per batch a failure that ends it (a 400, not
+    retryable, and a 503 that outlasts every retry); ``outage`` fails every first turn for good."""
 
-    def __init__(self, doomed_non_retryable: set[str], doomed_retryable: set[str]) -> None:
+    def __init__(self, policy: ScriptedPolicy, doomed_non_retryable: set[str], doomed_retryable: set[str]) -> None:
+        self.policy = policy
         self.doomed_non_retryable = doomed_non_retryable
         self.doomed_retryable = doomed_retryable
         self.victim: dict[str, tuple] = {}   # question id -> the one request key that fails for good
@@ -137,23 +141,25 @@ class SamplerChaos:
         self.outage = False
         self.injected: Counter[str] = Counter()
 
-    def __call__(self, call: SampleCall) -> BaseException | None:
-        key = (call.question_id, call.turn, call.sample_indices)
-        if self.outage and call.turn == 0:
+    def __call__(self, request: SampleRequestInfo) -> int | str | None:
+        scripted, turn, indices = self.policy.locate(request.prompt, request.num_samples)
+        question = scripted.example.id
+        key = (question, turn, tuple(indices))
+        if self.outage and turn == 0:
             self.injected["outage"] += 1
-            return PyTrioError("sampling is down", code="actor.unavailable", retryable=False)
-        if call.turn == 0 and key not in self.transient_done:
+            return 400
+        if turn == 0 and key not in self.transient_done:
             self.transient_done.add(key)
             self.injected["transient"] += 1
-            return TimeoutError("sampler timed out") if sum(map(ord, call.question_id)) % 2 else ConnectionResetError("reset")
-        doomed = call.question_id in self.doomed_non_retryable | self.doomed_retryable
-        if call.turn != 1 or not doomed or self.victim.setdefault(call.question_id, key) != key:
+            return "drop" if sum(map(ord, question)) % 2 else 503
+        doomed = question in self.doomed_non_retryable | self.doomed_retryable
+        if turn != 1 or not doomed or self.victim.setdefault(question, key) != key:
             return None
-        if call.question_id in self.doomed_non_retryable:
+        if question in self.doomed_non_retryable:
             self.injected["non_retryable"] += 1
-            return PyTrioError("request rejected", code="actor.invalid_request", retryable=False)
+            return 400
         self.injected["retryable_exhausted"] += 1
-        return ActorAPIError("replica overloaded", code="actor.request_failed", retryable=True)
+        return 503
 
 
 class RecordingTrainer(Trainer):
@@ -200,24 +206,33 @@ def built(monkeypatch):
     return calls
 
 
-async def chaos_phase(run: RunDir, config: TrainConfig, tokenizer, examples, scenario, *, faults: FakeFaults,
-                      sampler: SamplerChaos, search: SearchChaos, resume: bool, built: list):
-    """One process's worth of training: a fresh fake service on the run's home (fault call
-    numbers restart, as after a restart), a fresh search client, a fresh trainer."""
-    service = FakeServiceClient(
-        home=run.path / "fake-trio", tokenizer=tokenizer, faults=faults,
-        sampler_factory=lambda path: ScriptedSampler(scenario, tokenizer, model_path=path, faults=sampler),
-    )
-    backend = mock_backend("wikipedia", search, max_retries=2)
-    trainer = RecordingTrainer(config, run, service=service, tokenizer=tokenizer, search=backend,
-                               examples=examples, built=built)
-    try:
+# pytrio gives up on a failing sampling request after 50 ms (instead of 15 minutes), so a 503
+# that lasts reaches the rollout, whose own retries then run out.
+CHAOS_SDK = {**FAST_RETRIES, "sampling_retry_timeout_seconds": 0.05}
+
+
+async def chaos_phase(run: RunDir, config: TrainConfig, tokenizer, examples, policy: ScriptedPolicy, *,
+                      faults: TwinFaults, sampler: SamplerChaos, search: SearchChaos, resume: bool, built: list,
+                      after=None):
+    """One process's worth of training: a fresh twin on the run's home (fault call numbers
+    restart, as after a restart), a fresh search client, a fresh trainer. ``after(trainer)``
+    runs before the twin stops."""
+    faults = TwinFaults(**{**faults.__dict__, "sample_hook": sampler})
+    with start_twin(home=run.path / "twin", tokenizer=tokenizer, policy=policy, faults=faults) as twin:
+        service = twin.service_client(sdk_options=CHAOS_SDK)
+        backend = mock_backend("wikipedia", search, max_retries=2)
+        trainer = RecordingTrainer(config, run, service=service, tokenizer=tokenizer, search=backend,
+                                   examples=examples, built=built)
         try:
-            return trainer, await trainer.run_steps(run.resume_point() if resume else None)
-        except TrainingStopped as stopped:
-            return trainer, stopped
-    finally:
-        await backend.aclose()
+            try:
+                outcome = await trainer.run_steps(run.resume_point() if resume else None)
+            except TrainingStopped as stopped:
+                outcome = stopped
+            if after is not None:
+                await after(trainer)
+            return trainer, outcome
+        finally:
+            await backend.aclose()
 
 
 def assert_stopped_cleanly(run: RunDir, outcome: Any, cause: str) -> int:
@@ -249,48 +264,53 @@ def assert_env_failure_groups_sent_nothing(record: dict[str, Any]) -> tuple[int,
 
 
 async def test_a_chaos_run_stops_cleanly_resumes_and_ends_with_every_step_recorded_once(tmp_path, tokenizer, built):
-    scenario = offline_scenario()
+    policy = ScriptedPolicy(offline_scenario(), tokenizer)
     rollout = RolloutConfig(group_size=GROUP_SIZE, seed=42, sample_retry_backoff=0.0, sample_retries=3)
     config = TrainConfig(max_steps=MAX_STEPS, data=str(TRAIN), questions_per_batch=QUESTIONS_PER_BATCH,
                          save_every=SAVE_EVERY, rollout=rollout, offline=True)
     examples = shuffled_examples(TRAIN, config.seed)
     batches = [take_batch(examples, s * QUESTIONS_PER_BATCH, QUESTIONS_PER_BATCH) for s in range(MAX_STEPS)]
-    sampler = SamplerChaos({b[0].id for b in batches}, {b[1].id for b in batches})
+    sampler = SamplerChaos(policy, {b[0].id for b in batches}, {b[1].id for b in batches})
     search = SearchChaos()
     run = RunDir(tmp_path / "run")
     run.create(config.to_json())
     records: dict[int, dict[str, Any]] = {}
 
-    async def phase(faults: FakeFaults, *, resume: bool):
-        trainer, outcome = await chaos_phase(run, config, tokenizer, examples, scenario, faults=faults,
-                                             sampler=sampler, search=search, resume=resume, built=built)
+    async def phase(faults: TwinFaults, *, resume: bool, after=None):
+        trainer, outcome = await chaos_phase(run, config, tokenizer, examples, policy, faults=faults,
+                                             sampler=sampler, search=search, resume=resume, built=built,
+                                             after=after)
         records.update(trainer.steps)
         return trainer, outcome
 
-    # 1. Search storms, timeouts and broken bodies, sampler failures of every kind, two
-    #    failing sample calls in the fake service, then a failing forward_backward.
-    _, outcome = await phase(FakeFaults(fail_sample_calls=frozenset({1, 6}),
-                                        fail_forward_backward_calls=frozenset({3})), resume=False)
+    # 1. Search storms, timeouts and broken bodies, sampler failures of every kind, a 5xx and a
+    #    lost answer on training events, then a failing forward_backward.
+    _, outcome = await phase(TwinFaults(http_errors={"event_submit": {4: 503}, "event_get": {2: 502}},
+                                        dropped_connections={"event_submit": {6}},
+                                        failed_events={"forward_backward": {3: "twin.out_of_memory"}}), resume=False)
     stopped_at = assert_stopped_cleanly(run, outcome, "the training service failed")
-    assert stopped_at >= 1
+    assert stopped_at >= 1 and "twin.out_of_memory" in str(outcome)
 
     # 2. The sampler is down for good: more than max_sampler_failure_fraction fails.
     sampler.outage = True
-    _, outcome = await phase(FakeFaults(), resume=True)
+    _, outcome = await phase(TwinFaults(), resume=True)
     resumed_at = run.resume_point().step
     assert assert_stopped_cleanly(run, outcome, "could not be sampled") == resumed_at
     sampler.outage = False
 
-    # 3. The training run breaks (training.run_broken): the client is dead, resume rebuilds it.
-    trainer, outcome = await phase(FakeFaults(break_run_on_forward_backward_calls=frozenset({2})), resume=True)
+    # 3. The training run breaks (training.run_broken): every later event of it fails; resume
+    #    starts a new run from the last checkpoint.
+    async def refused_after_the_break(trainer):
+        with pytest.raises(PyTrioError) as broken:
+            await (await trainer.training_client.save_state_async(name="after-the-break"))
+        assert broken.value.code == "training.run_broken"
+
+    _, outcome = await phase(TwinFaults(broken_runs={"forward_backward": {2}}), resume=True,
+                             after=refused_after_the_break)
     assert_stopped_cleanly(run, outcome, "the training service failed")
-    assert trainer.training_client.broken
-    with pytest.raises(PyTrioError) as broken:
-        await trainer.training_client.save_state_async(name="after-the-break")
-    assert broken.value.code == "training.run_broken"
 
     # 4. A quiet night: the run finishes.
-    _, completed = await phase(FakeFaults(), resume=True)
+    _, completed = await phase(TwinFaults(), resume=True)
     assert completed == MAX_STEPS
 
     metrics = run.metrics()
@@ -595,7 +615,7 @@ def test_no_key_reaches_the_run_directory_eval_output_logs_or_cassettes(backend,
     assert trained.exit_code == 0, trained.output
     weights = RunDir(tmp_path / "run").resume_point().weights_path
     evaluated = cli("eval", "--offline", "--quiet", "--backend", backend, "--limit", "4",
-                    "--search-env-file", str(env_file), "--offline-home", "run/fake-trio",
+                    "--search-env-file", str(env_file), "--offline-home", "run/twin",
                     "--model-path", weights, "--output", "eval/out.jsonl")
     assert evaluated.exit_code == 0, evaluated.output
     assert (tmp_path / "eval" / "out.jsonl").stat().st_size > 0

@@ -1,14 +1,13 @@
 """Rollout engine: budgets, stitching, isolation, determinism and concurrency, with the real
-tokenizer, the scripted sampler and an in-memory search backend."""
+tokenizer, the real pytrio sampling client against the twin serving a scripted policy, and an
+in-memory search backend."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pytrio.errors.actor import ActorAPIError
+from twin_support import MODEL
 
 from searchr1.protocol import missing_closing, observation_tokens, template_boundaries
 from searchr1.rollout import (
@@ -20,9 +19,13 @@ from searchr1.rollout import (
     rollout_batch_async,
     sampling_seed,
 )
-from searchr1.scripted import ScenarioError, ScriptedSampler, ScriptedSearch, parse_scenario
+from searchr1.scripted import ScriptedSearch
 from searchr1.search.types import SearchItem, SearchResult
 from searchr1.trajectory import Trajectory
+from searchr1.twin import Latencies, TwinFaults, start_twin
+from searchr1.twin.client import FAST_RETRIES
+from searchr1.twin.scenario import parse_scenario
+from searchr1.twin.scripted_policy import ScriptedPolicy
 
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
 FAST = dict(sample_retry_backoff=0.0)
@@ -53,25 +56,55 @@ def question(qid, samples, answers=("France",), text=None):
             "data_source": "nq", "samples": samples}
 
 
-def run(tokenizer, questions, config=None, search=None, **kw):
+class Served:
+    """A running twin and a base-model sampling client on it (the scripted policy is swapped in
+    per rollout: it ignores the weights)."""
+
+    def __init__(self, home, tokenizer, **options):
+        self.twin = start_twin(home=home, tokenizer=tokenizer, policy="toy", **options)
+        service = self.twin.service_client(sdk_options=FAST_RETRIES)
+        self.sampler = service.create_sampling_client(base_model=MODEL)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tokenizer):
+    served = Served(tmp_path_factory.mktemp("twin"), tokenizer)
+    yield served
+    served.twin.close()
+
+
+@pytest.fixture
+def serve(tmp_path_factory, tokenizer):
+    """A twin of its own (faults, latencies) for one test."""
+    started = []
+
+    def start(**options):
+        started.append(Served(tmp_path_factory.mktemp("twin"), tokenizer, **options))
+        return started[-1]
+    yield start
+    for served in started:
+        served.twin.close()
+
+
+def run(served, tokenizer, questions, config=None, search=None, **kw):
     sc = scenario(questions)
-    sampler = ScriptedSampler(sc, tokenizer, **kw.pop("sampler_kw", {}))
+    policy = served.twin.policy = ScriptedPolicy(sc, tokenizer)
     search = search or ScriptedSearch(RESULTS)
     config = config or RolloutConfig(group_size=len(questions[0]["samples"]), **FAST)
-    return rollout_batch(sampler, tokenizer, search, sc.examples, config, **kw), sampler, search
+    return rollout_batch(served.sampler, tokenizer, search, sc.examples, config, **kw), policy, search
 
 
 # ----------------------------------------------------------------------------- terminations
 
 
-def test_answer_invalid_and_search_terminations(tokenizer):
+def test_answer_invalid_and_search_terminations(served, tokenizer):
     samples = [
         [call("alpha"), "Answer: France"],
         ["Answer: Spain"],
         ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'],
         [call("alpha", "Let me look."), "Answer: Italy"],
     ]
-    trajectories, _, _ = run(tokenizer, [question("q", samples)])
+    trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
     assert [t.termination for t in trajectories] == ["answer", "answer", "invalid", "answer"]
     assert [t.reward for t in trajectories] == [1.0, 0.0, -0.1, 0.0]
     assert [t.search_calls for t in trajectories] == [1, 0, 0, 1]
@@ -79,10 +112,10 @@ def test_answer_invalid_and_search_terminations(tokenizer):
     assert [t.advantage for t in trajectories] == pytest.approx([r - mean for r in (1.0, 0.0, -0.1, 0.0)])
 
 
-def test_a_tool_call_after_the_search_budget_ends_the_trajectory(tokenizer):
+def test_a_tool_call_after_the_search_budget_ends_the_trajectory(served, tokenizer):
     samples = [[call("alpha"), call("beta"), call("alpha", "Answer: France"), "Answer: France"]]
     config = RolloutConfig(group_size=1, max_search_calls=2, **FAST)
-    (t,), _, search = run(tokenizer, [question("q", samples)], config)
+    (t,), _, search = run(served, tokenizer, [question("q", samples)], config)
     assert t.termination == "search_budget"
     assert t.search_calls == 2 and len(search.calls) == 2
     assert t.final_text == samples[0][2]
@@ -90,65 +123,65 @@ def test_a_tool_call_after_the_search_budget_ends_the_trajectory(tokenizer):
     assert (t.reward, t.valid_format) == (-0.1, False)
 
 
-def test_the_turn_budget_binds_when_lower_than_the_search_budget(tokenizer):
+def test_the_turn_budget_binds_when_lower_than_the_search_budget(served, tokenizer):
     samples = [[call("alpha"), call("beta"), "Answer: France"]]
     config = RolloutConfig(group_size=1, max_assistant_turns=2, **FAST)
-    (t,), _, _ = run(tokenizer, [question("q", samples)], config)
+    (t,), _, _ = run(served, tokenizer, [question("q", samples)], config)
     assert t.termination == "turn_budget" and len(t.turns) == 2 and t.search_calls == 1
 
 
-def test_search_errors_become_observations_and_flag_the_trajectory(tokenizer):
+def test_search_errors_become_observations_and_flag_the_trajectory(served, tokenizer):
     samples = [[call("gamma"), "Answer: France"], ["Answer: France"]]
-    trajectories, _, _ = run(tokenizer, [question("q", samples)])
+    trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
     failed = trajectories[0]
     assert failed.env_error and failed.searches[0].observation == "Search error: HTTP 503"
     assert failed.search_calls == 1  # a failed search still spends budget, as in the seed
     assert {t.excluded for t in trajectories} == {"env_failure_group"}
 
 
-def test_no_results_is_not_an_environment_error(tokenizer):
-    (t,), _, _ = run(tokenizer, [question("q", [[call("beta"), "Answer: France"]])],
+def test_no_results_is_not_an_environment_error(served, tokenizer):
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("beta"), "Answer: France"]])],
                      RolloutConfig(group_size=1, **FAST))
     assert t.searches[0].observation == "Search returned no results." and not t.env_error
 
 
-def test_a_completion_cut_by_max_tokens_stops_with_length(tokenizer):
+def test_a_completion_cut_by_max_tokens_stops_with_length(served, tokenizer):
     long_answer = "word " * 50 + "\nAnswer: France"
     config = RolloutConfig(group_size=1, max_assistant_tokens=10, **FAST)
-    (t,), _, _ = run(tokenizer, [question("q", [[long_answer]])], config)
+    (t,), _, _ = run(served, tokenizer, [question("q", [[long_answer]])], config)
     assert t.turns[0].stop_reason == "length" and len(t.turns[0].completion_tokens) == 10
     assert t.reward == -0.1
 
 
-def test_a_prompt_longer_than_the_budget_ends_every_sample_visibly(tokenizer):
+def test_a_prompt_longer_than_the_budget_ends_every_sample_visibly(served, tokenizer):
     config = RolloutConfig(group_size=2, max_trajectory_tokens=50, **FAST)
-    trajectories, sampler, _ = run(tokenizer, [question("q", [["Answer: x"], ["Answer: y"]])], config)
+    trajectories, policy, _ = run(served, tokenizer, [question("q", [["Answer: x"], ["Answer: y"]])], config)
     assert [t.termination for t in trajectories] == ["prompt_too_long"] * 2
-    assert sampler.calls == []
+    assert policy.calls == []
 
 
-def test_items_are_added_whole_and_greedily_until_the_tool_budget(tokenizer):
+def test_items_are_added_whole_and_greedily_until_the_tool_budget(served, tokenizer):
     one = len(tokenizer.encode(RESULTS["alpha"].items and "[1] Title: Alpha\n    Content: "
                                + RESULTS["alpha"].items[0].content + "\n    Source: Wikipedia\n    URL: https://w/Alpha"))
     config = RolloutConfig(group_size=1, max_tool_response_tokens=one + 5, **FAST)
-    (t,), _, _ = run(tokenizer, [question("q", [[call("alpha"), "Answer: France"]])], config)
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("alpha"), "Answer: France"]])], config)
     observation = t.searches[0].observation
     assert observation.startswith("[1] Title: Alpha") and "[2]" not in observation
     assert not t.searches[0].truncated
 
 
-def test_an_oversized_first_item_is_truncated_with_a_marker(tokenizer):
+def test_an_oversized_first_item_is_truncated_with_a_marker(served, tokenizer):
     config = RolloutConfig(group_size=1, max_tool_response_tokens=100, **FAST)
-    (t,), _, _ = run(tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
     record = t.searches[0]
     assert record.truncated and record.observation.endswith(TRUNCATION_MARKER)
     assert len(tokenizer.encode(record.observation)) <= 100
     assert t.termination == "answer"
 
 
-def test_the_seed_overflow_mode_ends_the_trajectory_instead(tokenizer):
+def test_the_seed_overflow_mode_ends_the_trajectory_instead(served, tokenizer):
     config = RolloutConfig(group_size=1, max_tool_response_tokens=100, tool_overflow="end", **FAST)
-    (t,), _, _ = run(tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
     assert t.termination == "tool_overflow" and t.reward == -0.1 and t.search_calls == 0
 
 
@@ -174,62 +207,54 @@ def test_seeds_differ_across_steps_questions_samples_and_turns():
 # ----------------------------------------------------------------------------- sampler failures
 
 
-def _retryable():
-    return ActorAPIError("sampling overloaded", code="actor.request_failed", status_code=503)
+def test_a_sampler_that_times_out_is_asked_again(serve, tokenizer):
+    """The rollout's own retry: the first request sends nothing within ``sample_timeout``."""
+    served = serve(faults=TwinFaults(sample_timeouts={1}, sample_timeout_hold=1.0))
+    config = RolloutConfig(group_size=1, sample_retries=2, sample_timeout=0.3, **FAST)
+    (t,), policy, _ = run(served, tokenizer, [question("q", [["Answer: France"]])], config)
+    assert t.termination == "answer" and served.twin.calls("sample") == 2
 
 
-def test_retryable_sampler_errors_are_retried(tokenizer):
-    failures = {"left": 2}
-
-    def faults(call):
-        if failures["left"]:
-            failures["left"] -= 1
-            return _retryable()
-        return None
-
-    (t,), sampler, _ = run(tokenizer, [question("q", [["Answer: France"]])],
-                           RolloutConfig(group_size=1, sample_retries=2, **FAST),
-                           sampler_kw={"faults": faults})
-    assert t.termination == "answer" and len(sampler.calls) == 3
+def test_5xx_sampler_answers_are_retried_by_the_sdk(serve, tokenizer):
+    served = serve(faults=TwinFaults(http_errors={"sample": {1: 503, 2: 502}}))
+    (t,), policy, _ = run(served, tokenizer, [question("q", [["Answer: France"]])],
+                          RolloutConfig(group_size=1, sample_retries=0, **FAST))
+    assert t.termination == "answer" and served.twin.calls("sample") == 3 and len(policy.calls) == 1
 
 
-def test_a_trajectory_whose_sampling_fails_ends_without_crashing_the_batch(tokenizer):
-    def faults(call):
-        return _retryable() if call.question_id == "bad" and call.turn == 1 else None
-
+def test_a_trajectory_whose_sampling_fails_ends_without_crashing_the_batch(served, tokenizer):
+    """The twin refuses the second turn of one sample (its script has none): that trajectory
+    ends as a sampler error; every other trajectory finishes."""
     questions = [question(f"ok{i}", [[call("alpha"), "Answer: France"], ["Answer: x"]]) for i in range(4)]
-    questions.append(question("bad", [[call("alpha"), "Answer: France"], ["Answer: x"]]))
-    trajectories, _, _ = run(tokenizer, questions, RolloutConfig(group_size=2, sample_retries=1, **FAST),
-                             sampler_kw={"faults": faults})
+    questions.append(question("bad", [[call("alpha")], ["Answer: x"]]))
+    trajectories, _, _ = run(served, tokenizer, questions, RolloutConfig(group_size=2, sample_retries=1, **FAST))
     bad = [t for t in trajectories if t.example.id == "bad"]
     assert [t.termination for t in bad] == ["sampler_error", "answer"]
     assert all(t.excluded == "env_failure_group" for t in bad)
     assert all(t.termination == "answer" for t in trajectories if t.example.id != "bad")
 
 
-def test_too_many_sampler_failures_raise_a_clear_error(tokenizer):
-    def faults(call):
-        return ActorAPIError("bad request", code="actor.invalid_response", status_code=400)
-
+def test_too_many_sampler_failures_raise_a_clear_error(serve, tokenizer):
+    served = serve(faults=TwinFaults(http_errors={"sample": {n: 400 for n in range(1, 9)}}))
     with pytest.raises(SamplerFailureError, match="could not be sampled.*ActorAPIError"):
-        run(tokenizer, [question("q", [["Answer: x"], ["Answer: y"]])], sampler_kw={"faults": faults})
+        run(served, tokenizer, [question("q", [["Answer: x"], ["Answer: y"]])])
 
 
-def test_a_prompt_the_scenario_does_not_know_names_the_question_and_turn(tokenizer):
+def test_a_prompt_the_scenario_does_not_know_names_the_question_and_turn(served, tokenizer):
     samples = [[call("alpha")]]  # the script ends on a tool call: the engine asks for turn 2
-    with pytest.raises(ScenarioError, match=r"question 'q' turn 2"):
-        run(tokenizer, [question("q", samples)], RolloutConfig(group_size=1, **FAST))
+    with pytest.raises(SamplerFailureError, match=r"question 'q' turn 2"):
+        run(served, tokenizer, [question("q", samples)], RolloutConfig(group_size=1, **FAST))
 
 
-def test_an_invalid_turn_is_a_format_failure_even_with_a_right_answer_in_it(tokenizer):
+def test_an_invalid_turn_is_a_format_failure_even_with_a_right_answer_in_it(served, tokenizer):
     samples = [[call("alpha") + "\nAnswer: France"], ["Answer: France"]]
-    trajectories, _, _ = run(tokenizer, [question("q", samples)])
+    trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
     assert [(t.termination, t.reward) for t in trajectories] == [("invalid", -0.1), ("answer", 1.0)]
 
 
-def test_a_harness_error_in_search_propagates(tokenizer):
+def test_a_harness_error_in_search_propagates(served, tokenizer):
     with pytest.raises(KeyError, match="unknown"):
-        run(tokenizer, [question("q", [[call("unknown"), "Answer: x"]])], RolloutConfig(group_size=1, **FAST))
+        run(served, tokenizer, [question("q", [[call("unknown"), "Answer: x"]])], RolloutConfig(group_size=1, **FAST))
 
 
 # ----------------------------------------------------------------------------- properties
@@ -280,9 +305,9 @@ def _assert_within_budgets(tokenizer, t, config):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(random_batches())
-def test_every_trajectory_ends_within_every_budget_and_each_prompt_extends_the_last(tokenizer, batch):
+def test_every_trajectory_ends_within_every_budget_and_each_prompt_extends_the_last(served, tokenizer, batch):
     questions, config = batch
-    trajectories, _, _ = run(tokenizer, questions, config)
+    trajectories, _, _ = run(served, tokenizer, questions, config)
     assert len(trajectories) == len(questions) * config.group_size
     assert [(t.question_index, t.group_index) for t in trajectories] == sorted(
         (t.question_index, t.group_index) for t in trajectories)
@@ -301,18 +326,18 @@ def _fingerprint(trajectories):
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(random_batches(), st.integers(0, 3))
-def test_group_isolation_other_questions_never_change_a_groups_trajectories(tokenizer, batch, pick):
+def test_group_isolation_other_questions_never_change_a_groups_trajectories(served, tokenizer, batch, pick):
     questions, config = batch
     pick %= len(questions)
-    baseline = _fingerprint(run(tokenizer, questions, config)[0])
+    baseline = _fingerprint(run(served, tokenizer, questions, config)[0])
     changed = [q if i == pick else question(q["id"], [["Answer: France"]] * config.group_size, text=q["question"])
                for i, q in enumerate(questions)]
-    other = _fingerprint(run(tokenizer, changed, config)[0])
+    other = _fingerprint(run(served, tokenizer, changed, config)[0])
     mine = [f for f in baseline if f[0] == pick]
     assert [f for f in other if f[0] == pick] == mine
 
 
-def test_results_do_not_depend_on_completion_order(tokenizer):
+def test_results_do_not_depend_on_completion_order(serve, tokenizer):
     questions = [
         question(f"q{q}", [
             [call("alpha", f"Sample {j}."), call(["beta", "gamma", "alpha"][(q + j) % 3]), "Answer: France"]
@@ -322,18 +347,17 @@ def test_results_do_not_depend_on_completion_order(tokenizer):
     ]
     runs = []
     for seed in (1, 2, 3):
-        rng = random.Random(seed)
-        sampler_kw = {"latency": lambda c, toks, rng=rng: rng.uniform(0, 0.02)}
-        search = ScriptedSearch(RESULTS, latency=lambda q, rng=rng: rng.uniform(0, 0.02))
-        runs.append(_fingerprint(run(tokenizer, questions, RolloutConfig(group_size=4, **FAST),
-                                     search=search, sampler_kw=sampler_kw)[0]))
+        served = serve(latencies=Latencies(sample_jitter=0.02, jitter_seed=seed))
+        search = ScriptedSearch(RESULTS, latency=lambda q, seed=seed: (hash((q, seed)) % 20) / 1000)
+        runs.append(_fingerprint(run(served, tokenizer, questions, RolloutConfig(group_size=4, **FAST),
+                                     search=search)[0]))
     assert runs[0] == runs[1] == runs[2]
 
 
 # ----------------------------------------------------------------------------- concurrency
 
 
-def test_no_trajectory_waits_for_another_trajectorys_search(tokenizer):
+def test_no_trajectory_waits_for_another_trajectorys_search(serve, tokenizer):
     """One sample meets a slow search; its sibling keeps sampling and searching meanwhile."""
     questions = [question("q", [
         [call("slow"), "Answer: France"],
@@ -341,12 +365,12 @@ def test_no_trajectory_waits_for_another_trajectorys_search(tokenizer):
     ])]
     results = dict(RESULTS, slow=SearchResult(True, (item("Slow"),)))
     search = ScriptedSearch(results, latency=lambda q: 1.0 if q == "slow" else 0.01)
-    _, sampler, _ = run(tokenizer, questions, RolloutConfig(group_size=2, **FAST), search=search,
-                        sampler_kw={"latency": lambda c, toks: 0.01})
+    served = serve(latencies=Latencies(sample_request=0.01))
+    _, policy, _ = run(served, tokenizer, questions, RolloutConfig(group_size=2, **FAST), search=search)
     slow = next(c for c in search.calls if c.query == "slow")
-    fast_turns = [c for c in sampler.calls if c.sample_indices == (1,)]
+    fast_turns = [c for c in policy.calls if c.sample_indices == (1,)]
     assert len(fast_turns) == 3
-    assert max(c.end for c in fast_turns) < slow.end  # sample 1 finished while sample 0 waited
+    assert max(c.time for c in fast_turns) + 0.01 < slow.end  # sample 1 finished while sample 0 waited
 
 
 def _max_overlap(intervals):
@@ -358,27 +382,28 @@ def _max_overlap(intervals):
     return peak
 
 
-def test_sampling_and_search_caps_are_respected(tokenizer):
+def test_sampling_and_search_caps_are_respected(serve, tokenizer):
     questions = [question(f"q{q}", [[call(["alpha", "beta"][j % 2], f"S{j}."), "Answer: x"] for j in range(4)])
                  for q in range(3)]
     search = ScriptedSearch(RESULTS, latency=lambda q: 0.02, concurrency=2)
     config = RolloutConfig(group_size=4, sampling_concurrency=3, **FAST)
-    _, sampler, search = run(tokenizer, questions, config, search=search,
-                             sampler_kw={"latency": lambda c, toks: 0.02})
-    assert _max_overlap([(c.start, c.end) for c in sampler.calls]) <= 3
+    served = serve(latencies=Latencies(sample_request=0.02))
+    _, _, search = run(served, tokenizer, questions, config, search=search)
+    assert _max_overlap([(c.start, c.end) for c in served.twin.sample_log]) <= 3
     assert _max_overlap([(c.start, c.end) for c in search.calls]) <= 2
     assert len(search.calls) == 12
 
 
-async def test_rollout_runs_inside_an_existing_event_loop(tokenizer):
+async def test_rollout_runs_inside_an_existing_event_loop(served, tokenizer):
     sc = scenario([question("q", [["Answer: France"]])])
-    trajectories = await rollout_batch_async(ScriptedSampler(sc, tokenizer), tokenizer, ScriptedSearch({}),
+    served.twin.policy = ScriptedPolicy(sc, tokenizer)
+    trajectories = await rollout_batch_async(served.sampler, tokenizer, ScriptedSearch({}),
                                              sc.examples, RolloutConfig(group_size=1, **FAST))
     assert trajectories[0].reward == 1.0
 
 
-def test_observation_tokens_in_the_prompt_are_those_the_template_renders(tokenizer):
-    (t,), _, _ = run(tokenizer, [question("q", [[call("alpha"), "Answer: France"]])],
+def test_observation_tokens_in_the_prompt_are_those_the_template_renders(served, tokenizer):
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("alpha"), "Answer: France"]])],
                      RolloutConfig(group_size=1, **FAST))
     first, second = t.turns
     tail = second.prompt_tokens[len(first.prompt_tokens) + len(first.completion_tokens):]
@@ -386,11 +411,11 @@ def test_observation_tokens_in_the_prompt_are_those_the_template_renders(tokeniz
     assert tail == closing[1:] + observation_tokens(tokenizer, t.searches[0].observation)
 
 
-def test_a_question_the_scenario_does_not_know_is_named_with_its_turn(tokenizer):
+def test_a_question_the_scenario_does_not_know_is_named_with_its_turn(served, tokenizer):
     from searchr1.data import SearchExample
 
     sc = scenario([question("q", [["Answer: France"]])])
+    served.twin.policy = ScriptedPolicy(sc, tokenizer)
     stranger = SearchExample("x", "Who painted Guernica?", ("Picasso",), "nq")
-    with pytest.raises(ScenarioError, match=r"'Who painted Guernica\?' \(turn 1\)"):
-        rollout_batch(ScriptedSampler(sc, tokenizer), tokenizer, ScriptedSearch({}), [stranger],
-                      RolloutConfig(group_size=1, **FAST))
+    with pytest.raises(SamplerFailureError, match=r"'Who painted Guernica\?' \(turn 1\)"):
+        rollout_batch(served.sampler, tokenizer, ScriptedSearch({}), [stranger], RolloutConfig(group_size=1, **FAST))

@@ -1,74 +1,17 @@
 """The model's limits, configured on the twin, reach the real client through run creation and
-the catalog: pytrio splits a training call into chunks by them, and rejects what exceeds them,
-exactly as against the live service. A call split into chunks updates exactly like one chunk."""
+the catalog: pytrio splits a training call into chunks by them (that a split call updates
+exactly like one chunk is proved in ``test_accumulation.py``) and rejects what exceeds them,
+exactly as against the live service."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from pytrio.client.training_batch import plan_training_batch
 from pytrio.errors.actor import ActorAPIError
 from pytrio.errors.base import ValidationError
-from pytrio.model.limits import TrainingLimits
-from pytrio.types import AdamParams
-from training_strategies import VOCAB_SIZE, generated_trajectories
 from twin_support import MODEL, PROMPT, datum_from, running_twin, sample_once
 
-from searchr1.datum import build_datum
 from searchr1.preflight import PreflightError, fit_trajectory_budget, read_server_limits
-from searchr1.twin import OperationLimits, Strictness, TwinLimits, start_twin
-from searchr1.twin.client import FAST_RETRIES
-
-REDUCTIONS = ["per_token", "per_sample", "sum"]
-SYNTHETIC = Strictness(sampled_actions=False)  # hypothesis datums were never sampled
-
-datum_lists = st.lists(generated_trajectories(max_turns=3, max_len=8), min_size=2, max_size=8).map(
-    lambda items: [build_datum(g.trajectory) for g in items]
-)
-
-
-@pytest.fixture(scope="module")
-def twins(tmp_path_factory, tokenizer):
-    """Per reduction: one twin without limits and one whose training batches hold 1 to 3 datums."""
-    started = {}
-    for reduction in REDUCTIONS:
-        for size in (None, 1, 2, 3):
-            limits = TwinLimits(training=OperationLimits(max_batch_size=size))
-            twin = start_twin(home=tmp_path_factory.mktemp(f"{reduction}-{size}"), tokenizer=tokenizer,
-                              policy="toy", limits=limits, reduction=reduction, strictness=SYNTHETIC)
-            started[reduction, size] = (twin, twin.service_client(sdk_options=FAST_RETRIES))
-    yield started
-    for twin, _ in started.values():
-        twin.close()
-
-
-def update(twin, service, datums):
-    trainer = service.create_lora_training_client(MODEL, rank=8)
-    out = trainer.forward_backward([d.datum for d in datums], loss_fn="importance_sampling").result()
-    run = twin.training_run(trainer.training_run_cuid)
-    gradient = run.accumulated_gradient("sum")
-    trainer.optim_step(AdamParams(learning_rate=0.01)).result()
-    chunks = sum(1 for e in twin.event_log if e.run == run.cuid and e.type == "trainer.forward_backward")
-    return gradient, run.params.copy(), out.metrics, chunks
-
-
-@settings(max_examples=12, deadline=None)
-@given(datum_lists, st.integers(1, 3), st.sampled_from(REDUCTIONS))
-def test_a_call_split_into_chunks_by_the_servers_limits_updates_exactly_like_one_chunk(
-    twins, datums, max_batch_size, reduction
-):
-    g_one, p_one, m_one, chunks_one = update(*twins[reduction, None], datums)
-    g_split, p_split, m_split, chunks_split = update(*twins[reduction, max_batch_size], datums)
-    plan = plan_training_batch([d.datum for d in datums], loss_fn="importance_sampling", auto_shift=False,
-                               limits=TrainingLimits(max_batch_size, None, None), tokenizer_vocab_size=VOCAB_SIZE)
-    assert chunks_one == 1 and chunks_split == len(plan.chunks) == -(-len(datums) // max_batch_size)
-    assert np.allclose(g_split, g_one, rtol=1e-10, atol=1e-14)
-    assert np.allclose(p_split, p_one, rtol=1e-10, atol=1e-14)
-    assert m_split["token_count"] == m_one["token_count"] == sum(d.num_tokens for d in datums)
-    assert m_split["loss_sum"] == pytest.approx(m_one["loss_sum"], rel=1e-10, abs=1e-14)
-
+from searchr1.twin import OperationLimits, TwinLimits
 
 def test_the_catalog_and_run_creation_report_the_configured_limits(tmp_path, tokenizer):
     limits = TwinLimits(training=OperationLimits(4, 4096, 2048), sampling=OperationLimits(8, 65536, 4096),

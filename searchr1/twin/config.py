@@ -3,7 +3,7 @@ strict-mode rules and injected faults. Plain frozen dataclasses; nothing here do
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -110,6 +110,22 @@ class Strictness:
             raise ValueError(f"Strictness.max_staleness must be an int >= 0, got {self.max_staleness!r}")
 
 
+@dataclass(frozen=True)
+class SampleRequestInfo:
+    """What a sampling fault hook sees of one request."""
+
+    call: int  # the request's number among the twin's sampling calls, from 1
+    prompt: tuple[int, ...]
+    num_samples: int
+    max_tokens: int
+
+
+# A hook's answer: None (serve it), an HTTP error status, "drop" (handled, answer lost) or
+# "timeout" (no byte until the client gives up).
+SampleFault = Callable[[SampleRequestInfo], "int | str | None"]
+SAMPLE_FAULT_ACTIONS = ("drop", "timeout")
+
+
 def _numbers(where: str, calls: Iterable[Any]) -> frozenset[int]:
     numbers = frozenset(calls)
     if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in numbers):
@@ -140,6 +156,9 @@ class TwinFaults:
     * ``slow_events``: seconds every training event stays ``running`` before it executes.
     * ``sample_timeouts``: sampling calls that send no byte until the client gives up (the
       server waits ``sample_timeout_hold`` seconds, or until it stops).
+    * ``sample_hook``: decides per sampling request (:class:`SampleRequestInfo`), for faults
+      that depend on what is asked rather than on arrival order: ``None`` serves it, an HTTP
+      status answers that error, ``"drop"`` and ``"timeout"`` act as above.
     """
 
     capacity_full: int = 0
@@ -150,6 +169,7 @@ class TwinFaults:
     slow_events: float = 0.0
     sample_timeouts: Iterable[int] = frozenset()
     sample_timeout_hold: float = 30.0
+    sample_hook: SampleFault | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.capacity_full, int) or self.capacity_full < 0:

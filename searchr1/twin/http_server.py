@@ -37,6 +37,7 @@ from pytrio.protocol.control.training_run.create import TrainingRunCreateRequest
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest
 
 from .backend import ApiError, TwinBackend
+from .config import SampleRequestInfo
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
@@ -279,11 +280,20 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "sampling_run_not_found", f"sampling run {m['id']} is not served at {owner}")
         request = _model(SampleRequest, self._json())
         faults = self.backend.settings.faults
-        if self._call_number in faults.sample_timeouts:
+        action = self._call_number in faults.sample_timeouts and "timeout"
+        if not action and faults.sample_hook is not None:
+            prompt = tuple(t for chunk in request.prompt.chunks for t in getattr(chunk, "tokens", ()))
+            action = faults.sample_hook(SampleRequestInfo(self._call_number, prompt, request.num_samples,
+                                                          int(request.sampling_params["max_tokens"])))  # type: ignore[call-overload]
+        if action == "timeout":
             self._start_stream()
             self.backend.wait(faults.sample_timeout_hold)  # no byte until the client gives up
             self.close_connection = True
             return None
+        if isinstance(action, int) and not isinstance(action, bool):
+            message = f"injected HTTP {action} on sample call {self._call_number} (TwinFaults.sample_hook)"
+            raise ApiError(action, "twin.injected_http_error", message)
+        self._drop_answer = self._drop_answer or action == "drop"
         body, delay = self.backend.sample(owner, request)
         if self._drop_answer:
             self.close_connection = True

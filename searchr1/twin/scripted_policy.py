@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ class SampleCall:
     max_tokens: int
     seed: int | None
     prompt_tokens: int
+    time: float = 0.0  # time.monotonic() when the script was asked
 
 
 def read_conversation(text: str) -> tuple[str, list[str]]:
@@ -157,7 +159,7 @@ class ScriptedPolicy:
         scripted, turn, indices = self.locate(prompt, num_samples)
         with self._lock:
             self.calls.append(SampleCall(scripted.example.id, turn, num_samples, tuple(indices),
-                                         max_tokens, seed, len(prompt)))
+                                         max_tokens, seed, len(prompt), time.monotonic()))
         return [self._sequence(prompt, scripted, turn, j, max_tokens) for j in indices]
 
     def loss_and_grad(
