@@ -446,7 +446,7 @@ class Trainer:
         metrics["train/forward_backward_calls"] = float(calls)
         metrics["train/tokens_sent"] = float(sum(d.num_tokens for d in datums))
         metrics["train/update_skipped"] = float(not datums)
-        if config.max_steps_off_policy:
+        if config.max_steps_off_policy or stale:
             metrics.update(off_policy_metrics(staleness, config.max_steps_off_policy, len(trajectories),
                                               discarded=len(trajectories) if stale else 0,
                                               in_flight=len(self._rollouts)))

@@ -281,3 +281,103 @@ def test_an_unreachable_service_fails_within_the_connect_timeout_naming_url_and_
     assert lines[0] == "connecting to PyTRIO at http://127.0.0.1:9..."
     assert "no answer within 0.3 s" in lines[-1] and "127.0.0.1:9" in lines[-1] and "--connect-timeout" in lines[-1]
     assert "sk-test-unreachable-0001" not in result.output
+
+
+# --- mutations of the update that no test caught before ------------------------------------
+
+import asyncio  # noqa: E402
+
+from searchr1.data import shuffled_examples  # noqa: E402
+from searchr1.offline import TRAIN  # noqa: E402
+from searchr1.run_dir import RunDir  # noqa: E402
+from searchr1.search.cli_options import SearchOptions  # noqa: E402
+from searchr1.services import search_backend  # noqa: E402
+from searchr1.trainer import TrainConfig, Trainer, TrainingStopped  # noqa: E402
+
+
+def _train_in_process(tmp_path, tokenizer, *, steps=2, reduction="per_token", **config_overrides):
+    """Train on the twin serving the learning policy, in this process; returns (metrics, outcome)."""
+    from searchr1.twin import start_twin
+
+    config = TrainConfig(max_steps=steps, data=str(TRAIN), questions_per_batch=4, learning_rate=0.2, save_every=0,
+                         offline=True, offline_policy="learning", run_id="cafe0002",
+                         rollout=RolloutConfig(group_size=4), **config_overrides)
+    run = RunDir(tmp_path / f"run-{config.accumulation}-{len(list(tmp_path.iterdir()))}")
+    run.create(config.to_json())
+
+    async def go():
+        with start_twin(home=run.path / "twin", tokenizer=tokenizer, policy="learning", reduction=reduction) as twin:
+            backend = search_backend(SearchOptions(backend="wikipedia", cache="off"), offline=True)
+            trainer = Trainer(config, run, service=twin.service_client(), tokenizer=tokenizer, search=backend,
+                              examples=shuffled_examples(config.data, config.seed))
+            try:
+                return await trainer.run_steps(None)
+            except TrainingStopped as stopped:
+                return stopped
+            finally:
+                await backend.aclose()
+
+    outcome = asyncio.run(go())
+    return run.metrics(), outcome
+
+
+def test_sampling_a_step_on_the_previous_steps_sampler_is_refused(tmp_path, tokenizer, monkeypatch):
+    """The mutation: each step after the first reuses the sampler of the step before (while
+    claiming fresh weights). The twin's strict mode refuses the stale samples."""
+    from searchr1.twin.server import LIVE_TWINS
+
+    original = Trainer._make_sampler
+
+    async def reuse_previous(self, version):
+        if version == 0:
+            return await original(self, version)
+        sampler, _ = await self._sampler(version - 1)
+        return sampler, version
+
+    monkeypatch.setattr(Trainer, "_make_sampler", reuse_previous)
+    metrics, outcome = _train_in_process(tmp_path, tokenizer, steps=3)
+    assert isinstance(outcome, TrainingStopped) and "twin.protocol_violation" in str(outcome)
+    assert [m["step"] for m in metrics] == [0]  # step 1 sampled on step 0's weights: refused
+    violations = [str(v) for twin in list(LIVE_TWINS) for v in twin.take_violations()]
+    assert violations and all("stale" in v for v in violations)
+
+
+def test_a_batch_sampled_on_weights_older_than_allowed_is_discarded_and_counted(tmp_path, tokenizer, monkeypatch):
+    from searchr1 import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "sampler_version", lambda batch, k: max(0, batch - 1))
+    metrics, outcome = _train_in_process(tmp_path, tokenizer, steps=3)
+    assert outcome == 3
+    assert [m["train/update_skipped"] for m in metrics] == [0.0, 1.0, 1.0]
+    assert [m.get("async/discarded_stale_trajectories", 0) for m in metrics] == [0, 16, 16]
+
+
+def test_the_optimizer_receives_exactly_the_configured_adam_parameters(tmp_path, tokenizer, monkeypatch):
+    import pytrio
+
+    received = []
+    original = pytrio.TrainingClient.optim_step_async
+
+    async def spy(self, adam_params):
+        received.append(adam_params)
+        return await original(self, adam_params)
+
+    monkeypatch.setattr(pytrio.TrainingClient, "optim_step_async", spy)
+    _train_in_process(tmp_path, tokenizer, steps=1, beta1=0.8, beta2=0.97)
+    assert len(received) == 1
+    sent = received[0]
+    assert (sent.learning_rate, sent.beta1, sent.beta2) == (0.2, 0.8, 0.97)
+    assert (sent.eps, sent.weight_decay, sent.grad_clip_norm) == (1e-12, 0.0, 0.0)  # pytrio's defaults
+
+
+def test_manual_accumulation_applies_the_full_batch_gradient_when_the_server_averages_per_sample(tmp_path, tokenizer):
+    """n_k/N weights over the seed's micro-batches reproduce one call's gradient exactly under a
+    per-sample mean; the gradient norm the optimizer reports tells N off by one apart (Adam's
+    update alone would hide a rescaled gradient)."""
+    sdk, _ = _train_in_process(tmp_path, tokenizer, steps=2, reduction="per_sample", accumulation="sdk")
+    manual, _ = _train_in_process(tmp_path, tokenizer, steps=2, reduction="per_sample", accumulation="manual",
+                                  max_micro_batch_items=3)
+    assert [m["train/forward_backward_calls"] for m in manual] != [1.0, 1.0]  # really split
+    for ours, seeds in zip(sdk, manual):
+        assert seeds["optim/grad_norm"] == pytest.approx(ours["optim/grad_norm"], rel=1e-6)  # float32 advantages
+        assert seeds["reward/mean"] == ours["reward/mean"]
