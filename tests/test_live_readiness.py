@@ -381,3 +381,31 @@ def test_manual_accumulation_applies_the_full_batch_gradient_when_the_server_ave
     for ours, seeds in zip(sdk, manual):
         assert seeds["optim/grad_norm"] == pytest.approx(ours["optim/grad_norm"], rel=1e-6)  # float32 advantages
         assert seeds["reward/mean"] == ours["reward/mean"]
+
+
+def test_without_network_the_sdks_tokenizer_load_stops_the_run_before_any_sample(tmp_path, tokenizer, monkeypatch):
+    """The twin answers with the model's real name, so pytrio's tokenizer load goes to
+    ModelScope as it would for a user. Without a network ModelScope retries for about 25 s, then
+    raises its NetworkError; the test raises that same error at once. One line, no sampling
+    request, nothing trained."""
+    import modelscope
+    from modelscope_hub.errors import NetworkError
+
+    from searchr1.twin import start_twin
+
+    class Offline:
+        @staticmethod
+        def from_pretrained(name, *args, **kwargs):
+            raise NetworkError(f"[E1020] failed to resolve modelscope.cn while fetching {name}\n(retried 3 times)")
+
+    monkeypatch.setattr(modelscope, "AutoTokenizer", Offline)
+    config = TrainConfig(max_steps=1, data=str(TRAIN), offline=True, offline_policy="learning")
+    run = RunDir(tmp_path / "run")
+    with start_twin(home=tmp_path / "twin", tokenizer=tokenizer, policy="learning", serve_tokenizer=False) as twin:
+        trainer = Trainer(config, run, service=twin.service_client(), tokenizer=tokenizer, search=None,
+                          examples=shuffled_examples(config.data, config.seed))
+        with pytest.raises(PreflightError) as refused:
+            trainer.connect(None)
+        assert twin.calls("sample") == 0 and twin.calls("sampling_run_create") == 0
+    message = str(refused.value)
+    assert "ModelScope" in message and "Qwen/Qwen3.5-4B" in message and "\n" not in message
