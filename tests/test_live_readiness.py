@@ -409,3 +409,45 @@ def test_without_network_the_sdks_tokenizer_load_stops_the_run_before_any_sample
         assert twin.calls("sample") == 0 and twin.calls("sampling_run_create") == 0
     message = str(refused.value)
     assert "ModelScope" in message and "Qwen/Qwen3.5-4B" in message and "\n" not in message
+
+
+def _modelscope_error():
+    from modelscope_hub.errors import NetworkError
+
+    return NetworkError("[E1020] modelscope.cn unreachable")
+
+
+@pytest.mark.parametrize("make_error", [
+    lambda: httpx.ReadTimeout("the read timed out"),
+    lambda: httpx.RemoteProtocolError("peer closed connection without sending complete message body"),
+    _modelscope_error,
+    lambda: concurrent.futures.TimeoutError(),
+    lambda: ConnectionResetError(104, "Connection reset by peer"),
+], ids=["httpx-timeout", "httpx-protocol", "modelscope", "future-timeout", "connection-reset"])
+def test_a_non_pytrio_sdk_failure_after_paid_work_ends_train_with_one_line_and_a_resumable_run(
+        tmp_path, monkeypatch, make_error):
+    import pytrio
+
+    calls = {"n": 0}
+    original = pytrio.TrainingClient.forward_backward_async
+
+    async def fail_the_second(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise make_error()
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(pytrio.TrainingClient, "forward_backward_async", fail_the_second)
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--max-steps", "3", "--questions-per-batch", "2",
+                                       "--group-size", "4", "--save-every", "1", "--run-dir", str(run_dir)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and "the training service failed" in result.output
+    assert f"--resume {run_dir}" in result.output
+    from searchr1.run_dir import RunDir as _RunDir
+
+    assert _RunDir(run_dir).resume_point().step == 1  # the finished step and its checkpoint are kept
+    monkeypatch.setattr(pytrio.TrainingClient, "forward_backward_async", original)
+    resumed = CliRunner().invoke(main, ["train", "--resume", str(run_dir), "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    assert [m["step"] for m in _RunDir(run_dir).metrics()] == [0, 1, 2]
