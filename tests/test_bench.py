@@ -13,19 +13,15 @@ from hypothesis import strategies as st
 
 from searchr1.bench.lockstep import lockstep_rollout_async
 from searchr1.bench.packing import _stub, lower_bounds
-from searchr1.bench.vtime import run_virtual
-from searchr1.bench.workload import (
-    LatencyModel,
-    MemoSampler,
-    build_workload,
-    fingerprint,
-    quick_spec,
-)
+from searchr1.bench.workload import LatencyModel, build_workload, fingerprint, quick_spec
 from searchr1.cli import main
 from searchr1.packing import MAX_DATUM_TOKENS, pack_micro_batches
 from searchr1.rollout import RolloutConfig, rollout_batch_async
-from searchr1.scripted import ScriptedSampler, ScriptedSearch, parse_scenario
+from searchr1.scripted import ScriptedSearch
 from searchr1.search.types import SearchItem, SearchResult
+from searchr1.services import scripted_sampling_client
+from searchr1.twin import Latencies
+from searchr1.twin.scenario import parse_scenario
 
 FIGURES = {"scheduling", "protocol_cpu", "packing", "search_calls", "step_overhead"}
 
@@ -91,26 +87,27 @@ def _edge_case_step():
     return parse_scenario({"questions": questions}), results, config
 
 
+def both_schedulers(tokenizer, scenario, results, config, *, sample_jitter, search_latency, search_concurrency):
+    """Our engine and lock-step rounds on the same step, sampling from a twin whose answers
+    take a random few milliseconds (so completions arrive in a different order each run)."""
+    with scripted_sampling_client(scenario, tokenizer, latencies=Latencies(sample_jitter=sample_jitter)) as sampler:
+        out = []
+        for kind in ("ours", "lockstep"):
+            search = ScriptedSearch(results, latency=search_latency, concurrency=search_concurrency)
+            if kind == "ours":
+                step = rollout_batch_async(sampler, tokenizer, search, scenario.examples, config)
+            else:
+                step = lockstep_rollout_async(sampler, tokenizer, search, scenario.examples, config,
+                                              search_concurrency=search_concurrency)
+            out.append(asyncio.run(step))
+    return out
+
+
 def test_lockstep_and_our_engine_produce_identical_trajectories(tokenizer):
     scenario, results, config = _edge_case_step()
     rng = random.Random(7)
-    jitter = {}
-
-    def sample_latency(call, tokens):
-        return jitter.setdefault((call.question_id, call.turn, call.sample_indices), rng.uniform(0.0, 5.0))
-
-    def search_latency(query):
-        return rng.uniform(0.0, 5.0)
-
-    def step(kind):
-        sampler = ScriptedSampler(scenario, tokenizer, latency=sample_latency)
-        search = ScriptedSearch(results, latency=search_latency, concurrency=2)
-        if kind == "ours":
-            return rollout_batch_async(sampler, tokenizer, search, scenario.examples, config)
-        return lockstep_rollout_async(sampler, tokenizer, search, scenario.examples, config, search_concurrency=2)
-
-    ours, _ = run_virtual(step("ours"))
-    lock, _ = run_virtual(step("lockstep"))
+    ours, lock = both_schedulers(tokenizer, scenario, results, config, sample_jitter=0.01,
+                                 search_latency=lambda query: rng.uniform(0.0, 0.01), search_concurrency=2)
     assert fingerprint(ours) == fingerprint(lock)
     endings = {t.termination for t in ours}
     assert {"answer", "invalid", "search_budget"} <= endings
@@ -119,30 +116,10 @@ def test_lockstep_and_our_engine_produce_identical_trajectories(tokenizer):
 
 def test_the_generated_workload_rolls_out_the_same_under_both_schedulers(tokenizer):
     workload = build_workload(quick_spec(), seed=3)
-    model = LatencyModel(scale=1.0, seed=3)
-    memo: dict = {}
-
-    def step(kind):
-        sampler = MemoSampler(workload.scenario, tokenizer, latency=model.sampler_latency(), memo=memo)
-        search = ScriptedSearch(workload.results, latency=model.search_latency(), concurrency=16)
-        if kind == "ours":
-            return rollout_batch_async(sampler, tokenizer, search, workload.examples, workload.config)
-        return lockstep_rollout_async(sampler, tokenizer, search, workload.examples, workload.config)
-
-    ours, ours_seconds = run_virtual(step("ours"))
-    lock, lock_seconds = run_virtual(step("lockstep"))
+    model = LatencyModel(scale=0.002, seed=3)
+    ours, lock = both_schedulers(tokenizer, workload.scenario, workload.results, workload.config,
+                                 sample_jitter=0.005, search_latency=model.search_latency(), search_concurrency=16)
     assert fingerprint(ours) == fingerprint(lock)
-    assert ours_seconds <= lock_seconds  # virtual time: a property of the policies, not of this machine
-
-
-def test_virtual_time_jumps_to_the_next_timer():
-    async def main():
-        await asyncio.gather(asyncio.sleep(5.0), asyncio.sleep(3.0))
-        await asyncio.sleep(2.0)
-        return "done"
-
-    result, seconds = run_virtual(main())
-    assert result == "done" and abs(seconds - 7.0) < 1e-9
 
 
 @settings(max_examples=60, deadline=None)

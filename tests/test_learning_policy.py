@@ -38,7 +38,7 @@ from searchr1.rollout import (
     score_trajectory,
 )
 from searchr1.search.types import SearchItem, SearchResult, format_observation
-from searchr1.toy_policy import AdamState, adam_step
+from searchr1.twin.optimizer import AdamState, adam_step
 from searchr1.trajectory import AssistantTurn, Trajectory
 from searchr1.twin.learning_policy import (
     BASE_LOGITS,

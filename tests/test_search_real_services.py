@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from searchr1.rollout import RolloutConfig, rollout_batch_async
-from searchr1.scripted import ScriptedSampler, parse_scenario
+from searchr1.services import scripted_sampling_client
+from searchr1.twin.scenario import parse_scenario
 from searchr1.search.cache import QueryCache
 from searchr1.search.clock import RealClock
 from searchr1.search.types import NO_RESULTS_TEXT, format_observation
@@ -333,11 +334,10 @@ def test_a_wikipedia_403_ends_the_rollout_instead_of_becoming_an_observation(tok
     backend = mock_backend("wikipedia", refusing([]), contact=None)
     config = RolloutConfig(group_size=1, sample_retry_backoff=0.0)
 
-    async def run():
+    async def run(sampler):
         async with backend:
-            return await rollout_batch_async(
-                ScriptedSampler(scenario, tokenizer), tokenizer, backend, scenario.examples, config
-            )
+            return await rollout_batch_async(sampler, tokenizer, backend, scenario.examples, config)
 
-    with pytest.raises(WikipediaRefusedError, match=CONTACT_ENV):
-        asyncio.run(run())
+    with scripted_sampling_client(scenario, tokenizer) as sampler, pytest.raises(WikipediaRefusedError,
+                                                                                  match=CONTACT_ENV):
+        asyncio.run(run(sampler))

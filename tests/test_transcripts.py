@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from searchr1.data import SearchExample
 from searchr1.rollout import RolloutConfig, rollout_batch_async
 from searchr1.offline import SCENARIO
-from searchr1.scripted import ScriptedSampler, ScriptedSearch, load_scenario
+from searchr1.scripted import ScriptedSearch
+from searchr1.services import scripted_sampling_client
+from searchr1.twin.scenario import load_scenario
 from searchr1.search.types import SearchItem, SearchResult
 from searchr1.trajectory import Trajectory
 from searchr1.transcripts import (
@@ -100,10 +102,11 @@ def rolled_out(tokenizer):
     scenario = load_scenario(SCENARIO)
     passage = SearchItem("Passage", "Some evidence about the question.", "Wikipedia", "https://w/Passage")
     search = ScriptedSearch({}, default=SearchResult(True, (passage,)))
-    return asyncio.run(rollout_batch_async(
-        ScriptedSampler(scenario, tokenizer), tokenizer, search, scenario.examples[:4],
-        RolloutConfig(group_size=8, sample_retry_backoff=0.0), step=5,
-    ))
+    with scripted_sampling_client(scenario, tokenizer) as sampler:
+        return asyncio.run(rollout_batch_async(
+            sampler, tokenizer, search, scenario.examples[:4],
+            RolloutConfig(group_size=8, sample_retry_backoff=0.0), step=5,
+        ))
 
 
 def test_a_record_keeps_every_turn_search_and_the_training_fields(rolled_out):

@@ -4,7 +4,8 @@ Five figures, each a ratio of two things measured in the same run (so they hold 
 shared machine):
 
 1. :mod:`.scheduling`: rollout makespan against its lower bound, ours and lock-step rounds
-   (the seed's policy, :mod:`.lockstep`), on simulated latencies.
+   (the seed's policy, :mod:`.lockstep`), sampling from the offline twin (:mod:`.served`) with
+   modelled latencies.
 2. :mod:`.protocol_cpu`: chat-template renders and CPU per tool turn, ours against the seed's
    four renders per candidate item.
 3. :mod:`.packing`: micro-batches against their lower bound, padded against real tokens.

@@ -35,7 +35,7 @@ from ..scripted import ScriptedSearch
 from ..search.types import SearchResult, observation_candidates
 from ..trajectory import Trajectory
 from .report import Figure, Measure
-from .workload import MemoSampler, WorkloadSpec, build_workload, median, quick_spec
+from .workload import WorkloadSpec, build_workload, median, quick_spec
 
 
 @dataclass(frozen=True)
@@ -148,9 +148,12 @@ def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     spec = spec or (quick_spec(items_per_result=3) if quick else WorkloadSpec(items_per_result=3))
     repetitions = repetitions if repetitions is not None else (1 if quick else 3)
     workload = build_workload(spec, seed + 101)
-    sampler = MemoSampler(workload.scenario, tokenizer)
+    from ..services import scripted_sampling_client
+
     search = ScriptedSearch(workload.results)
-    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, search, workload.examples, workload.config))
+    with scripted_sampling_client(workload.scenario, tokenizer) as sampler:  # the step itself is not timed
+        trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, search, workload.examples,
+                                                       workload.config))
     turns = tool_turns(trajectories, workload.results)
     if max_turns is not None:
         turns = turns[:max_turns]

@@ -1,18 +1,19 @@
 """Figure 1: rollout scheduling, our per-trajectory engine against lock-step rounds.
 
 One simulated training step (8 questions x 8 samples, 0-4 searches per trajectory) runs through
-the real engine (``rollout_batch_async``) and through :mod:`.lockstep`, both with the scripted
-sampler and an in-memory search backend that sleep for the :class:`~.workload.LatencyModel`'s
-latencies, played back at ``scale`` (1 model second = 100 ms by default).
+the real engine (``rollout_batch_async``) and through :mod:`.lockstep`, both sampling with the
+real pytrio client from the offline twin (in a process of its own, serving the workload's
+script with the :class:`~.workload.LatencyModel`'s sampling latencies) and searching an
+in-memory backend that sleeps for the model's search latencies, all played back at ``scale``
+(1 model second = 100 ms by default).
 
 Reported against the lower bound (the longest trajectory's own serial latency, raised where
-the sampling or search concurrency caps force more):
-
-* wall clock, repetitions interleaved (ours, lock-step, lock-step, ours, ...), medians. This
-  includes the engine's own CPU, which weighs ``1 / scale`` times more against these
-  latencies than against real ones (10x by default; the reported CPU share shows how much);
-* virtual time (:mod:`.vtime`): the same runs with local CPU costing nothing, i.e. the pure
-  scheduling policy, deterministic on any machine.
+the sampling or search concurrency caps force more), in wall clock, repetitions interleaved
+(ours, lock-step, lock-step, ours, ...), medians. This includes the engine's own CPU and the
+pytrio client's, which weigh ``1 / scale`` times more against these latencies than against
+real ones (10x by default; the reported CPU share shows how much). (An earlier virtual-time
+row ran the schedulers on an in-process stand-in of the sampling client; it is gone with the
+stand-in: every sample now crosses a socket, and sockets do not run on virtual time.)
 
 Before any timing, both schedulers must produce identical trajectories (terminations, tokens,
 rewards, advantages): otherwise the comparison would not be of the same work.
@@ -29,10 +30,9 @@ from ..rollout import rollout_batch_async
 from ..scripted import ScriptedSearch
 from .lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout
 from .report import Figure, Measure
-from .vtime import run_virtual
+from .served import BASE_MODEL, served_twin
 from .workload import (
     LatencyModel,
-    MemoSampler,
     Workload,
     WorkloadSpec,
     build_workload,
@@ -56,18 +56,17 @@ class SchedulingSetup:
     workload: Workload
     model: LatencyModel
     search_concurrency: int
-    memo: dict[Any, Any]
+    sampler: Any  # a pytrio SamplingClient on the twin
 
 
 def _coroutine(kind: str, setup: SchedulingSetup, tokenizer: Any, model: LatencyModel,
                info: dict[str, Any]) -> Any:
     workload = setup.workload
-    sampler = MemoSampler(workload.scenario, tokenizer, latency=model.sampler_latency(), memo=setup.memo)
     search = ScriptedSearch(workload.results, latency=model.search_latency(),
                             concurrency=setup.search_concurrency)
     if kind == "ours":
-        return rollout_batch_async(sampler, tokenizer, search, workload.examples, workload.config)
-    engine = LockstepRollout(sampler, tokenizer, search, workload.config,
+        return rollout_batch_async(setup.sampler, tokenizer, search, workload.examples, workload.config)
+    engine = LockstepRollout(setup.sampler, tokenizer, search, workload.config,
                              search_concurrency=setup.search_concurrency)
     info["lockstep"] = engine.stats
     return engine.run(workload.examples)
@@ -82,12 +81,6 @@ def run_wall(kind: str, setup: SchedulingSetup, tokenizer: Any, model: LatencyMo
     return trajectories, time.perf_counter() - wall, time.process_time() - cpu, info
 
 
-def run_virtual_time(kind: str, setup: SchedulingSetup, tokenizer: Any, model: LatencyModel) -> tuple[list[Any], float]:
-    info: dict[str, Any] = {}
-    trajectories, seconds = run_virtual(_coroutine(kind, setup, tokenizer, model, info))
-    return trajectories, seconds
-
-
 def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
                       repetitions: int | None = None, scale: float | None = None,
                       spec: WorkloadSpec | None = None) -> Figure:
@@ -97,40 +90,12 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     scale = scale if scale is not None else (QUICK_SCALE if quick else SCALE)
     workload = build_workload(spec, seed)
     model = LatencyModel(scale=scale, seed=seed)
-    setup = SchedulingSetup(workload, model, DEFAULT_SEARCH_CONCURRENCY, {})
-
-    # Warm-up with zero latency: fills the sampler memo and checks both schedulers agree.
-    ours, _, _, _ = run_wall("ours", setup, tokenizer, model.zero())
-    reference = fingerprint(ours)
-    lock, _, _, _ = run_wall("lockstep", setup, tokenizer, model.zero())
-    if fingerprint(lock) != reference:
-        raise TrajectoryMismatch("lock-step and per-trajectory rollouts produced different trajectories")
+    with served_twin(workload.raw, model.twin_latencies()) as service:
+        setup = SchedulingSetup(workload, model, DEFAULT_SEARCH_CONCURRENCY,
+                                service.create_sampling_client(base_model=BASE_MODEL))
+        walls, cpus, rounds, reference, ours = _timed_runs(setup, tokenizer, model, repetitions)
     bound = lower_bound(ours, model, sampling_concurrency=workload.config.sampling_concurrency,
                         search_concurrency=setup.search_concurrency)
-
-    # Virtual time: the policy alone (model seconds; local CPU is free).
-    unscaled = dataclasses.replace(model, scale=1.0)
-    virtual: dict[str, float] = {}
-    for kind in ("ours", "lockstep"):
-        trajectories, seconds = run_virtual_time(kind, setup, tokenizer, unscaled)
-        if fingerprint(trajectories) != reference:
-            raise TrajectoryMismatch(f"{kind} (virtual time) produced different trajectories")
-        virtual[kind] = seconds
-
-    # Wall clock, interleaved, alternating which scheduler goes first.
-    walls: dict[str, list[float]] = {"ours": [], "lockstep": []}
-    cpus: dict[str, list[float]] = {"ours": [], "lockstep": []}
-    rounds = 0
-    for rep in range(repetitions):
-        order = ("ours", "lockstep") if rep % 2 == 0 else ("lockstep", "ours")
-        for kind in order:
-            trajectories, wall, cpu, info = run_wall(kind, setup, tokenizer, model)
-            if fingerprint(trajectories) != reference:
-                raise TrajectoryMismatch(f"{kind} repetition {rep} produced different trajectories")
-            walls[kind].append(wall)
-            cpus[kind].append(cpu)
-            if "lockstep" in info:
-                rounds = info["lockstep"].rounds
 
     bound_wall = bound.value * scale
     ours_wall, lock_wall = median(walls["ours"]), median(walls["lockstep"])
@@ -141,11 +106,7 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
             Measure("makespan_over_lower_bound", "ours: makespan / lower bound", ours_ratio, 1.15, "<=", "x"),
             Measure("speedup_over_lockstep", "speed-up over lock-step rounds", lock_wall / ours_wall, 1.5, ">=", "x"),
             Measure("lockstep_makespan_over_lower_bound", "lock-step: makespan / lower bound", lock_ratio, unit="x"),
-            Measure("virtual_makespan_over_lower_bound", "ours, virtual time (no CPU): / lower bound",
-                    virtual["ours"] / bound.value, unit="x", digits=3),
-            Measure("virtual_speedup_over_lockstep", "speed-up, virtual time (no CPU)",
-                    virtual["lockstep"] / virtual["ours"], unit="x"),
-            Measure("engine_cpu_share", "ours: engine CPU / makespan (wall)",
+            Measure("engine_cpu_share", "ours: local CPU (engine, pytrio client) / makespan",
                     100.0 * median(cpus["ours"]) / ours_wall, unit="%", digits=0),
         ],
         details={
@@ -163,7 +124,7 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
             "repetitions": repetitions,
             "wall_seconds": walls,
             "process_cpu_seconds": cpus,
-            "virtual_model_seconds": virtual,
+            "sampling": "real pytrio client, offline twin in another process",
             "lockstep_rounds": rounds,
             "identical_trajectories": True,
         },
@@ -175,3 +136,27 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     )
     figure.seconds = time.perf_counter() - started
     return figure
+
+
+def _timed_runs(setup: SchedulingSetup, tokenizer: Any, model: LatencyModel, repetitions: int) -> tuple[Any, ...]:
+    """A warm-up of each scheduler (both must produce the same trajectories), then the
+    interleaved timed repetitions."""
+    ours, _, _, _ = run_wall("ours", setup, tokenizer, model)
+    reference = fingerprint(ours)
+    lock, _, _, _ = run_wall("lockstep", setup, tokenizer, model)
+    if fingerprint(lock) != reference:
+        raise TrajectoryMismatch("lock-step and per-trajectory rollouts produced different trajectories")
+    walls: dict[str, list[float]] = {"ours": [], "lockstep": []}
+    cpus: dict[str, list[float]] = {"ours": [], "lockstep": []}
+    rounds = 0
+    for rep in range(repetitions):
+        order = ("ours", "lockstep") if rep % 2 == 0 else ("lockstep", "ours")
+        for kind in order:
+            trajectories, wall, cpu, info = run_wall(kind, setup, tokenizer, model)
+            if fingerprint(trajectories) != reference:
+                raise TrajectoryMismatch(f"{kind} repetition {rep} produced different trajectories")
+            walls[kind].append(wall)
+            cpus[kind].append(cpu)
+            if "lockstep" in info:
+                rounds = info["lockstep"].rounds
+    return walls, cpus, rounds, reference, ours

@@ -6,9 +6,10 @@ from three follow-up queries per question, so repeats arrive both at the same mo
 single-flight) and later (for the cache). It runs through the real engine and the REAL search
 stack: the Wikipedia backend (:func:`searchr1.search.testing.mock_backend`) with its SQLite
 :class:`~searchr1.search.cache.QueryCache` and single-flight, over an ``httpx.MockTransport``
-handler that answers every query and counts the requests that reach it. Sampling and search
-latencies follow the :class:`~.workload.LatencyModel`, on virtual time (:mod:`.vtime`), so the
-run is quick and the same on every machine.
+handler that answers every query and counts the requests that reach it, after the
+:class:`~.workload.LatencyModel`'s search latency played back at ``SCALE`` (1 model second =
+10 ms). Sampling is the real pytrio client against the offline twin serving the step's script.
+Request counts do not depend on the machine; the makespan ratio is wall clock.
 
 The baseline is the same step with neither (no cache, single-flight replaced by a pass-through),
 which is the seed's one request per ``search()`` call. Ideal: one request per distinct query.
@@ -29,11 +30,10 @@ from ..rollout import rollout_batch_async
 from ..search.cache import QueryCache, normalise_query
 from ..search.fake_service import FakeSearchService
 from ..search.testing import mock_backend
+from ..services import scripted_sampling_client
 from .report import Figure, Measure
-from .vtime import run_virtual
 from .workload import (
     LatencyModel,
-    MemoSampler,
     WorkloadSpec,
     build_workload,
     quick_spec,
@@ -54,7 +54,7 @@ class CountingWikipedia:
 
         query = wikipedia_query(request)
         self.requests += 1
-        await asyncio.sleep(self.model.search(query))
+        await asyncio.sleep(self.model.scale * self.model.search(query))
         pages = [{"title": f"{query.title()} ({k})", "text": f"Passage {k} about {query}. " * 12}
                  for k in range(1, 4)]
         return self.service.render({"results": pages}, request, query)
@@ -67,7 +67,10 @@ class NoSingleFlight:
         return await work(), False
 
 
-def _run_step(tokenizer: Any, workload: Any, model: LatencyModel, *, cache: QueryCache | None,
+SCALE = 0.01  # wall seconds per model second of search latency
+
+
+def _run_step(tokenizer: Any, workload: Any, model: LatencyModel, sampler: Any, *, cache: QueryCache | None,
               single_flight: bool) -> dict[str, Any]:
     handler = CountingWikipedia(model)
 
@@ -77,7 +80,6 @@ def _run_step(tokenizer: Any, workload: Any, model: LatencyModel, *, cache: Quer
                 if not hasattr(backend, "_flights"):
                     raise RuntimeError("the search backend no longer has a _flights attribute to bypass")
                 backend._flights = NoSingleFlight()  # type: ignore[attr-defined]
-            sampler = MemoSampler(workload.scenario, tokenizer, latency=model.sampler_latency())
             trajectories = await rollout_batch_async(sampler, tokenizer, backend, workload.examples,
                                                      workload.config)
             stats = backend.stats.peek()
@@ -91,8 +93,9 @@ def _run_step(tokenizer: Any, workload: Any, model: LatencyModel, *, cache: Quer
             "failed": sum(not s.ok for t in trajectories for s in t.searches),
         }
 
-    outcome, seconds = run_virtual(main())
-    outcome["virtual_seconds"] = seconds
+    started = time.perf_counter()
+    outcome = asyncio.run(main())
+    outcome["wall_seconds"] = time.perf_counter() - started
     return outcome
 
 
@@ -101,14 +104,15 @@ def search_calls_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     started = time.perf_counter()
     spec = spec or (quick_spec(shared_queries=True) if quick else WorkloadSpec(shared_queries=True))
     workload = build_workload(spec, seed + 404)
-    model = LatencyModel(scale=1.0, seed=seed, search_cap=20.0)
-    with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as home:
+    model = LatencyModel(scale=SCALE, seed=seed, search_cap=20.0)
+    with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as home, \
+            scripted_sampling_client(workload.scenario, tokenizer) as sampler:
         cache = QueryCache(Path(home) / "search-cache.sqlite")
         try:
-            ours = _run_step(tokenizer, workload, model, cache=cache, single_flight=True)
+            ours = _run_step(tokenizer, workload, model, sampler, cache=cache, single_flight=True)
         finally:
             cache.close()
-    seed_way = _run_step(tokenizer, workload, model, cache=None, single_flight=False)
+        seed_way = _run_step(tokenizer, workload, model, sampler, cache=None, single_flight=False)
     if seed_way["requests"] != seed_way["calls"]:
         raise AssertionError(
             f"without cache and single-flight every search() call should reach the service once, "
@@ -131,8 +135,8 @@ def search_calls_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
                     unit="%", digits=1),
             Measure("saved_by_cache", "  answered by the cache", 100.0 * ours["cache_hits"] / without,
                     unit="%", digits=1),
-            Measure("step_speedup", "step makespan without / with (virtual time)",
-                    seed_way["virtual_seconds"] / ours["virtual_seconds"], unit="x"),
+            Measure("step_speedup", "step makespan without / with (wall clock)",
+                    seed_way["wall_seconds"] / ours["wall_seconds"], unit="x"),
         ],
         details={
             "search_calls": without,
@@ -142,7 +146,8 @@ def search_calls_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
             "shared_in_flight": ours["shared"],
             "cache_hits": ours["cache_hits"],
             "failed_searches": ours["failed"],
-            "virtual_seconds": {"with": ours["virtual_seconds"], "without": seed_way["virtual_seconds"]},
+            "wall_seconds": {"with": ours["wall_seconds"], "without": seed_way["wall_seconds"]},
+            "search_latency_scale": SCALE,
             "backend": "wikipedia (real client, SQLite cache, single-flight) over httpx.MockTransport",
         },
         notes=[(f"{without} search() calls, {distinct} distinct queries: {ours['requests']} requests with "

@@ -1,19 +1,18 @@
 """Figure 5: the local overhead of one offline training step, by phase.
 
-The real :class:`~searchr1.trainer.Trainer` runs a few steps of 8 questions x 8 samples against
-the offline PyTRIO fake (:class:`~searchr1.fake_trio.FakeServiceClient`) with the scripted
-sampler and an in-memory search backend, all with zero latency, so every second spent is
-local CPU. The bench wraps the trainer's phases to time them (process CPU):
+The real :class:`~searchr1.trainer.Trainer` runs a few steps of 8 questions x 8 samples with the
+real pytrio client against the offline twin (in a process of its own, serving the workload's
+script) and an in-memory search backend, all with zero latency, so every second this process
+spends is local CPU, as it would be live: the service's work happens in the other process. The
+bench wraps the trainer's phases to time them (process CPU, every thread of this process):
 
-* rollout bookkeeping: ``rollout_batch_async`` minus the scripted sampler's own work (finding
-  the scripted reply, which the real service does remotely);
+* rollout: ``rollout_batch_async``: the engine's bookkeeping and the pytrio client's sampling
+  calls (building requests, reading answers);
 * datums: ``build_training_datums``;
-* packing: ``pack_micro_batches`` (the trainer packs for its metrics even in ``sdk`` mode);
-* client calls: pytrio's client-side batch planning and validation (``plan_training_batch``)
-  inside ``forward_backward`` and ``optim_step``; the fake server's toy-policy math is not
-  local in a real run and is left out;
-* other: the rest of the step (group summary, vocabulary check, metrics, run directory),
-  without the fake's sampler checkpoint.
+* packing: ``pack_micro_batches`` (manual accumulation only);
+* client calls: ``forward_backward`` and ``optim_step`` as the client runs them (batch planning
+  and validation, encoding, polling), and the sampler checkpoint of each step;
+* other: the rest of the step (group summary, vocabulary check, metrics, run directory).
 
 The headline sets the local overhead against the modelled service time of the same step: the
 lower bound of its trajectories under the default latency model (the time the remote sampler
@@ -31,9 +30,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..scripted import ScriptedSampler, ScriptedSearch
+from ..scripted import ScriptedSearch
 from .lockstep import DEFAULT_SEARCH_CONCURRENCY
 from .report import Figure, Measure
+from .served import served_twin
 from .workload import (
     LatencyModel,
     WorkloadSpec,
@@ -45,10 +45,10 @@ from .workload import (
 
 PHASES = ("rollout", "datums", "packing", "client", "other")
 LABELS = {
-    "rollout": "rollout bookkeeping",
+    "rollout": "rollout (engine and sampling calls)",
     "datums": "datums",
     "packing": "packing",
-    "client": "client calls (client side)",
+    "client": "training calls and sampler checkpoints",
     "other": "other (metrics, run dir)",
 }
 
@@ -98,8 +98,6 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
 def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,
                          spec: WorkloadSpec | None = None) -> Figure:
     from .. import trainer as trainer_module
-    from ..fake_trio import FakeServiceClient
-    from ..fake_trio import training as fake_training
     from ..run_dir import RunDir
     from ..trainer import TrainConfig, Trainer
 
@@ -108,12 +106,6 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
     spec = spec or (quick_spec() if quick else WorkloadSpec())
     workload = build_workload(spec, seed + 505)
     clock = PhaseClock()
-
-    def sampler_factory(model_path: str | None) -> ScriptedSampler:
-        sampler = ScriptedSampler(workload.scenario, tokenizer, model_path=model_path)
-        sampler.respond = clock.wrap_sync("sampler", sampler.respond)  # type: ignore[method-assign]
-        return sampler
-
     rollout = trainer_module.rollout_batch_async
 
     async def timed_rollout(*args: Any, **kwargs: Any) -> Any:
@@ -141,19 +133,13 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
                                     clock.wrap_sync("datums", trainer_module.build_training_datums)))
         stack.enter_context(patched(trainer_module, "pack_micro_batches",
                                     clock.wrap_sync("packing", trainer_module.pack_micro_batches)))
-        stack.enter_context(patched(fake_training, "plan_training_batch",
-                                    clock.wrap_sync("client", fake_training.plan_training_batch)))
-        stack.enter_context(patched(Trainer, "_update", clock.wrap_async("update_total", Trainer._update)))
-        stack.enter_context(patched(
-            fake_training.FakeTrainingClient, "save_weights_and_get_sampling_client_async",
-            clock.wrap_async("fake_sampler_checkpoint",
-                             fake_training.FakeTrainingClient.save_weights_and_get_sampling_client_async)))
+        stack.enter_context(patched(Trainer, "_update", clock.wrap_async("client", Trainer._update)))
+        stack.enter_context(patched(Trainer, "_make_sampler", clock.wrap_async("client", Trainer._make_sampler)))
         config = TrainConfig(max_steps=steps, data="bench", run_name="bench", questions_per_batch=spec.questions,
                              save_every=0, rollout=workload.config, offline=True)
         run = RunDir(Path(home) / "run")
         run.create(config.to_json())
-        service = FakeServiceClient(home=Path(home) / "service", tokenizer=tokenizer,
-                                    sampler_factory=sampler_factory, supported_models=(config.base_model,))
+        service = stack.enter_context(served_twin(workload.raw))
         trainer = Trainer(config, run, service=service, tokenizer=tokenizer,
                           search=ScriptedSearch(workload.results), examples=workload.examples)
         trainer.step = timed_step(trainer)  # type: ignore[method-assign]
@@ -163,16 +149,13 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
     per_step: dict[str, float] = {}
     for record in measured:
         pieces = {
-            "rollout": record.get("rollout_total", 0.0) - record.get("sampler", 0.0),
+            "rollout": record.get("rollout_total", 0.0),
             "datums": record.get("datums", 0.0),
             "packing": record.get("packing", 0.0),
             "client": record.get("client", 0.0),
         }
-        excluded = (record.get("sampler", 0.0) + record.get("update_total", 0.0) - record.get("client", 0.0)
-                    + record.get("fake_sampler_checkpoint", 0.0))
-        pieces["other"] = max(0.0, record.get("step_total", 0.0) - sum(pieces.values()) - excluded)
+        pieces["other"] = max(0.0, record.get("step_total", 0.0) - sum(pieces.values()))
         pieces["local_total"] = sum(pieces.values())
-        pieces["excluded_fake_services"] = excluded
         for key, value in pieces.items():
             per_step.setdefault(key, []).append(value)  # type: ignore[arg-type]
     phase = {key: median(values) for key, values in per_step.items()}  # type: ignore[arg-type]
@@ -204,8 +187,8 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
             "accumulation": config.accumulation,
         },
         notes=[(f"median of {len(measured)} step(s) of {len(trajectories)} trajectories: {total:.2f} s local CPU "
-               f"against {service:.0f} s modelled service time; the scripted sampler and the fake "
-               f"server's math ({phase['excluded_fake_services']:.2f} s) are not counted")],
+               f"(engine and pytrio client) against {service:.0f} s modelled service time; the twin served "
+               "from another process")],
     )
     figure.seconds = time.perf_counter() - started
     return figure

@@ -1,9 +1,9 @@
 """Scripted training-step workloads and latency models shared by the figures.
 
-A workload is a scenario for :class:`~searchr1.scripted.ScriptedSampler` (questions x group
-samples, each sample a scripted conversation with 0..4 searches and reasoning of random length)
-plus the search results its queries get. Everything is drawn from one seed, so both schedulers
-(and every repetition) see exactly the same step.
+A workload is a scenario for the twin's scripted policy (questions x group samples, each sample
+a scripted conversation with 0..4 searches and reasoning of random length) plus the search
+results its queries get. Everything is drawn from one seed, so both schedulers (and every
+repetition) see exactly the same step.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from ..rollout import RolloutConfig
-from ..scripted import SampleCall, Scenario, ScriptedSampler, parse_scenario
 from ..search.types import SearchItem, SearchResult
 from ..trajectory import Trajectory
+from ..twin.config import Latencies
+from ..twin.scenario import Scenario, parse_scenario
 
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
 
@@ -61,6 +62,7 @@ class Workload:
     scenario: Scenario
     results: dict[str, SearchResult]
     config: RolloutConfig
+    raw: dict[str, Any]  # the scenario as JSON, for a twin in another process
 
     @property
     def examples(self) -> list[Any]:
@@ -127,11 +129,11 @@ def build_workload(spec: WorkloadSpec, seed: int, **config_overrides: Any) -> Wo
             "id": f"bench-{q}", "question": f"Bench question {q}: which city is meant?",
             "answers": ["Paris"], "data_source": "bench", "samples": samples,
         })
-    scenario = parse_scenario({"name": "bench", "questions": questions})
+    raw = {"name": "bench", "questions": questions}
     results = {query: make_result(rng, spec, query) for query in dict.fromkeys(queries)}
     config = RolloutConfig(group_size=spec.group_size, max_search_calls=4, sample_retry_backoff=0.0,
                            **config_overrides)
-    return Workload(spec, scenario, results, config)
+    return Workload(spec, parse_scenario(raw), results, config, raw)
 
 
 # ------------------------------------------------------------------------------- latencies
@@ -147,7 +149,8 @@ class LatencyModel:
     """Service latencies in model seconds, played back ``scale`` times faster.
 
     Sampling: ``sample_base + sample_per_token x tokens`` of the longest sequence of the
-    request (a request ends when its last sample does). Search: lognormal (median
+    request (a request ends when its last sample does); the twin plays it back
+    (:meth:`twin_latencies`). Search: lognormal (median
     ``search_median``, shape ``search_sigma``) capped at ``search_cap``, drawn from a hash of
     the query, so the same query always takes the same time whoever asks and in what order.
     """
@@ -168,8 +171,9 @@ class LatencyModel:
         rng = np.random.default_rng(_unit_hash(self.seed, "search", query))
         return float(min(self.search_cap, rng.lognormal(math.log(self.search_median), self.search_sigma)))
 
-    def sampler_latency(self) -> Callable[[SampleCall, list[list[int]]], float]:
-        return lambda call, tokens: self.scale * self.sampling(tokens)
+    def twin_latencies(self) -> Latencies:
+        """The sampling latencies, scaled, as the twin models them."""
+        return Latencies(sample_request=self.scale * self.sample_base, sampled_token=self.scale * self.sample_per_token)
 
     def search_latency(self) -> Callable[[str], float]:
         return lambda query: self.scale * self.search(query)
@@ -236,29 +240,6 @@ def lower_bound(trajectories: list[Trajectory], model: LatencyModel, *, sampling
 
 
 # ------------------------------------------------------------------------------- sampler
-
-
-class MemoSampler(ScriptedSampler):
-    """A :class:`ScriptedSampler` that remembers its replies (a pure function of the request).
-
-    The scripted sampler decodes the whole prompt to find the conversation; the real service
-    does that remotely. Sharing the memo across runs keeps that stand-in's CPU out of the
-    timed runs, which then measure the engine and the simulated latencies only.
-    """
-
-    def __init__(self, *args: Any, memo: dict[Any, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._memo = memo if memo is not None else {}
-
-    def respond(self, prompt_tokens: list[int], num_samples: int, max_tokens: int,
-                seed: int | None = None) -> tuple[SampleCall, Any]:
-        key = (tuple(prompt_tokens), num_samples, max_tokens)
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = super().respond(prompt_tokens, num_samples, max_tokens, seed)
-            self._memo[key] = hit
-        call, response = hit
-        return dataclasses.replace(call, seed=seed), response
 
 
 def fingerprint(trajectories: list[Trajectory]) -> list[tuple[Any, ...]]:

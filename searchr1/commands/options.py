@@ -111,12 +111,12 @@ def run_guarded(function: Callable[[], Any]) -> Any:
     from ..data import DataError
     from ..preflight import PreflightError
     from ..run_dir import RunDirError
-    from ..scripted import ScenarioError
     from ..search.base import SearchRefusedError
     from ..search.env import MissingApiKeyError
     from ..search.replay import CassetteFormatError, CassetteMissError
     from ..services import ServiceSetupError
     from ..tokenizer import TokenizerSetupError
+    from ..twin.scenario import ScenarioError
 
     expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, SearchRefusedError,
                 CassetteMissError, CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError)

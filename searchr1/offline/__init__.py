@@ -6,7 +6,7 @@ search results its queries get.
 * ``scenario.json``: the scripted policy (8 samples per question, mixed behaviours: search
   every hop and answer, stop after one hop, guess, emit a JSON-style call, forget the
   ``Answer:`` line, search and still answer wrongly, repeat a search), used by
-  ``ScriptedSampler`` for ``train --offline``, ``eval --offline`` and ``rollout --offline``;
+  the offline twin's scripted policy for ``train --offline``, ``eval --offline`` and ``rollout --offline``;
 * ``train.jsonl`` / ``dev.jsonl``: the questions in the dataset format;
 * ``cassettes/specs/offline.json``: a cassette spec with the canned passages for every query,
   from which ``python cli.py cassettes build`` records ``cassettes/<backend>/offline.yaml``.

@@ -17,6 +17,7 @@ request is for.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import threading
@@ -359,6 +360,12 @@ class _TwinHTTPServer(ThreadingHTTPServer):
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         super().__init__(("127.0.0.1", port), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-request is normal; nothing is printed (socketserver
+        would print a traceback to stderr, which is a user's terminal or a test's output)."""
+        logging.getLogger(__name__).debug("twin connection from %s ended with an error", client_address,
+                                          exc_info=True)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._connections_lock:

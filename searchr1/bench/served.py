@@ -1,0 +1,64 @@
+"""The offline twin in a process of its own, for the benchmarks: the service's CPU stays out of
+the measured process, as it does live, and pytrio's client does all the local work it does live.
+
+``served_twin(scenario_raw, latencies)`` writes the scenario, starts ``python -m searchr1.cli
+twin serve`` with it and the modelled latencies, and yields a real ``pytrio.ServiceClient``
+connected to it; the server is stopped (SIGTERM, then killed if it lingers) on exit.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..twin.client import LOCAL_RETRIES, connect, session_closer
+from ..twin.config import Latencies
+
+BASE_MODEL = "Qwen/Qwen3.5-4B"
+
+
+class TwinStartError(RuntimeError):
+    """The twin process did not print its address."""
+
+
+@contextmanager
+def served_twin(scenario: dict[str, Any], latencies: Latencies = Latencies()) -> Iterator[Any]:
+    with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch:
+        path = Path(scratch) / "scenario.json"
+        path.write_text(json.dumps(scenario), "utf-8")
+        command = [
+            sys.executable, "-m", "searchr1.cli", "twin", "serve", "--home", str(Path(scratch) / "home"),
+            "--policy", "scripted", "--scenario", str(path),
+            "--sample-latency", repr(latencies.sample_request), "--token-latency", repr(latencies.sampled_token),
+            "--train-token-latency", repr(latencies.trained_token), "--optim-latency", repr(latencies.optim_step),
+            "--save-latency", repr(latencies.weight_save),
+        ]
+        server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = server.stdout.readline().strip() if server.stdout else ""
+            if not first.startswith("PYTRIO_BASE_URL="):
+                raise TwinStartError(f"the twin did not start: {(first + server.communicate(timeout=30)[1])[-500:]}")
+            client = connect(first.split("=", 1)[1], home=Path(scratch) / "sdk", sdk_options=LOCAL_RETRIES)
+            closer = session_closer(client)
+            try:
+                yield client
+            finally:
+                closer()  # the session ends while the server still answers
+        finally:
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
+            for stream in (server.stdout, server.stderr):
+                if stream is not None:
+                    stream.close()
