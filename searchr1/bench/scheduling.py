@@ -90,7 +90,7 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     scale = scale if scale is not None else (QUICK_SCALE if quick else SCALE)
     workload = build_workload(spec, seed)
     model = LatencyModel(scale=scale, seed=seed)
-    with served_twin(workload.raw, model.twin_latencies()) as service:
+    with served_twin(workload.raw, model.twin_latencies(), in_process=quick, tokenizer=tokenizer) as service:
         setup = SchedulingSetup(workload, model, DEFAULT_SEARCH_CONCURRENCY,
                                 service.create_sampling_client(base_model=BASE_MODEL))
         walls, cpus, rounds, reference, ours = _timed_runs(setup, tokenizer, model, repetitions)

@@ -4,6 +4,8 @@ the measured process, as it does live, and pytrio's client does all the local wo
 ``served_twin(scenario_raw, latencies)`` writes the scenario, starts ``python -m searchr1.cli
 twin serve`` with it and the modelled latencies, and yields a real ``pytrio.ServiceClient``
 connected to it; the server is stopped (SIGTERM, then killed if it lingers) on exit.
+``in_process=True`` (``bench --quick``, a smoke run whose numbers are not for quoting) starts
+the twin in this process instead, which saves the second process's start-up.
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ class TwinStartError(RuntimeError):
 
 
 @contextmanager
-def served_twin(scenario: dict[str, Any], latencies: Latencies = Latencies()) -> Iterator[Any]:
+def served_twin(scenario: dict[str, Any], latencies: Latencies = Latencies(), *, in_process: bool = False,
+                tokenizer: Any = None) -> Iterator[Any]:
+    if in_process:
+        with _in_process(scenario, latencies, tokenizer) as client:
+            yield client
+        return
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch:
         path = Path(scratch) / "scenario.json"
         path.write_text(json.dumps(scenario), "utf-8")
@@ -62,3 +69,19 @@ def served_twin(scenario: dict[str, Any], latencies: Latencies = Latencies()) ->
             for stream in (server.stdout, server.stderr):
                 if stream is not None:
                     stream.close()
+
+
+@contextmanager
+def _in_process(scenario: dict[str, Any], latencies: Latencies, tokenizer: Any) -> Iterator[Any]:
+    from ..twin import start_twin
+    from ..twin.scenario import parse_scenario
+    from ..twin.scripted_policy import ScriptedPolicy
+
+    if tokenizer is None:
+        from ..tokenizer import shared_tokenizer
+
+        tokenizer = shared_tokenizer()
+    with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch, \
+            start_twin(home=scratch, tokenizer=tokenizer, policy=ScriptedPolicy(parse_scenario(scenario), tokenizer),
+                       latencies=latencies) as twin:
+        yield twin.service_client()

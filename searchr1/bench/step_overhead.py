@@ -139,7 +139,7 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
                              save_every=0, rollout=workload.config, offline=True)
         run = RunDir(Path(home) / "run")
         run.create(config.to_json())
-        service = stack.enter_context(served_twin(workload.raw))
+        service = stack.enter_context(served_twin(workload.raw, in_process=quick, tokenizer=tokenizer))
         trainer = Trainer(config, run, service=service, tokenizer=tokenizer,
                           search=ScriptedSearch(workload.results), examples=workload.examples)
         trainer.step = timed_step(trainer)  # type: ignore[method-assign]
