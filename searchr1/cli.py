@@ -48,8 +48,9 @@ def main() -> None:
     """Search-R1 on PyTRIO: teach an LLM when to search, what to search for, and when to answer.
 
     Live runs need PYTRIO_API_KEY and a search backend key. With --offline, train, eval and
-    rollout run the same code against offline twins (a scripted policy, a fake PyTRIO service,
-    recorded search cassettes) and the exact Qwen3.5 tokenizer: no key, no network.
+    rollout run the same code, the real PyTRIO client included, against offline twins (a PyTRIO
+    server on 127.0.0.1, recorded search cassettes) and the exact Qwen3.5 tokenizer: no key, no
+    network.
     """
 
 

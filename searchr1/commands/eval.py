@@ -24,8 +24,8 @@ RESULT_DIR = Path("eval_result")
 
 @click.command("eval", context_settings={"show_default": True})
 @click.option("--offline", is_flag=True,
-              help="No key, no network: the fake PyTRIO service with the scripted policy, and the "
-                   "backend's offline search cassette.")
+              help="No key, no network: the offline PyTRIO twin (the real client against a server on "
+                   "127.0.0.1) and the backend's offline search cassette.")
 @click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Eval JSONL [default: datasets/dev.jsonl; the shipped offline dev set with --offline].")
 @click.option("--limit", type=click.IntRange(min=1), default=None,

@@ -30,7 +30,8 @@ RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "logger", "logger_proj
                    "turns that really improves from the updates; scripted: the fixed scenario of the golden "
                    "tests (8 samples per question, so --group-size at most 8).")
 @click.option("--offline", is_flag=True,
-              help="No key, no network: the fake PyTRIO service, the scripted policy and search cassettes.")
+              help="No key, no network: the offline PyTRIO twin (the real client against a server on "
+                   "127.0.0.1) and search cassettes.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Training steps [required live; with --offline default 20 for the learning policy, 4 for "
                    "the scripted one].")
