@@ -118,3 +118,43 @@ def test_an_event_submitted_twice_is_answered_as_already_accepted(tmp_path, toke
         submits = twin.calls("event_submit")
     assert kinds.count("trainer.forward_backward") == 1
     assert submits == len(kinds) + 1  # the answer was lost once and the event sent again
+
+
+def test_the_rest_client_lists_the_checkpoints_on_the_twins_disk(tmp_path, tokenizer):
+    with running_twin(tmp_path, tokenizer) as (_, service):
+        trainer = service.create_lora_training_client(MODEL, rank=8)
+        state = trainer.save_state("listed").result()
+        weights = trainer.save_weights_for_sampler("listed-weights").result()
+        rest = service.create_rest_client()
+        listed = rest.list_checkpoints(trainer.training_run_cuid).result()
+        run = rest.get_training_run(trainer.training_run_cuid).result()
+    assert sorted((c.checkpoint_type, c.path) for c in listed.checkpoints) == [
+        ("sampler", weights.path), ("training", state.path)]
+    assert run.lora_rank == 8
+
+
+def test_without_the_served_tokenizer_the_sdk_goes_to_modelscope_as_a_user_without_network_would(
+    tmp_path, tokenizer, monkeypatch
+):
+    import modelscope
+    from modelscope_hub.errors import NetworkError
+
+    asked = []
+
+    class Offline:
+        @staticmethod
+        def from_pretrained(name, *args, **kwargs):
+            asked.append((name, kwargs.get("local_files_only")))
+            raise NetworkError("Connection failed: modelscope.cn is unreachable")
+
+    monkeypatch.setattr(modelscope, "AutoTokenizer", Offline)
+    with running_twin(tmp_path, tokenizer, serve_tokenizer=False) as (twin, service):
+        trainer = service.create_lora_training_client(MODEL, rank=8)
+        sampler = trainer.save_weights_and_get_sampling_client()
+        datum = datum_from(tokenizer.encode(PROMPT), [5], [-1.0], advantage=0.0)
+        with pytest.raises(NetworkError):  # not a PyTrioError: pytrio lets ModelScope's error through
+            trainer.forward_backward([datum], loss_fn="importance_sampling")
+        sent = [e.type for e in twin.event_log]
+    assert trainer.model_id == sampler.model_id == MODEL
+    assert asked == [(MODEL, True), (MODEL, False)]  # the local cache, then the network
+    assert "trainer.forward_backward" not in sent

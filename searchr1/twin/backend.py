@@ -30,6 +30,7 @@ from pytrio.protocol.actor.events.event import EVENT_PROTOCOL_VERSION, EventEnve
 from pytrio.protocol.actor.sampling_run.sample import SampleRequest
 from pytrio.protocol.control.actor.credentials import ActorConnectionInfo, ActorJWT
 from pytrio.protocol.control.api_key.verify import APIKeyInfo
+from pytrio.protocol.control.checkpoint.list import CheckpointListResponse, CheckpointResponse
 from pytrio.protocol.control.model.list import ModelInfo, ModelListResponse, ModelRunnerCapability
 from pytrio.protocol.control.platform.bootstrap import SDKBootstrapResponse, SDKCompatibilityResponse
 from pytrio.protocol.control.sampling_run.create import SamplingRunCreateRequest, SamplingRunCreateResponse
@@ -436,6 +437,30 @@ class TwinBackend:
             corrupted=bool(run and run.broken), corrupted_reason=run.broken if run else None,
             training_params=params, created_at=self._created, updated_at=_now(),
         )
+
+    def list_checkpoints(self, run: str | None, limit: int, offset: int) -> CheckpointListResponse:
+        """Every checkpoint on disk (of one run, or of every run under the home), sorted."""
+        runs = [run] if run else sorted(p.name for p in (self.store.home / "runs").iterdir() if p.is_dir())
+        found = []
+        for cuid in runs:
+            try:
+                config = self.store.run_config(cuid)
+            except CheckpointNotFound:
+                raise ApiError(404, "training_run_not_found", f"training run {cuid} does not exist") from None
+            for kind, name in self.store.names(cuid):
+                path = self.store.home / "runs" / cuid / kind / f"{name}.npz"
+                stat = path.stat()
+                when = datetime.fromtimestamp(stat.st_mtime, timezone.utc)
+                uri = f"trio://twin/{cuid}/{kind}/{name}"
+                found.append(CheckpointResponse(
+                    cuid=f"{cuid}/{kind}/{name}", checkpoint_cuid=f"{cuid}/{kind}/{name}", training_run_cuid=cuid,
+                    workspace_cuid=WORKSPACE, name=name, checkpoint_type="TRAINING" if kind == STATE else "SAMPLER",
+                    status="READY", checkpoint_uri=uri, model=config.base_model, base_model=config.base_model,
+                    model_spec_cuid="model-twin", task_id=cuid, task_created_at=self._created, task_status="RUNNING",
+                    path=uri, created_at=when, size_bytes=stat.st_size, lora_rank=config.lora_rank, is_uploaded=False,
+                ))
+        return CheckpointListResponse(checkpoints=found[offset: offset + limit],
+                                      cursor={"offset": offset, "limit": limit, "total": len(found)})
 
     # --- control: sampling runs ----------------------------------------------------------
 

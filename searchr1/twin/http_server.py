@@ -224,6 +224,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._body()
         return Reply(200, _dump(self.backend.renew_training_run(m["rid"])))
 
+    def training_checkpoints(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        query = self._query()
+        return Reply(200, _dump(self.backend.list_checkpoints(m["rid"], int(query.get("limit", 200)),
+                                                              int(query.get("offset", 0)))))
+
+    def checkpoint_list(self, _: re.Match[str]) -> Reply:
+        self._control_auth()
+        query = self._query()
+        return Reply(200, _dump(self.backend.list_checkpoints(None, int(query.get("limit", 100)),
+                                                              int(query.get("offset", 0)))))
+
     def sampling_create(self, m: re.Match[str]) -> Reply:
         self._control_auth()
         request = _model(SamplingRunCreateRequest, self._json())
@@ -338,7 +350,10 @@ ROUTES: list[Route] = [
          _Handler.sampling_create),
         ("GET", f"{_OPENAPI}/training-runs/by-checkpoint-uri", "training_run_find_by_checkpoint_uri",
          _Handler.training_find),
+        ("GET", f"{_OPENAPI}/training-runs/(?P<rid>[^/]+)/checkpoints", "training_run_checkpoints",
+         _Handler.training_checkpoints),
         ("GET", f"{_OPENAPI}/training-runs/(?P<rid>[^/]+)", "training_run_get", _Handler.training_get),
+        ("GET", f"{_OPENAPI}/checkpoints", "checkpoint_list", _Handler.checkpoint_list),
         ("POST", f"{_OPENAPI}/training-runs/(?P<rid>[^/]+)/renew", "training_run_renew", _Handler.training_renew),
         ("GET", f"{_OPENAPI}/sampling-runs/(?P<id>[^/]+)", "sampling_run_get", _Handler.sampling_get),
         ("POST", f"{_OPENAPI}/sampling-runs/(?P<id>[^/]+)/renew", "sampling_run_renew", _Handler.sampling_renew),
