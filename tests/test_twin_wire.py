@@ -158,3 +158,10 @@ def test_without_the_served_tokenizer_the_sdk_goes_to_modelscope_as_a_user_witho
     assert trainer.model_id == sampler.model_id == MODEL
     assert asked == [(MODEL, True), (MODEL, False)]  # the local cache, then the network
     assert "trainer.forward_backward" not in sent
+
+
+def test_sdk_telemetry_is_accepted_when_a_client_sends_it(tmp_path, tokenizer):
+    with start_twin(home=tmp_path, tokenizer=tokenizer, policy="toy") as twin:
+        service = twin.service_client(sdk_options=FAST_RETRIES, telemetry=True)
+        service.create_lora_training_client(MODEL, rank=8).save_state("seen").result()
+    assert twin.backend.telemetry_batches >= 1  # flushed when the session closed, before the twin stopped
