@@ -165,3 +165,37 @@ def test_sdk_telemetry_is_accepted_when_a_client_sends_it(tmp_path, tokenizer):
         service = twin.service_client(sdk_options=FAST_RETRIES, telemetry=True)
         service.create_lora_training_client(MODEL, rank=8).save_state("seen").result()
     assert twin.backend.telemetry_batches >= 1  # flushed when the session closed, before the twin stopped
+
+
+def test_train_offline_builds_the_real_client_and_every_pytrio_call_crosses_the_socket(tmp_path, monkeypatch):
+    from collections import Counter
+
+    from click.testing import CliRunner
+
+    import searchr1.twin as twin_package
+    from searchr1.cli import main
+
+    started, built = [], []
+    start, init = twin_package.start_twin, pytrio.ServiceClient.__init__
+
+    def starting(**options):
+        started.append(start(**options))
+        return started[-1]
+
+    def constructing(self, *args, **kwargs):
+        built.append(type(self))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(twin_package, "start_twin", starting)
+    monkeypatch.setattr(pytrio.ServiceClient, "__init__", constructing)
+    result = CliRunner().invoke(main, ["train", "--offline", "--offline-policy", "scripted", "--max-steps", "2",
+                                       "--quiet", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    (twin,) = started
+    events = Counter(e.type for e in twin.event_log)
+    assert built == [pytrio.ServiceClient]
+    assert events["trainer.init_run"] == 1 and events["trainer.forward_backward"] == 2
+    assert events["trainer.optimize_step"] == 2 and events["trainer.save_state"] == 1
+    assert events["trainer.save_weights"] == 3  # two samplers and the final checkpoint's weights
+    assert twin.calls("sampling_run_create") == 2 and len(twin.sample_log) > 2 * 8
+    assert (tmp_path / "run" / "twin" / "runs" / "run-0001" / "run.json").is_file()
