@@ -3,7 +3,6 @@ is recorded (and a test whose twin recorded one it did not take fails)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from pytrio.errors.event import EventFailedError
 from pytrio.types import AdamParams
@@ -218,4 +217,5 @@ def test_fault_numbers_start_at_one_and_names_are_checked():
         TwinFaults(broken_runs={"forward_backwards": {1}})
     with pytest.raises(ValueError, match="not an HTTP error status"):
         TwinFaults(http_errors={"sample": {1: 200}})
-    assert np.isfinite(Strictness().max_staleness)
+    with pytest.raises(ValueError, match="max_staleness"):
+        Strictness(max_staleness=-1)
