@@ -66,7 +66,7 @@ def test_the_twin_starts_in_well_under_a_second_and_stops_cleanly(tmp_path, toke
     service.create_lora_training_client(MODEL, rank=8)
     twin.close()
     twin.close()  # idempotent
-    assert elapsed < 0.5
+    assert elapsed < 1.0  # it takes about 10 ms; the bound only guards against a start that blocks
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{twin.base_url}/api/models", timeout=1)
     deadline = time.monotonic() + 5
