@@ -558,6 +558,7 @@ class TwinBackend:
             if not self.wait(self.settings.faults.slow_events):
                 return
             self._execute(record)
+            record.envelope.payload.clear()  # the datums are not needed once the event ran
             with self._lock:
                 meta = record.envelope.metadata
                 self.event_log.append(EventLogEntry(cuid, record.envelope.type.value, meta.index, meta.step,
