@@ -33,7 +33,7 @@ VOCAB_SHA256 = "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd
 BPE_VOCAB_SIZE = 248_044
 TOKENIZER_LENGTH = 248_077
 MODEL_MAX_LENGTH = 262_144
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: tokenizer_config.json lists the added tokens
 
 TEMPLATE_ENV = "SEARCHR1_CHAT_TEMPLATE"
 TEMPLATE_NO_CHECK_ENV = "SEARCHR1_CHAT_TEMPLATE_NO_CHECK"
@@ -256,11 +256,26 @@ def _load_cached(directory: Path, template: str) -> Any | None:
     return tokenizer if _valid(tokenizer) else None
 
 
+def list_added_tokens(directory: Path, tokenizer: Any) -> None:
+    """Write the added tokens into ``directory/tokenizer_config.json`` (``added_tokens_decoder``).
+    transformers then need not re-read the 33 MB ``tokenizer.json`` in Python to find them,
+    which halves a load; the loaded tokenizer is the same."""
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text("utf-8"))
+    config["added_tokens_decoder"] = {
+        str(index): {"content": token.content, "lstrip": token.lstrip, "normalized": token.normalized,
+                     "rstrip": token.rstrip, "single_word": token.single_word, "special": token.special}
+        for index, token in sorted(tokenizer.added_tokens_decoder.items())
+    }
+    config_path.write_text(json.dumps(config, indent=1, ensure_ascii=False), "utf-8")
+
+
 def _store(tokenizer: Any, directory: Path) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
     try:
         tokenizer.save_pretrained(str(staging))
+        list_added_tokens(staging, tokenizer)
         files = {
             p.name: _sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()
         }

@@ -55,6 +55,7 @@ from searchr1.twin import TwinFaults, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.config import SampleRequestInfo
 from searchr1.twin.scripted_policy import ScriptedPolicy
+from twin_support import without_timing_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 RESUME_HINT = "python cli.py train --resume"
@@ -65,9 +66,7 @@ def cli(*args: str, **kwargs: Any):
     return CliRunner().invoke(main, list(args), **kwargs)
 
 
-def comparable(record: dict) -> dict:
-    """A metrics line without wall-clock measurements."""
-    return {k: v for k, v in record.items() if not k.startswith("time/")}
+comparable = without_timing_metrics
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:

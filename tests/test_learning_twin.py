@@ -21,6 +21,7 @@ from pytrio.types import Datum, TensorData
 from searchr1.cli import main
 from searchr1.datum import TrainingDatum
 from searchr1.run_dir import RunDir
+from twin_support import without_timing_metrics
 
 
 def invoke(*args: str) -> str:
@@ -52,8 +53,7 @@ def test_the_same_seed_gives_the_same_metrics_line_for_line(tmp_path):
     runs = []
     for name in ("a", "b"):
         invoke("train", "--offline", "--quiet", "--max-steps", "3", "--run-dir", str(tmp_path / name))
-        runs.append([{k: v for k, v in line.items() if not k.startswith("time/")}
-                     for line in RunDir(tmp_path / name).metrics()])
+        runs.append([without_timing_metrics(line) for line in RunDir(tmp_path / name).metrics()])
     assert runs[0] == runs[1]
     assert runs[0][0]["reward/mean"] != runs[0][2]["reward/mean"] or runs[0][1] != runs[0][2]
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from searchr1.cli import main
 from searchr1.off_policy import batches_in_flight, sampler_version, versions_to_record
 from searchr1.run_dir import RunDir
+from twin_support import without_timing_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4"]
@@ -78,11 +79,7 @@ main(sys.argv[2:])
 """
 
 
-def comparable(record: dict) -> dict:
-    """A metrics line without wall-clock observations. With K >= 1 the search service's own
-    counters (search/*) are windows of wall time too: a later batch's searches land in whichever
-    step is training when they finish. What each step trained on is in the other keys."""
-    return {k: v for k, v in record.items() if not k.startswith(("time/", "search/"))}
+comparable = without_timing_metrics
 
 
 def test_a_killed_off_policy_run_resumes_exactly_like_an_uninterrupted_one(tmp_path):

@@ -102,10 +102,11 @@ def test_template_override_that_does_not_exist_is_named(tmp_path):
 
 def _seed_cache(tmp_path: Path, monkeypatch) -> Path:
     """A private cache directory holding a copy of the machine's built tokenizer."""
-    shared = tok_module.cache_root() / "tokenizers"
     load_qwen35_tokenizer()  # make sure the machine cache exists
+    key = tok_module._cache_key(tok_module._sha256_file(tok_module.vocab_path()), tok_module.read_chat_template())
+    entry = f"qwen35-{key}"  # only the current entry (older formats may sit beside it)
     private = tmp_path / "cache"
-    shutil.copytree(shared, private / "tokenizers")
+    shutil.copytree(tok_module.cache_root() / "tokenizers" / entry, private / "tokenizers" / entry)
     monkeypatch.setenv("SEARCHR1_CACHE_DIR", str(private))
     return private
 

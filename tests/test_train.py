@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from searchr1.cli import main
 from searchr1.run_dir import RunDir
+from twin_support import without_timing_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4"]
@@ -24,9 +25,7 @@ def train(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output + (str(result.exception) if result.exception and result.exit_code not in (0, 1, 2) else "")
 
 
-def comparable(record: dict) -> dict:
-    """A metrics line without wall-clock measurements."""
-    return {k: v for k, v in record.items() if not k.startswith("time/")}
+comparable = without_timing_metrics
 
 
 def test_offline_training_writes_a_line_per_step_and_checkpoints(tmp_path):

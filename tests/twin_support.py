@@ -132,3 +132,15 @@ def train_steps(trainer: Any, tokenizer: Any, steps: int, *, start: int = 0, lr:
         bad = sampled_datum(sampler, prompt, seed=2 * k + 1, advantage=-0.5)
         trainer.forward_backward([good, bad], loss_fn="importance_sampling").result()
         trainer.optim_step(AdamParams(learning_rate=lr, weight_decay=0.01)).result()
+
+
+# Metrics that describe wall-clock behaviour rather than what was trained: timings, and the
+# search service's own counters (how many requests single-flight merged, how many reached the
+# service, their tokens and latency depend on which concurrent trajectory asked first).
+TIMING_DEPENDENT_PREFIXES = ("time/", "search/")
+
+
+def without_timing_metrics(record: dict) -> dict:
+    """A metrics line (or summary metrics) without wall-clock observations; two runs with the
+    same seed agree on everything else."""
+    return {k: v for k, v in record.items() if not k.startswith(TIMING_DEPENDENT_PREFIXES)}

@@ -20,40 +20,32 @@ load the SDK makes. The loaded tokenizer is the same (a test compares its serial
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..tokenizer import list_added_tokens
+
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
-SKIPPED = {CONFIG_FILE, "searchr1-manifest.json"}
-
-
-def _added_tokens(tokenizer: Any) -> dict[str, dict[str, Any]]:
-    return {
-        str(index): {"content": token.content, "lstrip": token.lstrip, "normalized": token.normalized,
-                     "rstrip": token.rstrip, "single_word": token.single_word, "special": token.special}
-        for index, token in sorted(tokenizer.added_tokens_decoder.items())
-    }
 
 
 def _fill(staging: Path, tokenizer: Any, source: Path | None) -> None:
-    if source is not None:
-        for item in source.iterdir():
-            if item.is_file() and item.name not in SKIPPED:
-                try:
-                    os.link(item, staging / item.name)
-                except OSError:
-                    shutil.copy2(item, staging / item.name)
-        config = json.loads((source / CONFIG_FILE).read_text("utf-8"))
-    else:
+    if source is None:
         tokenizer.save_pretrained(str(staging))
-        config = json.loads((staging / CONFIG_FILE).read_text("utf-8"))
-    config["added_tokens_decoder"] = _added_tokens(tokenizer)
-    (staging / CONFIG_FILE).write_text(json.dumps(config, indent=1, ensure_ascii=False), "utf-8")
+    else:
+        for item in source.iterdir():
+            if not item.is_file() or item.name == "searchr1-manifest.json":
+                continue
+            try:
+                if item.name == CONFIG_FILE:  # rewritten below: a copy, never a link into the cache
+                    raise OSError
+                os.link(item, staging / item.name)
+            except OSError:
+                shutil.copy2(item, staging / item.name)
+    list_added_tokens(staging, tokenizer)
 
 
 def served_tokenizer_dir(tokenizer: Any, root: Path | None = None) -> Path:
