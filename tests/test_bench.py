@@ -23,7 +23,8 @@ from searchr1.services import scripted_sampling_client
 from searchr1.twin import Latencies
 from searchr1.twin.scenario import parse_scenario
 
-FIGURES = {"scheduling", "protocol_cpu", "packing", "search_calls", "step_overhead"}
+FIGURES = {"scheduling", "protocol_cpu", "packing", "search_calls", "step_overhead", "off_policy_throughput",
+           "learning_speed"}
 
 
 def test_quick_bench_writes_one_entry_per_figure_with_value_target_and_met(tmp_path, tokenizer):
@@ -32,7 +33,7 @@ def test_quick_bench_writes_one_entry_per_figure_with_value_target_and_met(tmp_p
     assert result.exit_code == 0, result.output
     report = json.loads(output.read_text())
     assert set(report["figures"]) == FIGURES
-    assert sorted(f["figure"] for f in report["figures"].values()) == [1, 2, 3, 4, 5]
+    assert sorted(f["figure"] for f in report["figures"].values()) == [1, 2, 3, 4, 5, 6, 7]
     assert report["quick"] is True and isinstance(report["all_met"], bool)
     for figure in report["figures"].values():
         assert {"value", "target", "met", "measures"} <= set(figure)
@@ -57,7 +58,7 @@ def test_only_runs_the_named_figures_and_rejects_unknown_ones(tmp_path):
     result = CliRunner().invoke(main, ["bench", "--quick", "--only", "3", "--output", str(output)])
     assert result.exit_code == 0, result.output
     assert set(json.loads(output.read_text())["figures"]) == {"packing"}
-    result = CliRunner().invoke(main, ["bench", "--only", "6", "--output", str(output)])
+    result = CliRunner().invoke(main, ["bench", "--only", "9", "--output", str(output)])
     assert result.exit_code == 2 and "--only" in result.output
 
 

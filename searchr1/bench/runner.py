@@ -7,10 +7,11 @@ from typing import Any
 
 from .report import Figure
 
-FIGURE_NUMBERS = (1, 2, 3, 4, 5)
+FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7)
 
 
 def _builders() -> dict[int, Callable[..., Figure]]:
+    from .off_policy import learning_speed_figure, off_policy_throughput_figure
     from .packing import packing_figure
     from .protocol_cpu import protocol_cpu_figure
     from .scheduling import scheduling_figure
@@ -23,6 +24,8 @@ def _builders() -> dict[int, Callable[..., Figure]]:
         3: packing_figure,
         4: search_calls_figure,
         5: step_overhead_figure,
+        6: off_policy_throughput_figure,
+        7: learning_speed_figure,
     }
 
 

@@ -31,18 +31,22 @@ class TwinStartError(RuntimeError):
 
 
 @contextmanager
-def served_twin(scenario: dict[str, Any], latencies: Latencies = Latencies(), *, in_process: bool = False,
-                tokenizer: Any = None) -> Iterator[Any]:
+def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencies(), *, in_process: bool = False,
+                tokenizer: Any = None, policy: str = "scripted", max_staleness: int = 0) -> Iterator[Any]:
+    """``scenario`` is what the scripted policy replies from; other policies take ``None``.
+    ``max_staleness`` is the strict mode's allowance for off-policy training."""
     if in_process:
-        with _in_process(scenario, latencies, tokenizer) as client:
+        with _in_process(scenario, latencies, tokenizer, policy, max_staleness) as client:
             yield client
         return
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch:
-        path = Path(scratch) / "scenario.json"
-        path.write_text(json.dumps(scenario), "utf-8")
-        command = [
-            sys.executable, "-m", "searchr1.cli", "twin", "serve", "--home", str(Path(scratch) / "home"),
-            "--policy", "scripted", "--scenario", str(path),
+        command = [sys.executable, "-m", "searchr1.cli", "twin", "serve", "--home", str(Path(scratch) / "home"),
+                   "--policy", policy, "--max-staleness", str(max_staleness)]
+        if scenario is not None:
+            path = Path(scratch) / "scenario.json"
+            path.write_text(json.dumps(scenario), "utf-8")
+            command += ["--scenario", str(path)]
+        command += [
             "--sample-latency", repr(latencies.sample_request), "--token-latency", repr(latencies.sampled_token),
             "--train-token-latency", repr(latencies.trained_token), "--optim-latency", repr(latencies.optim_step),
             "--save-latency", repr(latencies.weight_save),
@@ -72,8 +76,9 @@ def served_twin(scenario: dict[str, Any], latencies: Latencies = Latencies(), *,
 
 
 @contextmanager
-def _in_process(scenario: dict[str, Any], latencies: Latencies, tokenizer: Any) -> Iterator[Any]:
-    from ..twin import start_twin
+def _in_process(scenario: dict[str, Any] | None, latencies: Latencies, tokenizer: Any, policy: str,
+                max_staleness: int) -> Iterator[Any]:
+    from ..twin import Strictness, start_twin
     from ..twin.scenario import parse_scenario
     from ..twin.scripted_policy import ScriptedPolicy
 
@@ -81,7 +86,8 @@ def _in_process(scenario: dict[str, Any], latencies: Latencies, tokenizer: Any) 
         from ..tokenizer import shared_tokenizer
 
         tokenizer = shared_tokenizer()
+    served: Any = ScriptedPolicy(parse_scenario(scenario), tokenizer) if scenario is not None else policy
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch, \
-            start_twin(home=scratch, tokenizer=tokenizer, policy=ScriptedPolicy(parse_scenario(scenario), tokenizer),
-                       latencies=latencies) as twin:
+            start_twin(home=scratch, tokenizer=tokenizer, policy=served, latencies=latencies,
+                       strictness=Strictness(max_staleness=max_staleness)) as twin:
         yield twin.service_client()

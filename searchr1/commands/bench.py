@@ -13,6 +13,8 @@ TITLES = {
     3: "packing",
     4: "search calls saved",
     5: "local overhead of a step",
+    6: "overlapping rollouts with training",
+    7: "learning speed on the offline world",
 }
 
 

@@ -1,0 +1,250 @@
+"""Figures 6 and 7: what bounded off-policy rollouts buy, and how fast the offline world learns.
+
+Figure 6 (throughput). The real trainer runs the offline question set on the learning policy,
+against a twin in a process of its own that plays back modelled service times: sampling per
+request and per token, training per input token, the optimiser step and every weight save,
+while the in-memory search answers the world's queries with a lognormal latency tail. The same
+run is repeated at ``--max-steps-off-policy`` 0, 1 and 2; each reports steps per hour over the
+steps after the first (which also loads the SDK's tokenizer). The K=0 run's own stage times give
+the two bounds: sequential (rollout + training + weight save, the most an on-policy loop can do)
+and overlapped (the slowest stage alone, what perfect overlap could reach). A reference loop,
+the sequential step this project had before the pipeline (sampler, rollout, datums, one
+forward_backward, one optim_step), runs on the same twin: K=0 must produce its metrics exactly.
+
+Figure 7 (learning speed). On an in-process twin with no latency, the steps until the mean
+reward over the last three steps reaches 0.8: our defaults, the same at K=1 (the issue asks
+for at most 20 % more steps), and the seed's settings (the sampling seeds of every step equal,
+as the seed reused ``seed + index``, and manual micro-batch accumulation with n_k/N weights).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .report import Figure, Measure
+from .served import served_twin
+
+BASE_STEPS, QUICK_STEPS = 7, 2
+LEARN_STEPS, QUICK_LEARN_STEPS = 18, 3
+REWARD_TARGET, REWARD_WINDOW = 0.8, 3
+QUICK_SIZE = {"questions": 2, "group": 4}  # --quick: a smoke run, not held to the targets
+# Service times (seconds) of the throughput workload: training is about a third of a step.
+SAMPLE_REQUEST, SAMPLED_TOKEN = 0.06, 0.003
+TRAINED_TOKEN, OPTIM_STEP, WEIGHT_SAVE = 1.6e-5, 0.05, 0.08
+SEARCH_MEDIAN, SEARCH_SIGMA, SEARCH_CAP = 0.08, 0.8, 1.0
+
+
+def _world_search(seed: int, *, latency_tail: bool = True) -> Any:
+    """The offline world's passages behind an in-memory backend with a lognormal latency tail
+    (a hash of the query and the seed draws each latency, so every run sees the same ones)."""
+    import hashlib
+
+    from ..scripted import ScriptedSearch
+    from ..search.types import SearchItem, SearchResult
+    from ..twin.offline_world import load_world, passages_by_query
+
+    results = {query: SearchResult(True, (SearchItem(hop.title, hop.text, "offline"),))
+               for query, hop in passages_by_query(load_world()).items()}
+
+    def latency(query: str) -> float:
+        digest = hashlib.sha256(f"{seed}/{query}".encode()).digest()
+        normal = np.random.default_rng(int.from_bytes(digest[:8], "little")).normal()
+        return float(min(SEARCH_CAP, SEARCH_MEDIAN * np.exp(SEARCH_SIGMA * normal)))
+
+    return ScriptedSearch(results, latency=latency if latency_tail else None)
+
+
+def _config(steps: int, *, k: int = 0, accumulation: str = "sdk", questions: int = 8, group: int = 8) -> Any:
+    from ..offline import TRAIN
+    from ..rollout import RolloutConfig
+    from ..trainer import TrainConfig
+
+    return TrainConfig(max_steps=steps, data=str(TRAIN), run_name="bench", questions_per_batch=questions,
+                       learning_rate=0.2, save_every=0, transcripts_per_step=0, offline=True,
+                       offline_policy="learning", max_steps_off_policy=k, accumulation=accumulation,
+                       rollout=RolloutConfig(group_size=group), run_id="bench000")
+
+
+def _train(service: Any, config: Any, tokenizer: Any, search: Any, home: Path) -> list[dict[str, Any]]:
+    from ..data import shuffled_examples
+    from ..run_dir import RunDir
+    from ..trainer import Trainer
+
+    run = RunDir(home / f"run-k{config.max_steps_off_policy}-{config.accumulation}-{time.monotonic_ns()}")
+    run.create(config.to_json())
+    trainer = Trainer(config, run, service=service, tokenizer=tokenizer, search=search,
+                      examples=shuffled_examples(config.data, config.seed))
+    asyncio.run(trainer.run_steps(None))
+    return run.metrics()
+
+
+async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any) -> list[dict[str, float]]:
+    """The sequential step as it was before the pipeline, for the K=0 identity check."""
+    import pytrio as trio
+
+    from ..advantage import summarize_groups
+    from ..data import shuffled_examples, take_batch
+    from ..datum import build_training_datums
+    from ..metrics import rollout_metrics
+    from ..rollout import rollout_batch_async
+
+    client = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
+                                                 seed=config.seed)
+    examples = shuffled_examples(config.data, config.seed)
+    lines = []
+    for step in range(config.max_steps):
+        batch = take_batch(examples, step * config.questions_per_batch, config.questions_per_batch)
+        sampler = await client.save_weights_and_get_sampling_client_async()
+        trajectories = await rollout_batch_async(sampler, tokenizer, search, batch, config.rollout, step=step)
+        datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
+        line = {"reward/mean": rollout_metrics(trajectories, summarize_groups(trajectories))["reward/mean"]}
+        if datums:
+            output = await (await client.forward_backward_async([d.datum for d in datums],
+                                                                loss_fn="importance_sampling"))
+            adam = trio.AdamParams(learning_rate=config.learning_rate, beta1=config.beta1, beta2=config.beta2)
+            optim = await (await client.optim_step_async(adam))
+            line.update({"trainer/loss_sum": float(output.metrics["loss_sum"]),
+                         "optim/grad_norm": float(optim.metrics.get("grad_norm", 0.0))})
+        lines.append(line)
+    return lines
+
+
+def _steps_per_hour(metrics: list[dict[str, Any]]) -> float:
+    seconds = [m["time/step_seconds"] for m in metrics[1:]] or [m["time/step_seconds"] for m in metrics]
+    return 3600.0 / float(np.mean(seconds))
+
+
+def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
+    from ..twin.config import Latencies
+
+    started = time.perf_counter()
+    steps = QUICK_STEPS if quick else BASE_STEPS
+    size = QUICK_SIZE if quick else {}
+    latencies = Latencies() if quick else Latencies(
+        sample_request=SAMPLE_REQUEST, sampled_token=SAMPLED_TOKEN, trained_token=TRAINED_TOKEN,
+        optim_step=OPTIM_STEP, weight_save=WEIGHT_SAVE)
+    runs: dict[int, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="searchr1-bench-async-") as scratch, \
+            served_twin(None, latencies, in_process=quick, tokenizer=tokenizer, policy="learning",
+                        max_staleness=2) as service:
+        for k in (0, 1, 2):
+            runs[k] = _train(service, _config(steps, k=k, **size), tokenizer, _world_search(seed, latency_tail=not quick),
+                             Path(scratch))
+        reference = asyncio.run(_reference_loop(service, _config(steps, **size), tokenizer,
+                                                _world_search(seed, latency_tail=not quick)))
+    keys = ("reward/mean", "trainer/loss_sum", "optim/grad_norm")
+    same = sum(all(line.get(key) == ref.get(key) for key in keys) for line, ref in zip(runs[0], reference))
+    measured = runs[0][1:] or runs[0]
+    rollout = float(np.mean([m["time/rollout_seconds"] for m in measured]))
+    train = float(np.mean([m["time/train_seconds"] for m in measured]))
+    save = float(np.mean([max(0.0, m["time/rollout_wait_seconds"] - m["time/rollout_seconds"]) for m in measured]))
+    sequential, overlapped = 3600.0 / (rollout + train + save), 3600.0 / max(rollout, train + save)
+    rate = {k: _steps_per_hour(lines) for k, lines in runs.items()}
+    target = 1.3
+    measures = [
+        Measure("k1_over_k0_throughput", "steps per hour, K=1 / K=0", rate[1] / rate[0], target, ">=", "x"),
+        Measure("k2_over_k0_throughput", "steps per hour, K=2 / K=0", rate[2] / rate[0], unit="x"),
+        Measure("k0_equals_sequential_loop", "K=0 steps identical to the sequential reference loop",
+                same / len(reference), 1.0, ">=", digits=2),
+        Measure("train_share_of_k0_step", "training share of a K=0 step", 100.0 * train / (rollout + train + save),
+                unit="%", digits=0),
+    ]
+    for k in (0, 1, 2):
+        measures.append(Measure(f"steps_per_hour_k{k}", f"  steps per hour, K={k}", rate[k], unit="/h", digits=0))
+    measures += [
+        Measure("sequential_bound", "  sequential bound (sum of the stages)", sequential, unit="/h", digits=0),
+        Measure("overlapped_bound", "  overlapped bound (the slowest stage)", overlapped, unit="/h", digits=0),
+    ]
+    figure = Figure(
+        number=6, name="off_policy_throughput", title="Overlapping rollouts with training (--max-steps-off-policy)",
+        measures=measures,
+        details={"steps_run": steps, "stage_seconds_k0": {"rollout": rollout, "train": train, "weight_save": save},
+                 "latencies": latencies.__dict__,
+                 "search": {"median": SEARCH_MEDIAN, "sigma": SEARCH_SIGMA, "cap": SEARCH_CAP},
+                 "staleness_mean": {k: float(np.mean([m.get("async/staleness_mean", 0.0) for m in lines]))
+                                    for k, lines in runs.items()}},
+        notes=[f"{size.get('questions', 8)} questions x {size.get('group', 8)} samples on the learning policy, "
+               f"{steps} steps each, the first not timed; "
+               f"K=0 stages: rollout {rollout:.2f} s, training {train:.2f} s, weight save {save:.2f} s",
+               "the overlapped bound treats one batch's rollout as one stage; at K=2 three batches roll out at "
+               "once and the twin models no sampler capacity beyond the sampling cap, so K=2 may pass it (a live "
+               "service's capacity would not)"],
+    )
+    figure.seconds = time.perf_counter() - started
+    return figure
+
+
+@contextlib.contextmanager
+def _seed_systems_seeds() -> Iterator[None]:
+    """Every step samples with the same seeds (the seed's ``seed + index``)."""
+    from .. import rollout
+
+    original = rollout.sampling_seed
+    rollout.sampling_seed = lambda base, step, question, group, turn: original(base, 0, question, group, turn)
+    try:
+        yield
+    finally:
+        rollout.sampling_seed = original
+
+
+def steps_to_reward(metrics: list[dict[str, Any]], target: float = REWARD_TARGET,
+                    window: int = REWARD_WINDOW) -> int | None:
+    """Steps until the mean reward of the last ``window`` steps first reaches ``target``."""
+    rewards = [m["reward/mean"] for m in metrics]
+    for end in range(window, len(rewards) + 1):
+        if np.mean(rewards[end - window:end]) >= target:
+            return end
+    return None
+
+
+def learning_speed_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
+    from ..twin import Strictness, start_twin
+
+    started = time.perf_counter()
+    steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS
+    size = QUICK_SIZE if quick else {}
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="searchr1-bench-learn-") as scratch:
+        home = Path(scratch)
+        with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning",
+                        strictness=Strictness(max_staleness=1)) as twin:
+            service = twin.service_client()
+            runs["ours"] = _train(service, _config(steps, **size), tokenizer, _world_search(seed), home)
+            runs["ours_k1"] = _train(service, _config(steps, k=1, **size), tokenizer, _world_search(seed), home)
+            with _seed_systems_seeds():
+                runs["seed"] = _train(service, _config(steps, accumulation="manual", **size), tokenizer,
+                                      _world_search(seed), home)
+    reached = {name: steps_to_reward(lines) for name, lines in runs.items()}
+    never = steps + 1  # a run that never reaches the target counts as one step past the end
+
+    def value(name: str) -> float:
+        return float(reached[name] if reached[name] is not None else never)
+
+    measures = [
+        Measure("k1_steps_over_k0", f"steps to reward {REWARD_TARGET}, K=1 / K=0", value("ours_k1") / value("ours"),
+                1.2, "<=", "x"),
+        Measure("steps_ours", f"  steps to reward {REWARD_TARGET} (mean of {REWARD_WINDOW}), our defaults",
+                value("ours"), unit="steps", digits=0),
+        Measure("steps_ours_k1", "  the same with --max-steps-off-policy 1", value("ours_k1"), unit="steps",
+                digits=0),
+        Measure("steps_seed", "  the seed's settings (same seeds every step, n_k/N micro-batches)", value("seed"),
+                unit="steps", digits=0),
+    ]
+    figure = Figure(
+        number=7, name="learning_speed", title="Learning speed on the offline world",
+        measures=measures,
+        details={"steps_run": steps, "reached": reached,
+                 "reward_curves": {name: [m["reward/mean"] for m in lines] for name, lines in runs.items()}},
+        notes=[f"{steps} steps of {size.get('questions', 8)} questions x {size.get('group', 8)} samples, "
+               f"Adam lr 0.2; a run that never reaches the target counts as {never} steps"],
+    )
+    figure.seconds = time.perf_counter() - started
+    return figure
