@@ -17,7 +17,7 @@ from searchr1.bench.workload import LatencyModel, build_workload, fingerprint, q
 from searchr1.cli import main
 from searchr1.packing import MAX_DATUM_TOKENS, pack_micro_batches
 from searchr1.rollout import RolloutConfig, rollout_batch_async
-from searchr1.scripted import ScriptedSearch
+from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.search.types import SearchItem, SearchResult
 from searchr1.services import scripted_sampling_client
 from searchr1.twin import Latencies

@@ -19,7 +19,7 @@ from searchr1.rollout import (
     rollout_batch_async,
     sampling_seed,
 )
-from searchr1.scripted import ScriptedSearch
+from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.search.types import SearchItem, SearchResult
 from searchr1.trajectory import Trajectory
 from searchr1.twin import Latencies, TwinFaults, start_twin

@@ -13,7 +13,7 @@ from twin_support import MODEL
 from searchr1.datum import build_training_datums
 from searchr1.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.types import SearchItem, SearchResult
-from searchr1.scripted import ScriptedSearch
+from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.twin import StopConvention, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.scenario import parse_scenario

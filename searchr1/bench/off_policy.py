@@ -47,7 +47,7 @@ def _world_search(seed: int, *, latency_tail: bool = True) -> Any:
     (a hash of the query and the seed draws each latency, so every run sees the same ones)."""
     import hashlib
 
-    from ..scripted import ScriptedSearch
+    from ..twin.scripted_search import ScriptedSearch
     from ..search.types import SearchItem, SearchResult
     from ..twin.offline_world import load_world, passages_by_query
 

@@ -31,7 +31,7 @@ from ..protocol import (
     tool_message,
 )
 from ..rollout import RolloutConfig, fit_tool_content, rollout_batch_async
-from ..scripted import ScriptedSearch
+from ..twin.scripted_search import ScriptedSearch
 from ..search.types import SearchResult, observation_candidates
 from ..trajectory import Trajectory
 from .report import Figure, Measure

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from ..rollout import rollout_batch_async
-from ..scripted import ScriptedSearch
+from ..twin.scripted_search import ScriptedSearch
 from .lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout
 from .report import Figure, Measure
 from .served import BASE_MODEL, served_twin

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..scripted import ScriptedSearch
+from ..twin.scripted_search import ScriptedSearch
 from .lockstep import DEFAULT_SEARCH_CONCURRENCY
 from .report import Figure, Measure
 from .served import served_twin
