@@ -276,3 +276,12 @@ def test_a_batch_larger_than_the_dataset_warns_that_steps_repeat_questions(tmp_p
     code, output = train("--max-steps", "1", "--max-train-samples", "3", "--run-dir", str(tmp_path / "r"))
     assert code == 0, output
     assert "every step repeats questions" in output
+
+
+@pytest.mark.parametrize("command", [["train", "--offline"], ["eval", "--offline"]])
+def test_the_scripted_scenarios_group_limit_is_a_flag_error_before_anything_runs(tmp_path, command):
+    result = CliRunner().invoke(main, [*command, "--quiet", "--offline-policy", "scripted", "--group-size", "10",
+                                       "--run-dir" if command[0] == "train" else "--output", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "8 samples per question" in result.output
+    assert not (tmp_path / "x").exists()
+    assert "scripted" in CliRunner().invoke(main, [command[0], "--help"]).output

@@ -16,7 +16,13 @@ from typing import Any
 import click
 
 from ..search.cli_options import SearchOptions, search_options
-from .options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
+from .options import (
+    check_offline_group_size,
+    connect_timeout_option,
+    rollout_config_from,
+    rollout_options,
+    run_guarded,
+)
 
 LIVE_DATA = Path("datasets/dev.jsonl")
 RESULT_DIR = Path("eval_result")
@@ -265,6 +271,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
         raise click.ClickException(f"eval data {data} does not exist{hint}")
     if offline_home is not None and not offline:
         raise click.UsageError("--offline-home only applies with --offline")
+    if offline:
+        check_offline_group_size(offline_policy, rollout.group_size)
     check_base_model(base_model)
     examples = load_examples(data)
     if not examples:

@@ -106,6 +106,20 @@ def rollout_config_from(kwargs: dict[str, Any], *, seed: int) -> RolloutConfig:
     return RolloutConfig(seed=seed, **values)
 
 
+def check_offline_group_size(policy: str | None, group_size: int) -> None:
+    """The scripted offline scenario scripts 8 samples per question: a larger --group-size is a
+    one-line error before anything starts (the learning policy has no such limit)."""
+    if policy != "scripted":
+        return
+    from ..services import offline_scenario
+
+    scripted = min(len(question.samples) for question in offline_scenario().questions)
+    if group_size > scripted:
+        raise click.BadParameter(f"{group_size} is more than the {scripted} samples per question the scripted "
+                                 "offline scenario holds (use --offline-policy learning for larger groups)",
+                                 param_hint="--group-size")
+
+
 def run_guarded(function: Callable[[], Any]) -> Any:
     """Turn expected failures into one clear line and a non-zero exit (no traceback)."""
     from ..data import DataError

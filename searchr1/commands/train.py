@@ -13,7 +13,13 @@ from click.core import ParameterSource
 
 from ..loggers import LOGGER_NAMES, SWANLAB_MODES
 from ..search.cli_options import SearchOptions, search_options
-from .options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
+from .options import (
+    check_offline_group_size,
+    connect_timeout_option,
+    rollout_config_from,
+    rollout_options,
+    run_guarded,
+)
 
 # Offline defaults per twin policy: enough steps (and, for the small learning policy, a large
 # enough Adam step) to watch the reward rise in well under a minute.
@@ -171,6 +177,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
             check_base_model(kwargs["base_model"])
         allow_tempered = kwargs.pop("allow_tempered_sampling")
         rollout = rollout_config_from(kwargs, seed=kwargs["seed"])
+        check_offline_group_size(kwargs["offline_policy"], rollout.group_size)
         if rollout.temperature != 1.0 or rollout.top_p != 1.0:
             if not allow_tempered:
                 raise click.UsageError(
