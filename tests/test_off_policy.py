@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from searchr1.cli import main
 from searchr1.off_policy import batches_in_flight, sampler_version, versions_to_record
 from searchr1.run_dir import RunDir
-from twin_support import without_timing_metrics
+from twin_support import KILL_AFTER_STEP, without_timing_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4"]
@@ -64,28 +64,13 @@ def test_k_zero_is_on_policy_and_k_one_trains_one_step_old_samples(tmp_path):
     assert lines[0][0]["reward/mean"] == lines[1][0]["reward/mean"]
 
 
-KILLER = """
-import os, signal, sys
-from searchr1 import run_dir
-kill_after = int(sys.argv[1])
-original = run_dir.RunDir.append_metrics
-def append_then_maybe_die(self, record):
-    original(self, record)
-    if record["step"] == kill_after:
-        os.kill(os.getpid(), signal.SIGKILL)
-run_dir.RunDir.append_metrics = append_then_maybe_die
-from searchr1.cli import main
-main(sys.argv[2:])
-"""
-
-
 comparable = without_timing_metrics
 
 
 def test_a_killed_off_policy_run_resumes_exactly_like_an_uninterrupted_one(tmp_path):
     args = [*BASE, "--max-steps", "5", "--save-every", "2", "--max-steps-off-policy", "1", "--run-dir"]
     killed = tmp_path / "killed"
-    process = subprocess.run([sys.executable, "-c", KILLER, "2", *args, str(killed)], cwd=REPO,
+    process = subprocess.run([sys.executable, "-c", KILL_AFTER_STEP, "2", *args, str(killed)], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
     assert process.returncode == -9, process.stderr[-2000:]
     checkpoint = RunDir(killed).checkpoints()[-1]

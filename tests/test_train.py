@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from searchr1.cli import main
 from searchr1.run_dir import RunDir
-from twin_support import without_timing_metrics
+from twin_support import KILL_AFTER_STEP, without_timing_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4"]
@@ -63,28 +63,11 @@ def test_both_accumulation_modes_train(tmp_path):
         assert line["train/forward_backward_calls"] == expected_calls
 
 
-KILLER = textwrap.dedent(
-    """
-    import os, signal, sys
-    from searchr1 import run_dir
-    kill_after = int(sys.argv[1])
-    original = run_dir.RunDir.append_metrics
-    def append_then_maybe_die(self, record):
-        original(self, record)
-        if record["step"] == kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
-    run_dir.RunDir.append_metrics = append_then_maybe_die
-    from searchr1.cli import main
-    main(sys.argv[2:])
-    """
-)
-
-
 def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path):
     args = [*BASE, "--max-steps", "6", "--save-every", "2", "--run-dir"]
     killed = tmp_path / "killed"
     process = subprocess.run(
-        [sys.executable, "-c", KILLER, "3", *args, str(killed)], cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-c", KILL_AFTER_STEP, "3", *args, str(killed)], cwd=REPO, capture_output=True, text=True,
         timeout=300,
     )
     assert process.returncode == -9, process.stderr[-2000:]

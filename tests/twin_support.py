@@ -144,3 +144,20 @@ def without_timing_metrics(record: dict) -> dict:
     """A metrics line (or summary metrics) without wall-clock observations; two runs with the
     same seed agree on everything else."""
     return {k: v for k, v in record.items() if not k.startswith(TIMING_DEPENDENT_PREFIXES)}
+
+
+# A `python -c` script: run the CLI (argv[2:]) and SIGKILL the process right after the metrics
+# line of step argv[1] is on disk (a crash between two steps, as hard as crashes get).
+KILL_AFTER_STEP = """
+import os, signal, sys
+from searchr1 import run_dir
+kill_after = int(sys.argv[1])
+original = run_dir.RunDir.append_metrics
+def append_then_maybe_die(self, record):
+    original(self, record)
+    if record["step"] == kill_after:
+        os.kill(os.getpid(), signal.SIGKILL)
+run_dir.RunDir.append_metrics = append_then_maybe_die
+from searchr1.cli import main
+main(sys.argv[2:])
+"""
