@@ -1,13 +1,18 @@
 """The training loop: one Search-R1 step at a time, on PyTRIO or on its offline twin.
 
-Per step::
+Per step ``b``::
 
-    questions  <- next batch from the data cursor
-    sampler    <- training_client.save_weights_and_get_sampling_client()   (on-policy)
-    trajectories <- rollout (score, group advantages)
+    questions  <- batch b of the data cursor
+    sampler    <- the weights after b - K steps (K = --max-steps-off-policy; 0: the current
+                  weights, PyTRIO's save_weights_and_get_sampling_client)
+    trajectories <- rollout (score, group advantages); with K >= 1 the batches of steps
+                  b+1..b+K are already rolling out meanwhile (searchr1.off_policy)
     datums     <- one Datum per trajectory that carries signal
     forward_backward(importance_sampling) -> optim_step(AdamParams)
-    metrics line, checkpoint when due, run state
+    metrics line, transcripts, checkpoint when due, run state
+
+Before the first step, :meth:`Trainer.connect` creates the training client and checks the
+service's tokenizer (searchr1.preflight): nothing is sampled before the run can finish a step.
 
 Accumulation. ``sdk`` (default) sends every datum of the step in ONE ``forward_backward``
 call: PyTRIO splits it itself and normalises every chunk by batch-global totals, so the
