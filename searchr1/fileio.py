@@ -59,6 +59,21 @@ def write_json_atomically(path: str | os.PathLike[str], payload: Any, *, sort_ke
     write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys, ensure_ascii=False) + "\n")
 
 
+def read_json_object(path: str | os.PathLike[str], error: type[Exception], what: str) -> dict[str, Any]:
+    """The JSON object in ``path``; otherwise ``error`` with one line naming the file (and the
+    line of a syntax error). ``what`` says what the file is meant to be."""
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except json.JSONDecodeError as problem:
+        raise error(f"{path}:{problem.lineno}: not valid JSON ({problem.msg})") from None
+    if not isinstance(payload, dict):
+        raise error(f"{path}: the top level must be an object")
+    return payload
+
+
 def json_line(record: Any) -> str:
     return json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n"
 

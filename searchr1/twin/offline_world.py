@@ -9,7 +9,6 @@ plausible wrong answer. Pure apart from :func:`load_world`, which reads the file
 
 from __future__ import annotations
 
-import json
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..offline import QUESTIONS
+from ..fileio import read_json_object
 
 SPLITS = ("train", "dev")
 
@@ -102,15 +102,7 @@ def parse_world(source: Mapping[str, Any], *, where: str = str(QUESTIONS)) -> tu
 
 
 def load_world(path: str | Path = QUESTIONS) -> tuple[WorldQuestion, ...]:
-    path = Path(path)
-    try:
-        source = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise WorldError(f"offline question file {path} does not exist") from None
-    except json.JSONDecodeError as error:
-        raise WorldError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
-    if not isinstance(source, Mapping):
-        raise WorldError(f"{path}: the top level must be an object")
+    source = read_json_object(path, WorldError, "offline question file")
     return parse_world(source, where=str(path))
 
 

@@ -16,7 +16,6 @@ every error.
 
 from __future__ import annotations
 
-import json
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import SearchExample
+from ..fileio import read_json_object
 
 
 class ScenarioError(ValueError):
@@ -108,13 +108,5 @@ def parse_scenario(raw: Mapping[str, Any], *, where: str = "scenario") -> Scenar
 
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise ScenarioError(f"scenario file {path} does not exist") from None
-    except json.JSONDecodeError as error:
-        raise ScenarioError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
-    if not isinstance(raw, Mapping):
-        raise ScenarioError(f"{path}: the top level must be an object")
-    scenario = parse_scenario(raw, where=str(path))
+    scenario = parse_scenario(read_json_object(path, ScenarioError, "scenario file"), where=str(path))
     return Scenario(**{**scenario.__dict__, "path": path})
