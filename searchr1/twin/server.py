@@ -63,7 +63,17 @@ class Twin:
     def stop_with(self, client: Any) -> None:
         """Stop this twin once ``client`` and every client derived from it are gone (their
         session is closed first)."""
-        weakref.finalize(client._runtime, self.close)
+        weakref.finalize(client._runtime, self._close_from_finalizer)
+
+    def _close_from_finalizer(self) -> None:
+        """A garbage-collection finalizer can run on any thread at any point, even inside an
+        import that other threads wait for; closing blocks on the SDK's event-loop threads, which
+        may need that very import. So the close runs on a thread of its own - except at
+        interpreter exit, when finalizers run one after another and no new thread may start."""
+        if getattr(weakref.finalize, "_shutdown", False):
+            self.close()
+            return
+        threading.Thread(target=self.close, name="searchr1-twin-close", daemon=True).start()
 
     # --- what the server saw ------------------------------------------------------------
 
