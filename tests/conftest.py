@@ -50,6 +50,6 @@ def _twin_protocol_is_clean():
     server = sys.modules.get("searchr1.twin.server")
     if server is None:
         return
-    found = [f"{twin.base_url}: {v}" for twin in list(server.LIVE_TWINS) for v in twin.take_violations()]
+    found = server.untaken_violations()
     if found:
         pytest.fail("the twin recorded protocol violations:\n" + "\n".join(found))

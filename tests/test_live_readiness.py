@@ -324,7 +324,7 @@ def _train_in_process(tmp_path, tokenizer, *, steps=2, reduction="per_token", **
 def test_sampling_a_step_on_the_previous_steps_sampler_is_refused(tmp_path, tokenizer, monkeypatch):
     """The mutation: each step after the first reuses the sampler of the step before (while
     claiming fresh weights). The twin's strict mode refuses the stale samples."""
-    from searchr1.twin.server import LIVE_TWINS
+    from searchr1.twin.server import untaken_violations
 
     original = Trainer._make_sampler
 
@@ -338,7 +338,7 @@ def test_sampling_a_step_on_the_previous_steps_sampler_is_refused(tmp_path, toke
     metrics, outcome = _train_in_process(tmp_path, tokenizer, steps=3)
     assert isinstance(outcome, TrainingStopped) and "twin.protocol_violation" in str(outcome)
     assert [m["step"] for m in metrics] == [0]  # step 1 sampled on step 0's weights: refused
-    violations = [str(v) for twin in list(LIVE_TWINS) for v in twin.take_violations()]
+    violations = untaken_violations()
     assert violations and all("stale" in v for v in violations)
 
 

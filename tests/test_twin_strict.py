@@ -186,15 +186,19 @@ def test_a_token_id_outside_the_vocabulary_fails(tmp_path, tokenizer):
 # --- the suite fails a test whose twin recorded a violation it did not take -----------------------
 
 
-def test_a_violation_nobody_takes_fails_the_test(pytester, tokenizer):
+@pytest.mark.parametrize("collected", [False, True], ids=["twin-alive", "twin-collected"])
+def test_a_violation_nobody_takes_fails_the_test(pytester, tokenizer, collected):
+    """Whether the twin is still alive at the test's teardown or was garbage-collected before
+    it (which depends on when the collector runs), its untaken violation fails the test."""
     from pathlib import Path
 
     here = Path(__file__).parent
     pytester.makeconftest((here / "conftest.py").read_text("utf-8"))
     pytester.syspathinsert(here)
-    pytester.makepyfile(test_leak="""
-        from pytrio.types import AdamParams
+    pytester.makepyfile(test_leak=f"""
+        import gc
         from twin_support import MODEL, PROMPT, datum_from, running_twin
+        from searchr1.twin.server import LIVE_TWINS
 
         def test_leaks(tmp_path, tokenizer):
             with running_twin(tmp_path, tokenizer) as (twin, service):
@@ -204,6 +208,10 @@ def test_a_violation_nobody_takes_fails_the_test(pytester, tokenizer):
                                              loss_fn="importance_sampling").result()
                 except Exception:
                     pass
+            if {collected}:
+                del twin, service, trainer
+                gc.collect()
+                assert not list(LIVE_TWINS)
     """)
     result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-p", "no:asyncio")
     result.assert_outcomes(passed=1, errors=1)

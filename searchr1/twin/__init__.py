@@ -15,7 +15,7 @@ here; commands reach it through ``searchr1.services``.
 
 from .client import TWIN_API_KEY, connect
 from .config import Latencies, OperationLimits, StopConvention, Strictness, TwinFaults, TwinLimits
-from .server import LIVE_TWINS, Twin, start_twin
+from .server import LIVE_TWINS, Twin, start_twin, untaken_violations
 
 __all__ = [
     "LIVE_TWINS",
@@ -29,4 +29,5 @@ __all__ = [
     "TwinLimits",
     "connect",
     "start_twin",
+    "untaken_violations",
 ]
