@@ -139,7 +139,7 @@ def stratified_macro_ci(
 
 def _mean(values: Iterable[float]) -> float:
     values = list(values)
-    return float(sum(values) / len(values)) if values else 0.0
+    return math.fsum(values) / len(values) if values else 0.0  # exact sum: order cannot matter
 
 
 def evaluation_metrics(

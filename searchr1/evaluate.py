@@ -332,10 +332,11 @@ async def evaluate(
         sessions = previous_sessions + ([session] if todo else [])
         recorded = {str(r.get("id")) for r in records}
         missing = [e.id for _, e in planned if e.id not in recorded]
-        lines: list[dict[str, Any]] = [header, *sorted(records, key=_record_order(position))]
+        ordered = sorted(records, key=_record_order(position))  # file order, not finishing order
+        lines: list[dict[str, Any]] = [header, *ordered]
         if records:
             summary = summary_record(
-                records, config=run_config,
+                ordered, config=run_config,
                 search_metrics=merge_search_metrics(s["search"] for s in sessions),
                 partial=not finished or bool(missing),
             )

@@ -195,6 +195,20 @@ def test_non_trajectory_records_are_ignored_and_empty_input_refused():
         evaluation_metrics([{"type": "summary"}])
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    rewards=st.lists(st.sampled_from([1.0, 0.0, -0.1, 0.3, 0.7]), min_size=2, max_size=30),
+    order=st.randoms(use_true_random=False),
+)
+def test_metrics_do_not_depend_on_the_order_records_arrive_in(rewards, order):
+    """Concurrent questions finish in any order; the summary must be bit-identical anyway (a
+    plain float sum of 0.3 + 0.7 + ... changes in the last bit with the order)."""
+    records = [record("nq", f"nq/{i}", r == 1.0, reward=r) for i, r in enumerate(rewards)]
+    shuffled = list(records)
+    order.shuffle(shuffled)
+    assert evaluation_metrics(shuffled, resamples=50) == evaluation_metrics(records, resamples=50)
+
+
 # --- bootstrap ---------------------------------------------------------------------------------
 
 
