@@ -197,8 +197,10 @@ def test_a_violation_nobody_takes_fails_the_test(pytester, tokenizer, collected)
     pytester.syspathinsert(here)
     pytester.makepyfile(test_leak=f"""
         import gc
+        import weakref
         from twin_support import MODEL, PROMPT, datum_from, running_twin
-        from searchr1.twin.server import LIVE_TWINS
+
+        KEPT = []
 
         def test_leaks(tmp_path, tokenizer):
             with running_twin(tmp_path, tokenizer) as (twin, service):
@@ -209,9 +211,12 @@ def test_a_violation_nobody_takes_fails_the_test(pytester, tokenizer, collected)
                 except Exception:
                     pass
             if {collected}:
+                gone = weakref.ref(twin)
                 del twin, service, trainer
                 gc.collect()
-                assert not list(LIVE_TWINS)
+                assert gone() is None
+            else:
+                KEPT.append(twin)  # still alive when the fixture looks
     """)
     result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-p", "no:asyncio")
     result.assert_outcomes(passed=1, errors=1)
