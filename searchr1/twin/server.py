@@ -28,26 +28,26 @@ DEFAULT_MODEL = "Qwen/Qwen3.5-4B"
 
 # Twins alive in this process (the test suite fails a test whose twin recorded a violation).
 LIVE_TWINS: weakref.WeakSet[Twin] = weakref.WeakSet()
-# Violations of twins already garbage-collected that nobody took ("<base_url>: <violation>").
-_COLLECTED_UNTAKEN: list[str] = []
-_COLLECTED_LOCK = threading.Lock()
+# Backends of twins already garbage-collected that hold violations nobody took.
+_COLLECTED_WITH_VIOLATIONS: list[tuple[str, TwinBackend]] = []
 
 
 def _keep_untaken(base_url: str, backend: TwinBackend) -> None:
-    """Runs when a twin is garbage-collected: what it recorded and nobody took is kept."""
-    found = [f"{base_url}: {v}" for v in backend.take_violations()]
-    if found:
-        with _COLLECTED_LOCK:
-            _COLLECTED_UNTAKEN.extend(found)
+    """Runs when a twin is garbage-collected, on whatever thread the collector runs: it takes
+    no lock (a lock here could wait on a thread that waits on this one) and keeps the backend
+    only when it holds violations, which :func:`untaken_violations` then takes."""
+    if backend.violations:
+        _COLLECTED_WITH_VIOLATIONS.append((base_url, backend))  # atomic under the GIL
 
 
 def untaken_violations() -> list[str]:
     """Every violation recorded by any twin of this process and not taken yet, cleared: twins
     still alive and twins already collected alike (a test's twin may be gone by its teardown)."""
-    found = [f"{twin.base_url}: {v}" for twin in list(LIVE_TWINS) for v in twin.take_violations()]
-    with _COLLECTED_LOCK:
-        found[:0], _COLLECTED_UNTAKEN[:] = list(_COLLECTED_UNTAKEN), []
-    return found
+    collected = []
+    while _COLLECTED_WITH_VIOLATIONS:
+        collected.append(_COLLECTED_WITH_VIOLATIONS.pop(0))
+    alive = [(twin.base_url, twin.backend) for twin in list(LIVE_TWINS)]
+    return [f"{url}: {v}" for url, backend in collected + alive for v in backend.take_violations()]
 
 
 class Twin:
