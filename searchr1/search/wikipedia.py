@@ -218,13 +218,7 @@ class WikipediaSearchBackend(HttpSearchBackend):
         return {"api_url": self.api_url, "limit": self.limit, "exchars": self.exchars}
 
     def replay_options(self) -> dict[str, Any]:
-        return {
-            **super().replay_options(),
-            "api_url": self.api_url,
-            "limit": self.limit,
-            "exchars": self.exchars,
-            "maxlag": self.maxlag,
-        }
+        return {**super().replay_options(), **self.request_params(), "maxlag": self.maxlag}
 
     def private_values(self) -> dict[str, Secret]:
         return {CONTACT_PLACEHOLDER: Secret(self.contact)} if self.contact else {}
