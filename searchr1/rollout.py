@@ -43,6 +43,7 @@ from .protocol import (
 )
 from .reward import FORMAT_PENALTY, score_answer
 from .search.types import SearchBackend, SearchResult, observation_candidates
+from .settings import check_settings, setting
 from .trajectory import AssistantTurn, SearchRecord, Trajectory
 
 log = logging.getLogger("searchr1.rollout")
@@ -54,29 +55,42 @@ TRUNCATION_MARKER = " [... truncated to fit the budget]"
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    group_size: int = 8
-    max_search_calls: int = 4
-    max_assistant_turns: int = 6
-    max_trajectory_tokens: int = 8192
-    max_assistant_tokens: int = 1024
-    max_tool_response_tokens: int = 1024
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 42
+    """Budgets and sampling of one rollout (the seed's names and defaults). Each field is declared
+    once with its rule and help (:mod:`searchr1.settings`): the flags of train, eval and rollout
+    are made from these lines."""
+
+    group_size: int = setting(8, at_least=1, help="Trajectories per question.")
+    max_search_calls: int = setting(4, at_least=0, help="Searches per trajectory.")
+    max_assistant_turns: int = setting(6, at_least=1, help="Assistant turns per trajectory.")
+    max_trajectory_tokens: int = setting(8192, at_least=1,
+                                         help="Whole-sequence budget (also the training datum limit).")
+    max_assistant_tokens: int = setting(1024, at_least=1, help="Generation cap per assistant turn.")
+    max_tool_response_tokens: int = setting(1024, at_least=1, help="Cap on one observation's content.")
+    temperature: float = setting(1.0, at_least=0.0, help="Sampling temperature.")
+    top_p: float = setting(1.0, above=0.0, at_most=1.0, help="Nucleus sampling mass.")
+    seed: int = setting(42, cli=False)  # the command's --seed
     # Scheduling and robustness (not in the seed).
-    sampling_concurrency: int = 64
-    sample_timeout: float | None = 900.0
-    sample_retries: int = 2
-    sample_retry_backoff: float = 1.0
-    max_sampler_failure_fraction: float = 0.25
+    sampling_concurrency: int = setting(64, at_least=1, help="Sampling requests in flight at once.")
+    sample_timeout: float | None = setting(
+        900.0, above=0.0, help="Seconds before one sampling request is abandoned (then retried).")
+    sample_retries: int = setting(2, at_least=0, help="Retries of a retryable sampling failure.")
+    sample_retry_backoff: float = setting(1.0, at_least=0.0, cli=False)
+    max_sampler_failure_fraction: float = setting(0.25, at_least=0.0, at_most=1.0, cli=False)
     # "truncate": when not even the first item fits, cut it at a token boundary and say so;
     # "end": the seed's behaviour, the trajectory ends on its tool call.
-    tool_overflow: str = "truncate"
+    tool_overflow: str = setting(
+        "truncate", choices=TOOL_OVERFLOW_MODES,
+        help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
     # Tell the model its search budget in the system prompt (the seed did not).
-    state_search_budget: bool = True
+    state_search_budget: bool = setting(True, cli=False)
     # The user's own wording (--system-prompt-file, --tool-description); None = the default.
-    system_prompt: str | None = None
-    tool_description: str | None = None
+    system_prompt: str | None = setting(None, cli=False)
+    tool_description: str | None = setting(
+        None, metavar="TEXT", default_text="the project's wording",
+        help="Description of the search tool shown to the model.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -86,19 +100,6 @@ class RolloutConfig:
 def effective_system_prompt(config: RolloutConfig) -> str:
     """The system message every trajectory of ``config`` starts with."""
     return system_prompt(config.max_search_calls if config.state_search_budget else None, config.system_prompt)
-
-    def __post_init__(self) -> None:
-        positive = ("group_size", "max_assistant_turns", "max_trajectory_tokens",
-                    "max_assistant_tokens", "max_tool_response_tokens", "sampling_concurrency")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_search_calls < 0 or self.sample_retries < 0:
-            raise ValueError("max_search_calls and sample_retries must be >= 0")
-        if self.tool_overflow not in TOOL_OVERFLOW_MODES:
-            raise ValueError(f"tool_overflow must be one of {TOOL_OVERFLOW_MODES}, got {self.tool_overflow!r}")
-        if not 0.0 <= self.max_sampler_failure_fraction <= 1.0:
-            raise ValueError("max_sampler_failure_fraction must be within [0, 1]")
 
 
 class SamplerFailureError(RuntimeError):

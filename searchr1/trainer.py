@@ -32,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import __version__
-from .advantage import summarize_groups
+from .advantage import ADVANTAGE_MODES, summarize_groups
 from .data import SearchExample, take_batch
 from .datum import TrainingDatum, build_training_datums
 from .metrics import datum_metrics, rollout_metrics, trainer_metrics
@@ -49,6 +50,7 @@ from .protocol import check_template
 from .rollout import RolloutConfig, SamplerFailureError, rollout_batch_async
 from .run_dir import ResumePoint, RunDir
 from .search.types import SearchBackend
+from .settings import SettingError, check_settings, setting
 from .trajectory import Trajectory
 from .transcripts import append_transcripts, select_transcripts, transcript_record
 
@@ -57,25 +59,44 @@ SAMPLER_TTL_SECONDS = 24 * 3600  # named samplers of off-policy runs (resume reu
 CHECKPOINT_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?$"
 
 
+def _checkpoint_prefix_rule(name: str) -> str | None:
+    if re.match(CHECKPOINT_NAME, name) and len(name) <= 150:
+        return None
+    return (f"{name!r} cannot prefix PyTRIO checkpoint names: use letters, digits, '.', '_' and '-' "
+            "(at most 150 characters, not ending with '.')")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    max_steps: int
-    data: str
-    run_name: str = "search-r1-qwen35-4b"
-    base_model: str = "Qwen/Qwen3.5-4B"
-    lora_rank: int = 32
-    questions_per_batch: int = 8
-    max_train_samples: int = 0
-    learning_rate: float = 4e-5
-    beta1: float = 0.9
-    beta2: float = 0.95
-    save_every: int = 50
-    seed: int = 42
-    accumulation: str = "sdk"
-    advantage_mode: str = "mean"
-    keep_env_failures: bool = False
-    max_micro_batch_items: int = 32
-    max_micro_batch_padded_tokens: int = 64_000
+    """Everything a run is started with; ``config.json`` is this object. Each user setting is
+    declared once here (:mod:`searchr1.settings`), and the flags of ``train`` are made from it."""
+
+    max_steps: int = setting(help="Training steps [required live; with --offline default 20 for the learning "
+                                  "policy, 4 for the scripted one].", at_least=1)
+    data: str = setting(metavar="PATH", help="Training JSONL [default: datasets/train.jsonl; the shipped offline "
+                                             "set with --offline].")
+    run_name: str = setting("search-r1-qwen35-4b", check=_checkpoint_prefix_rule,
+                            help="Also the checkpoint name prefix.")
+    base_model: str = setting("Qwen/Qwen3.5-4B", help="The model trained (LoRA on it) and sampled.")
+    lora_rank: int = setting(32, at_least=4, at_most=64, help="LoRA rank.")
+    questions_per_batch: int = setting(8, at_least=1, help="Questions per step (each sampled --group-size times).")
+    max_train_samples: int = setting(0, at_least=0, help="Use only the first N shuffled examples (0 = all).")
+    learning_rate: float = setting(4e-5, above=0.0, default_text="4e-05; 0.2 for --offline-policy learning",
+                                   help="Adam learning rate.")
+    beta1: float = setting(0.9, at_least=0.0, below=1.0, help="Adam beta1.")
+    beta2: float = setting(0.95, at_least=0.0, below=1.0, help="Adam beta2.")
+    save_every: int = setting(50, at_least=0, help="Checkpoint every N steps (0 = only the final save).")
+    seed: int = setting(42, help="Data order, LoRA init and sampling seeds.")
+    accumulation: str = setting("sdk", choices=ACCUMULATION_MODES,
+                                help="sdk: one forward_backward per step (exact whatever the server's reduction); "
+                                     "manual: the seed's micro-batches with n_k/N weights.")
+    advantage_mode: str = setting("mean", flag="--advantage", choices=ADVANTAGE_MODES,
+                                  help="Group-relative advantage: reward minus group mean (seed), z-score, or raw "
+                                       "reward.")
+    keep_env_failures: bool = setting(False, help="Train on groups hit by search or sampler failures (default: "
+                                                  "leave them out and count them).")
+    max_micro_batch_items: int = setting(32, at_least=1, cli=False)
+    max_micro_batch_padded_tokens: int = setting(64_000, at_least=1, cli=False)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     search: dict[str, Any] = field(default_factory=dict)  # backend settings, recorded as given
     offline: bool = False
@@ -87,31 +108,21 @@ class TrainConfig:
     # What the service reported for base_model when the run started (searchr1.preflight).
     server_limits: dict[str, Any] | None = None
     # Rollouts for step b run on the weights after b - K steps (searchr1.off_policy); 0 = on-policy.
-    max_steps_off_policy: int = 0
-    transcripts_per_step: int = 4
+    max_steps_off_policy: int = setting(
+        0, at_least=0, help="Roll out the batches of the next K steps while a step trains, on weights up to K "
+                            "steps old (the importance ratio corrects for it); 0 = on-policy. Worth it when steps "
+                            "are long or training calls are expensive.")
+    transcripts_per_step: int = setting(
+        4, at_least=0, help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
     # Offline runs: the policy the twin serves ("learning" or "scripted"); None for live runs.
     offline_policy: str | None = None
 
     def __post_init__(self) -> None:
-        import re
-
-        if self.max_steps < 1:
-            raise ValueError(f"--max-steps must be >= 1, got {self.max_steps}")
-        if self.questions_per_batch < 1:
-            raise ValueError(f"--questions-per-batch must be >= 1, got {self.questions_per_batch}")
-        if self.accumulation not in ACCUMULATION_MODES:
-            raise ValueError(f"--accumulation must be one of {ACCUMULATION_MODES}, got {self.accumulation!r}")
-        if self.save_every < 0:
-            raise ValueError(f"--save-every must be >= 0, got {self.save_every}")
-        if self.max_steps_off_policy < 0:
-            raise ValueError(f"--max-steps-off-policy must be >= 0, got {self.max_steps_off_policy}")
-        if self.transcripts_per_step < 0:
-            raise ValueError(f"--transcripts-per-step must be >= 0, got {self.transcripts_per_step}")
-        if not re.match(CHECKPOINT_NAME, self.run_name) or len(self.run_name) > 150:
-            raise ValueError(
-                f"--run-name {self.run_name!r} cannot prefix PyTRIO checkpoint names: use letters, "
-                "digits, '.', '_' and '-' (at most 150 characters, not ending with '.')"
-            )
+        check_settings(self)
+        if self.rollout.group_size < 2:
+            raise SettingError("--group-size", f"{self.rollout.group_size}: group advantages compare a question's "
+                               "samples with each other, so a group of one always has advantage 0 and no step "
+                               "could ever update; use at least 2")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -23,12 +23,14 @@ from .options import (
     rollout_options,
     run_guarded,
 )
+from .settings_options import config_file_option
 
 LIVE_DATA = Path("datasets/dev.jsonl")
 RESULT_DIR = Path("eval_result")
 
 
 @click.command("eval", context_settings={"show_default": True})
+@config_file_option()
 @click.option("--offline", is_flag=True,
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and the backend's offline search cassette.")
@@ -63,7 +65,7 @@ RESULT_DIR = Path("eval_result")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @connect_timeout_option()
 @search_options(default_backend="deepseek")
-def eval_command(search: SearchOptions, **kwargs: Any) -> None:
+def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> None:
     """Evaluate a model on the dev set: exact match per source, macro and micro EM with
     bootstrap 95% intervals, format rate, rollout and search metrics.
 

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from ..loggers import LOGGER_NAMES, SWANLAB_MODES
+from ..rollout import RolloutConfig
 from ..search.cli_options import SearchOptions, search_options
+from ..trainer import TrainConfig
 from .options import (
     check_offline_group_size,
     connect_timeout_option,
@@ -20,17 +21,19 @@ from .options import (
     rollout_options,
     run_guarded,
 )
+from .settings_options import config_file_option, given_params, setting_options, setting_params, take_settings
 
 # Offline defaults per twin policy: enough steps (and, for the small learning policy, a large
 # enough Adam step) to watch the reward rise in well under a minute.
 OFFLINE_DEFAULT_STEPS = {"learning": 20, "scripted": 4}
 OFFLINE_LEARNING_RATE = {"learning": 0.2}
 # Flags that may differ when a run is resumed (everything else is fixed by config.json).
-RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "logger", "logger_project", "quiet", "chat_template",
+RESUMABLE_FLAGS = {"config", "resume", "max_steps", "swanlab_mode", "logger", "logger_project", "quiet", "chat_template",
                    "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits", "connect_timeout"}
 
 
 @click.command(context_settings={"show_default": True})
+@config_file_option()
 @click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
               help="With --offline: the policy the twin serves. learning: a small model over whole assistant "
                    "turns that really improves from the updates; scripted: the fixed scenario of the golden "
@@ -38,35 +41,12 @@ RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "logger", "logger_proj
 @click.option("--offline", is_flag=True,
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and search cassettes.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None,
-              help="Training steps [required live; with --offline default 20 for the learning policy, 4 for "
-                   "the scripted one].")
-@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Training JSONL [default: datasets/train.jsonl; the shipped offline set with --offline].")
-@click.option("--max-train-samples", type=click.IntRange(min=0), default=0,
-              help="Use only the first N shuffled examples (0 = all).")
-@click.option("--base-model", default="Qwen/Qwen3.5-4B")
-@click.option("--lora-rank", type=click.IntRange(4, 64), default=32)
-@click.option("--questions-per-batch", type=click.IntRange(min=1), default=8)
-@rollout_options(min_group_size=2)
-@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=4e-5)
-@click.option("--beta1", type=click.FloatRange(0, 1, max_open=True), default=0.9)
-@click.option("--beta2", type=click.FloatRange(0, 1, max_open=True), default=0.95)
-@click.option("--save-every", type=click.IntRange(min=0), default=50,
-              help="Checkpoint every N steps (0 = only the final save).")
-@click.option("--seed", type=int, default=42, help="Data order, LoRA init and sampling seeds.")
-@click.option("--run-name", default="search-r1-qwen35-4b", help="Also the checkpoint name prefix.")
+@setting_options(TrainConfig, defaults={"max_steps": None, "data": None})
+@rollout_options()
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where config, metrics and checkpoints go [default: runs/<run-name>, or -2, -3… if taken].")
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Continue the run in this directory from its last checkpoint (same data order, optimizer state).")
-@click.option("--accumulation", type=click.Choice(["sdk", "manual"]), default="sdk",
-              help="sdk: one forward_backward per step (exact whatever the server's reduction); "
-                   "manual: the seed's micro-batches with n_k/N weights.")
-@click.option("--advantage", "advantage_mode", type=click.Choice(["mean", "zscore", "none"]), default="mean",
-              help="Group-relative advantage: reward minus group mean (seed), z-score, or raw reward.")
-@click.option("--keep-env-failures", is_flag=True,
-              help="Train on groups hit by search or sampler failures (default: leave them out and count them).")
 @click.option("--logger", "logger", multiple=True, type=click.Choice(["none", *LOGGER_NAMES]),
               help="Also send each step's metrics to swanlab, wandb or tensorboard (<run-dir>/tensorboard); "
                    "repeatable; none for none [default: swanlab on live runs when it is installed, else none]. "
@@ -78,12 +58,6 @@ RESUMABLE_FLAGS = {"resume", "max_steps", "swanlab_mode", "logger", "logger_proj
 @click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
               help="Another copy of the Qwen3.5 chat template (checked by sha256).")
 @click.option("--quiet", is_flag=True, help="No progress bars; one line per step.")
-@click.option("--max-steps-off-policy", type=click.IntRange(min=0), default=0,
-              help="Roll out the batches of the next K steps while a step trains, on weights up to K steps "
-                   "old (the importance ratio corrects for it); 0 = on-policy. Worth it when steps are long "
-                   "or training calls are expensive.")
-@click.option("--transcripts-per-step", type=click.IntRange(min=0), default=4,
-              help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
 @connect_timeout_option()
 @click.option("--preflight-only", is_flag=True,
               help="Run the checks a paid run makes before its first sample (server limits, the service's "
@@ -111,10 +85,6 @@ def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
     run_guarded(lambda: _train(ctx, search, kwargs))
 
 
-def _explicit(ctx: click.Context) -> set[str]:
-    return {name for name in ctx.params if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
-
-
 def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) -> None:
     from ..data import file_sha256, shuffled_examples
     from ..offline import TRAIN
@@ -131,7 +101,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     )
     from ..trainer import TrainConfig, Trainer, TrainingStopped, new_run_id
 
-    explicit = _explicit(ctx)
+    explicit = given_params(ctx)  # on the command line or in the --config preset
     resume_dir: Path | None = kwargs.pop("resume")
     quiet = kwargs.pop("quiet")
     swanlab_mode, logger_project = kwargs.pop("swanlab_mode"), kwargs.pop("logger_project")
@@ -144,15 +114,14 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
             raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
         run = RunDir(resume_dir)
         stored = run.open()
-        given = {**kwargs, **search.__dict__, "search_backend": search.backend}
         changed = sorted(name for name in explicit - RESUMABLE_FLAGS
-                         if _stored_value(stored, name) != _plain(given.get(name, kwargs.get(name))))
+                         if _stored_value(stored, name) != _plain(ctx.params[name]))
         if changed:
             flags = ", ".join("--" + name.replace("_", "-") for name in changed)
             raise click.UsageError(f"{flags} cannot change when resuming; the run's settings are in "
                                    f"{resume_dir / 'config.json'} (only --max-steps may be raised)")
-        if kwargs["max_steps"] is not None:
-            stored["max_steps"] = kwargs["max_steps"]
+        if ctx.params["max_steps"] is not None:
+            stored["max_steps"] = ctx.params["max_steps"]
         config = TrainConfig.from_json(stored)
         if Path(config.data).is_file() and file_sha256(config.data) != config.data_sha256:
             raise click.ClickException(f"{config.data} changed since the run started (sha256 differs); "
@@ -162,22 +131,23 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         offline, policy = kwargs.pop("offline"), kwargs.pop("offline_policy")
         if not offline and "offline_policy" in explicit:
             raise click.UsageError("--offline-policy only applies with --offline")
-        kwargs["offline_policy"] = policy if offline else None
-        if kwargs["max_steps"] is None:
+        settings = take_settings(TrainConfig, kwargs)
+        settings["offline_policy"] = policy if offline else None
+        if settings["max_steps"] is None:
             if not offline:
                 raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
-            kwargs["max_steps"] = OFFLINE_DEFAULT_STEPS[policy]
+            settings["max_steps"] = OFFLINE_DEFAULT_STEPS[policy]
         if offline and "learning_rate" not in explicit and policy in OFFLINE_LEARNING_RATE:
-            kwargs["learning_rate"] = OFFLINE_LEARNING_RATE[policy]
-        data = kwargs.pop("data") or (TRAIN if offline else Path("datasets/train.jsonl"))
+            settings["learning_rate"] = OFFLINE_LEARNING_RATE[policy]
+        data = Path(settings.pop("data") or (TRAIN if offline else "datasets/train.jsonl"))
         if not data.is_file():
             hint = "run `python cli.py prepare-data` first" if not offline else "reinstall the package"
             raise click.ClickException(f"training data {data} does not exist; {hint}")
         if not offline:
-            check_base_model(kwargs["base_model"])
+            check_base_model(settings["base_model"])
         allow_tempered = kwargs.pop("allow_tempered_sampling")
-        rollout = rollout_config_from(kwargs, seed=kwargs["seed"])
-        check_offline_group_size(kwargs["offline_policy"], rollout.group_size)
+        rollout = rollout_config_from(kwargs, seed=settings["seed"])
+        check_offline_group_size(settings["offline_policy"], rollout.group_size)
         if rollout.temperature != 1.0 or rollout.top_p != 1.0:
             if not allow_tempered:
                 raise click.UsageError(
@@ -187,12 +157,13 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
                     "--allow-tempered-sampling to accept the bias")
             click.secho("warning: --allow-tempered-sampling: importance ratios are biased by temperature/top-p",
                         fg="yellow", err=True)
-        run_dir = kwargs.pop("run_dir") or _free_run_dir(Path("runs"), kwargs["run_name"])
+        run_dir = kwargs.pop("run_dir")
         config = TrainConfig(
             data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data),
             search={**describe_search(search, offline=offline), "options": _search_options_record(search)},
-            run_id=new_run_id(), **kwargs,
+            run_id=new_run_id(), **settings,
         )
+        run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name)
         run = RunDir(run_dir)
         taken = sorted(name for name in recorded_checkpoints(run.path.parent)
                        if name.startswith(config.checkpoint_prefix))
@@ -361,16 +332,15 @@ def _plain(value: Any) -> Any:
 
 
 def _stored_value(stored: dict[str, Any], name: str) -> Any:
-    """A flag's value as the run's config.json recorded it (``_MISSING`` if it was not)."""
-    search_options = stored.get("search", {}).get("options", {})
-    key = {"search_backend": "backend", "search_concurrency": "concurrency", "search_timeout": "timeout",
-           "search_model": "model", "search_cache": "cache", "search_env_file": "env_file",
-           "search_tool_type": "tool_type", "search_cache_ttl": "cache_ttl_hours",
-           "search_total_timeout": "total_timeout"}.get(name, name)
-    for scope in (stored, stored.get("rollout", {}), search_options):
-        if key in scope:
-            return scope[key]
-    return _MISSING
+    """A flag's value as the run's config.json recorded it (``_MISSING`` if it was not), found
+    through the declarations: a TrainConfig setting at the top, a RolloutConfig one under
+    ``rollout``, a search one under ``search.options``."""
+    scopes = ((setting_params(TrainConfig), stored), (setting_params(RolloutConfig), stored.get("rollout", {})),
+              (setting_params(SearchOptions), stored.get("search", {}).get("options", {})))
+    for params, scope in scopes:
+        if name in params:
+            return scope.get(params[name], _MISSING)
+    return stored.get(name, _MISSING)
 
 
 def _search_options_record(search: SearchOptions) -> dict[str, Any]:

@@ -1,0 +1,119 @@
+"""One declaration per setting: a dataclass field carries its default, its rule and its help.
+
+A configuration class (``RolloutConfig``, ``TrainConfig``, ``SearchOptions``) declares each user
+setting with :func:`setting`::
+
+    group_size: int = setting(8, at_least=1, help="Trajectories per question.")
+
+From that one line come the command-line flag (``searchr1.commands.settings_options`` builds the
+click options from the fields), the validation (:func:`check_settings`, called by the class's
+``__post_init__``, the only place a rule is enforced), the help text with its range, and the
+key of a ``--config`` preset file. A value that breaks a rule raises :class:`SettingError`, whose
+message names the flag and the rule.
+
+This module is pure (no click, no I/O): the core imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+_MISSING: Any = dataclasses.MISSING
+
+
+class SettingError(ValueError):
+    """A setting holds a value its rule refuses; ``flag`` names it as the user types it."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag} {message}")
+        self.flag = flag
+        self.rule = message
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a setting accepts and how the command line shows it."""
+
+    help: str = ""
+    flag: str | None = None  # the flag as typed (default: --field-name)
+    aliases: tuple[str, ...] = ()  # older names that keep working
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+    below: float | None = None
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None  # returns the broken rule, or None
+    metavar: str | None = None
+    default_text: str | None = None  # shown as [default: ...] when the real default is decided later
+    cli: bool = True  # False: recorded in config.json, but not a flag
+
+    def describe(self) -> str:
+        """The range as ``--help`` shows it (``x>=1``, ``0<x<=1``)."""
+        low = f"{self.at_least:g}<=" if self.at_least is not None else (
+            f"{self.above:g}<" if self.above is not None else "")
+        high = f"<={self.at_most:g}" if self.at_most is not None else (
+            f"<{self.below:g}" if self.below is not None else "")
+        return f"{low}x{high}" if low or high else ""
+
+    def violation(self, value: Any) -> str | None:
+        """The rule ``value`` breaks, in words, or None when it is accepted."""
+        if value is None:
+            return None
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(self.choices)}, got {value!r}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return self.check(value) if self.check else None
+        if self.at_least is not None and value < self.at_least:
+            return f"must be >= {self.at_least:g}, got {value:g}"
+        if self.above is not None and value <= self.above:
+            return f"must be > {self.above:g}, got {value:g}"
+        if self.at_most is not None and value > self.at_most:
+            return f"must be <= {self.at_most:g}, got {value:g}"
+        if self.below is not None and value >= self.below:
+            return f"must be < {self.below:g}, got {value:g}"
+        return self.check(value) if self.check else None
+
+
+def setting(default: Any = _MISSING, *, default_factory: Any = _MISSING, **rule: Any) -> Any:
+    """A dataclass field that is a user setting (see the module docstring)."""
+    metadata = {"setting": Rule(**rule)}
+    if default_factory is not _MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag_of(field: dataclasses.Field[Any]) -> str:
+    rule = rule_of(field)
+    return (rule.flag if rule and rule.flag else None) or "--" + field.name.replace("_", "-")
+
+
+def rule_of(field: dataclasses.Field[Any]) -> Rule | None:
+    return field.metadata.get("setting")
+
+
+def settings_of(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Rule]]:
+    """The fields of ``cls`` declared with :func:`setting`, in declaration order."""
+    for field in dataclasses.fields(cls):
+        rule = rule_of(field)
+        if rule is not None:
+            yield field, rule
+
+
+def check_value(cls: type, name: str, value: Any) -> None:
+    """Raise :class:`SettingError` when ``value`` breaks the rule of ``cls.name``."""
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    rule = rule_of(field)
+    broken = rule.violation(value) if rule else None
+    if broken:
+        raise SettingError(flag_of(field), broken)
+
+
+def check_settings(instance: Any) -> None:
+    """Every rule of every setting of a configuration object (its ``__post_init__`` calls this)."""
+    for field, rule in settings_of(type(instance)):
+        broken = rule.violation(getattr(instance, field.name))
+        if broken:
+            raise SettingError(flag_of(field), broken)
