@@ -26,11 +26,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pytrio.types import Datum, ModelInput, TensorData
 
 from .trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from pytrio.types import Datum
 
 DEFAULT_MAX_TOKENS = 8192
 
@@ -123,6 +126,8 @@ def build_datum(trajectory: Trajectory, *, max_tokens: int = DEFAULT_MAX_TOKENS)
         raise DatumTooLong(
             f"{_name(trajectory)}: {len(model_input)} input tokens exceed max_tokens={max_tokens}"
         )
+    from pytrio.types import Datum, ModelInput, TensorData  # loaded when the first datum is built
+
     target_tokens = np.asarray(tokens[1:], dtype=np.int64)
     shifted_logprobs = np.asarray(logprobs[1:], dtype=np.float32)
     shifted_advantages = np.asarray(advantages[1:], dtype=np.float32)

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pytrio.types import Datum, TensorData
 
 from .datum import TrainingDatum
+
+if TYPE_CHECKING:
+    from pytrio.types import Datum
 
 MAX_DATUM_TOKENS = 8192
 MAX_MICRO_BATCH_ITEMS = 32
@@ -90,6 +93,8 @@ def pack_micro_batches(
 
 def scale_advantages(datum: Datum, factor: float) -> Datum:
     """A copy of ``datum`` with its advantages multiplied by ``factor`` (in float32)."""
+    from pytrio.types import Datum, TensorData  # loaded when the first datum is scaled
+
     inputs = dict(datum.loss_fn_inputs)
     advantages = inputs["advantages"].to_numpy().astype(np.float32)
     inputs["advantages"] = TensorData.from_numpy(advantages * np.float32(factor))

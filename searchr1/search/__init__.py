@@ -13,27 +13,51 @@ Typical use::
         ...                                                          # offline, virtual time
 """
 
-from searchr1.search.base import HttpSearchBackend, SearchRefusedError
-from searchr1.search.cache import QueryCache, normalise_query
-from searchr1.search.clock import RealClock, VirtualClock
-from searchr1.search.env import MissingApiKeyError
-from searchr1.search.factory import (
-    BACKEND_NAMES,
-    DEFAULT_CONCURRENCY,
-    DEFAULT_TIMEOUT,
-    create_search_backend,
-)
-from searchr1.search.replay import CassetteMissError, ReplayBackend, open_replay_backend
-from searchr1.search.stats import SearchStats
-from searchr1.search.types import (
-    NO_RESULTS_TEXT,
-    SearchBackend,
-    SearchItem,
-    SearchResult,
-    format_observation,
-    observation_candidates,
-)
-from searchr1.search.wikipedia import WikipediaRefusedError
+# Each name is imported from its module on first use (PEP 562), so importing one part of the
+# search layer (say searchr1.search.types, as the rollout engine does) loads no transport,
+# vcrpy or yaml.
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "HttpSearchBackend": "searchr1.search.base",
+    "SearchRefusedError": "searchr1.search.base",
+    "QueryCache": "searchr1.search.cache",
+    "normalise_query": "searchr1.search.cache",
+    "RealClock": "searchr1.search.clock",
+    "VirtualClock": "searchr1.search.clock",
+    "MissingApiKeyError": "searchr1.search.env",
+    "BACKEND_NAMES": "searchr1.search.factory",
+    "DEFAULT_CONCURRENCY": "searchr1.search.factory",
+    "DEFAULT_TIMEOUT": "searchr1.search.factory",
+    "create_search_backend": "searchr1.search.factory",
+    "CassetteMissError": "searchr1.search.replay",
+    "ReplayBackend": "searchr1.search.replay",
+    "open_replay_backend": "searchr1.search.replay",
+    "SearchStats": "searchr1.search.stats",
+    "NO_RESULTS_TEXT": "searchr1.search.types",
+    "SearchBackend": "searchr1.search.types",
+    "SearchItem": "searchr1.search.types",
+    "SearchResult": "searchr1.search.types",
+    "format_observation": "searchr1.search.types",
+    "observation_candidates": "searchr1.search.types",
+    "WikipediaRefusedError": "searchr1.search.wikipedia",
+}
+
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 __all__ = [
     "BACKEND_NAMES",
