@@ -600,12 +600,11 @@ class Trainer:
                 completed = step + 1
                 verdict = guard.observe(metrics)
                 metrics.update(verdict.metrics())
-                if verdict.unhealthy:
+                if verdict.unhealthy:  # texts: in metrics.jsonl, not on the dashboards (numbers only)
+                    metrics["health/warnings"] = verdict.warnings()  # type: ignore[assignment]
                     self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
                                        f"What the model did: python cli.py show {self.run.path} --step {step}")
-                    self.run.append_metrics({"step": step, **metrics, "health/warnings": verdict.warnings()})
-                else:
-                    self.run.append_metrics({"step": step, **metrics})
+                self.run.append_metrics({"step": step, **metrics})
                 if config.transcripts_per_step:
                     chosen = select_transcripts(self._last_trajectories, config.transcripts_per_step)
                     append_transcripts(self.run.path, step, [transcript_record(t, step) for t in chosen])
