@@ -161,6 +161,22 @@ def _first_non_finite(values: Any) -> int | None:
     return int(bad[0]) if bad.size else None
 
 
+def non_finite_sampled(trajectories: Iterable[Trajectory]) -> str | None:
+    """A sampler logprob that is NaN or infinite in a trajectory that will be trained on,
+    naming the trajectory, turn and token; None when all is finite."""
+    from .datum import sends_datum
+
+    for trajectory in trajectories:
+        if not sends_datum(trajectory):
+            continue
+        for index, turn in enumerate(trajectory.turns):
+            position = _first_non_finite(turn.logprobs) if turn.logprobs else None
+            if position is not None:
+                return (f"trajectory q{trajectory.question_index}/g{trajectory.group_index} turn {index}: the "
+                        f"sampler's logprob of token {position} is {turn.logprobs[position]!r}")
+    return None
+
+
 def non_finite_inputs(datums: Sequence[Any]) -> str | None:
     """What is wrong with the step's datums (a sampler logprob or an advantage that is NaN or
     infinite), naming the trajectory and the position; None when all is finite."""
@@ -191,3 +207,25 @@ def non_finite_outputs(metrics: Sequence[Mapping[str, Any]], learned: Sequence[S
         if position is not None:
             return f"forward_backward returned logprobs[{position}] = {float(logprobs[position])!r} for datum {index}"
     return None
+
+
+class NonFiniteValues(RuntimeError):
+    """A NaN or infinity in what a step sends or gets back; the trainer stops the step before
+    optim_step."""
+
+
+def learner_tokens(data: Sequence[Any], outputs: Sequence[Any] | None) -> list[TrainedTokens]:
+    """Per datum sent, its trained positions with the sampler's logprobs and the learner's
+    (``loss_fn_outputs[i]["logprobs"]``, as pytrio returns them). Datums whose output has no
+    logprobs of the same length (a server that returns none) are left out."""
+    tokens = []
+    for datum, output in zip(data, outputs or ()):
+        learned = output.get("logprobs") if hasattr(output, "get") else None
+        if learned is None:
+            continue
+        values = list(getattr(learned, "data", learned))
+        sampled = datum.loss_fn_inputs["logprobs"].data
+        advantages = datum.loss_fn_inputs["advantages"].data
+        if len(values) == len(sampled) == len(advantages):
+            tokens.append(TrainedTokens.of_datum(sampled, values, advantages))
+    return tokens

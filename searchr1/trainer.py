@@ -41,7 +41,15 @@ from . import __version__
 from .advantage import summarize_groups
 from .data import SearchExample, take_batch
 from .datum import TrainingDatum, build_training_datums
-from .diagnostics import TrainedTokens, mismatch_metrics, non_finite_inputs, non_finite_outputs, policy_diagnostics
+from .diagnostics import (
+    NonFiniteValues,
+    learner_tokens,
+    mismatch_metrics,
+    non_finite_inputs,
+    non_finite_outputs,
+    non_finite_sampled,
+    policy_diagnostics,
+)
 from .health import CollapseGuard, configured_rules, last_healthy_checkpoint
 from .metrics import datum_metrics, rollout_metrics, trainer_metrics
 from .off_policy import off_policy_metrics, sampler_version, versions_to_record
@@ -233,27 +241,6 @@ def drop_out_of_vocab(datums: Sequence[TrainingDatum], vocab_size: int) -> tuple
         if max(ids, default=0) < vocab_size and max(targets, default=0) < vocab_size:
             kept.append(item)
     return kept, len(datums) - len(kept)
-
-
-class NonFiniteValues(RuntimeError):
-    """A NaN or infinity in what a step sends or gets back; the step stops before optim_step."""
-
-
-def learner_tokens(data: Sequence[Any], outputs: Sequence[Any] | None) -> list[TrainedTokens]:
-    """Per datum sent, its trained positions with the sampler's logprobs and the learner's
-    (``loss_fn_outputs[i]["logprobs"]``, as pytrio returns them). Datums whose output has no
-    logprobs of the same length (a server that returns none) are left out."""
-    tokens = []
-    for datum, output in zip(data, outputs or ()):
-        learned = output.get("logprobs") if hasattr(output, "get") else None
-        if learned is None:
-            continue
-        values = list(getattr(learned, "data", learned))
-        sampled = datum.loss_fn_inputs["logprobs"].data
-        advantages = datum.loss_fn_inputs["advantages"].data
-        if len(values) == len(sampled) == len(advantages):
-            tokens.append(TrainedTokens.of_datum(sampled, values, advantages))
-    return tokens
 
 
 @dataclass(frozen=True)
@@ -488,6 +475,9 @@ class Trainer:
         groups = summarize_groups(trajectories, keep_env_failures=config.keep_env_failures)
         staleness = step - rollout.sampler_version
         stale = staleness > config.max_steps_off_policy  # never by construction; guarded all the same
+        problem = non_finite_sampled(trajectories)
+        if problem:
+            raise NonFiniteValues(f"{problem} (nothing was sent to forward_backward)")
         datums = [] if stale else build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
         micro_batches = self._micro_batches(datums) if config.accumulation == "manual" else None

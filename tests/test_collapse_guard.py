@@ -14,9 +14,8 @@ from pytrio.types import AdamParams
 from twin_support import MODEL, PROMPT, running_twin, sample_once, without_timing_metrics
 
 from searchr1.cli import main
-from searchr1.diagnostics import mismatch_metrics
+from searchr1.diagnostics import learner_tokens, mismatch_metrics
 from searchr1.run_dir import RunDir
-from searchr1.trainer import learner_tokens
 from searchr1.twin import Strictness, TwinFaults
 from searchr1.twin.collapse import is_collapsed
 from searchr1.twin.config import parse_offline_fault
@@ -35,7 +34,7 @@ def lines(path) -> list[dict]:
 
 def test_the_guard_stops_within_n_steps_of_a_collapse_and_its_command_restarts_from_the_last_healthy_step(tmp_path):
     run_dir = tmp_path / "run"
-    result = train("--max-steps", "7", "--save-every", "1", "--offline-fault", "collapse@3", "--stop-on-collapse", "2",
+    result = train("--max-steps", "6", "--save-every", "1", "--offline-fault", "collapse@3", "--stop-on-collapse", "2",
                    "--run-dir", str(run_dir))
     assert result.exit_code == 3, result.output
     run = RunDir(run_dir)
@@ -54,7 +53,7 @@ def test_the_guard_stops_within_n_steps_of_a_collapse_and_its_command_restarts_f
     restarted = CliRunner().invoke(main, [*command.group(1).split(), "--quiet", "--learning-rate", "0.1"])
     assert restarted.exit_code == 0, restarted.output
     metrics = run.metrics()
-    assert [m["step"] for m in metrics] == list(range(7)) and not any(m["health/unhealthy"] for m in metrics)
+    assert [m["step"] for m in metrics] == list(range(6)) and not any(m["health/unhealthy"] for m in metrics)
     assert [c["step"] for c in lines(run_dir / "checkpoints.rewound.jsonl")] == [3, 4, 5]
     assert [m["step"] for m in lines(run_dir / "metrics.rewound.jsonl")] == [2, 3, 4]
     assert {t["step"] for t in lines(run_dir / "transcripts.rewound.jsonl")} == {2, 3, 4}
@@ -142,3 +141,34 @@ def test_the_twin_returns_the_learners_per_token_logprobs_and_the_mismatch_follo
     assert metrics["health/mismatch_k1"] == pytest.approx(float(np.mean(-log_ratio)))
     assert metrics["health/mismatch_k3"] == pytest.approx(float(np.mean(np.exp(log_ratio) - 1 - log_ratio)))
     assert metrics["health/ratio_max_deviation"] == pytest.approx(float(np.max(np.abs(np.exp(log_ratio) - 1))))
+
+
+def test_a_non_finite_loss_stops_the_run_before_optim_step_and_the_run_resumes(tmp_path, monkeypatch):
+    import searchr1.trainer as trainer_module
+
+    real, calls = trainer_module.non_finite_outputs, []
+
+    def nan_in_step_one(metrics, learned):
+        calls.append(len(calls))
+        return "forward_backward call 1 returned loss_sum = nan" if len(calls) == 2 else real(metrics, learned)
+
+    monkeypatch.setattr(trainer_module, "non_finite_outputs", nan_in_step_one)
+    run_dir = tmp_path / "run"
+    result = train("--max-steps", "3", "--save-every", "1", "--run-dir", str(run_dir))
+    assert result.exit_code == 1, result.output
+    assert "stopped in step 1: a non-finite value: forward_backward call 1 returned loss_sum = nan" in result.output
+    assert "optim_step was not called" in result.output and f"train --resume {run_dir}" in result.output
+    run = RunDir(run_dir)
+    assert [m["step"] for m in run.metrics()] == [0] and run.resume_point().step == 1
+    monkeypatch.setattr(trainer_module, "non_finite_outputs", real)
+    assert train("--resume", str(run_dir)).exit_code == 0
+    assert [m["step"] for m in run.metrics()] == [0, 1, 2]
+
+
+def test_stale_samples_of_an_off_policy_run_show_as_mismatch(tmp_path):
+    run_dir = tmp_path / "run"
+    assert train("--max-steps", "3", "--max-steps-off-policy", "1", "--run-dir", str(run_dir)).exit_code == 0
+    metrics = RunDir(run_dir).metrics()
+    # step 0 trains on samples of its own weights; steps 1-2 on samples one update old
+    assert metrics[0]["health/mismatch_k3"] == 0 and metrics[0]["health/ratio_max_deviation"] == 0
+    assert all(m["health/mismatch_k3"] > 0 and m["health/ratio_max_deviation"] > 0 for m in metrics[1:])

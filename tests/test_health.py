@@ -17,13 +17,16 @@ from pytrio.types import Datum, ModelInput, TensorData
 from searchr1.data import SearchExample
 from searchr1.datum import TrainingDatum
 from searchr1.diagnostics import (
+    NonFiniteValues,
     TrainedTokens,
     clip_bounds,
     entropy_estimate,
+    learner_tokens,
     mismatch_metrics,
     nearest_rank_percentile,
     non_finite_inputs,
     non_finite_outputs,
+    non_finite_sampled,
     policy_diagnostics,
     repeated_turn_share,
 )
@@ -37,7 +40,7 @@ from searchr1.health import (
     parse_rule_override,
     reward_drop,
 )
-from searchr1.trainer import NonFiniteValues, TrainConfig, learner_tokens
+from searchr1.trainer import TrainConfig
 from searchr1.trajectory import AssistantTurn, Trajectory
 
 EXAMPLE = SearchExample("q", "Who?", ("x",), "nq")
@@ -145,6 +148,15 @@ def test_non_finite_values_are_named_where_they_are():
     assert "loss_sum" in non_finite_outputs([{"loss_sum": float("inf"), "token_count": 3}], [])
     assert "logprobs[1]" in non_finite_outputs([{"loss_sum": 1.0}], [np.array([-1.0, np.nan])])
     assert non_finite_outputs([{"loss_sum": 1.0}], [np.array([-1.0])]) is None
+
+
+def test_a_non_finite_sampler_logprob_is_named_only_where_it_would_be_trained():
+    trained = trajectory(([5, 6], [-0.5, float("-inf")]))
+    trained.advantage, trained.group_index = 0.5, 3
+    found = non_finite_sampled([trajectory(([1], [0.0])), trained])
+    assert found is not None and "q0/g3 turn 0" in found and "token 1" in found
+    trained.advantage = 0.0  # sends no datum: nothing to stop for
+    assert non_finite_sampled([trained]) is None
 
 
 class StubTrainingClient:
