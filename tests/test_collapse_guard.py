@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from pytrio.types import AdamParams
-from twin_support import MODEL, PROMPT, running_twin, sample_once, without_timing_metrics
+from twin_support import MODEL, PROMPT, datum_from, running_twin, sample_once, without_timing_metrics
 
 from searchr1.cli import main
 from searchr1.diagnostics import learner_tokens, mismatch_metrics
@@ -116,7 +116,6 @@ def test_the_twin_returns_the_learners_per_token_logprobs_and_the_mismatch_follo
     """forward_backward's loss_fn_outputs[i]["logprobs"] hold, per input position, the logprob of
     the target under the weights being trained: after one update they differ from the
     sampler's, and the mismatch metrics are computed from exactly those numbers."""
-    from twin_support import datum_from
 
     with running_twin(tmp_path, tokenizer, strictness=Strictness(max_staleness=1)) as (twin, service):
         trainer = service.create_lora_training_client(MODEL, rank=8)
@@ -172,3 +171,24 @@ def test_stale_samples_of_an_off_policy_run_show_as_mismatch(tmp_path):
     # step 0 trains on samples of its own weights; steps 1-2 on samples one update old
     assert metrics[0]["health/mismatch_k3"] == 0 and metrics[0]["health/ratio_max_deviation"] == 0
     assert all(m["health/mismatch_k3"] > 0 and m["health/ratio_max_deviation"] > 0 for m in metrics[1:])
+
+
+def test_a_collapsed_twin_sampler_repeats_one_turn_without_an_answer_from_the_nth_update(tmp_path, tokenizer):
+    from searchr1.reward import extract_answer
+    from searchr1.twin.collapse import COLLAPSED_TEXT
+
+    with running_twin(tmp_path, tokenizer, faults=TwinFaults(collapse_from=1)) as (_, service):
+        trainer = service.create_lora_training_client(MODEL, rank=8)
+        prompt = tokenizer.encode(PROMPT)
+        healthy = sample_once(trainer.save_weights_and_get_sampling_client(), prompt, max_tokens=40).sequences[0]
+        sampled = sample_once(trainer.save_weights_and_get_sampling_client(), prompt, max_tokens=40)
+        datum = datum_from(prompt, list(sampled.sequences[0].tokens), list(sampled.sequences[0].logprobs))
+        trainer.forward_backward([datum], loss_fn="importance_sampling").result()
+        trainer.optim_step(AdamParams(learning_rate=0.05)).result()  # weights version 1
+        collapsed = sample_once(trainer.save_weights_and_get_sampling_client(), prompt, max_tokens=40,
+                                num_samples=2).sequences
+    assert tokenizer.decode(healthy.tokens, skip_special_tokens=True) != COLLAPSED_TEXT.strip()
+    for sequence in collapsed:
+        assert sequence.text == COLLAPSED_TEXT.strip() and extract_answer(sequence.text) is None
+        assert sequence.stop_reason == "stop" and set(sequence.logprobs) == {0.0}
+    assert "--offline-fault" in CliRunner().invoke(main, ["twin", "serve", "--help"]).output
