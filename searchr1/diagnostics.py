@@ -141,7 +141,7 @@ def mismatch_metrics(
     ratio = np.exp(log_ratio)
     metrics = {
         "health/mismatch_k1": float(math.fsum(-log_ratio) / sampled.size),
-        "health/mismatch_k3": float(math.fsum(ratio - 1.0 - log_ratio) / sampled.size),
+        "health/mismatch_k3": float(math.fsum(np.expm1(log_ratio) - log_ratio) / sampled.size),
         "health/ratio_max_deviation": float(np.max(np.abs(ratio - 1.0))),
     }
     bounds = clip_bounds(loss_fn, loss_fn_config)

@@ -110,6 +110,8 @@ def test_offline_fault_flags_are_checked_before_anything_runs(tmp_path):
     assert result.exit_code == 2 and "--offline-fault" in result.output
     result = train("--offline-fault", "collapse@x", "--run-dir", str(tmp_path / "r"))
     assert result.exit_code == 2 and not (tmp_path / "r").exists()
+    result = train("--health-rule", "entropy=high", "--run-dir", str(tmp_path / "r"))
+    assert result.exit_code == 2 and "--health-rule 'entropy=high'" in result.output and not (tmp_path / "r").exists()
 
 
 def test_the_twin_returns_the_learners_per_token_logprobs_and_the_mismatch_follows_from_them(tmp_path, tokenizer):

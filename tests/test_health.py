@@ -103,6 +103,19 @@ def test_mismatch_k1_k3_and_the_largest_ratio_deviation_by_hand():
     assert "health/clipped_fraction" not in metrics  # importance_sampling does not clip
 
 
+logprob_pairs = st.lists(st.tuples(st.floats(-20, 0), st.floats(-20, 0)), min_size=1, max_size=30)
+
+
+@given(logprob_pairs)
+def test_k3_is_never_negative_and_every_mismatch_vanishes_when_sampler_and_learner_agree(pairs):
+    sampled, learned = [p[0] for p in pairs], [p[1] for p in pairs]
+    metrics = mismatch_metrics([TrainedTokens.of_datum(sampled, learned, [1.0] * len(pairs))])
+    assert metrics["health/mismatch_k3"] >= 0
+    same = mismatch_metrics([TrainedTokens.of_datum(sampled, sampled, [1.0] * len(pairs))], loss_fn="ppo")
+    assert same == {"health/mismatch_k1": 0.0, "health/mismatch_k3": 0.0, "health/ratio_max_deviation": 0.0,
+                    "health/clipped_fraction": 0.0}
+
+
 def test_clipped_fraction_follows_each_loss_and_its_configured_ratio_bounds():
     tokens = tokens_by_hand()  # ratios 0.61 (A > 0) and 2.72 (A < 0)
     # ppo clips a ratio only on the side its advantage pushes: neither token here
