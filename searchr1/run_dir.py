@@ -1,6 +1,6 @@
 """The run directory: everything a training run writes, written so a crash loses nothing.
 
-    config.json          the exact configuration (written once)
+    config.json          the exact configuration (rewritten only to add a segment: flags a resume changed)
     metrics.jsonl        one line per finished step, appended and fsynced
     checkpoints.jsonl    one line per checkpoint (the resume points), appended and fsynced
     run_state.json       step, data cursor, seeds and last checkpoint (atomic rewrite)
@@ -213,6 +213,10 @@ class RunDir:
         write_text_atomically(path, "".join(json_line(record) for record in keep))
         return len(moved) + len(torn)
 
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Replace ``config.json`` (a resume that changes flags records them as a new segment)."""
+        write_json_atomically(self.file(CONFIG), config)
+
     def checkpoint_steps(self) -> list[int]:
         """Steps with a checkpoint a run can resume from, in order."""
         return sorted({int(e["step"]) for e in self.checkpoints() if e.get("state_path") and "step" in e})
@@ -226,7 +230,7 @@ class RunDir:
             CHECKPOINTS: self._move_lines(CHECKPOINTS, CHECKPOINTS_REWOUND, lambda r: int(r.get("step", -1)) > step, step),
             TRANSCRIPTS: self._move_lines(TRANSCRIPTS, TRANSCRIPTS_REWOUND, lambda r: int(r.get("step", -1)) >= step, step),
         }
-        write_json_atomically(self.file(CONFIG), config)
+        self.write_config(config)
         state, point = self.state(), self.resume_point(step)
         self.write_state({**state, "step": step, "cursor": point.cursor if point else state.get("cursor"),
                           "last_checkpoint": step})

@@ -97,6 +97,13 @@ def test_a_restart_from_step_k_with_unchanged_flags_equals_the_original_run_from
     refused = train("--from-step", "2", "--run-dir", str(tmp_path / "other"))
     assert refused.exit_code == 2 and "--from-step needs --resume" in refused.output
 
+    # the guard's flags may change on any resume, recorded as a segment from the resume step
+    assert train("--resume", str(run_dir), "--max-steps", "5", "--stop-on-collapse", "3").exit_code == 0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["stop_on_collapse"] == 3
+    assert config["segments"][-1]["from_step"] == 4
+    assert config["segments"][-1]["changed"] == {"stop_on_collapse": {"from": 0, "to": 3}}
+
 
 def test_offline_fault_flags_are_checked_before_anything_runs(tmp_path):
     assert parse_offline_fault("collapse@3") == {"collapse_from": 3}

@@ -186,13 +186,17 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
                                    f"{resume_dir / 'config.json'} ({hint})")
         if kwargs["max_steps"] is not None:
             stored["max_steps"] = kwargs["max_steps"]
-        for name in sorted(GUARD_FLAGS & explicit):
-            stored[name] = kwargs[name]
-        if from_step is not None:
-            segment = {"from_step": from_step, "changed": {name: {"from": _stored_value(stored, name),
-                                                                  "to": kwargs[name]} for name in changed}}
-            for name in changed:
-                stored[name] = kwargs[name]
+        guard = {}
+        if "stop_on_collapse" in explicit:
+            guard["stop_on_collapse"] = kwargs["stop_on_collapse"]
+        if "health_rules" in explicit:  # the rules named now change; the others stay as recorded
+            guard["health_rules"] = {**stored.get("health_rules", {}), **kwargs["health_rules"]}
+        guard = {name: value for name, value in guard.items() if stored.get(name, _MISSING) != value}
+        if from_step is not None or guard:
+            changes = {name: {"from": _stored_value(stored, name), "to": kwargs[name]} for name in changed}
+            changes.update({name: {"from": stored.get(name), "to": value} for name, value in guard.items()})
+            segment = {"from_step": from_step, "changed": changes}
+            stored.update({name: change["to"] for name, change in changes.items()})
         config = TrainConfig.from_json(stored)
         if Path(config.data).is_file() and file_sha256(config.data) != config.data_sha256:
             raise click.ClickException(f"{config.data} changed since the run started (sha256 differs); "
@@ -300,15 +304,20 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
                 return first
             if resume_dir is None:
                 run.create(config.to_json())
-            if segment is not None:
-                segments = [*stored.get("segments", []), {**segment, "time": time.time()}]
-                moved = run.restart_at(first, {**config.to_json(), "segments": segments})
-                click.echo(f"restarting {run.path} at step {first}: {moved['checkpoints.jsonl']} later checkpoint(s) "
-                           f"and {moved['transcripts.jsonl']} transcript line(s) moved to *.rewound.jsonl"
-                           + (f"; changed from step {first}: " + ", ".join(
-                               f"{name} {change['from']} -> {change['to']}"
-                               for name, change in segment["changed"].items()) if segment["changed"] else ""),
-                           err=True)
+            if segment is not None:  # a restart from step K, or guard flags changed on resume
+                segments = [*stored.get("segments", []), {**segment, "from_step": first, "time": time.time()}]
+                recorded = {**config.to_json(), "segments": segments}
+                if from_step is None:
+                    run.write_config(recorded)
+                else:
+                    moved = run.restart_at(first, recorded)
+                    click.echo(f"restarting {run.path} at step {first}: {moved['checkpoints.jsonl']} later "
+                               f"checkpoint(s) and {moved['transcripts.jsonl']} transcript line(s) moved to "
+                               "*.rewound.jsonl", err=True)
+                if segment["changed"]:
+                    click.echo(f"changed from step {first}: " + ", ".join(
+                        f"{name} {change['from']} -> {change['to']}" for name, change in segment["changed"].items()),
+                        err=True)
             stop.trainer = trainer
             if loggers is not None:
                 _start_loggers(loggers, config)  # they write into the run directory, which exists now
