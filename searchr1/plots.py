@@ -40,6 +40,18 @@ DEFAULT_RUN_METRICS = (
     "trainer/loss_mean",
     "time/step_seconds",
 )
+# `plot run --health`: the collapse guard's diagnostics (searchr1.diagnostics, searchr1.health)
+HEALTH_RUN_METRICS = (
+    "health/entropy",
+    "health/mismatch_k3",
+    "health/ratio_max_deviation",
+    "health/repeated_turn_share",
+    "health/action_tokens_mean",
+    "health/action_tokens_p95",
+    "reward/format",
+    "rollout/termination/answer",
+)
+UNHEALTHY_COLOR = "tab:red"
 RATE_REWARDS = ("reward/correct", "reward/format")  # shares of trajectories, not mean rewards
 RUN_METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.json"
@@ -402,9 +414,15 @@ def metric_range(metric: str) -> tuple[float, float] | None:
     if metric == "reward/mean" or (metric.startswith("reward/") and metric not in RATE_REWARDS):
         return (-0.1, 1.0)
     name = metric.rsplit("/", 1)[-1]
-    if metric in RATE_REWARDS or name.endswith("_rate") or metric.startswith("rollout/termination/"):
+    if (metric in RATE_REWARDS or name.endswith("_rate") or name.endswith("_share")
+            or metric.startswith("rollout/termination/")):
         return (0.0, 1.0)
     return None
+
+
+def unhealthy_steps(rows: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Steps the collapse guard judged unhealthy (``health/unhealthy`` set in their line)."""
+    return [float(r["step"]) for r in rows if is_finite_number(r.get("health/unhealthy")) and r["health/unhealthy"]]
 
 
 def smoothing_half_width(points: int) -> int:
@@ -434,8 +452,9 @@ def run_figure(
 ) -> tuple[Figure, list[str]]:
     """One panel per requested metric that the run logged, over integer steps: each step as a
     faint dot, a centred moving average as the line (``half_width`` steps either side; by
-    default :func:`smoothing_half_width`), bounded metrics on their fixed range. Returns the
-    figure and the metrics skipped because they never appear (so the caller can say so)."""
+    default :func:`smoothing_half_width`), bounded metrics on their fixed range, and a red
+    vertical line at every step the collapse guard judged unhealthy. Returns the figure and
+    the metrics skipped because they never appear (so the caller can say so)."""
     present = [m for m in metrics if run_series(rows, m)[0]]
     skipped = [m for m in metrics if m not in present]
     if not present:
@@ -450,6 +469,7 @@ def run_figure(
     grid = fig.subplots(nrows, ncols, squeeze=False)
     cells = [ax for row in grid for ax in row]
     windows = set()
+    flagged = unhealthy_steps(rows)
     for ax, metric in zip(cells, present):
         steps, values = run_series(rows, metric)
         width = smoothing_half_width(len(values)) if half_width is None else half_width
@@ -463,6 +483,8 @@ def run_figure(
         if bounds is not None:
             margin = 0.05 * (bounds[1] - bounds[0])
             ax.set_ylim(bounds[0] - margin, bounds[1] + margin)
+        for step in flagged:
+            ax.axvline(step, color=UNHEALTHY_COLOR, alpha=0.35, linewidth=1.2)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
@@ -475,6 +497,8 @@ def run_figure(
     footer = []
     if windows:
         footer.append(f"dots: each step; line: centred mean over {'/'.join(map(str, sorted(windows)))} steps")
+    if flagged:
+        footer.append(f"red lines: {len(flagged)} unhealthy step(s) (python cli.py show RUN --step K)")
     if skipped:
         footer.append("not logged: " + ", ".join(skipped))
     if footer:

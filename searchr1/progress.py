@@ -40,6 +40,9 @@ def step_fields(step: int, metrics: dict[str, float]) -> list[Field]:
         Field(f"degenerate {metrics.get('rollout/degenerate_group_rate', 0.0):.2f}", 7),
         Field(f"datums {int(metrics.get('train/datums_per_rollout_batch', 0))}", 8),
         Field(f"tokens {int(metrics.get('train/tokens_sent', 0))}", 9),
+        *([Field(f"entropy {metrics['health/entropy']:.3f}", 10)] if "health/entropy" in metrics else []),
+        *([Field(f"k3 {metrics['health/mismatch_k3']:.2g}", 11)] if "health/mismatch_k3" in metrics else []),
+        *([Field("UNHEALTHY", 2)] if metrics.get("health/unhealthy") else []),
     ]
 
 

@@ -1,14 +1,19 @@
 """The run directory: everything a training run writes, written so a crash loses nothing.
 
-    config.json          the exact configuration (written once)
+    config.json          the exact configuration (rewritten only to add a segment: flags a resume changed)
     metrics.jsonl        one line per finished step, appended and fsynced
     checkpoints.jsonl    one line per checkpoint (the resume points), appended and fsynced
     run_state.json       step, data cursor, seeds and last checkpoint (atomic rewrite)
     metrics.rewound.jsonl  lines of steps that were undone by a resume (kept, not deleted)
+    checkpoints.rewound.jsonl, transcripts.rewound.jsonl
+                         what a restart from an earlier step (``--from-step K``) set aside
 
 Order inside a step: metrics line, then checkpoint line, then run state. A resume restarts at
 the last checkpoint, so steps finished after it are run again; their old metrics lines move
-to ``metrics.rewound.jsonl`` instead of being duplicated or lost.
+to ``metrics.rewound.jsonl`` instead of being duplicated or lost. ``train --resume RUN
+--from-step K`` restarts at the checkpoint of step K instead (:meth:`RunDir.restart_at`): later
+checkpoints and transcripts move to their ``.rewound.jsonl`` files, and ``config.json`` gains a
+segment saying which flags changed from step K on.
 """
 
 from __future__ import annotations
@@ -19,13 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fileio import append_json_line, json_line, write_json_atomically, write_text_atomically
+from .fileio import append_json_line, append_text, json_line, write_json_atomically, write_text_atomically
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints.jsonl"
 STATE = "run_state.json"
 REWOUND = "metrics.rewound.jsonl"
+CHECKPOINTS_REWOUND = "checkpoints.rewound.jsonl"
+TRANSCRIPTS = "transcripts.jsonl"  # written by searchr1.transcripts
+TRANSCRIPTS_REWOUND = "transcripts.rewound.jsonl"
 TWIN_HOME = "twin"  # the offline twin's runs and checkpoints, kept with the run (offline runs only)
 
 
@@ -178,8 +186,10 @@ class RunDir:
     def state(self) -> dict[str, Any]:
         return self._read_object(STATE)
 
-    def resume_point(self) -> ResumePoint | None:
-        entries = [e for e in self.checkpoints() if e.get("state_path")]
+    def resume_point(self, step: int | None = None) -> ResumePoint | None:
+        """The last checkpoint (of ``step``, when given) that a run can resume from."""
+        entries = [e for e in self.checkpoints() if e.get("state_path")
+                   and (step is None or int(e.get("step", -1)) == step)]
         if not entries:
             return None
         last = entries[-1]
@@ -201,4 +211,40 @@ class RunDir:
         for line in torn:
             append_json_line(self.file(REWOUND), {"torn_line": line, "rewound_to_step": step})
         write_text_atomically(path, "".join(json_line(record) for record in keep))
+        return len(moved) + len(torn)
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Replace ``config.json`` (a resume that changes flags records them as a new segment)."""
+        write_json_atomically(self.file(CONFIG), config)
+
+    def checkpoint_steps(self) -> list[int]:
+        """Steps with a checkpoint a run can resume from, in order."""
+        return sorted({int(e["step"]) for e in self.checkpoints() if e.get("state_path") and "step" in e})
+
+    def restart_at(self, step: int, config: dict[str, Any]) -> dict[str, int]:
+        """Set aside what came after the checkpoint of ``step`` (checkpoint lines of later steps,
+        transcripts of steps ``>= step``; metrics follow with :meth:`rewind_to` when the run
+        starts) and write ``config`` (the new segment included). Returns how many lines of each
+        file moved. Nothing is deleted; a second call for the same step moves nothing."""
+        moved = {
+            CHECKPOINTS: self._move_lines(CHECKPOINTS, CHECKPOINTS_REWOUND, lambda r: int(r.get("step", -1)) > step, step),
+            TRANSCRIPTS: self._move_lines(TRANSCRIPTS, TRANSCRIPTS_REWOUND, lambda r: int(r.get("step", -1)) >= step, step),
+        }
+        self.write_config(config)
+        state, point = self.state(), self.resume_point(step)
+        self.write_state({**state, "step": step, "cursor": point.cursor if point else state.get("cursor"),
+                          "last_checkpoint": step})
+        return moved
+
+    def _move_lines(self, name: str, aside: str, later: Any, step: int) -> int:
+        path = self.file(name)
+        records, torn = read_json_lines(path)
+        keep = [r for r in records if not (isinstance(r, dict) and later(r))]
+        moved = [r for r in records if isinstance(r, dict) and later(r)]
+        if not moved and not torn:
+            return 0
+        text = "".join(json_line({**r, "rewound_to_step": step}) for r in moved)
+        text += "".join(json_line({"torn_line": line, "rewound_to_step": step}) for line in torn)
+        append_text(self.file(aside), text)
+        write_text_atomically(path, "".join(json_line(r) for r in keep))
         return len(moved) + len(torn)

@@ -42,6 +42,16 @@ from . import __version__
 from .advantage import ADVANTAGE_MODES, summarize_groups
 from .data import SearchExample, take_batch
 from .datum import TrainingDatum, build_training_datums
+from .diagnostics import (
+    NonFiniteValues,
+    learner_tokens,
+    mismatch_metrics,
+    non_finite_inputs,
+    non_finite_outputs,
+    non_finite_sampled,
+    policy_diagnostics,
+)
+from .health import CollapseGuard, configured_rules, last_healthy_checkpoint
 from .metrics import datum_metrics, rollout_metrics, trainer_metrics
 from .off_policy import off_policy_metrics, sampler_version, versions_to_record
 from .packing import pack_micro_batches, weight_micro_batch_for_global_mean
@@ -116,6 +126,13 @@ class TrainConfig:
         4, at_least=0, help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
     # Offline runs: the policy the twin serves ("learning" or "scripted"); None for live runs.
     offline_policy: str | None = None
+    # The collapse guard (searchr1.health): stop after N consecutive unhealthy steps (0: only
+    # warn), and thresholds that replace the defaults (None turns a rule off).
+    stop_on_collapse: int = setting(
+        0, at_least=0, metavar="N",
+        help="Stop (exit code 3) after N consecutive unhealthy steps, saving a checkpoint and printing the "
+             "last healthy one and the command that restarts from it; 0: only warn.")
+    health_rules: dict[str, float | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -123,6 +140,7 @@ class TrainConfig:
             raise SettingError("--group-size", f"{self.rollout.group_size}: group advantages compare a question's "
                                "samples with each other, so a group of one always has advantage 0 and no step "
                                "could ever update; use at least 2")
+        configured_rules(self.health_rules)  # names a rule that does not exist
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -143,6 +161,7 @@ class TrainConfig:
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> TrainConfig:
         values = dict(payload)
+        values.pop("segments", None)  # the run's history of flag changes (commands/train.py)
         values["rollout"] = RolloutConfig(**values.get("rollout", {}))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
@@ -166,6 +185,17 @@ class TrainingStopped(RuntimeError):
                          f"python cli.py train --resume {run_dir}")
         self.step = step
         self.run_dir = run_dir
+
+
+class CollapseDetected(RuntimeError):
+    """``--stop-on-collapse``: the run stopped after that many unhealthy steps in a row; what it
+    had is saved, and the message names the last healthy checkpoint and how to restart there."""
+
+    def __init__(self, message: str, *, step: int, run_dir: str, restart_step: int | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.run_dir = run_dir
+        self.restart_step = restart_step
 
 
 class MetricsLogger(Protocol):
@@ -345,23 +375,38 @@ class Trainer:
         self, datums: list[TrainingDatum], micro_batches: list[list[TrainingDatum]] | None,
     ) -> tuple[list[dict[str, float]], dict[str, float], int]:
         """forward_backward (one call, or one per micro-batch with n_k/N weights) and one
-        optim_step; returns metrics and the number of forward_backward calls."""
+        optim_step; returns metrics and the number of forward_backward calls. The metrics
+        include the sampler-learner mismatch (searchr1.diagnostics); a non-finite input or
+        result raises :class:`NonFiniteValues` before optim_step."""
         import pytrio as trio
 
         client = self.training_client
         config = self.config
+        loss_fn = getattr(config, "loss_fn", "importance_sampling")
+        loss_fn_config = getattr(config, "loss_fn_config", None) or None
+        problem = non_finite_inputs(datums)
+        if problem:
+            raise NonFiniteValues(f"{problem} (nothing was sent to forward_backward)")
         if micro_batches is None:
             calls = [[item.datum for item in datums]]
         else:
             calls = [[item.datum for item in weight_micro_batch_for_global_mean(batch, len(datums))]
                      for batch in micro_batches]
-        outputs = []
+        outputs, tokens = [], []
         for data in calls:
-            future = await client.forward_backward_async(data, loss_fn="importance_sampling")
-            outputs.append(dict((await future).metrics))
+            options = {"loss_fn_config": loss_fn_config} if loss_fn_config else {}
+            future = await client.forward_backward_async(data, loss_fn=loss_fn, **options)
+            result = await future
+            outputs.append(dict(result.metrics))
+            tokens += learner_tokens(data, getattr(result, "loss_fn_outputs", None))
+        problem = non_finite_outputs(outputs, [t.learned for t in tokens])
+        if problem:
+            raise NonFiniteValues(f"{problem}; optim_step was not called, so the weights are unchanged")
         adam = trio.AdamParams(learning_rate=config.learning_rate, beta1=config.beta1, beta2=config.beta2)
         optim = await (await client.optim_step_async(adam))
-        return outputs, {f"optim/{k}": float(v) for k, v in dict(optim.metrics).items()}, len(calls)
+        metrics = {f"optim/{k}": float(v) for k, v in dict(optim.metrics).items()}
+        metrics.update(mismatch_metrics(tokens, loss_fn=loss_fn, loss_fn_config=loss_fn_config))
+        return outputs, metrics, len(calls)
 
     # -- samplers (one per weights version) ----------------------------------------------
 
@@ -442,11 +487,15 @@ class Trainer:
         groups = summarize_groups(trajectories, keep_env_failures=config.keep_env_failures)
         staleness = step - rollout.sampler_version
         stale = staleness > config.max_steps_off_policy  # never by construction; guarded all the same
+        problem = non_finite_sampled(trajectories)
+        if problem:
+            raise NonFiniteValues(f"{problem} (nothing was sent to forward_backward)")
         datums = [] if stale else build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
         micro_batches = self._micro_batches(datums) if config.accumulation == "manual" else None
         metrics: dict[str, float] = {}
         metrics.update(rollout_metrics(trajectories, groups))
+        metrics.update(policy_diagnostics(trajectories))
         metrics.update(datum_metrics(datums, micro_batches))
         metrics["train/datums_dropped_out_of_vocab"] = float(dropped)
         train_started = time.perf_counter()
@@ -501,6 +550,34 @@ class Trainer:
         self.reporter.note(f"checkpoint {name}: state {state.path}  weights {weights.path}")
         return entry
 
+    # -- the collapse guard ------------------------------------------------------------------
+
+    async def _stop_on_collapse(self, completed: int, streak: int) -> None:
+        """Save what the run has, then raise :class:`CollapseDetected` naming the last healthy
+        checkpoint and the command that restarts from it."""
+        config = self.config
+        self._drop_rollouts_from(completed)
+        if self.last_saved_step != completed:
+            await self.save(completed)
+        self.run.write_state({**self.run.state(), "last_checkpoint": self.last_saved_step})
+        first_bad = completed - streak
+        healthy = last_healthy_checkpoint(self.run.checkpoints(), self.run.metrics(), before_step=first_bad,
+                                          max_steps_off_policy=config.max_steps_off_policy)
+        message = (f"collapse guard: steps {first_bad}..{completed - 1} were unhealthy ({streak} in a row, "
+                   f"--stop-on-collapse {config.stop_on_collapse}); stopped after step {completed - 1} and saved "
+                   f"a checkpoint of step {completed} in {self.run.path}.\n"
+                   f"What the model did: python cli.py show {self.run.path} --step {first_bad}\n")
+        if healthy is None:
+            message += ("no checkpoint before the unhealthy steps was saved (a smaller --save-every keeps more); "
+                        "start a new run with other settings")
+            restart = None
+        else:
+            restart = int(healthy["step"])
+            message += (f"last healthy checkpoint: {healthy['name']} (step {restart}); continue from it "
+                        f"(add flags to change, e.g. --learning-rate) with:\n"
+                        f"python cli.py train --resume {self.run.path} --from-step {restart}")
+        raise CollapseDetected(message, step=completed, run_dir=str(self.run.path), restart_step=restart)
+
     # -- the loop ----------------------------------------------------------------------------
 
     async def run_steps(self, resume: ResumePoint | None) -> int:
@@ -515,12 +592,20 @@ class Trainer:
         if rewound:
             self.reporter.note(f"resuming at step {first}: {rewound} later metrics line(s) moved to metrics.rewound.jsonl")
         self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)
+        guard = CollapseGuard(configured_rules(config.health_rules), stop_after=config.stop_on_collapse,
+                              history=self.run.metrics())
         self.reporter.start(config.max_steps, first)
         completed = first
         try:
             for step in range(first, config.max_steps):
                 metrics = await self.step(step)
                 completed = step + 1
+                verdict = guard.observe(metrics)
+                metrics.update(verdict.metrics())
+                if verdict.unhealthy:  # texts: in metrics.jsonl, not on the dashboards (numbers only)
+                    metrics["health/warnings"] = verdict.warnings()  # type: ignore[assignment]
+                    self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
+                                       f"What the model did: python cli.py show {self.run.path} --step {step}")
                 self.run.append_metrics({"step": step, **metrics})
                 if config.transcripts_per_step:
                     chosen = select_transcripts(self._last_trajectories, config.transcripts_per_step)
@@ -541,6 +626,8 @@ class Trainer:
                     "max_steps": config.max_steps,
                     "session": self.session,
                 })
+                if verdict.stop:
+                    await self._stop_on_collapse(completed, verdict.streak)
                 if stopping:
                     break
             if self.last_saved_step != completed:
@@ -548,6 +635,9 @@ class Trainer:
                 self.run.write_state({**self.run.state(), "last_checkpoint": completed})
         except SamplerFailureError as error:
             raise TrainingStopped(f"stopped in step {completed}: {error}", step=completed,
+                                  run_dir=str(self.run.path)) from error
+        except NonFiniteValues as error:
+            raise TrainingStopped(f"stopped in step {completed}: a non-finite value: {error}", step=completed,
                                   run_dir=str(self.run.path)) from error
         except Exception as error:
             if not is_service_failure(error):

@@ -425,3 +425,22 @@ def test_impossible_plot_options_are_one_line_errors_naming_the_flag(eval_files,
     assert result.exit_code == 2, result.output
     assert culprit in result.output and "Traceback" not in result.output
     assert not list(tmp_path.glob("x.*"))
+
+
+def test_unhealthy_steps_are_marked_on_every_panel_and_health_draws_the_health_panel(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows = [{"step": s, "reward/mean": 0.1 * s, "health/entropy": 0.5 - 0.1 * s, "health/mismatch_k3": 0.01,
+             "health/unhealthy": float(s >= 3)} for s in range(5)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert plots.unhealthy_steps(rows) == [3.0, 4.0]
+    fig, _ = plots.run_figure(rows, ["reward/mean", "health/entropy"])
+    for ax in fig.axes:
+        vertical = [line for line in ax.get_lines()[1:] if line.get_color() == plots.UNHEALTHY_COLOR]
+        assert sorted(line.get_xdata()[0] for line in vertical) == [3.0, 4.0]
+    assert any("2 unhealthy step(s)" in text.get_text() for text in fig.texts)
+    out = tmp_path / "health.png"
+    result = CliRunner().invoke(main, ["plot", "run", str(run_dir), "-o", str(out), "--health"])
+    assert result.exit_code == 0, result.output
+    assert "note: health/action_tokens_p95 not logged" in result.output and "note: health/entropy" not in result.output
+    assert png_size(out) == (1200, 800)

@@ -211,3 +211,10 @@ def train_resume(run_dir, *args: str) -> tuple[int, str]:
 
     result = CliRunner().invoke(main, ["train", "--resume", str(run_dir), *args])
     return result.exit_code, result.output
+
+
+def test_the_step_line_shows_the_entropy_and_says_when_a_step_is_unhealthy():
+    healthy = step_summary(3, {**METRICS, "health/entropy": 0.4567, "health/mismatch_k3": 0.00123})
+    assert "entropy 0.457" in healthy and "k3 0.0012" in healthy and "UNHEALTHY" not in healthy
+    sick = step_summary(3, {**METRICS, "health/unhealthy": 1.0}, width=60)
+    assert "UNHEALTHY" in sick and sick.startswith("step    3")

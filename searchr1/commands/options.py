@@ -20,6 +20,27 @@ def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any
                              "refused); the run's own calls keep PyTRIO's retry windows.")
 
 
+def _offline_fault(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is None:
+        return None
+    from ..twin.config import parse_offline_fault
+
+    try:
+        return parse_offline_fault(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error).split(": ", 1)[-1], ctx=ctx, param=param) from None
+
+
+def offline_fault_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--offline-fault collapse@N`` (train --offline and twin serve): from the N-th weight
+    update on, the twin's sampler degenerates (searchr1.twin.collapse)."""
+    return click.option(
+        "--offline-fault", "offline_fault", default=None, metavar="collapse@N", callback=_offline_fault,
+        help="A fault of the offline twin: collapse@N makes samplers on weights with N or more updates "
+             "(from step N on) reply with one repetitive turn without an Answer: line, to try the "
+             "collapse guard.")
+
+
 def rollout_options(*, group_size: int = 8,
                     temperature: float = 1.0) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Budgets and sampling flags, made from :class:`RolloutConfig`'s declarations (the seed's

@@ -83,16 +83,20 @@ def plot_eval(files: tuple[Path, ...], output: Path, labels: tuple[str, ...], al
     help="Average the line over this many steps either side (0: no line through averages) "
     "[default: about a tenth of the run, none under 5 steps].",
 )
-def plot_run(run: Path, output: Path, metrics: tuple[str, ...], smooth: int | None) -> None:
+@click.option("--health", is_flag=True,
+              help=f"The health panel instead: {', '.join(plots.HEALTH_RUN_METRICS)} (unless --metric is given).")
+def plot_run(run: Path, output: Path, metrics: tuple[str, ...], smooth: int | None, health: bool) -> None:
     """One panel per metric over steps, from a run directory's metrics.jsonl (or the file
     itself): each step as a dot, a centred moving average as the line, rates on a fixed 0-1
-    axis; the run's name and settings (from config.json) in the title. Metrics the run never
-    logged are skipped with a note."""
+    axis, unhealthy steps (the collapse guard's) as red vertical lines; the run's name and
+    settings (from config.json) in the title. Metrics the run never logged are skipped with
+    a note."""
+    default = plots.HEALTH_RUN_METRICS if health else plots.DEFAULT_RUN_METRICS
     try:
         path = plots.resolve_metrics_path(run)
         rows = plots.load_run_metrics(path)
         title = plots.run_title(plots.load_run_config(path), str(path))
-        fig, skipped = plots.run_figure(rows, metrics or plots.DEFAULT_RUN_METRICS, title=title, half_width=smooth)
+        fig, skipped = plots.run_figure(rows, metrics or default, title=title, half_width=smooth)
     except plots.PlotInputError as exc:
         raise click.ClickException(str(exc)) from exc
     for metric in skipped:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from ..trainer import TrainConfig
 from .options import (
     check_offline_group_size,
     connect_timeout_option,
+    offline_fault_option,
     rollout_config_from,
     rollout_options,
     run_guarded,
@@ -28,8 +30,17 @@ from .settings_options import config_file_option, given_params, setting_options,
 OFFLINE_DEFAULT_STEPS = {"learning": 20, "scripted": 4}
 OFFLINE_LEARNING_RATE = {"learning": 0.2}
 # Flags that may differ when a run is resumed (everything else is fixed by config.json).
-RESUMABLE_FLAGS = {"config", "resume", "max_steps", "swanlab_mode", "logger", "logger_project", "quiet", "chat_template",
-                   "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits", "connect_timeout"}
+RESUMABLE_FLAGS = {"config", "resume", "max_steps", "swanlab_mode", "logger", "logger_project", "quiet",
+                   "chat_template", "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits",
+                   "connect_timeout", "from_step", "offline_fault"}
+# The collapse guard's flags: any resume may change them (they are recorded in config.json).
+GUARD_FLAGS = {"stop_on_collapse", "health_rules"}
+# Algorithm flags a restart from an earlier step (--resume RUN --from-step K) may change; the
+# change is recorded as a new segment of config.json.
+SEGMENT_FLAGS = {"learning_rate", "beta1", "beta2", "advantage", "keep_env_failures", "accumulation",
+                 "save_every", "transcripts_per_step", "max_steps_off_policy"}
+# Exit code of a run stopped by --stop-on-collapse.
+COLLAPSE_EXIT_CODE = 3
 
 
 @click.command(context_settings={"show_default": True})
@@ -47,6 +58,15 @@ RESUMABLE_FLAGS = {"config", "resume", "max_steps", "swanlab_mode", "logger", "l
               help="Where config, metrics and checkpoints go [default: runs/<run-name>, or -2, -3… if taken].")
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Continue the run in this directory from its last checkpoint (same data order, optimizer state).")
+@click.option("--from-step", type=click.IntRange(min=0), default=None, metavar="K",
+              help="With --resume: restart from the checkpoint of step K instead of the last one. Later metrics, "
+                   "transcripts and checkpoints are moved aside (*.rewound.jsonl), and algorithm flags "
+                   "(--learning-rate, --advantage, ...) may change; config.json records them as a new segment.")
+@click.option("--health-rule", "health_rules", multiple=True, metavar="NAME=VALUE",
+              help="Change a health rule's threshold (NAME=off turns it off); repeatable. Rules and defaults: "
+                   "format_valid_rate<0.1, answer_rate<0.1, entropy<0.0001, mismatch_k3>0.1, repeated_turns>0.5, "
+                   "reward_drop>0.5 (README: When training goes wrong).")
+@offline_fault_option()
 @click.option("--logger", "logger", multiple=True, type=click.Choice(["none", *LOGGER_NAMES]),
               help="Also send each step's metrics to swanlab, wandb or tensorboard (<run-dir>/tensorboard); "
                    "repeatable; none for none [default: swanlab on live runs when it is installed, else none]. "
@@ -99,7 +119,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         offline_service,
         search_backend,
     )
-    from ..trainer import TrainConfig, Trainer, TrainingStopped, new_run_id
+    from ..trainer import CollapseDetected, TrainConfig, Trainer, TrainingStopped, new_run_id
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
     resume_dir: Path | None = kwargs.pop("resume")
@@ -109,19 +129,41 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     chat_template = kwargs.pop("chat_template")
     preflight_only, clamp = kwargs.pop("preflight_only"), kwargs.pop("clamp_to_server_limits")
     connect_timeout = kwargs.pop("connect_timeout")
+    from_step, offline_fault = kwargs.pop("from_step"), kwargs.pop("offline_fault")
+    health_rules = _health_rules(kwargs.pop("health_rules"))
+    segment: dict[str, Any] | None = None
+    if from_step is not None and resume_dir is None:
+        raise click.UsageError("--from-step needs --resume RUN_DIR (the run to restart)")
     if resume_dir is not None:
         if kwargs["run_dir"] is not None:
             raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
         run = RunDir(resume_dir)
         stored = run.open()
-        changed = sorted(name for name in explicit - RESUMABLE_FLAGS
+        changed = sorted(name for name in explicit - RESUMABLE_FLAGS - GUARD_FLAGS
                          if _stored_value(stored, name) != _plain(ctx.params[name]))
-        if changed:
-            flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+        fixed = [name for name in changed if from_step is None or name not in SEGMENT_FLAGS]
+        if fixed:
+            flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
+            hint = ("only --max-steps may be raised; algorithm flags may change with --from-step K"
+                    if from_step is None else "a restart with --from-step may change only " +
+                    ", ".join("--" + name.replace("_", "-") for name in sorted(SEGMENT_FLAGS)))
             raise click.UsageError(f"{flags} cannot change when resuming; the run's settings are in "
-                                   f"{resume_dir / 'config.json'} (only --max-steps may be raised)")
+                                   f"{resume_dir / 'config.json'} ({hint})")
         if ctx.params["max_steps"] is not None:
             stored["max_steps"] = ctx.params["max_steps"]
+        guard = {}
+        if "stop_on_collapse" in explicit:
+            guard["stop_on_collapse"] = ctx.params["stop_on_collapse"]
+        if "health_rules" in explicit:  # the rules named now change; the others stay as recorded
+            guard["health_rules"] = {**stored.get("health_rules", {}), **health_rules}
+        guard = {name: value for name, value in guard.items() if stored.get(name, _MISSING) != value}
+        if from_step is not None or guard:
+            fields = setting_params(TrainConfig)  # flag -> config.json field
+            changes = {fields.get(name, name): {"from": _stored_value(stored, name), "to": _plain(ctx.params[name])}
+                       for name in changed}
+            changes.update({name: {"from": stored.get(name), "to": value} for name, value in guard.items()})
+            segment = {"from_step": from_step, "changed": changes}
+            stored.update({name: change["to"] for name, change in changes.items()})
         config = TrainConfig.from_json(stored)
         if Path(config.data).is_file() and file_sha256(config.data) != config.data_sha256:
             raise click.ClickException(f"{config.data} changed since the run started (sha256 differs); "
@@ -137,6 +179,10 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
             if not offline:
                 raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
             settings["max_steps"] = OFFLINE_DEFAULT_STEPS[policy]
+        if offline and policy == "scripted" and "mismatch_k3" not in health_rules:
+            # the scripted sampler's logprobs are the script's, not the toy learner's: they never agree
+            health_rules = {**health_rules, "mismatch_k3": None}
+        settings["health_rules"] = health_rules
         if offline and "learning_rate" not in explicit and policy in OFFLINE_LEARNING_RATE:
             settings["learning_rate"] = OFFLINE_LEARNING_RATE[policy]
         data = Path(settings.pop("data") or (TRAIN if offline else "datasets/train.jsonl"))
@@ -194,12 +240,21 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     if offline:
         # --preflight-only writes nothing, not even the twin's home, for a new run
         home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
+        from ..twin import TwinFaults
+
         service = offline_service(home, tokenizer, offline_scenario(), policy=config.offline_policy or "scripted",
-                                  max_staleness=config.max_steps_off_policy)
+                                  max_staleness=config.max_steps_off_policy,
+                                  faults=TwinFaults(**(offline_fault or {})))
     else:
+        if offline_fault is not None:
+            raise click.UsageError("--offline-fault only applies to offline runs")
         service = live_service(connect_timeout)
     config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
-    resume = run.resume_point() if resume_dir is not None else None
+    resume = run.resume_point(from_step) if resume_dir is not None else None
+    if from_step is not None and resume is None:
+        steps = run.checkpoint_steps()
+        raise click.ClickException(f"--from-step {from_step}: {run.path} has no checkpoint of step {from_step}; "
+                                   f"checkpoints: {', '.join(map(str, steps)) or 'none'}")
     reporter = None
     if not preflight_only:
         from ..progress import make_reporter
@@ -219,6 +274,20 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
                 return first
             if resume_dir is None:
                 run.create(config.to_json())
+            if segment is not None:  # a restart from step K, or guard flags changed on resume
+                segments = [*stored.get("segments", []), {**segment, "from_step": first, "time": time.time()}]
+                recorded = {**config.to_json(), "segments": segments}
+                if from_step is None:
+                    run.write_config(recorded)
+                else:
+                    moved = run.restart_at(first, recorded)
+                    click.echo(f"restarting {run.path} at step {first}: {moved['checkpoints.jsonl']} later "
+                               f"checkpoint(s) and {moved['transcripts.jsonl']} transcript line(s) moved to "
+                               "*.rewound.jsonl", err=True)
+                if segment["changed"]:
+                    click.echo(f"changed from step {first}: " + ", ".join(
+                        f"{name} {change['from']} -> {change['to']}" for name, change in segment["changed"].items()),
+                        err=True)
             stop.trainer = trainer
             if loggers is not None:
                 _start_loggers(loggers, config)  # they write into the run directory, which exists now
@@ -235,6 +304,9 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     except TrainingStopped as stopped:
         click.secho(str(stopped), fg="red", err=True)
         sys.exit(1)
+    except CollapseDetected as collapse:
+        click.secho(str(collapse), fg="red", err=True)
+        sys.exit(COLLAPSE_EXIT_CODE)
     except KeyboardInterrupt:
         click.secho(f"interrupted at once. Finished steps are in {run.path}; resume (from the last checkpoint) "
                     f"with: python cli.py train --resume {run.path}", fg="yellow", err=True)
@@ -325,6 +397,20 @@ def _free_run_dir(root: Path, name: str) -> Path:
         number += 1
         candidate = root / f"{name}-{number}"
     return candidate
+
+
+def _health_rules(given: tuple[str, ...]) -> dict[str, float | None]:
+    """``--health-rule NAME=VALUE`` flags as the thresholds they set (None: the rule is off)."""
+    from ..health import parse_rule_override
+
+    rules: dict[str, float | None] = {}
+    for text in given:
+        try:
+            name, value = parse_rule_override(text)
+        except ValueError as error:
+            raise click.UsageError(str(error)) from None
+        rules[name] = value
+    return rules
 
 
 def _plain(value: Any) -> Any:

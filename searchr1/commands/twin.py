@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from ..twin.policies import POLICY_NAMES
+from .options import offline_fault_option
 
 REDUCTIONS = ("per_token", "per_sample", "sum")
 
@@ -50,6 +51,7 @@ def twin() -> None:
               help="Fail training events that break the protocol (see searchr1/twin/strict.py).")
 @click.option("--max-staleness", type=click.IntRange(min=0), default=0,
               help="Optimiser steps a sampler may lag behind the run it trains (strict mode).")
+@offline_fault_option()
 def serve(**options: Any) -> None:
     """Serve until Ctrl-C. The first line printed is the address to export:
 
@@ -67,9 +69,9 @@ def _serve(port: int, home: Path, policy: str, scenario: Path | None, api_key: s
            accumulation: str, max_seq_len: int | None, max_tokens_per_request: int | None,
            max_batch_size: int | None, stop_token_in_tokens: bool, stop_string_in_text: bool,
            sample_latency: float, token_latency: float, train_token_latency: float, optim_latency: float,
-           save_latency: float, strict: bool, max_staleness: int) -> None:
+           save_latency: float, strict: bool, max_staleness: int, offline_fault: dict[str, Any] | None) -> None:
     from ..tokenizer import shared_tokenizer
-    from ..twin import Latencies, OperationLimits, StopConvention, Strictness, TwinLimits, start_twin
+    from ..twin import Latencies, OperationLimits, StopConvention, Strictness, TwinFaults, TwinLimits, start_twin
     from ..twin.client import TWIN_API_KEY
 
     if scenario is not None and policy != "scripted":
@@ -85,6 +87,7 @@ def _serve(port: int, home: Path, policy: str, scenario: Path | None, api_key: s
             convention=StopConvention(stop_token_in_tokens, stop_string_in_text),
             latencies=Latencies(sample_latency, token_latency, train_token_latency, optim_latency, save_latency),
             strictness=Strictness(enabled=strict, max_staleness=max_staleness),
+            faults=TwinFaults(**(offline_fault or {})),
         ) as served:
             click.echo(f"PYTRIO_BASE_URL={served.base_url}")
             key_hint = "" if api_key else f"PYTRIO_API_KEY={TWIN_API_KEY} "

@@ -46,6 +46,7 @@ from pytrio.protocol.control.training_run.get import TrainingRunGetResponse, Tra
 from pytrio.protocol.control.training_run.renew import TrainingRunRenewResponse
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest, TrainingRunUpdateResponse
 
+from .collapse import collapsed_sequences, is_collapsed
 from .config import (
     INJECTED_FAILURE_CODE,
     Latencies,
@@ -690,10 +691,13 @@ class TwinBackend:
         seed = params.get("seed")
         temperature = float(params.get("temperature", 1.0))  # type: ignore[arg-type]
         try:
-            with self._policy_lock:
-                drawn = self.policy.sample(sampling.params, prompt, request.num_samples, max_tokens=max_tokens,
-                                           seed=None if seed is None else int(seed),  # type: ignore[call-overload]
-                                           temperature=temperature)
+            if is_collapsed(self.settings.faults.collapse_from, sampling.version):
+                drawn = collapsed_sequences(self.settings.tokenizer, request.num_samples, max_tokens=max_tokens)
+            else:
+                with self._policy_lock:
+                    drawn = self.policy.sample(sampling.params, prompt, request.num_samples, max_tokens=max_tokens,
+                                               seed=None if seed is None else int(seed),  # type: ignore[call-overload]
+                                               temperature=temperature)
         except ValueError as error:  # the policy cannot answer this prompt (e.g. not in the script)
             raise ApiError(422, "twin.policy_refused", str(error)) from None
         tokenizer = self.settings.tokenizer

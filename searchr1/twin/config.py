@@ -159,6 +159,10 @@ class TwinFaults:
     * ``sample_hook``: decides per sampling request (:class:`SampleRequestInfo`), for faults
       that depend on what is asked rather than on arrival order: ``None`` serves it, an HTTP
       status answers that error, ``"drop"`` and ``"timeout"`` act as above.
+    * ``collapse_from``: a model collapse. Samplers whose weights have had this many weight
+      updates or more (in a run that updates every step: from step N on) reply with one
+      repetitive turn that has no ``Answer:`` line and no tool call, with logprob 0 for each
+      token (:mod:`searchr1.twin.collapse`). ``None``: never.
     """
 
     capacity_full: int = 0
@@ -170,8 +174,11 @@ class TwinFaults:
     sample_timeouts: Iterable[int] = frozenset()
     sample_timeout_hold: float = 30.0
     sample_hook: SampleFault | None = None
+    collapse_from: int | None = None
 
     def __post_init__(self) -> None:
+        if self.collapse_from is not None and (not isinstance(self.collapse_from, int) or self.collapse_from < 0):
+            raise ValueError(f"TwinFaults.collapse_from must be an int >= 0 or None, got {self.collapse_from!r}")
         if not isinstance(self.capacity_full, int) or self.capacity_full < 0:
             raise ValueError(f"TwinFaults.capacity_full must be an int >= 0, got {self.capacity_full!r}")
         errors = {}
@@ -202,3 +209,17 @@ class TwinFaults:
         object.__setattr__(self, "failed_events", MappingProxyType(failed))
         object.__setattr__(self, "broken_runs", MappingProxyType(broken))
         object.__setattr__(self, "sample_timeouts", _numbers("sample_timeouts", self.sample_timeouts))
+
+
+OFFLINE_FAULTS = ("collapse@N",)
+
+
+def parse_offline_fault(text: str) -> dict[str, Any]:
+    """``--offline-fault`` of ``train`` and ``twin serve``: ``collapse@N`` (from the N-th weight
+    update on, the served policy degenerates) as :class:`TwinFaults` keyword arguments."""
+    kind, sep, number = text.strip().partition("@")
+    if kind != "collapse" or not sep:
+        raise ValueError(f"--offline-fault {text!r}: expected one of {', '.join(OFFLINE_FAULTS)}")
+    if not number.isdigit():
+        raise ValueError(f"--offline-fault {text!r}: N must be a step number >= 0")
+    return {"collapse_from": int(number)}

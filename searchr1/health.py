@@ -1,0 +1,194 @@
+"""Health rules, the collapse guard and the last healthy checkpoint (pure functions).
+
+Every step's metrics line is judged by :data:`DEFAULT_RULES` (thresholds overridable with
+``train --health-rule NAME=VALUE`` or ``NAME=off``). A step that breaks any rule is
+*unhealthy*: its line records ``health/unhealthy = 1`` and one text per broken rule under
+``health/warnings``, and the trainer prints one warning line. ``--stop-on-collapse N`` stops
+the run after N consecutive unhealthy steps (:class:`CollapseGuard`), and
+:func:`last_healthy_checkpoint` says where to restart from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+REWARD_WINDOW = 5  # steps in the rolling mean the reward_drop rule compares against
+
+
+@dataclass(frozen=True)
+class HealthRule:
+    name: str
+    metric: str  # the metrics-line key it reads
+    direction: str  # "below": unhealthy when value < threshold; "above": when value > threshold
+    threshold: float
+    meaning: str
+
+    def broken_by(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return True
+        return value < self.threshold if self.direction == "below" else value > self.threshold
+
+
+DEFAULT_RULES: tuple[HealthRule, ...] = (
+    HealthRule("format_valid_rate", "reward/format", "below", 0.1,
+               "share of trajectories whose final reply has one Answer: line"),
+    HealthRule("answer_rate", "rollout/termination/answer", "below", 0.1,
+               "share of trajectories that ended with a reply rather than a budget or an invalid call"),
+    HealthRule("entropy", "health/entropy", "below", 1e-4,
+               "mean -logprob of the sampled action tokens, nats per token"),
+    HealthRule("mismatch_k3", "health/mismatch_k3", "above", 0.1,
+               "k3 estimate of KL(sampler || learner) over the trained tokens"),
+    HealthRule("repeated_turns", "health/repeated_turn_share", "above", 0.5,
+               "share of assistant turns that repeat an earlier turn of their trajectory"),
+    HealthRule("reward_drop", "health/reward_drop", "above", 0.5,
+               f"best {REWARD_WINDOW}-step rolling mean of reward/mean so far minus this step's reward/mean"),
+)
+RULE_NAMES = tuple(rule.name for rule in DEFAULT_RULES)
+
+
+def configured_rules(overrides: Mapping[str, float | None]) -> tuple[HealthRule, ...]:
+    """The default rules with thresholds replaced (a value) or the rule turned off (None)."""
+    unknown = sorted(set(overrides) - set(RULE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown health rule {unknown[0]!r}; the rules are {', '.join(RULE_NAMES)}")
+    rules = []
+    for rule in DEFAULT_RULES:
+        if rule.name not in overrides:
+            rules.append(rule)
+        elif overrides[rule.name] is not None:
+            rules.append(HealthRule(rule.name, rule.metric, rule.direction, float(overrides[rule.name]),  # type: ignore[arg-type]
+                                    rule.meaning))
+    return tuple(rules)
+
+
+def parse_rule_override(text: str) -> tuple[str, float | None]:
+    """``NAME=VALUE`` or ``NAME=off`` (the ``--health-rule`` flag)."""
+    name, sep, value = text.partition("=")
+    name, value = name.strip(), value.strip()
+    if not sep or not name or not value:
+        raise ValueError(f"--health-rule {text!r}: expected NAME=VALUE or NAME=off")
+    if name not in RULE_NAMES:
+        raise ValueError(f"--health-rule {text!r}: unknown rule {name!r}; the rules are {', '.join(RULE_NAMES)}")
+    if value.lower() == "off":
+        return name, None
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"--health-rule {text!r}: {value!r} is neither a number nor 'off'") from None
+    if not math.isfinite(number):
+        raise ValueError(f"--health-rule {text!r}: the threshold must be finite")
+    return name, number
+
+
+def best_rolling_mean(values: Sequence[float], window: int = REWARD_WINDOW) -> float | None:
+    """The largest mean of ``window`` consecutive values (None when there are fewer)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if len(values) < window:
+        return None
+    return max(math.fsum(values[i:i + window]) / window for i in range(len(values) - window + 1))
+
+
+def reward_drop(previous_rewards: Sequence[float], reward: float, window: int = REWARD_WINDOW) -> float | None:
+    """How far this step's reward is below the best rolling mean of the steps before it."""
+    best = best_rolling_mean(previous_rewards, window)
+    return None if best is None else best - reward
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: HealthRule
+    value: float
+
+    def describe(self) -> str:
+        sign = "<" if self.rule.direction == "below" else ">"
+        return f"{self.rule.name} {self.value:.4g} {sign} {self.rule.threshold:g} ({self.rule.metric})"
+
+
+def check_health(metrics: Mapping[str, Any], rules: Sequence[HealthRule]) -> list[Violation]:
+    """The rules the metrics break; a rule whose metric is absent (e.g. no update ran, so no
+    mismatch was measured) is not evaluated."""
+    found = []
+    for rule in rules:
+        value = metrics.get(rule.metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and rule.broken_by(float(value)):
+            found.append(Violation(rule, float(value)))
+    return found
+
+
+def is_unhealthy(line: Mapping[str, Any]) -> bool:
+    """Whether a metrics line was judged unhealthy (lines from before the guard count as healthy)."""
+    return bool(line.get("health/unhealthy"))
+
+
+@dataclass
+class HealthVerdict:
+    violations: list[Violation]
+    streak: int  # consecutive unhealthy steps ending with this one
+    stop: bool  # the guard asks the run to stop
+
+    @property
+    def unhealthy(self) -> bool:
+        return bool(self.violations)
+
+    def metrics(self) -> dict[str, float]:
+        return {"health/unhealthy": float(self.unhealthy), "health/unhealthy_streak": float(self.streak)}
+
+    def warnings(self) -> list[str]:
+        return [v.describe() for v in self.violations]
+
+
+class CollapseGuard:
+    """Judges each step and counts consecutive unhealthy ones; ``stop_after`` (0: never) of
+    them in a row make :attr:`HealthVerdict.stop` true. ``history`` is the metrics lines of the
+    steps before the first one it will see (a resumed run's earlier steps)."""
+
+    def __init__(self, rules: Sequence[HealthRule], *, stop_after: int = 0,
+                 history: Sequence[Mapping[str, Any]] = ()) -> None:
+        if stop_after < 0:
+            raise ValueError(f"stop_after must be >= 0, got {stop_after}")
+        self.rules = tuple(rules)
+        self.stop_after = stop_after
+        self.rewards = [float(line["reward/mean"]) for line in history
+                        if isinstance(line.get("reward/mean"), (int, float))]
+        self.streak = 0
+        for line in history:
+            self.streak = self.streak + 1 if is_unhealthy(line) else 0
+
+    def observe(self, metrics: dict[str, Any]) -> HealthVerdict:
+        """Judge one step; adds ``health/reward_drop`` to ``metrics`` once there is history."""
+        reward = metrics.get("reward/mean")
+        if isinstance(reward, (int, float)):
+            drop = reward_drop(self.rewards, float(reward))
+            if drop is not None:
+                metrics["health/reward_drop"] = drop
+            self.rewards.append(float(reward))
+        violations = check_health(metrics, self.rules)
+        self.streak = self.streak + 1 if violations else 0
+        return HealthVerdict(violations, self.streak, bool(self.stop_after) and self.streak >= self.stop_after)
+
+
+def last_healthy_checkpoint(
+    checkpoints: Sequence[Mapping[str, Any]], lines: Sequence[Mapping[str, Any]], *, before_step: int,
+    max_steps_off_policy: int = 0,
+) -> Mapping[str, Any] | None:
+    """The latest checkpoint whose weights sampled only healthy batches before ``before_step``
+    (the first step of the unhealthy streak). The weights after K steps first sample the batch
+    of step ``K + max_steps_off_policy``, so that step must come before the streak and have
+    been healthy."""
+    by_step = {int(line["step"]): line for line in lines if isinstance(line.get("step"), int)}
+    best = None
+    for entry in checkpoints:
+        if not entry.get("state_path"):
+            continue
+        first_sampled = int(entry["step"]) + max_steps_off_policy
+        if first_sampled >= before_step:
+            continue
+        if first_sampled in by_step and is_unhealthy(by_step[first_sampled]):
+            continue
+        if best is None or int(entry["step"]) >= int(best["step"]):
+            best = entry
+    return best
