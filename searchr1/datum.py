@@ -24,7 +24,7 @@ the two disagreed).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -165,3 +165,15 @@ def build_training_datums(
     zero-advantage and sampler-error trajectories and those without completion tokens; a
     malformed remaining trajectory raises :class:`DatumError`."""
     return [build_datum(t, max_tokens=max_tokens) for t in trajectories if sends_datum(t)]
+
+
+def drop_out_of_vocab(datums: Sequence[TrainingDatum], vocab_size: int) -> tuple[list[TrainingDatum], int]:
+    """PyTRIO rejects any token id >= len(tokenizer) (the embedding has 243 spare rows the
+    sampler can in principle emit); drop such datums instead of failing the step."""
+    kept = []
+    for item in datums:
+        ids = item.datum.model_input.to_ints()
+        targets = item.datum.loss_fn_inputs["target_tokens"].data
+        if max(ids, default=0) < vocab_size and max(targets, default=0) < vocab_size:
+            kept.append(item)
+    return kept, len(datums) - len(kept)

@@ -192,3 +192,21 @@ def last_healthy_checkpoint(
         if best is None or int(entry["step"]) >= int(best["step"]):
             best = entry
     return best
+
+
+def collapse_report(run_path: Any, *, completed: int, streak: int, stop_on_collapse: int,
+                    healthy: Mapping[str, Any] | None) -> tuple[str, int | None]:
+    """What ``--stop-on-collapse`` prints when it stops a run after ``completed`` steps, the last
+    ``streak`` of them unhealthy, and the step to restart from (None without a healthy checkpoint)."""
+    first_bad = completed - streak
+    message = (f"collapse guard: steps {first_bad}..{completed - 1} were unhealthy ({streak} in a row, "
+               f"--stop-on-collapse {stop_on_collapse}); stopped after step {completed - 1} and saved "
+               f"a checkpoint of step {completed} in {run_path}.\n"
+               f"What the model did: python cli.py show {run_path} --step {first_bad}\n")
+    if healthy is None:
+        return message + ("no checkpoint before the unhealthy steps was saved (a smaller --save-every keeps more); "
+                          "start a new run with other settings"), None
+    restart = int(healthy["step"])
+    return message + (f"last healthy checkpoint: {healthy['name']} (step {restart}); continue from it "
+                      f"(add flags to change, e.g. --learning-rate) with:\n"
+                      f"python cli.py train --resume {run_path} --from-step {restart}"), restart

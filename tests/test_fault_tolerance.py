@@ -50,7 +50,8 @@ from searchr1.search.factory import BACKEND_NAMES
 from searchr1.search.fake_service import FakeSearchService, wikipedia_query
 from searchr1.search.testing import mock_backend
 from searchr1.services import offline_scenario
-from searchr1.trainer import TrainConfig, Trainer, TrainingStopped
+from searchr1.train_config import TrainConfig
+from searchr1.trainer import StepResult, Trainer, TrainingStopped
 from searchr1.twin import TwinFaults, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.config import SampleRequestInfo
@@ -170,7 +171,7 @@ class RecordingTrainer(Trainer):
         self.built = built
         self.steps: dict[int, dict[str, Any]] = {}
 
-    async def step(self, step: int) -> dict[str, float]:
+    async def step(self, step: int) -> StepResult:
         self.built.clear()
         sent: list[int] = []
         client = self.training_client
@@ -182,12 +183,13 @@ class RecordingTrainer(Trainer):
 
         client.forward_backward_async = forward_backward_async
         try:
-            metrics = await super().step(step)
+            result = await super().step(step)
         finally:
             del client.forward_backward_async
         (trajectories, datums), = self.built
-        self.steps[step] = {"trajectories": trajectories, "datums": datums, "sent": sent, "metrics": metrics}
-        return metrics
+        assert result.trajectories == list(trajectories)  # what the step returns is what it trained on
+        self.steps[step] = {"trajectories": trajectories, "datums": datums, "sent": sent, "metrics": result.metrics}
+        return result
 
 
 @pytest.fixture

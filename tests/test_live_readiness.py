@@ -142,7 +142,7 @@ from searchr1.preflight import (  # noqa: E402
     load_service_tokenizer,
     tokenizer_differences,
 )
-from searchr1.trainer import describe_failure, is_service_failure  # noqa: E402
+from searchr1.failures import describe_failure, is_service_failure  # noqa: E402
 
 
 def limits(train_seq=None, train_request=None, sample_seq=None, context=None, available=True, batch=None):
@@ -292,7 +292,8 @@ from searchr1.offline import TRAIN  # noqa: E402
 from searchr1.run_dir import RunDir  # noqa: E402
 from searchr1.search.cli_options import SearchOptions  # noqa: E402
 from searchr1.services import search_backend  # noqa: E402
-from searchr1.trainer import TrainConfig, Trainer, TrainingStopped  # noqa: E402
+from searchr1.train_config import TrainConfig
+from searchr1.trainer import Trainer, TrainingStopped  # noqa: E402
 
 
 def _train_in_process(tmp_path, tokenizer, *, steps=2, reduction="per_token", **config_overrides):
@@ -324,9 +325,10 @@ def _train_in_process(tmp_path, tokenizer, *, steps=2, reduction="per_token", **
 def test_sampling_a_step_on_the_previous_steps_sampler_is_refused(tmp_path, tokenizer, monkeypatch):
     """The mutation: each step after the first reuses the sampler of the step before (while
     claiming fresh weights). The twin's strict mode refuses the stale samples."""
+    from searchr1.pipeline import RolloutPipeline
     from searchr1.twin.server import untaken_violations
 
-    original = Trainer._make_sampler
+    original = RolloutPipeline._make_sampler
 
     async def reuse_previous(self, version):
         if version == 0:
@@ -334,7 +336,7 @@ def test_sampling_a_step_on_the_previous_steps_sampler_is_refused(tmp_path, toke
         sampler, _ = await self._sampler(version - 1)
         return sampler, version
 
-    monkeypatch.setattr(Trainer, "_make_sampler", reuse_previous)
+    monkeypatch.setattr(RolloutPipeline, "_make_sampler", reuse_previous)
     metrics, outcome = _train_in_process(tmp_path, tokenizer, steps=3)
     assert isinstance(outcome, TrainingStopped) and "twin.protocol_violation" in str(outcome)
     assert [m["step"] for m in metrics] == [0]  # step 1 sampled on step 0's weights: refused
@@ -343,9 +345,9 @@ def test_sampling_a_step_on_the_previous_steps_sampler_is_refused(tmp_path, toke
 
 
 def test_a_batch_sampled_on_weights_older_than_allowed_is_discarded_and_counted(tmp_path, tokenizer, monkeypatch):
-    from searchr1 import trainer as trainer_module
+    from searchr1 import pipeline
 
-    monkeypatch.setattr(trainer_module, "sampler_version", lambda batch, k: max(0, batch - 1))
+    monkeypatch.setattr(pipeline, "sampler_version", lambda batch, k: max(0, batch - 1))
     metrics, outcome = _train_in_process(tmp_path, tokenizer, steps=3)
     assert outcome == 3
     assert [m["train/update_skipped"] for m in metrics] == [0.0, 1.0, 1.0]

@@ -15,7 +15,7 @@ from searchr1.commands.settings_options import config_file_option, setting_optio
 from searchr1.rollout import RolloutConfig
 from searchr1.search.cli_options import SearchOptions
 from searchr1.settings import SettingError, flag_of, settings_of
-from searchr1.trainer import TrainConfig
+from searchr1.train_config import TrainConfig
 
 REQUIRED = {TrainConfig: {"max_steps": 1, "data": "d.jsonl"}, SearchOptions: {"backend": "wikipedia"},
             RolloutConfig: {}}

@@ -110,7 +110,7 @@ def test_two_fresh_runs_never_share_a_checkpoint_name_and_a_resume_keeps_its_run
 
 
 def test_a_fresh_run_whose_checkpoint_names_are_already_recorded_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr("searchr1.trainer.new_run_id", lambda: "cafe0001")
+    monkeypatch.setattr("searchr1.train_config.new_run_id", lambda: "cafe0001")
     assert train("--max-steps", "1", "--run-dir", str(tmp_path / "first"))[0] == 0
     code, output = train("--max-steps", "1", "--run-dir", str(tmp_path / "second"))
     assert code == 1 and "cafe0001" in output and "first" in output
@@ -186,7 +186,7 @@ def test_live_runs_need_max_steps():
 INTERRUPTER = textwrap.dedent(
     """
     import os, signal, sys
-    from searchr1 import run_dir, trainer
+    from searchr1 import pipeline, run_dir
     where, at_step, presses = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     def press():
         for _ in range(presses):
@@ -197,12 +197,12 @@ INTERRUPTER = textwrap.dedent(
         if where == "after_step" and record["step"] == at_step:
             press()
     run_dir.RunDir.append_metrics = append
-    original_rollout = trainer.rollout_batch_async
+    original_rollout = pipeline.rollout_batch_async
     async def rollout(*args, step, **kwargs):
         if where == "in_rollout" and step == at_step:
             press()
         return await original_rollout(*args, step=step, **kwargs)
-    trainer.rollout_batch_async = rollout
+    pipeline.rollout_batch_async = rollout
     from searchr1.cli import main
     main(sys.argv[4:])
     """

@@ -97,16 +97,19 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
 
 def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,
                          spec: WorkloadSpec | None = None) -> Figure:
+    from .. import pipeline as pipeline_module
     from .. import trainer as trainer_module
+    from ..pipeline import RolloutPipeline
     from ..run_dir import RunDir
-    from ..trainer import TrainConfig, Trainer
+    from ..train_config import TrainConfig
+    from ..trainer import Trainer
 
     started = time.perf_counter()
     steps = steps if steps is not None else (2 if quick else 4)
     spec = spec or (quick_spec() if quick else WorkloadSpec())
     workload = build_workload(spec, seed + 505)
     clock = PhaseClock()
-    rollout = trainer_module.rollout_batch_async
+    rollout = pipeline_module.rollout_batch_async
 
     async def timed_rollout(*args: Any, **kwargs: Any) -> Any:
         start = time.process_time()
@@ -128,13 +131,13 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
         return step
 
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as home, contextlib.ExitStack() as stack:
-        stack.enter_context(patched(trainer_module, "rollout_batch_async", timed_rollout))
+        stack.enter_context(patched(pipeline_module, "rollout_batch_async", timed_rollout))
         stack.enter_context(patched(trainer_module, "build_training_datums",
                                     clock.wrap_sync("datums", trainer_module.build_training_datums)))
         stack.enter_context(patched(trainer_module, "pack_micro_batches",
                                     clock.wrap_sync("packing", trainer_module.pack_micro_batches)))
         stack.enter_context(patched(Trainer, "_update", clock.wrap_async("client", Trainer._update)))
-        stack.enter_context(patched(Trainer, "_make_sampler", clock.wrap_async("client", Trainer._make_sampler)))
+        stack.enter_context(patched(RolloutPipeline, "_make_sampler", clock.wrap_async("client", RolloutPipeline._make_sampler)))
         config = TrainConfig(max_steps=steps, data="bench", run_name="bench", questions_per_batch=spec.questions,
                              save_every=0, rollout=workload.config, offline=True)
         run = RunDir(Path(home) / "run")

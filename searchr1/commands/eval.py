@@ -310,7 +310,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
             if bar is not None:
                 bar.close()
             _report_interrupted(output, error)
-            from ..trainer import describe_failure, is_service_failure
+            from ..failures import describe_failure, is_service_failure
 
             if isinstance(error, Exception) and is_service_failure(error):
                 raise click.ClickException(f"the service or the network failed ({describe_failure(error)})") from None
@@ -339,7 +339,7 @@ def _report_interrupted(output: Path, error: BaseException) -> None:
         existing = read_existing(output)
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
         return
-    from ..trainer import is_service_failure
+    from ..failures import is_service_failure
 
     transient = isinstance(error, KeyboardInterrupt) or (isinstance(error, Exception) and is_service_failure(error))
     what = "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped by an error"

@@ -14,7 +14,7 @@ import click
 from ..loggers import LOGGER_NAMES, SWANLAB_MODES
 from ..rollout import RolloutConfig
 from ..search.cli_options import SearchOptions, search_options
-from ..trainer import TrainConfig
+from ..train_config import TrainConfig
 from .options import (
     check_offline_group_size,
     connect_timeout_option,
@@ -119,7 +119,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         offline_service,
         search_backend,
     )
-    from ..trainer import CollapseDetected, TrainConfig, Trainer, TrainingStopped, new_run_id
+    from ..train_config import new_run_id
+    from ..trainer import CollapseDetected, Trainer, TrainingStopped
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
     resume_dir: Path | None = kwargs.pop("resume")
