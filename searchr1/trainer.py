@@ -146,9 +146,6 @@ class Trainer:
                 )
             else:
                 client = self.service.create_training_client_from_state_with_optimizer(resume.state_path)
-        except NonFiniteValues as error:
-            raise TrainingStopped(f"stopped in step {completed}: a non-finite value: {error}", step=completed,
-                                  run_dir=str(self.run.path)) from error
         except Exception as error:
             if not is_service_failure(error):
                 raise
@@ -333,6 +330,9 @@ class Trainer:
                 self.run.write_state({**self.run.state(), "last_checkpoint": completed})
         except SamplerFailureError as error:
             raise TrainingStopped(f"stopped in step {completed}: {error}", step=completed,
+                                  run_dir=str(self.run.path)) from error
+        except NonFiniteValues as error:
+            raise TrainingStopped(f"stopped in step {completed}: a non-finite value: {error}", step=completed,
                                   run_dir=str(self.run.path)) from error
         except Exception as error:
             if not is_service_failure(error):
