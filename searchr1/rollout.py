@@ -317,10 +317,25 @@ def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: An
 
 
 def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Any, config: RolloutConfig) -> None:
-    """Fit the result into the trajectory and stitch its next prompt, or end it on overflow."""
+    """Fit the result into the trajectory and stitch its next prompt, or end it on overflow.
+
+    A result is outside text: if turning it into an observation raises anything at all, the
+    trajectory ends as ``search_error`` (an environment failure: its group is left out like
+    one with a failed search) and the run goes on.
+    """
     trajectory = pending.trajectory
-    fitted = fit_tool_content(tokenizer, pending.messages_before_assistant, pending.assistant_text,
-                              pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, config)
+    try:
+        fitted = fit_tool_content(tokenizer, pending.messages_before_assistant, pending.assistant_text,
+                                  pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, config)
+    except Exception as error:  # noqa: BLE001 - one bad search result must not end the run
+        reason = f"the search result could not become an observation ({type(error).__name__})"
+        log.warning("query %r: %s; the trajectory ends as a search failure", pending.query[:80], reason)
+        trajectory.searches.append(SearchRecord(query=pending.query, ok=False, observation="",
+                                                items=len(result.items), error=reason, cached=result.cached))
+        trajectory.search_calls += 1
+        trajectory.env_error = True
+        trajectory.finish("search_error", pending.assistant_text)
+        return
     if fitted is None:
         trajectory.finish("tool_overflow", pending.assistant_text)
         return

@@ -16,6 +16,7 @@ TERMINATIONS = (
     "turn_budget",     # a valid tool call on the last allowed assistant turn
     "token_budget",    # no room left in the trajectory for another assistant turn
     "tool_overflow",   # the observation could not be fitted (seed behaviour, opt-in)
+    "search_error",    # the search result could not be turned into an observation at all
     "sampler_error",   # sampling failed after retries
     "prompt_too_long", # the initial prompt alone exceeds the trajectory budget
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sqlite3
 import zlib
 from dataclasses import dataclass, field, replace
@@ -23,10 +24,11 @@ from searchr1 import __version__
 from searchr1.search.cache import QueryCache, cache_key, normalise_query
 from searchr1.search.clock import Clock, RealClock
 from searchr1.search.limits import Backoff, parse_retry_after
-from searchr1.search.secrets import Secret, sanitise_error
+from searchr1.search.secrets import Secret, redact_known, sanitise_error
 from searchr1.search.singleflight import SingleFlight
 from searchr1.search.stats import CallRecord, SearchStats, Usage
 from searchr1.search.types import SearchItem, SearchResult
+from searchr1.search.unicode import valid_text, valid_tree
 
 log = logging.getLogger("searchr1.search")
 
@@ -36,6 +38,7 @@ CLIENT_PRODUCT = f"searchr1/{__version__}"
 # asks for a URL or an e-mail; the user's own contact comes from SEARCHR1_CONTACT).
 PROJECT_URL = "https://github.com/searchr1/searchr1"
 CONTENT_LIMIT = 1200  # characters of one item's content (Wikipedia's exchars maximum)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class PayloadError(ValueError):
@@ -44,6 +47,10 @@ class PayloadError(ValueError):
 
 class ResponseTooLarge(Exception):
     """A response body grew past the backend's ``max_body_bytes``."""
+
+
+class LineTooLong(ResponseTooLarge):
+    """One line of a streamed body grew past the backend's line limit."""
 
 
 class SearchRefusedError(RuntimeError):
@@ -125,9 +132,19 @@ async def read_body(response: httpx.Response, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def parse_json(raw: bytes | str) -> Any:
+    """Parse JSON from outside, every string in it valid Unicode (see :mod:`searchr1.search.unicode`).
+    Raises ``json.JSONDecodeError``/``UnicodeDecodeError`` when it is not JSON."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    value = json.loads(text)
+    # Only an escape can smuggle a lone surrogate into a decoded str: skip the walk without one.
+    return valid_tree(value) if _SURROGATE_ESCAPE.search(text) else value
+
+
 async def read_json(response: httpx.Response, max_bytes: int) -> Any:
-    """Parse a JSON body; raises ``json.JSONDecodeError``/``UnicodeDecodeError`` when it is not."""
-    return json.loads((await read_body(response, max_bytes)).decode("utf-8"))
+    """Parse a JSON body (:func:`parse_json`); raises ``json.JSONDecodeError``/``UnicodeDecodeError``
+    when it is not JSON."""
+    return parse_json(await read_body(response, max_bytes))
 
 
 def http_status_outcome(response: httpx.Response) -> Outcome | None:
@@ -246,6 +263,7 @@ class HttpSearchBackend:
         form only keys the cache and the single-flight, so equivalent spellings share them."""
         if not isinstance(query, str):
             raise TypeError(f"{self.name}.search: query must be str, got {type(query).__name__}")
+        query = valid_text(query)
         text = normalise_query(query)
         if not text:
             self.stats.record(CallRecord(ok=False, origin="local"))
@@ -318,6 +336,22 @@ class HttpSearchBackend:
     def _max_failovers(self) -> int:
         return 0
 
+    def _scrub(self, items: tuple[SearchItem, ...]) -> tuple[SearchItem, ...]:
+        """Items with every known key and personal value masked: a page that echoes the request
+        (a key in a URL, the contact in a User-Agent) must not show it to the model."""
+        secrets = (*self.secrets(), *self.private_values().values())
+        if not secrets:
+            return items
+        return tuple(
+            SearchItem(
+                title=redact_known(item.title, secrets),
+                content=redact_known(item.content, secrets),
+                source=redact_known(item.source, secrets) if item.source is not None else None,
+                url=redact_known(item.url, secrets) if item.url is not None else None,
+            )
+            for item in items
+        )
+
     async def _run_attempts(self, ctx: CallContext) -> SearchResult:
         retries = 0
         while True:
@@ -325,7 +359,7 @@ class HttpSearchBackend:
             ctx.attempts += 1
             ctx.rate_limited |= outcome.rate_limited
             if outcome.items is not None:
-                return SearchResult(ok=True, items=outcome.items, status=outcome.status)
+                return SearchResult(ok=True, items=self._scrub(outcome.items), status=outcome.status)
             if not outcome.retryable:
                 return self._failure(outcome, ctx)
             if outcome.failover and ctx.failovers < self._max_failovers():
@@ -378,6 +412,8 @@ class HttpSearchBackend:
                 return Outcome.retry(f"network error ({type(exc).__name__})")
             except httpx.HTTPError as exc:  # e.g. too many redirects
                 return Outcome.fail(f"HTTP client error ({type(exc).__name__})")
+            except LineTooLong:
+                return Outcome.fail(f"event stream line too long (> {getattr(self, 'max_line_bytes', 0)} bytes)")
             except ResponseTooLarge:
                 return Outcome.fail(f"response too large (> {self.max_body_bytes} bytes)")
             except (json.JSONDecodeError, UnicodeDecodeError):

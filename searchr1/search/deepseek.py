@@ -20,21 +20,19 @@ code says the search service was busy or down.
 
 from __future__ import annotations
 
-import json
 from typing import Any
-
-from httpx_sse import EventSource, SSEError
 
 from searchr1.search.base import (
     CallContext,
     HttpSearchBackend,
     Outcome,
-    ResponseTooLarge,
     check_url,
     http_status_outcome,
+    parse_json,
 )
 from searchr1.search.evidence import EVIDENCE_SYSTEM_PROMPT, EvidenceStream, build_request, parse_evidence
-from searchr1.search.secrets import Secret, sanitise_error
+from searchr1.search.secrets import Secret, redact_url, sanitise_error, url_secrets
+from searchr1.search.sse import NotAnEventStream, read_events
 
 DEFAULT_BASE_URL = "https://api.deepseek.com/anthropic"
 MESSAGES_PATH = "/v1/messages"
@@ -44,6 +42,8 @@ DEFAULT_TOTAL_TIMEOUT = 300.0  # seconds of wall-clock time for one streamed att
 KEY_ENV_VARS = ("DEEPSEEK_API_KEY",)
 # web_search_tool_result_error codes (Anthropic's vocabulary) worth another attempt.
 RETRYABLE_SEARCH_ERRORS = {"too_many_requests", "unavailable"}
+
+DEFAULT_MAX_LINE_BYTES = 1024 * 1024  # one SSE line; a real event is a few hundred bytes
 
 _STATUS_NOTES = {401: "authentication failed", 402: "insufficient balance", 422: "invalid parameters"}
 
@@ -64,9 +64,11 @@ class DeepSeekSearchBackend(HttpSearchBackend):
         concurrency: int = 16,
         timeout: float = 60.0,
         max_retries: int = 1,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         **kwargs: Any,
     ) -> None:
         super().__init__(concurrency=concurrency, timeout=timeout, max_retries=max_retries, **kwargs)
+        self.max_line_bytes = max_line_bytes
         self._api_key = api_key if isinstance(api_key, Secret) else Secret(api_key)
         if not self._api_key:
             raise ValueError("deepseek: api_key is empty")
@@ -82,7 +84,7 @@ class DeepSeekSearchBackend(HttpSearchBackend):
         return f"{super().__repr__()[:-1]}, model={self.model!r}, tool_type={self.tool_type!r})"
 
     def secrets(self) -> tuple[Secret, ...]:
-        return (self._api_key,)
+        return (self._api_key, *url_secrets(self.base_url))
 
     def default_total_timeout(self) -> float:
         return max(DEFAULT_TOTAL_TIMEOUT, self.timeout)
@@ -90,7 +92,7 @@ class DeepSeekSearchBackend(HttpSearchBackend):
     def replay_options(self) -> dict[str, Any]:
         return {
             **super().replay_options(),
-            "base_url": self.base_url,
+            "base_url": redact_url(self.base_url),
             "model": self.model,
             "tool_type": self.tool_type,
             "max_tokens": self.max_tokens,
@@ -99,7 +101,7 @@ class DeepSeekSearchBackend(HttpSearchBackend):
 
     def request_params(self) -> dict[str, Any]:
         return {
-            "base_url": self.base_url,
+            "base_url": redact_url(self.base_url),
             "model": self.model,
             "tool_type": self.tool_type,
             "max_uses": self.max_uses,
@@ -131,17 +133,16 @@ class DeepSeekSearchBackend(HttpSearchBackend):
                     if note:
                         status.error = f"HTTP {response.status_code} ({note})"
                     return status
-                async for event in EventSource(response).aiter_sse():
-                    if response.num_bytes_downloaded > self.max_body_bytes:
-                        raise ResponseTooLarge(response.num_bytes_downloaded)
+                events = read_events(response, max_bytes=self.max_body_bytes, max_line_bytes=self.max_line_bytes)
+                async for event in events:
                     try:
-                        data = json.loads(event.data)
+                        data = parse_json(event)
                     except ValueError:
                         continue  # keep-alives, "[DONE]" and other non-JSON data lines
                     stream.feed(data)
                     if stream.finished or stream.failed:
                         break
-        except SSEError:
+        except NotAnEventStream:
             return Outcome.fail("unexpected content type (expected an event stream)", 200)
         finally:
             ctx.usage.add(stream.usage_record())

@@ -30,15 +30,17 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
-from urllib.parse import quote, quote_plus
 
 import vcr
 import yaml
 from vcr.cassette import Cassette
+from vcr.persisters.filesystem import CassetteNotFoundError
+from vcr.serialize import serialize
 from vcr.serializers import yamlserializer
 
-from searchr1.search.secrets import Secret
+from searchr1.search.secrets import Secret, redact_url, secret_forms
 
 SECRET_REQUEST_HEADERS = (
     "authorization",
@@ -62,12 +64,6 @@ def _drop_response_headers(response: dict[str, Any]) -> dict[str, Any]:
         name: values for name, values in headers.items() if name.lower() not in DROPPED_RESPONSE_HEADERS
     }
     return response
-
-
-def secret_forms(secret: Secret) -> set[str]:
-    """The ways a key can appear in a cassette file."""
-    value = secret.reveal()
-    return {value, quote(value, safe=""), quote_plus(value), json.dumps(value)[1:-1]} - {""}
 
 
 def find_leaks(text: str, secrets: Sequence[Secret]) -> list[int]:
@@ -102,10 +98,38 @@ def placeholders(secrets: Sequence[Secret], private: Mapping[str, Secret]) -> di
     return {placeholder: value for placeholder, value in mapping.items() if value}
 
 
+def _strip_url_credentials(request: Any) -> Any:
+    """The request as recorded: its URI without userinfo or credential parameters (httpx sends
+    userinfo as an Authorization header, which is dropped too)."""
+    request.uri = redact_url(request.uri)
+    return request
+
+
+class _FreshFilePersister:
+    """vcrpy's persister for a recording: nothing is loaded (every recording starts empty), and
+    the file is created exclusively (``O_EXCL``): a file or symlink planted under the
+    temporary name makes the recording fail instead of being followed."""
+
+    @classmethod
+    def load_cassette(cls, cassette_path: str, serializer: Any) -> Any:
+        raise CassetteNotFoundError()
+
+    @staticmethod
+    def save_cassette(cassette_path: str, cassette_dict: Any, serializer: Any) -> None:
+        data = serialize(cassette_dict, serializer).encode("utf-8")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        descriptor = os.open(cassette_path, flags, 0o644)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
 def recorder(
     secrets: Sequence[Secret], private: Mapping[str, Secret] | None = None, *, decode_compressed: bool = True
 ) -> vcr.VCR:
-    return vcr.VCR(
+    tape = vcr.VCR(
+        before_record_request=_strip_url_credentials,
         serializer="yaml",
         record_mode="all",
         match_on=RECORD_MATCH_ON,
@@ -115,6 +139,8 @@ def recorder(
         decode_compressed_response=decode_compressed,
         filter_sensitive_data=placeholders(secrets, private or {}),
     )
+    tape.register_persister(_FreshFilePersister)
+    return tape
 
 
 @contextmanager
@@ -139,8 +165,8 @@ def recording(
     if target.exists() and not overwrite:
         raise FileExistsError(f"cassette {target} already exists; pass --overwrite to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.recording")
-    temporary.unlink(missing_ok=True)
+    # An unpredictable name, created exclusively by the persister: nothing planted is followed.
+    temporary = target.with_name(f".{target.name}.{os.getpid()}-{token_hex(8)}.recording")
     finished = False
     try:
         with recorder(secrets, private, decode_compressed=decode_compressed).use_cassette(

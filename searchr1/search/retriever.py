@@ -21,6 +21,7 @@ from searchr1.search.base import (
     read_json,
     truncate,
 )
+from searchr1.search.secrets import Secret, redact_url, url_secrets
 from searchr1.search.types import SearchItem
 
 DEFAULT_URL = "http://127.0.0.1:8000/retrieve"
@@ -92,10 +93,14 @@ class RetrieverSearchBackend(HttpSearchBackend):
         self.source = source
 
     def request_params(self) -> dict[str, Any]:
-        return {"url": self.url, "topk": self.topk}
+        return {"url": redact_url(self.url), "topk": self.topk}
+
+    def secrets(self) -> tuple[Secret, ...]:
+        return url_secrets(self.url)
 
     def replay_options(self) -> dict[str, Any]:
-        return {**super().replay_options(), "url": self.url, "topk": self.topk, "source": self.source}
+        # No credential of the URL: the cassette stores none, and replay matches without them.
+        return {**super().replay_options(), "url": redact_url(self.url), "topk": self.topk, "source": self.source}
 
     async def _attempt(self, ctx: CallContext) -> Outcome:
         body = {"queries": [ctx.query], "topk": self.topk, "return_scores": True}

@@ -36,7 +36,7 @@ from searchr1.search.base import (
     truncate,
 )
 from searchr1.search.limits import StartRateLimiter, parse_retry_after
-from searchr1.search.secrets import Secret
+from searchr1.search.secrets import Secret, redact_url, url_secrets
 from searchr1.search.types import SearchItem
 
 log = logging.getLogger("searchr1.search")
@@ -215,10 +215,13 @@ class WikipediaSearchBackend(HttpSearchBackend):
         self.headers = {"User-Agent": user_agent(contact), "Accept": "application/json"}
 
     def request_params(self) -> dict[str, Any]:
-        return {"api_url": self.api_url, "limit": self.limit, "exchars": self.exchars}
+        return {"api_url": redact_url(self.api_url), "limit": self.limit, "exchars": self.exchars}
 
     def replay_options(self) -> dict[str, Any]:
         return {**super().replay_options(), **self.request_params(), "maxlag": self.maxlag}
+
+    def secrets(self) -> tuple[Secret, ...]:
+        return url_secrets(self.api_url)
 
     def private_values(self) -> dict[str, Secret]:
         return {CONTACT_PLACEHOLDER: Secret(self.contact)} if self.contact else {}

@@ -28,12 +28,13 @@ from searchr1.search.base import (
     PayloadError,
     check_url,
     http_status_outcome,
+    parse_json,
     read_json,
     truncate,
 )
 from searchr1.search.clock import Clock
 from searchr1.search.limits import parse_retry_after
-from searchr1.search.secrets import Secret, sanitise_error
+from searchr1.search.secrets import Secret, redact_url, sanitise_error, url_secrets
 from searchr1.search.types import SearchItem
 
 log = logging.getLogger("searchr1.search")
@@ -238,10 +239,10 @@ class ZhihuSearchBackend(HttpSearchBackend):
         return f"{super().__repr__()[:-1]}, keys={len(self.pool)})"
 
     def secrets(self) -> tuple[Secret, ...]:
-        return self.pool.keys
+        return (*self.pool.keys, *url_secrets(self.base_url))
 
     def request_params(self) -> dict[str, Any]:
-        return {"base_url": self.base_url, "count": self.count, "search_db": self.search_db}
+        return {"base_url": redact_url(self.base_url), "count": self.count, "search_db": self.search_db}
 
     def replay_options(self) -> dict[str, Any]:
         return {**super().replay_options(), **self.request_params()}
@@ -343,7 +344,7 @@ class ZhihuSearchBackend(HttpSearchBackend):
                 if response.status_code != 200:
                     out.append(KeyQuota(number, key.fingerprint(), error=f"HTTP {response.status_code}"))
                     continue
-                rows = parse_quota_payload(response.json())
+                rows = parse_quota_payload(parse_json(response.content))
                 out.append(KeyQuota(number, key.fingerprint(), rows=rows))
             except ValueError as exc:  # PayloadError, invalid JSON
                 error = sanitise_error(f"unexpected response: {exc}", self.secrets())
