@@ -257,6 +257,22 @@ def test_a_harness_error_in_search_propagates(served, tokenizer):
         run(served, tokenizer, [question("q", [[call("unknown"), "Answer: x"]])], RolloutConfig(group_size=1, **FAST))
 
 
+def test_a_result_that_cannot_become_an_observation_ends_only_its_trajectory_as_a_search_error(served, tokenizer):
+    # A lone surrogate that slipped past every edge: the tokenizer refuses it (TypeError).
+    bad = SearchResult(True, (SearchItem("Broken", "text with a \ud800 lone surrogate", "Wikipedia"),))
+    search = ScriptedSearch({**RESULTS, "broken": bad})
+    samples = [[call("broken"), "Answer: France"], [call("alpha"), "Answer: France"], ["Answer: Spain"]]
+    other = [["Answer: France"], ["Answer: Spain"], ["Answer: France"]]
+    trajectories, _, _ = run(served, tokenizer, [question("q", samples), question("r", other)], search=search)
+    broken = trajectories[0]
+    assert broken.termination == "search_error" and broken.env_error and broken.search_calls == 1
+    assert not broken.searches[0].ok and "TypeError" in broken.searches[0].error
+    assert [t.termination for t in trajectories[1:3]] == ["answer", "answer"]
+    assert {t.excluded for t in trajectories[:3]} == {"env_failure_group"}  # its group is left out
+    assert [t.excluded for t in trajectories[3:]] == [None] * 3  # the other group still trains
+    assert trajectories[4].advantage != 0.0
+
+
 # ----------------------------------------------------------------------------- properties
 
 QUERIES = sorted(RESULTS)
