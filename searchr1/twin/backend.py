@@ -58,7 +58,7 @@ from .config import (
 )
 from .policy import PolicySample, Reduction, TwinPolicy
 from .stops import StopRules, finish
-from .store import STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, RunConfig
+from .store import STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, InvalidName, RunConfig, check_checkpoint_name
 from .strict import (
     BASE_LINEAGE,
     VIOLATION_CODE,
@@ -104,6 +104,8 @@ class TwinSettings:
     reduction: Reduction = "per_token"
     accumulation: Accumulation = "sum"
     report_grad_norm: bool = True  # the optimiser's metrics (the live keys are not published)
+    max_body_bytes: int = 256 * 1024 * 1024  # a request body past this is answered 413 unread
+    idle_timeout: float = 300.0  # seconds a connection may stay silent (between or inside requests)
 
 
 @dataclass
@@ -523,9 +525,11 @@ class TwinBackend:
         if envelope.metadata.run_id != run.cuid:
             raise ApiError(400, "event_run_mismatch", f"event for run {envelope.metadata.run_id} sent to {run.cuid}")
         try:
-            payload_model_for_event(envelope.type).model_validate(envelope.payload)
+            payload = payload_model_for_event(envelope.type).model_validate(envelope.payload)
         except Exception as error:  # noqa: BLE001 - a pydantic or schema error is a bad request
             raise ApiError(422, "validation_error", f"{envelope.type.value} payload: {str(error).splitlines()[0]}") from None
+        if envelope.type in (EventType.TRAINER_SAVE_STATE, EventType.TRAINER_SAVE_WEIGHTS):
+            check_checkpoint_name(payload.name)  # InvalidName: answered 400 before anything runs
         record = EventRecord(envelope, run)
         with self._lock:
             if envelope.event_id in self._events:
@@ -580,6 +584,8 @@ class TwinBackend:
             record.status, record.error = "failed", (failure.code, failure.message)
         except CheckpointNotFound as error:
             record.status, record.error = "failed", ("checkpoint_not_found", str(error))
+        except InvalidName as error:
+            record.status, record.error = "failed", ("invalid_name", str(error))
         except Exception as error:  # noqa: BLE001 - a policy or twin bug fails the event, not the worker
             record.status, record.error = "failed", ("twin.internal_error", f"{type(error).__name__}: {error}")
 

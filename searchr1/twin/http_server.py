@@ -38,6 +38,7 @@ from pytrio.protocol.control.training_run.create import TrainingRunCreateRequest
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest
 
 from .backend import ApiError, TwinBackend
+from .store import InvalidName
 from .config import SampleRequestInfo
 
 JSON = "application/json"
@@ -76,6 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
     server: _TwinHTTPServer
     _call_number = 0
     _drop_answer = False
+    _raw: bytes | None = None
+    _length = 0
+    _unread = False
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -86,9 +90,33 @@ class _Handler(BaseHTTPRequestHandler):
     def backend(self) -> TwinBackend:
         return self.server.backend
 
+    def setup(self) -> None:
+        self.timeout = self.server.backend.settings.idle_timeout  # a silent client lets go of its thread
+        super().setup()
+
+    def _declared_length(self) -> int:
+        """The body's length as declared; refused before a byte of it is read."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise ApiError(411, "length_required", "request bodies must carry a Content-Length "
+                                                   "(no Transfer-Encoding)")
+        values = [value.strip() for value in self.headers.get_all("Content-Length") or []]
+        if not values:
+            return 0
+        if len(set(values)) != 1 or not (values[0].isascii() and values[0].isdigit()):
+            raise ApiError(400, "invalid_content_length", f"Content-Length {values[0][:20]!r} is not a byte count")
+        length, limit = int(values[0]), self.backend.settings.max_body_bytes
+        if length > limit:
+            raise ApiError(413, "payload_too_large", f"a body of {length} bytes; the twin accepts at most {limit}")
+        return length
+
     def _body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
+        """The request body (read once, after the route's key check)."""
+        if self._raw is None:
+            data = self.rfile.read(self._length) if self._length else b""
+            if len(data) != self._length:
+                raise ConnectionError("the client sent less than its Content-Length")
+            self._raw, self._unread = data, False
+        return self._raw
 
     def _json(self) -> Any:
         raw = self._body()
@@ -111,6 +139,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(reply.status)
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(data)))
+        if self._unread:  # a body left unread cannot be skipped safely: this connection ends here
+            self.close_connection = True
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 
@@ -124,13 +155,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         path = urlsplit(self.path).path
+        self._raw, self._length, self._unread = None, 0, True
+        try:
+            self._length = self._declared_length()
+        except ApiError as error:
+            self._send(Reply(error.status, {"code": error.code, "message": error.message}))
+            return
+        self._unread = self._length > 0
         for route_method, pattern, operation, handler in ROUTES:
             match = pattern.fullmatch(path)
             if route_method == method and match:
                 break
-        else:
-            self._body()
-            self._send(Reply(404, {"code": "not_found", "message": f"no route {method} {path}"}))
+        else:  # answered without reading the body (nobody's key was checked for it)
+            shown = path if len(path) <= 100 else path[:100] + "..."
+            self._send(Reply(404, {"code": "not_found", "message": f"no route {method} {shown}"}))
             return
         faults = self.backend.settings.faults
         number = self._call_number = self.backend.count(operation)
@@ -147,6 +185,12 @@ class _Handler(BaseHTTPRequestHandler):
             reply = handler(self, match)
         except ApiError as error:
             self._send(Reply(error.status, {"code": error.code, "message": error.message}))
+            return
+        except InvalidName as error:
+            self._send(Reply(400, {"code": "invalid_name", "message": str(error)}))
+            return
+        except (TimeoutError, ConnectionError):  # the client went silent or away mid-body
+            self.close_connection = True
             return
         except Exception as error:  # noqa: BLE001 - a twin bug answers 500 and never kills the server
             self._send(Reply(500, {"code": "twin.internal_error", "message": f"{type(error).__name__}: {error}"}))

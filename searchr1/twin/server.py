@@ -170,6 +170,8 @@ def start_twin(
     report_grad_norm: bool = True,
     port: int = 0,
     api_key: str = TWIN_API_KEY,
+    max_body_bytes: int | None = None,
+    idle_timeout: float | None = None,
 ) -> Twin:
     """Start a twin on 127.0.0.1 (``port=0``: a free port) and return it, serving.
 
@@ -177,7 +179,9 @@ def start_twin(
     tokenizer defaults to the exact Qwen3.5 one. ``serve_tokenizer=False`` answers with the
     model's real name as ``model_id``, so the SDK's tokenizer load goes to ModelScope as it
     would for a user (offline: it fails). ``report_grad_norm=False`` leaves the optimiser's
-    metrics empty (the keys the live service reports are not published).
+    metrics empty (the keys the live service reports are not published). ``max_body_bytes``
+    and ``idle_timeout`` bound what one request may send and how long a connection may stay
+    silent (defaults in :class:`~searchr1.twin.backend.TwinSettings`).
     """
     if reduction not in ("per_token", "per_sample", "sum"):
         raise ValueError(f"reduction must be per_token, per_sample or sum, got {reduction!r}")
@@ -198,6 +202,10 @@ def start_twin(
         faults=faults or TwinFaults(), strictness=strictness or Strictness(),
         reduction=reduction, accumulation=accumulation, report_grad_norm=report_grad_norm,
     )
+    if max_body_bytes is not None:
+        settings.max_body_bytes = max_body_bytes
+    if idle_timeout is not None:
+        settings.idle_timeout = idle_timeout
     backend = TwinBackend(settings)
     server = TwinHTTPServer(backend, port)
     settings.base_url = server.url

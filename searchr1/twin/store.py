@@ -27,15 +27,46 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from pytrio.client.builders.training import CHECKPOINT_NAME_MAX_LENGTH, CHECKPOINT_NAME_PATTERN
 
 PATH_PREFIX = "trio://twin/"
 PATH_PATTERN = re.compile(r"^trio://twin/(?P<run>run-\d+)/(?P<kind>state|weights)/(?P<name>[^/]+)$")
+RUN_ID_PATTERN = re.compile(r"run-\d{4,9}")  # what new_run allocates
 STATE = "state"
 WEIGHTS = "weights"
 
 
 class CheckpointNotFound(LookupError):
     """The path is not a twin checkpoint, or nothing was saved there."""
+
+
+class InvalidName(ValueError):
+    """A run id or checkpoint name the twin refuses (it would not name a file inside the home)."""
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_run_id(run_id: object) -> str:
+    if not isinstance(run_id, str) or RUN_ID_PATTERN.fullmatch(run_id) is None:
+        raise InvalidName(f"invalid training run id {_shown(run_id)}: the twin's ids are run-NNNN")
+    return run_id
+
+
+def check_checkpoint_name(name: object) -> str:
+    """pytrio's own rule for checkpoint names (the SDK checks it on the client side only)."""
+    if (
+        not isinstance(name, str)
+        or len(name) > CHECKPOINT_NAME_MAX_LENGTH
+        or CHECKPOINT_NAME_PATTERN.fullmatch(name) is None
+    ):
+        raise InvalidName(
+            f"invalid checkpoint name {_shown(name)}: it must match {CHECKPOINT_NAME_PATTERN.pattern} "
+            f"and have at most {CHECKPOINT_NAME_MAX_LENGTH} characters (pytrio's rule)"
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -78,10 +109,18 @@ def checkpoint_path(run_id: str, kind: str, name: str) -> str:
 def _write_atomically(target: Path, payload: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".tmp-", delete=False) as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(handle.name, target)
+        try:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        except BaseException:
+            Path(handle.name).unlink(missing_ok=True)
+            raise
+    try:
+        os.replace(handle.name, target)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)  # no temporary file is left behind
+        raise
 
 
 class CheckpointStore:
@@ -104,16 +143,26 @@ class CheckpointStore:
                               json.dumps(asdict(config), indent=1).encode())
             return run_id
 
+    def _inside(self, *parts: str) -> Path:
+        """``home/runs/<parts>``, refused unless it resolves inside the home."""
+        path = self.home.joinpath("runs", *parts)
+        home = self.home.resolve()
+        if not path.resolve().is_relative_to(home):
+            raise InvalidName(f"{_shown('/'.join(parts))} would name a file outside the twin's home")
+        return path
+
     def run_config(self, run_id: str) -> RunConfig:
         try:
-            return RunConfig(**json.loads((self.home / "runs" / run_id / "run.json").read_text("utf-8")))
+            return RunConfig(**json.loads(self._inside(check_run_id(run_id), "run.json").read_text("utf-8")))
         except FileNotFoundError:
             raise CheckpointNotFound(f"run {run_id} does not exist under {self.home}") from None
 
     # --- checkpoints ---
 
     def _file(self, run_id: str, kind: str, name: str) -> Path:
-        return self.home / "runs" / run_id / kind / f"{name}.npz"
+        if kind not in (STATE, WEIGHTS):
+            raise InvalidName(f"invalid checkpoint kind {_shown(kind)}")
+        return self._inside(check_run_id(run_id), kind, f"{check_checkpoint_name(name)}.npz")
 
     def exists(self, run_id: str, kind: str, name: str) -> bool:
         return self._file(run_id, kind, name).is_file()
@@ -122,7 +171,7 @@ class CheckpointStore:
         """``(kind, name)`` of every checkpoint of a run, sorted."""
         found = []
         for kind in (STATE, WEIGHTS):
-            directory = self.home / "runs" / run_id / kind
+            directory = self._inside(check_run_id(run_id), kind)
             if directory.is_dir():
                 found += [(kind, p.name[: -len(".npz")]) for p in directory.glob("*.npz")]
         return sorted(found)
@@ -159,9 +208,10 @@ class CheckpointStore:
         return checkpoint_path(run_id, kind, name), target.stat().st_size
 
     def load(self, path: str) -> Checkpoint:
-        match = PATH_PATTERN.match(path) if isinstance(path, str) else None
+        match = PATH_PATTERN.fullmatch(path) if isinstance(path, str) else None
         if match is None:
-            raise CheckpointNotFound(f"not a twin checkpoint path: {path!r} (expected {PATH_PREFIX}<run>/<kind>/<name>)")
+            raise CheckpointNotFound(f"not a twin checkpoint path: {_shown(path)} "
+                                     f"(expected {PATH_PREFIX}<run>/<kind>/<name>)")
         run_id, kind, name = match["run"], match["kind"], match["name"]
         file = self._file(run_id, kind, name)
         if not file.is_file():
