@@ -77,12 +77,13 @@ class Rule:
         return self.check(value) if self.check else None
 
 
-def setting(default: Any = _MISSING, *, default_factory: Any = _MISSING, **rule: Any) -> Any:
-    """A dataclass field that is a user setting (see the module docstring)."""
+def setting(default: Any = _MISSING, *, default_factory: Any = _MISSING, repr: bool = True, **rule: Any) -> Any:  # noqa: A002
+    """A dataclass field that is a user setting (see the module docstring); ``repr=False`` keeps
+    a value that may be private (a URL with credentials, a person's address) out of ``repr``."""
     metadata = {"setting": Rule(**rule)}
     if default_factory is not _MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+        return dataclasses.field(default_factory=default_factory, metadata=metadata, repr=repr)
+    return dataclasses.field(default=default, metadata=metadata, repr=repr)
 
 
 def flag_of(field: dataclasses.Field[Any]) -> str:

@@ -23,10 +23,13 @@ CHECKPOINT_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?$"
 
 
 def _checkpoint_prefix_rule(name: str) -> str | None:
-    if re.match(CHECKPOINT_NAME, name) and len(name) <= 150:
+    """pytrio's checkpoint-name rule, matched whole (``$`` alone would let a trailing newline
+    through into a directory name), at most 150 characters."""
+    if isinstance(name, str) and re.fullmatch(CHECKPOINT_NAME, name) and len(name) <= 150:
         return None
-    return (f"{name!r} cannot prefix PyTRIO checkpoint names: use letters, digits, '.', '_' and '-' "
-            "(at most 150 characters, not ending with '.')")
+    shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+    return (f"{shown} cannot prefix PyTRIO checkpoint names: use letters, digits, '.', '_' and '-' "
+            "(at most 150 characters, not starting or ending with '.')")
 
 
 @dataclass(frozen=True)

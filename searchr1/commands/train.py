@@ -112,7 +112,6 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     from ..services import (
         check_base_model,
         check_search_keys,
-        describe_search,
         live_service,
         load_tokenizer,
         offline_scenario,
@@ -141,7 +140,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         run = RunDir(resume_dir)
         stored = run.open()
         changed = sorted(name for name in explicit - RESUMABLE_FLAGS - GUARD_FLAGS
-                         if _stored_value(stored, name) != _plain(ctx.params[name]))
+                         if _stored_value(stored, name) != _plain(_as_recorded(name, ctx.params[name])))
         fixed = [name for name in changed if from_step is None or name not in SEGMENT_FLAGS]
         if fixed:
             flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
@@ -169,7 +168,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         if Path(config.data).is_file() and file_sha256(config.data) != config.data_sha256:
             raise click.ClickException(f"{config.data} changed since the run started (sha256 differs); "
                                        "the data order could not be reproduced")
-        search = SearchOptions(**{**search.__dict__, **{k: v for k, v in config.search.get("options", {}).items()}})
+        search = _resumed_search_options(search, config.search, explicit)
     else:
         offline, policy = kwargs.pop("offline"), kwargs.pop("offline_policy")
         if not offline and "offline_policy" in explicit:
@@ -207,7 +206,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         run_dir = kwargs.pop("run_dir")
         config = TrainConfig(
             data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data),
-            search={**describe_search(search, offline=offline), "options": _search_options_record(search)},
+            search=_search_record(search, offline),
             run_id=new_run_id(), **settings,
         )
         run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name)
@@ -430,12 +429,56 @@ def _stored_value(stored: dict[str, Any], name: str) -> Any:
     return stored.get(name, _MISSING)
 
 
+def _as_recorded(name: str, value: Any) -> Any:
+    """A flag's value as config.json records it (a private value is kept only in part)."""
+    from ..search.secrets import redact_url
+    from ..search.wikipedia import CONTACT_PLACEHOLDER
+
+    if name == "retriever_url" and value:
+        return redact_url(value)
+    if name == "wikipedia_contact" and value:
+        return CONTACT_PLACEHOLDER
+    return value
+
+
 def _search_options_record(search: SearchOptions) -> dict[str, Any]:
-    """The search flags to reuse on --resume (paths as strings, nothing secret)."""
+    """The search flags to reuse on --resume (paths as strings, nothing secret: the retriever
+    URL without its userinfo and credential parameters, the Wikipedia contact as a placeholder)."""
     record = {}
     for key, value in search.__dict__.items():
         record[key] = str(value) if isinstance(value, Path) else value
+    for name in ("retriever_url", "wikipedia_contact"):
+        record[name] = _as_recorded(name, record.get(name))
     return record
+
+
+def _search_record(search: SearchOptions, offline: bool) -> dict[str, Any]:
+    """``config.json``'s ``search``: what was used, and whether a credential was left out."""
+    from ..search.secrets import redact_url
+    from ..services import describe_search
+
+    record = {**describe_search(search, offline=offline), "options": _search_options_record(search)}
+    if search.retriever_url and redact_url(search.retriever_url) != search.retriever_url:
+        record["retriever_url_credentials_removed"] = True
+    return record
+
+
+def _resumed_search_options(given: SearchOptions, recorded: dict[str, Any], explicit: set[str]) -> SearchOptions:
+    """The run's search flags from config.json; the retriever URL and the Wikipedia contact
+    given again now are used as given (config.json keeps neither in full)."""
+    from ..search.wikipedia import CONTACT_PLACEHOLDER
+
+    options = dict(recorded.get("options", {}))
+    for name in ("retriever_url", "wikipedia_contact"):
+        if name in explicit:
+            options[name] = getattr(given, name)
+    if options.get("wikipedia_contact") == CONTACT_PLACEHOLDER:
+        options["wikipedia_contact"] = None  # $SEARCHR1_CONTACT, as on any run without the flag
+    if recorded.get("retriever_url_credentials_removed") and "retriever_url" not in explicit:
+        raise click.UsageError(
+            "the run's --retriever-url carried credentials, which config.json does not keep; "
+            "pass the same --retriever-url again with --resume")
+    return SearchOptions(**{**given.__dict__, **options})
 
 
 def _planned_loggers(requested: tuple[str, ...], swanlab_mode: str, project: str, config: Any,

@@ -24,7 +24,7 @@ from searchr1 import __version__
 from searchr1.search.cache import QueryCache, cache_key, normalise_query
 from searchr1.search.clock import Clock, RealClock
 from searchr1.search.limits import Backoff, parse_retry_after
-from searchr1.search.secrets import Secret, redact_known, sanitise_error
+from searchr1.search.secrets import Secret, redact, redact_known, redact_url, sanitise_error
 from searchr1.search.singleflight import SingleFlight
 from searchr1.search.stats import CallRecord, SearchStats, Usage
 from searchr1.search.types import SearchItem, SearchResult
@@ -106,9 +106,9 @@ def check_url(url: str, what: str) -> str:
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError) as exc:
-        raise ValueError(f"{what}: invalid URL {url!r} ({exc})") from None
+        raise ValueError(redact(f"{what}: invalid URL {redact_url(str(url))!r} ({exc})")) from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"{what}: expected an http(s) URL with a host, got {url!r}")
+        raise ValueError(f"{what}: expected an http(s) URL with a host, got {redact_url(url)!r}")
     return url
 
 

@@ -53,9 +53,10 @@ class SearchOptions:
                                             help="Ignore cache entries older than this.")
     cassette: Path | None = setting(
         None, help="Replay search from this cassette (offline, virtual time) instead of the live service.")
-    retriever_url: str | None = setting(None, help="Search-R1 retrieval server URL.",
+    retriever_url: str | None = setting(None, repr=False, help="Search-R1 retrieval server URL.",
                                         default_text="$SEARCHR1_RETRIEVER_URL or http://127.0.0.1:8000/retrieve")
-    wikipedia_contact: str | None = setting(None, help="Contact (URL or e-mail) for the Wikipedia User-Agent.",
+    wikipedia_contact: str | None = setting(None, repr=False,
+                                            help="Contact (URL or e-mail) for the Wikipedia User-Agent.",
                                             default_text="$SEARCHR1_CONTACT")
     env_file: Path | None = setting(None, flag="--search-env-file",
                                     help="dotenv file with DEEPSEEK_API_KEY / ZHIHU_SEARCH_KEYS.",

@@ -46,6 +46,7 @@ from searchr1.search.clock import Clock, VirtualClock
 from searchr1.search.factory import check_backend_name, create_search_backend
 from searchr1.search.limits import Backoff
 from searchr1.search.retriever import DEFAULT_URL as DEFAULT_RETRIEVER_URL
+from searchr1.search.secrets import redact, redact_url
 from searchr1.search.types import SearchResult
 
 MATCH_ON = (
@@ -77,7 +78,7 @@ class CassetteMissError(LookupError):
     ) -> None:
         self.cassette = str(cassette)
         self.method = method
-        self.url = url
+        self.url = redact_url(url)  # a URL given for replay may carry credentials; the message must not
         self.query = query
         self.differs_in = differs_in
         self.hint = hint or (
@@ -86,7 +87,7 @@ class CassetteMissError(LookupError):
         )
         subject = f"query {query!r}" if query is not None else "a request"
         super().__init__(
-            f"cassette {self.cassette} has no recorded response for {subject} ({method} {url}). {self.hint}"
+            f"cassette {self.cassette} has no recorded response for {subject} ({method} {self.url}). {self.hint}"
         )
 
     def with_hint(self, query: str, hint: str) -> CassetteMissError:
@@ -267,7 +268,10 @@ class ReplayBackend:
     def miss_hint(self, query: str, differs_in: tuple[str, ...] = ()) -> str:
         """What to do about a query this cassette cannot answer."""
         if self._cassette is not None and query.strip() in recorded_texts(self._cassette):
-            settings = ", ".join(f"{k}={v!r}" for k, v in sorted((self.metadata.get("options") or {}).items()))
+            settings = redact(", ".join(
+                f"{k}={(redact_url(v) if isinstance(v, str) else v)!r}"
+                for k, v in sorted((self.metadata.get("options") or {}).items())
+            ))
             parts = ", ".join(differs_in) or "the request"
             return (
                 f"The cassette holds this query, but recorded with other request settings (the "
@@ -348,5 +352,7 @@ def open_replay_backend(
             **settings,
         )
     except (TypeError, ValueError) as exc:
-        raise CassetteFormatError(f"cassette {cassette_path}: its recorded options do not fit {name}: {exc}") from exc
+        raise CassetteFormatError(
+            f"cassette {cassette_path}: its recorded options do not fit {name}: {redact(str(exc))}"
+        ) from None
     return ReplayBackend(backend, cassette_path, metadata=metadata, cassette=cassette)
