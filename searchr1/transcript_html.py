@@ -14,7 +14,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .transcript_view import SearchEvent, TurnEvent, conversation, outcome, printable, title, verdict
+from .transcript_view import SearchEvent, TurnEvent, answers_text, conversation, outcome, printable, title, verdict
 
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'"
 OPEN_OBSERVATIONS_UP_TO = 600  # characters; longer observations start folded
@@ -65,7 +65,7 @@ def _e(text: Any) -> str:
 
 def _article(record: Mapping[str, Any]) -> str:
     kind = verdict(record)
-    answers = " | ".join(printable(a) for a in record.get("answers") or [])
+    answers = answers_text(record.get("answers"))
     items = "".join(f"<li><b>{_e(name)}</b>{_e(value)}</li>" for name, value in outcome(record))
     parts = [
         f'<article class="{kind}">',

@@ -30,6 +30,28 @@ def printable(text: Any) -> str:
     )
 
 
+def answers_text(value: Any) -> str:
+    """A record's gold answers, ``a | b``, whatever the file holds (a list, one string, a number)."""
+    if isinstance(value, (list, tuple)):
+        return " | ".join(printable(answer) for answer in value)
+    return printable(value if value is not None else "")
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def count(value: Any) -> int:
+    """A count from a record (``0`` for anything that is not a whole number)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return 0
+
+
 def abbreviate(text: str, max_chars: int, max_lines: int) -> str:
     """``text`` unchanged when it fits both limits; otherwise its first ``max_chars`` characters
     (cut further to ``max_lines`` lines) and a marker saying how many characters were left out."""
@@ -75,19 +97,19 @@ class SearchEvent:
 def conversation(record: Mapping[str, Any]) -> list[TurnEvent | SearchEvent]:
     """Assistant turns and searches in the order they happened: the i-th search answers the
     i-th turn (a trajectory ends on the turn that does not lead to a search)."""
-    turns = [t for t in record.get("turns") or [] if isinstance(t, Mapping)]
-    searches = [s for s in record.get("searches") or [] if isinstance(s, Mapping)]
+    turns = [t for t in _list(record.get("turns")) if isinstance(t, Mapping)]
+    searches = [s for s in _list(record.get("searches")) if isinstance(s, Mapping)]
     events: list[TurnEvent | SearchEvent] = []
     for index in range(max(len(turns), len(searches))):
         if index < len(turns):
             turn = turns[index]
-            events.append(TurnEvent(index + 1, printable(turn.get("text")), str(turn.get("stop_reason") or "")))
+            events.append(TurnEvent(index + 1, printable(turn.get("text")), printable(turn.get("stop_reason") or "")))
         if index < len(searches):
             s = searches[index]
             events.append(SearchEvent(
                 number=index + 1, query=printable(s.get("query")), ok=bool(s.get("ok")),
                 error=printable(s.get("error")) if s.get("error") else None,
-                observation=printable(s.get("observation")), items=int(s.get("items") or 0),
+                observation=printable(s.get("observation")), items=count(s.get("items")),
                 cached=bool(s.get("cached")), truncated=bool(s.get("truncated")),
             ))
     return events
@@ -101,24 +123,26 @@ def title(record: Mapping[str, Any]) -> str:
     """``step 3 · nq/test_12 · sample 2`` (step only for training transcripts)."""
     parts = []
     if "step" in record:
-        parts.append(f"step {record['step']}")
+        parts.append(f"step {printable(record['step'])}")
     parts.append(printable(record.get("id", "?")))
     if record.get("data_source") and not str(record.get("id", "")).startswith(f"{record['data_source']}/"):
         parts.append(printable(record["data_source"]))
     if "group_index" in record and ("step" in record or record["group_index"]):
-        parts.append(f"sample {record['group_index']}")
+        parts.append(f"sample {printable(record['group_index'])}")
     return " · ".join(parts)
 
 
 def outcome(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(name, value) pairs: reward, EM, format, how it ended, searches, and for training
-    transcripts the advantage and why no datum was sent, if none was."""
+    transcripts the advantage and why no datum was sent, if none was. Every value is
+    :func:`printable`: a record is read from a file anyone may have written."""
+    searches = record.get("searches")
     pairs = [
         ("reward", _signed(record.get("reward"), 1)),
         ("EM", "yes" if record.get("exact_match") else "no"),
         ("format", "ok" if record.get("valid_format") else "bad"),
         ("ended", printable(record.get("termination") or "unfinished")),
-        ("searches", str(record.get("search_calls", len(record.get("searches") or [])))),
+        ("searches", printable(record.get("search_calls", len(searches) if isinstance(searches, list) else 0))),
     ]
     if "advantage" in record:
         pairs.append(("advantage", _signed(record.get("advantage"), 3)))
@@ -150,7 +174,7 @@ def renderables(record: Mapping[str, Any], *, full: bool = False) -> list[Any]:
     out: list[Any] = [Rule(Text(title(record), style=f"bold {style}"), align="left", style=style)]
     facts = Text()
     facts.append("question  ", style="bold").append(printable(record.get("question")))
-    facts.append("\ngold      ", style="bold").append(" | ".join(printable(a) for a in record.get("answers") or []))
+    facts.append("\ngold      ", style="bold").append(answers_text(record.get("answers")))
     facts.append("\noutcome   ", style="bold")
     for index, (name, value) in enumerate(outcome(record)):
         facts.append("  " if index else "").append(f"{name} ", style="dim").append(value)

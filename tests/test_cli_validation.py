@@ -94,6 +94,9 @@ def test_every_command_that_searches_defaults_to_the_same_backend_and_the_readme
     (["rollout", "--offline", "--max-assistant-turns", "0"], "--max-assistant-turns"),
     (["prepare-data", "--dev-per-source", "0"], "--dev-per-source"),
     (["bench", "--quick", "--strict"], "--strict and --quick"),
+    (["train", "--offline", "--run-name", "../escape"], "--run-name"),
+    (["train", "--offline", "--run-name", "two words"], "--run-name"),
+    (["train", "--offline", "--run-name", "trailing-newline\n"], "--run-name"),
 ])
 def test_impossible_values_are_one_line_errors_naming_the_flag(tmp_path, args, flag):
     code, output = invoke(*args, *(["--output-dir", tmp_path / "d"] if args[0] == "prepare-data" else []))

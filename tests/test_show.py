@@ -142,6 +142,32 @@ def test_model_text_cannot_send_escape_sequences_to_the_terminal(eval_file):
     assert '<script>document.title="pwned"</script>' in output  # shown as text, as written
 
 
+ESCAPE = "\x1b]0;owned\x07\x1b[2J"
+
+
+def test_no_field_of_a_record_reaches_the_terminal_with_its_control_characters(tmp_path):
+    hostile = {**HOSTILE_RECORD, "search_calls": ESCAPE, "group_index": ESCAPE,
+               "termination": ESCAPE, "excluded": ESCAPE, "advantage": 0.1,
+               "turns": [{"text": "t", "stop_reason": ESCAPE}, {"text": "Answer: no", "stop_reason": "stop"}],
+               "searches": [{**search("q", "obs"), "items": ESCAPE}]}
+    path = tmp_path / "eval.jsonl"
+    path.write_text(json.dumps(hostile) + "\n", encoding="utf-8")
+    code, output = show(path)
+    assert code == 0, output
+    assert "\x1b" not in output and "\x07" not in output and "owned" in output
+
+
+@pytest.mark.parametrize("answers", [5, "Gold", None, [1, None], {"a": 1}])
+def test_a_record_whose_fields_have_other_types_is_shown_not_a_traceback(tmp_path, answers):
+    odd = {**TWO_HOP, "answers": answers, "turns": 3, "searches": {"x": 1}}
+    path = tmp_path / "eval.jsonl"
+    path.write_text(json.dumps(odd) + "\n", encoding="utf-8")
+    code, output = show(path)
+    assert code == 0 and "Traceback" not in output, output
+    code, output = show(path, "--html", tmp_path / "page.html")
+    assert code == 0, output
+
+
 def test_a_run_directory_shows_its_last_step_by_default(run_dir):
     code, output = show(run_dir)
     assert code == 0, output
