@@ -157,3 +157,43 @@ def test_a_result_that_echoes_the_key_never_shows_it_to_the_model():
     assert result.ok
     text = format_observation(result)
     assert TEST_DEEPSEEK_KEY not in text and "indeed" in text
+
+
+# ------------------------------------------------------------------------- recording
+
+
+def test_a_recording_never_follows_a_symlink_planted_under_its_temporary_name(tmp_path, monkeypatch):
+    import os
+
+    import searchr1.search.recording as recording_module
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    monkeypatch.setattr(recording_module, "token_hex", lambda _n: "guessed", raising=False)
+    target = tmp_path / "c.yaml"
+    for name in (f".c.yaml.{os.getpid()}.recording", f".c.yaml.{os.getpid()}-guessed.recording"):
+        (tmp_path / name).symlink_to(victim)  # the old predictable name, and the new one if guessed
+    with pytest.raises(FileExistsError):
+        with recording_module.recording(target, secrets=[], metadata={"backend": "retriever"}):
+            with httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, json={}))) as client:
+                client.get("http://retriever.invalid/x")
+    assert victim.read_text() == "keep me" and not target.exists()
+
+
+# ------------------------------------------------------------------------- dependencies
+
+
+def test_the_declared_pyarrow_excludes_the_release_with_the_parquet_deserialisation_flaw():
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    requirements = {Requirement(text).name: Requirement(text) for text in project["dependencies"]}
+    assert not requirements["pyarrow"].specifier.contains("14.0.0")  # CVE-2023-47248, fixed in 14.0.1
+    assert requirements["pyarrow"].specifier.contains("14.0.1")
+    # trl (the chat template's source) stays undeclared: its requirements pull torch; the
+    # project documents the --no-deps install instead, and names it in the tokenizer's error.
+    assert "trl" not in requirements
+    assert "pip install --no-deps trl==1.16.0" in (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
