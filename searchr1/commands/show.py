@@ -46,10 +46,11 @@ class Selection:
 
 
 def _describe_config(config: dict[str, Any] | None) -> str | None:
-    if not config:
+    if not config or not isinstance(config, dict):
         return None
     offline = bool(config.get("offline"))
-    backend = config.get("search_backend") or (config.get("search") or {}).get("backend")
+    search = config.get("search")
+    backend = config.get("search_backend") or (search.get("backend") if isinstance(search, dict) else None)
     model = config.get("model_path") or config.get("base_model")
     parts = ["OFFLINE twin (scripted policy, cassette search)" if offline else "live"]
     if model:
@@ -95,8 +96,9 @@ def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | st
     if run_dir is not None and (run_dir / "config.json").is_file():
         try:
             config = json.loads((run_dir / "config.json").read_text("utf-8"))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             config = None
+    config = config if isinstance(config, dict) else None
     name = (config or {}).get("run_name") or (run_dir.name if run_dir else transcripts_path.parent.name)
     sections: list[tuple[str | None, list[dict[str, Any]]]] = []
     remaining = limit
@@ -195,5 +197,5 @@ def show(source: Path, step: int | str | None, limit: int, html_path: Path | Non
     console.print()
     for name, records in selection.sections:
         if name is not None and len(selection.sections) > 1:
-            console.rule(Text(name, style="bold"))
+            console.rule(Text(printable(name), style="bold"))
         print_transcripts(console, records, full=full)

@@ -143,7 +143,7 @@ def url_secrets(url: str | None) -> tuple[Secret, ...]:
         parts = urlsplit(url)
     except ValueError:
         return ()
-    found = [parts.password or "", parts.username or "" if parts.password else ""]
+    found = [parts.password or "", parts.username or ""]  # a token is sometimes the user name
     found += [value for name, value in parse_qsl(parts.query) if is_secret_parameter(name)]
     return tuple(Secret(unquote(value)) for value in found if len(value) >= 4)
 

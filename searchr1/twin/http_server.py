@@ -9,6 +9,13 @@ that route (``extra="forbid"``), so a body the real service would reject is reje
 too (422 ``validation_error``). Injected wire faults (:class:`~searchr1.twin.config.TwinFaults`)
 are applied per operation before the backend sees the request.
 
+Requests are untrusted (the default key is public): a route checks its key or actor token
+before it reads a body; a body must declare its length (no chunked uploads), at most
+``TwinSettings.max_body_bytes`` (413 otherwise, unread, and the connection is closed); a
+connection silent for ``idle_timeout`` seconds is dropped; run ids and checkpoint names are
+checked with pytrio's own rule and every path must stay inside the home
+(:mod:`searchr1.twin.store`, 400 otherwise).
+
 Actor endpoints live under ``/actor/``: every run is served at the same actor address (so
 pytrio reuses one HTTP client for all of them), each with its own JWT, which names the run a
 request is for.
