@@ -85,11 +85,11 @@ def test_a_hostile_recorded_cassette_replays_as_valid_unicode(tmp_path, monkeypa
 
 def test_error_texts_from_the_service_are_valid_unicode_too():
     def handler(request):
-        return httpx.Response(200, json=None, content=b'{"error": {"code": "x\\ud800", "info": "bad \\udc00"}}',
-                              headers={"content-type": "application/json"})
+        event = b'data: {"type": "error", "error": {"type": "overloaded\\ud800", "message": "busy \\udc00 now"}}\n\n'
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=event)
 
-    result = search(mock_backend("wikipedia", handler))
-    assert not result.ok
+    result = search(mock_backend("deepseek", handler))
+    assert not result.ok and "busy \ufffd now" in result.error
     assert_encodable(result)
 
 
