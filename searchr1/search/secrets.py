@@ -77,7 +77,8 @@ class Secret:
 
 def secret_forms(secret: Secret | str) -> set[str]:
     """The ways a key can be written down: as is, URL-quoted (with and without ``/`` kept),
-    form-encoded, JSON-escaped, and base64 (alone and as the password of HTTP Basic)."""
+    form-encoded, JSON-escaped and base64 (an HTTP Basic header, where the key follows a user
+    name, is caught by the ``Basic`` pattern instead)."""
     value = secret.reveal() if isinstance(secret, Secret) else secret
     if not value:
         return set()
@@ -135,17 +136,19 @@ def redact_url(url: str) -> str:
 
 
 def url_secrets(url: str | None) -> tuple[Secret, ...]:
-    """The credentials a URL carries (its password and user name, and the values of its
-    credential parameters), to be masked wherever the URL's answers are shown."""
+    """The credentials a URL carries (its password, a bare token in the user name, the values of
+    its credential parameters), to be masked wherever the URL's answers are shown."""
     if not url:
         return ()
     try:
         parts = urlsplit(url)
     except ValueError:
         return ()
-    found = [parts.password or "", parts.username or ""]  # a token is sometimes the user name
+    found = [unquote(parts.password or "")]
+    if parts.username and parts.password is None and len(parts.username) >= 16:
+        found.append(unquote(parts.username))  # a bare user name that long is a token (https://<token>@host)
     found += [value for name, value in parse_qsl(parts.query) if is_secret_parameter(name)]
-    return tuple(Secret(unquote(value)) for value in found if len(value) >= 4)
+    return tuple(Secret(value) for value in found if len(value) >= 4)
 
 
 def sanitise_error(text: object, secrets: Iterable[Secret | str] = (), *, limit: int = 160) -> str:
