@@ -173,11 +173,14 @@ def test_a_recording_never_follows_a_symlink_planted_under_its_temporary_name(tm
     target = tmp_path / "c.yaml"
     for name in (f".c.yaml.{os.getpid()}.recording", f".c.yaml.{os.getpid()}-guessed.recording"):
         (tmp_path / name).symlink_to(victim)  # the old predictable name, and the new one if guessed
+    unpatched = (httpx.MockTransport.handle_request, httpx.AsyncHTTPTransport.handle_async_request)
     with pytest.raises(FileExistsError):
         with recording_module.recording(target, secrets=[], metadata={"backend": "retriever"}):
             with httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, json={}))) as client:
                 client.get("http://retriever.invalid/x")
     assert victim.read_text() == "keep me" and not target.exists()
+    # and the failed recording took vcrpy's patches away with it
+    assert (httpx.MockTransport.handle_request, httpx.AsyncHTTPTransport.handle_async_request) == unpatched
 
 
 # ------------------------------------------------------------------------- dependencies

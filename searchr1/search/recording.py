@@ -106,27 +106,37 @@ def _strip_url_credentials(request: Any) -> Any:
 
 
 class _FreshFilePersister:
-    """vcrpy's persister for a recording: nothing is loaded (every recording starts empty), and
-    the file is created exclusively (``O_EXCL``): a file or symlink planted under the
-    temporary name makes the recording fail instead of being followed."""
+    """vcrpy's persister for one recording: nothing is loaded (every recording starts empty),
+    and the file is created exclusively (``O_EXCL``, ``O_NOFOLLOW``): a file or symlink planted
+    under the temporary name is never followed. A failure is kept in ``error`` and raised by
+    :func:`recording` after vcrpy has removed its patches (raising inside vcrpy's exit would
+    leave them in place)."""
 
-    @classmethod
-    def load_cassette(cls, cassette_path: str, serializer: Any) -> Any:
+    def __init__(self) -> None:
+        self.error: OSError | None = None
+
+    def load_cassette(self, cassette_path: str, serializer: Any) -> Any:
         raise CassetteNotFoundError()
 
-    @staticmethod
-    def save_cassette(cassette_path: str, cassette_dict: Any, serializer: Any) -> None:
+    def save_cassette(self, cassette_path: str, cassette_dict: Any, serializer: Any) -> None:
         data = serialize(cassette_dict, serializer).encode("utf-8")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        descriptor = os.open(cassette_path, flags, 0o644)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            descriptor = os.open(cassette_path, flags, 0o644)
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as error:
+            self.error = error
 
 
 def recorder(
-    secrets: Sequence[Secret], private: Mapping[str, Secret] | None = None, *, decode_compressed: bool = True
+    secrets: Sequence[Secret],
+    private: Mapping[str, Secret] | None = None,
+    *,
+    decode_compressed: bool = True,
+    persister: _FreshFilePersister | None = None,
 ) -> vcr.VCR:
     tape = vcr.VCR(
         before_record_request=_strip_url_credentials,
@@ -139,7 +149,7 @@ def recorder(
         decode_compressed_response=decode_compressed,
         filter_sensitive_data=placeholders(secrets, private or {}),
     )
-    tape.register_persister(_FreshFilePersister)
+    tape.register_persister(persister or _FreshFilePersister())
     return tape
 
 
@@ -169,12 +179,15 @@ def recording(
     temporary = target.with_name(f".{target.name}.{os.getpid()}-{token_hex(8)}.recording")
     finished = False
     try:
-        with recorder(secrets, private, decode_compressed=decode_compressed).use_cassette(
+        persister = _FreshFilePersister()
+        with recorder(secrets, private, decode_compressed=decode_compressed, persister=persister).use_cassette(
             str(temporary)
         ) as cassette:
             for key, value in metadata.items():
                 cassette.get_metadata(key, value)
             yield cassette
+        if persister.error is not None:
+            raise persister.error
         text = temporary.read_text(encoding="utf-8")
         texts = [text, *compressed_bodies(text)]
         leaked = sorted({n for part in texts for n in find_leaks(part, secrets)})
