@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import searchr1.commands.record as record_module
 from searchr1.cli import main
-from searchr1.commands.train import _resumed_search_options, _search_record
+from searchr1.commands.train import _as_recorded, _resumed_search_options, _search_record
 from searchr1.search.cli_options import SearchOptions
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.replay import CassetteMissError, open_replay_backend
@@ -90,6 +90,14 @@ def test_resuming_a_run_whose_url_had_credentials_asks_for_the_url_again():
     again = _resumed_search_options(SearchOptions(backend="retriever", retriever_url=URL), recorded,
                                     explicit={"retriever_url"})
     assert again.retriever_url == URL
+
+
+def test_giving_the_same_private_flags_again_on_resume_counts_as_unchanged():
+    record = _search_record(SearchOptions(backend="wikipedia", retriever_url=URL, wikipedia_contact=CONTACT),
+                            offline=False)["options"]
+    assert _as_recorded("retriever_url", URL) == record["retriever_url"]
+    assert _as_recorded("wikipedia_contact", CONTACT) == record["wikipedia_contact"]
+    assert _as_recorded("retriever_url", URL.replace("gpu-box", "other-box")) != record["retriever_url"]
 
 
 def test_a_resumed_run_takes_the_contact_from_the_flag_or_the_environment_never_the_placeholder():
