@@ -19,8 +19,7 @@ CONTROL = "/api/openapi/v1"
 
 def exchange(twin, head: str, body: bytes = b"", *, timeout: float = 5.0) -> tuple[int, bytes, bool]:
     """Send a raw request; return (status, response bytes, whether the server closed the connection)."""
-    with socket.create_connection(("127.0.0.1", twin.port if hasattr(twin, "port") else _port(twin)),
-                                  timeout=timeout) as connection:
+    with socket.create_connection(("127.0.0.1", _port(twin)), timeout=timeout) as connection:
         connection.sendall(head.encode() + b"\r\n" + body)
         received = b""
         while b"\r\n\r\n" not in received:

@@ -24,7 +24,6 @@ that raises writes nothing: that is how ``record`` refuses to keep a failed reco
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
