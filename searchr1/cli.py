@@ -27,6 +27,8 @@ COMMANDS: dict[str, str] = {
     "eval": "searchr1.commands.eval:eval_command",
     "show": "searchr1.commands.show:show",
     "twin": "searchr1.commands.twin:twin",
+    "index": "searchr1.commands.index:index",
+    "retriever": "searchr1.commands.retriever:retriever",
 }
 
 

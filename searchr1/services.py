@@ -114,7 +114,15 @@ def scripted_sampling_client(scenario: Any, tokenizer: Any, *, twin: Any = None,
 
 
 def offline_search_options(options: SearchOptions) -> SearchOptions:
-    """Offline search replays a cassette: the one given, or the backend's offline cassette."""
+    """Offline search replays a cassette: the one given, or the backend's offline cassette.
+    The local backend needs none: it searches the index given, or the shipped corpus's index
+    (built into the user cache on first use), without the persistent query cache."""
+    if options.backend == "local" and options.cassette is None:
+        if options.index is None:
+            from .bm25.shipped import offline_index
+
+            options = replace(options, index=offline_index())
+        return replace(options, cache="off")
     if options.cassette is not None:
         return options
     return replace(options, cassette=cassette_path(options.backend))
@@ -143,8 +151,15 @@ def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:
     """The search configuration as recorded in run configs and eval summaries (no secrets)."""
     from .search.factory import resolve_concurrency, resolve_timeout
 
-    effective = offline_search_options(options) if offline else options
-    return {
+    if offline and options.backend == "local" and options.index is None:
+        from .bm25.shipped import CORPUS, corpus_sha256
+
+        effective = replace(options, cache="off")
+        index: str | None = f"shipped:{CORPUS.name}@{corpus_sha256()[:16]}"
+    else:
+        effective = offline_search_options(options) if offline else options
+        index = str(effective.index) if effective.index is not None else None
+    described = {
         "backend": effective.backend,
         "concurrency": resolve_concurrency(effective.backend, effective.concurrency),
         "timeout": resolve_timeout(effective.backend, effective.timeout),
@@ -152,3 +167,7 @@ def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:
         "cassette": str(effective.cassette) if effective.cassette else None,
         "cache": None if not effective.cache_enabled else effective.cache,
     }
+    if effective.backend == "local":
+        described["index"] = index
+        described["topk"] = effective.topk or 3
+    return described

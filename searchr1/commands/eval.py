@@ -150,6 +150,8 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
         "search_model": described["model"],
         "search_cassette": _repo_relative(described["cassette"]),
         "search_cache": described["cache"],
+        **({"search_index": described["index"], "search_topk": described["topk"]}
+           if described["backend"] == "local" else {}),
         "sampling": {"temperature": rollout.temperature, "top_p": rollout.top_p, "seed": rollout.seed,
                      "max_tokens": rollout.max_assistant_tokens},
         "rollout": asdict(rollout),

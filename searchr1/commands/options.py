@@ -93,6 +93,8 @@ def check_offline_group_size(policy: str | None, group_size: int) -> None:
 
 def run_guarded(function: Callable[[], Any]) -> Any:
     """Turn expected failures into one clear line and a non-zero exit (no traceback)."""
+    from ..bm25.corpus import CorpusError
+    from ..bm25.index import BM25IndexError
     from ..data import DataError
     from ..preflight import PreflightError
     from ..run_dir import RunDirError
@@ -105,7 +107,8 @@ def run_guarded(function: Callable[[], Any]) -> Any:
     from ..twin.scenario import ScenarioError
 
     expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, SearchRefusedError,
-                CassetteMissError, CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError)
+                CassetteMissError, CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError,
+                BM25IndexError, CorpusError)
     try:
         return function()
     except SettingError as error:

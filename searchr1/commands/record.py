@@ -13,7 +13,8 @@ import click
 from searchr1.search.base import SearchRefusedError
 from searchr1.search.cache import normalise_query
 from searchr1.search.env import MissingApiKeyError
-from searchr1.search.factory import BACKEND_NAMES, create_search_backend
+from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
+from searchr1.search.factory import create_search_backend
 from searchr1.search.recording import SecretLeakError, recording
 
 

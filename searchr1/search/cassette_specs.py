@@ -44,7 +44,8 @@ import httpx
 
 from searchr1.search.cache import normalise_query
 from searchr1.search.clock import VirtualClock
-from searchr1.search.factory import BACKEND_NAMES, create_search_backend
+from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
+from searchr1.search.factory import create_search_backend
 from searchr1.search.fake_service import FakeSearchService, check_response_spec
 from searchr1.search.limits import Backoff
 from searchr1.search.recording import recording

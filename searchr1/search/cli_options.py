@@ -39,10 +39,10 @@ class SearchOptions:
                            help="Search backend.")
     concurrency: int | None = setting(
         None, flag="--search-concurrency", above=0, help="Requests in flight at once.",
-        default_text="deepseek 16, wikipedia 3, zhihu 1, retriever 32")
+        default_text="deepseek 16, wikipedia 3, zhihu 1, retriever 32, local 64")
     timeout: float | None = setting(
         None, flag="--search-timeout", above=0, help="Per-read timeout in seconds (connect, each read, each write).",
-        default_text="deepseek 60, wikipedia 15, zhihu 15, retriever 30")
+        default_text="deepseek 60, wikipedia 15, zhihu 15, retriever 30, local 30")
     model: str | None = setting(None, flag="--search-model", help="DeepSeek model name.",
                                 default_text="deepseek-v4-flash")
     tool_type: str | None = setting(None, flag="--search-tool-type", help="DeepSeek web-search tool type.",
@@ -65,6 +65,13 @@ class SearchOptions:
         None, flag="--search-total-timeout", above=0,
         help="Wall-clock limit of one search request, a whole streamed answer included; the error says which "
              "limit fired.", default_text="deepseek 300; others: the per-read timeout")
+
+    index: str | None = setting(
+        None, flag="--index", metavar="DIR",
+        help="With --backend local: the BM25 index directory (`python cli.py index build`).",
+        default_text="$SEARCHR1_INDEX; offline: the shipped corpus's index")
+    topk: int | None = setting(None, flag="--search-topk", at_least=1, at_most=100,
+                               help="Passages per search for the local and retriever backends.", default_text="3")
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -104,6 +111,10 @@ def backend_specific_options(options: SearchOptions) -> dict[str, Any]:
             extra["tool_type"] = options.tool_type
     elif options.backend == "retriever" and options.retriever_url:
         extra["url"] = options.retriever_url
+    elif options.backend == "local" and options.index is not None:
+        extra["index"] = Path(options.index)
+    if options.backend in ("retriever", "local") and options.topk is not None:
+        extra["topk"] = options.topk
     elif options.backend == "wikipedia" and options.wikipedia_contact:
         extra["contact"] = options.wikipedia_contact
     return extra

@@ -1,7 +1,8 @@
 """``create_search_backend(name, ...)``: one entry point for the four backends.
 
 Per-backend defaults (concurrency, per-read timeout in seconds): deepseek 16/60,
-wikipedia 3/15, zhihu 1/15, retriever 32/30. The wall-clock limit of one request
+wikipedia 3/15, zhihu 1/15, retriever 32/30, local 64/30 (``local`` is BM25 in this process
+over an index directory: ``index=`` or ``$SEARCHR1_INDEX``). The wall-clock limit of one request
 (``total_timeout``) defaults to the per-read timeout, except DeepSeek's 300 s: its evidence
 stream may keep sending for longer than 60 s. Keys are resolved here, at construction, from
 explicit arguments, then the environment, then the ``.env`` file; a missing key raises
@@ -18,6 +19,7 @@ from searchr1.search import deepseek, wikipedia, zhihu
 from searchr1.search.base import HttpSearchBackend
 from searchr1.search.deepseek import DeepSeekSearchBackend
 from searchr1.search.env import coerce_keys, lookup, require_keys
+from searchr1.search.local import INDEX_ENV, LocalSearchBackend
 from searchr1.search.retriever import RetrieverSearchBackend
 from searchr1.search.wikipedia import WikipediaSearchBackend
 from searchr1.search.zhihu import ZhihuSearchBackend
@@ -27,10 +29,13 @@ BACKENDS: dict[str, type[HttpSearchBackend]] = {
     "wikipedia": WikipediaSearchBackend,
     "zhihu": ZhihuSearchBackend,
     "retriever": RetrieverSearchBackend,
+    "local": LocalSearchBackend,
 }
 BACKEND_NAMES = tuple(BACKENDS)
-DEFAULT_CONCURRENCY = {"deepseek": 16, "wikipedia": 3, "zhihu": 1, "retriever": 32}
-DEFAULT_TIMEOUT = {"deepseek": 60.0, "wikipedia": 15.0, "zhihu": 15.0, "retriever": 30.0}
+# The backends that speak HTTP to a service: the ones cassettes record and replay.
+HTTP_BACKEND_NAMES = ("deepseek", "wikipedia", "zhihu", "retriever")
+DEFAULT_CONCURRENCY = {"deepseek": 16, "wikipedia": 3, "zhihu": 1, "retriever": 32, "local": 64}
+DEFAULT_TIMEOUT = {"deepseek": 60.0, "wikipedia": 15.0, "zhihu": 15.0, "retriever": 30.0, "local": 30.0}
 KEY_ENV_VARS = {"deepseek": deepseek.KEY_ENV_VARS, "zhihu": zhihu.KEY_ENV_VARS}
 RETRIEVER_URL_ENV = "SEARCHR1_RETRIEVER_URL"
 
@@ -71,7 +76,7 @@ def create_search_backend(
     (a :class:`~searchr1.search.cache.QueryCache`), ``clock``, ``transport``/``client``,
     ``max_retries``, ``total_timeout``, ``deadline``; backend ones e.g. ``model``/``tool_type`` (deepseek),
     ``contact``/``api_url``/``rate_limit_per_minute`` (wikipedia), ``keys`` (zhihu),
-    ``api_key`` (deepseek), ``url`` (retriever)."""
+    ``api_key`` (deepseek), ``url`` (retriever), ``index``/``topk`` (local)."""
     cls = BACKENDS[check_backend_name(name)]
     accepted = _accepted_options(cls)
     unknown = sorted(set(options) - accepted)
@@ -101,6 +106,15 @@ def create_search_backend(
         url = lookup((RETRIEVER_URL_ENV,), env_file=env_file)
         if url:
             options["url"] = url
+    elif name == "local" and options.get("index") is None:
+        options.pop("index", None)
+        directory = lookup((INDEX_ENV,), env_file=env_file)
+        if not directory:
+            from searchr1.bm25.index import BM25IndexError
+
+            raise BM25IndexError(f"the local backend needs an index: pass --index DIR (or set {INDEX_ENV}); "
+                                 "build one with `python cli.py index build CORPUS.jsonl --out DIR`")
+        options["index"] = directory
     return cls(
         concurrency=resolve_concurrency(name, concurrency),
         timeout=resolve_timeout(name, timeout),

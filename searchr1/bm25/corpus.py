@@ -1,0 +1,87 @@
+"""Reading a retrieval corpus: JSONL rows ``{"id": ..., "contents": "\\"Title\\"\\ntext"}``
+(the wiki-18 format of the Search-R1 release), one at a time.
+
+:func:`iter_corpus` streams the file (never holding it whole) and hashes it on the way, so an
+index can record which corpus it was built from. A row that is not such an object stops the
+read with :class:`CorpusError` naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class CorpusError(ValueError):
+    """A corpus row is malformed; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Passage:
+    line: int
+    id: str
+    contents: str
+
+
+class CorpusReader:
+    """Iterate the passages of ``path``; afterwards ``sha256``, ``rows`` and ``bytes_read``
+    describe what was read (the hash is of the whole file once iteration finished)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CorpusError(f"corpus {self.path} does not exist or is not a file")
+        self.size = self.path.stat().st_size
+        self.rows = 0
+        self.bytes_read = 0
+        self._hash = hashlib.sha256()
+        self.finished = False
+
+    @property
+    def sha256(self) -> str:
+        if not self.finished:
+            raise RuntimeError("the corpus hash is known only after the whole file was read")
+        return self._hash.hexdigest()
+
+    def __iter__(self) -> Iterator[Passage]:
+        with self.path.open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                self._hash.update(raw)
+                self.bytes_read += len(raw)
+                if not raw.strip():
+                    continue
+                passage = parse_row(raw, number, self.path)
+                self.rows += 1
+                yield passage
+        if self.rows == 0:
+            raise CorpusError(f"corpus {self.path} holds no passages")
+        self.finished = True
+
+
+def parse_row(raw: bytes, line: int, path: Path | str = "<corpus>") -> Passage:
+    """One row as a :class:`Passage`; :class:`CorpusError` says what is wrong with it."""
+    where = f"{path}:{line}"
+    try:
+        row = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CorpusError(f"{where}: not a JSON object ({error})") from None
+    if not isinstance(row, dict):
+        raise CorpusError(f"{where}: expected a JSON object with 'id' and 'contents', got {type(row).__name__}")
+    contents = row.get("contents")
+    if not isinstance(contents, str):
+        raise CorpusError(f"{where}: missing string field 'contents'")
+    if not contents.strip():
+        raise CorpusError(f"{where}: 'contents' is empty")
+    ident = row.get("id")
+    if isinstance(ident, bool) or not isinstance(ident, (str, int)) or ident == "":
+        raise CorpusError(f"{where}: missing field 'id' (a string or an integer)")
+    return Passage(line=line, id=str(ident), contents=contents)
+
+
+def passage_row(ident: str, title: str, text: str) -> str:
+    """One corpus line in the wiki-18 layout (title quoted on the first line)."""
+    return json.dumps({"id": ident, "contents": f'"{title}"\n{text}'}, ensure_ascii=False) + "\n"

@@ -1,0 +1,38 @@
+"""``python cli.py retriever serve``: the official Search-R1 ``/retrieve`` API over a local index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .options import run_guarded
+
+
+@click.group("retriever")
+def retriever() -> None:
+    """A retrieval server of our own (the official Search-R1 API)."""
+
+
+@retriever.command("serve")
+@click.option("--index", "index_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Index directory built by `python cli.py index build`.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 to share the index with other machines).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+def serve(index_dir: Path, host: str, port: int) -> None:
+    """Serve INDEX on POST /retrieve ({"queries": [...], "topk": 3, "return_scores": true}) with
+    uvicorn, so `--backend retriever`, the official Search-R1 code and other machines share one
+    index. Concurrent requests are answered in shared batches; malformed ones get a 4xx naming
+    the field. GET /healthz tells what is served. Ctrl-C stops it."""
+    run_guarded(lambda: _serve(index_dir, host, port))
+
+
+def _serve(index_dir: Path, host: str, port: int) -> None:
+    from ..bm25.index import BM25Index
+    from ..bm25.server import make_server
+
+    index = BM25Index(index_dir)
+    click.echo(f"serving {len(index)} passages from {index_dir} on http://{host}:{port}/retrieve "
+               f"(corpus sha256 {index.manifest['corpus']['sha256'][:12]}…)", err=True)
+    make_server(index, host=host, port=port, log_level="warning").run()
