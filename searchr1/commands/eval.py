@@ -26,6 +26,14 @@ from .options import (
 from .settings_options import config_file_option
 
 LIVE_DATA = Path("datasets/dev.jsonl")
+PROTOCOL_DATA = Path("datasets/test.jsonl")
+# What `--protocol search-r1` fixes: the paper's retrieval (top-3 wiki-18 passages), greedy
+# decoding with one sample, its action budget B = 4, 500-token responses and observations.
+SEARCH_R1_SETTINGS: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "group_size": 1, "max_search_calls": 4,
+                                      "max_assistant_turns": 5, "max_assistant_tokens": 500,
+                                      "max_tool_response_tokens": 500}
+SEARCH_R1_TOPK = 3
+SEARCH_R1_BACKENDS = ("local", "retriever")
 RESULT_DIR = Path("eval_result")
 
 
@@ -58,6 +66,10 @@ RESULT_DIR = Path("eval_result")
 @click.option("--offline-home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Checkpoint store of the fake PyTRIO service, to evaluate a `train --offline` checkpoint "
                    "(runs/<run-name>/twin; or use --checkpoint RUN_DIR) [default: an empty temporary one].")
+@click.option("--protocol", type=click.Choice(["search-r1"]), default=None,
+              help="Fix the Search-R1 paper's evaluation settings (top-3 passages, greedy, one sample, a "
+                   "budget of 4 searches, 500-token turns and observations; --backend local or retriever, "
+                   "default data datasets/test.jsonl) and print its published EM beside ours.")
 @rollout_options(group_size=1, temperature=0.0)
 @click.option("--seed", type=int, default=42, help="Sampling seeds (with each question's position in the data).")
 @click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
@@ -259,6 +271,9 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     base_model, model_path = kwargs.pop("base_model"), kwargs.pop("model_path")
     limit, chat_template, offline_home = kwargs.pop("limit"), kwargs.pop("chat_template"), kwargs.pop("offline_home")
     offline_policy, checkpoint_run = kwargs.pop("offline_policy"), kwargs.pop("checkpoint_run")
+    protocol = kwargs.pop("protocol")
+    if protocol == "search-r1":
+        search = apply_search_r1_protocol(kwargs, search, given=_given_flags())
     if checkpoint_run is not None:
         if model_path is not None or offline_home is not None:
             raise click.UsageError("--checkpoint picks the model path (and, offline, the twin's home); "
@@ -268,7 +283,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
         offline_home, offline_policy = checkpoint.offline_home, checkpoint.offline_policy or offline_policy
     rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
     given = kwargs.pop("data")
-    data = given or (DEV if offline else LIVE_DATA)
+    data = given or (DEV if offline else PROTOCOL_DATA if protocol else LIVE_DATA)
     if not data.is_file():
         hint = ("" if given else "; run `python cli.py prepare-data` first, or pass --data" if not offline
                 else "; reinstall the package")
@@ -285,6 +300,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
                                   rollout=rollout, data=data, limit=limit, chat_template=chat_template,
                                   offline_home=offline_home, offline_policy=offline_policy)
+    if protocol:
+        run_config["protocol"] = protocol
     check_search_keys(search, offline=offline)  # before PyTRIO is contacted or anything written
     tokenizer = load_tokenizer(chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
@@ -325,12 +342,46 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     click.echo(f"{outcome.evaluated} questions evaluated, {outcome.skipped} already in {output}", err=True)
     if outcome.summary is not None:
         click.echo(format_summary(outcome.summary))
+        if protocol == "search-r1":
+            from ..published import comparison_table
+
+            retriever = (f"BM25 over {run_config.get('search_index')}" if search.backend == "local"
+                         else f"the retrieval server at {search.retriever_url or 'the default URL'}")
+            click.echo(comparison_table(outcome.summary["metrics"], model=model_path or base_model,
+                                        retriever=retriever))
     click.echo(f"results: {output}")
     if outcome.failed:
         click.secho(f"sampling failed for {len(outcome.failed)} question(s) ({', '.join(outcome.failed[:5])}"
                     f"{', …' if len(outcome.failed) > 5 else ''}); the summary is partial. Rerun the same "
                     "command to retry them.", fg="yellow", err=True)
         sys.exit(1)
+
+
+def _given_flags() -> set[str]:
+    """Parameter names the user set on the command line (not defaults)."""
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return set()
+    return {name for name in context.params
+            if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+
+
+def apply_search_r1_protocol(kwargs: dict[str, Any], search: SearchOptions, *, given: set[str]) -> SearchOptions:
+    """Set the Search-R1 protocol's rollout flags in ``kwargs`` and its retrieval in ``search``;
+    a flag the user set to another value is a one-line usage error naming it."""
+    from dataclasses import replace
+
+    if search.backend not in SEARCH_R1_BACKENDS:
+        raise click.UsageError(f"--protocol search-r1 retrieves wiki-18 passages: use --backend local (with "
+                               f"--index) or --backend retriever, not {search.backend}")
+    for name, value in SEARCH_R1_SETTINGS.items():
+        if name in given and kwargs[name] != value:
+            flag = "--" + name.replace("_", "-")
+            raise click.UsageError(f"--protocol search-r1 fixes {flag} {value:g}; drop {flag} {kwargs[name]:g}")
+        kwargs[name] = value
+    if search.topk is not None and search.topk != SEARCH_R1_TOPK:
+        raise click.UsageError(f"--protocol search-r1 fixes --search-topk {SEARCH_R1_TOPK}; drop --search-topk {search.topk}")
+    return replace(search, topk=SEARCH_R1_TOPK)
 
 
 def _report_interrupted(output: Path, error: BaseException) -> None:

@@ -75,6 +75,14 @@ def _describe(counts: dict[str, int]) -> str:
     show_default=True,
     help="Seed of the stratified dev sample.",
 )
+@click.option("--corpus", is_flag=True,
+              help="Fetch the wiki-18 retrieval corpus (Search-R1's wiki-18.jsonl.gz, ~21M passages) into "
+                   "OUTPUT_DIR/wiki-18.jsonl instead of the QA dataset; then `python cli.py index build`.")
+@click.option("--corpus-source", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="With --corpus, offline: a wiki-18.jsonl or .jsonl.gz already downloaded.")
+@click.option("--corpus-url", default=None,
+              help="With --corpus: where to download it [default: $HF_ENDPOINT or huggingface.co, "
+                   "datasets/PeterJinGo/wiki-18-corpus].")
 def prepare_data(
     source: Path | None,
     train_parquet: Path | None,
@@ -83,6 +91,9 @@ def prepare_data(
     raw_dir: Path | None,
     dev_per_source: int,
     seed: int,
+    corpus: bool,
+    corpus_source: Path | None,
+    corpus_url: str | None,
 ) -> None:
     """Clean the Search-R1 QA release into train.jsonl, test.jsonl, dev.jsonl and manifest.json.
 
@@ -93,6 +104,11 @@ def prepare_data(
     Unicode/case/punctuation normalisation) are dropped from train; dev is a seeded sample of
     test, stratified by benchmark. Files are replaced atomically, the manifest last.
     """
+    if corpus:
+        _prepare_corpus(output_dir, corpus_source, corpus_url)
+        return
+    if corpus_source is not None or corpus_url is not None:
+        raise click.UsageError("--corpus-source and --corpus-url only apply with --corpus")
     local = _local_sources(source, train_parquet, test_parquet)
     provenance = {"kind": "local"}
     try:
@@ -125,3 +141,20 @@ def prepare_data(
             err=True,
         )
     click.echo(f"wrote {output_dir}/{{train,test,dev}}.jsonl and {output_dir}/{data.MANIFEST_NAME}")
+
+
+CORPUS_NAME = "wiki-18.jsonl"
+
+
+def _prepare_corpus(output_dir: Path, source: Path | None, url: str | None) -> None:
+    from ..bm25.download import corpus_url, fetch_corpus
+
+    dest = output_dir / CORPUS_NAME
+    where = source or url or corpus_url()
+    click.echo(f"fetching the wiki-18 corpus from {where} into {dest} (about 14 GB uncompressed)...", err=True)
+    try:
+        fetched = fetch_corpus(dest, url=url, source=source)
+    except data.DataError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote {dest}: {fetched['rows']} passages, {fetched['bytes']} bytes")
+    click.echo(f"next: python cli.py index build {dest} --out indexes/wiki-18")

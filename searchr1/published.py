@@ -1,0 +1,69 @@
+"""Published exact-match numbers of Search-R1 and of independent reproductions, printed beside
+ours by ``eval --protocol search-r1``. Every row names its model and its source; none is this
+project's model (Qwen3.5), so each is marked as another model.
+
+Numbers are as quoted in ``/work/shared/reference`` notes: the paper's (Jin et al., arXiv
+2503.09516; its five versions moved some digits, these are the values secondary sources agree
+on), E5 retriever over wiki-18, top-3 passages, trained on NQ + HotpotQA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+LABELS = {"nq": "NQ", "triviaqa": "TriviaQA", "popqa": "PopQA", "hotpotqa": "HotpotQA",
+          "2wikimultihopqa": "2Wiki", "musique": "MuSiQue", "bamboogle": "Bamboogle"}
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    label: str
+    model: str
+    source: str
+    em: Mapping[str, float]  # benchmark -> EM; "average" the macro mean the source reports
+
+    @property
+    def average(self) -> float | None:
+        return self.em.get("average")
+
+
+def _row(label: str, model: str, source: str, values: tuple[float, ...], average: float) -> PublishedRow:
+    return PublishedRow(label, model, source, {**dict(zip(BENCHMARKS, values)), "average": average})
+
+
+PUBLISHED: tuple[PublishedRow, ...] = (
+    _row("Search-R1 paper, GRPO", "Qwen2.5-3B-Instruct", "Jin et al. 2025, arXiv 2503.09516 (Table 3)",
+         (0.397, 0.565, 0.391, 0.331, 0.310, 0.124, 0.232), 0.336),
+    _row("Search-R1 paper, PPO", "Qwen2.5-7B-Base", "Jin et al. 2025, arXiv 2503.09516 (Table 2)",
+         (0.480, 0.638, 0.457, 0.433, 0.382, 0.196, 0.432), 0.431),
+    _row("reproduction, verl GRPO", "Qwen2.5-3B-Instruct",
+         "Hugging Face blog 'Journey to Reproduce Search-R1' (S. Shin)",
+         (0.406, 0.582, 0.420, 0.338, 0.332, 0.111, 0.296), 0.349),
+    _row("Search-R1 paper, RAG baseline", "Qwen2.5-3B", "Jin et al. 2025, arXiv 2503.09516 (Table 2)",
+         (0.348, 0.544, 0.387, 0.255, 0.226, 0.047, 0.080), 0.270),
+)
+
+
+def comparison_table(metrics: Mapping[str, float], *, model: str, retriever: str) -> str:
+    """Our EM per benchmark and its macro average, then each published row (marked as another
+    model) in the same columns; a benchmark we did not evaluate shows ``-``."""
+    head = f"  {'':<34}" + "".join(f"{LABELS[b]:>10}" for b in BENCHMARKS) + f"{'Avg':>8}"
+    ours = [metrics.get(f"em/{b}") for b in BENCHMARKS]
+    evaluated = [v for v in ours if v is not None]
+    average = sum(evaluated) / len(evaluated) if evaluated else None
+
+    def cells(values: list[float | None], avg: float | None) -> str:
+        return "".join(f"{v:>10.3f}" if v is not None else f"{'-':>10}" for v in values) + (
+            f"{avg:>8.3f}" if avg is not None else f"{'-':>8}")
+
+    lines = [f"EM under the Search-R1 protocol (top-3, greedy), ours: {model} with {retriever}", head,
+             f"  {'ours':<34}" + cells(ours, average)]
+    for row in PUBLISHED:
+        lines.append(f"  {row.label + ' *':<34}" + cells([row.em.get(b) for b in BENCHMARKS], row.average))
+    lines.append("  * another model (and E5 dense retrieval over wiki-18), as published:")
+    lines.extend(f"    {row.label}: {row.model}; {row.source}" for row in PUBLISHED)
+    if len(evaluated) < len(BENCHMARKS):
+        lines.append(f"  our average is over the {len(evaluated)} benchmarks evaluated, not all {len(BENCHMARKS)}")
+    return "\n".join(lines)
