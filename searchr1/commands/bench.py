@@ -15,6 +15,8 @@ TITLES = {
     5: "local overhead of a step",
     6: "overlapping rollouts with training",
     7: "learning speed on the offline world",
+    8: "BM25 of our own: build, queries, serve",
+    9: "agreement and speed against Lucene BM25",
 }
 
 
@@ -23,9 +25,13 @@ TITLES = {
               type=click.Path(dir_okay=False, writable=True), help="Where to write the JSON report.")
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
-@click.option("--only", default=None, metavar="1,2,...", help="Run only these figures (numbers 1-5).")
+@click.option("--only", default=None, metavar="1,2,...",
+              help="Run only these figures (1-9; without it 1-7: figures 8 and 9 take minutes, and 9 needs "
+                   "`python -m searchr1.bench.lucene setup` first).")
+@click.option("--passages", type=click.IntRange(min=1000), default=None,
+              help="Generated corpus size of figures 8 and 9 [default: 1,000,000; 20,000 with --quick].")
 @click.option("--strict", is_flag=True, help="Exit with status 1 when a figure misses a target (not with --quick).")
-def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool) -> None:
+def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, passages: int | None) -> None:
     """Measure this implementation against the seed's way, side by side in one run.
 
     \b
@@ -34,6 +40,10 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool) -
     3  micro-batches / lower bound and padding of the seed's packer
     4  search requests saved by single-flight and the query cache
     5  local CPU of one offline training step, by phase
+    6  steps per hour with rollouts overlapping training
+    7  steps to reward 0.8 on the offline world
+    8  BM25 of our own over 1M generated passages: build rate and memory, queries/s, serve latency
+    9  top-3 agreement and speed against Lucene BM25 (pyserini's Anserini; own set-up step)
 
     Every figure is a ratio of two things measured in the same run. Prints a table and writes
     OUTPUT (value, target and "met" per figure). Exit status 0 even when a target is missed,
@@ -58,7 +68,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool) -
 
     tokenizer = shared_tokenizer()
     figures = run_figures(
-        numbers, tokenizer=tokenizer, seed=seed, quick=quick,
+        numbers, tokenizer=tokenizer, seed=seed, quick=quick, passages=passages,
         on_start=lambda n: console.print(f"[dim]figure {n}: {TITLES[n]}...[/dim]"),
         on_done=lambda f: console.print(f"[dim]figure {f.number} done in {f.seconds:.1f} s[/dim]"),
     )

@@ -1,0 +1,215 @@
+"""Figure 8: BM25 of our own over a generated corpus (default 1M passages, ``--passages``).
+
+Measured in one run: the index build (``index build`` in a child process: passages per second
+and the child's peak resident memory), query throughput in process (one query per call against
+batches of 256 per call, same queries), and ``retriever serve`` under concurrent load on
+loopback (a child process; 16 clients each sending one query per request): p50 and p95 latency
+and requests per second. The corpus comes from :mod:`searchr1.bm25.synthetic` (Zipf-distributed
+pseudo-words, ~100 words per passage as wiki-18's), so the numbers are about the engine, not
+about Wikipedia's vocabulary. Run it with ``python cli.py bench --only 8`` (minutes, not part
+of the default run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .report import Figure, Measure
+
+
+FULL_PASSAGES = 1_000_000
+QUICK_PASSAGES = 20_000
+BATCH = 256
+CLIENTS = 16
+
+
+def write_corpus(path: Path, passages: int, seed: int) -> None:
+    from ..bm25.corpus import passage_row
+    from ..bm25.synthetic import synthetic_passages
+
+    with path.open("w", encoding="utf-8") as out:
+        for ident, title, text in synthetic_passages(passages, seed=seed):
+            out.write(passage_row(ident, title, text))
+
+
+def measured_build(corpus: Path, out: Path) -> dict[str, float]:
+    """``index build`` in a child process; its wall time and peak resident memory."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "searchr1.bench.local_search", "build", str(corpus), str(out)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"index build failed: {done.stderr.strip()[-500:]}")
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    child["wall_seconds"] = time.perf_counter() - started
+    return child
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def _load(url: str, queries: list[str], clients: int) -> tuple[list[float], float]:
+    import httpx
+
+    latencies: list[float] = []
+    position = 0
+
+    async def client(session: httpx.AsyncClient) -> None:
+        nonlocal position
+        while position < len(queries):
+            query = queries[position]
+            position += 1
+            started = time.perf_counter()
+            response = await session.post(url, json={"queries": [query], "topk": 3, "return_scores": True})
+            response.raise_for_status()
+            latencies.append(time.perf_counter() - started)
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        return latencies, time.perf_counter() - started
+
+
+def served_load(index: Path, queries: list[str], clients: int = CLIENTS) -> dict[str, Any]:
+    import httpx
+
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "searchr1.cli", "retriever", "serve", "--index", str(index),
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("retriever serve did not start: " + (server.stderr.read() or b"").decode()[-300:])
+            time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}/retrieve"
+        asyncio.run(_load(url, queries[: clients * 2], clients))  # warm up connections and pages
+        latencies, seconds = asyncio.run(_load(url, queries, clients))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return {"requests": len(latencies), "seconds": seconds, "p50_ms": 1000 * _percentile(latencies, 0.5),
+            "p95_ms": 1000 * _percentile(latencies, 0.95), "requests_per_second": len(latencies) / seconds}
+
+
+def query_throughput(index: Any, queries: list[str]) -> dict[str, float]:
+    index.search(queries[:BATCH], 3)  # warm the memory-mapped pages
+    started = time.perf_counter()
+    for query in queries:
+        index.search([query], 3)
+    single = time.perf_counter() - started
+    started = time.perf_counter()
+    for start in range(0, len(queries), BATCH):
+        index.search(queries[start:start + BATCH], 3)
+    batched = time.perf_counter() - started
+    return {"single_qps": len(queries) / single, "batched_qps": len(queries) / batched}
+
+
+_SHARED: dict[tuple[int, int], Any] = {}
+
+
+def shared_corpus(count: int, seed: int) -> tuple[Path, float]:
+    """The generated corpus of ``count`` passages, written once per process (figures 8 and 9
+    read the same one); returns its path and the seconds its generation took (0 if reused)."""
+    key = (count, seed)
+    if key not in _SHARED:
+        scratch = tempfile.TemporaryDirectory(prefix="searchr1-bench-bm25-")
+        corpus = Path(scratch.name) / "corpus" / "corpus.jsonl"
+        corpus.parent.mkdir()
+        started = time.perf_counter()
+        write_corpus(corpus, count, seed)
+        _SHARED[key] = (scratch, corpus, time.perf_counter() - started)
+        return corpus, _SHARED[key][2]
+    return _SHARED[key][1], 0.0
+
+
+def shared_index(count: int, seed: int) -> tuple[Path, dict[str, float] | None]:
+    """Our index of :func:`shared_corpus`, built (in a measured child process) once per process."""
+    corpus, _ = shared_corpus(count, seed)
+    out = corpus.parent.parent / "index"
+    if out.is_dir():
+        return out, None
+    return out, measured_build(corpus, out)
+
+
+def local_search_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False,
+                        passages: int | None = None) -> Figure:
+    from ..bm25.index import BM25Index
+    from ..bm25.synthetic import sample_queries
+
+    count = passages or (QUICK_PASSAGES if quick else FULL_PASSAGES)
+    queries = sample_queries(200 if quick else 1000, seed=seed, corpus_seed=seed)
+    corpus, generated = shared_corpus(count, seed)
+    out, build = shared_index(count, seed)
+    if build is None:  # built by an earlier figure of this run: measure a build of our own
+        scratch = Path(tempfile.mkdtemp(prefix="searchr1-bench-build-"))
+        try:
+            build = measured_build(corpus, scratch / "index")
+        finally:
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+    index = BM25Index(out)
+    throughput = query_throughput(index, queries)
+    served = served_load(out, queries)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    corpus_bytes = corpus.stat().st_size
+    rate = count / build["build_seconds"]
+    measures = [
+        Measure("build_passages_per_second", "index build, passages/s", rate, unit="/s", digits=0),
+        Measure("build_peak_rss_mb", "index build, peak memory", build["peak_rss_mb"], unit="MB", digits=0),
+        Measure("single_qps", "queries/s, one per call", throughput["single_qps"], unit="/s", digits=0),
+        Measure("batched_qps", f"queries/s, batches of {BATCH}", throughput["batched_qps"], unit="/s", digits=0),
+        Measure("batched_over_single", "batched / single throughput", throughput["batched_qps"] / throughput["single_qps"],
+                target=1.0, comparator=">=", unit="x", target_source="bench"),
+        Measure("serve_p50_ms", f"serve p50 latency, {CLIENTS} clients", served["p50_ms"], unit="ms", digits=1),
+        Measure("serve_p95_ms", f"serve p95 latency, {CLIENTS} clients", served["p95_ms"], unit="ms", digits=1),
+        Measure("serve_rps", "serve requests/s", served["requests_per_second"], unit="/s", digits=0),
+    ]
+    details = {"passages": count, "queries": len(queries), "corpus_bytes": corpus_bytes, "index_bytes": size,
+               "generate_seconds": round(generated, 2), "build": build, "throughput": throughput,
+               "served": served, "cpus": os.cpu_count()}
+    return Figure(8, "local_search", f"BM25 of our own over {count:,} generated passages", measures, details,
+                  notes=[f"{count:,} passages built in {build['build_seconds']:.0f} s"])
+
+
+def _child_build(corpus: str, out: str) -> None:
+    from ..bm25.index import build_index
+
+    manifest = build_index(corpus, out)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"build_seconds": manifest["build_seconds"], "tokenize_seconds": manifest["tokenize_seconds"],
+                      "peak_rss_mb": peak, "vocabulary": manifest["vocabulary"], "tokens": manifest["tokens"]}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "build":
+        _child_build(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit("usage: python -m searchr1.bench.local_search build CORPUS OUT")
