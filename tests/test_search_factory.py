@@ -37,8 +37,8 @@ def clean_environment(monkeypatch, tmp_path):
 
 
 def test_documented_defaults():
-    assert DEFAULT_CONCURRENCY == {"deepseek": 16, "wikipedia": 3, "zhihu": 1, "retriever": 32}
-    assert DEFAULT_TIMEOUT == {"deepseek": 60.0, "wikipedia": 15.0, "zhihu": 15.0, "retriever": 30.0}
+    assert DEFAULT_CONCURRENCY == {"deepseek": 16, "wikipedia": 3, "zhihu": 1, "retriever": 32, "local": 64}
+    assert DEFAULT_TIMEOUT == {"deepseek": 60.0, "wikipedia": 15.0, "zhihu": 15.0, "retriever": 30.0, "local": 30.0}
     for name, keys in [
         ("deepseek", {"api_key": "k"}),
         ("zhihu", {"keys": ["k"]}),
@@ -56,7 +56,7 @@ def test_documented_defaults():
     [
         (
             {"name": "bing"},
-            "unknown search backend 'bing'; choose one of deepseek, wikipedia, zhihu, retriever",
+            "unknown search backend 'bing'; choose one of deepseek, wikipedia, zhihu, retriever, local",
         ),
         ({"name": "wikipedia", "concurrency": 0}, "concurrency must be an integer >= 1"),
         ({"name": "wikipedia", "timeout": -1}, "timeout must be > 0"),
