@@ -7,6 +7,7 @@ import asyncio
 import json
 import random
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -128,3 +129,18 @@ def test_the_generated_workload_rolls_out_the_same_under_both_schedulers(tokeniz
 def test_the_packing_lower_bound_never_exceeds_what_the_packer_achieves(lengths):
     packed = pack_micro_batches([_stub(n, i) for i, n in enumerate(lengths)])
     assert lower_bounds(lengths)["value"] <= len(packed)
+
+
+def test_lucene_overlap_counts_shared_top3_documents_over_queries_lucene_answers_fully():
+    from searchr1.bench.lucene import top3_overlap
+
+    ours = [["a", "b", "c"], ["a", "b", "c"], ["x"], ["a", "b", "c"]]
+    lucene = [["c", "b", "a"], ["a", "y", "z"], ["x", "y", "z"], ["a"]]  # the last has < 3 hits: not compared
+    assert top3_overlap(ours, lucene) == (pytest.approx((1 + 1 / 3 + 1 / 3) / 3), 3)
+
+
+def test_the_minutes_long_figures_run_only_when_named():
+    from searchr1.bench.runner import parse_only
+
+    assert parse_only(None) == [1, 2, 3, 4, 5, 6, 7]
+    assert parse_only("8,9") == [8, 9]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
