@@ -117,3 +117,17 @@ def test_hits_are_distinct_positive_best_first_and_share_a_term_with_the_query(t
         assert set(docs[hit.row]) & set(query)
     matching = sum(1 for d in docs if set(d) & set(query))
     assert len(hits) == min(k, matching)
+
+
+@settings(max_examples=200, deadline=None)
+@given(scores=st.lists(st.sampled_from([0.0, 0.0, 0.0, 0.5, 1.0, 1.5, 2.25]) | st.floats(0.0, 10.0, width=32),
+                       min_size=1, max_size=60),
+       k=st.integers(1, 40))
+def test_top_rows_are_the_k_best_positive_scores_with_lower_rows_first_on_ties(scores, k):
+    import numpy as np
+
+    from searchr1.bm25.index import top_rows
+
+    array = np.array(scores, dtype=np.float32)
+    expected = sorted(((row, float(s)) for row, s in enumerate(array) if s > 0), key=lambda p: (-p[1], p[0]))[:k]
+    assert top_rows(array, k) == expected
