@@ -1,5 +1,5 @@
-"""The search environment: four backends behind one interface, with caching, limits,
-per-step stats and cassette record/replay.
+"""The search environment: five backends (four services, and BM25 over a local index) behind one
+interface, with caching, limits, per-step stats and cassette record/replay.
 
 Typical use::
 
@@ -32,6 +32,8 @@ _WHERE = {
     "BACKEND_NAMES": "searchr1.search.factory",
     "DEFAULT_CONCURRENCY": "searchr1.search.factory",
     "DEFAULT_TIMEOUT": "searchr1.search.factory",
+    "HTTP_BACKEND_NAMES": "searchr1.search.factory",
+    "LocalSearchBackend": "searchr1.search.local",
     "create_search_backend": "searchr1.search.factory",
     "CassetteMissError": "searchr1.search.replay",
     "ReplayBackend": "searchr1.search.replay",
@@ -63,9 +65,11 @@ __all__ = [
     "BACKEND_NAMES",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_TIMEOUT",
+    "HTTP_BACKEND_NAMES",
     "NO_RESULTS_TEXT",
     "CassetteMissError",
     "HttpSearchBackend",
+    "LocalSearchBackend",
     "MissingApiKeyError",
     "QueryCache",
     "RealClock",
