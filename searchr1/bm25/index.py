@@ -145,6 +145,7 @@ def build_index(corpus: str | os.PathLike[str], out: str | os.PathLike[str], *, 
         retriever.index((token_ids, tokenizer.get_vocab_dict()), show_progress=False)
         del token_ids
         retriever.save(str(staging / "bm25"))
+        _fsync_tree(staging)  # every file is on disk before the manifest says the index is whole
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -165,9 +166,16 @@ def build_index(corpus: str | os.PathLike[str], out: str | os.PathLike[str], *, 
         raise
 
 
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+
+
 def _move_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished ``staging`` to ``out`` (an old ``out`` is renamed aside first and
-    removed after, so at every moment ``out`` is either the old index or the new one)."""
+    """Rename the finished ``staging`` to ``out``. An old ``out`` is renamed aside first and
+    removed after: ``out`` is the old index, briefly absent, or the new one, never a mix."""
     old = None
     if out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
