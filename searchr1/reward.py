@@ -1,8 +1,18 @@
-"""Outcome reward: exact match of a single ``Answer:`` line against the references.
+"""Outcome reward: a single ``Answer:`` line scored against the references.
 
-Values are exactly -0.1 (no single non-empty ``Answer:`` line: a format failure), 0.0 (an
-answer that matches no reference) and 1.0 (exact match after normalisation). There is no
-reward for searching, for format alone, or for intermediate steps.
+A format failure (no single non-empty ``Answer:`` line) is exactly -0.1 whatever the reward
+kind. Otherwise the reward is one of three scores of the normalised answer, each the best over
+the references (``--reward``):
+
+* ``em`` (default, the seed): 1.0 for an exact match after normalisation, else 0.0;
+* ``f1``: token F1, the harmonic mean of token precision and recall (tokens counted with
+  multiplicity, as SQuAD's scorer; 0.0 with no common token);
+* ``cover_em``: 1.0 when a normalised reference occurs inside the normalised answer (Search-R1's
+  substring EM), on whole-token boundaries, else 0.0.
+
+There is no reward for searching, for format alone, or for intermediate steps. Every
+:class:`RewardResult` carries all three scores, so evaluation reports them whatever the
+training reward.
 """
 
 from __future__ import annotations
@@ -10,6 +20,7 @@ from __future__ import annotations
 import re
 import string
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -18,6 +29,7 @@ ARTICLE_PATTERN = re.compile(r"\b(a|an|the)\b", re.IGNORECASE)
 
 FORMAT_PENALTY = -0.1
 NORMALIZATIONS = ("unicode", "official")
+REWARD_KINDS = ("em", "f1", "cover_em")
 _ASCII_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
@@ -27,6 +39,8 @@ class RewardResult:
     valid_format: bool
     exact_match: bool
     answer: str | None
+    f1: float = 0.0
+    cover_em: bool = False
 
 
 def extract_answer(text: str) -> str | None:
@@ -62,15 +76,37 @@ def normalize_answer(text: str, *, normalization: str = "unicode") -> str:
     return " ".join(text.split())
 
 
+def token_f1(prediction: str, reference: str) -> float:
+    """Token F1 of two *normalised* strings (whitespace tokens, counted with multiplicity)."""
+    predicted, gold = prediction.split(), reference.split()
+    common = sum((Counter(predicted) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def covers(prediction: str, reference: str) -> bool:
+    """Whether the *normalised* ``reference`` occurs in the normalised ``prediction`` as a run
+    of whole tokens (an empty reference covers nothing)."""
+    if not reference:
+        return False
+    return f" {reference} " in f" {prediction} "
+
+
 def score_answer(
-    text: str, references: Iterable[str], *, normalization: str = "unicode"
+    text: str, references: Iterable[str], *, normalization: str = "unicode", reward: str = "em"
 ) -> RewardResult:
+    """All three scores of ``text``'s answer; ``reward`` picks the one that is the reward."""
+    if reward not in REWARD_KINDS:
+        raise ValueError(f"unknown reward {reward!r}; choose one of {REWARD_KINDS}")
     answer = extract_answer(text)
     if answer is None:
         return RewardResult(FORMAT_PENALTY, False, False, None)
     predicted = normalize_answer(answer, normalization=normalization)
-    matched = any(
-        predicted == normalize_answer(reference, normalization=normalization)
-        for reference in references
-    )
-    return RewardResult(1.0 if matched else 0.0, True, matched, answer)
+    golds = [normalize_answer(reference, normalization=normalization) for reference in references]
+    matched = any(predicted == gold for gold in golds)
+    f1 = max((token_f1(predicted, gold) for gold in golds), default=0.0)
+    cover = any(covers(predicted, gold) for gold in golds)
+    value = {"em": 1.0 if matched else 0.0, "f1": f1, "cover_em": 1.0 if cover else 0.0}[reward]
+    return RewardResult(value, True, matched, answer, f1=f1, cover_em=cover)

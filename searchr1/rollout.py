@@ -254,9 +254,10 @@ def fit_tool_content(
     return FittedObservation(content, next_prompt, truncated)
 
 
-def score_trajectory(trajectory: Trajectory) -> None:
-    """Score the final answer; a trajectory that did not end by answering gets the format
-    penalty.
+def score_trajectory(trajectory: Trajectory, *, reward: str = "em") -> None:
+    """Score the final answer (``reward``: em, f1 or cover_em, :mod:`searchr1.reward`; every
+    score is recorded whichever is the reward); a trajectory that did not end by answering
+    gets the format penalty.
 
     The seed scored the text of whatever turn came last, so a malformed or over-budget tool
     call that also carried an ``Answer:`` line could earn 1.0: a reward for breaking the
@@ -264,11 +265,13 @@ def score_trajectory(trajectory: Trajectory) -> None:
     """
     if trajectory.termination != "answer":
         trajectory.reward, trajectory.valid_format, trajectory.exact_match = FORMAT_PENALTY, False, False
+        trajectory.f1, trajectory.cover_em = 0.0, False
         return
-    result = score_answer(trajectory.final_text, trajectory.example.answers)
+    result = score_answer(trajectory.final_text, trajectory.example.answers, reward=reward)
     trajectory.reward = result.reward
     trajectory.valid_format = result.valid_format
     trajectory.exact_match = result.exact_match
+    trajectory.f1, trajectory.cover_em = result.f1, result.cover_em
 
 
 @dataclass(frozen=True)
@@ -501,11 +504,16 @@ async def rollout_batch_async(
     advantage_mode: str = "mean",
     keep_env_failures: bool = False,
     sampling_slots: asyncio.Semaphore | None = None,
+    reward: str = "em",
+    first_question_index: int = 0,
 ) -> list[Trajectory]:
     """Roll out ``group_size`` trajectories per example; score them and assign advantages.
 
     ``sampling_slots`` caps sampling requests across several batches rolling out at once (the
     trainer's off-policy pipeline); by default the batch has ``sampling_concurrency`` of its own.
+    ``reward`` is the score that becomes the reward (:mod:`searchr1.reward`).
+    ``first_question_index`` numbers the questions from there (question indices group the
+    trajectories and seed the sampling: dynamic sampling's extra draws of one step use fresh ones).
 
     Returns trajectories ordered by question, then sample. Raises
     :class:`SamplerFailureError` when more than ``max_sampler_failure_fraction`` of them could
@@ -514,7 +522,7 @@ async def rollout_batch_async(
     template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
     engine = _Engine(sampling_client, tokenizer, search_client, config, step, progress_callback, sampling_slots)
     groups = await run_all(
-        engine.run_question(index, example) for index, example in enumerate(examples)
+        engine.run_question(index, example) for index, example in enumerate(examples, first_question_index)
     )
     trajectories = [t for group in groups for t in group]
     failed = sum(t.sampler_error for t in trajectories)
@@ -526,7 +534,7 @@ async def rollout_batch_async(
         )
     for trajectory in trajectories:
         if not trajectory.sampler_error:
-            score_trajectory(trajectory)
+            score_trajectory(trajectory, reward=reward)
     assign_group_advantages(trajectories, mode=advantage_mode, keep_env_failures=keep_env_failures)
     return trajectories
 

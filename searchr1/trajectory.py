@@ -66,6 +66,8 @@ class Trajectory:
     excluded: str | None = None
     valid_format: bool = False
     exact_match: bool = False
+    f1: float = 0.0  # token F1 of the answer (0 unless it ended by answering)
+    cover_em: bool = False  # a reference occurs inside the answer
 
     @property
     def done(self) -> bool:

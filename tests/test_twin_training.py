@@ -71,13 +71,25 @@ def test_an_optim_step_without_gradients_changes_nothing(tmp_path, tokenizer):
         assert np.array_equal(run.params, before) and run.adam.step == 0 and run.version == 0
 
 
-def test_policy_losses_the_twin_does_not_compute_fail_in_the_future(tmp_path, tokenizer):
+def test_losses_the_twin_does_not_compute_fail_in_the_future(tmp_path, tokenizer):
     with running_twin(tmp_path, tokenizer, strictness=SYNTHETIC) as (_, service):
         trainer = service.create_lora_training_client(MODEL, rank=8)
-        future = trainer.forward_backward([raw([1, 2, 3], [2, 3, 4])], loss_fn="ppo")
+        future = trainer.forward_backward([raw([1, 2, 3], [2, 3, 4])], loss_fn="cross_entropy")
+        future.result()
+        # gspo is Tinker's, not pytrio's: the SDK refuses it before the twin sees it
+        with pytest.raises(ValueError):
+            trainer.forward_backward([raw([1, 2, 3], [2, 3, 4])], loss_fn="gspo")
+
+
+def test_strict_mode_refuses_a_loss_config_key_the_loss_does_not_take_naming_the_keys_it_takes(
+        tmp_path, tokenizer):
+    with running_twin(tmp_path, tokenizer, strictness=SYNTHETIC) as (_, service):
+        trainer = service.create_lora_training_client(MODEL, rank=8)
+        datum = raw([1, 2, 3], [2, 3, 4])
         with pytest.raises(EventFailedError) as failed:
-            future.result()
-    assert failed.value.code == "twin.unsupported_loss"
+            trainer.forward_backward([datum], loss_fn="ppo", loss_fn_config={"clip_ratio": 0.2}).result()
+    assert failed.value.code == "twin.unsupported_loss_config"
+    assert "clip_ratio" in str(failed.value) and "clip_low_threshold, clip_high_threshold" in str(failed.value)
 
 
 def test_an_unknown_base_model_is_a_control_error(tmp_path, tokenizer):

@@ -661,7 +661,8 @@ class TwinBackend:
         self.wait(settings.latencies.trained_token * tokens)
         with self._policy_lock:
             result = run.forward(payload, samples, step=record.envelope.metadata.step, backward=backward,
-                                 policy=self.policy, reduction=settings.reduction)
+                                 policy=self.policy, reduction=settings.reduction,
+                                 strict_config=settings.strictness.enabled)
         record.usage = {"input_tokens": tokens, "output_tokens": 0, "train_tokens": tokens if backward else 0}
         return result
 

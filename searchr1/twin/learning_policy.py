@@ -59,9 +59,10 @@ Training (``loss_and_grad``)
     ``ENVIRONMENT_LOGPROB`` (0.0: the environment's tokens are given, not chosen) with zero
     gradient. A generated token that is not on the trie (and every later token of its
     segment) gets ``OFF_TRIE_LOGPROB`` (-30.0, far below any candidate) with zero gradient.
-    Losses per active position (target ``!= -100``): ``importance_sampling`` is
-    ``-exp(logp - old_logprob) * advantage``, ``cross_entropy`` is ``-weight * logp``; the
-    sum is divided by ``totals.denominator(reduction)``.
+    Losses per active position (target ``!= -100``): every loss of
+    :mod:`searchr1.twin.losses` (``importance_sampling``, ``ppo``, ``cispo``, ``dro``,
+    ``cross_entropy``) as a term and its derivative w.r.t. ``logp``; the sum is divided by
+    ``totals.denominator(reduction)``.
 
 No side channel
     The policy never sees a reward, which answer is right, or which candidate is good. Its
@@ -75,7 +76,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -83,6 +84,7 @@ from typing import Any
 import numpy as np
 
 from ..offline import CALL
+from .losses import loss_terms, resolve_loss_config
 from .offline_world import WorldQuestion, load_world, question_key
 from .policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
 
@@ -309,11 +311,9 @@ class LearningPolicy:
         loss_fn: str,
         reduction: Reduction,
         totals: Totals,
+        loss_config: Mapping[str, object] | None = None,
     ) -> LossResult:
-        if loss_fn not in ("importance_sampling", "cross_entropy"):
-            raise ValueError(
-                f"learning policy has no loss {loss_fn!r}; expected importance_sampling or cross_entropy"
-            )
+        config = resolve_loss_config(loss_fn, loss_config)
         denominator = totals.denominator(reduction)
         self._check_params(params)
         grad = np.zeros((len(PHASES), len(KINDS)), dtype=np.float64)
@@ -326,12 +326,8 @@ class LearningPolicy:
             active = sample.active
             if not active.any():
                 continue
-            if loss_fn == "importance_sampling":
-                terms = -np.exp(logp - sample.old_logprobs) * sample.advantages
-                dterms = terms  # d/dlogp of -exp(logp - old) * A is the term itself
-            else:
-                terms = -sample.weights * logp
-                dterms = -sample.weights
+            terms, dterms = loss_terms(loss_fn, config, logp, sample.old_logprobs, sample.advantages,
+                                       sample.weights)
             loss_sum += float(terms[active].sum())
             token_count += int(active.sum())
             for position, phase, slope in slopes:

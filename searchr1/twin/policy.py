@@ -11,7 +11,8 @@ protocol, limits, the stop-token convention); a policy owns only the math of one
   the stop token (the server applies the request's stop rules and the configured stop-token
   convention afterwards);
 * ``loss_and_grad``: the loss of a list of datums (already split into aligned arrays) and its
-  exact gradient with respect to ``params``, reduced with the totals of the whole call.
+  exact gradient with respect to ``params``, reduced with the totals of the whole call, for
+  every loss of :mod:`searchr1.twin.losses` and its ``loss_config``.
 
 A policy never sees rewards or answers; it learns only from the datums a real service
 receives (tokens, targets, the sampler's logprobs, advantages) and the loss name.
@@ -23,7 +24,7 @@ what ``loss_and_grad`` returns (:class:`LossResult`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -205,4 +206,5 @@ class TwinPolicy(Protocol):
         loss_fn: str,
         reduction: Reduction,
         totals: Totals,
+        loss_config: Mapping[str, object] | None = None,
     ) -> LossResult: ...

@@ -170,6 +170,7 @@ class ScriptedPolicy:
         loss_fn: str,
         reduction: Reduction,
         totals: Totals,
+        loss_config: Mapping[str, object] | None = None,
     ) -> LossResult:
         return self.trainer.loss_and_grad(params, samples, loss_fn=loss_fn, reduction=reduction,
-                                          totals=totals)
+                                          totals=totals, loss_config=loss_config)

@@ -11,11 +11,10 @@ This is a proper distribution over ``[0, vocab_size)`` (the bucket sizes add up 
 vocabulary), it conditions on context (only the last token, which is all a bigram needs),
 and its gradient is closed-form: ``d log p / d W[r, :] = onehot(t % K) - softmax(W[r])``.
 
-Losses (per active position, i.e. target ``!= -100``):
-
-* ``importance_sampling`` (pytrio's name): ``-exp(logp - old_logprob) * advantage``.
-  Its derivative w.r.t. ``logp`` is the term itself.
-* ``cross_entropy``: ``-weight * logp``.
+Losses (per active position, i.e. target ``!= -100``): every loss of
+:mod:`searchr1.twin.losses` (``importance_sampling``, ``ppo``, ``cispo``, ``dro``,
+``cross_entropy``), each a term and its derivative w.r.t. ``logp``; the chain rule through
+``d logp / d W`` below gives the exact gradient.
 
 Reductions of one call, given totals of the *whole* call (pytrio sends those totals with
 every chunk, so a split call reduces exactly like an unsplit one):
@@ -39,10 +38,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .losses import loss_terms, resolve_loss_config
 from .policy import LossResult, PolicySample, Reduction, SampledSequence, Totals, totals_of
 
 DEFAULT_NUM_BUCKETS = 16
@@ -92,30 +92,6 @@ def token_logprobs(
 
 # --- losses and exact gradients ----------------------------------------------------------
 
-# A loss maps (sample, new logprobs at active positions) to (terms, d term / d logp).
-TermFn = Callable[[PolicySample, np.ndarray], tuple[np.ndarray, np.ndarray]]
-
-
-def _importance_sampling_terms(
-    sample: PolicySample, logp: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    active = sample.active
-    ratio = np.exp(logp - sample.old_logprobs[active])
-    terms = -ratio * sample.advantages[active]
-    return terms, terms
-
-
-def _cross_entropy_terms(sample: PolicySample, logp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    weights = sample.weights[sample.active]
-    return -weights * logp, -weights
-
-
-LOSS_TERMS: dict[str, TermFn] = {
-    "importance_sampling": _importance_sampling_terms,
-    "cross_entropy": _cross_entropy_terms,
-}
-
-
 def loss_and_grad(
     weights: np.ndarray,
     samples: Sequence[PolicySample],
@@ -124,15 +100,14 @@ def loss_and_grad(
     loss_fn: str = "importance_sampling",
     reduction: Reduction = "per_token",
     totals: Totals | None = None,
+    loss_config: Mapping[str, object] | None = None,
 ) -> LossResult:
     """Loss and exact gradient of ``samples`` reduced with ``totals`` (default: their own).
 
     Passing the totals of a larger call makes this the contribution of one chunk of it;
     the chunks' losses and gradients then add up to the whole call's.
     """
-    if loss_fn not in LOSS_TERMS:
-        raise ValueError(f"toy policy has no loss {loss_fn!r}; expected one of {tuple(LOSS_TERMS)}")
-    term_fn = LOSS_TERMS[loss_fn]
+    config = resolve_loss_config(loss_fn, loss_config)
     denominator = (totals or totals_of(samples)).denominator(reduction)
     num_buckets = weights.shape[0]
     grad = np.zeros_like(weights, dtype=np.float64)
@@ -145,7 +120,8 @@ def loss_and_grad(
         active = sample.active
         if not active.any():
             continue
-        terms, dterms = term_fn(sample, logp_all[active])
+        terms, dterms = loss_terms(loss_fn, config, logp_all[active], sample.old_logprobs[active],
+                                   sample.advantages[active], sample.weights[active])
         loss_sum += float(terms.sum())
         token_count += int(active.sum())
         rows = sample.inputs[active] % num_buckets
@@ -260,6 +236,7 @@ class ToyPolicy:
         loss_fn: str,
         reduction: Reduction,
         totals: Totals,
+        loss_config: Mapping[str, object] | None = None,
     ) -> LossResult:
         # d loss / d params == d loss / d W, since W = base + params
         return loss_and_grad(
@@ -269,4 +246,5 @@ class ToyPolicy:
             loss_fn=loss_fn,
             reduction=reduction,
             totals=totals,
+            loss_config=loss_config,
         )

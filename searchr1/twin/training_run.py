@@ -1,8 +1,10 @@
 """One training run on the twin: its parameters, optimiser state and accumulated gradients,
 and what each trainer event does to them.
 
-``forward`` / ``forward_backward`` reduce every chunk with the totals of its whole call (as
-pytrio sends them), so a call split into chunks accumulates exactly the gradient of the
+``forward`` / ``forward_backward`` compute the loss the payload names
+(:mod:`searchr1.twin.losses`; a ``loss_fn_config`` key that loss does not take fails the event
+under strict mode, ``twin.unsupported_loss_config``, and is ignored otherwise) and reduce every
+chunk with the totals of its whole call (as pytrio sends them), so a call split into chunks accumulates exactly the gradient of the
 unsplit call. Chunks of one call share pytrio's ``step``; at ``optimize_step`` the calls
 accumulated since the last step combine by ``sum`` (default) or ``mean``. The twin invents
 (the service does not publish): the reduction switch, the combination switch, the metrics
@@ -23,14 +25,16 @@ from pytrio.protocol.actor.events.trainer.forward import TrainerForwardBackwardP
 from pytrio.protocol.actor.events.trainer.optimize_step import TrainerOptimizeStepPayload
 from pytrio.protocol.actor.events.trainer.save import TrainerSavePayload
 
+from .losses import LOSS_CONFIG_DEFAULTS, LossConfigError, resolve_loss_config
 from .optimizer import AdamState, adam_step
 from .policy import PolicySample, Reduction, Totals, TwinPolicy
 from .store import STATE, WEIGHTS, CheckpointStore, RunConfig
 
 Accumulation = Literal["sum", "mean"]
-SUPPORTED_LOSSES = ("importance_sampling", "cross_entropy")
+SUPPORTED_LOSSES = tuple(LOSS_CONFIG_DEFAULTS)
 CHECKPOINT_EXISTS_CODE = "twin.checkpoint_exists"
 UNSUPPORTED_LOSS_CODE = "twin.unsupported_loss"
+UNSUPPORTED_LOSS_CONFIG_CODE = "twin.unsupported_loss_config"
 
 
 class EventFailure(Exception):
@@ -107,15 +111,21 @@ class TrainingRun:
         backward: bool,
         policy: TwinPolicy,
         reduction: Reduction,
+        strict_config: bool = True,
     ) -> dict[str, object]:
         loss_fn = payload.loss.type.strip().lower()
         if loss_fn not in SUPPORTED_LOSSES:
             raise EventFailure(UNSUPPORTED_LOSS_CODE,
-                               f"the twin computes {' and '.join(SUPPORTED_LOSSES)}, not {loss_fn}")
+                               f"the twin computes {', '.join(SUPPORTED_LOSSES)}, not {loss_fn}")
+        try:
+            loss_config = resolve_loss_config(loss_fn, payload.loss.config, strict=strict_config)
+        except LossConfigError as error:
+            raise EventFailure(UNSUPPORTED_LOSS_CONFIG_CODE, str(error)) from None
         spec = payload.gradient_accumulation
         totals = Totals(spec.total_samples, spec.total_active_tokens, spec.total_advantage_tokens)
         assert self.params is not None
-        result = policy.loss_and_grad(self.params, samples, loss_fn=loss_fn, reduction=reduction, totals=totals)
+        result = policy.loss_and_grad(self.params, samples, loss_fn=loss_fn, reduction=reduction, totals=totals,
+                                      loss_config=loss_config)
         if backward:
             self.pending[step] = self.pending.get(step, 0.0) + result.grad
         outputs = []
