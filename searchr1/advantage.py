@@ -20,7 +20,9 @@ Three decisions matter more than the formula:
 * **Normalisation is a choice.** ``mode="mean"`` (default, as the seed and Dr. GRPO):
   ``reward - group mean``. ``mode="zscore"``: divided by the group's sample standard
   deviation (``ddof=1``) plus ``ZSCORE_EPSILON``, as verl's GRPO that official Search-R1
-  trains with. ``mode="none"``: the raw reward. Degenerate groups never reach the division.
+  trains with. ``mode="rloo"``: the reward minus the mean of the *other* rewards of the group
+  (leave-one-out), ``G / (G - 1) * (reward - group mean)``, so a trajectory is never compared
+  with itself. ``mode="none"``: the raw reward. Degenerate groups never reach the division.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from typing import Literal
 
 from .trajectory import Trajectory
 
-AdvantageMode = Literal["mean", "zscore", "none"]
-ADVANTAGE_MODES: tuple[str, ...] = ("mean", "zscore", "none")
+AdvantageMode = Literal["mean", "zscore", "rloo", "none"]
+ADVANTAGE_MODES: tuple[str, ...] = ("mean", "zscore", "rloo", "none")
 
 # Added to the standard deviation (not the variance), as in verl's GRPO estimator.
 ZSCORE_EPSILON = 1e-6
@@ -113,7 +115,11 @@ def group_advantages(rewards: Sequence[float], *, mode: AdvantageMode = "mean") 
     if mode == "mean":
         return centred
     if len(rewards) < 2:
-        raise ValueError("zscore advantages need at least two rewards")
+        raise ValueError(f"{mode} advantages need at least two rewards")
+    if mode == "rloo":
+        total = math.fsum(rewards)
+        others = len(rewards) - 1
+        return [float(r) - (total - float(r)) / others for r in rewards]
     std = math.sqrt(math.fsum(c * c for c in centred) / (len(rewards) - 1))
     return [c / (std + ZSCORE_EPSILON) for c in centred]
 

@@ -88,6 +88,8 @@ def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
         "termination": trajectory.termination,
         "reward": trajectory.reward,
         "exact_match": bool(trajectory.exact_match),
+        "f1": float(trajectory.f1),
+        "cover_em": bool(trajectory.cover_em),
         "valid_format": bool(trajectory.valid_format),
         "search_calls": trajectory.search_calls,
         "assistant_turns": len(trajectory.turns),
@@ -142,6 +144,54 @@ def _mean(values: Iterable[float]) -> float:
     return math.fsum(values) / len(values) if values else 0.0  # exact sum: order cannot matter
 
 
+ANSWER_METRICS = ("em", "f1", "cover_em")
+
+
+def answer_score(record: Mapping[str, Any], name: str) -> float:
+    """A record's ``em``, ``f1`` or ``cover_em`` score. Records written before F1 and cover EM
+    were recorded are scored from their final text (0 unless they ended by answering)."""
+    if name == "em":
+        return 1.0 if record["exact_match"] else 0.0
+    if name in record:
+        return float(record[name])
+    if record.get("termination") != "answer":
+        return 0.0
+    from .reward import score_answer
+
+    result = score_answer(str(record.get("final_text") or ""), [str(a) for a in record.get("answers", [])])
+    return result.f1 if name == "f1" else float(result.cover_em)
+
+
+def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Sequence[Mapping[str, Any]], *,
+                       resamples: int, seed: int) -> int:
+    """``<name>/<source>``, ``<name>/macro``, ``<name>/micro`` and their bootstrap intervals,
+    ``questions/<source>``; returns the number of questions. Scores are averaged per question
+    first. The seeds of ``em`` are those it always had; the others offset them."""
+    offset = 1000 * ANSWER_METRICS.index(name)
+    question_scores: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in trajectories:
+        question_scores[(str(r["data_source"]), str(r["id"]))].append(answer_score(r, name))
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for (source, _), scores in question_scores.items():
+        by_source[source].append(_mean(scores))
+    sources = sorted(by_source)
+    for index, source in enumerate(sources):
+        scores = by_source[source]
+        low, high = bootstrap_ci(scores, resamples=resamples, seed=seed + offset + 1 + index)
+        metrics[f"{name}/{source}"] = _mean(scores)
+        metrics[f"{name}_ci95_low/{source}"] = low
+        metrics[f"{name}_ci95_high/{source}"] = high
+        metrics[f"questions/{source}"] = len(scores)
+    all_scores = [score for source in sources for score in by_source[source]]
+    metrics[f"{name}/macro"] = _mean(metrics[f"{name}/{s}"] for s in sources)
+    metrics[f"{name}/macro_ci95_low"], metrics[f"{name}/macro_ci95_high"] = stratified_macro_ci(
+        by_source, resamples=resamples, seed=seed + offset)
+    metrics[f"{name}/micro"] = _mean(all_scores)
+    metrics[f"{name}/micro_ci95_low"], metrics[f"{name}/micro_ci95_high"] = bootstrap_ci(
+        all_scores, resamples=resamples, seed=seed + offset)
+    return len(question_scores)
+
+
 def evaluation_metrics(
     records: Iterable[Mapping[str, Any]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
 ) -> dict[str, float]:
@@ -153,6 +203,7 @@ def evaluation_metrics(
 
     Keys: ``em/<source>``, ``em/macro`` (unweighted mean over the sources present),
     ``em/micro``, their ``*_ci95_low/high``, ``em_ci95_low/<source>``, ``em_ci95_high/<source>``,
+    the same for ``f1`` and ``cover_em`` (always, whatever the training reward),
     ``questions/<source>``, ``format/rate``, ``format/<source>``, ``reward/mean``,
     ``rollout/search_calls``, ``rollout/no_search_rate``, ``rollout/turns``,
     ``rollout/env_error_rate``, ``rollout/search_ok_rate``, ``rollout/search_cached_rate``,
@@ -164,37 +215,15 @@ def evaluation_metrics(
     if not trajectories:
         raise ValueError("no trajectory records to aggregate")
 
-    question_scores: dict[tuple[str, str], list[float]] = defaultdict(list)
     by_source_traj: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in trajectories:
-        source = str(r["data_source"])
-        question_scores[(source, str(r["id"]))].append(1.0 if r["exact_match"] else 0.0)
-        by_source_traj[source].append(r)
-    em_by_source: dict[str, list[float]] = defaultdict(list)
-    for (source, _), scores in question_scores.items():
-        em_by_source[source].append(_mean(scores))
-    sources = sorted(em_by_source)
-
+        by_source_traj[str(r["data_source"])].append(r)
+    sources = sorted(by_source_traj)
     metrics: dict[str, float] = {}
-    for index, source in enumerate(sources):
-        scores = em_by_source[source]
-        point = _mean(scores)
-        low, high = bootstrap_ci(scores, resamples=resamples, seed=seed + 1 + index)
-        metrics[f"em/{source}"] = point
-        metrics[f"em_ci95_low/{source}"] = low
-        metrics[f"em_ci95_high/{source}"] = high
-        metrics[f"questions/{source}"] = len(scores)
+    for name in ANSWER_METRICS:
+        question_count = _add_answer_metric(metrics, name, trajectories, resamples=resamples, seed=seed)
+    for source in sources:
         metrics[f"format/{source}"] = _mean(1.0 if r["valid_format"] else 0.0 for r in by_source_traj[source])
-
-    all_scores = [s for source in sources for s in em_by_source[source]]
-    metrics["em/macro"] = _mean(metrics[f"em/{s}"] for s in sources)
-    metrics["em/macro_ci95_low"], metrics["em/macro_ci95_high"] = stratified_macro_ci(
-        em_by_source, resamples=resamples, seed=seed
-    )
-    metrics["em/micro"] = _mean(all_scores)
-    metrics["em/micro_ci95_low"], metrics["em/micro_ci95_high"] = bootstrap_ci(
-        all_scores, resamples=resamples, seed=seed
-    )
 
     n = len(trajectories)
     searches = [s for r in trajectories for s in r.get("searches", [])]
@@ -213,7 +242,7 @@ def evaluation_metrics(
     for reason in sorted(set(TERMINATIONS) | set(reasons)):
         metrics[f"rollout/termination/{reason}"] = reasons.count(reason) / n
 
-    metrics["eval/questions"] = len(question_scores)
+    metrics["eval/questions"] = question_count
     metrics["eval/trajectories"] = n
     metrics["eval/sources"] = len(sources)
     return metrics

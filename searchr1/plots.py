@@ -260,13 +260,24 @@ def _value_label_size(runs: int) -> float:
     return 8.0 if runs <= 2 else 7.0 if runs <= 4 else 6.0
 
 
-def eval_figure(runs: Sequence[EvalRun]) -> Figure:
-    """Two panels: EM per benchmark grouped by checkpoint, and macro EM (bars) with format rate
-    (line) across checkpoints. EM error bars are the summaries' bootstrap 95% intervals; every
-    value is written horizontally above its upper whisker; each benchmark's tick says how many
-    questions it had."""
+EVAL_METRICS = {"em": ("EM", "exact match (%)"), "f1": ("F1", "token F1 (%)"),
+                "cover_em": ("cover EM", "cover exact match (%)")}
+
+
+def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
+    """Two panels: ``metric`` (em, f1 or cover_em) per benchmark grouped by checkpoint, and its
+    macro value (bars) with format rate (line) across checkpoints. Error bars are the
+    summaries' bootstrap 95% intervals; every value is written horizontally above its upper
+    whisker; each benchmark's tick says how many questions it had."""
     if not runs:
         raise PlotInputError("no evaluations to plot")
+    if metric not in EVAL_METRICS:
+        raise PlotInputError(f"unknown metric {metric!r}; choose one of {', '.join(EVAL_METRICS)}")
+    for run in runs:
+        if metric != "em" and f"{metric}/macro" not in run.metrics:
+            raise PlotInputError(f"{run.path}: its summary has no {metric} (it was written before F1 and "
+                                 "cover EM were reported); plot it with --metric em")
+    label, axis = EVAL_METRICS[metric]
     fig = Figure(figsize=EVAL_FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1)
@@ -276,9 +287,9 @@ def eval_figure(runs: Sequence[EvalRun]) -> Figure:
     width = 0.8 / len(runs)
     heights_seen: list[float] = []
     for i, run in enumerate(runs):
-        points = [100 * _number(run.metrics, f"em/{s}") for s in sources]
-        lows = [100 * _number(run.metrics, f"em_ci95_low/{s}") for s in sources]
-        highs = [100 * _number(run.metrics, f"em_ci95_high/{s}") for s in sources]
+        points = [100 * _number(run.metrics, f"{metric}/{s}") for s in sources]
+        lows = [100 * _number(run.metrics, f"{metric}_ci95_low/{s}") for s in sources]
+        highs = [100 * _number(run.metrics, f"{metric}_ci95_high/{s}") for s in sources]
         errors = [_error(p, lo, hi) for p, lo, hi in zip(points, lows, highs)]
         xs = [j - 0.4 + width * (i + 0.5) for j in range(len(sources))]
         top.bar(
@@ -297,19 +308,20 @@ def eval_figure(runs: Sequence[EvalRun]) -> Figure:
                              ha="center", va="bottom", fontsize=label_size)
         heights_seen += [p + e[1] for p, e in zip(points, errors)]
     top.set_xticks(range(len(sources)), [source_tick_label(runs, s) for s in sources], fontsize=9)
-    top.set_ylabel("exact match (%)")
-    top.set_title("EM per benchmark (95% bootstrap CI; n = questions)", fontsize=10)
+    top.set_ylabel(axis)
+    top.set_title(f"{label} per benchmark (95% bootstrap CI; n = questions)", fontsize=10)
     top.set_ylim(0, _y_top(heights_seen))
     top.legend(fontsize=8, ncols=min(len(runs), 4), loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
 
     xs = list(range(len(runs)))
-    macro = [100 * _number(r.metrics, "em/macro") for r in runs]
+    macro = [100 * _number(r.metrics, f"{metric}/macro") for r in runs]
     macro_err = [
-        _error(m, 100 * _number(r.metrics, "em/macro_ci95_low"), 100 * _number(r.metrics, "em/macro_ci95_high"))
+        _error(m, 100 * _number(r.metrics, f"{metric}/macro_ci95_low"),
+               100 * _number(r.metrics, f"{metric}/macro_ci95_high"))
         for m, r in zip(macro, runs)
     ]
     fmt = [100 * _number(r.metrics, "format/rate") for r in runs]
-    bottom.bar(xs, macro, 0.5, label="macro EM", yerr=[[e[0] for e in macro_err], [e[1] for e in macro_err]],
+    bottom.bar(xs, macro, 0.5, label=f"macro {label}", yerr=[[e[0] for e in macro_err], [e[1] for e in macro_err]],
                capsize=3)
     for x, m, e, text in zip(xs, macro, macro_err, _labels(macro)):
         if text:  # above the upper whisker
@@ -329,7 +341,7 @@ def eval_figure(runs: Sequence[EvalRun]) -> Figure:
                       ha="right" if long_labels else "center", fontsize=8)
     bottom.set_xlim(-0.75, len(runs) - 0.25)
     bottom.set_ylabel("%")
-    bottom.set_title("Macro EM and format rate across checkpoints", fontsize=10)
+    bottom.set_title(f"Macro {label} and format rate across checkpoints", fontsize=10)
     bottom.set_ylim(0, bottom_top)
     bottom.legend(fontsize=8)
 

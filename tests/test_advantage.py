@@ -163,3 +163,58 @@ def test_summarize_groups_is_pure_and_agrees_with_assignment(reward_groups):
     assert summary.degenerate == assign_group_advantages(trajectories)
     assert summary.groups == len(reward_groups)
     assert not math.isnan(sum(t.advantage for t in trajectories))
+
+
+# --- every mode (rloo included) -----------------------------------------------------------
+
+MODES = ["mean", "zscore", "rloo", "none"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(groups, st.data())
+def test_group_isolation_holds_in_every_mode(mode, reward_groups, data):
+    first = make(reward_groups)
+    assign_group_advantages(first, mode=mode)
+    keep = data.draw(st.integers(0, len(reward_groups) - 1))
+    changed = [list(g) if q == keep else data.draw(st.lists(rewards, min_size=1, max_size=16))
+               for q, g in enumerate(reward_groups)]
+    second = make(changed)
+    assign_group_advantages(second, mode=mode)
+    assert [t.advantage for t in by_question(first, keep)] == [t.advantage for t in by_question(second, keep)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@given(st.integers(1, 16), st.sampled_from([-0.1, 0.0, 1.0, 0.3]))
+def test_degenerate_groups_get_exactly_zero_in_every_mode(mode, size, value):
+    trajectories = make([[value] * size])
+    assign_group_advantages(trajectories, mode=mode)
+    assert all(t.advantage == 0.0 and t.excluded == DEGENERATE_GROUP for t in trajectories)
+
+
+@pytest.mark.parametrize("mode", ["mean", "rloo"])
+@given(st.lists(st.floats(-3, 3, allow_nan=False), min_size=2, max_size=16))
+def test_mean_and_rloo_advantages_of_a_group_sum_to_zero(mode, group):
+    assume(len(set(group)) > 1)
+    trajectories = make([group])
+    assign_group_advantages(trajectories, mode=mode)
+    assert math.fsum(t.advantage for t in trajectories) == pytest.approx(0.0, abs=1e-9)
+
+
+@given(st.lists(st.floats(-3, 3, allow_nan=False), min_size=2, max_size=16))
+def test_rloo_is_the_reward_minus_the_mean_of_the_other_rewards(group):
+    assume(len(set(group)) > 1)
+    trajectories = make([group])
+    assign_group_advantages(trajectories, mode="rloo")
+    for i, trajectory in enumerate(trajectories):
+        others = group[:i] + group[i + 1:]
+        assert trajectory.advantage == pytest.approx(group[i] - sum(others) / len(others), abs=1e-9)
+
+
+@given(st.lists(st.floats(-3, 3, allow_nan=False), min_size=2, max_size=16), st.floats(0.5, 20))
+def test_zscore_advantages_do_not_change_when_rewards_are_scaled(group, scale):
+    values = np.asarray(group)
+    assume(values.std(ddof=1) > 0.05)  # far from the epsilon, which is not scale-free
+    plain, scaled = make([group]), make([[scale * r for r in group]])
+    assign_group_advantages(plain, mode="zscore")
+    assign_group_advantages(scaled, mode="zscore")
+    assert np.allclose([t.advantage for t in plain], [t.advantage for t in scaled], rtol=1e-4, atol=1e-5)

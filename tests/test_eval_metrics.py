@@ -342,3 +342,19 @@ def test_load_summary_without_summary_says_so(tmp_path):
     path = write_eval(tmp_path / "e.jsonl", [json.dumps(record("nq", "a", True))])
     with pytest.raises(EvalFileError, match="no summary record"):
         load_summary(path)
+
+
+def test_f1_and_cover_em_are_reported_per_source_with_intervals_whatever_the_training_reward():
+    records = [{**record("nq", f"nq/{i}", i == 0), "f1": [1.0, 0.5, 0.0, 0.5][i], "cover_em": i < 3}
+               for i in range(4)]
+    metrics = evaluation_metrics(records, resamples=200)
+    assert metrics["em/nq"] == 0.25 and metrics["f1/nq"] == 0.5 and metrics["cover_em/nq"] == 0.75
+    for name in ("em", "f1", "cover_em"):
+        assert metrics[f"{name}_ci95_low/nq"] <= metrics[f"{name}/nq"] <= metrics[f"{name}_ci95_high/nq"]
+        assert metrics[f"{name}/macro_ci95_low"] <= metrics[f"{name}/macro"] <= metrics[f"{name}/macro_ci95_high"]
+
+
+def test_records_written_before_f1_existed_are_scored_from_their_final_text():
+    old = {**record("nq", "nq/0", False), "answers": ["Paris France"], "final_text": "Answer: Paris"}
+    metrics = evaluation_metrics([old], resamples=50)
+    assert metrics["f1/nq"] == pytest.approx(2 * 1 * 0.5 / 1.5) and metrics["cover_em/nq"] == 0.0

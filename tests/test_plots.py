@@ -444,3 +444,15 @@ def test_unhealthy_steps_are_marked_on_every_panel_and_health_draws_the_health_p
     assert result.exit_code == 0, result.output
     assert "note: health/action_tokens_p95 not logged" in result.output and "note: health/entropy" not in result.output
     assert png_size(out) == (1200, 800)
+
+
+def test_eval_figure_plots_the_chosen_answer_metric(tmp_path):
+    records = [{**trajectory("nq", i, i < 2), "f1": 0.25 * (i % 4), "cover_em": i < 6} for i in range(8)]
+    summary = summary_record(records, config=BASE_CONFIG, search_metrics={}, partial=False)
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*records, summary]), encoding="utf-8")
+    runs = plots.load_eval_runs([path])
+    heights = {metric: plots.eval_figure(runs, metric).axes[0].patches[0].get_height()
+               for metric in ("em", "f1", "cover_em")}
+    assert heights == pytest.approx({"em": 25.0, "f1": 100 * (0 + .25 + .5 + .75) * 2 / 8, "cover_em": 75.0})
+    assert "F1" in plots.eval_figure(runs, "f1").axes[0].get_title()

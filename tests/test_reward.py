@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from searchr1.reward import extract_answer, normalize_answer, score_answer
+from searchr1.reward import FORMAT_PENALTY, REWARD_KINDS, extract_answer, normalize_answer, score_answer
 
 
 @pytest.mark.parametrize(
@@ -88,3 +88,38 @@ def test_more_than_one_answer_line_is_a_format_failure(answers):
 @given(st.text(alphabet=string.ascii_letters + " \n", max_size=60).filter(lambda s: "answer:" not in s.lower()))
 def test_text_without_an_answer_line_is_a_format_failure(text):
     assert score_answer(text, ["x"]).valid_format is False
+
+
+# --- F1 and cover EM ------------------------------------------------------------------------
+
+words = st.lists(st.sampled_from(["paris", "france", "city", "of", "light", "x"]), min_size=1, max_size=5)
+
+
+@given(words, st.lists(words, min_size=1, max_size=3))
+def test_f1_is_between_zero_and_one_and_is_one_exactly_on_an_exact_match_and_cover_em_implies_nothing_less(
+        answer, golds):
+    text = "Answer: " + " ".join(answer)
+    references = [" ".join(g) for g in golds]
+    em = score_answer(text, references, reward="em")
+    f1 = score_answer(text, references, reward="f1")
+    cover = score_answer(text, references, reward="cover_em")
+    assert 0.0 <= f1.reward <= 1.0 and f1.f1 == f1.reward == em.f1
+    assert (f1.reward == 1.0) == em.exact_match  # equal token multisets of normalised strings
+    assert cover.cover_em >= em.exact_match and cover.reward == float(cover.cover_em)
+
+
+def test_f1_counts_tokens_with_multiplicity_and_takes_the_best_reference():
+    result = score_answer("Answer: the city of light", ["Paris", "City of Light, Paris"], reward="f1")
+    # "city of light" vs "city of light paris": precision 1, recall 3/4
+    assert result.reward == pytest.approx(2 * 1 * 0.75 / 1.75)
+    assert score_answer("Answer: x x", ["x"], reward="f1").reward == pytest.approx(2 * 0.5 / 1.5)
+
+
+def test_cover_em_needs_a_whole_token_run_not_a_substring_of_a_word():
+    assert score_answer("Answer: it was Paris, France", ["Paris"], reward="cover_em").reward == 1.0
+    assert score_answer("Answer: Parisian", ["Paris"], reward="cover_em").reward == 0.0
+
+
+@pytest.mark.parametrize("kind", REWARD_KINDS)
+def test_a_format_failure_is_the_penalty_whatever_the_reward(kind):
+    assert score_answer("no answer line", ["Paris"], reward=kind).reward == FORMAT_PENALTY

@@ -404,23 +404,30 @@ def _report_interrupted(output: Path, error: BaseException) -> None:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """The console view of a summary: macro/micro EM with intervals, format, per-source table."""
+    """The console view of a summary: macro/micro EM, F1 and cover EM with intervals, format,
+    per-source table (F1 and cover EM only when the summary has them: older files do not)."""
     m = summary["metrics"]
     sources = sorted(key.split("/", 1)[1] for key in m if key.startswith("questions/"))
+    names = [(n, label) for n, label in (("em", "EM"), ("f1", "F1"), ("cover_em", "cover EM")) if f"{n}/macro" in m]
     head = "PARTIAL " if summary.get("partial") else ""
     lines = [
         (f"{head}summary over {summary.get('evaluated_examples')} questions "
          f"({summary.get('questions_missing', 0)} of {summary.get('questions_planned', '?')} planned missing)"),
-        (f"  macro EM {m['em/macro']:.3f} [{m['em/macro_ci95_low']:.3f}, {m['em/macro_ci95_high']:.3f}]   "
-         f"micro EM {m['em/micro']:.3f} [{m['em/micro_ci95_low']:.3f}, {m['em/micro_ci95_high']:.3f}]   "
-         f"format {m['format/rate']:.3f}"),
-        (f"  searches/question {m['rollout/search_calls']:.2f}   no-search rate {m['rollout/no_search_rate']:.2f}   "
-         f"turns {m['rollout/turns']:.2f}   search success {m.get('search/success_rate', 0.0):.3f}"),
-        f"  {'source':<18}{'n':>5}{'EM':>8}   {'95% CI':<16}{'format':>7}",
     ]
-    for source in sources:
+    for name, label in names:
         lines.append(
-            f"  {source:<18}{int(m[f'questions/{source}']):>5}{m[f'em/{source}']:>8.3f}   "
-            f"[{m[f'em_ci95_low/{source}']:.3f}, {m[f'em_ci95_high/{source}']:.3f}]  {m[f'format/{source}']:>7.3f}"
-        )
+            f"  macro {label} {m[f'{name}/macro']:.3f} [{m[f'{name}/macro_ci95_low']:.3f}, "
+            f"{m[f'{name}/macro_ci95_high']:.3f}]   micro {label} {m[f'{name}/micro']:.3f} "
+            f"[{m[f'{name}/micro_ci95_low']:.3f}, {m[f'{name}/micro_ci95_high']:.3f}]"
+            + (f"   format {m['format/rate']:.3f}" if name == "em" else ""))
+    lines.append(
+        f"  searches/question {m['rollout/search_calls']:.2f}   no-search rate {m['rollout/no_search_rate']:.2f}   "
+        f"turns {m['rollout/turns']:.2f}   search success {m.get('search/success_rate', 0.0):.3f}")
+    lines.append(f"  {'source':<18}{'n':>5}" + "".join(f"{label:>10}   {'95% CI':<16}" for _, label in names)
+                 + f"{'format':>7}")
+    for source in sources:
+        cells = "".join(
+            f"{m[f'{name}/{source}']:>10.3f}   [{m[f'{name}_ci95_low/{source}']:.3f}, "
+            f"{m[f'{name}_ci95_high/{source}']:.3f}] " for name, _ in names)
+        lines.append(f"  {source:<18}{int(m[f'questions/{source}']):>5}{cells}{m[f'format/{source}']:>7.3f}")
     return "\n".join(lines)

@@ -49,14 +49,16 @@ def plot() -> None:
     is_flag=True,
     help="Plot files whose search backend/concurrency/timeout/model or eval-set sha256 differ (marked in the title).",
 )
-def plot_eval(files: tuple[Path, ...], output: Path, labels: tuple[str, ...], allow_mixed: bool) -> None:
+@click.option("--metric", type=click.Choice(["em", "f1", "cover_em"]), default="em", show_default=True,
+              help="Which answer score to plot: exact match, token F1 or cover EM (every summary reports all three).")
+def plot_eval(files: tuple[Path, ...], output: Path, labels: tuple[str, ...], allow_mixed: bool, metric: str) -> None:
     """EM per benchmark and macro EM / format rate across checkpoints, from eval JSONL FILES
     (one per checkpoint; each file's last summary record is used)."""
     try:
         runs = plots.load_eval_runs(files, labels or None)
         if not allow_mixed:
             plots.check_comparable(runs)
-        fig = plots.eval_figure(runs)
+        fig = plots.eval_figure(runs, metric)
     except (plots.PlotInputError, EvalFileError) as exc:
         raise click.ClickException(str(exc)) from exc
     for run in runs:
