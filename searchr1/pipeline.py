@@ -5,7 +5,9 @@ With ``--max-steps-off-policy K`` the batches of steps ``b .. b + K`` may be rol
 step ``b`` waits for its own; each batch samples on the weights after ``sampler_version(b, K)``
 finished steps. Which questions, seeds and weights a batch uses depend on its index alone, so a
 resumed run redoes its in-flight batches exactly (the samplers of K >= 1 are saved under a name
-of the run and recorded with each checkpoint).
+of the run and recorded with each checkpoint). With ``--dynamic-sampling`` (on-policy only) a
+batch draws questions at the data cursor until enough groups carry a signal, and the cursor,
+recorded with each checkpoint, says where the next batch starts.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .data import SearchExample, take_batch
@@ -35,6 +37,7 @@ class BatchRollout:
     sampler_version: int
     trajectories: list[Trajectory]
     seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's counters
 
 
 class BatchProgress:
@@ -67,7 +70,7 @@ class RolloutPipeline:
 
     def __init__(self, config: TrainConfig, *, training_client: Any, tokenizer: Any, search: SearchBackend,
                  examples: Sequence[SearchExample], reporter: Reporter, session: int,
-                 sampler_paths: dict[int, str], weights_version: int) -> None:
+                 sampler_paths: dict[int, str], weights_version: int, cursor: int = 0) -> None:
         self.config = config
         self.training_client = training_client
         self.tokenizer = tokenizer
@@ -77,6 +80,7 @@ class RolloutPipeline:
         self.session = session  # part of the samplers' names (checkpoint naming)
         self.sampler_paths = sampler_paths  # version -> saved sampler path (K >= 1; recorded with checkpoints)
         self.weights_version = weights_version  # finished steps of the training client's current weights
+        self.cursor = cursor  # data cursor after the rolled-out batches (moved only by dynamic sampling)
         self.progress = BatchProgress(reporter)
         self._samplers: dict[int, asyncio.Future[tuple[Any, int]]] = {}
         self._rollouts: dict[int, asyncio.Future[BatchRollout]] = {}
@@ -154,11 +158,38 @@ class RolloutPipeline:
         step index alone, whenever the rollout actually runs."""
         config = self.config
         sampler, version = await self._sampler(sampler_version(batch_index, config.max_steps_off_policy))
-        batch = take_batch(self.examples, batch_index * config.questions_per_batch, config.questions_per_batch)
         started = time.perf_counter()
+        if config.dynamic_sampling:
+            trajectories, metrics = await self._roll_out_until_signal(sampler, batch_index)
+            return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, metrics)
+        batch = take_batch(self.examples, batch_index * config.questions_per_batch, config.questions_per_batch)
         trajectories = await rollout_batch_async(
             sampler, self.tokenizer, self.search, batch, config.rollout, self.progress.callback(batch_index),
             step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
-            sampling_slots=self._sampling_slots,
+            sampling_slots=self._sampling_slots, reward=config.reward,
         )
         return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started)
+
+    async def _roll_out_until_signal(self, sampler: Any, batch_index: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """--dynamic-sampling (searchr1.dynamic_sampling): draw batches at the data cursor until
+        ``questions_per_batch`` groups carry a signal or the oversampling budget is spent. The
+        cursor moves by every batch drawn (on-policy only, so batches never overlap)."""
+        from .dynamic_sampling import keep_first_groups, signal_groups
+
+        config = self.config
+        size = config.questions_per_batch
+        trajectories: list[Trajectory] = []
+        draws = 0
+        while draws <= config.max_oversample_batches:
+            batch = take_batch(self.examples, self.cursor, size)
+            trajectories += await rollout_batch_async(
+                sampler, self.tokenizer, self.search, batch, config.rollout, self.progress.callback(batch_index),
+                step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
+                sampling_slots=self._sampling_slots, reward=config.reward, first_question_index=draws * size,
+            )
+            self.cursor += size
+            draws += 1
+            if signal_groups(trajectories, keep_env_failures=config.keep_env_failures) >= size:
+                break
+        metrics = keep_first_groups(trajectories, size, keep_env_failures=config.keep_env_failures)
+        return trajectories, {**metrics, "dynamic/draws": float(draws)}

@@ -15,6 +15,8 @@ from typing import Any
 from . import __version__
 from .advantage import ADVANTAGE_MODES
 from .health import configured_rules
+from .loss_options import KL_ESTIMATORS, POLICY_LOSS_FNS
+from .reward import REWARD_KINDS
 from .rollout import RolloutConfig
 from .settings import SettingError, check_settings, setting
 
@@ -57,8 +59,8 @@ class TrainConfig:
                                 help="sdk: one forward_backward per step (exact whatever the server's reduction); "
                                      "manual: the seed's micro-batches with n_k/N weights.")
     advantage_mode: str = setting("mean", flag="--advantage", choices=ADVANTAGE_MODES,
-                                  help="Group-relative advantage: reward minus group mean (seed), z-score, or raw "
-                                       "reward.")
+                                  help="Group-relative advantage: reward minus group mean (seed), z-score, "
+                                       "leave-one-out (reward minus the mean of the other rewards), or raw reward.")
     keep_env_failures: bool = setting(False, help="Train on groups hit by search or sampler failures (default: "
                                                   "leave them out and count them).")
     max_micro_batch_items: int = setting(32, at_least=1, cli=False)
@@ -89,6 +91,26 @@ class TrainConfig:
         help="Stop (exit code 3) after N consecutive unhealthy steps, saving a checkpoint and printing the "
              "last healthy one and the command that restarts from it; 0: only warn.")
     health_rules: dict[str, float | None] = field(default_factory=dict)
+    # The algorithm (defaults: the seed's recipe): searchr1.loss_options, searchr1.kl, searchr1.reward,
+    # searchr1.dynamic_sampling; README "Choosing an algorithm".
+    loss_fn: str = setting("importance_sampling", choices=POLICY_LOSS_FNS,
+                           help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
+                                "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
+    # --loss-fn-config KEY=VALUE (repeatable) is its own flag: a dict is no single value
+    loss_fn_config: dict[str, Any] = setting(default_factory=dict, cli=False)
+    kl_coef: float = setting(0.0, at_least=0.0,
+                             help="KL penalty toward the base model, subtracted from each action token's advantage "
+                                  "(0 = off, the seed); one prompt-logprob request per datum to a base-weights "
+                                  "sampler.")
+    kl_estimator: str = setting("k3", choices=KL_ESTIMATORS,
+                                help="Per-token KL estimate: k1 = logp - logp_base; k3 = exp(-d) + d - 1.")
+    reward: str = setting("em", choices=REWARD_KINDS,
+                          help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
+                               "inside the answer); a format failure is -0.1 for all three.")
+    dynamic_sampling: bool = setting(False, help="Keep drawing questions until --questions-per-batch groups have "
+                                                 "unequal rewards (DAPO); needs --max-steps-off-policy 0.")
+    max_oversample_batches: int = setting(2, at_least=0, help="With --dynamic-sampling: at most this many extra "
+                                                              "batches of questions per step.")
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -97,6 +119,10 @@ class TrainConfig:
                                "samples with each other, so a group of one always has advantage 0 and no step "
                                "could ever update; use at least 2")
         configured_rules(self.health_rules)  # names a rule that does not exist
+        if self.dynamic_sampling and self.max_steps_off_policy:
+            raise SettingError("--dynamic-sampling", "needs --max-steps-off-policy 0: how many questions a step "
+                               "draws is known only when it has finished, so the next step's batch cannot start "
+                               "earlier")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -129,6 +129,9 @@ class Trainer:
         self.stop_requested = False
         self.sampler_paths: dict[int, str] = {}  # recorded samplers of in-flight batches (K >= 1)
         self.pipeline: RolloutPipeline | None = None  # made by run_steps, inside the event loop
+        self.first_cursor = 0  # the data cursor at the first step (a resume point's)
+        self._base_sampler: Any = None  # the base weights' sampler (--kl-coef), made once per run
+        self._kl_slots: asyncio.Semaphore | None = None
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -154,6 +157,7 @@ class Trainer:
         self.training_client = client
         self.last_saved_step = None if resume is None else resume.step
         self.first_step = 0 if resume is None else resume.step
+        self.first_cursor = 0 if resume is None else resume.cursor
         self.sampler_paths = {} if resume is None else dict(resume.sampler_paths)
         return self.first_step
 
@@ -181,6 +185,10 @@ class Trainer:
             raise NonFiniteValues(f"{problem} (nothing was sent to forward_backward)")
         datums = [] if stale else build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
+        algorithm_metrics = dict(rollout.metrics)
+        if datums and config.kl_coef:
+            datums, kl_metrics = await self._kl_penalty(datums)
+            algorithm_metrics.update(kl_metrics)
         micro_batches = None
         if config.accumulation == "manual":  # the seed's first-fit-decreasing micro-batches
             micro_batches = pack_micro_batches(
@@ -191,6 +199,9 @@ class Trainer:
         metrics.update(policy_diagnostics(trajectories))
         metrics.update(datum_metrics(datums, micro_batches))
         metrics["train/datums_dropped_out_of_vocab"] = float(dropped)
+        metrics.update(algorithm_metrics)
+        if config.dynamic_sampling:
+            metrics["train/groups_trained"] = algorithm_metrics["dynamic/groups_kept"]
         train_started = time.perf_counter()
         calls = 0
         if datums:
@@ -251,6 +262,24 @@ class Trainer:
         metrics.update(mismatch_metrics(tokens, loss_fn=loss_fn, loss_fn_config=loss_fn_config))
         return outputs, metrics, len(calls)
 
+    async def _kl_penalty(self, datums: list[TrainingDatum]) -> tuple[list[TrainingDatum], dict[str, float]]:
+        """--kl-coef (searchr1.kl): base-model logprobs of every datum, the penalty in its advantages."""
+        from .kl import base_logprobs_async, penalize
+
+        started = time.perf_counter()
+        if self._base_sampler is None:
+            self._base_sampler = await self.service.create_sampling_client_async(base_model=self.config.base_model)
+            self._kl_slots = asyncio.Semaphore(self.config.rollout.sampling_concurrency)
+        base = await base_logprobs_async(self._base_sampler, datums, self._kl_slots)
+        datums, metrics = penalize(datums, base, coef=self.config.kl_coef, estimator=self.config.kl_estimator)
+        return datums, {**metrics, "kl/base_requests": float(len(base)), "time/kl_seconds": time.perf_counter() - started}
+
+    def _cursor_after(self, completed: int) -> int:
+        """The data cursor once ``completed`` steps are done (dynamic sampling moves it by each draw)."""
+        if self.config.dynamic_sampling and self.pipeline is not None:
+            return self.pipeline.cursor
+        return completed * self.config.questions_per_batch
+
     # -- checkpoints -------------------------------------------------------------------------
 
     async def save(self, completed: int, *, final: bool = False) -> dict[str, Any]:
@@ -262,7 +291,7 @@ class Trainer:
             "name": name,
             "final": final,
             "step": completed,
-            "cursor": completed * self.config.questions_per_batch,
+            "cursor": self._cursor_after(completed),
             "state_path": state.path,
             "weights_path": weights.path,
             # samplers of the batches in flight (off-policy runs): a resume redoes them exactly
@@ -292,7 +321,7 @@ class Trainer:
         self.pipeline = RolloutPipeline(
             config, training_client=self.training_client, tokenizer=self.tokenizer, search=self.search,
             examples=self.examples, reporter=self.reporter, session=self.session, sampler_paths=self.sampler_paths,
-            weights_version=first)
+            weights_version=first, cursor=self.first_cursor)
         guard = CollapseGuard(configured_rules(config.health_rules), stop_after=config.stop_on_collapse,
                               history=self.run.metrics())
         self.reporter.start(config.max_steps, first)
@@ -315,7 +344,7 @@ class Trainer:
                     await self.save(completed)
                 self.run.write_state({
                     "step": completed,
-                    "cursor": completed * config.questions_per_batch,
+                    "cursor": self._cursor_after(completed),
                     "seed": config.seed,
                     "last_checkpoint": self.last_saved_step,
                     "max_steps": config.max_steps,

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from ..loggers import LOGGER_NAMES, SWANLAB_MODES
+from ..loss_options import parse_loss_fn_config
 from ..rollout import RolloutConfig
 from ..search.cli_options import SearchOptions, search_options
 from ..train_config import TrainConfig
@@ -38,7 +39,8 @@ GUARD_FLAGS = {"stop_on_collapse", "health_rules"}
 # Algorithm flags a restart from an earlier step (--resume RUN --from-step K) may change; the
 # change is recorded as a new segment of config.json.
 SEGMENT_FLAGS = {"learning_rate", "beta1", "beta2", "advantage", "keep_env_failures", "accumulation",
-                 "save_every", "transcripts_per_step", "max_steps_off_policy"}
+                 "save_every", "transcripts_per_step", "max_steps_off_policy",
+                 "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches"}
 # Exit code of a run stopped by --stop-on-collapse.
 COLLAPSE_EXIT_CODE = 3
 
@@ -67,6 +69,9 @@ COLLAPSE_EXIT_CODE = 3
                    "format_valid_rate<0.1, answer_rate<0.1, entropy<0.0001, mismatch_k3>0.1, repeated_turns>0.5, "
                    "reward_drop>0.5 (README: When training goes wrong).")
 @offline_fault_option()
+@click.option("--loss-fn-config", multiple=True, metavar="KEY=VALUE",
+              help="Sent to forward_backward as loss_fn_config (repeatable; numbers parsed), e.g. "
+                   "clip_low_threshold=0.8 clip_high_threshold=1.28 for ppo/cispo, beta=0.05 for dro.")
 @click.option("--logger", "logger", multiple=True, type=click.Choice(["none", *LOGGER_NAMES]),
               help="Also send each step's metrics to swanlab, wandb or tensorboard (<run-dir>/tensorboard); "
                    "repeatable; none for none [default: swanlab on live runs when it is installed, else none]. "
@@ -134,13 +139,17 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     segment: dict[str, Any] | None = None
     if from_step is not None and resume_dir is None:
         raise click.UsageError("--from-step needs --resume RUN_DIR (the run to restart)")
+    try:
+        kwargs["loss_fn_config"] = parse_loss_fn_config(kwargs["loss_fn_config"])
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
     if resume_dir is not None:
         if kwargs["run_dir"] is not None:
             raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
         run = RunDir(resume_dir)
         stored = run.open()
         changed = sorted(name for name in explicit - RESUMABLE_FLAGS - GUARD_FLAGS
-                         if _stored_value(stored, name) != _plain(_as_recorded(name, ctx.params[name])))
+                         if _stored_value(stored, name) != _given(kwargs, ctx.params, name))
         fixed = [name for name in changed if from_step is None or name not in SEGMENT_FLAGS]
         if fixed:
             flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
@@ -159,7 +168,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         guard = {name: value for name, value in guard.items() if stored.get(name, _MISSING) != value}
         if from_step is not None or guard:
             fields = setting_params(TrainConfig)  # flag -> config.json field
-            changes = {fields.get(name, name): {"from": _stored_value(stored, name), "to": _plain(ctx.params[name])}
+            changes = {fields.get(name, name): {"from": _stored_value(stored, name),
+                                                "to": _given(kwargs, ctx.params, name)}
                        for name in changed}
             changes.update({name: {"from": stored.get(name), "to": value} for name, value in guard.items()})
             segment = {"from_step": from_step, "changed": changes}
@@ -194,6 +204,14 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         allow_tempered = kwargs.pop("allow_tempered_sampling")
         rollout = rollout_config_from(kwargs, seed=settings["seed"])
         check_offline_group_size(settings["offline_policy"], rollout.group_size)
+        settings["loss_fn_config"] = kwargs.pop("loss_fn_config")
+        if offline:  # the twin refuses what it cannot compute; say so before anything runs
+            from ..twin.losses import LossConfigError, resolve_loss_config
+
+            try:
+                resolve_loss_config(settings["loss_fn"], settings["loss_fn_config"])
+            except LossConfigError as error:
+                raise click.UsageError(f"--loss-fn-config: {error}") from None
         if rollout.temperature != 1.0 or rollout.top_p != 1.0:
             if not allow_tempered:
                 raise click.UsageError(
@@ -411,6 +429,11 @@ def _health_rules(given: tuple[str, ...]) -> dict[str, float | None]:
             raise click.UsageError(str(error)) from None
         rules[name] = value
     return rules
+
+
+def _given(kwargs: dict[str, Any], params: dict[str, Any], name: str) -> Any:
+    """A flag's value as config.json would record it (``--loss-fn-config`` already parsed)."""
+    return kwargs[name] if name == "loss_fn_config" else _plain(_as_recorded(name, params[name]))
 
 
 def _plain(value: Any) -> Any:

@@ -56,7 +56,7 @@ from .config import (
     TwinFaults,
     TwinLimits,
 )
-from .policy import PolicySample, Reduction, TwinPolicy
+from .policy import PolicySample, Reduction, SampledSequence, TwinPolicy
 from .stops import StopRules, finish
 from .store import STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, InvalidName, RunConfig, check_checkpoint_name
 from .strict import (
@@ -184,6 +184,7 @@ class TwinBackend:
         self.settings = settings
         self.store = CheckpointStore(settings.home)
         self.vocab_size = len(settings.tokenizer)
+        self._end_of_turn = int(settings.tokenizer.convert_tokens_to_ids("<|im_end|>"))
         self.ledger = SampleLedger()
         self.violations: list[Violation] = []
         self.sample_log: list[SampleLogEntry] = []
@@ -706,7 +707,12 @@ class TwinBackend:
                                                seed=None if seed is None else int(seed),  # type: ignore[call-overload]
                                                temperature=temperature)
         except ValueError as error:  # the policy cannot answer this prompt (e.g. not in the script)
-            raise ApiError(422, "twin.policy_refused", str(error)) from None
+            if not request.return_prompt_logprobs:
+                raise ApiError(422, "twin.policy_refused", str(error)) from None
+            # A prompt-logprob request (a KL penalty's base logprobs: a whole trajectory as the
+            # prompt) wants the prompt's logprobs, which every policy can give; where the policy
+            # has no continuation for the prompt, the twin ends the turn at once.
+            drawn = [SampledSequence([self._end_of_turn], [0.0], True)] * request.num_samples
         tokenizer = self.settings.tokenizer
         rules = self._stop_rules(params)
 
