@@ -1,5 +1,8 @@
 """Ask a PyTRIO service how it reduces a loss, with the fewest (billed) calls.
 
+The second part (``probe_policy_losses``, below) checks that ``ppo``, ``cispo`` and ``dro``
+compute what Tinker documents: clip bounds, which factor carries no gradient, DRO's beta.
+
 Whether the seed's hand micro-batching with n_k/N weights reproduces the full-batch
 gradient depends on two server behaviours that pytrio 0.2.9 does not document
 (``pytrio-sdk.md`` §7.2): how one ``forward_backward`` call is reduced, and how several
@@ -54,6 +57,7 @@ class ProbeReport:
     reduction: str = "undetermined"  # per_token | per_sample | sum | per_advantage_token
     accumulation: str = "undetermined"  # sum | mean
     notes: tuple[str, ...] = ()
+    losses: LossProbe | None = None  # ppo / cispo / dro against Tinker's definitions
 
     @property
     def nk_over_n_exact(self) -> bool | None:
@@ -81,6 +85,8 @@ class ProbeReport:
             "  (one forward_backward per step is exact in every case)",
         ]
         lines += [f"  note: {note}" for note in self.notes]
+        if self.losses is not None:
+            lines.append(self.losses.render())
         return "\n".join(lines)
 
 
@@ -173,8 +179,11 @@ def probe_loss(
     lora_rank: int = 32,
     tokenizer: Any = None,
     rel_tol: float = 0.05,
+    check_losses: bool = False,
 ) -> ProbeReport:
-    """Run the checks on one new training client (the only billed resource) and decide."""
+    """Run the checks on one new training client (the only billed resource) and decide;
+    ``check_losses`` adds the policy-loss checks (``probe_policy_losses``: 7 forward, 2
+    forward_backward and 2 optim_step calls more, old logprobs deliberately not the sampler's)."""
     trainer = service.create_lora_training_client(base_model, rank=lora_rank)
     tokenizer = tokenizer if tokenizer is not None else trainer.get_tokenizer()
     prompt = list(tokenizer.encode(PROBE_PROMPT))
@@ -214,6 +223,10 @@ def probe_loss(
         grad_norm_key=None,
         expected_per_token_ratio=active_d / (active_d + active_e),
     )
+
+    # the policy losses, at learning rate 0 (weights unchanged for what follows)
+    if check_losses:
+        base = replace(base, losses=probe_policy_losses(trainer, tokens, action_start))
 
     # 2. one datum, learning rate 0.
     metrics = _step_metrics(trainer, [[d]])
@@ -255,3 +268,132 @@ def probe_loss(
         accumulation=accumulation,
         notes=tuple(notes),
     )
+
+
+# --- the policy losses: do ppo, cispo and dro compute what Tinker documents? ---------------
+#
+# A handful of calls on the same training client, at learning rate 0. A first ``forward``
+# reads the learner's logprob of every target (``loss_fn_outputs[i]["logprobs"]``); then the
+# old logprobs sent are those minus ``log r`` on the action tokens (and equal to them
+# elsewhere), which sets the importance ratio to exactly ``r``. ``forward``'s ``loss_sum``
+# under each loss then gives the clip bounds, CISPO's weight and DRO's beta (normalised by the
+# importance-sampling value of the same datum, so a service that divides ``loss_sum`` by a
+# count still reads right), and ``forward_backward`` + ``optim_step`` tells whether a token
+# clipped against its advantage still gets a gradient. Tinker's definitions
+# (searchr1.twin.losses): ppo clips the ratio to [0.8, 1.2] and a token with ``A > 0`` and
+# ``r > 1.2`` has no gradient; cispo weights ``logp`` by ``clip(r, 0.8, 1.2)`` and keeps the
+# gradient; dro's quadratic term is ``beta / 2 * (log r) ** 2`` (no documented default).
+
+HIGH_RATIO, LOW_RATIO = 1.5, 0.5
+DOCUMENTED = {"ppo_high": 1.2, "ppo_low": 0.8, "cispo_high": 1.2}
+
+
+@dataclass(frozen=True)
+class LossProbe:
+    """What the service's policy losses did (``None`` where it could not be observed)."""
+
+    ppo_high: float | None = None  # upper clip bound read from loss_sum at r = 1.5, A = +1
+    ppo_low: float | None = None  # lower clip bound read at r = 0.5, A = -1
+    cispo_high: float | None = None  # CISPO's weight at r = 1.5
+    dro_beta: float | None = None  # from loss_sum at r = 1.5, A = 0
+    ppo_clipped_grad_norm: float | None = None  # A = +1, r = 1.5 (documented: 0)
+    cispo_clipped_grad_norm: float | None = None  # same datum (documented: > 0)
+    notes: tuple[str, ...] = ()
+
+    def agreements(self, rel_tol: float = 0.02) -> dict[str, bool | None]:
+        """Each documented statement: matched (True), contradicted (False) or not observed."""
+        out: dict[str, bool | None] = {}
+        for name, documented in DOCUMENTED.items():
+            value = getattr(self, name)
+            out[name] = None if value is None else _close(value, documented, rel_tol)
+        out["ppo_clipped_no_gradient"] = (None if self.ppo_clipped_grad_norm is None
+                                          else self.ppo_clipped_grad_norm <= 1e-9)
+        out["cispo_clipped_keeps_gradient"] = (None if self.cispo_clipped_grad_norm is None
+                                               else self.cispo_clipped_grad_norm > 1e-9)
+        return out
+
+    def render(self) -> str:
+        def show(value: float | None) -> str:
+            return "not observed" if value is None else f"{value:.4g}"
+
+        verdict = {True: "as documented", False: "DIFFERS from Tinker's definition", None: "unknown"}
+        found = self.agreements()
+        lines = [
+            "Policy losses (importance ratio r set exactly on the action tokens; Tinker's definitions in "
+            "searchr1/twin/losses.py)",
+            f"  ppo   upper clip at r={HIGH_RATIO}, A=+1: {show(self.ppo_high)} (documented 1.2: "
+            f"{verdict[found['ppo_high']]})",
+            f"  ppo   lower clip at r={LOW_RATIO}, A=-1: {show(self.ppo_low)} (documented 0.8: "
+            f"{verdict[found['ppo_low']]})",
+            f"  ppo   |grad| of tokens clipped against A: {show(self.ppo_clipped_grad_norm)} (documented 0: "
+            f"{verdict[found['ppo_clipped_no_gradient']]})",
+            f"  cispo weight at r={HIGH_RATIO}: {show(self.cispo_high)} (documented 1.2: "
+            f"{verdict[found['cispo_high']]})",
+            f"  cispo |grad| of the same tokens: {show(self.cispo_clipped_grad_norm)} (documented > 0: "
+            f"{verdict[found['cispo_clipped_keeps_gradient']]})",
+            f"  dro   beta of the quadratic term: {show(self.dro_beta)} (Tinker documents no default; "
+            "pass --loss-fn-config beta=... to choose it)",
+        ]
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def ratio_datum(tokens: Sequence[int], action_start: int, learner: np.ndarray, *, ratio: float,
+                advantage: float) -> Datum:
+    """A datum whose importance ratio is exactly ``ratio`` on its action tokens and 1 elsewhere."""
+    old = np.asarray(learner, dtype=np.float64).copy()
+    is_action = np.arange(1, len(tokens)) >= action_start
+    old[is_action] -= np.log(ratio)
+    return policy_datum(tokens, action_start, old_logprobs=old.astype(np.float32).tolist(), advantage=advantage)
+
+
+def read_loss_probe(sums: dict[str, float], *, action_logprob_sum: float, action_tokens: int,
+                    grad_norms: dict[str, float | None]) -> LossProbe:
+    """The findings from ``forward`` loss sums (pure). ``sums`` holds ``is_high`` (importance
+    sampling at r = 1.5, A = +1), ``ppo_high``, ``ppo_low`` (r = 0.5, A = -1), ``cispo_high`` and
+    ``dro`` (r = 1.5, A = 0); a constant normalisation of ``loss_sum`` cancels through ``is_high``."""
+    notes: list[str] = []
+    reference = sums.get("is_high")
+    if not reference:
+        return LossProbe(notes=("the importance-sampling loss sum was 0 or missing; nothing could be read",))
+    scale = reference / (-HIGH_RATIO * action_tokens)  # loss_sum per unit of the documented sum
+    unit = {name: value / scale for name, value in sums.items()}
+    ppo_high = -unit["ppo_high"] / action_tokens if "ppo_high" in unit else None
+    ppo_low = unit["ppo_low"] / action_tokens if "ppo_low" in unit else None
+    cispo_high = (-unit["cispo_high"] / action_logprob_sum
+                  if "cispo_high" in unit and action_logprob_sum else None)
+    dro_beta = (2 * unit["dro"] / (action_tokens * np.log(HIGH_RATIO) ** 2) if "dro" in unit else None)
+    if scale != 1.0 and not _close(scale, 1.0, 1e-3):
+        notes.append(f"loss_sum is {scale:.4g} times the documented sum (a normalised sum); values are rescaled")
+    return LossProbe(ppo_high=ppo_high, ppo_low=ppo_low, cispo_high=cispo_high,
+                     dro_beta=None if dro_beta is None else float(dro_beta),
+                     ppo_clipped_grad_norm=grad_norms.get("ppo"), cispo_clipped_grad_norm=grad_norms.get("cispo"),
+                     notes=tuple(notes))
+
+
+def probe_policy_losses(trainer: Any, tokens: Sequence[int], action_start: int) -> LossProbe:
+    """Run the policy-loss checks on ``trainer`` (whose fresh weights sampled ``tokens[action_start:]``)."""
+    plain = policy_datum(tokens, action_start, advantage=0.0)
+    first = trainer.forward([plain], loss_fn="importance_sampling").result()
+    outputs = first.loss_fn_outputs[0] if first.loss_fn_outputs else {}
+    if "logprobs" not in outputs:
+        return LossProbe(notes=(f"forward returned no per-token logprobs (keys: {sorted(outputs) or 'none'}); "
+                                "the importance ratio cannot be set, so nothing was measured",))
+    learner = np.asarray(outputs["logprobs"].to_numpy(), dtype=np.float64).reshape(-1)
+    is_action = np.arange(1, len(tokens)) >= action_start
+    cases = {"is_high": ("importance_sampling", HIGH_RATIO, 1.0), "ppo_high": ("ppo", HIGH_RATIO, 1.0),
+             "ppo_low": ("ppo", LOW_RATIO, -1.0), "cispo_high": ("cispo", HIGH_RATIO, 1.0),
+             "dro": ("dro", HIGH_RATIO, 0.0)}
+    sums = {}
+    for name, (loss_fn, ratio, advantage) in cases.items():
+        datum = ratio_datum(tokens, action_start, learner, ratio=ratio, advantage=advantage)
+        sums[name] = float(trainer.forward([datum], loss_fn=loss_fn).result().metrics["loss_sum"])
+    clipped = ratio_datum(tokens, action_start, learner, ratio=HIGH_RATIO, advantage=1.0)
+    norms: dict[str, float | None] = {}
+    for loss_fn in ("ppo", "cispo"):
+        trainer.forward_backward([clipped], loss_fn=loss_fn).result()
+        metrics = dict(trainer.optim_step(ZERO_LR).result().metrics)
+        key = find_grad_norm_key(metrics)
+        norms[loss_fn] = float(metrics[key]) if key else None
+    return read_loss_probe(sums, action_logprob_sum=float(learner[is_action].sum()),
+                           action_tokens=int(is_action.sum()), grad_norms=norms)

@@ -3,6 +3,7 @@ the real pytrio client."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -21,6 +22,7 @@ from searchr1.probe_loss import (
     classify_reduction,
     find_grad_norm_key,
     probe_loss,
+    read_loss_probe,
 )
 
 
@@ -101,11 +103,36 @@ def test_report_renders_every_conclusion():
 # --- the command ----------------------------------------------------------------------------
 
 
-def test_offline_command_reports_the_twins_reduction(tokenizer):
+def test_offline_command_reports_the_twins_reduction_and_its_losses_as_documented(tokenizer):
     result = CliRunner().invoke(main, ["probe-loss", "--offline", "--twin-reduction", "per_sample"])
     assert result.exit_code == 0, result.output
     assert "reduction within a call:      per_sample" in result.output
     assert "n_k/N reweighting exact:      yes" in result.output
+    assert "ppo   upper clip at r=1.5, A=+1: 1.2 (documented 1.2: as documented)" in result.output
+    assert "cispo |grad| of the same tokens" in result.output and "DIFFERS" not in result.output
+    assert "dro   beta of the quadratic term: 0.05" in result.output
+
+
+def test_the_loss_probe_reads_other_bounds_and_beta_through_a_normalised_loss_sum():
+    """A service that clips at [0.7, 1.28], uses beta 0.1, divides loss_sum by 10 and gives
+    clipped ppo tokens a gradient: the probe reads each value back and says what differs."""
+    n, logp_sum, scale = 4, -6.0, 0.1
+    sums = {"is_high": scale * -1.5 * n, "ppo_high": scale * -1.28 * n, "ppo_low": scale * 0.7 * n,
+            "cispo_high": scale * -1.28 * logp_sum, "dro": scale * 0.5 * 0.1 * n * math.log(1.5) ** 2}
+    found = read_loss_probe(sums, action_logprob_sum=logp_sum, action_tokens=n,
+                            grad_norms={"ppo": 0.3, "cispo": 0.2})
+    assert (found.ppo_high, found.ppo_low, found.cispo_high) == pytest.approx((1.28, 0.7, 1.28))
+    assert found.dro_beta == pytest.approx(0.1)
+    assert found.agreements() == {"ppo_high": False, "ppo_low": False, "cispo_high": False,
+                                  "ppo_clipped_no_gradient": False, "cispo_clipped_keeps_gradient": True}
+    assert "DIFFERS" in found.render() and "normalised sum" in found.render()
+
+
+def test_the_loss_probe_without_gradient_norms_leaves_the_gradient_questions_open():
+    found = read_loss_probe({"is_high": -6.0, "ppo_high": -4.8}, action_logprob_sum=-3.0, action_tokens=4,
+                            grad_norms={"ppo": None, "cispo": None})
+    assert found.ppo_high == pytest.approx(1.2) and found.agreements()["ppo_clipped_no_gradient"] is None
+    assert found.cispo_high is None and "not observed" in found.render()
 
 
 def test_live_command_without_a_key_is_one_clear_line(monkeypatch, tmp_path):

@@ -57,7 +57,9 @@ def probe_loss(
     connect_timeout: float,
 ) -> None:
     """Find out whether the service reduces a loss per token, per sample or by sum, and
-    whether the seed's manual n_k/N micro-batch reweighting is therefore exact.
+    whether the seed's manual n_k/N micro-batch reweighting is therefore exact; and whether its
+    ppo, cispo and dro losses compute what Tinker documents (clip bounds, which tokens keep a
+    gradient, dro's beta). --offline shows the expected answers against the twin.
 
     Live (default) this creates ONE LoRA training run and sends a handful of tiny
     forward / forward_backward / optim_step calls at learning rate 0. Needs PYTRIO_API_KEY
@@ -67,14 +69,17 @@ def probe_loss(
 
     if offline:
         from ..tokenizer import shared_tokenizer
-        from ..twin import start_twin
+        from ..twin import Strictness, start_twin
 
         tokenizer = shared_tokenizer()
+        # the loss checks send old logprobs that are deliberately not the sampler's (they set
+        # the importance ratio), which strict mode's sampled-action rule would refuse
         with tempfile.TemporaryDirectory(prefix="searchr1-probe-") as home, \
                 start_twin(home=home, tokenizer=tokenizer, policy="toy", model_name=base_model,
-                           reduction=twin_reduction, accumulation=twin_accumulation) as twin:  # type: ignore[arg-type]
+                           reduction=twin_reduction, accumulation=twin_accumulation,  # type: ignore[arg-type]
+                           strictness=Strictness(sampled_actions=False)) as twin:
             report = run_probe(twin.service_client(), base_model=base_model, lora_rank=lora_rank,
-                               tokenizer=tokenizer)
+                               tokenizer=tokenizer, check_losses=True)
         click.echo(report.render())
         return
 
@@ -94,7 +99,8 @@ def probe_loss(
     from ..failures import describe_failure, is_service_failure
 
     try:
-        report = run_probe(live_service(connect_timeout), base_model=base_model, lora_rank=lora_rank)
+        report = run_probe(live_service(connect_timeout), base_model=base_model, lora_rank=lora_rank,
+                           check_losses=True)
     except ServiceSetupError as error:
         raise click.ClickException(str(error)) from None
     except Exception as error:  # PyTrioError, and what pytrio lets through (httpx, ModelScope, timeouts)
