@@ -59,7 +59,7 @@ def test_only_runs_the_named_figures_and_rejects_unknown_ones(tmp_path):
     result = CliRunner().invoke(main, ["bench", "--quick", "--only", "3", "--output", str(output)])
     assert result.exit_code == 0, result.output
     assert set(json.loads(output.read_text())["figures"]) == {"packing"}
-    result = CliRunner().invoke(main, ["bench", "--only", "10", "--output", str(output)])
+    result = CliRunner().invoke(main, ["bench", "--only", "11", "--output", str(output)])
     assert result.exit_code == 2 and "--only" in result.output
 
 
@@ -144,3 +144,16 @@ def test_the_minutes_long_figures_run_only_when_named():
 
     assert parse_only(None) == [1, 2, 3, 4, 5, 6, 7]
     assert parse_only("8,9") == [8, 9]
+
+
+def test_the_algorithm_figure_reports_steps_to_reward_for_every_option_and_the_kl_cost(tmp_path, tokenizer):
+    output = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--only", "10", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    figure = json.loads(output.read_text())["figures"]["algorithms"]
+    assert figure["figure"] == 10 and figure["target"] is not None and isinstance(figure["met"], bool)
+    assert {f"steps_{name}" for name in ("defaults", "ppo", "cispo", "dro", "kl", "dynamic")} <= set(figure["measures"])
+    details = figure["details"]
+    # one prompt-logprob request per datum: more requests with the penalty, and KL 0 on the base weights
+    assert details["requests_per_step"]["on"] > details["requests_per_step"]["off"]
+    assert details["kl_policy_base"][0] == 0.0

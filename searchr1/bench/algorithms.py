@@ -1,0 +1,133 @@
+"""Figure 10: the algorithm options on the offline world, and what the KL penalty costs.
+
+Learning speed. On an in-process twin with no latency serving the learning policy, the same
+workload as figure 7 (8 questions x 8 samples, Adam lr 0.2): steps until the mean reward of
+three consecutive steps reaches 0.8, for today's defaults (importance_sampling, no KL, no
+dynamic sampling) next to ``--loss-fn ppo``, ``cispo``, ``dro``, ``--kl-coef 0.05`` (k3) and
+``--dynamic-sampling``. A run that never reaches the target counts as one step past the end.
+
+KL cost. On a twin that plays back figure 6's modelled service times (per sampling request and
+token, per trained token, optimiser step, weight save), a few steps with ``--kl-coef 0.05``
+and with ``--kl-coef 0``, interleaved: sampling requests per step (the extra ones are the base
+sampler's prompt-logprob requests, one per datum) and the median wall time per step after the
+first, as a ratio to ``--kl-coef 0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .off_policy import (
+    LEARN_STEPS,
+    OPTIM_STEP,
+    QUICK_LEARN_STEPS,
+    QUICK_SIZE,
+    REWARD_TARGET,
+    REWARD_WINDOW,
+    SAMPLE_REQUEST,
+    SAMPLED_TOKEN,
+    TRAINED_TOKEN,
+    WEIGHT_SAVE,
+    _config,
+    _train,
+    _world_search,
+    steps_to_reward,
+)
+from .report import Figure, Measure
+
+KL_COEF = 0.05
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "ppo": {"loss_fn": "ppo"},
+    "cispo": {"loss_fn": "cispo"},
+    "dro": {"loss_fn": "dro"},
+    "kl": {"kl_coef": KL_COEF},
+    "dynamic": {"dynamic_sampling": True},
+}
+LABELS = {
+    "defaults": "today's defaults (importance_sampling, no KL, no dynamic sampling)",
+    "ppo": "--loss-fn ppo (clip 0.8-1.2)",
+    "cispo": "--loss-fn cispo (clip 0.8-1.2)",
+    "dro": "--loss-fn dro (beta 0.05)",
+    "kl": f"--kl-coef {KL_COEF} (k3)",
+    "dynamic": "--dynamic-sampling (at most 2 extra batches)",
+}
+COST_STEPS, QUICK_COST_STEPS = 4, 2
+# The bench's own target: one extra round of prompt-logprob requests (sent concurrently) should
+# cost well under half a step.
+KL_TIME_TARGET = 1.5
+
+
+def _variant(config: Any, **changes: Any) -> Any:
+    return dataclasses.replace(config, **changes)
+
+
+def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
+    from ..twin import Latencies, Strictness, start_twin
+
+    started = time.perf_counter()
+    steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS
+    size = QUICK_SIZE if quick else {}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    cost: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    requests: dict[str, list[int]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory(prefix="searchr1-bench-algorithms-") as scratch:
+        home = Path(scratch)
+        with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning",
+                        strictness=Strictness()) as twin:
+            service = twin.service_client()
+            for name, changes in VARIANTS.items():
+                runs[name] = _train(service, _variant(_config(steps, **size), **changes), tokenizer,
+                                    _world_search(seed, latency_tail=False), home)
+        latencies = Latencies(sample_request=SAMPLE_REQUEST, sampled_token=SAMPLED_TOKEN,
+                              trained_token=TRAINED_TOKEN, optim_step=OPTIM_STEP, weight_save=WEIGHT_SAVE)
+        cost_steps = QUICK_COST_STEPS if quick else COST_STEPS
+        with start_twin(home=home / "twin-cost", tokenizer=tokenizer, policy="learning",
+                        latencies=latencies) as twin:
+            service = twin.service_client()
+            for _ in range(1 if quick else 2):  # interleaved, so drift hits both alike
+                for mode, coef in (("off", 0.0), ("on", KL_COEF)):
+                    before = len(twin.sample_log)
+                    config = _variant(_config(cost_steps, **size), kl_coef=coef)
+                    cost[mode] += _train(service, config, tokenizer, _world_search(seed, latency_tail=False),
+                                         home)[1:]
+                    requests[mode].append((len(twin.sample_log) - before) / cost_steps)
+    reached = {name: steps_to_reward(lines) for name, lines in runs.items()}
+    never = steps + 1
+
+    def value(name: str) -> float:
+        return float(reached[name] if reached[name] is not None else never)
+
+    step_time = {mode: statistics.median(m["time/step_seconds"] for m in lines) for mode, lines in cost.items()}
+    per_step_requests = {mode: statistics.mean(values) for mode, values in requests.items()}
+    measures = [
+        Measure("kl_step_time_ratio", f"wall time per step, --kl-coef {KL_COEF} / 0 (modelled service times)",
+                step_time["on"] / step_time["off"], KL_TIME_TARGET, "<=", "x", target_source="bench"),
+        Measure("kl_extra_requests", "  extra sampling requests per step with the KL penalty",
+                per_step_requests["on"] - per_step_requests["off"], unit="requests", digits=1),
+        Measure("kl_requests_off", "  sampling requests per step without it", per_step_requests["off"],
+                unit="requests", digits=1),
+    ]
+    for name in VARIANTS:
+        measures.append(Measure(f"steps_{name}", f"  steps to reward {REWARD_TARGET}: {LABELS[name]}", value(name),
+                                unit="steps", digits=0))
+    figure = Figure(
+        number=10, name="algorithms", title="Algorithm options on the offline world; the KL penalty's cost",
+        measures=measures,
+        details={"steps_run": steps, "reached": reached, "step_seconds": step_time,
+                 "requests_per_step": per_step_requests,
+                 "reward_curves": {name: [m["reward/mean"] for m in lines] for name, lines in runs.items()},
+                 "kl_policy_base": [m.get("kl/policy_base") for m in runs["kl"]],
+                 "dynamic_questions_drawn": [m.get("dynamic/questions_drawn") for m in runs["dynamic"]]},
+        notes=[f"{steps} steps of {size.get('questions', 8)} questions x {size.get('group', 8)} samples, Adam lr 0.2, "
+               f"reward window {REWARD_WINDOW}; a run that never reaches the target counts as {never} steps",
+               "on-policy the importance ratio is 1, where ppo, cispo and dro have the gradient of "
+               "importance_sampling: their rows can only differ through the sampler-learner mismatch"],
+    )
+    figure.seconds = time.perf_counter() - started
+    return figure
