@@ -17,6 +17,7 @@ TITLES = {
     7: "learning speed on the offline world",
     8: "BM25 of our own: build, queries, serve",
     9: "agreement and speed against Lucene BM25",
+    10: "algorithm options and the KL penalty's cost",
 }
 
 
