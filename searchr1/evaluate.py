@@ -56,6 +56,7 @@ MIN_FAILURES_TO_ABORT = 3
 # Config keys that may change between sessions of one evaluation file (everything else binds).
 NON_BINDING_KEYS = frozenset({
     "limit", "code_version", "chat_template", "search_cache", "dataset", "offline_home",
+    "trained_with",  # follows from model_path, which binds
 })
 # Rollout fields that schedule work but do not change what a question's rollout is.
 NON_BINDING_ROLLOUT_KEYS = frozenset({

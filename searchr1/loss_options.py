@@ -49,3 +49,30 @@ def _value(item: str, raw: str) -> float | int | str | bool:
     if not math.isfinite(number):
         raise ValueError(f"--loss-fn-config {item!r}: {raw} is not a finite number")
     return number
+
+
+# What a training run's config.json records about its algorithm, with the defaults a config
+# written before these options existed implies (the seed's recipe).
+ALGORITHM_DEFAULTS: dict[str, object] = {
+    "loss_fn": DEFAULT_LOSS_FN, "loss_fn_config": {}, "kl_coef": 0.0, "kl_estimator": "k3",
+    "advantage_mode": "mean", "reward": "em", "dynamic_sampling": False,
+}
+
+
+def algorithm_of(config: dict[str, object]) -> dict[str, object]:
+    """The algorithm fields of a training run's config (defaults where absent)."""
+    return {key: config.get(key, default) for key, default in ALGORITHM_DEFAULTS.items()}
+
+
+def describe_algorithm(algorithm: dict[str, object]) -> str:
+    """``importance_sampling, advantage mean, reward em`` plus what else is on, in one line."""
+    loss = str(algorithm.get("loss_fn", DEFAULT_LOSS_FN))
+    settings = algorithm.get("loss_fn_config") or {}
+    if isinstance(settings, dict) and settings:
+        loss += " (" + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) + ")"
+    parts = [loss, f"advantage {algorithm.get('advantage_mode', 'mean')}", f"reward {algorithm.get('reward', 'em')}"]
+    if float(algorithm.get("kl_coef") or 0.0):  # type: ignore[arg-type]
+        parts.append(f"KL {algorithm['kl_coef']} ({algorithm.get('kl_estimator', 'k3')})")
+    if algorithm.get("dynamic_sampling"):
+        parts.append("dynamic sampling")
+    return ", ".join(parts)

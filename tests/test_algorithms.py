@@ -130,3 +130,13 @@ def test_algorithm_flags_that_cannot_run_are_refused_in_one_line_before_anything
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_config_written_before_the_options_existed_reads_as_the_seeds_recipe():
+    from searchr1.loss_options import algorithm_of, describe_algorithm
+
+    assert describe_algorithm(algorithm_of({"max_steps": 3})) == "importance_sampling, advantage mean, reward em"
+    changed = algorithm_of({"loss_fn": "ppo", "loss_fn_config": {"clip_high_threshold": 1.28}, "kl_coef": 0.05,
+                            "reward": "f1", "dynamic_sampling": True})
+    assert describe_algorithm(changed) == ("ppo (clip_high_threshold=1.28), advantage mean, reward f1, "
+                                           "KL 0.05 (k3), dynamic sampling")

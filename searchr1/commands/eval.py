@@ -212,11 +212,13 @@ class RunCheckpoint:
     offline: bool
     offline_home: Path | None
     offline_policy: str | None
+    algorithm: dict[str, Any] | None = None  # how the run trained (searchr1.loss_options.algorithm_of)
 
 
 def checkpoint_of(run_dir: Path) -> RunCheckpoint:
     """The last checkpoint of the training run in ``run_dir`` (one line naming the problem if
     there is none)."""
+    from ..loss_options import algorithm_of
     from ..run_dir import TWIN_HOME, RunDir
 
     run = RunDir(run_dir)
@@ -228,7 +230,7 @@ def checkpoint_of(run_dir: Path) -> RunCheckpoint:
     offline = bool(config.get("offline"))
     return RunCheckpoint(last.weights_path, str(config.get("base_model") or "Qwen/Qwen3.5-4B"), offline,
                          run_dir / TWIN_HOME if offline else None,
-                         config.get("offline_policy") if offline else None)
+                         config.get("offline_policy") if offline else None, algorithm_of(config))
 
 
 def _sampling_client(service: Any, base_model: str, model_path: str | None, *, offline: bool,
@@ -302,6 +304,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
                                   offline_home=offline_home, offline_policy=offline_policy)
     if protocol:
         run_config["protocol"] = protocol
+    if checkpoint_run is not None:
+        run_config["trained_with"] = checkpoint.algorithm  # shown in the summary, not binding on resume
     check_search_keys(search, offline=offline)  # before PyTRIO is contacted or anything written
     tokenizer = load_tokenizer(chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
@@ -414,6 +418,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         (f"{head}summary over {summary.get('evaluated_examples')} questions "
          f"({summary.get('questions_missing', 0)} of {summary.get('questions_planned', '?')} planned missing)"),
     ]
+    trained_with = (summary.get("config") or {}).get("trained_with")
+    if isinstance(trained_with, dict):
+        from ..loss_options import describe_algorithm
+
+        lines.append(f"  checkpoint trained with {describe_algorithm(trained_with)}")
     for name, label in names:
         lines.append(
             f"  macro {label} {m[f'{name}/macro']:.3f} [{m[f'{name}/macro_ci95_low']:.3f}, "
@@ -423,7 +432,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(
         f"  searches/question {m['rollout/search_calls']:.2f}   no-search rate {m['rollout/no_search_rate']:.2f}   "
         f"turns {m['rollout/turns']:.2f}   search success {m.get('search/success_rate', 0.0):.3f}")
-    lines.append(f"  {'source':<18}{'n':>5}" + "".join(f"{label:>10}   {'95% CI':<16}" for _, label in names)
+    lines.append(f"  {'source':<18}{'n':>5}" + "".join(f"{label:>10}   {'95% CI':<15}" for _, label in names)
                  + f"{'format':>7}")
     for source in sources:
         cells = "".join(

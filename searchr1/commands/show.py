@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from ..loss_options import algorithm_of, describe_algorithm
+
 DEFAULT_LIMIT = 20
 
 
@@ -57,6 +59,10 @@ def _describe_config(config: dict[str, Any] | None) -> str | None:
         parts.append(f"model {model}")
     if backend:
         parts.append(f"search {backend}")
+    algorithm = config.get("trained_with") if "trained_with" in config else (
+        algorithm_of(config) if "max_steps" in config else None)  # an eval of a checkpoint, or a training run
+    if isinstance(algorithm, dict):
+        parts.append(f"trained with {describe_algorithm(algorithm)}")
     return ", ".join(parts)
 
 
