@@ -62,6 +62,8 @@ def penalize(
     ``kl/policy_base`` (mean over action tokens, the chosen estimator), ``kl/policy_base_k1``,
     ``kl/policy_base_k3`` and ``kl/penalty_share`` (sum of |penalty| over sum of |A| on action
     tokens). ``base_logprobs[i]`` is aligned with datum ``i``'s positions. Pure."""
+    from pytrio.types import Datum, TensorData
+
     if len(datums) != len(base_logprobs):
         raise ValueError(f"{len(datums)} datums but {len(base_logprobs)} base logprob arrays")
     masks, estimates, k1s, k3s = [], [], [], []
