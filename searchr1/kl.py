@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -139,3 +140,24 @@ async def base_logprobs_async(base_sampler: Any, datums: Sequence[TrainingDatum]
         return aligned_base_logprobs(list(response.prompt_logprobs), item.num_tokens)
 
     return list(await asyncio.gather(*(one(item) for item in datums)))
+
+
+class BaseModelPenalty:
+    """The KL penalty of a run: a sampler of the *base* weights, made on first use (once per run
+    and per resume), asked for the prompt logprobs of every datum a step sends."""
+
+    def __init__(self, service: Any, config: Any) -> None:
+        self.service = service
+        self.config = config
+        self._sampler: Any = None
+        self._slots: asyncio.Semaphore | None = None
+
+    async def apply(self, datums: list[TrainingDatum]) -> tuple[list[TrainingDatum], dict[str, float]]:
+        """The datums with the penalty in their advantages, and the step's kl/ metrics."""
+        started = time.perf_counter()
+        if self._sampler is None:
+            self._sampler = await self.service.create_sampling_client_async(base_model=self.config.base_model)
+            self._slots = asyncio.Semaphore(self.config.rollout.sampling_concurrency)
+        base = await base_logprobs_async(self._sampler, datums, self._slots)
+        datums, metrics = penalize(datums, base, coef=self.config.kl_coef, estimator=self.config.kl_estimator)
+        return datums, {**metrics, "kl/base_requests": float(len(base)), "time/kl_seconds": time.perf_counter() - started}

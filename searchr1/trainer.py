@@ -33,7 +33,6 @@ whose message says how to resume; ``--resume`` restarts at the last checkpoint.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,20 +41,13 @@ from typing import Any
 from .advantage import summarize_groups
 from .data import SearchExample
 from .datum import TrainingDatum, build_training_datums, drop_out_of_vocab
-from .diagnostics import (
-    NonFiniteValues,
-    learner_tokens,
-    mismatch_metrics,
-    non_finite_inputs,
-    non_finite_outputs,
-    non_finite_sampled,
-    policy_diagnostics,
-)
+from .diagnostics import NonFiniteValues, non_finite_sampled, policy_diagnostics
 from .failures import describe_failure, is_service_failure
 from .health import CollapseGuard, collapse_report, configured_rules, last_healthy_checkpoint
+from .kl import BaseModelPenalty
 from .metrics import datum_metrics, rollout_metrics, trainer_metrics
 from .off_policy import off_policy_metrics, versions_to_record
-from .packing import pack_micro_batches, weight_micro_batch_for_global_mean
+from .packing import pack_micro_batches
 from .pipeline import RolloutPipeline
 from .preflight import PreflightError, check_service_tokenizer
 from .protocol import check_template
@@ -66,6 +58,7 @@ from .search.types import SearchBackend
 from .train_config import TrainConfig
 from .trajectory import Trajectory
 from .transcripts import append_transcripts, select_transcripts, transcript_record
+from .update import apply_update
 
 
 class TrainingStopped(RuntimeError):
@@ -130,8 +123,7 @@ class Trainer:
         self.sampler_paths: dict[int, str] = {}  # recorded samplers of in-flight batches (K >= 1)
         self.pipeline: RolloutPipeline | None = None  # made by run_steps, inside the event loop
         self.first_cursor = 0  # the data cursor at the first step (a resume point's)
-        self._base_sampler: Any = None  # the base weights' sampler (--kl-coef), made once per run
-        self._kl_slots: asyncio.Semaphore | None = None
+        self._base_penalty: BaseModelPenalty | None = None  # --kl-coef: the base weights' sampler
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -225,54 +217,16 @@ class Trainer:
         metrics["time/step_seconds"] = time.perf_counter() - started
         return StepResult(metrics, trajectories)
 
-    async def _update(
-        self, datums: list[TrainingDatum], micro_batches: list[list[TrainingDatum]] | None,
-    ) -> tuple[list[dict[str, float]], dict[str, float], int]:
-        """forward_backward (one call, or one per micro-batch with n_k/N weights) and one
-        optim_step; returns metrics and the number of forward_backward calls. The metrics
-        include the sampler-learner mismatch (searchr1.diagnostics); a non-finite input or
-        result raises :class:`NonFiniteValues` before optim_step."""
-        import pytrio as trio
-
-        client = self.training_client
-        config = self.config
-        loss_fn = getattr(config, "loss_fn", "importance_sampling")
-        loss_fn_config = getattr(config, "loss_fn_config", None) or None
-        problem = non_finite_inputs(datums)
-        if problem:
-            raise NonFiniteValues(f"{problem} (nothing was sent to forward_backward)")
-        if micro_batches is None:
-            calls = [[item.datum for item in datums]]
-        else:
-            calls = [[item.datum for item in weight_micro_batch_for_global_mean(batch, len(datums))]
-                     for batch in micro_batches]
-        outputs, tokens = [], []
-        for data in calls:
-            options = {"loss_fn_config": loss_fn_config} if loss_fn_config else {}
-            future = await client.forward_backward_async(data, loss_fn=loss_fn, **options)
-            result = await future
-            outputs.append(dict(result.metrics))
-            tokens += learner_tokens(data, getattr(result, "loss_fn_outputs", None))
-        problem = non_finite_outputs(outputs, [t.learned for t in tokens])
-        if problem:
-            raise NonFiniteValues(f"{problem}; optim_step was not called, so the weights are unchanged")
-        adam = trio.AdamParams(learning_rate=config.learning_rate, beta1=config.beta1, beta2=config.beta2)
-        optim = await (await client.optim_step_async(adam))
-        metrics = {f"optim/{k}": float(v) for k, v in dict(optim.metrics).items()}
-        metrics.update(mismatch_metrics(tokens, loss_fn=loss_fn, loss_fn_config=loss_fn_config))
-        return outputs, metrics, len(calls)
+    async def _update(self, datums: list[TrainingDatum],
+                      micro_batches: list[list[TrainingDatum]] | None) -> tuple[list[dict[str, float]], dict[str, float], int]:
+        """forward_backward and optim_step on the training client (:func:`searchr1.update.apply_update`)."""
+        return await apply_update(self.training_client, datums, micro_batches, self.config)
 
     async def _kl_penalty(self, datums: list[TrainingDatum]) -> tuple[list[TrainingDatum], dict[str, float]]:
-        """--kl-coef (searchr1.kl): base-model logprobs of every datum, the penalty in its advantages."""
-        from .kl import base_logprobs_async, penalize
-
-        started = time.perf_counter()
-        if self._base_sampler is None:
-            self._base_sampler = await self.service.create_sampling_client_async(base_model=self.config.base_model)
-            self._kl_slots = asyncio.Semaphore(self.config.rollout.sampling_concurrency)
-        base = await base_logprobs_async(self._base_sampler, datums, self._kl_slots)
-        datums, metrics = penalize(datums, base, coef=self.config.kl_coef, estimator=self.config.kl_estimator)
-        return datums, {**metrics, "kl/base_requests": float(len(base)), "time/kl_seconds": time.perf_counter() - started}
+        """--kl-coef: the base model's logprobs of every datum, the penalty in its advantages (searchr1.kl)."""
+        if self._base_penalty is None:  # one base sampler per run (and per resume)
+            self._base_penalty = BaseModelPenalty(self.service, self.config)
+        return await self._base_penalty.apply(datums)
 
     def _cursor_after(self, completed: int) -> int:
         """The data cursor once ``completed`` steps are done (dynamic sampling moves it by each draw)."""

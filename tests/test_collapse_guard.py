@@ -152,15 +152,15 @@ def test_the_twin_returns_the_learners_per_token_logprobs_and_the_mismatch_follo
 
 
 def test_a_non_finite_loss_stops_the_run_before_optim_step_and_the_run_resumes(tmp_path, monkeypatch):
-    import searchr1.trainer as trainer_module
+    import searchr1.update as update_module
 
-    real, calls = trainer_module.non_finite_outputs, []
+    real, calls = update_module.non_finite_outputs, []
 
     def nan_in_step_one(metrics, learned):
         calls.append(len(calls))
         return "forward_backward call 1 returned loss_sum = nan" if len(calls) == 2 else real(metrics, learned)
 
-    monkeypatch.setattr(trainer_module, "non_finite_outputs", nan_in_step_one)
+    monkeypatch.setattr(update_module, "non_finite_outputs", nan_in_step_one)
     run_dir = tmp_path / "run"
     result = train("--max-steps", "3", "--save-every", "1", "--run-dir", str(run_dir))
     assert result.exit_code == 1, result.output
@@ -168,7 +168,7 @@ def test_a_non_finite_loss_stops_the_run_before_optim_step_and_the_run_resumes(t
     assert "optim_step was not called" in result.output and f"train --resume {run_dir}" in result.output
     run = RunDir(run_dir)
     assert [m["step"] for m in run.metrics()] == [0] and run.resume_point().step == 1
-    monkeypatch.setattr(trainer_module, "non_finite_outputs", real)
+    monkeypatch.setattr(update_module, "non_finite_outputs", real)
     assert train("--resume", str(run_dir)).exit_code == 0
     assert [m["step"] for m in run.metrics()] == [0, 1, 2]
 
