@@ -4,23 +4,53 @@
 retries every control call for 15 minutes by default: with no network a command would print
 nothing for a quarter of an hour. Here the constructor runs in a worker thread; the command
 says where it is connecting, waits at most ``deadline`` seconds, and otherwise asks pytrio's own
-connectivity probe what is wrong (DNS, refused, TLS, timeout) and stops with one line. The
-client's own retry windows stay as they are for the run itself.
+connectivity probe what is wrong (DNS, refused, TLS, timeout) and stops with one line. A refused
+connection is known at once: when the client has not answered after a moment, one TCP connect
+to the URL's host and port tells, and a refusal stops the command then instead of at the
+deadline. The client's own retry windows stay as they are for the run itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 DEFAULT_CONNECT_TIMEOUT = 30.0
+REFUSAL_CHECK_AFTER = 0.5  # seconds the client gets before one TCP connect checks for a refusal
 
 
 class ConnectTimeout(RuntimeError):
     """PyTRIO did not answer within the deadline; the message names the URL and the cause."""
+
+
+class ConnectRefused(ConnectTimeout):
+    """Nothing listens at the URL's host and port: no deadline will change that."""
+
+
+def refusal(base_url: str, *, timeout: float = 2.0) -> str | None:
+    """``host:port refused the connection`` when a TCP connect to the URL's host and port is
+    refused; None when it connects, times out or fails otherwise (the deadline and the
+    connectivity probe deal with those)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(base_url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if not host:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except ConnectionRefusedError:
+        return f"{host}:{port} refused the connection (nothing listens there)"
+    except OSError:
+        return None
 
 
 def pytrio_base_url() -> str:
@@ -44,9 +74,11 @@ def diagnose(base_url: str) -> str:
 
 
 def call_with_deadline(factory: Callable[[], T], deadline: float, *, what: str,
-                       explain: Callable[[], str]) -> T:
+                       explain: Callable[[], str], refused: Callable[[], str | None] = lambda: None) -> T:
     """``factory()`` in a daemon thread; its result or exception, or :class:`ConnectTimeout`
-    after ``deadline`` seconds (the thread is left to die with the process)."""
+    after ``deadline`` seconds (the thread is left to die with the process). When it has not
+    answered after :data:`REFUSAL_CHECK_AFTER` seconds, ``refused()`` is asked once: a reason
+    it gives ends the wait at once with :class:`ConnectRefused`."""
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -57,7 +89,12 @@ def call_with_deadline(factory: Callable[[], T], deadline: float, *, what: str,
 
     worker = threading.Thread(target=target, name="searchr1-connect", daemon=True)
     worker.start()
-    worker.join(deadline)
+    worker.join(min(deadline, REFUSAL_CHECK_AFTER))
+    if worker.is_alive():
+        reason = refused()
+        if reason is not None and worker.is_alive():
+            raise ConnectRefused(f"{what}: {reason}; check PYTRIO_BASE_URL and that the service is running")
+        worker.join(max(0.0, deadline - REFUSAL_CHECK_AFTER))
     if worker.is_alive():
         raise ConnectTimeout(f"{what}: no answer within {deadline:g} s ({explain()}); check the network "
                              "and PYTRIO_BASE_URL, or wait longer with --connect-timeout")

@@ -3,6 +3,8 @@ that name the file and the line. Every module that persists something goes throu
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import tempfile
@@ -26,20 +28,147 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
+# What a full, read-only or forbidden disk raises: expected on a real machine, so a command says
+# it in one line (the path and the cause) instead of a traceback.
+WRITE_FAILURES = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM, errno.EFBIG})
+
+
+class FileInUseError(RuntimeError):
+    """Another process holds the lock of a run directory or an output file."""
+
+
+def is_write_failure(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in WRITE_FAILURES
+
+
+def write_failure_line(error: OSError) -> str:
+    """``cannot write PATH: No space left on device`` (the path the error names, when it does)."""
+    where = f" {error.filename}" if error.filename else ""
+    return f"cannot write{where}: {error.strerror or error}"
+
+
+def _naming(error: OSError, path: str | os.PathLike[str], *, instead_of: tuple[str, ...] = ()) -> OSError:
+    """The same error, naming ``path`` (a failed write or fsync on a stream names no file; a
+    temporary file's name means nothing to the reader)."""
+    if error.errno is None or (error.filename and str(error.filename) not in instead_of):
+        return error
+    return type(error)(error.errno, error.strerror, str(path))
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the system says it (Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode(target: Path) -> int:
+    """The mode a replaced file keeps (an existing file's own), or what ``open`` would give a
+    new one under the umask: ``mkstemp`` makes 0600 files whatever the umask says."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def check_writable(path: str | os.PathLike[str], what: str, error: type[Exception]) -> None:
+    """Raise ``error`` naming ``path`` when a file could not be created or replaced there (its
+    nearest existing folder is not a writable directory, or it is itself not writable), so a
+    command refuses before doing any work rather than failing at the end."""
+    target = Path(path)
+    if target.is_dir():
+        raise error(f"{what} {target} is a directory")
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise error(f"cannot write {what} {target}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise error(f"cannot write {what} {target}: {folder} is not writable")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise error(f"cannot write {what} {target}: the file is not writable")
+    if folder == target.parent:  # a read-only mount passes os.access for root; a real create does not
+        try:
+            descriptor, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+        except OSError as problem:
+            raise error(f"cannot write {what} {target}: {problem.strerror or problem}") from None
+        os.close(descriptor)
+        os.unlink(name)
+
+
+@contextmanager
+def exclusive_lock(path: str | os.PathLike[str], what: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing, never removed) for the
+    block. The kernel drops it when the process ends, however it ends, so a killed run never
+    leaves a stale lock. A second holder is refused at once with :class:`FileInUseError`
+    naming ``what`` and the holder's pid (written into the file)."""
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as error:
+        raise _naming(error, path) from None
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()
+            raise FileInUseError(f"{what} is in use by another process (pid {holder or 'unknown'}); "
+                                 "wait for it to finish, or stop it first") from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def cut_torn_tail(path: str | os.PathLike[str]) -> bytes:
+    """Make an append-only file end on a newline: a last line without one is a write that a
+    crash or a full disk cut short; it is cut off (and returned) so the next append starts a
+    line of its own instead of gluing a record onto it."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return b""
+    if size == 0:
+        return b""
+    with open(path, "rb+") as stream:
+        data = stream.read()
+        if data.endswith(b"\n"):
+            return b""
+        keep = data.rfind(b"\n") + 1
+        stream.truncate(keep)
+        stream.flush()
+        os.fsync(stream.fileno())
+    return data[keep:]
+
+
 @contextmanager
 def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block succeeds, the temporary file is
     fsynced and renamed over ``path``; when it fails, it is removed and ``path`` is untouched."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        descriptor, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as error:
+        raise _naming(error, target, instead_of=(str(error.filename),)) from None
     os.close(descriptor)
     temporary = Path(name)
     try:
         yield temporary
         with open(temporary, "rb+") as stream:
             os.fsync(stream.fileno())
+        os.chmod(temporary, new_file_mode(target))
         os.replace(temporary, target)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise _naming(error, target, instead_of=(name, str(temporary))) from None
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -79,11 +208,29 @@ def json_line(record: Any) -> str:
 
 
 def append_text(path: str | os.PathLike[str], text: str) -> None:
-    """Append and fsync before returning: once this returns, the text survives a crash."""
-    with open(path, "a", encoding="utf-8") as stream:
-        stream.write(text)
-        stream.flush()
-        os.fsync(stream.fileno())
+    """Append and fsync before returning: once this returns, the text survives a crash. A write
+    that fails (a full disk) is taken back, so the file still ends where its last whole record
+    does, and the error names ``path``."""
+    data = text.encode("utf-8")
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as error:
+        raise _naming(error, path) from None
+    try:
+        start = os.fstat(descriptor).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(descriptor, data[written:])
+            os.fsync(descriptor)
+        except OSError as error:
+            try:
+                os.ftruncate(descriptor, start)
+            except OSError:
+                pass  # cut_torn_tail mends it on the next resume
+            raise _naming(error, path) from None
+    finally:
+        os.close(descriptor)
 
 
 def append_json_line(path: str | os.PathLike[str], record: Any) -> None:

@@ -7,6 +7,7 @@
     metrics.rewound.jsonl  lines of steps that were undone by a resume (kept, not deleted)
     checkpoints.rewound.jsonl, transcripts.rewound.jsonl
                          what a restart from an earlier step (``--from-step K``) set aside
+    .lock                the pid of the process training in it (an flock the kernel drops on exit)
 
 Order inside a step: metrics line, then checkpoint line, then run state. A resume restarts at
 the last checkpoint, so steps finished after it are run again; their old metrics lines move
@@ -20,11 +21,23 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fileio import append_json_line, append_text, json_line, write_json_atomically, write_text_atomically
+from .fileio import (
+    append_json_line,
+    append_text,
+    check_writable,
+    cut_torn_tail,
+    exclusive_lock,
+    json_line,
+    write_json_atomically,
+    write_text_atomically,
+)
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -35,6 +48,9 @@ CHECKPOINTS_REWOUND = "checkpoints.rewound.jsonl"
 TRANSCRIPTS = "transcripts.jsonl"  # written by searchr1.transcripts
 TRANSCRIPTS_REWOUND = "transcripts.rewound.jsonl"
 TWIN_HOME = "twin"  # the offline twin's runs and checkpoints, kept with the run (offline runs only)
+LOCK = ".lock"
+# append-only: each must end on a newline
+APPENDED = (METRICS, CHECKPOINTS, TRANSCRIPTS, REWOUND, CHECKPOINTS_REWOUND, TRANSCRIPTS_REWOUND)
 
 
 class RunDirError(ValueError):
@@ -104,7 +120,7 @@ class RunDir:
         entries = {entry.name for entry in self.path.iterdir()}
         if not entries:
             return True
-        ours = {CONFIG, STATE, METRICS, CHECKPOINTS, TWIN_HOME}  # rewound steps are work: keep them
+        ours = {CONFIG, STATE, METRICS, CHECKPOINTS, TWIN_HOME, LOCK}  # rewound steps are work: keep them
         return entries <= ours and not self.finished_steps() and not self.checkpoints()
 
     def check_creatable(self) -> None:
@@ -120,6 +136,88 @@ class RunDir:
             ancestor = ancestor.parent
         if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
             raise RunDirError(f"cannot write to run directory {self.path}: {ancestor} is not a writable directory")
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the directory for one process (creating it for a new run): a second ``train`` on
+        it is refused at once, naming the directory and the holder's pid. The lock is the
+        kernel's, so a killed process leaves none behind."""
+        created = not self.path.exists()
+        if created:
+            self.check_creatable()
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise RunDirError(f"cannot write to run directory {self.path}: {error.strerror or error}") from None
+        elif not self.path.is_dir():
+            raise RunDirError(f"run directory {self.path} is not a directory")
+        try:
+            with exclusive_lock(self.file(LOCK), f"run directory {self.path}"):
+                try:
+                    yield
+                finally:
+                    if created:
+                        self._remove_if_only_locked()
+        except OSError as error:
+            if error.filename != str(self.file(LOCK)):
+                raise
+            raise RunDirError(f"cannot write to run directory {self.path}: {error.strerror or error}") from None
+
+    def _remove_if_only_locked(self) -> None:
+        """A start that wrote nothing leaves nothing (best effort)."""
+        try:
+            if {entry.name for entry in self.path.iterdir()} == {LOCK}:
+                self.file(LOCK).unlink()
+                self.path.rmdir()
+        except OSError:
+            pass
+
+    def check_writable(self) -> None:
+        """Refuse, before any work, a run whose files could not be written (a read-only disk, a
+        directory or a file without write permission): a resume would otherwise find out only
+        at its first save, after the service's retries."""
+        for name in (STATE, *APPENDED):
+            check_writable(self.file(name), "run file", RunDirError)
+
+    def mend_torn_tails(self) -> list[str]:
+        """Cut a torn last line (a write a crash or a full disk cut short) off every append-only
+        file, so the next record starts a line of its own; one note per file that had one."""
+        notes = []
+        for name in APPENDED:
+            cut = cut_torn_tail(self.file(name))
+            if cut:
+                notes.append(f"{self.file(name)}: cut off a torn last line ({len(cut)} bytes, a write that did "
+                             "not finish)")
+        return notes
+
+    def check_consistent(self, config: dict[str, Any]) -> None:
+        """Refuse to resume a directory whose records disagree with each other: a step recorded
+        twice in ``metrics.jsonl`` (two processes trained here at once), checkpoints of another
+        run id than ``config.json``'s, a run state whose fields have the wrong types."""
+        state = self.state()
+        for key in ("step", "cursor"):
+            value = state.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise RunDirError(f"{self.file(STATE)}: {key!r} must be a whole number >= 0, not {value!r}")
+        last = state.get("last_checkpoint")
+        if last is not None and (not isinstance(last, int) or isinstance(last, bool) or last < 0):
+            raise RunDirError(f"{self.file(STATE)}: 'last_checkpoint' must be a step number or null, not {last!r}")
+        steps = Counter(record.get("step") for record in self.metrics())
+        repeated = sorted(step for step, count in steps.items() if count > 1 and isinstance(step, int))
+        if repeated:
+            raise RunDirError(f"{self.file(METRICS)} records step {repeated[0]} {steps[repeated[0]]} times: two "
+                              "runs wrote into this directory at once, so it cannot be resumed; start a new run")
+        run_id, run_name = config.get("run_id"), config.get("run_name")
+        prefix = f"{run_name}-{run_id}-" if run_id and run_name else None
+        foreign = [str(entry.get("name")) for entry in self.checkpoints()
+                   if prefix and not str(entry.get("name") or "").startswith(prefix)]
+        if foreign:
+            raise RunDirError(f"{self.file(CHECKPOINTS)} records checkpoint {foreign[0]}, not one of run {run_id} "
+                              f"that {self.file(CONFIG)} names (another run wrote here); it cannot be resumed")
+        for entry in self.checkpoints():
+            if not isinstance(entry.get("step"), int) or not isinstance(entry.get("cursor"), int):
+                raise RunDirError(f"{self.file(CHECKPOINTS)}: checkpoint {entry.get('name')!r} has no whole-number "
+                                  "'step' and 'cursor'")
 
     def create(self, config: dict[str, Any]) -> None:
         """Start a new run; refuses a directory that already holds anything."""

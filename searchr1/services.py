@@ -59,13 +59,14 @@ def live_service(connect_timeout: float | None = None) -> Any:
 
     import pytrio
 
-    from .connect import DEFAULT_CONNECT_TIMEOUT, ConnectTimeout, call_with_deadline, diagnose, pytrio_base_url
+    from .connect import DEFAULT_CONNECT_TIMEOUT, ConnectTimeout, call_with_deadline, diagnose, pytrio_base_url, refusal
 
     url = pytrio_base_url()
     print(f"connecting to PyTRIO at {url}...", file=sys.stderr, flush=True)
     try:
         return call_with_deadline(pytrio.ServiceClient, connect_timeout or DEFAULT_CONNECT_TIMEOUT,
-                                  what=f"cannot connect to PyTRIO at {url}", explain=lambda: diagnose(url))
+                                  what=f"cannot connect to PyTRIO at {url}", explain=lambda: diagnose(url),
+                                  refused=lambda: refusal(url))
     except ConnectTimeout as error:
         raise ServiceSetupError(str(error)) from None
     except pytrio.PyTrioError as error:

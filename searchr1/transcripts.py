@@ -170,14 +170,58 @@ def read_eval_transcripts(path: str | os.PathLike[str]) -> tuple[dict[str, Any] 
 
 
 def is_run_transcript_file(path: str | os.PathLike[str]) -> bool:
-    """Whether a JSONL file is a run's transcripts (its records carry a ``step``) rather than an
-    eval file. Decided by the first line that is a JSON object."""
-    with open(path, encoding="utf-8") as stream:
-        for line in stream:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                return "step" in record
-    return False
+    """Whether a JSONL file is a run's transcripts rather than an eval file."""
+    return transcript_source_kind(path) == "run"
+
+
+# What the files a transcript source is mistaken for hold, and where to point the reader.
+_NOT_TRANSCRIPTS = (
+    (("state_path", "weights_path"), "a run's checkpoint ledger (checkpoints.jsonl)"),
+    (("reward/mean",), "a run's training metrics (metrics.jsonl; draw them with `plot run`)"),
+    (("rewound_to_step",), "a run's rewound metrics (metrics.rewound.jsonl)"),
+)
+_WHAT_SHOW_READS = "show reads a run directory, its transcripts.jsonl, or an eval JSONL file"
+
+
+def _is_transcript(record: Mapping[str, Any]) -> bool:
+    """A trajectory record: the question and the turns the model took."""
+    return isinstance(record.get("turns"), list) and "question" in record
+
+
+def transcript_source_kind(path: str | os.PathLike[str]) -> str:
+    """``"run"`` for a run's ``transcripts.jsonl``, ``"eval"`` for an eval file; any other file
+    (a run's metrics or checkpoints, a JSON document such as ``config.json``, text) is a
+    :class:`TranscriptFileError` saying what it looks like and what ``show`` reads. Decided by
+    the first JSON object (a torn first line is skipped)."""
+    path = Path(path)
+    try:
+        text = path.read_text("utf-8")
+    except UnicodeDecodeError:
+        raise TranscriptFileError(f"{path}: not UTF-8 text; {_WHAT_SHOW_READS}") from None
+    except OSError as error:
+        raise TranscriptFileError(f"{path}: cannot read ({error.strerror or error})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError:
+            document = None
+        if document is not None:  # one JSON value over several lines: not JSON Lines
+            what = "a run's config.json" if isinstance(document, dict) and "run_id" in document else "a JSON document"
+            raise TranscriptFileError(f"{path} is {what}, not JSON Lines; {_WHAT_SHOW_READS}")
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
+            break
+        if record.get("type") in ("eval_config", "summary"):
+            return "eval"
+        if _is_transcript(record):
+            return "run" if "step" in record else "eval"
+        for keys, what in _NOT_TRANSCRIPTS:
+            if all(key in record for key in keys):
+                raise TranscriptFileError(f"{path} is {what}, not transcripts; {_WHAT_SHOW_READS}")
+        break
+    raise TranscriptFileError(f"{path} holds no transcript records; {_WHAT_SHOW_READS}")

@@ -5,6 +5,7 @@ offline: the scripted sampler and the search cassettes). The runner is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import subprocess
 import sys
@@ -93,7 +94,8 @@ def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> N
     writes a summary marked partial, and rerunning the same command resumes it (questions
     already recorded are skipped, the summary is rewritten).
     """
-    run_guarded(lambda: _eval(search, kwargs))
+    with contextlib.ExitStack() as held:  # the output's lock, for the life of the command
+        run_guarded(lambda: _eval(search, kwargs, held))
 
 
 def code_version() -> dict[str, Any]:
@@ -253,7 +255,26 @@ def _sampling_client(service: Any, base_model: str, model_path: str | None, *, o
                                 f"{' at ' + model_path if model_path else ''} ({code}){hint}") from None
 
 
-def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
+def output_lock_path(output: Path) -> Path:
+    """The lock file beside an eval output (hidden, so ``eval_result/*.jsonl`` never lists it)."""
+    return output.with_name(f".{output.name}.lock")
+
+
+def _claim_output(output: Path, held: contextlib.ExitStack) -> None:
+    """Refuse an output that cannot be written, or that another eval is writing, before any
+    work: the output is checked, then locked for the life of the command."""
+    from ..fileio import check_writable, exclusive_lock
+
+    check_writable(output, "eval output", click.ClickException)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise click.ClickException(f"cannot create the folder of eval output {output}: "
+                                   f"{error.strerror or error}") from None
+    held.enter_context(exclusive_lock(output_lock_path(output), f"eval output {output}"))
+
+
+def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
     from ..data import load_examples
     from ..eval_metrics import EvalFileError
     from ..evaluate import EvalResumeError, evaluate
@@ -299,6 +320,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     if not examples:
         raise click.ClickException(f"eval data {data} holds no questions")
     output = kwargs.pop("output") or default_output(base_model, model_path, search.backend, offline)
+    _claim_output(output, held)
     run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
                                   rollout=rollout, data=data, limit=limit, chat_template=chat_template,
                                   offline_home=offline_home, offline_policy=offline_policy)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ..fileio import FileInUseError, is_write_failure, write_failure_line
 from ..rollout import RolloutConfig
 from .settings_options import setting_options, take_settings
 
@@ -108,14 +110,19 @@ def run_guarded(function: Callable[[], Any]) -> Any:
 
     expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, SearchRefusedError,
                 CassetteMissError, CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError,
-                BM25IndexError, CorpusError)
+                BM25IndexError, CorpusError, FileInUseError)
     try:
         return function()
     except SettingError as error:
         raise click.UsageError(str(error)) from None
     except expected as error:
         raise click.ClickException(str(error)) from None
+    except OSError as error:
+        if is_write_failure(error):  # a full, read-only or forbidden disk: the path and the cause
+            raise click.ClickException(write_failure_line(error)) from None
+        raise
     except KeyboardInterrupt:
-        raise click.ClickException("interrupted") from None
+        click.secho("interrupted (Ctrl-C)", fg="yellow", err=True)
+        sys.exit(130)  # the shell's code for SIGINT, as everywhere else
 
 

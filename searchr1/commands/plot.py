@@ -8,12 +8,24 @@ import click
 
 from searchr1 import plots
 from searchr1.eval_metrics import EvalFileError
+from searchr1.fileio import check_writable, is_write_failure, write_failure_line
 
 
 def _png(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
     if value.suffix.lower() != ".png":
         raise click.BadParameter(f"{value} does not end in .png; the figure is written as PNG")
+    check_writable(value, "figure", click.ClickException)  # before any file is read
     return value
+
+
+def _save(fig: object, output: Path) -> Path:
+    """Save the figure; a full, read-only or forbidden disk is one line naming the file."""
+    try:
+        return plots.save_figure(fig, output)
+    except OSError as error:
+        if not is_write_failure(error):
+            raise
+        raise click.ClickException(write_failure_line(error)) from None
 
 
 def _non_empty(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
@@ -64,7 +76,7 @@ def plot_eval(files: tuple[Path, ...], output: Path, labels: tuple[str, ...], al
     for run in runs:
         if run.partial:
             click.echo(f"note: {run.path} holds a partial evaluation", err=True)
-    click.echo(f"wrote {plots.save_figure(fig, output)}")
+    click.echo(f"wrote {_save(fig, output)}")
 
 
 @plot.command("run", short_help="Training metrics over steps, one panel per metric.")
@@ -103,4 +115,4 @@ def plot_run(run: Path, output: Path, metrics: tuple[str, ...], smooth: int | No
         raise click.ClickException(str(exc)) from exc
     for metric in skipped:
         click.echo(f"note: {metric} not logged in {path}; skipped", err=True)
-    click.echo(f"wrote {plots.save_figure(fig, output)}")
+    click.echo(f"wrote {_save(fig, output)}")

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from searchr1.fileio import check_writable, is_write_failure, write_failure_line
 from searchr1.search.base import SearchRefusedError
 from searchr1.search.cache import normalise_query
 from searchr1.search.env import MissingApiKeyError
@@ -174,6 +175,7 @@ def record(
         raise click.UsageError("no queries to record")
     if cassette.exists() and not overwrite:
         raise click.ClickException(f"cassette {cassette} already exists; pass --overwrite to replace it")
+    check_writable(cassette, "cassette", click.ClickException)  # before any (paid) search
 
     options: dict[str, Any] = {}
     if search_total_timeout is not None:
@@ -198,6 +200,10 @@ def record(
         failed = asyncio.run(_record(client, queries, cassette, overwrite, allow_failures))
     except (FileExistsError, SecretLeakError, SearchRefusedError) as exc:
         raise click.ClickException(f"{exc}; nothing was written") from None
+    except OSError as exc:
+        if not is_write_failure(exc):
+            raise
+        raise click.ClickException(f"{write_failure_line(exc)}; nothing was written") from None
     click.echo(
         f"wrote {cassette}: {len(queries)} queries, {len(queries) - len(failed)} ok, {len(failed)} failed"
     )

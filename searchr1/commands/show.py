@@ -47,6 +47,16 @@ class Selection:
     available: int = 0
 
 
+def offline_policy(config: dict[str, Any]) -> str:
+    """The twin policy a run or an evaluation used, as its configuration records it: a run's
+    ``offline_policy``, an eval file's ``sampling_backend`` (``offline-<policy>``)."""
+    policy = config.get("offline_policy")
+    backend = str(config.get("sampling_backend") or "")
+    if not policy and backend.startswith("offline-"):
+        policy = backend.removeprefix("offline-")
+    return str(policy or "scripted")  # files from before the learning policy existed
+
+
 def _describe_config(config: dict[str, Any] | None) -> str | None:
     if not config or not isinstance(config, dict):
         return None
@@ -54,7 +64,7 @@ def _describe_config(config: dict[str, Any] | None) -> str | None:
     search = config.get("search")
     backend = config.get("search_backend") or (search.get("backend") if isinstance(search, dict) else None)
     model = config.get("model_path") or config.get("base_model")
-    parts = ["OFFLINE twin (scripted policy, cassette search)" if offline else "live"]
+    parts = [f"OFFLINE twin ({offline_policy(config)} policy, cassette search)" if offline else "live"]
     if model:
         parts.append(f"model {model}")
     if backend:
@@ -81,7 +91,7 @@ def _step_ranges(steps: list[int]) -> str:
 
 
 def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | str | None,
-                    limit: int) -> Selection:
+                    limit: int | None) -> Selection:
     from ..transcripts import read_run_transcripts
 
     found = read_run_transcripts(transcripts_path)
@@ -109,8 +119,9 @@ def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | st
     sections: list[tuple[str | None, list[dict[str, Any]]]] = []
     remaining = limit
     for number in chosen:
-        records = found.by_step[number][:remaining]
-        remaining -= len(records)
+        records = found.by_step[number] if remaining is None else found.by_step[number][:remaining]
+        if remaining is not None:
+            remaining -= len(records)
         if records:
             sections.append((f"step {number}", records))
     available = sum(len(found.by_step[s]) for s in chosen)
@@ -124,7 +135,7 @@ def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | st
     return Selection(f"Transcripts of run {name}", sections, notes, shown, available)
 
 
-def select_from_eval(path: Path, limit: int) -> Selection:
+def select_from_eval(path: Path, limit: int | None) -> Selection:
     from ..transcripts import read_eval_transcripts
 
     config, records = read_eval_transcripts(path)
@@ -138,8 +149,8 @@ def select_from_eval(path: Path, limit: int) -> Selection:
     return Selection(f"Eval transcripts: {path.name}", [(None, shown)], notes, len(shown), len(records))
 
 
-def load_selection(source: Path, step: int | str | None, limit: int) -> Selection:
-    from ..transcripts import TRANSCRIPTS_FILE, TranscriptFileError, is_run_transcript_file
+def load_selection(source: Path, step: int | str | None, limit: int | None) -> Selection:
+    from ..transcripts import TRANSCRIPTS_FILE, TranscriptFileError, transcript_source_kind
 
     try:
         if source.is_dir():
@@ -150,7 +161,8 @@ def load_selection(source: Path, step: int | str | None, limit: int) -> Selectio
                     "finished a step (or was trained before transcripts were recorded)"
                 )
             return select_from_run(path, source, step, limit)
-        if is_run_transcript_file(source):
+        kind = transcript_source_kind(source)
+        if kind == "run":
             return select_from_run(source, source.parent, step, limit)
         if step is not None:
             raise click.UsageError(f"--step applies to a run's transcripts; {source} is an eval file (no steps)")
@@ -163,12 +175,12 @@ def load_selection(source: Path, step: int | str | None, limit: int) -> Selectio
 @click.argument("source", type=click.Path(exists=True, path_type=Path), metavar="RUN_DIR|EVAL_FILE")
 @click.option("--step", type=StepType(), default=None,
               help="Training step to show, or 'all' [default: the last step with transcripts]. Run directories only.")
-@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_LIMIT, show_default=True,
-              help="Show at most this many transcripts.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help=f"Show at most this many transcripts [default: {DEFAULT_LIMIT} in the terminal, all in --html].")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write one self-contained HTML page here instead of printing.")
 @click.option("--full", is_flag=True, help="Print long turns and observations whole (the page always has them whole).")
-def show(source: Path, step: int | str | None, limit: int, html_path: Path | None, full: bool) -> None:
+def show(source: Path, step: int | str | None, limit: int | None, html_path: Path | None, full: bool) -> None:
     """Read what the model did: turns, queries, observations, reward, EM and how each
     trajectory ended.
 
@@ -177,17 +189,28 @@ def show(source: Path, step: int | str | None, limit: int, html_path: Path | Non
     python cli.py show runs/offline-demo --step all --html run.html
     python cli.py show eval_result/offline_base.jsonl --limit 5
     """
+    from ..fileio import check_writable, is_write_failure, write_failure_line, write_text_atomically
+
+    if html_path is not None:
+        check_writable(html_path, "page", click.ClickException)  # before reading anything
+    if limit is None:
+        limit = None if html_path is not None else DEFAULT_LIMIT
     selection = load_selection(source, step, limit)
     cut = selection.available - selection.shown
+    counted = f"{selection.shown} of {selection.available} transcripts" if cut > 0 else f"{selection.shown} transcripts"
     if cut > 0:
-        selection.notes.append(f"showing {selection.shown} of {selection.available} transcripts (--limit {limit})")
+        selection.notes.append(f"showing {counted} (--limit {limit}; raise it to see more)")
     if html_path is not None:
-        from ..fileio import write_text_atomically
         from ..transcript_html import transcript_page
 
         page = transcript_page(selection.sections, heading=selection.heading, notes=selection.notes)
-        write_text_atomically(html_path, page)
-        click.echo(f"wrote {html_path} ({selection.shown} transcripts)")
+        try:
+            write_text_atomically(html_path, page)
+        except OSError as error:
+            if not is_write_failure(error):
+                raise
+            raise click.ClickException(write_failure_line(error)) from None
+        click.echo(f"wrote {html_path} ({counted}{'; raise --limit' if cut > 0 else ''})")
         return
     from rich.console import Console
     from rich.text import Text

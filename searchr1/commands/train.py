@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 import tempfile
@@ -107,10 +108,11 @@ def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
     Each step writes one line to <run-dir>/metrics.jsonl; checkpoints go to checkpoints.jsonl
     (their weights URI is what `eval --model-path` takes).
     """
-    run_guarded(lambda: _train(ctx, search, kwargs))
+    with contextlib.ExitStack() as held:  # the run directory's lock, for the life of the command
+        run_guarded(lambda: _train(ctx, search, kwargs, held))
 
 
-def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) -> None:
+def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
     from ..data import file_sha256, shuffled_examples
     from ..offline import TRAIN
     from ..run_dir import TWIN_HOME, RunDir, recorded_checkpoints
@@ -148,6 +150,11 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
             raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
         run = RunDir(resume_dir)
         stored = run.open()
+        held.enter_context(run.locked())  # before anything is read for good or written
+        run.check_writable()
+        run.check_consistent(stored)
+        for note in run.mend_torn_tails():
+            click.secho(f"note: {note}", fg="yellow", err=True)
         changed = sorted(name for name in explicit - RESUMABLE_FLAGS - GUARD_FLAGS
                          if _stored_value(stored, name) != _given(kwargs, ctx.params, name))
         fixed = [name for name in changed if from_step is None or name not in SEGMENT_FLAGS]
@@ -254,6 +261,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
     loggers = None if preflight_only else _planned_loggers(requested_loggers, swanlab_mode, logger_project,
                                                            config, run.path)
     if resume_dir is None:
+        if not preflight_only:
+            held.enter_context(run.locked())  # a second process on this --run-dir is refused here
         run.check_creatable()
     if offline:
         # --preflight-only writes nothing, not even the twin's home, for a new run
@@ -326,8 +335,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         click.secho(str(collapse), fg="red", err=True)
         sys.exit(COLLAPSE_EXIT_CODE)
     except KeyboardInterrupt:
-        click.secho(f"interrupted at once. Finished steps are in {run.path}; resume (from the last checkpoint) "
-                    f"with: python cli.py train --resume {run.path}", fg="yellow", err=True)
+        click.secho(_interrupted_at_once(run, stop, resuming=resume_dir is not None), fg="yellow", err=True)
         sys.exit(130)
     finally:
         if loggers is not None:
@@ -336,8 +344,9 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any]) ->
         return
     last = run.resume_point()
     if stop.requested and completed < config.max_steps:
-        click.secho(f"stopped on Ctrl-C after step {completed}; checkpoint {last.name if last else '-'} saved. "
-                    f"Continue with: python cli.py train --resume {run.path}", fg="yellow", err=True)
+        click.secho(f"stopped on Ctrl-C after step {completed - 1}; checkpoint {last.name if last else '-'} saved "
+                    f"(step {completed} starts from it). Continue with: python cli.py train --resume {run.path}",
+                    fg="yellow", err=True)
         sys.exit(130)
     click.echo(f"done: {completed} steps. metrics: {run.file('metrics.jsonl')}")
     rewards = [line["reward/mean"] for line in run.metrics() if "reward/mean" in line]
@@ -400,6 +409,22 @@ class _StopOnInterrupt:
         self.trainer.request_stop()
         click.secho("\nCtrl-C: finishing the current step, then saving a checkpoint "
                     "(press Ctrl-C again to quit at once)", fg="yellow", err=True)
+
+
+def _interrupted_at_once(run: Any, stop: _StopOnInterrupt, *, resuming: bool) -> str:
+    """What a second Ctrl-C (or one during start-up) leaves, and what can be done with it."""
+    if stop.trainer is None or not run.file("config.json").is_file():
+        if resuming:
+            return (f"interrupted during start-up; {run.path} is as it was (continue with: "
+                    f"python cli.py train --resume {run.path})")
+        return "interrupted during start-up, before the first step; nothing to resume"
+    last = run.resume_point()
+    if last is None:
+        return (f"interrupted at once, before the first checkpoint: {run.finished_steps()} finished step(s) are in "
+                f"{run.path}, but no checkpoint to resume from; `python cli.py train --resume {run.path}` "
+                "starts it over from step 0 (their metrics are kept in metrics.rewound.jsonl)")
+    return (f"interrupted at once. Finished steps are in {run.path}; resume from checkpoint {last.name} "
+            f"(step {last.step}) with: python cli.py train --resume {run.path}")
 
 
 _MISSING = object()
