@@ -161,7 +161,8 @@ class RunDir:
         except OSError as error:
             if error.filename != str(self.file(LOCK)):
                 raise
-            raise RunDirError(f"cannot write to run directory {self.path}: {error.strerror or error}") from None
+            raise RunDirError(f"cannot lock run directory {self.path}: it is not writable "
+                              f"({error.strerror or error})") from None
 
     def _remove_if_only_locked(self) -> None:
         """A start that wrote nothing leaves nothing (best effort)."""

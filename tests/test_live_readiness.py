@@ -259,6 +259,7 @@ def test_a_run_that_failed_before_its_first_step_can_be_started_over_without_rem
 @pytest.mark.parametrize("command", [["probe-loss", "--yes"], ["eval", "--quiet", "--backend", "wikipedia"]])
 def test_an_unreachable_service_fails_within_the_connect_timeout_naming_url_and_cause(monkeypatch, tmp_path,
                                                                                         command):
+    import socket
     import threading
     import time
 
@@ -269,17 +270,21 @@ def test_an_unreachable_service_fails_within_the_connect_timeout_naming_url_and_
     (tmp_path / "datasets").mkdir()
     (tmp_path / "datasets" / "dev.jsonl").write_text(
         '{"id": "1", "question": "q?", "answers": ["a"], "data_source": "nq"}\n')
-    monkeypatch.setattr("searchr1.connect.pytrio_base_url", lambda: "http://127.0.0.1:9")
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections (the backlog), never answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    monkeypatch.setattr("searchr1.connect.pytrio_base_url", lambda: url)
     release = threading.Event()
     monkeypatch.setattr(pytrio, "ServiceClient", lambda *a, **k: release.wait(30))  # retries, silently
     started = time.monotonic()
-    result = CliRunner().invoke(main, [*command, "--connect-timeout", "0.3"])
+    with silent:
+        result = CliRunner().invoke(main, [*command, "--connect-timeout", "0.3"])
     release.set()
     assert time.monotonic() - started < 10
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()
-    assert lines[0] == "connecting to PyTRIO at http://127.0.0.1:9..."
-    assert "no answer within 0.3 s" in lines[-1] and "127.0.0.1:9" in lines[-1] and "--connect-timeout" in lines[-1]
+    assert lines[0] == f"connecting to PyTRIO at {url}..."
+    assert "no answer within 0.3 s" in lines[-1] and url.removeprefix("http://") in lines[-1]
+    assert "--connect-timeout" in lines[-1] and "refused" not in lines[-1]
     assert "sk-test-unreachable-0001" not in result.output
 
 

@@ -217,6 +217,7 @@ def test_the_first_ctrl_c_finishes_the_step_and_checkpoints_it_so_resume_loses_n
                              capture_output=True, text=True, timeout=300)
     assert process.returncode == 130, process.stderr[-2000:]
     assert "checkpoint" in process.stderr and "--resume" in process.stderr
+    assert "stopped on Ctrl-C after step 1;" in process.stderr  # the step its last step line named
     run = RunDir(run_dir)
     assert [m["step"] for m in run.metrics()] == [0, 1]
     assert run.resume_point().step == 2  # the interrupted step was finished and saved
@@ -237,6 +238,26 @@ def test_a_second_ctrl_c_quits_at_once_and_resume_restarts_at_the_last_checkpoin
     assert run.resume_point().step == 2
     assert train("--resume", str(run_dir))[0] == 0
     assert [m["step"] for m in run.metrics()] == [0, 1, 2, 3]
+
+
+def test_quitting_at_once_before_any_checkpoint_does_not_promise_a_checkpoint(tmp_path, monkeypatch):
+    from searchr1 import trainer
+
+    original = trainer.rollout_batch_async
+
+    async def rollout(*args, step, **kwargs):
+        if step == 1:  # what the second Ctrl-C does: KeyboardInterrupt wherever the run is
+            raise KeyboardInterrupt
+        return await original(*args, step=step, **kwargs)
+
+    monkeypatch.setattr(trainer, "rollout_batch_async", rollout)
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(main, [*BASE, "--max-steps", "4", "--save-every", "50", "--run-dir", str(run_dir)])
+    assert result.exit_code == 130, result.output
+    run = RunDir(run_dir)
+    assert [m["step"] for m in run.metrics()] == [0] and run.resume_point() is None
+    assert "last checkpoint" not in result.output and "before the first checkpoint" in result.output
+    assert "starts it over from step 0" in result.output
 
 
 @pytest.mark.parametrize("args, message", [
