@@ -207,6 +207,71 @@ def test_impossible_options_are_one_line_errors(run_dir, args):
     assert "Traceback" not in output
 
 
+@pytest.mark.parametrize("policy", ["learning", "scripted"])
+def test_an_offline_run_is_described_by_the_policy_its_config_names(run_dir, policy):
+    (run_dir / "config.json").write_text(json.dumps({"run_name": "demo-run", "offline": True,
+                                                     "offline_policy": policy}))
+    code, output = show(run_dir)
+    assert code == 0, output
+    assert f"OFFLINE twin ({policy} policy" in output
+    assert {"learning": "scripted", "scripted": "learning"}[policy] + " policy" not in output
+
+
+def test_every_step_goes_into_the_page_and_a_cut_is_said_with_both_counts(tmp_path):
+    run = tmp_path / "long-run"
+    run.mkdir()
+    for step in range(12):  # 24 transcripts: more than the terminal's default limit of 20
+        append_transcripts(run, step, [{**TWO_HOP, "id": f"nq/s{step}-a"}, {**HOSTILE_RECORD, "id": f"nq/s{step}-b"}])
+    page = tmp_path / "all.html"
+    code, output = show(run, "--step", "all", "--html", page)
+    assert code == 0 and "(24 transcripts)" in output
+    assert parse(page.read_text("utf-8")).tags.count("article") == 24
+    code, output = show(run, "--step", "all", "--html", page, "--limit", "5")
+    assert code == 0 and "5 of 24 transcripts" in output and "--limit" in output
+    assert parse(page.read_text("utf-8")).tags.count("article") == 5
+    code, output = show(run, "--step", "all")
+    assert code == 0 and "showing 20 of 24 transcripts" in output
+
+
+def _metrics_file(run: Path) -> Path:
+    path = run / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 0, "reward/mean": 0.5, "trainer/loss_mean": 0.1}) + "\n")
+    return path
+
+
+def _checkpoints_file(run: Path) -> Path:
+    path = run / "checkpoints.jsonl"
+    path.write_text(json.dumps({"name": "x-step-000001", "step": 1, "cursor": 4, "state_path": "trio://s",
+                                "weights_path": "trio://w"}) + "\n")
+    return path
+
+
+def _config_file(run: Path) -> Path:
+    path = run / "config.json"
+    path.write_text(json.dumps({"run_name": "demo-run", "run_id": "cafe0001", "offline": True}, indent=2))
+    return path
+
+
+def _any_object(run: Path) -> Path:
+    path = run / "other.jsonl"
+    path.write_text(json.dumps({"hello": "world"}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("make, says", [
+    (_metrics_file, "training metrics (metrics.jsonl"),
+    (_checkpoints_file, "checkpoint ledger"),
+    (_config_file, "a run's config.json, not JSON Lines"),
+    (_any_object, "holds no transcript records"),
+], ids=["metrics", "checkpoints", "config", "other"])
+def test_a_file_that_is_not_a_transcript_source_is_refused_saying_what_it_is(run_dir, make, says):
+    path = make(run_dir)
+    code, output = show(path)
+    assert code == 1, output
+    assert str(path) in output and says in output and "invalid JSON" not in output
+    assert len(output.strip().splitlines()) == 1
+
+
 def test_a_broken_eval_file_is_named_with_its_line(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps(TWO_HOP) + "\n{not json\n")
