@@ -53,6 +53,18 @@ HEALTH_RUN_METRICS = (
 )
 UNHEALTHY_COLOR = "tab:red"
 RATE_REWARDS = ("reward/correct", "reward/format")  # shares of trajectories, not mean rewards
+# What a reader sees for the metrics a run logs: a panel title and the y axis' label. Others
+# keep their key as the title.
+METRIC_LABELS = {
+    "reward/mean": ("Mean reward", "reward (-0.1 to 1)"),
+    "reward/correct": ("Correct answers", "share of trajectories"),
+    "reward/format": ("Well-formed answers", "share of trajectories"),
+    "search/success_rate": ("Searches that succeeded", "share of searches"),
+    "rollout/search_calls": ("Searches per trajectory", "searches"),
+    "rollout/degenerate_group_rate": ("Groups with equal rewards", "share of groups"),
+    "trainer/loss_mean": ("Training loss", "loss"),
+    "time/step_seconds": ("Time per step", "seconds"),
+}
 RUN_METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.json"
 
@@ -191,11 +203,12 @@ def _error(point: float, low: float, high: float) -> tuple[float, float]:
     return (max(point - low, 0.0), max(high - point, 0.0))
 
 
-def _y_top(values: Sequence[float]) -> float:
-    """Upper y limit from the data: 20% headroom for the value labels, at most 12 points."""
+def _y_top(values: Sequence[float], *, upright_labels: bool = False) -> float:
+    """Upper y limit from the data: 20% headroom for the value labels, at most 12 points (20
+    for labels written upright, which stand taller)."""
     finite = [v for v in values if not math.isnan(v)]
     top = max(finite, default=0.0)
-    return min(top * 1.2, top + 12) if top > 0 else 1.0
+    return min(top * 1.2, top + (20 if upright_labels else 12)) if top > 0 else 1.0
 
 
 def _labels(values: Sequence[float]) -> list[str]:
@@ -260,15 +273,33 @@ def _value_label_size(runs: int) -> float:
     return 8.0 if runs <= 2 else 7.0 if runs <= 4 else 6.0
 
 
+def _label_fits_across(bar_width_data: float, groups: int, fontsize: float) -> bool:
+    """Whether a value label such as ``100.0`` fits across one bar written horizontally: the
+    bar's width in pixels (the panel is about 85% of the figure wide, ``groups`` benchmarks
+    side by side) against five characters at ``fontsize`` (about 0.6 em each)."""
+    panel_px = 0.85 * EVAL_FIGSIZE[0] * DPI
+    bar_px = panel_px * bar_width_data / max(groups, 1)
+    label_px = 5 * 0.6 * fontsize * DPI / 72
+    return 1.15 * label_px <= bar_px  # and a little room between neighbours
+
+
+def run_colours(count: int) -> list[str]:
+    """One colour per evaluated checkpoint, the same in both panels (matplotlib's cycle)."""
+    cycle = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+             "tab:olive", "tab:cyan", "tab:gray"]
+    return [cycle[i % len(cycle)] for i in range(count)]
+
+
 EVAL_METRICS = {"em": ("EM", "exact match (%)"), "f1": ("F1", "token F1 (%)"),
                 "cover_em": ("cover EM", "cover exact match (%)")}
 
 
 def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
-    """Two panels: ``metric`` (em, f1 or cover_em) per benchmark grouped by checkpoint, and its
-    macro value (bars) with format rate (line) across checkpoints. Error bars are the
-    summaries' bootstrap 95% intervals; every value is written horizontally above its upper
-    whisker; each benchmark's tick says how many questions it had."""
+    """Two panels: ``metric`` (em, f1 or cover_em) per benchmark grouped by checkpoint, and, per
+    checkpoint, its macro value and the format rate side by side, each checkpoint in the same
+    colour in both panels. Error bars are the summaries' bootstrap 95% intervals; every value
+    is written above its upper whisker (upright when the bars are too narrow); each
+    benchmark's tick says how many questions it had."""
     if not runs:
         raise PlotInputError("no evaluations to plot")
     if metric not in EVAL_METRICS:
@@ -283,8 +314,10 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
     top, bottom = fig.subplots(2, 1)
     sources = eval_sources(runs)
     label_size = _value_label_size(len(runs))
+    colours = run_colours(len(runs))
 
     width = 0.8 / len(runs)
+    across = _label_fits_across(width, len(sources), label_size)
     heights_seen: list[float] = []
     for i, run in enumerate(runs):
         points = [100 * _number(run.metrics, f"{metric}/{s}") for s in sources]
@@ -297,20 +330,25 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
             points,
             width,
             label=_run_label(run, runs),
+            color=colours[i],
             yerr=[[e[0] for e in errors], [e[1] for e in errors]],
             capsize=2,
             error_kw={"elinewidth": 0.8},
             hatch="//" if run.partial else None,
         )
+        zero = [x for x, point in zip(xs, points) if point == 0]
+        if zero:  # a bar of height 0 is invisible: a thick stroke in its colour marks it on the axis
+            top.hlines([0.0] * len(zero), [x - 0.42 * width for x in zero], [x + 0.42 * width for x in zero],
+                       colors=colours[i], linewidth=3, zorder=3, clip_on=False)
         for x, point, error, text in zip(xs, points, errors, _labels(points)):
-            if text:  # horizontal, just above the upper whisker
+            if text:  # just above the upper whisker; upright when bars are too narrow for it
                 top.annotate(text, (x, point + error[1]), textcoords="offset points", xytext=(0, 2),
-                             ha="center", va="bottom", fontsize=label_size)
+                             ha="center", va="bottom", fontsize=label_size, rotation=0 if across else 90)
         heights_seen += [p + e[1] for p, e in zip(points, errors)]
     top.set_xticks(range(len(sources)), [source_tick_label(runs, s) for s in sources], fontsize=9)
     top.set_ylabel(axis)
     top.set_title(f"{label} per benchmark (95% bootstrap CI; n = questions)", fontsize=10)
-    top.set_ylim(0, _y_top(heights_seen))
+    top.set_ylim(0, _y_top(heights_seen, upright_labels=not across))
     top.legend(fontsize=8, ncols=min(len(runs), 4), loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
 
     xs = list(range(len(runs)))
@@ -321,29 +359,37 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
         for m, r in zip(macro, runs)
     ]
     fmt = [100 * _number(r.metrics, "format/rate") for r in runs]
-    bottom.bar(xs, macro, 0.5, label=f"macro {label}", yerr=[[e[0] for e in macro_err], [e[1] for e in macro_err]],
-               capsize=3)
-    for x, m, e, text in zip(xs, macro, macro_err, _labels(macro)):
-        if text:  # above the upper whisker
-            bottom.annotate(text, (x, m + e[1]), textcoords="offset points", xytext=(0, 2), ha="center",
+    # Two bars per checkpoint, in the checkpoint's colour from the panel above: the macro value solid,
+    # format rate outlined; every value above its own bar, so no two labels share a place.
+    pair = 0.36
+    macro_xs = [x - pair / 2 for x in xs]
+    format_xs = [x + pair / 2 for x in xs]
+    bottom.bar(macro_xs, macro, pair, color=colours, gid="macro",
+               yerr=[[e[0] for e in macro_err], [e[1] for e in macro_err]], capsize=3)
+    bottom.bar(format_xs, fmt, pair, color="white", edgecolor=colours, linewidth=1.5, hatch="..",
+               gid="format rate")
+    for x, height, text in zip([*macro_xs, *format_xs], [m + e[1] for m, e in zip(macro, macro_err)] + fmt,
+                               _labels(macro) + _labels(fmt)):
+        if text:
+            bottom.annotate(text, (x, height), textcoords="offset points", xytext=(0, 2), ha="center",
                             va="bottom", fontsize=8)
-    bottom.plot(xs, fmt, marker="o", color="tab:orange", label="format rate")
+    for x, value, colour in zip([*macro_xs, *format_xs], macro + fmt, colours + colours):
+        if value == 0:  # as above: a bar of height 0 still shows
+            bottom.hlines([0.0], [x - 0.42 * pair], [x + 0.42 * pair], colors=colour, linewidth=3, zorder=3,
+                          clip_on=False)
     bottom_top = _y_top([m + e[1] for m, e in zip(macro, macro_err)] + fmt)
-    for x, y, m, e in zip(xs, fmt, macro, macro_err):
-        if math.isnan(y):
-            continue
-        # above the marker, or below it where the bar's own label sits just above
-        below = not math.isnan(m) and 0 <= y - (m + e[1]) < 0.08 * bottom_top
-        bottom.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, -7 if below else 6),
-                        ha="center", va="top" if below else "bottom", fontsize=8, color="tab:orange")
+    from matplotlib.patches import Patch
+
+    bottom.legend(handles=[Patch(facecolor="dimgray", label=f"macro {label} (95% CI)"),
+                           Patch(facecolor="white", edgecolor="dimgray", hatch="..", label="format rate")],
+                  fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     long_labels = len(runs) > 4 or max(len(_run_label(r, runs)) for r in runs) * len(runs) > 90
     bottom.set_xticks(xs, [_run_label(r, runs) for r in runs], rotation=15 if long_labels else 0,
                       ha="right" if long_labels else "center", fontsize=8)
     bottom.set_xlim(-0.75, len(runs) - 0.25)
     bottom.set_ylabel("%")
-    bottom.set_title(f"Macro {label} and format rate across checkpoints", fontsize=10)
+    bottom.set_title(f"Macro {label} and format rate per checkpoint (colours as above)", fontsize=10)
     bottom.set_ylim(0, bottom_top)
-    bottom.legend(fontsize=8)
 
     fig.suptitle(eval_title(runs), fontsize=10)
     fig.tight_layout()
@@ -414,6 +460,48 @@ def run_title(config: Mapping[str, Any] | None, fallback: str) -> str:
     return title
 
 
+def metric_title(metric: str) -> str:
+    return METRIC_LABELS.get(metric, (metric, ""))[0]
+
+
+def metric_axis_label(metric: str) -> str:
+    """The y axis' label: the metric's unit (a share for rates, seconds for times)."""
+    if metric in METRIC_LABELS:
+        return METRIC_LABELS[metric][1]
+    if metric_range(metric) == (0.0, 1.0):
+        return "share"
+    return "seconds" if metric.startswith("time/") else metric.rsplit("/", 1)[-1].replace("_", " ")
+
+
+def constant_metrics(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, float]:
+    """``{metric: value}`` for the metrics logged at two steps or more with the same value at
+    every step (``search/success_rate`` offline): a flat line says nothing a note cannot."""
+    constant = {}
+    for metric in metrics:
+        values = run_series(rows, metric)[1]
+        if len(values) >= 2 and all(v == values[0] for v in values):
+            constant[metric] = values[0]
+    return constant
+
+
+def missing_steps(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
+    """Steps of the run (between its first and last) that logged no value for ``metric``."""
+    logged = set(run_series(rows, metric)[0])
+    return [float(r["step"]) for r in rows if float(r["step"]) not in logged]
+
+
+def _segments(steps: Sequence[float], all_steps: Sequence[float]) -> list[tuple[int, int]]:
+    """``[start, end)`` index ranges of ``steps`` that follow each other in ``all_steps``
+    without a missing step between them."""
+    position = {step: i for i, step in enumerate(all_steps)}
+    segments, start = [], 0
+    for i in range(1, len(steps) + 1):
+        if i == len(steps) or position[steps[i]] != position[steps[i - 1]] + 1:
+            segments.append((start, i))
+            start = i
+    return segments
+
+
 def run_series(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[float], list[float]]:
     """(steps, values) where the metric was logged as a finite number."""
     pairs = [(float(r["step"]), float(r[metric])) for r in rows if is_finite_number(r.get(metric))]
@@ -461,14 +549,23 @@ def run_figure(
     *,
     title: str | None = None,
     half_width: int | None = None,
+    leave_out_constant: bool = False,
 ) -> tuple[Figure, list[str]]:
     """One panel per requested metric that the run logged, over integer steps: each step as a
     faint dot, a centred moving average as the line (``half_width`` steps either side; by
-    default :func:`smoothing_half_width`), bounded metrics on their fixed range, and a red
-    vertical line at every step the collapse guard judged unhealthy. Returns the figure and
-    the metrics skipped because they never appear (so the caller can say so)."""
+    default :func:`smoothing_half_width`), bounded metrics on their fixed range, a readable
+    title and the unit on the y axis, every panel over the same steps, and a red vertical line
+    at every step the collapse guard judged unhealthy. Steps that logged no value are shaded and
+    the line breaks there. With ``leave_out_constant``, metrics with one value at every step get
+    a footnote instead of a panel. Returns the figure and the metrics skipped because they
+    never appear (so the caller can say so)."""
     present = [m for m in metrics if run_series(rows, m)[0]]
     skipped = [m for m in metrics if m not in present]
+    constant = constant_metrics(rows, present) if leave_out_constant else {}
+    if constant and len(constant) < len(present):
+        present = [m for m in present if m not in constant]
+    else:
+        constant = {}
     if not present:
         logged = sorted({k for r in rows for k in r if k != "step"})
         raise PlotInputError(
@@ -482,23 +579,36 @@ def run_figure(
     cells = [ax for row in grid for ax in row]
     windows = set()
     flagged = unhealthy_steps(rows)
+    all_steps = [float(r["step"]) for r in rows]
+    gaps = False
     for ax, metric in zip(cells, present):
         steps, values = run_series(rows, metric)
+        segments = _segments(steps, all_steps)
         width = smoothing_half_width(len(values)) if half_width is None else half_width
         if width:
             ax.plot(steps, values, linestyle="none", marker="o", markersize=2.5, alpha=0.35, color="tab:blue")
-            ax.plot(steps, smooth(values, width), color="tab:blue", linewidth=1.6)
+            for start, end in segments:  # the average never reaches across a missing step
+                ax.plot(steps[start:end], smooth(values[start:end], width), color="tab:blue", linewidth=1.6)
             windows.add(2 * width + 1)
         else:
-            ax.plot(steps, values, marker="o", markersize=3, color="tab:blue")
+            xs, ys = [], []
+            for start, end in segments:
+                xs += [*steps[start:end], math.nan]
+                ys += [*values[start:end], math.nan]
+            ax.plot(xs[:-1], ys[:-1], marker="o", markersize=3, color="tab:blue")
+        for step in missing_steps(rows, metric):
+            ax.axvspan(step - 0.5, step + 0.5, color="0.88", zorder=0, linewidth=0)
+            gaps = True
         bounds = metric_range(metric)
         if bounds is not None:
             margin = 0.05 * (bounds[1] - bounds[0])
             ax.set_ylim(bounds[0] - margin, bounds[1] + margin)
         for step in flagged:
             ax.axvline(step, color=UNHEALTHY_COLOR, alpha=0.35, linewidth=1.2)
+        ax.set_xlim(min(all_steps) - 0.5, max(all_steps) + 0.5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(metric, fontsize=9)
+        ax.set_title(metric_title(metric), fontsize=9)
+        ax.set_ylabel(metric_axis_label(metric), fontsize=8)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
@@ -511,6 +621,10 @@ def run_figure(
         footer.append(f"dots: each step; line: centred mean over {'/'.join(map(str, sorted(windows)))} steps")
     if flagged:
         footer.append(f"red lines: {len(flagged)} unhealthy step(s) (python cli.py show RUN --step K)")
+    if gaps:
+        footer.append("grey: steps that logged no value (a step with nothing to train logs no loss)")
+    if constant:
+        footer.append("the same at every step: " + ", ".join(f"{m} = {v:g}" for m, v in constant.items()))
     if skipped:
         footer.append("not logged: " + ", ".join(skipped))
     if footer:

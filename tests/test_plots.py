@@ -104,7 +104,7 @@ def test_eval_figure_bars_follow_the_data(eval_files):
     per_source = [p.get_height() for p in top.patches]
     expected = [100 * k / 10 for correct in CHECKPOINTS.values() for k in correct.values()]
     assert per_source == pytest.approx(expected)
-    macro = [p.get_height() for p in bottom.patches]
+    macro = [p.get_height() for p in bottom.patches if p.get_gid() == "macro"]
     assert macro == pytest.approx([100 * sum(c.values()) / 30 for c in CHECKPOINTS.values()])
     # the axis adapts to the data: it clears the highest error bar with room for the labels
     highest = max(
@@ -219,7 +219,7 @@ def test_run_figure_has_a_panel_per_logged_metric(tmp_path):
     rows = plots.load_run_metrics(write_metrics(tmp_path / "metrics.jsonl", 5, logged))
     fig, skipped = plots.run_figure(rows)
     assert len(fig.axes) == 4
-    assert [ax.get_title() for ax in fig.axes] == logged
+    assert [ax.get_title() for ax in fig.axes] == [plots.metric_title(m) for m in logged]
     assert skipped == ["reward/format", "rollout/search_calls", "rollout/degenerate_group_rate", "trainer/loss_mean"]
     assert png_size(plots.save_figure(fig, tmp_path / "run.png")) == (1200, 800)
 
@@ -456,3 +456,106 @@ def test_eval_figure_plots_the_chosen_answer_metric(tmp_path):
                for metric in ("em", "f1", "cover_em")}
     assert heights == pytest.approx({"em": 25.0, "f1": 100 * (0 + .25 + .5 + .75) * 2 / 8, "cover_em": 75.0})
     assert "F1" in plots.eval_figure(runs, "f1").axes[0].get_title()
+
+
+# --- what a reader sees: every legend entry matches something drawn, one colour one meaning, ------
+# --- labels that never overlap, readable panels, gaps marked --------------------------------------
+
+
+def _colour(value) -> tuple:
+    from matplotlib.colors import to_rgba
+
+    return tuple(round(c, 3) for c in to_rgba(value))
+
+
+def test_every_legend_entry_matches_something_visible_even_a_score_of_zero(tmp_path):
+    zero = write_eval_file(tmp_path / "zero.jsonl", {"nq": 0, "popqa": 0})
+    some = write_eval_file(tmp_path / "some.jsonl", {"nq": 5, "popqa": 3}, model_path="trio://run/step10-weights")
+    top = plots.eval_figure(plots.load_eval_runs([zero, some])).axes[0]
+    handles = top.get_legend().legend_handles
+    for handle in handles:
+        colour = _colour(handle.get_facecolor())
+        tall = [p for p in top.patches if _colour(p.get_facecolor()) == colour and p.get_height() > 0]
+        strokes = [c for c in top.collections if any(_colour(rgba) == colour for rgba in c.get_colors())
+                   and c.get_linewidth()[0] >= 2]
+        assert tall or strokes, f"nothing drawn in the colour of {handle.get_label()}"
+
+
+def test_the_lower_panel_gives_each_checkpoint_the_colour_it_has_above(eval_files):
+    top, bottom = plots.eval_figure(plots.load_eval_runs(eval_files)).axes
+    per_source = len(top.get_xticks())
+    above = [_colour(top.patches[i * per_source].get_facecolor()) for i in range(len(eval_files))]
+    assert len(set(above)) == len(eval_files)
+    macro = [_colour(p.get_facecolor()) for p in bottom.patches if p.get_gid() == "macro"]
+    formats = [_colour(p.get_edgecolor()) for p in bottom.patches if p.get_gid() == "format rate"]
+    assert macro == above and formats == above
+    # and no other colour carries a meaning there: the legend explains the two kinds in grey
+    legend = [_colour(h.get_facecolor()) for h in bottom.get_legend().legend_handles]
+    assert not set(legend) & set(above)
+
+
+def _overlapping_texts(ax) -> list[tuple[str, str]]:
+    renderer = ax.figure.canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts if t.get_text()]
+    return [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
+
+
+@pytest.mark.parametrize("checkpoints", [1, 3, 6])
+def test_no_two_value_labels_overlap(tmp_path, checkpoints):
+    sources = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+    files = [write_eval_file(tmp_path / f"e{i}.jsonl", {s: (i + j) % 11 for j, s in enumerate(sources)},
+                             model_path=f"trio://run/step{i}-weights") for i in range(checkpoints)]
+    # the same macro EM and format rate put the two labels of a checkpoint in the same place
+    files.append(write_eval_file(tmp_path / "all.jsonl", {s: 10 for s in sources},
+                                 model_path="trio://run/full-weights"))
+    fig = plots.eval_figure(plots.load_eval_runs(files))
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert _overlapping_texts(ax) == []
+
+
+def test_run_panels_have_readable_titles_and_a_labelled_y_axis(tmp_path):
+    logged = list(plots.DEFAULT_RUN_METRICS)
+    rows = plots.load_run_metrics(write_metrics(tmp_path / "m.jsonl", 6, logged))
+    fig, _ = plots.run_figure(rows)
+    for ax in fig.axes:
+        assert "/" not in ax.get_title() and ax.get_ylabel()
+
+
+def test_a_metric_that_never_changes_gets_a_footnote_not_a_panel_unless_asked_for(tmp_path):
+    rows = [{"step": s, "reward/mean": 0.1 * s, "search/success_rate": 1.0} for s in range(6)]
+    fig, _ = plots.run_figure(rows, ["reward/mean", "search/success_rate"], leave_out_constant=True)
+    assert [ax.get_title() for ax in fig.axes] == ["Mean reward"]
+    assert "search/success_rate = 1" in " ".join(t.get_text() for t in fig.texts)
+    asked, _ = plots.run_figure(rows, ["reward/mean", "search/success_rate"])
+    assert len(asked.axes) == 2
+
+
+def test_cli_plot_run_says_which_metric_it_left_out_for_being_constant(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "reward/mean": 0.1 * s, "search/success_rate": 1.0}) + "\n"
+                            for s in range(4)))
+    result = CliRunner().invoke(main, ["plot", "run", str(path), "-o", str(tmp_path / "r.png")])
+    assert result.exit_code == 0, result.output
+    assert "note: search/success_rate is 1 at every step; left out" in result.output
+
+
+@pytest.mark.parametrize("points", [4, 12])  # drawn as a plain line, and as dots under a smoothed line
+def test_steps_without_a_value_are_shaded_and_no_line_crosses_them(points):
+    rows = [{"step": s, "reward/mean": 0.5, "trainer/loss_mean": 0.01 * s} for s in range(points)]
+    gap = {1, 2} if points == 4 else {5, 6, 7}
+    for s in gap:
+        del rows[s]["trainer/loss_mean"]
+    fig, _ = plots.run_figure(rows, ["reward/mean", "trainer/loss_mean"])
+    reward, loss = fig.axes
+    assert reward.get_xlim() == loss.get_xlim() == (-0.5, points - 0.5)  # every panel over the same steps
+    shaded = sorted((p.get_x() + p.get_width() / 2) for p in loss.patches)
+    assert shaded == pytest.approx(sorted(gap))
+    for line in loss.get_lines():
+        if line.get_linestyle() == "None":
+            continue
+        xs = [x for x in line.get_xdata()]
+        ys = list(line.get_ydata())
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if y0 == y0 and y1 == y1:  # a drawn segment (NaN breaks the line)
+                assert not any(x0 < g < x1 for g in gap), f"the line crosses the missing steps {gap}"

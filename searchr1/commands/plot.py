@@ -110,9 +110,16 @@ def plot_run(run: Path, output: Path, metrics: tuple[str, ...], smooth: int | No
         path = plots.resolve_metrics_path(run)
         rows = plots.load_run_metrics(path)
         title = plots.run_title(plots.load_run_config(path), str(path))
-        fig, skipped = plots.run_figure(rows, metrics or default, title=title, half_width=smooth)
+        fig, skipped = plots.run_figure(rows, metrics or default, title=title, half_width=smooth,
+                                        leave_out_constant=not metrics)
     except plots.PlotInputError as exc:
         raise click.ClickException(str(exc)) from exc
     for metric in skipped:
         click.echo(f"note: {metric} not logged in {path}; skipped", err=True)
+    drawn = {ax.get_title() for ax in fig.axes}
+    if not metrics:
+        for metric, value in plots.constant_metrics(rows, default).items():
+            if plots.metric_title(metric) not in drawn:
+                click.echo(f"note: {metric} is {value:g} at every step; left out (ask for it with --metric)",
+                           err=True)
     click.echo(f"wrote {_save(fig, output)}")
