@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 from .data import DataError, SearchExample, spread_across_sources
 from .eval_metrics import EvalFileError, summary_record, trajectory_record
-from .fileio import append_text, write_text_atomically
+from .fileio import append_text, json_error_text, write_text_atomically
 from .rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
 
 HEADER_TYPE = "eval_config"
@@ -191,7 +191,7 @@ def read_existing(path: Path) -> ExistingEval:
             if number == len(lines):  # the last chunk, i.e. no newline after it
                 torn = True
                 continue
-            raise EvalFileError(f"{path}:{number}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            raise EvalFileError(f"{path}:{number}: invalid JSON ({json_error_text(exc)})") from None
         if not isinstance(record, dict):
             raise EvalFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
         kind = record.get("type", "trajectory")

@@ -203,6 +203,16 @@ def read_json_object(path: str | os.PathLike[str], error: type[Exception], what:
     return payload
 
 
+def json_error_text(error: json.JSONDecodeError, *, one_line: bool = True) -> str:
+    """``Expecting value at column 7`` (or ``at line 3, column 7`` in a document). Some of the
+    decoder's messages end in "at" already (``Unterminated string starting at``)."""
+    if one_line:
+        where = "the end of the line" if error.pos >= len(error.doc.rstrip()) else f"column {error.pos + 1}"
+    else:
+        where = f"line {error.lineno}, column {error.colno}"
+    return f"{error.msg} {where}" if error.msg.endswith(" at") else f"{error.msg} at {where}"
+
+
 def json_line(record: Any) -> str:
     return json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -249,5 +259,5 @@ def iter_json_lines(
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise error(f"{path}:{number}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+                raise error(f"{path}:{number}: invalid JSON ({json_error_text(exc)})") from None
             yield number, value

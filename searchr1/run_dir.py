@@ -34,6 +34,7 @@ from .fileio import (
     check_writable,
     cut_torn_tail,
     exclusive_lock,
+    json_error_text,
     json_line,
     write_json_atomically,
     write_text_atomically,
@@ -255,8 +256,7 @@ class RunDir:
         try:
             value = json.loads(path.read_text("utf-8"))
         except json.JSONDecodeError as error:
-            raise RunDirError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}, column "
-                              f"{error.colno})") from None
+            raise RunDirError(f"{path} is not valid JSON ({json_error_text(error, one_line=False)})") from None
         except UnicodeDecodeError:
             raise RunDirError(f"{path} is not UTF-8 text, so not a file this run wrote") from None
         except OSError as error:
