@@ -238,8 +238,10 @@ class RunDir:
 
     def open(self) -> dict[str, Any]:
         """Validate an existing run and return its configuration."""
+        if not self.path.exists():
+            raise RunDirError(f"run directory {self.path} does not exist")
         if not self.path.is_dir():
-            raise RunDirError(f"{self.path} is not a directory, so it is not a run to resume")
+            raise RunDirError(f"{self.path} is not a directory, so not a run directory")
         missing = [name for name in (CONFIG, STATE) if not self.file(name).is_file()]
         if missing:
             raise RunDirError(

@@ -141,3 +141,88 @@ def test_a_quick_bench_says_it_is_not_held_to_the_targets_and_a_full_one_reports
     report = bench_json([missed_figure()], quick=quick, seed=0)
     assert report["held_to_targets"] is (not quick) and report["all_met"] is False
     json.dumps(report)
+
+
+# --- help and messages that agree with what the commands do -----------------------------------------
+
+
+def option_help(command: str, flag: str) -> str:
+    """The help text of one option, as ``--help`` prints it (whitespace folded)."""
+    code, output = invoke(command, "--help")
+    assert code == 0, output
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {flag} "))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("  -")), len(lines))
+    return " ".join(" ".join(lines[start:end]).split())
+
+
+def test_bench_help_lists_every_figure_the_bench_runs():
+    from searchr1.bench.runner import FIGURE_NUMBERS
+
+    code, output = invoke("bench", "--help")
+    assert code == 0, output
+    for number in FIGURE_NUMBERS:
+        assert re.search(rf"^\s+{number}\s+\w", output, re.MULTILINE), f"figure {number} is not listed"
+    assert f"figures (1-{max(FIGURE_NUMBERS)};" in " ".join(output.split())
+
+
+def test_train_help_states_the_learning_rate_each_kind_of_run_gets():
+    from searchr1.commands.train import OFFLINE_LEARNING_RATE
+
+    text = option_help("train", "--learning-rate")
+    assert "4e-05" in text
+    for policy, rate in OFFLINE_LEARNING_RATE.items():
+        assert f"{rate:g}" in text and policy in text
+
+
+@pytest.mark.parametrize("command, flag, bound", [
+    ("train", "--group-size", "at least 2"), ("eval", "--group-size", "1<=x"),
+    ("train", "--max-search-calls", "0<=x"), ("eval", "--max-search-calls", "0<=x"),
+])
+def test_budget_flags_show_their_range_in_help(command, flag, bound):
+    assert bound in option_help(command, flag)
+
+
+def test_a_group_of_zero_is_not_called_a_group_of_one(tmp_path):
+    code, output = invoke("train", "--offline", "--group-size", "0", "--run-dir", tmp_path / "r")
+    assert code == 2 and "'--group-size'" in output
+    assert "group of one" not in output and "must be >= 1, got 0" in output
+
+
+def test_eval_of_a_missing_run_directory_says_it_does_not_exist(tmp_path):
+    missing = tmp_path / "no-such-run"
+    code, output = invoke("eval", "--checkpoint", missing, "--quiet")
+    assert code == 1
+    assert last_line(output) == f"Error: run directory {missing} does not exist"
+
+
+def test_eval_help_names_checkpoints_the_way_train_names_them():
+    from searchr1.rollout import RolloutConfig
+    from searchr1.trainer import TrainConfig
+
+    name = TrainConfig(data="d", rollout=RolloutConfig(), max_steps=20, run_id="0a1b2c3d").checkpoint_name(20)
+    code, output = invoke("eval", "--help")
+    assert f"{name.rsplit('-', 2)[-2]}-{name.rsplit('-', 2)[-1]}-weights" in output  # step-000020-weights
+    assert "step-20-" not in output
+
+
+def test_an_eval_without_searches_reports_no_search_success_rate_rather_than_zero():
+    from searchr1.commands.eval import format_summary
+
+    metrics = {"em/macro": 0.0, "em/macro_ci95_low": 0.0, "em/macro_ci95_high": 0.0, "em/micro": 0.0,
+               "em/micro_ci95_low": 0.0, "em/micro_ci95_high": 0.0, "format/rate": 1.0,
+               "rollout/search_calls": 0.0, "rollout/no_search_rate": 1.0, "rollout/turns": 1.0,
+               "search/requests": 0.0, "search/success_rate": 0.0}
+    text = format_summary({"metrics": metrics, "evaluated_examples": 3})
+    assert "search success - (no searches)" in text and "search success 0.000" not in text
+    searched = format_summary({"metrics": {**metrics, "search/requests": 4.0, "search/success_rate": 0.75,
+                                           "rollout/search_calls": 1.3}, "evaluated_examples": 3})
+    assert "search success 0.750" in searched
+
+
+def test_the_readme_quotes_one_starting_reward_for_the_offline_run():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+    starts = set(re.findall(r"climbs from about (\S+?) ", " ".join(readme.split())))
+    assert len(starts) == 1, f"the README gives different starting rewards: {sorted(starts)}"

@@ -72,6 +72,17 @@ def test_the_golden_command_reports_a_stale_file(tmp_path, monkeypatch):
     assert "trajectories[0].reward: golden 123.0" in result.output
 
 
+def test_the_golden_command_says_only_that_the_files_match_when_they_do(caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="searchr1.search")
+    result = CliRunner().invoke(main, ["golden", "--only", "search_error"])  # a search fails on purpose
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "1 golden file(s) match"
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == []  # printed to stderr when no test captures it
+
+
 def test_offline_files_and_cassettes_are_up_to_date():
     result = CliRunner().invoke(main, ["offline-data", "--check"])
     assert result.exit_code == 0, result.output

@@ -27,8 +27,8 @@ TITLES = {
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
 @click.option("--only", default=None, metavar="1,2,...",
-              help="Run only these figures (1-9; without it 1-7: figures 8 and 9 take minutes, and 9 needs "
-                   "`python -m searchr1.bench.lucene setup` first).")
+              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-{max(TITLES)} take minutes, "
+                   "and 9 needs `python -m searchr1.bench.lucene setup` first).")
 @click.option("--passages", type=click.IntRange(min=1000), default=None,
               help="Generated corpus size of figures 8 and 9 [default: 1,000,000; 20,000 with --quick].")
 @click.option("--strict", is_flag=True, help="Exit with status 1 when a figure misses a target (not with --quick).")
@@ -45,6 +45,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     7  steps to reward 0.8 on the offline world
     8  BM25 of our own over 1M generated passages: build rate and memory, queries/s, serve latency
     9  top-3 agreement and speed against Lucene BM25 (pyserini's Anserini; own set-up step)
+    10 steps to reward 0.8 for each loss, KL penalty and dynamic sampling, and the KL's cost per step
 
     Every figure is a ratio of two things measured in the same run. Prints a table and writes
     OUTPUT (value, target and "met" per figure). Exit status 0 even when a target is missed,

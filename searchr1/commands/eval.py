@@ -85,7 +85,8 @@ def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> N
     \b
     Offline:     python cli.py eval --offline --output eval_result/offline.jsonl
     Base model:  python cli.py eval --backend zhihu
-    Checkpoint:  python cli.py eval --backend zhihu --model-path trio://<run>/…/step-20-weights
+    Checkpoint:  python cli.py eval --backend zhihu --checkpoint runs/<run-name>
+                 python cli.py eval --backend zhihu --model-path trio://…/<run-name>-<id>-step-000020-weights
     Plot:        python cli.py plot eval eval_result/*.jsonl -o eval_result/em.png
 
     The output holds one record per question (the whole transcript: turn texts, queries,
@@ -429,6 +430,15 @@ def _report_interrupted(output: Path, error: BaseException) -> None:
                 fg="yellow", err=True)
 
 
+def _search_success(metrics: dict[str, Any]) -> str:
+    """The share of searches that succeeded, or a dash when nothing was searched (0 of 0 is not
+    a success rate of 0)."""
+    searched = metrics.get("search/requests") or metrics.get("rollout/search_calls")
+    if not searched or "search/success_rate" not in metrics:
+        return "- (no searches)"
+    return f"{metrics['search/success_rate']:.3f}"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The console view of a summary: macro/micro EM, F1 and cover EM with intervals, format,
     per-source table (F1 and cover EM only when the summary has them: older files do not)."""
@@ -453,7 +463,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             + (f"   format {m['format/rate']:.3f}" if name == "em" else ""))
     lines.append(
         f"  searches/question {m['rollout/search_calls']:.2f}   no-search rate {m['rollout/no_search_rate']:.2f}   "
-        f"turns {m['rollout/turns']:.2f}   search success {m.get('search/success_rate', 0.0):.3f}")
+        f"turns {m['rollout/turns']:.2f}   search success {_search_success(m)}")
     lines.append(f"  {'source':<18}{'n':>5}" + "".join(f"{label:>10}   {'95% CI':<15}" for _, label in names)
                  + f"{'format':>7}")
     for source in sources:

@@ -23,6 +23,7 @@ def golden(update: bool, only: str | None) -> None:
 
 
 def _golden(update: bool, only: str | None) -> None:
+    import logging
     import tempfile
 
     from ..golden import scenario_paths
@@ -33,9 +34,17 @@ def _golden(update: bool, only: str | None) -> None:
     paths = [p for p in scenario_paths() if only is None or p.stem == only]
     if not paths:
         raise click.ClickException(f"no golden scenario named {only!r}")
-    with tempfile.TemporaryDirectory(prefix="searchr1-golden-") as home, \
-            start_twin(home=home, tokenizer=tokenizer, policy="toy") as twin:
-        stale = _compare_or_write(paths, tokenizer, twin, update)
+    # Some scenarios fail a search on purpose (search_error); what they log is part of the
+    # replay, not news for the person checking the files: the comparison says what matters.
+    search_log = logging.getLogger("searchr1.search")
+    level = search_log.level
+    search_log.setLevel(logging.ERROR)
+    try:
+        with tempfile.TemporaryDirectory(prefix="searchr1-golden-") as home, \
+                start_twin(home=home, tokenizer=tokenizer, policy="toy") as twin:
+            stale = _compare_or_write(paths, tokenizer, twin, update)
+    finally:
+        search_log.setLevel(level)
     if stale:
         raise click.ClickException(f"{stale} golden file(s) differ; inspect, then `python cli.py golden --update`")
     if not update:

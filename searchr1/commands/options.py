@@ -43,11 +43,13 @@ def offline_fault_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]
              "collapse guard.")
 
 
-def rollout_options(*, group_size: int = 8,
-                    temperature: float = 1.0) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def rollout_options(*, group_size: int = 8, temperature: float = 1.0,
+                    helps: dict[str, str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Budgets and sampling flags, made from :class:`RolloutConfig`'s declarations (the seed's
-    names and defaults; a command may start from others, e.g. eval's greedy sampling)."""
-    declared = setting_options(RolloutConfig, defaults={"group_size": group_size, "temperature": temperature})
+    names and defaults; a command may start from others, e.g. eval's greedy sampling, and say
+    more about a flag in ``helps``)."""
+    declared = setting_options(RolloutConfig, defaults={"group_size": group_size, "temperature": temperature},
+                               helps=helps)
     system_prompt_file = click.option(
         "--system-prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
         help="Use this file's text as the system prompt ({max_search_calls} in it becomes the search "

@@ -56,7 +56,8 @@ COLLAPSE_EXIT_CODE = 3
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and search cassettes.")
 @setting_options(TrainConfig, defaults={"max_steps": None, "data": None})
-@rollout_options()
+@rollout_options(helps={"group_size": "Trajectories per question; training needs at least 2 (advantages compare "
+                                      "a question's samples with each other)."})
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where config, metrics and checkpoints go [default: runs/<run-name>, or -2, -3… if taken].")
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path), default=None,
