@@ -4,7 +4,8 @@
     metrics.jsonl        one line per finished step, appended and fsynced
     checkpoints.jsonl    one line per checkpoint (the resume points), appended and fsynced
     run_state.json       step, data cursor, seeds and last checkpoint (atomic rewrite)
-    metrics.rewound.jsonl  lines of steps that were undone by a resume (kept, not deleted)
+    metrics.rewound.jsonl  lines of steps that were undone by a resume, and torn last lines a
+                         resume cut off (kept, not deleted)
     checkpoints.rewound.jsonl, transcripts.rewound.jsonl
                          what a restart from an earlier step (``--from-step K``) set aside
     .lock                the pid of the process training in it (an flock the kernel drops on exit)
@@ -180,16 +181,20 @@ class RunDir:
         at its first save, after the service's retries."""
         for name in (STATE, *APPENDED):
             check_writable(self.file(name), "run file", RunDirError)
+        if self.file(TWIN_HOME).is_dir():  # an offline run's checkpoints are written there
+            check_writable(self.file(TWIN_HOME) / "checkpoint", "the offline twin's checkpoints in", RunDirError)
 
     def mend_torn_tails(self) -> list[str]:
         """Cut a torn last line (a write a crash or a full disk cut short) off every append-only
-        file, so the next record starts a line of its own; one note per file that had one."""
+        file, so the next record starts a line of its own, and keep it in ``metrics.rewound.jsonl``;
+        one note per file that had one. (``metrics.jsonl`` is mended by :meth:`rewind_to`.)"""
         notes = []
-        for name in APPENDED:
+        for name in (CHECKPOINTS, TRANSCRIPTS, REWOUND, CHECKPOINTS_REWOUND, TRANSCRIPTS_REWOUND):
             cut = cut_torn_tail(self.file(name))
             if cut:
+                append_json_line(self.file(REWOUND), {"torn_line": cut.decode("utf-8", "replace"), "file": name})
                 notes.append(f"{self.file(name)}: cut off a torn last line ({len(cut)} bytes, a write that did "
-                             "not finish)")
+                             f"not finish; kept in {REWOUND})")
         return notes
 
     def check_consistent(self, config: dict[str, Any]) -> None:

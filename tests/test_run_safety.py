@@ -194,6 +194,8 @@ def test_a_resume_cuts_a_torn_last_line_so_no_record_is_swallowed(tmp_path):
     code, output = run_cli("train", "--resume", run_dir)
     assert code == 0, output
     assert f"{run_dir / TRANSCRIPTS_FILE}: cut off a torn last line" in output
+    kept = [json.loads(line) for line in (run_dir / "metrics.rewound.jsonl").read_text().splitlines()]
+    assert [k["torn_line"][:2] for k in kept if k.get("file") == TRANSCRIPTS_FILE] == ['{"']  # kept, not lost
     found = read_run_transcripts(run_dir / TRANSCRIPTS_FILE)
     assert found.torn_lines == []
     assert {step: len(records) for step, records in found.by_step.items()} == {0: 4, 1: 4, 2: 4}
