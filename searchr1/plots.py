@@ -64,6 +64,13 @@ METRIC_LABELS = {
     "rollout/degenerate_group_rate": ("Groups with equal rewards", "share of groups"),
     "trainer/loss_mean": ("Training loss", "loss"),
     "time/step_seconds": ("Time per step", "seconds"),
+    "health/entropy": ("Sampler entropy (estimate)", "nats per token"),
+    "health/mismatch_k3": ("Sampler-learner mismatch (k3)", "k3"),
+    "health/ratio_max_deviation": ("Largest importance-ratio deviation", "max |ratio - 1|"),
+    "health/repeated_turn_share": ("Turns repeating an earlier turn", "share of turns"),
+    "health/action_tokens_mean": ("Sampled tokens per trajectory", "tokens (mean)"),
+    "health/action_tokens_p95": ("Sampled tokens per trajectory, p95", "tokens"),
+    "rollout/termination/answer": ("Trajectories that answered", "share of trajectories"),
 }
 RUN_METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.json"

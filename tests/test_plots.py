@@ -514,10 +514,12 @@ def test_no_two_value_labels_overlap(tmp_path, checkpoints):
         assert _overlapping_texts(ax) == []
 
 
-def test_run_panels_have_readable_titles_and_a_labelled_y_axis(tmp_path):
-    logged = list(plots.DEFAULT_RUN_METRICS)
+@pytest.mark.parametrize("panels", [plots.DEFAULT_RUN_METRICS, plots.HEALTH_RUN_METRICS], ids=["default", "health"])
+def test_run_panels_have_readable_titles_and_a_labelled_y_axis(tmp_path, panels):
+    logged = list(panels)
     rows = plots.load_run_metrics(write_metrics(tmp_path / "m.jsonl", 6, logged))
-    fig, _ = plots.run_figure(rows)
+    fig, _ = plots.run_figure(rows, logged)
+    assert len(fig.axes) == len(logged)
     for ax in fig.axes:
         assert "/" not in ax.get_title() and ax.get_ylabel()
 
