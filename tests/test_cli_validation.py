@@ -198,7 +198,7 @@ def test_eval_of_a_missing_run_directory_says_it_does_not_exist(tmp_path):
 
 def test_eval_help_names_checkpoints_the_way_train_names_them():
     from searchr1.rollout import RolloutConfig
-    from searchr1.trainer import TrainConfig
+    from searchr1.train_config import TrainConfig
 
     name = TrainConfig(data="d", rollout=RolloutConfig(), max_steps=20, run_id="0a1b2c3d").checkpoint_name(20)
     code, output = invoke("eval", "--help")

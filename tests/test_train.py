@@ -241,16 +241,16 @@ def test_a_second_ctrl_c_quits_at_once_and_resume_restarts_at_the_last_checkpoin
 
 
 def test_quitting_at_once_before_any_checkpoint_does_not_promise_a_checkpoint(tmp_path, monkeypatch):
-    from searchr1 import trainer
+    from searchr1 import pipeline
 
-    original = trainer.rollout_batch_async
+    original = pipeline.rollout_batch_async
 
     async def rollout(*args, step, **kwargs):
         if step == 1:  # what the second Ctrl-C does: KeyboardInterrupt wherever the run is
             raise KeyboardInterrupt
         return await original(*args, step=step, **kwargs)
 
-    monkeypatch.setattr(trainer, "rollout_batch_async", rollout)
+    monkeypatch.setattr(pipeline, "rollout_batch_async", rollout)
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(main, [*BASE, "--max-steps", "4", "--save-every", "50", "--run-dir", str(run_dir)])
     assert result.exit_code == 130, result.output
