@@ -184,8 +184,9 @@ _WHAT_SHOW_READS = "show reads a run directory, its transcripts.jsonl, or an eva
 
 
 def _is_transcript(record: Mapping[str, Any]) -> bool:
-    """A trajectory record: the question and the turns the model took."""
-    return isinstance(record.get("turns"), list) and "question" in record
+    """A trajectory record: marked as one, or holding a question and the model's turns (whatever
+    their shape: the viewer shows odd fields rather than refusing them)."""
+    return record.get("type") == "trajectory" or ("turns" in record and "question" in record)
 
 
 def transcript_source_kind(path: str | os.PathLike[str]) -> str:
