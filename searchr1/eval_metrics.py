@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .fileio import iter_json_lines
-from .trajectory import TERMINATIONS, Trajectory
+from .core.trajectory import TERMINATIONS, Trajectory
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -156,7 +156,7 @@ def answer_score(record: Mapping[str, Any], name: str) -> float:
         return float(record[name])
     if record.get("termination") != "answer":
         return 0.0
-    from .reward import score_answer
+    from .core.reward import score_answer
 
     result = score_answer(str(record.get("final_text") or ""), [str(a) for a in record.get("answers", [])])
     return result.f1 if name == "f1" else float(result.cover_em)

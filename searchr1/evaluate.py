@@ -48,7 +48,7 @@ from typing import Any, Protocol
 from .data import DataError, SearchExample, spread_across_sources
 from .eval_metrics import EvalFileError, summary_record, trajectory_record
 from .fileio import append_text, json_error_text, write_text_atomically
-from .rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
+from .core.rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
 
 HEADER_TYPE = "eval_config"
 MIN_FAILURES_TO_ABORT = 3

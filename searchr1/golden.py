@@ -18,11 +18,11 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from .datum import build_training_datums
+from .core.datum import build_training_datums
 from .offline import REPO_ROOT
-from .rollout import RolloutConfig, rollout_batch_async
+from .core.rollout import RolloutConfig, rollout_batch_async
 from .twin.scenario import Scenario, ScenarioError, load_scenario
-from .trajectory import Trajectory
+from .core.trajectory import Trajectory
 
 GOLDEN_DIR = REPO_ROOT / "golden"
 SCENARIO_DIR = GOLDEN_DIR / "scenarios"

@@ -40,7 +40,7 @@ DEFAULT_RUN_METRICS = (
     "trainer/loss_mean",
     "time/step_seconds",
 )
-# `plot run --health`: the collapse guard's diagnostics (searchr1.diagnostics, searchr1.health)
+# `plot run --health`: the collapse guard's diagnostics (searchr1.core.diagnostics, searchr1.core.health)
 HEALTH_RUN_METRICS = (
     "health/entropy",
     "health/mismatch_k3",

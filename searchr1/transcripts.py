@@ -29,7 +29,7 @@ from typing import Any
 
 from .eval_metrics import EvalFileError, read_eval_records, trajectory_record
 from .fileio import append_text, json_line
-from .trajectory import Trajectory
+from .core.trajectory import Trajectory
 
 TRANSCRIPTS_FILE = "transcripts.jsonl"
 DEFAULT_TRANSCRIPTS_PER_STEP = 4

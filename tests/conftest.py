@@ -1,11 +1,32 @@
 """Shared fixtures. The real Qwen3.5 tokenizer is built once per machine (cached on disk)
-and loaded once per test session."""
+and loaded once per test session.
+
+The suite is laid out like the package: ``tests/core`` (the core), ``tests/search`` (the search
+layer), ``tests/twin``, ``tests/commands`` and ``tests/bench`` (end to end through the twin and
+the CLI), and the harness modules' tests at the top. Everything under the end-to-end folders is
+marked ``slow``, like any other test marked so by hand; ``pytest -m "not slow"`` leaves them out.
+"""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from searchr1.tokenizer import shared_tokenizer
+
+# The quick lane (CONTRIBUTING) runs with --hypothesis-profile=quick: fewer examples per property
+# (a test that sets its own max_examples keeps it).
+settings.register_profile("quick", max_examples=20)
+
+
+END_TO_END = ("twin", "commands", "bench")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = item.path.parts
+        if "tests" in parts and parts[parts.index("tests") + 1] in END_TO_END:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from searchr1.eval_metrics import (
     summary_record,
     trajectory_record,
 )
-from searchr1.trajectory import TERMINATIONS, AssistantTurn, SearchRecord, Trajectory
+from searchr1.core.trajectory import TERMINATIONS, AssistantTurn, SearchRecord, Trajectory
 
 
 def record(

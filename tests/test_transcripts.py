@@ -12,13 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from searchr1.data import SearchExample
-from searchr1.rollout import RolloutConfig, rollout_batch_async
+from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.offline import SCENARIO
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.services import scripted_sampling_client
 from searchr1.twin.scenario import load_scenario
 from searchr1.search.types import SearchItem, SearchResult
-from searchr1.trajectory import Trajectory
+from searchr1.core.trajectory import Trajectory
 from searchr1.transcripts import (
     TRANSCRIPTS_FILE,
     append_transcripts,

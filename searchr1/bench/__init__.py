@@ -13,5 +13,5 @@ shared machine):
 5. :mod:`.step_overhead`: the local overhead of one offline training step, by phase.
 
 :mod:`.report` prints the table and writes ``bench.json``. Not part of pytest (only a smoke
-test of the structure, ``tests/test_bench.py``).
+test of the structure, ``tests/bench/test_bench.py``).
 """

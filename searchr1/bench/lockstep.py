@@ -8,7 +8,7 @@ slowest search (head-of-line blocking, ``seed-system.md`` §2.4 and §15 item 2)
 
 Only the scheduling is the seed's. Everything a trajectory decides (parsing, budgets, the
 observation fitting, token stitching, seeds, scoring, advantages) is the real code of
-:mod:`searchr1.rollout` and :mod:`searchr1.protocol`, so for the same scenario both schedulers
+:mod:`searchr1.core.rollout` and :mod:`searchr1.core.protocol`, so for the same scenario both schedulers
 produce the same trajectories token for token; the benchmark asserts that before it compares
 their timings. (The seed's other differences, such as its seeds and its ``tool_overflow="end"``
 behaviour, are deliberately not reproduced: they would change the trajectories, not the
@@ -22,14 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..advantage import assign_group_advantages
+from ..core.advantage import assign_group_advantages
 from ..data import SearchExample
-from ..protocol import (
+from ..core.protocol import (
     initial_messages,
     stop_sequences,
     template_boundaries,
 )
-from ..rollout import (
+from ..core.rollout import (
     MalformedSampleError,
     PendingSearch,
     RolloutConfig,
@@ -42,7 +42,7 @@ from ..rollout import (
     score_trajectory,
 )
 from ..search.types import SearchBackend
-from ..trajectory import AssistantTurn, Trajectory
+from ..core.trajectory import AssistantTurn, Trajectory
 
 DEFAULT_SEARCH_CONCURRENCY = 16  # the seed's RolloutConfig.search_concurrency
 

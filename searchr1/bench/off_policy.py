@@ -64,8 +64,8 @@ def _world_search(seed: int, *, latency_tail: bool = True) -> Any:
 
 def _config(steps: int, *, k: int = 0, accumulation: str = "sdk", questions: int = 8, group: int = 8) -> Any:
     from ..offline import TRAIN
-    from ..rollout import RolloutConfig
-    from ..train_config import TrainConfig
+    from ..core.rollout import RolloutConfig
+    from ..core.train_config import TrainConfig
 
     return TrainConfig(max_steps=steps, data=str(TRAIN), run_name="bench", questions_per_batch=questions,
                        learning_rate=0.2, save_every=0, transcripts_per_step=0, offline=True,
@@ -76,7 +76,7 @@ def _config(steps: int, *, k: int = 0, accumulation: str = "sdk", questions: int
 def _train(service: Any, config: Any, tokenizer: Any, search: Any, home: Path) -> list[dict[str, Any]]:
     from ..data import shuffled_examples
     from ..run_dir import RunDir
-    from ..trainer import Trainer
+    from ..core.trainer import Trainer
 
     run = RunDir(home / f"run-k{config.max_steps_off_policy}-{config.accumulation}-{time.monotonic_ns()}")
     run.create(config.to_json())
@@ -90,11 +90,11 @@ async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any
     """The sequential step as it was before the pipeline, for the K=0 identity check."""
     import pytrio as trio
 
-    from ..advantage import summarize_groups
+    from ..core.advantage import summarize_groups
     from ..data import shuffled_examples, take_batch
-    from ..datum import build_training_datums
-    from ..metrics import rollout_metrics
-    from ..rollout import rollout_batch_async
+    from ..core.datum import build_training_datums
+    from ..core.metrics import rollout_metrics
+    from ..core.rollout import rollout_batch_async
 
     client = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
                                                  seed=config.seed)
@@ -185,7 +185,7 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
 @contextlib.contextmanager
 def _seed_systems_seeds() -> Iterator[None]:
     """Every step samples with the same seeds (the seed's ``seed + index``)."""
-    from .. import rollout
+    from ..core import rollout
 
     original = rollout.sampling_seed
     rollout.sampling_seed = lambda base, step, question, group, turn: original(base, 0, question, group, turn)

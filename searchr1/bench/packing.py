@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..datum import TrainingDatum
-from ..packing import (
+from ..core.datum import TrainingDatum
+from ..core.packing import (
     MAX_DATUM_TOKENS,
     MAX_MICRO_BATCH_ITEMS,
     MAX_MICRO_BATCH_PADDED_TOKENS,

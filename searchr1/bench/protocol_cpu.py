@@ -4,7 +4,7 @@ The seed built the next prompt once per candidate item with four chat-template r
 (canonical prompt, the same with an empty assistant turn to learn the closing tokens, the
 conversation ending with the assistant turn, and the next prompt), so a result of three items
 cost twelve renders (``seed-system.md`` §1.6, §2.3). Ours sizes the items with the tokenizer and
-renders twice, once, for the chosen content (:func:`searchr1.rollout.fit_tool_content`).
+renders twice, once, for the chosen content (:func:`searchr1.core.rollout.fit_tool_content`).
 
 The tool turns are those of a real step: a zero-latency rollout of 8 questions x 8 samples with
 up to 4 searches of 3 items each, through the real engine and the real tokenizer. Each tool
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocol import (
+from ..core.protocol import (
     RENDERS,
     TemplateDriftError,
     assistant_message,
@@ -30,10 +30,10 @@ from ..protocol import (
     suffix_prefix_overlap,
     tool_message,
 )
-from ..rollout import RolloutConfig, fit_tool_content, rollout_batch_async
+from ..core.rollout import RolloutConfig, fit_tool_content, rollout_batch_async
 from ..twin.scripted_search import ScriptedSearch
 from ..search.types import SearchResult, observation_candidates
-from ..trajectory import Trajectory
+from ..core.trajectory import Trajectory
 from .report import Figure, Measure
 from .workload import WorkloadSpec, build_workload, median, quick_spec
 

@@ -26,7 +26,7 @@ import dataclasses
 import time
 from typing import Any
 
-from ..rollout import rollout_batch_async
+from ..core.rollout import rollout_batch_async
 from ..twin.scripted_search import ScriptedSearch
 from .lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout
 from .report import Figure, Measure

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from ..rollout import rollout_batch_async
+from ..core.rollout import rollout_batch_async
 from ..search.cache import QueryCache, normalise_query
 from ..search.fake_service import FakeSearchService
 from ..search.testing import mock_backend

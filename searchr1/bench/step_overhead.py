@@ -1,6 +1,6 @@
 """Figure 5: the local overhead of one offline training step, by phase.
 
-The real :class:`~searchr1.trainer.Trainer` runs a few steps of 8 questions x 8 samples with the
+The real :class:`~searchr1.core.trainer.Trainer` runs a few steps of 8 questions x 8 samples with the
 real pytrio client against the offline twin (in a process of its own, serving the workload's
 script) and an in-memory search backend, all with zero latency, so every second this process
 spends is local CPU, as it would be live: the service's work happens in the other process. The
@@ -97,12 +97,12 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
 
 def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,
                          spec: WorkloadSpec | None = None) -> Figure:
-    from .. import pipeline as pipeline_module
-    from .. import trainer as trainer_module
-    from ..pipeline import RolloutPipeline
+    from ..core import pipeline as pipeline_module
+    from ..core import trainer as trainer_module
+    from ..core.pipeline import RolloutPipeline
     from ..run_dir import RunDir
-    from ..train_config import TrainConfig
-    from ..trainer import Trainer
+    from ..core.train_config import TrainConfig
+    from ..core.trainer import Trainer
 
     started = time.perf_counter()
     steps = steps if steps is not None else (2 if quick else 4)

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..rollout import RolloutConfig
+from ..core.rollout import RolloutConfig
 from ..search.types import SearchItem, SearchResult
-from ..trajectory import Trajectory
+from ..core.trajectory import Trajectory
 from ..twin.config import Latencies
 from ..twin.scenario import Scenario, parse_scenario
 
@@ -208,7 +208,7 @@ def searched_queries(trajectory: Trajectory) -> list[str]:
     """Queries this trajectory sent (a tool call ended by ``tool_overflow`` was searched too)."""
     queries = [s.query for s in trajectory.searches]
     if trajectory.termination == "tool_overflow" and trajectory.turns:
-        from ..protocol import parse_assistant
+        from ..core.protocol import parse_assistant
 
         parsed = parse_assistant(trajectory.turns[-1].text)
         if parsed.query:

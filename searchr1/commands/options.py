@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..fileio import FileInUseError, is_write_failure, write_failure_line
-from ..rollout import RolloutConfig
+from ..core.rollout import RolloutConfig
 from .settings_options import setting_options, take_settings
 
 

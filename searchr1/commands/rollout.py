@@ -41,7 +41,7 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
 
     from ..offline import REPO_ROOT
     from ..progress import CountingBar
-    from ..rollout import rollout_batch_async
+    from ..core.rollout import rollout_batch_async
     from ..offline import SCENARIO
     from ..services import load_tokenizer, scripted_sampling_client, search_backend
     from ..twin.scenario import load_scenario

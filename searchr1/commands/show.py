@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from ..loss_options import algorithm_of, describe_algorithm
+from ..core.loss_options import algorithm_of, describe_algorithm
 
 DEFAULT_LIMIT = 20
 

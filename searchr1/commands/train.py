@@ -13,10 +13,10 @@ from typing import Any
 import click
 
 from ..loggers import LOGGER_NAMES, SWANLAB_MODES
-from ..loss_options import parse_loss_fn_config
-from ..rollout import RolloutConfig
+from ..core.loss_options import parse_loss_fn_config
+from ..core.rollout import RolloutConfig
 from ..search.cli_options import SearchOptions, search_options
-from ..train_config import TrainConfig
+from ..core.train_config import TrainConfig
 from .options import (
     check_offline_group_size,
     connect_timeout_option,
@@ -126,8 +126,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         offline_service,
         search_backend,
     )
-    from ..train_config import new_run_id
-    from ..trainer import CollapseDetected, Trainer, TrainingStopped
+    from ..core.train_config import new_run_id
+    from ..core.trainer import CollapseDetected, Trainer, TrainingStopped
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
     resume_dir: Path | None = kwargs.pop("resume")
@@ -445,7 +445,7 @@ def _free_run_dir(root: Path, name: str) -> Path:
 
 def _health_rules(given: tuple[str, ...]) -> dict[str, float | None]:
     """``--health-rule NAME=VALUE`` flags as the thresholds they set (None: the rule is off)."""
-    from ..health import parse_rule_override
+    from ..core.health import parse_rule_override
 
     rules: dict[str, float | None] = {}
     for text in given:

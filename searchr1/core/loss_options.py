@@ -1,0 +1,78 @@
+"""Which policy loss a run asks the service for, and the ``--loss-fn-config`` it sends.
+
+PyTRIO 0.2.9 accepts ``importance_sampling`` (the seed's), ``ppo``, ``cispo`` and ``dro`` with
+the same three inputs (target tokens, the sampler's logprobs, advantages) and sends
+``loss_fn_config`` to the server unchanged. The keys a server reads are its own (Tinker
+documents ``clip_low_threshold`` / ``clip_high_threshold`` for ``ppo`` and ``cispo`` and
+``beta`` for ``dro``); this module only parses them, so a live run passes whatever the user
+wrote and the offline twin (:mod:`searchr1.twin.losses`) is where unknown keys are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+POLICY_LOSS_FNS = ("importance_sampling", "ppo", "cispo", "dro")
+DEFAULT_LOSS_FN = "importance_sampling"
+KL_ESTIMATORS = ("k1", "k3")  # searchr1.core.kl
+
+
+def parse_loss_fn_config(items: Iterable[str]) -> dict[str, float | int | str | bool]:
+    """``KEY=VALUE`` strings (``--loss-fn-config``, repeatable) as a dict. Values that read as
+    numbers become ints or floats, ``true``/``false`` become booleans, anything else stays a
+    string. A malformed item, an empty key, a repeated key or a non-finite number raises
+    ValueError naming the item."""
+    config: dict[str, float | int | str | bool] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key or not raw:
+            raise ValueError(f"--loss-fn-config {item!r}: expected KEY=VALUE, e.g. clip_high_threshold=1.28")
+        if key in config:
+            raise ValueError(f"--loss-fn-config {key} is given twice")
+        config[key] = _value(item, raw)
+    return config
+
+
+def _value(item: str, raw: str) -> float | int | str | bool:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    try:
+        return int(raw)
+    except ValueError:
+        pass
+    try:
+        number = float(raw)
+    except ValueError:
+        return raw
+    if not math.isfinite(number):
+        raise ValueError(f"--loss-fn-config {item!r}: {raw} is not a finite number")
+    return number
+
+
+# What a training run's config.json records about its algorithm, with the defaults a config
+# written before these options existed implies (the seed's recipe).
+ALGORITHM_DEFAULTS: dict[str, object] = {
+    "loss_fn": DEFAULT_LOSS_FN, "loss_fn_config": {}, "kl_coef": 0.0, "kl_estimator": "k3",
+    "advantage_mode": "mean", "reward": "em", "dynamic_sampling": False,
+}
+
+
+def algorithm_of(config: dict[str, object]) -> dict[str, object]:
+    """The algorithm fields of a training run's config (defaults where absent)."""
+    return {key: config.get(key, default) for key, default in ALGORITHM_DEFAULTS.items()}
+
+
+def describe_algorithm(algorithm: dict[str, object]) -> str:
+    """``importance_sampling, advantage mean, reward em`` plus what else is on, in one line."""
+    loss = str(algorithm.get("loss_fn", DEFAULT_LOSS_FN))
+    settings = algorithm.get("loss_fn_config") or {}
+    if isinstance(settings, dict) and settings:
+        loss += " (" + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) + ")"
+    parts = [loss, f"advantage {algorithm.get('advantage_mode', 'mean')}", f"reward {algorithm.get('reward', 'em')}"]
+    if float(algorithm.get("kl_coef") or 0.0):  # type: ignore[arg-type]
+        parts.append(f"KL {algorithm['kl_coef']} ({algorithm.get('kl_estimator', 'k3')})")
+    if algorithm.get("dynamic_sampling"):
+        parts.append("dynamic sampling")
+    return ", ".join(parts)

@@ -1,0 +1,548 @@
+"""The rollout engine: every trajectory is its own small state machine.
+
+    sample -> parse -> (answer | invalid | over budget: end)
+                    -> search -> fit the observation -> stitch tokens -> sample -> ...
+
+The first turn of a question is one sampling request with ``num_samples = group_size`` on the
+shared prompt. From then on each trajectory runs as its own asyncio task, strictly
+sequential inside itself and concurrent with all others, under one global sampling
+semaphore (the search backend applies its own caps). Nobody waits for the slowest sample or
+the slowest search of a "round": there are no rounds.
+
+Trajectories keep exactly the tokens the sampler returned; the chat template is used only
+for the environment's tokens (see :mod:`searchr1.core.protocol`). Given the same scenario,
+cassettes and seed, the result does not depend on the order in which requests complete:
+every sampling seed is derived from (step, question, sample, turn), never from a counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .advantage import assign_group_advantages
+from ..data import SearchExample
+from .protocol import (
+    assistant_message,
+    build_next_prompt,
+    build_prompt,
+    initial_messages,
+    missing_closing,
+    observation_tokens,
+    parse_assistant,
+    plain_tokens,
+    search_tool,
+    stop_sequences,
+    system_prompt,
+    template_boundaries,
+    tool_message,
+)
+from .reward import FORMAT_PENALTY, score_answer
+from ..search.types import SearchBackend, SearchResult, observation_candidates
+from ..settings import check_settings, setting
+from .trajectory import AssistantTurn, SearchRecord, Trajectory
+
+log = logging.getLogger("searchr1.core.rollout")
+T = TypeVar("T")
+
+TOOL_OVERFLOW_MODES = ("truncate", "end")
+TRUNCATION_MARKER = " [... truncated to fit the budget]"
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Budgets and sampling of one rollout (the seed's names and defaults). Each field is declared
+    once with its rule and help (:mod:`searchr1.settings`): the flags of train, eval and rollout
+    are made from these lines."""
+
+    group_size: int = setting(8, at_least=1, help="Trajectories per question.")
+    max_search_calls: int = setting(4, at_least=0, help="Searches per trajectory.")
+    max_assistant_turns: int = setting(6, at_least=1, help="Assistant turns per trajectory.")
+    max_trajectory_tokens: int = setting(8192, at_least=1,
+                                         help="Whole-sequence budget (also the training datum limit).")
+    max_assistant_tokens: int = setting(1024, at_least=1, help="Generation cap per assistant turn.")
+    max_tool_response_tokens: int = setting(1024, at_least=1, help="Cap on one observation's content.")
+    temperature: float = setting(1.0, at_least=0.0, help="Sampling temperature.")
+    top_p: float = setting(1.0, above=0.0, at_most=1.0, help="Nucleus sampling mass.")
+    seed: int = setting(42, cli=False)  # the command's --seed
+    # Scheduling and robustness (not in the seed).
+    sampling_concurrency: int = setting(64, at_least=1, help="Sampling requests in flight at once.")
+    sample_timeout: float | None = setting(
+        900.0, above=0.0, help="Seconds before one sampling request is abandoned (then retried).")
+    sample_retries: int = setting(2, at_least=0, help="Retries of a retryable sampling failure.")
+    sample_retry_backoff: float = setting(1.0, at_least=0.0, cli=False)
+    max_sampler_failure_fraction: float = setting(0.25, at_least=0.0, at_most=1.0, cli=False)
+    # "truncate": when not even the first item fits, cut it at a token boundary and say so;
+    # "end": the seed's behaviour, the trajectory ends on its tool call.
+    tool_overflow: str = setting(
+        "truncate", choices=TOOL_OVERFLOW_MODES,
+        help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
+    # Tell the model its search budget in the system prompt (the seed did not).
+    state_search_budget: bool = setting(True, cli=False)
+    # The user's own wording (--system-prompt-file, --tool-description); None = the default.
+    system_prompt: str | None = setting(None, cli=False)
+    tool_description: str | None = setting(
+        None, metavar="TEXT", default_text="the project's wording",
+        help="Description of the search tool shown to the model.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return [search_tool(self.tool_description)]
+
+
+def effective_system_prompt(config: RolloutConfig) -> str:
+    """The system message every trajectory of ``config`` starts with."""
+    return system_prompt(config.max_search_calls if config.state_search_budget else None, config.system_prompt)
+
+
+class SamplerFailureError(RuntimeError):
+    """Too large a share of the batch could not be sampled."""
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    prompt_tokens: list[int]
+    num_samples: int
+    max_tokens: int
+    seed: int
+
+
+def sampling_seed(base: int, step: int, question_index: int, group_index: int, turn: int) -> int:
+    """A 31-bit seed that differs for every step, question, sample and turn.
+
+    The seed reused ``seed + index`` every training step, so sampling noise was the same
+    each step; hashing the step in removes that correlation.
+    """
+    material = f"{base}/{step}/{question_index}/{group_index}/{turn}".encode()
+    return int.from_bytes(hashlib.blake2b(material, digest_size=4).digest(), "big") & 0x7FFFFFFF
+
+
+def make_request(
+    tokenizer: Any,
+    trajectory: Trajectory,
+    trajectory_index: int,
+    num_samples: int,
+    seed: int,
+    config: RolloutConfig,
+) -> SampleRequest | None:
+    """The next sampling request, or ``None`` (and the trajectory ends on ``token_budget``)
+    when the trajectory has no room left for even one generated token."""
+    if trajectory.next_prompt_tokens is not None:
+        prompt = trajectory.next_prompt_tokens
+    else:
+        prompt = build_prompt(tokenizer, trajectory.messages, tools=config.tools)
+    max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))
+    if max_tokens <= 0:
+        trajectory.finish("prompt_too_long" if not trajectory.turns else "token_budget")
+        return None
+    return SampleRequest(list(prompt), num_samples, max_tokens, seed)
+
+
+class MalformedSampleError(ValueError):
+    """The sampler answered, but not with what was asked for."""
+
+
+def read_sequence(sequence: Any, tokenizer: Any) -> tuple[list[int], list[float], str, str]:
+    """Tokens, logprobs, text and stop reason of one sampled sequence."""
+    tokens = [int(t) for t in sequence.tokens]
+    logprobs = [float(x) for x in sequence.logprobs]
+    if len(tokens) != len(logprobs):
+        raise MalformedSampleError(f"sampler returned {len(tokens)} tokens but {len(logprobs)} logprobs")
+    text = sequence.text if sequence.text is not None else tokenizer.decode(tokens, skip_special_tokens=True)
+    return tokens, logprobs, text, str(getattr(sequence, "stop_reason", "") or "")
+
+
+def is_sampler_failure(error: BaseException) -> bool:
+    """A failure of the sampling service (the trajectory ends as ``sampler_error``).
+
+    Anything else (a bug, a scenario that does not match, a missing cassette entry) is not the
+    service's fault and propagates.
+    """
+    from pytrio import PyTrioError
+
+    return isinstance(error, (PyTrioError, TimeoutError, ConnectionError, OSError, MalformedSampleError))
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Worth another sampling attempt: timeouts, dropped connections, and SDK errors that say so."""
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
+        return True
+    return getattr(error, "retryable", False) is True
+
+
+@dataclass(frozen=True)
+class FittedObservation:
+    content: str
+    next_prompt: list[int]
+    truncated: bool
+
+
+def _truncate_to_fit(tokenizer: Any, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
+    """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``.
+    Counted with :func:`plain_tokens`, as the observation will be tokenised."""
+    ids = plain_tokens(tokenizer, text)
+    keep = min(len(ids), limit)
+    while keep > 0:
+        head = tokenizer.decode(ids[:keep], skip_special_tokens=False).rstrip("\ufffd")
+        candidate = head.rstrip() + TRUNCATION_MARKER
+        if head.strip() and budget(candidate):
+            return candidate
+        keep = keep - max(1, keep // 8) if keep > 64 else keep - 1
+    return None
+
+
+def fit_tool_content(
+    tokenizer: Any,
+    messages_before_assistant: list[dict[str, Any]],
+    assistant_text: str,
+    previous_prompt_tokens: Sequence[int],
+    completion_tokens: Sequence[int],
+    call_id: str,
+    result: SearchResult,
+    config: RolloutConfig,
+) -> FittedObservation | None:
+    """The tool message content and the next prompt, or ``None`` when nothing fits.
+
+    Whole items are added greedily in rank order while the joined content stays within
+    ``max_tool_response_tokens`` and the next prompt leaves room for at least one generated
+    token; the first item that does not fit stops the loop (as the seed). Sizes come from the
+    tokenizer directly; the template is rendered twice, once, for the chosen content. If not
+    even the first item fits, ``tool_overflow="truncate"`` cuts it at a token boundary with a
+    visible marker; ``"end"`` returns ``None`` (the seed).
+    """
+    base = len(previous_prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
+    room = config.max_trajectory_tokens - 1 - base  # leave one token for the next turn
+
+    def fits(content: str) -> bool:
+        if len(plain_tokens(tokenizer, content)) > config.max_tool_response_tokens:
+            return False
+        return len(observation_tokens(tokenizer, content)) <= room
+
+    accepted: list[str] = []
+    for candidate in observation_candidates(result):
+        joined = "\n\n".join(accepted + [candidate])
+        if not fits(joined):
+            break
+        accepted.append(candidate)
+    truncated = False
+    if accepted:
+        content = "\n\n".join(accepted)
+    elif config.tool_overflow == "truncate":
+        first = observation_candidates(result)[0]
+        cut = _truncate_to_fit(tokenizer, first, fits, config.max_tool_response_tokens)
+        if cut is None:
+            return None
+        content, truncated = cut, True
+    else:
+        return None
+    next_prompt = build_next_prompt(
+        tokenizer,
+        messages_before_assistant,
+        assistant_text,
+        previous_prompt_tokens,
+        completion_tokens,
+        tool_message(call_id, content),
+        tools=config.tools,
+    )
+    return FittedObservation(content, next_prompt, truncated)
+
+
+def score_trajectory(trajectory: Trajectory, *, reward: str = "em") -> None:
+    """Score the final answer (``reward``: em, f1 or cover_em, :mod:`searchr1.core.reward`; every
+    score is recorded whichever is the reward); a trajectory that did not end by answering
+    gets the format penalty.
+
+    The seed scored the text of whatever turn came last, so a malformed or over-budget tool
+    call that also carried an ``Answer:`` line could earn 1.0: a reward for breaking the
+    protocol. Here only an ``answer`` termination is scored.
+    """
+    if trajectory.termination != "answer":
+        trajectory.reward, trajectory.valid_format, trajectory.exact_match = FORMAT_PENALTY, False, False
+        trajectory.f1, trajectory.cover_em = 0.0, False
+        return
+    result = score_answer(trajectory.final_text, trajectory.example.answers, reward=reward)
+    trajectory.reward = result.reward
+    trajectory.valid_format = result.valid_format
+    trajectory.exact_match = result.exact_match
+    trajectory.f1, trajectory.cover_em = result.f1, result.cover_em
+
+
+@dataclass(frozen=True)
+class PendingSearch:
+    """A valid tool call within budget, waiting for its search result."""
+
+    trajectory: Trajectory
+    messages_before_assistant: list[dict[str, Any]]
+    assistant_text: str
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    call_id: str
+    query: str
+
+
+def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Any,
+                      config: RolloutConfig) -> PendingSearch | None:
+    """Record one assistant turn; end the trajectory (answer, invalid call, a budget spent) or
+    return the search it asks for."""
+    trajectory.turns.append(turn)
+    tokens, prompt = turn.completion_tokens, turn.prompt_tokens
+    parsed = parse_assistant(turn.text)
+    text = parsed.text  # the one place that decides what the turn said (no stop string)
+    messages_before = list(trajectory.messages)
+    trajectory.messages.append(assistant_message(text))
+    if parsed.kind == "answer":
+        trajectory.finish("answer", text)
+        return None
+    if parsed.kind == "invalid":
+        trajectory.finish("invalid", text)
+        return None
+    if trajectory.search_calls >= config.max_search_calls:
+        trajectory.finish("search_budget", text)
+        return None
+    if len(trajectory.turns) >= config.max_assistant_turns:
+        trajectory.finish("turn_budget", text)
+        return None
+    assert parsed.query is not None
+    base = len(prompt) + len(tokens) + len(missing_closing(tokenizer, tokens))
+    overhead = len(observation_tokens(tokenizer, "x"))
+    if base + overhead + 1 > config.max_trajectory_tokens:
+        trajectory.finish("token_budget", text)  # no observation could fit: skip the search
+        return None
+    call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
+    return PendingSearch(trajectory, messages_before, text, list(prompt), list(tokens), call_id, parsed.query)
+
+
+def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Any, config: RolloutConfig) -> None:
+    """Fit the result into the trajectory and stitch its next prompt, or end it on overflow.
+
+    A result is outside text: if turning it into an observation raises anything at all, the
+    trajectory ends as ``search_error`` (an environment failure: its group is left out like
+    one with a failed search) and the run goes on.
+    """
+    trajectory = pending.trajectory
+    try:
+        fitted = fit_tool_content(tokenizer, pending.messages_before_assistant, pending.assistant_text,
+                                  pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, config)
+    except Exception as error:  # noqa: BLE001 - one bad search result must not end the run
+        reason = f"the search result could not become an observation ({type(error).__name__})"
+        log.warning("query %r: %s; the trajectory ends as a search failure", pending.query[:80], reason)
+        trajectory.searches.append(SearchRecord(query=pending.query, ok=False, observation="",
+                                                items=len(result.items), error=reason, cached=result.cached))
+        trajectory.search_calls += 1
+        trajectory.env_error = True
+        trajectory.finish("search_error", pending.assistant_text)
+        return
+    if fitted is None:
+        trajectory.finish("tool_overflow", pending.assistant_text)
+        return
+    trajectory.messages.append(tool_message(pending.call_id, fitted.content))
+    trajectory.searches.append(SearchRecord(
+        query=pending.query, ok=result.ok, observation=fitted.content, items=len(result.items),
+        error=result.error, cached=result.cached, truncated=fitted.truncated,
+    ))
+    trajectory.next_prompt_tokens = fitted.next_prompt
+    trajectory.search_calls += 1
+    trajectory.env_error = trajectory.env_error or not result.ok
+
+
+async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
+    """Run concurrently; if one fails, cancel the rest and raise that error itself."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(c) for c in coroutines]
+    except BaseExceptionGroup as failure:
+        first = failure.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    return [task.result() for task in tasks]
+
+
+class _Engine:
+    """State shared by the tasks of one batch."""
+
+    def __init__(self, sampling_client: Any, tokenizer: Any, search_backend: SearchBackend,
+                 config: RolloutConfig, step: int, progress: Callable[[int], None] | None,
+                 sampling_slots: asyncio.Semaphore | None = None) -> None:
+        self.sampler = sampling_client
+        self.tokenizer = tokenizer
+        self.search = search_backend
+        self.config = config
+        self.step = step
+        self.progress = progress
+        self.semaphore = sampling_slots or asyncio.Semaphore(config.sampling_concurrency)
+        self.stop = stop_sequences(tokenizer)
+        self.first_failure: str | None = None
+
+    def finished(self, trajectory: Trajectory) -> None:
+        if self.progress is not None:
+            self.progress(1)
+
+    async def sample(self, request: SampleRequest) -> list[Any]:
+        """One request with retries; returns exactly ``num_samples`` sequences or raises."""
+        import pytrio as trio
+
+        params = trio.SamplingParams(
+            max_tokens=request.max_tokens,
+            seed=request.seed,
+            stop=self.stop or None,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+        )
+        prompt = trio.ModelInput.from_ints(request.prompt_tokens)
+        attempt = 0
+        while True:
+            try:
+                async with self.semaphore:
+                    call = self.sampler.sample_async(
+                        prompt=prompt, num_samples=request.num_samples,
+                        sampling_params=params, return_text=True,
+                    )
+                    response = await asyncio.wait_for(call, self.config.sample_timeout)
+                sequences = list(response.sequences)
+                if len(sequences) != request.num_samples:
+                    raise MalformedSampleError(
+                        f"sampler returned {len(sequences)} sequences for num_samples={request.num_samples}"
+                    )
+                return sequences
+            except Exception as error:  # noqa: BLE001 - classified below, never swallowed silently
+                if attempt >= self.config.sample_retries or not is_retryable(error):
+                    raise
+                attempt += 1
+                log.warning("sampling failed (%s), retry %d/%d", type(error).__name__,
+                            attempt, self.config.sample_retries)
+                await asyncio.sleep(self.config.sample_retry_backoff * 2 ** (attempt - 1))
+
+    async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
+        config = self.config
+        budget = config.max_search_calls if config.state_search_budget else None
+        messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
+        branches = [
+            Trajectory(example, question_index, g, [dict(m) for m in messages])
+            for g in range(config.group_size)
+        ]
+        seed = sampling_seed(config.seed, self.step, question_index, 0, 0)
+        request = make_request(self.tokenizer, branches[0], 0, config.group_size, seed, config)
+        if request is None:
+            for branch in branches[1:]:
+                branch.finish(branches[0].termination or "prompt_too_long")
+            log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
+            for branch in branches:
+                self.finished(branch)
+            return branches
+        try:
+            sequences = await self.sample(request)
+        except Exception as error:  # noqa: BLE001
+            if not is_sampler_failure(error):
+                raise
+            self._sampler_failed(branches, error)
+            return branches
+        await run_all(
+            self.run_trajectory(branch, request.prompt_tokens, sequence)
+            for branch, sequence in zip(branches, sequences)
+        )
+        return branches
+
+    def _sampler_failed(self, trajectories: list[Trajectory], error: BaseException) -> None:
+        summary = f"{type(error).__name__}: {str(error)[:200]}"
+        self.first_failure = self.first_failure or summary
+        log.warning("sampling failed for good (%s)", summary)
+        for trajectory in trajectories:
+            trajectory.finish("sampler_error")
+            self.finished(trajectory)
+
+    async def run_trajectory(self, trajectory: Trajectory, prompt: list[int], sequence: Any) -> None:
+        config = self.config
+        while True:
+            try:
+                tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
+            except MalformedSampleError as error:
+                self._sampler_failed([trajectory], error)
+                return
+            await self.advance(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason))
+            if trajectory.done:
+                self.finished(trajectory)
+                return
+            seed = sampling_seed(config.seed, self.step, trajectory.question_index,
+                                 trajectory.group_index, len(trajectory.turns))
+            request = make_request(self.tokenizer, trajectory, 0, 1, seed, config)
+            if request is None:
+                self.finished(trajectory)
+                return
+            try:
+                (sequence,) = await self.sample(request)
+            except Exception as error:  # noqa: BLE001
+                if not is_sampler_failure(error):
+                    raise
+                self._sampler_failed([trajectory], error)
+                return
+            prompt = request.prompt_tokens
+
+    async def advance(self, trajectory: Trajectory, turn: AssistantTurn) -> None:
+        """Handle one assistant turn: end the trajectory, or search and stitch the next prompt."""
+        pending = consume_assistant(trajectory, turn, self.tokenizer, self.config)
+        if pending is not None:
+            finish_search(pending, await self.search.search(pending.query), self.tokenizer, self.config)
+
+
+async def rollout_batch_async(
+    sampling_client: Any,
+    tokenizer: Any,
+    search_client: SearchBackend,
+    examples: Sequence[SearchExample],
+    config: RolloutConfig,
+    progress_callback: Callable[[int], None] | None = None,
+    *,
+    step: int = 0,
+    advantage_mode: str = "mean",
+    keep_env_failures: bool = False,
+    sampling_slots: asyncio.Semaphore | None = None,
+    reward: str = "em",
+    first_question_index: int = 0,
+) -> list[Trajectory]:
+    """Roll out ``group_size`` trajectories per example; score them and assign advantages.
+
+    ``sampling_slots`` caps sampling requests across several batches rolling out at once (the
+    trainer's off-policy pipeline); by default the batch has ``sampling_concurrency`` of its own.
+    ``reward`` is the score that becomes the reward (:mod:`searchr1.core.reward`).
+    ``first_question_index`` numbers the questions from there (question indices group the
+    trajectories and seed the sampling: dynamic sampling's extra draws of one step use fresh ones).
+
+    Returns trajectories ordered by question, then sample. Raises
+    :class:`SamplerFailureError` when more than ``max_sampler_failure_fraction`` of them could
+    not be sampled (a smaller share ends as ``sampler_error`` and is left out of the update).
+    """
+    template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
+    engine = _Engine(sampling_client, tokenizer, search_client, config, step, progress_callback, sampling_slots)
+    groups = await run_all(
+        engine.run_question(index, example) for index, example in enumerate(examples, first_question_index)
+    )
+    trajectories = [t for group in groups for t in group]
+    failed = sum(t.sampler_error for t in trajectories)
+    if trajectories and failed / len(trajectories) > config.max_sampler_failure_fraction:
+        raise SamplerFailureError(
+            f"{failed} of {len(trajectories)} trajectories could not be sampled (more than "
+            f"max_sampler_failure_fraction={config.max_sampler_failure_fraction}); "
+            f"the sampling service looks unhealthy (first failure: {engine.first_failure})"
+        )
+    for trajectory in trajectories:
+        if not trajectory.sampler_error:
+            score_trajectory(trajectory, reward=reward)
+    assign_group_advantages(trajectories, mode=advantage_mode, keep_env_failures=keep_env_failures)
+    return trajectories
+
+
+def rollout_batch(sampling_client: Any, tokenizer: Any, search_client: SearchBackend,
+                  examples: Sequence[SearchExample], config: RolloutConfig,
+                  progress_callback: Callable[[int], None] | None = None, **kwargs: Any) -> list[Trajectory]:
+    """Synchronous wrapper of :func:`rollout_batch_async` (runs its own event loop)."""
+    return asyncio.run(rollout_batch_async(sampling_client, tokenizer, search_client, examples,
+                                           config, progress_callback, **kwargs))
+

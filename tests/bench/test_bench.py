@@ -1,0 +1,159 @@
+"""Smoke tests of ``python cli.py bench``: the report's structure and the fairness of its
+baselines. No timing is asserted here (timings live in the bench, never in tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from searchr1.bench.lockstep import lockstep_rollout_async
+from searchr1.bench.packing import _stub, lower_bounds
+from searchr1.bench.workload import LatencyModel, build_workload, fingerprint, quick_spec
+from searchr1.cli import main
+from searchr1.core.packing import MAX_DATUM_TOKENS, pack_micro_batches
+from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.twin.scripted_search import ScriptedSearch
+from searchr1.search.types import SearchItem, SearchResult
+from searchr1.services import scripted_sampling_client
+from searchr1.twin import Latencies
+from searchr1.twin.scenario import parse_scenario
+
+FIGURES = {"scheduling", "protocol_cpu", "packing", "search_calls", "step_overhead", "off_policy_throughput",
+           "learning_speed"}
+
+
+def test_quick_bench_writes_one_entry_per_figure_with_value_target_and_met(tmp_path, tokenizer):
+    output = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(output.read_text())
+    assert set(report["figures"]) == FIGURES
+    assert sorted(f["figure"] for f in report["figures"].values()) == [1, 2, 3, 4, 5, 6, 7]
+    assert report["quick"] is True and isinstance(report["all_met"], bool)
+    for figure in report["figures"].values():
+        assert {"value", "target", "met", "measures"} <= set(figure)
+        assert isinstance(figure["value"], float) and figure["target"] is not None
+        assert isinstance(figure["met"], bool)
+        for measure in figure["measures"].values():
+            assert {"value", "target", "met"} <= set(measure)
+            assert (measure["met"] is None) == (measure["target"] is None)
+    assert report["all_met"] == all(f["met"] for f in report["figures"].values())
+    # Structural facts, not timings: both schedulers agreed, and ours renders twice per tool turn.
+    assert report["figures"]["scheduling"]["details"]["identical_trajectories"] is True
+    protocol = report["figures"]["protocol_cpu"]["measures"]
+    assert protocol["renders_per_tool_turn"]["value"] == 2.0
+    assert protocol["seed_renders_per_tool_turn"]["value"] == 12.0  # 4 renders x 3 items
+    search = report["figures"]["search_calls"]
+    assert search["details"]["requests_with"] == search["details"]["distinct_queries"]
+    assert "Figure / measure" in result.output
+
+
+def test_only_runs_the_named_figures_and_rejects_unknown_ones(tmp_path):
+    output = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--only", "3", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(output.read_text())["figures"]) == {"packing"}
+    result = CliRunner().invoke(main, ["bench", "--only", "11", "--output", str(output)])
+    assert result.exit_code == 2 and "--only" in result.output
+
+
+CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
+
+
+def _edge_case_step():
+    """One group per ending: answer, invalid call, search budget, failed search, truncation."""
+    long_item = SearchItem("Long", " ".join(f"word{i}" for i in range(400)), "Wikipedia", "https://w/Long")
+    results = {
+        "alpha": SearchResult(True, (SearchItem("Alpha", "alpha " * 30, "Wikipedia", "https://w/A"),) * 3),
+        "beta": SearchResult(True, ()),
+        "gamma": SearchResult(False, (), status=503, error="HTTP 503"),
+        "long": SearchResult(True, (long_item,)),
+    }
+    questions = [
+        {"id": "a", "question": "Question a?", "answers": ["France"], "samples": [
+            [CALL.format("alpha"), "Answer: France"], ["Answer: Spain"],
+            ['<tool_call>{"name": "search"}</tool_call>'], [f"Plan.\n\n{CALL.format('long')}", "Answer: France"]]},
+        {"id": "b", "question": "Question b?", "answers": ["Paris"], "samples": [
+            [CALL.format("alpha"), f"Again.\n\n{CALL.format('beta')}", f"More.\n\n{CALL.format('alpha')}", "Answer: Paris"],
+            [CALL.format("gamma"), "Answer: Paris"], [f"Hm.\n\n{CALL.format('beta')}", "Answer: Lyon"],
+            ["Answer: Paris"]]},
+    ]
+    config = RolloutConfig(group_size=4, max_search_calls=2, max_tool_response_tokens=200,
+                           sample_retry_backoff=0.0)
+    return parse_scenario({"questions": questions}), results, config
+
+
+def both_schedulers(tokenizer, scenario, results, config, *, sample_jitter, search_latency, search_concurrency):
+    """Our engine and lock-step rounds on the same step, sampling from a twin whose answers
+    take a random few milliseconds (so completions arrive in a different order each run)."""
+    with scripted_sampling_client(scenario, tokenizer, latencies=Latencies(sample_jitter=sample_jitter)) as sampler:
+        out = []
+        for kind in ("ours", "lockstep"):
+            search = ScriptedSearch(results, latency=search_latency, concurrency=search_concurrency)
+            if kind == "ours":
+                step = rollout_batch_async(sampler, tokenizer, search, scenario.examples, config)
+            else:
+                step = lockstep_rollout_async(sampler, tokenizer, search, scenario.examples, config,
+                                              search_concurrency=search_concurrency)
+            out.append(asyncio.run(step))
+    return out
+
+
+def test_lockstep_and_our_engine_produce_identical_trajectories(tokenizer):
+    scenario, results, config = _edge_case_step()
+    rng = random.Random(7)
+    ours, lock = both_schedulers(tokenizer, scenario, results, config, sample_jitter=0.01,
+                                 search_latency=lambda query: rng.uniform(0.0, 0.01), search_concurrency=2)
+    assert fingerprint(ours) == fingerprint(lock)
+    endings = {t.termination for t in ours}
+    assert {"answer", "invalid", "search_budget"} <= endings
+    assert any(s.truncated for t in ours for s in t.searches) and any(t.env_error for t in ours)
+
+
+def test_the_generated_workload_rolls_out_the_same_under_both_schedulers(tokenizer):
+    workload = build_workload(quick_spec(), seed=3)
+    model = LatencyModel(scale=0.002, seed=3)
+    ours, lock = both_schedulers(tokenizer, workload.scenario, workload.results, workload.config,
+                                 sample_jitter=0.005, search_latency=model.search_latency(), search_concurrency=16)
+    assert fingerprint(ours) == fingerprint(lock)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, MAX_DATUM_TOKENS), min_size=1, max_size=120))
+def test_the_packing_lower_bound_never_exceeds_what_the_packer_achieves(lengths):
+    packed = pack_micro_batches([_stub(n, i) for i, n in enumerate(lengths)])
+    assert lower_bounds(lengths)["value"] <= len(packed)
+
+
+def test_lucene_overlap_counts_shared_top3_documents_over_queries_lucene_answers_fully():
+    from searchr1.bench.lucene import top3_overlap
+
+    ours = [["a", "b", "c"], ["a", "b", "c"], ["x"], ["a", "b", "c"]]
+    lucene = [["c", "b", "a"], ["a", "y", "z"], ["x", "y", "z"], ["a"]]  # the last has < 3 hits: not compared
+    assert top3_overlap(ours, lucene) == (pytest.approx((1 + 1 / 3 + 1 / 3) / 3), 3)
+
+
+def test_the_minutes_long_figures_run_only_when_named():
+    from searchr1.bench.runner import parse_only
+
+    assert parse_only(None) == [1, 2, 3, 4, 5, 6, 7]
+    assert parse_only("8,9") == [8, 9]
+
+
+def test_the_algorithm_figure_reports_steps_to_reward_for_every_option_and_the_kl_cost(tmp_path, tokenizer):
+    output = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--only", "10", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    figure = json.loads(output.read_text())["figures"]["algorithms"]
+    assert figure["figure"] == 10 and figure["target"] is not None and isinstance(figure["met"], bool)
+    assert {f"steps_{name}" for name in ("defaults", "ppo", "cispo", "dro", "kl", "dynamic")} <= set(figure["measures"])
+    details = figure["details"]
+    # one prompt-logprob request per datum: more requests with the penalty, and KL 0 on the base weights
+    assert details["requests_per_step"]["on"] > details["requests_per_step"]["off"]
+    assert details["kl_policy_base"][0] == 0.0

@@ -1,0 +1,201 @@
+"""Datum building: one shift, masks on non-action tokens, prefix and length checks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pytrio.client.training_batch import plan_training_batch
+from pytrio.model.limits import TrainingLimits
+from training_strategies import VOCAB_SIZE, float32, generated_trajectories
+
+from searchr1.core.datum import (
+    DatumError,
+    DatumTooLong,
+    PrefixViolation,
+    build_datum,
+    build_training_datums,
+)
+from searchr1.core.trajectory import AssistantTurn
+
+NO_LIMITS = TrainingLimits(max_batch_size=None, max_tokens_per_request=None, max_seq_len=None)
+
+
+def arrays(item):
+    fields = item.datum.loss_fn_inputs
+    return (
+        item.datum.model_input.to_ints(),
+        fields["target_tokens"].to_numpy(),
+        fields["logprobs"].to_numpy(),
+        fields["advantages"].to_numpy(),
+    )
+
+
+@given(generated_trajectories())
+def test_shift_alignment(generated):
+    inputs, targets, _, _ = arrays(build_datum(generated.trajectory))
+    assert all(inputs[i + 1] == targets[i] for i in range(len(inputs) - 1))
+    assert inputs == generated.tokens[:-1]
+    assert targets.tolist() == generated.tokens[1:]
+
+
+@given(generated_trajectories())
+def test_input_targets_logprobs_and_advantages_have_equal_lengths(generated):
+    item = build_datum(generated.trajectory)
+    inputs, targets, logprobs, advantages = arrays(item)
+    assert len(inputs) == len(targets) == len(logprobs) == len(advantages) == item.num_tokens
+    assert item.num_tokens == len(generated.tokens) - 1
+
+
+@given(generated_trajectories())
+def test_advantages_are_zero_off_actions_and_the_trajectory_advantage_on_actions(generated):
+    _, _, _, advantages = arrays(build_datum(generated.trajectory))
+    expected = float32(generated.trajectory.advantage)
+    # position i carries token i + 1
+    for position, action in enumerate(generated.is_action[1:]):
+        assert advantages[position] == (expected if action else 0.0)
+
+
+@given(generated_trajectories())
+def test_logprobs_are_zero_off_actions_and_the_sampler_logprob_on_actions(generated):
+    _, _, logprobs, _ = arrays(build_datum(generated.trajectory))
+    for position, (action, value) in enumerate(
+        zip(generated.is_action[1:], generated.logprobs[1:])
+    ):
+        assert logprobs[position] == (float32(value) if action else 0.0)
+
+
+@given(generated_trajectories())
+def test_loss_tokens_count_the_action_tokens_and_the_key_names_the_trajectory(generated):
+    item = build_datum(generated.trajectory)
+    assert item.loss_tokens == sum(generated.is_action)
+    assert item.key == (generated.trajectory.question_index, generated.trajectory.group_index)
+
+
+@given(generated_trajectories())
+def test_dtypes_are_int64_targets_and_float32_logprobs_and_advantages(generated):
+    fields = build_datum(generated.trajectory).datum.loss_fn_inputs
+    assert fields["target_tokens"].dtype == "int64"
+    assert fields["logprobs"].dtype == "float32"
+    assert fields["advantages"].dtype == "float32"
+
+
+@settings(max_examples=30)
+@given(generated_trajectories())
+def test_every_built_datum_passes_pytrio_validation(generated):
+    item = build_datum(generated.trajectory)
+    plan = plan_training_batch(
+        [item.datum],
+        loss_fn="importance_sampling",
+        auto_shift=False,
+        limits=NO_LIMITS,
+        tokenizer_vocab_size=VOCAB_SIZE,
+    )
+    assert plan.totals.total_advantage_tokens == sum(generated.is_action)
+    assert plan.totals.total_active_tokens == item.num_tokens
+
+
+@given(
+    generated_trajectories(max_turns=4).filter(lambda g: len(g.trajectory.turns) >= 2), st.data()
+)
+def test_prefix_violation_raises_naming_trajectory_and_turn(generated, data):
+    trajectory = generated.trajectory
+    turn_index = data.draw(st.integers(1, len(trajectory.turns) - 1))
+    turn = trajectory.turns[turn_index]
+    previous = trajectory.turns[turn_index - 1]
+    covered = len(previous.prompt_tokens) + len(previous.completion_tokens)  # must be repeated
+    position = data.draw(st.integers(0, covered - 1))
+    corrupted = list(turn.prompt_tokens)
+    corrupted[position] = (corrupted[position] + 1) % VOCAB_SIZE
+    trajectory.turns[turn_index] = dataclasses.replace(turn, prompt_tokens=corrupted)
+    with pytest.raises(PrefixViolation) as caught:
+        build_datum(trajectory)
+    message = str(caught.value)
+    assert f"q{trajectory.question_index}/g{trajectory.group_index}" in message
+    assert f"turn {turn_index}" in message
+
+
+def test_a_shorter_prompt_is_a_prefix_violation():
+    turns = [
+        AssistantTurn(
+            prompt_tokens=[1, 2, 3], completion_tokens=[4, 5], logprobs=[-1.0, -1.0], text=""
+        ),
+        AssistantTurn(prompt_tokens=[1, 2, 3, 4], completion_tokens=[6], logprobs=[-1.0], text=""),
+    ]
+    from training_strategies import EXAMPLE
+
+    from searchr1.core.trajectory import Trajectory
+
+    trajectory = Trajectory(
+        example=EXAMPLE, question_index=3, group_index=1, messages=[], turns=turns, advantage=1.0
+    )
+    with pytest.raises(PrefixViolation, match=r"q3/g1 turn 1"):
+        build_datum(trajectory)
+
+
+@given(generated_trajectories(), st.integers(0, 3))
+def test_length_limit_follows_max_tokens(generated, slack):
+    length = len(generated.tokens) - 1
+    assert build_datum(generated.trajectory, max_tokens=length + slack).num_tokens == length
+    if length - 1 - slack >= 0:
+        with pytest.raises(
+            DatumTooLong, match=f"{length} input tokens exceed max_tokens={length - 1 - slack}"
+        ):
+            build_datum(generated.trajectory, max_tokens=length - 1 - slack)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda t: t.turns.clear(), "has no assistant turns"),
+        (lambda t: setattr(t.turns[0], "logprobs", t.turns[0].logprobs + [-1.0]), "logprobs"),
+        (lambda t: setattr(t.turns[0], "prompt_tokens", []), "empty prompt"),
+        (
+            lambda t: setattr(t.turns[0], "logprobs", [float("-inf")] * len(t.turns[0].logprobs)),
+            "not finite",
+        ),
+    ],
+)
+def test_malformed_trajectories_raise_datum_errors(mutate, message):
+    from training_strategies import plain_trajectory
+
+    trajectory = plain_trajectory(7, 2, reward=1.0, advantage=0.5)
+    mutate(trajectory)
+    with pytest.raises(DatumError, match=message) as caught:
+        build_datum(trajectory)
+    assert "q7/g2" in str(caught.value)
+
+
+def test_a_trajectory_without_completion_tokens_raises():
+    from training_strategies import plain_trajectory
+
+    trajectory = plain_trajectory(0, 0, reward=1.0, advantage=1.0)
+    trajectory.turns[0].completion_tokens = []
+    trajectory.turns[0].logprobs = []
+    with pytest.raises(DatumError, match="no completion tokens"):
+        build_datum(trajectory)
+
+
+@given(st.lists(generated_trajectories(), min_size=1, max_size=8), st.data())
+def test_build_training_datums_keeps_exactly_the_trajectories_with_signal(items, data):
+    trajectories = [g.trajectory for g in items]
+    choices = []
+    for index, trajectory in enumerate(trajectories):
+        trajectory.question_index, trajectory.group_index = index, 0
+        choice = data.draw(st.sampled_from(["keep", "zero", "excluded", "sampler_error", "empty"]))
+        if choice == "zero":
+            trajectory.advantage = 0.0
+        elif choice == "excluded":
+            trajectory.excluded = "degenerate_group"
+        elif choice == "sampler_error":
+            trajectory.termination = "sampler_error"
+        elif choice == "empty":
+            for turn in trajectory.turns:
+                turn.completion_tokens, turn.logprobs = [], []
+        choices.append(choice)
+    built = build_training_datums(trajectories)
+    assert [b.question_index for b in built] == [
+        t.question_index for t, choice in zip(trajectories, choices) if choice == "keep"
+    ]

@@ -1,0 +1,288 @@
+"""Tool protocol: parsing rules, rendering shapes, and token stitching against the real
+Qwen3.5 template."""
+
+from __future__ import annotations
+
+import string
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from searchr1.core.protocol import (
+    RENDERS,
+    SEARCH_TOOL,
+    TemplateDriftError,
+    _as_token_list,
+    assistant_message,
+    build_next_prompt,
+    build_prompt,
+    check_template,
+    initial_messages,
+    nfc,
+    observation_tokens,
+    parse_assistant,
+    render,
+    stop_sequences,
+    system_prompt,
+    template_boundaries,
+    tool_message,
+)
+
+CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{q}\n</parameter>\n</function>\n</tool_call>"
+
+
+def call(query: str, before: str = "") -> str:
+    text = CALL.format(q=query)
+    return f"{before}\n\n{text}" if before else text
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    "text, kind, query, content",
+    [
+        (call("Eiffel Tower height"), "tool", "Eiffel Tower height", ""),
+        (call("  padded query \n"), "tool", "padded query", ""),
+        (call("line one\nline two"), "tool", "line one\nline two", ""),
+        (call("x", before="Let me check."), "tool", "x", "Let me check."),
+        (call("x") + "<|im_end|>", "tool", "x", ""),
+        (call("x") + "\n  \n", "tool", "x", ""),
+        ("Answer: Paris\n\n" + call("x"), "tool", "x", "Answer: Paris"),
+        ("<tool_call><function=search><parameter=query>compact</parameter></function></tool_call>", "tool", "compact", ""),
+        ('<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>', "invalid", None, None),
+        (CALL.format(q="x").replace("function=search", "function=web_search"), "invalid", None, None),
+        (
+            "<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\n"
+            "<parameter=k>\n3\n</parameter>\n</function>\n</tool_call>",
+            "invalid", None, None,
+        ),
+        (call("a") + "\n" + call("b"), "invalid", None, None),
+        (call("a") + "\nAnswer: b", "invalid", None, None),
+        ("<tool_call>\n<function=search>\n<parameter=query>\nunclosed", "invalid", None, None),
+        (call("   "), "invalid", None, None),
+        (call("a < b"), "invalid", None, None),
+        (call("a > b"), "invalid", None, None),
+        ('<tool_call>{"name":"search"}</tool_call>\n' + call("x"), "invalid", None, None),
+        ("Answer: Paris", "answer", None, "Answer: Paris"),
+        ("", "answer", None, ""),
+        ("no answer line at all", "answer", None, "no answer line at all"),
+        ("Answer: Paris<|im_end|>", "answer", None, "Answer: Paris"),
+    ],
+)
+def test_parse_assistant_seed_rules(text, kind, query, content):
+    parsed = parse_assistant(text)
+    assert parsed.kind == kind
+    assert parsed.query == query
+    if content is not None:
+        assert parsed.content == content
+
+
+tag_soup = st.lists(
+    st.sampled_from(
+        ["<tool_call>", "</tool_call>", "<function=search>", "</function>", "<parameter=query>",
+         "</parameter>", "<|im_end|>", "\n", " ", "x", "<", ">", "Answer:", "{", "}"]
+    )
+    | st.text(max_size=8),
+    max_size=20,
+).map("".join)
+
+
+@given(st.one_of(st.text(), tag_soup))
+def test_parse_assistant_never_raises_and_returns_one_of_three_kinds(text):
+    parsed = parse_assistant(text)
+    assert parsed.kind in ("tool", "answer", "invalid")
+    assert (parsed.query is not None) == (parsed.kind == "tool")
+
+
+@given(st.text().filter(lambda s: "<tool_call>" not in s))
+def test_text_without_a_tool_call_is_an_answer(text):
+    assert parse_assistant(text).kind == "answer"
+
+
+queries = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_characters="<>", exclude_categories=("Cs",)),
+    min_size=1,
+    max_size=200,
+).filter(lambda q: q.strip())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=queries)
+def test_rendered_search_call_round_trips_through_the_parser(tokenizer, query):
+    """Any non-empty query without < or > survives the official template and the tokenizer,
+    modulo the parser's strip (and the tokenizer's NFC normalisation)."""
+    messages = initial_messages("q?") + [
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": query}}}]}
+    ]
+    prompt = build_prompt(tokenizer, initial_messages("q?"))
+    full = render(tokenizer, messages, add_generation_prompt=False)
+    assert full[: len(prompt)] == prompt
+    generated = tokenizer.decode(full[len(prompt):], skip_special_tokens=False)
+    parsed = parse_assistant(generated)
+    assert parsed.kind == "tool"
+    assert parsed.query == nfc(query).strip()
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def test_render_returns_a_plain_list_of_ints(tokenizer):
+    tokens = render(tokenizer, initial_messages("Who wrote Hamlet?"), add_generation_prompt=True)
+    assert isinstance(tokens, list) and all(type(t) is int for t in tokens)
+    text = tokenizer.decode(tokens, skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert '"name": "search"' in text and "<IMPORTANT>" in text
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        [1, 2, 3],
+        [[1, 2, 3]],
+        {"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1]},
+        {"input_ids": [[1, 2, 3]]},
+        np.array([1, 2, 3]),
+        np.array([[1, 2, 3]]),
+        [np.int64(1), np.int64(2), np.int64(3)],
+    ],
+)
+def test_every_return_shape_normalises_to_a_list_of_ints(shape):
+    assert _as_token_list(shape) == [1, 2, 3]
+
+
+def test_a_batch_of_two_is_rejected():
+    with pytest.raises(ValueError, match="batch of 2"):
+        _as_token_list([[1], [2]])
+
+
+def test_stop_sequences_is_the_eos_string(tokenizer):
+    assert stop_sequences(tokenizer) == ["<|im_end|>"]
+
+
+def test_system_prompt_states_the_search_budget_when_given():
+    assert "at most 4 times" in system_prompt(4)
+    assert "times in total" not in system_prompt(None)
+    assert initial_messages("Q?", max_search_calls=2)[0]["content"] == system_prompt(2)
+    assert initial_messages("Q?")[1] == {"role": "user", "content": "Q?"}
+
+
+def test_search_tool_has_one_required_string_query():
+    params = SEARCH_TOOL["function"]["parameters"]
+    assert SEARCH_TOOL["function"]["name"] == "search"
+    assert params["required"] == ["query"] and params["properties"]["query"]["type"] == "string"
+
+
+# ----------------------------------------------------------------------------- stitching
+
+
+def test_boundaries_are_the_qwen35_closing_and_tool_turn(tokenizer):
+    b = template_boundaries(tokenizer)
+    assert b.closing == (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.encode("\n")[0])
+    assert b.observation_prefix == "<|im_start|>user\n<tool_response>\n"
+    assert b.observation_suffix.startswith("\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+plain_text = st.text(
+    alphabet=string.ascii_letters + string.digits + " .,;:!?'\"-()\n" + "éüßçøπЖ中文日本語😀",
+    min_size=1,
+    max_size=60,
+).map(str.strip).filter(bool)
+
+
+@st.composite
+def conversations(draw):
+    turns = []
+    for _ in range(draw(st.integers(1, 5))):
+        planning = draw(st.one_of(st.just(""), plain_text))
+        query = draw(plain_text.filter(lambda s: "<" not in s and ">" not in s))
+        observation = draw(st.one_of(plain_text, st.just("Search returned no results.")))
+        closing_part = draw(st.integers(0, 2))
+        turns.append((call(query, planning), observation, closing_part))
+    return draw(plain_text), turns
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(conversations())
+def test_stitched_prompt_equals_full_render_whatever_part_of_the_closing_was_sampled(tokenizer, convo):
+    question, turns = convo
+    closing = list(template_boundaries(tokenizer).closing)
+    messages = initial_messages(question, max_search_calls=5)
+    tokens = build_prompt(tokenizer, messages)
+    for index, (text, observation, closing_part) in enumerate(turns, start=1):
+        completion = tokenizer.encode(text, add_special_tokens=False) + closing[:closing_part]
+        tool = tool_message(f"search-0-0-{index}", observation)
+        stitched = build_next_prompt(tokenizer, messages, text, tokens, completion, tool)
+        assert stitched[: len(tokens) + len(completion)] == tokens + completion
+        messages = messages + [assistant_message(text), tool]
+        assert stitched == build_prompt(tokenizer, messages)
+        tokens = stitched
+
+
+def test_build_next_prompt_renders_the_template_twice(tokenizer):
+    messages = initial_messages("Q?")
+    prompt = build_prompt(tokenizer, messages)
+    text = call("q")
+    template_boundaries(tokenizer)
+    before = RENDERS.count
+    build_next_prompt(tokenizer, messages, text, prompt, tokenizer.encode(text), tool_message("c", "obs"))
+    assert RENDERS.count - before == 2
+
+
+def test_observation_tokens_match_the_template_delta(tokenizer):
+    messages = initial_messages("Q?") + [assistant_message(call("q"))]
+    content = "  [1] Title: X.\n    Content: ends with punctuation.  "
+    end = render(tokenizer, messages, add_generation_prompt=False)
+    nxt = render(tokenizer, messages + [tool_message("c", content)], add_generation_prompt=True)
+    assert nxt[len(end):] == observation_tokens(tokenizer, content)
+
+
+class _TemplateSwap:
+    """The real tokenizer with another chat template."""
+
+    def __init__(self, tokenizer, template):
+        self._tokenizer = tokenizer
+        self.chat_template = template
+
+    def apply_chat_template(self, *args, **kwargs):
+        return self._tokenizer.apply_chat_template(*args, chat_template=self.chat_template, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def test_a_template_that_rewrites_history_is_detected(tokenizer):
+    # Qwen3-style: the think block is kept only on the very last message, so an assistant turn
+    # followed by a tool message renders differently from the same turn at the end.
+    original = "{%- if loop.index0 > ns.last_query_index %}"
+    assert original in tokenizer.chat_template
+    drifting = _TemplateSwap(tokenizer, tokenizer.chat_template.replace(original, "{%- if loop.last %}"))
+    with pytest.raises(TemplateDriftError, match="rewrote"):
+        check_template(drifting)
+    messages = initial_messages("Q?")
+    text = call("q")
+    with pytest.raises(TemplateDriftError, match="rewrote earlier history"):
+        build_next_prompt(
+            drifting, messages, text, build_prompt(drifting, messages), drifting.encode(text),
+            tool_message("c", "obs"),
+        )
+
+
+def test_template_drift_error_is_a_value_error():
+    assert issubclass(TemplateDriftError, ValueError)
+
+
+def test_a_template_without_an_empty_think_block_fails_the_startup_check(tokenizer):
+    broken = _TemplateSwap(
+        tokenizer, tokenizer.chat_template.replace("'<think>\\n\\n</think>\\n\\n'", "'<think>\\n'")
+    )
+    assert broken.chat_template != tokenizer.chat_template
+    with pytest.raises(TemplateDriftError, match="empty think block"):
+        check_template(broken)
+
+
+def test_check_template_passes_on_the_official_template(tokenizer):
+    assert check_template(tokenizer).closing == template_boundaries(tokenizer).closing

@@ -1,0 +1,127 @@
+"""Reward: exact values, the single-Answer-line rule and normalisation invariants."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from searchr1.core.reward import FORMAT_PENALTY, REWARD_KINDS, extract_answer, normalize_answer, score_answer
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Answer: France", "France"),
+        ("answer:   France  ", "France"),
+        ("Answer:\nFrance", "France"),
+        ("Answer:\n\nfoo", "foo"),
+        ("Answer:", None),
+        ("Answer: \n", None),
+        ("Answer: Paris\nAnswer: Lyon", None),
+        ("Final Answer: X", None),
+        ("The answer: X", None),
+        ("**Answer:** X", None),
+        ("Answer: X\nmore text", "X"),
+        ("Some reasoning.\n  Answer: Bern  ", "Bern"),
+        ("", None),
+    ],
+)
+def test_extract_answer_seed_cases(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_reward_values_are_exact():
+    assert score_answer("Answer: France", ["France"]).reward == 1.0
+    assert score_answer("Answer: Spain", ["France"]).reward == 0.0
+    assert score_answer("France", ["France"]).reward == -0.1
+    result = score_answer("Answer: the  France!", ["france"])
+    assert (result.valid_format, result.exact_match, result.answer) == (True, True, "the  France!")
+
+
+def test_unicode_and_official_normalisation_differ_as_documented():
+    # curly quotes are Unicode punctuation but not ASCII; "$" is ASCII punctuation but a symbol
+    assert normalize_answer("“Ode”") == "ode"
+    assert normalize_answer("“Ode”", normalization="official") == "“ode”"
+    assert normalize_answer("$5") == "$5"
+    assert normalize_answer("$5", normalization="official") == "5"
+    with pytest.raises(ValueError, match="normalization"):
+        normalize_answer("x", normalization="bogus")
+
+
+texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+answer_words = st.text(alphabet=string.ascii_letters + string.digits + " .,'-“”", min_size=1, max_size=20)
+
+
+@given(texts, st.lists(texts, max_size=4))
+def test_score_is_always_one_of_three_values(text, refs):
+    assert score_answer(text, refs).reward in (-0.1, 0.0, 1.0)
+
+
+@given(texts, st.sampled_from(["unicode", "official"]))
+def test_normalize_answer_is_idempotent(text, mode):
+    once = normalize_answer(text, normalization=mode)
+    assert normalize_answer(once, normalization=mode) == once
+
+
+@given(answer_words, st.lists(answer_words, min_size=1, max_size=5), st.randoms())
+def test_exact_match_ignores_order_and_duplication_of_references(answer, refs, rnd):
+    shuffled = refs + refs[: rnd.randint(0, len(refs))]
+    rnd.shuffle(shuffled)
+    text = f"Answer: {answer}"
+    assert score_answer(text, refs).exact_match == score_answer(text, shuffled).exact_match
+
+
+@given(answer_words.filter(lambda s: s.strip()))
+def test_an_answer_always_matches_itself(answer):
+    assert score_answer(f"Answer: {answer}", [answer.strip()]).reward == 1.0
+
+
+@given(st.lists(answer_words.filter(lambda s: s.strip()), min_size=2, max_size=4))
+def test_more_than_one_answer_line_is_a_format_failure(answers):
+    text = "\n".join(f"Answer: {a}" for a in answers)
+    assert score_answer(text, answers).reward == -0.1
+
+
+@given(st.text(alphabet=string.ascii_letters + " \n", max_size=60).filter(lambda s: "answer:" not in s.lower()))
+def test_text_without_an_answer_line_is_a_format_failure(text):
+    assert score_answer(text, ["x"]).valid_format is False
+
+
+# --- F1 and cover EM ------------------------------------------------------------------------
+
+words = st.lists(st.sampled_from(["paris", "france", "city", "of", "light", "x"]), min_size=1, max_size=5)
+
+
+@given(words, st.lists(words, min_size=1, max_size=3))
+def test_f1_is_between_zero_and_one_and_one_exactly_for_the_same_tokens_and_cover_em_is_at_least_em(
+        answer, golds):
+    text = "Answer: " + " ".join(answer)
+    references = [" ".join(g) for g in golds]
+    em = score_answer(text, references, reward="em")
+    f1 = score_answer(text, references, reward="f1")
+    cover = score_answer(text, references, reward="cover_em")
+    assert 0.0 <= f1.reward <= 1.0 and f1.f1 == f1.reward == em.f1
+    same_tokens = any(sorted(normalize_answer(" ".join(answer)).split()) == sorted(normalize_answer(r).split())
+                      for r in references)
+    assert (f1.reward == 1.0) == same_tokens and em.exact_match <= same_tokens  # F1 ignores word order
+    assert cover.cover_em >= em.exact_match and cover.reward == float(cover.cover_em)
+
+
+def test_f1_counts_tokens_with_multiplicity_and_takes_the_best_reference():
+    result = score_answer("Answer: the city of light", ["Paris", "City of Light, Paris"], reward="f1")
+    # "city of light" vs "city of light paris": precision 1, recall 3/4
+    assert result.reward == pytest.approx(2 * 1 * 0.75 / 1.75)
+    assert score_answer("Answer: x x", ["x"], reward="f1").reward == pytest.approx(2 * 0.5 / 1.5)
+
+
+def test_cover_em_needs_a_whole_token_run_not_a_substring_of_a_word():
+    assert score_answer("Answer: it was Paris, France", ["Paris"], reward="cover_em").reward == 1.0
+    assert score_answer("Answer: Parisian", ["Paris"], reward="cover_em").reward == 0.0
+
+
+@pytest.mark.parametrize("kind", REWARD_KINDS)
+def test_a_format_failure_is_the_penalty_whatever_the_reward(kind):
+    assert score_answer("no answer line", ["Paris"], reward=kind).reward == FORMAT_PENALTY

@@ -1,0 +1,439 @@
+"""Rollout engine: budgets, stitching, isolation, determinism and concurrency, with the real
+tokenizer, the real pytrio sampling client against the twin serving a scripted policy, and an
+in-memory search backend."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from twin_support import MODEL
+
+from searchr1.core.protocol import missing_closing, observation_tokens, template_boundaries
+from searchr1.core.rollout import (
+    TRUNCATION_MARKER,
+    RolloutConfig,
+    SamplerFailureError,
+    make_request,
+    rollout_batch,
+    rollout_batch_async,
+    sampling_seed,
+)
+from searchr1.twin.scripted_search import ScriptedSearch
+from searchr1.search.types import SearchItem, SearchResult
+from searchr1.core.trajectory import Trajectory
+from searchr1.twin import Latencies, TwinFaults, start_twin
+from searchr1.twin.client import FAST_RETRIES
+from searchr1.twin.scenario import parse_scenario
+from searchr1.twin.scripted_policy import ScriptedPolicy
+
+CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
+FAST = dict(sample_retry_backoff=0.0)
+
+
+def call(query: str, planning: str = "") -> str:
+    return f"{planning}\n\n{CALL.format(query)}" if planning else CALL.format(query)
+
+
+def item(title: str, words: int = 12) -> SearchItem:
+    return SearchItem(title, " ".join(f"{title.lower()}{i}" for i in range(words)), "Wikipedia", f"https://w/{title}")
+
+
+RESULTS = {
+    "alpha": SearchResult(True, (item("Alpha"), item("Beta"), item("Gamma"))),
+    "beta": SearchResult(True, ()),
+    "gamma": SearchResult(False, (), status=503, error="HTTP 503"),
+    "long": SearchResult(True, (item("Long", 600), item("Short", 5))),
+}
+
+
+def scenario(questions):
+    return parse_scenario({"questions": questions})
+
+
+def question(qid, samples, answers=("France",), text=None):
+    return {"id": qid, "question": text or f"Question {qid}?", "answers": list(answers),
+            "data_source": "nq", "samples": samples}
+
+
+class Served:
+    """A running twin and a base-model sampling client on it (the scripted policy is swapped in
+    per rollout: it ignores the weights)."""
+
+    def __init__(self, home, tokenizer, **options):
+        self.twin = start_twin(home=home, tokenizer=tokenizer, policy="toy", **options)
+        service = self.twin.service_client(sdk_options=FAST_RETRIES)
+        self.sampler = service.create_sampling_client(base_model=MODEL)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tokenizer):
+    served = Served(tmp_path_factory.mktemp("twin"), tokenizer)
+    yield served
+    served.twin.close()
+
+
+@pytest.fixture
+def serve(tmp_path_factory, tokenizer):
+    """A twin of its own (faults, latencies) for one test."""
+    started = []
+
+    def start(**options):
+        started.append(Served(tmp_path_factory.mktemp("twin"), tokenizer, **options))
+        return started[-1]
+    yield start
+    for served in started:
+        served.twin.close()
+
+
+def run(served, tokenizer, questions, config=None, search=None, **kw):
+    sc = scenario(questions)
+    policy = served.twin.policy = ScriptedPolicy(sc, tokenizer)
+    search = search or ScriptedSearch(RESULTS)
+    config = config or RolloutConfig(group_size=len(questions[0]["samples"]), **FAST)
+    return rollout_batch(served.sampler, tokenizer, search, sc.examples, config, **kw), policy, search
+
+
+# ----------------------------------------------------------------------------- terminations
+
+
+def test_answer_invalid_and_search_terminations(served, tokenizer):
+    samples = [
+        [call("alpha"), "Answer: France"],
+        ["Answer: Spain"],
+        ['<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>'],
+        [call("alpha", "Let me look."), "Answer: Italy"],
+    ]
+    trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
+    assert [t.termination for t in trajectories] == ["answer", "answer", "invalid", "answer"]
+    assert [t.reward for t in trajectories] == [1.0, 0.0, -0.1, 0.0]
+    assert [t.search_calls for t in trajectories] == [1, 0, 0, 1]
+    mean = sum(t.reward for t in trajectories) / 4
+    assert [t.advantage for t in trajectories] == pytest.approx([r - mean for r in (1.0, 0.0, -0.1, 0.0)])
+
+
+def test_a_tool_call_after_the_search_budget_ends_the_trajectory(served, tokenizer):
+    samples = [[call("alpha"), call("beta"), call("alpha", "Answer: France"), "Answer: France"]]
+    config = RolloutConfig(group_size=1, max_search_calls=2, **FAST)
+    (t,), _, search = run(served, tokenizer, [question("q", samples)], config)
+    assert t.termination == "search_budget"
+    assert t.search_calls == 2 and len(search.calls) == 2
+    assert t.final_text == samples[0][2]
+    # the seed scored this turn's "Answer: France" as 1.0; a tool call is not an answer
+    assert (t.reward, t.valid_format) == (-0.1, False)
+
+
+def test_the_turn_budget_binds_when_lower_than_the_search_budget(served, tokenizer):
+    samples = [[call("alpha"), call("beta"), "Answer: France"]]
+    config = RolloutConfig(group_size=1, max_assistant_turns=2, **FAST)
+    (t,), _, _ = run(served, tokenizer, [question("q", samples)], config)
+    assert t.termination == "turn_budget" and len(t.turns) == 2 and t.search_calls == 1
+
+
+def test_search_errors_become_observations_and_flag_the_trajectory(served, tokenizer):
+    samples = [[call("gamma"), "Answer: France"], ["Answer: France"]]
+    trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
+    failed = trajectories[0]
+    assert failed.env_error and failed.searches[0].observation == "Search error: HTTP 503"
+    assert failed.search_calls == 1  # a failed search still spends budget, as in the seed
+    assert {t.excluded for t in trajectories} == {"env_failure_group"}
+
+
+def test_no_results_is_not_an_environment_error(served, tokenizer):
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("beta"), "Answer: France"]])],
+                     RolloutConfig(group_size=1, **FAST))
+    assert t.searches[0].observation == "Search returned no results." and not t.env_error
+
+
+def test_a_completion_cut_by_max_tokens_stops_with_length(served, tokenizer):
+    long_answer = "word " * 50 + "\nAnswer: France"
+    config = RolloutConfig(group_size=1, max_assistant_tokens=10, **FAST)
+    (t,), _, _ = run(served, tokenizer, [question("q", [[long_answer]])], config)
+    assert t.turns[0].stop_reason == "length" and len(t.turns[0].completion_tokens) == 10
+    assert t.reward == -0.1
+
+
+def test_a_prompt_longer_than_the_budget_ends_every_sample_visibly(served, tokenizer):
+    config = RolloutConfig(group_size=2, max_trajectory_tokens=50, **FAST)
+    trajectories, policy, _ = run(served, tokenizer, [question("q", [["Answer: x"], ["Answer: y"]])], config)
+    assert [t.termination for t in trajectories] == ["prompt_too_long"] * 2
+    assert policy.calls == []
+
+
+def test_items_are_added_whole_and_greedily_until_the_tool_budget(served, tokenizer):
+    one = len(tokenizer.encode(RESULTS["alpha"].items and "[1] Title: Alpha\n    Content: "
+                               + RESULTS["alpha"].items[0].content + "\n    Source: Wikipedia\n    URL: https://w/Alpha"))
+    config = RolloutConfig(group_size=1, max_tool_response_tokens=one + 5, **FAST)
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("alpha"), "Answer: France"]])], config)
+    observation = t.searches[0].observation
+    assert observation.startswith("[1] Title: Alpha") and "[2]" not in observation
+    assert not t.searches[0].truncated
+
+
+def test_an_oversized_first_item_is_truncated_with_a_marker(served, tokenizer):
+    config = RolloutConfig(group_size=1, max_tool_response_tokens=100, **FAST)
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
+    record = t.searches[0]
+    assert record.truncated and record.observation.endswith(TRUNCATION_MARKER)
+    assert len(tokenizer.encode(record.observation)) <= 100
+    assert t.termination == "answer"
+
+
+def test_the_seed_overflow_mode_ends_the_trajectory_instead(served, tokenizer):
+    config = RolloutConfig(group_size=1, max_tool_response_tokens=100, tool_overflow="end", **FAST)
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
+    assert t.termination == "tool_overflow" and t.reward == -0.1 and t.search_calls == 0
+
+
+def test_make_request_caps_max_tokens_by_the_remaining_budget(tokenizer):
+    from searchr1.data import SearchExample
+    from searchr1.core.protocol import initial_messages
+
+    t = Trajectory(SearchExample("i", "Q?", ("a",), "nq"), 0, 0, initial_messages("Q?"))
+    t.next_prompt_tokens = [1] * 1000
+    request = make_request(tokenizer, t, 0, 1, 7, RolloutConfig(max_trajectory_tokens=1500))
+    assert request.max_tokens == 500 and request.seed == 7
+    assert make_request(tokenizer, t, 0, 1, 7, RolloutConfig(max_assistant_tokens=300)).max_tokens == 300
+    t.turns.append(object())
+    assert make_request(tokenizer, t, 0, 1, 7, RolloutConfig(max_trajectory_tokens=1000)) is None
+    assert t.termination == "token_budget"
+
+
+def test_seeds_differ_across_steps_questions_samples_and_turns():
+    seeds = {sampling_seed(42, s, q, g, k) for s in range(3) for q in range(3) for g in range(3) for k in range(3)}
+    assert len(seeds) == 81 and all(0 <= s < 2**31 for s in seeds)
+
+
+# ----------------------------------------------------------------------------- sampler failures
+
+
+def test_a_sampler_that_times_out_is_asked_again(serve, tokenizer):
+    """The rollout's own retry: the first request sends nothing within ``sample_timeout``."""
+    served = serve(faults=TwinFaults(sample_timeouts={1}, sample_timeout_hold=1.0))
+    config = RolloutConfig(group_size=1, sample_retries=2, sample_timeout=0.3, **FAST)
+    (t,), policy, _ = run(served, tokenizer, [question("q", [["Answer: France"]])], config)
+    assert t.termination == "answer" and served.twin.calls("sample") == 2
+
+
+def test_5xx_sampler_answers_are_retried_by_the_sdk(serve, tokenizer):
+    served = serve(faults=TwinFaults(http_errors={"sample": {1: 503, 2: 502}}))
+    (t,), policy, _ = run(served, tokenizer, [question("q", [["Answer: France"]])],
+                          RolloutConfig(group_size=1, sample_retries=0, **FAST))
+    assert t.termination == "answer" and served.twin.calls("sample") == 3 and len(policy.calls) == 1
+
+
+def test_a_trajectory_whose_sampling_fails_ends_without_crashing_the_batch(served, tokenizer):
+    """The twin refuses the second turn of one sample (its script has none): that trajectory
+    ends as a sampler error; every other trajectory finishes."""
+    questions = [question(f"ok{i}", [[call("alpha"), "Answer: France"], ["Answer: x"]]) for i in range(4)]
+    questions.append(question("bad", [[call("alpha")], ["Answer: x"]]))
+    trajectories, _, _ = run(served, tokenizer, questions, RolloutConfig(group_size=2, sample_retries=1, **FAST))
+    bad = [t for t in trajectories if t.example.id == "bad"]
+    assert [t.termination for t in bad] == ["sampler_error", "answer"]
+    assert all(t.excluded == "env_failure_group" for t in bad)
+    assert all(t.termination == "answer" for t in trajectories if t.example.id != "bad")
+
+
+def test_too_many_sampler_failures_raise_a_clear_error(serve, tokenizer):
+    served = serve(faults=TwinFaults(http_errors={"sample": {n: 400 for n in range(1, 9)}}))
+    with pytest.raises(SamplerFailureError, match="could not be sampled.*ActorAPIError"):
+        run(served, tokenizer, [question("q", [["Answer: x"], ["Answer: y"]])])
+
+
+def test_a_prompt_the_scenario_does_not_know_names_the_question_and_turn(served, tokenizer):
+    samples = [[call("alpha")]]  # the script ends on a tool call: the engine asks for turn 2
+    with pytest.raises(SamplerFailureError, match=r"question 'q' turn 2"):
+        run(served, tokenizer, [question("q", samples)], RolloutConfig(group_size=1, **FAST))
+
+
+def test_an_invalid_turn_is_a_format_failure_even_with_a_right_answer_in_it(served, tokenizer):
+    samples = [[call("alpha") + "\nAnswer: France"], ["Answer: France"]]
+    trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
+    assert [(t.termination, t.reward) for t in trajectories] == [("invalid", -0.1), ("answer", 1.0)]
+
+
+def test_a_harness_error_in_search_propagates(served, tokenizer):
+    with pytest.raises(KeyError, match="unknown"):
+        run(served, tokenizer, [question("q", [[call("unknown"), "Answer: x"]])], RolloutConfig(group_size=1, **FAST))
+
+
+def test_a_result_that_cannot_become_an_observation_ends_only_its_trajectory_as_a_search_error(served, tokenizer):
+    # A lone surrogate that slipped past every edge: the tokenizer refuses it (TypeError).
+    bad = SearchResult(True, (SearchItem("Broken", "text with a \ud800 lone surrogate", "Wikipedia"),))
+    search = ScriptedSearch({**RESULTS, "broken": bad})
+    samples = [[call("broken"), "Answer: France"], [call("alpha"), "Answer: France"], ["Answer: Spain"]]
+    other = [["Answer: France"], ["Answer: Spain"], ["Answer: France"]]
+    trajectories, _, _ = run(served, tokenizer, [question("q", samples), question("r", other)], search=search)
+    broken = trajectories[0]
+    assert broken.termination == "search_error" and broken.env_error and broken.search_calls == 1
+    assert not broken.searches[0].ok and "TypeError" in broken.searches[0].error
+    assert [t.termination for t in trajectories[1:3]] == ["answer", "answer"]
+    assert {t.excluded for t in trajectories[:3]} == {"env_failure_group"}  # its group is left out
+    assert [t.excluded for t in trajectories[3:]] == [None] * 3  # the other group still trains
+    assert trajectories[4].advantage != 0.0
+
+
+# ----------------------------------------------------------------------------- properties
+
+QUERIES = sorted(RESULTS)
+
+
+@st.composite
+def random_batches(draw):
+    group = draw(st.integers(1, 3))
+    questions = []
+    for q in range(draw(st.integers(1, 3))):
+        samples = []
+        for j in range(group):
+            turns = [call(draw(st.sampled_from(QUERIES)), f"Sample {j} of {q}.")]
+            turns += [call(draw(st.sampled_from(QUERIES))) for _ in range(draw(st.integers(0, 4)))]
+            turns.append(draw(st.sampled_from(["Answer: France", "Answer: Spain", "no answer", "<tool_call>bad"])))
+            samples.append(turns)
+        questions.append(question(f"q{q}", samples))
+    config = RolloutConfig(
+        group_size=group,
+        max_search_calls=draw(st.integers(0, 4)),
+        max_assistant_turns=draw(st.integers(1, 6)),
+        max_trajectory_tokens=draw(st.integers(560, 1600)),
+        max_assistant_tokens=draw(st.integers(4, 80)),
+        max_tool_response_tokens=draw(st.integers(8, 300)),
+        tool_overflow=draw(st.sampled_from(["truncate", "end"])),
+        **FAST,
+    )
+    return questions, config
+
+
+def _assert_within_budgets(tokenizer, t, config):
+    assert t.termination is not None
+    assert len(t.turns) <= config.max_assistant_turns
+    assert t.search_calls <= config.max_search_calls
+    assert t.total_tokens <= config.max_trajectory_tokens
+    assert len(t.searches) == len(t.turns) - 1 or t.termination == "prompt_too_long"
+    for previous, turn, search in zip(t.turns, t.turns[1:], t.searches):
+        grown = previous.prompt_tokens + previous.completion_tokens
+        assert turn.prompt_tokens[: len(grown)] == grown
+        environment = missing_closing(tokenizer, previous.completion_tokens) + observation_tokens(
+            tokenizer, search.observation)
+        assert turn.prompt_tokens[len(grown):] == environment
+    for turn in t.turns:
+        assert len(turn.completion_tokens) == len(turn.logprobs) <= config.max_assistant_tokens
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(random_batches())
+def test_every_trajectory_ends_within_every_budget_and_each_prompt_extends_the_last(served, tokenizer, batch):
+    questions, config = batch
+    trajectories, _, _ = run(served, tokenizer, questions, config)
+    assert len(trajectories) == len(questions) * config.group_size
+    assert [(t.question_index, t.group_index) for t in trajectories] == sorted(
+        (t.question_index, t.group_index) for t in trajectories)
+    for t in trajectories:
+        _assert_within_budgets(tokenizer, t, config)
+
+
+def _fingerprint(trajectories):
+    return [
+        (t.question_index, t.group_index, t.termination, t.reward, t.advantage, t.excluded,
+         [(x.prompt_tokens, x.completion_tokens, x.logprobs, x.text, x.stop_reason) for x in t.turns],
+         [(s.query, s.ok, s.observation, s.truncated) for s in t.searches])
+        for t in trajectories
+    ]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(random_batches(), st.integers(0, 3))
+def test_group_isolation_other_questions_never_change_a_groups_trajectories(served, tokenizer, batch, pick):
+    questions, config = batch
+    pick %= len(questions)
+    baseline = _fingerprint(run(served, tokenizer, questions, config)[0])
+    changed = [q if i == pick else question(q["id"], [["Answer: France"]] * config.group_size, text=q["question"])
+               for i, q in enumerate(questions)]
+    other = _fingerprint(run(served, tokenizer, changed, config)[0])
+    mine = [f for f in baseline if f[0] == pick]
+    assert [f for f in other if f[0] == pick] == mine
+
+
+@pytest.mark.slow
+def test_results_do_not_depend_on_completion_order(serve, tokenizer):
+    questions = [
+        question(f"q{q}", [
+            [call("alpha", f"Sample {j}."), call(["beta", "gamma", "alpha"][(q + j) % 3]), "Answer: France"]
+            for j in range(3)
+        ] + [["Answer: Spain"]])
+        for q in range(3)
+    ]
+    runs = []
+    for seed in (1, 2, 3):
+        served = serve(latencies=Latencies(sample_jitter=0.02, jitter_seed=seed))
+        search = ScriptedSearch(RESULTS, latency=lambda q, seed=seed: (hash((q, seed)) % 20) / 1000)
+        runs.append(_fingerprint(run(served, tokenizer, questions, RolloutConfig(group_size=4, **FAST),
+                                     search=search)[0]))
+    assert runs[0] == runs[1] == runs[2]
+
+
+# ----------------------------------------------------------------------------- concurrency
+
+
+@pytest.mark.slow
+def test_no_trajectory_waits_for_another_trajectorys_search(serve, tokenizer):
+    """One sample meets a slow search; its sibling keeps sampling and searching meanwhile."""
+    questions = [question("q", [
+        [call("slow"), "Answer: France"],
+        [call("alpha", "Fast."), call("beta"), call("alpha"), "Answer: France"],
+    ])]
+    results = dict(RESULTS, slow=SearchResult(True, (item("Slow"),)))
+    search = ScriptedSearch(results, latency=lambda q: 1.0 if q == "slow" else 0.01)
+    served = serve(latencies=Latencies(sample_request=0.01))
+    _, policy, _ = run(served, tokenizer, questions, RolloutConfig(group_size=2, **FAST), search=search)
+    slow = next(c for c in search.calls if c.query == "slow")
+    fast_turns = [c for c in policy.calls if c.sample_indices == (1,)]
+    assert len(fast_turns) == 3
+    assert max(c.time for c in fast_turns) + 0.01 < slow.end  # sample 1 finished while sample 0 waited
+
+
+def _max_overlap(intervals):
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    level = peak = 0
+    for _, delta in events:
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def test_sampling_and_search_caps_are_respected(serve, tokenizer):
+    questions = [question(f"q{q}", [[call(["alpha", "beta"][j % 2], f"S{j}."), "Answer: x"] for j in range(4)])
+                 for q in range(3)]
+    search = ScriptedSearch(RESULTS, latency=lambda q: 0.02, concurrency=2)
+    config = RolloutConfig(group_size=4, sampling_concurrency=3, **FAST)
+    served = serve(latencies=Latencies(sample_request=0.02))
+    _, _, search = run(served, tokenizer, questions, config, search=search)
+    assert _max_overlap([(c.start, c.end) for c in served.twin.sample_log]) <= 3
+    assert _max_overlap([(c.start, c.end) for c in search.calls]) <= 2
+    assert len(search.calls) == 12
+
+
+async def test_rollout_runs_inside_an_existing_event_loop(served, tokenizer):
+    sc = scenario([question("q", [["Answer: France"]])])
+    served.twin.policy = ScriptedPolicy(sc, tokenizer)
+    trajectories = await rollout_batch_async(served.sampler, tokenizer, ScriptedSearch({}),
+                                             sc.examples, RolloutConfig(group_size=1, **FAST))
+    assert trajectories[0].reward == 1.0
+
+
+def test_observation_tokens_in_the_prompt_are_those_the_template_renders(served, tokenizer):
+    (t,), _, _ = run(served, tokenizer, [question("q", [[call("alpha"), "Answer: France"]])],
+                     RolloutConfig(group_size=1, **FAST))
+    first, second = t.turns
+    tail = second.prompt_tokens[len(first.prompt_tokens) + len(first.completion_tokens):]
+    closing = list(template_boundaries(tokenizer).closing)
+    assert tail == closing[1:] + observation_tokens(tokenizer, t.searches[0].observation)
+
+
+def test_a_question_the_scenario_does_not_know_is_named_with_its_turn(served, tokenizer):
+    from searchr1.data import SearchExample
+
+    sc = scenario([question("q", [["Answer: France"]])])
+    served.twin.policy = ScriptedPolicy(sc, tokenizer)
+    stranger = SearchExample("x", "Who painted Guernica?", ("Picasso",), "nq")
+    with pytest.raises(SamplerFailureError, match=r"'Who painted Guernica\?' \(turn 1\)"):
+        rollout_batch(served.sampler, tokenizer, ScriptedSearch({}), [stranger], RolloutConfig(group_size=1, **FAST))
