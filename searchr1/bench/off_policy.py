@@ -7,7 +7,9 @@ while the in-memory search answers the world's queries with a lognormal latency 
 run is repeated at ``--max-steps-off-policy`` 0, 1 and 2; each reports steps per hour over the
 steps after the first (which also loads the SDK's tokenizer). The K=0 run's own stage times give
 the two bounds: sequential (rollout + training + weight save, the most an on-policy loop can do)
-and overlapped (the slowest stage alone, what perfect overlap could reach). A reference loop,
+and the pipeline limit (training + weight save alone: the training run executes its events one
+after another, while rollout is bound by latency, not by capacity, so enough batches in flight
+hide it entirely; no depth K can beat the training queue). A reference loop,
 the sequential step this project had before the pipeline (sampler, rollout, datums, one
 forward_backward, one optim_step), runs on the same twin: K=0 must produce its metrics exactly.
 
@@ -132,12 +134,18 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
         sample_request=SAMPLE_REQUEST, sampled_token=SAMPLED_TOKEN, trained_token=TRAINED_TOKEN,
         optim_step=OPTIM_STEP, weight_save=WEIGHT_SAVE)
     runs: dict[int, list[dict[str, Any]]] = {}
+    repetitions = 1 if quick else 2
+    repeats: dict[int, list[list[dict[str, Any]]]] = {0: [], 1: []}
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-async-") as scratch, \
             served_twin(None, latencies, in_process=quick, tokenizer=tokenizer, policy="learning",
                         max_staleness=2) as service:
         for k in (0, 1, 2):
             runs[k] = _train(service, _config(steps, k=k, **size), tokenizer, _world_search(seed, latency_tail=not quick),
                              Path(scratch))
+        for _ in range(repetitions - 1):  # K=0 and K=1 again, interleaved: the spread of the targeted ratio
+            for k in (0, 1):
+                repeats[k].append(_train(service, _config(steps, k=k, **size), tokenizer,
+                                         _world_search(seed, latency_tail=not quick), Path(scratch)))
         reference = asyncio.run(_reference_loop(service, _config(steps, **size), tokenizer,
                                                 _world_search(seed, latency_tail=not quick)))
     keys = ("reward/mean", "trainer/loss_sum", "optim/grad_norm")
@@ -146,12 +154,22 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
     rollout = float(np.mean([m["time/rollout_seconds"] for m in measured]))
     train = float(np.mean([m["time/train_seconds"] for m in measured]))
     save = float(np.mean([max(0.0, m["time/rollout_wait_seconds"] - m["time/rollout_seconds"]) for m in measured]))
-    sequential, overlapped = 3600.0 / (rollout + train + save), 3600.0 / max(rollout, train + save)
+    sequential, pipeline_limit = 3600.0 / (rollout + train + save), 3600.0 / (train + save)
     rate = {k: _steps_per_hour(lines) for k, lines in runs.items()}
     target = 1.3
+
+    def speedup(k: int) -> Measure:
+        """K / K=0; for K=1 with the spread of the interleaved repetitions (each a K=0, K=1 pair)."""
+        label, key = f"steps per hour, K={k} / K=0", f"k{k}_over_k0_throughput"
+        if k != 1:
+            return Measure(key, label, rate[k] / rate[0], unit="x")
+        pairs = [(runs[0], runs[1])] + list(zip(repeats[0], repeats[1]))
+        return Measure.of_samples(key, label, [_steps_per_hour(b) / _steps_per_hour(a) for a, b in pairs], target,
+                                  ">=", "x", spread_bound=0.15)
+
     measures = [
-        Measure("k1_over_k0_throughput", "steps per hour, K=1 / K=0", rate[1] / rate[0], target, ">=", "x"),
-        Measure("k2_over_k0_throughput", "steps per hour, K=2 / K=0", rate[2] / rate[0], unit="x"),
+        speedup(1),
+        speedup(2),
         Measure("k0_equals_sequential_loop", "K=0 steps identical to the sequential reference loop",
                 same / len(reference), 1.0, ">=", digits=2),
         Measure("train_share_of_k0_step", "training share of a K=0 step", 100.0 * train / (rollout + train + save),
@@ -161,12 +179,16 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
         measures.append(Measure(f"steps_per_hour_k{k}", f"  steps per hour, K={k}", rate[k], unit="/h", digits=0))
     measures += [
         Measure("sequential_bound", "  sequential bound (sum of the stages)", sequential, unit="/h", digits=0),
-        Measure("overlapped_bound", "  overlapped bound (the slowest stage)", overlapped, unit="/h", digits=0),
+        Measure("pipeline_limit", "  pipeline limit (training + weight save alone, any K)", pipeline_limit,
+                unit="/h", digits=0),
+        Measure("k2_over_pipeline_limit", "  K=2 / pipeline limit", rate[2] / pipeline_limit, unit="x"),
     ]
     figure = Figure(
         number=6, name="off_policy_throughput", title="Overlapping rollouts with training (--max-steps-off-policy)",
         measures=measures,
         details={"steps_run": steps, "stage_seconds_k0": {"rollout": rollout, "train": train, "weight_save": save},
+                 "bounds_per_hour": {"sequential": sequential, "pipeline_limit": pipeline_limit},
+                 "repeated_steps_per_hour": {k: [_steps_per_hour(lines) for lines in repeats[k]] for k in repeats},
                  "latencies": latencies.__dict__,
                  "search": {"median": SEARCH_MEDIAN, "sigma": SEARCH_SIGMA, "cap": SEARCH_CAP},
                  "staleness_mean": {k: float(np.mean([m.get("async/staleness_mean", 0.0) for m in lines]))
@@ -174,9 +196,9 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
         notes=[f"{size.get('questions', 8)} questions x {size.get('group', 8)} samples on the learning policy, "
                f"{steps} steps each, the first not timed; "
                f"K=0 stages: rollout {rollout:.2f} s, training {train:.2f} s, weight save {save:.2f} s",
-               "the overlapped bound treats one batch's rollout as one stage; at K=2 three batches roll out at "
-               "once and the twin models no sampler capacity beyond the sampling cap, so K=2 may pass it (a live "
-               "service's capacity would not)"],
+               "rollout is latency-bound (the twin models no sampler capacity beyond the sampling cap), so a "
+               "deeper pipeline hides more of it; the training run's own queue (training + weight save) is the "
+               f"limit no K passes; K=0 and K=1 run {repetitions} time(s), interleaved (the K=1 / K=0 spread), K=2 once"],
     )
     figure.seconds = time.perf_counter() - started
     return figure

@@ -31,26 +31,86 @@ class Measure:
     unit: str = ""
     target_source: str = "issue"
     digits: int = 2
+    # The spread of the repetitions ``value`` is the median of (lowest, highest), or None when
+    # the measure is exact (a count, a deterministic simulation) or was measured once.
+    low: float | None = None
+    high: float | None = None
+    samples: int = 1
+    # The documented bound on (high - low) / value (CONTRIBUTING.md); a wider spread is reported.
+    spread_bound: float | None = None
 
     def __post_init__(self) -> None:
         if self.comparator not in ("<=", ">="):
             raise ValueError(f"comparator must be '<=' or '>=', got {self.comparator!r}")
+        if (self.low is None) != (self.high is None):
+            raise ValueError("a spread needs both low and high")
+        if self.low is not None and self.high is not None and not self.low <= self.value <= self.high:
+            raise ValueError(f"{self.key}: value {self.value} outside its spread [{self.low}, {self.high}]")
+
+    @classmethod
+    def of_samples(cls, key: str, label: str, samples: "list[float]", *args: Any, **kwargs: Any) -> "Measure":
+        """The median of ``samples`` with their lowest and highest as the spread."""
+        values = sorted(float(v) for v in samples)
+        if not values:
+            raise ValueError(f"{key}: no samples")
+        middle = len(values) // 2
+        value = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+        if len(values) == 1:
+            return cls(key, label, value, *args, **kwargs)
+        return cls(key, label, value, *args, low=values[0], high=values[-1], samples=len(values), **kwargs)
+
+    def _meets(self, value: float) -> bool:
+        assert self.target is not None
+        if self.comparator == "<=":
+            return value <= self.target + 1e-12
+        return value >= self.target - 1e-12
+
+    @property
+    def verdict(self) -> str | None:
+        """``met`` (every repetition meets the target), ``missed`` (none does), ``straddles``
+        (the spread contains the target: the repetitions disagree), or None without a target."""
+        if self.target is None:
+            return None
+        values = [self.value] if self.low is None or self.high is None else [self.low, self.high]
+        hits = [self._meets(v) for v in values]
+        return "met" if all(hits) else "missed" if not any(hits) else "straddles"
 
     @property
     def met(self) -> bool | None:
-        if self.target is None:
+        """True only when the whole spread meets the target (a straddling measure is not met)."""
+        verdict = self.verdict
+        return None if verdict is None else verdict == "met"
+
+    @property
+    def relative_spread(self) -> float | None:
+        """(highest - lowest) / median, or None for an exact measure."""
+        if self.low is None or self.high is None or self.value == 0:
             return None
-        if self.comparator == "<=":
-            return self.value <= self.target + 1e-12
-        return self.value >= self.target - 1e-12
+        return (self.high - self.low) / abs(self.value)
+
+    @property
+    def spread_within_bound(self) -> bool | None:
+        spread = self.relative_spread
+        if spread is None or self.spread_bound is None:
+            return None
+        return spread <= self.spread_bound + 1e-12
 
     def to_json(self) -> dict[str, Any]:
         return {
             "label": self.label, "value": self.value, "target": self.target,
             "comparator": self.comparator if self.target is not None else None,
-            "met": self.met, "unit": self.unit,
+            "met": self.met, "verdict": self.verdict, "unit": self.unit,
             "target_source": self.target_source if self.target is not None else None,
+            "low": self.low, "high": self.high, "samples": self.samples,
+            "relative_spread": self.relative_spread, "spread_bound": self.spread_bound,
+            "spread_within_bound": self.spread_within_bound,
         }
+
+    def spread_text(self) -> str:
+        if self.low is None or self.high is None:
+            return ""
+        text = f"{self.low:.{self.digits}f}–{self.high:.{self.digits}f} (n={self.samples})"
+        return text + (" !" if self.spread_within_bound is False else "")
 
     def formatted(self, number: float | None = None) -> str:
         value = self.value if number is None else number
@@ -114,10 +174,21 @@ def write_json_atomically(path: str | Path, payload: Any) -> Path:
     return path
 
 
-def _met_cell(met: bool | None) -> str:
+def _met_cell(met: bool | None, verdict: str | None = None) -> str:
+    if verdict == "straddles":
+        return "[yellow]straddles[/yellow]"
     if met is None:
         return "[dim]-[/dim]"
     return "[green]yes[/green]" if met else "[bold red]NO[/bold red]"
+
+
+def _figure_verdict(figure: "Figure") -> str | None:
+    verdicts = [m.verdict for m in figure.measures if m.target is not None]
+    if not verdicts:
+        return None
+    if all(v == "met" for v in verdicts):
+        return "met"
+    return "straddles" if "missed" not in verdicts else "missed"
 
 
 def render_table(figures: list[Figure], *, title: str = "searchr1 bench") -> Any:
@@ -127,16 +198,18 @@ def render_table(figures: list[Figure], *, title: str = "searchr1 bench") -> Any
     table.add_column("#", justify="right")
     table.add_column("Figure / measure")
     table.add_column("Value", justify="right")
+    table.add_column("Spread (low–high)", justify="right")
     table.add_column("Target", justify="right")
     table.add_column("Met", justify="center")
     for figure in sorted(figures, key=lambda f: f.number):
-        table.add_row(str(figure.number), f"[bold]{figure.title}[/bold]", "", "", _met_cell(figure.met))
+        table.add_row(str(figure.number), f"[bold]{figure.title}[/bold]", "", "", "",
+                      _met_cell(figure.met, _figure_verdict(figure)))
         for index, measure in enumerate(figure.measures):
             target = "" if measure.target is None else f"{measure.comparator} {measure.formatted(measure.target)}"
             if measure.target is not None and measure.target_source == "bench":
                 target += " *"
-            table.add_row("", "  " + measure.label, measure.formatted(), target, _met_cell(measure.met),
-                          end_section=index == len(figure.measures) - 1)
+            table.add_row("", "  " + measure.label, measure.formatted(), measure.spread_text(), target,
+                          _met_cell(measure.met, measure.verdict), end_section=index == len(figure.measures) - 1)
     return table
 
 
@@ -154,6 +227,14 @@ def print_report(figures: list[Figure], *, console: Any = None, output: str | Pa
     for figure in sorted(figures, key=lambda f: f.number):
         for note in figure.notes:
             console.print(f"[dim]({figure.number}) {note}[/dim]")
+    wide = [f"{f.number}: {m.label.strip()} ({100 * (m.relative_spread or 0):.0f}% > {100 * (m.spread_bound or 0):.0f}%)"
+            for f in sorted(figures, key=lambda f: f.number) for m in f.measures if m.spread_within_bound is False]
+    if wide:
+        console.print("[yellow]spread wider than its documented bound (marked !):[/yellow] " + "; ".join(wide))
+    straddling = [f for f in figures if _figure_verdict(f) == "straddles"]
+    if straddling:
+        console.print("[yellow]the repetitions of " + ", ".join(f"{f.number} {f.title}" for f in straddling)
+                      + " fall on both sides of a target: not met, not missed; rerun on a quieter machine[/yellow]")
     missed = [f for f in figures if not f.met]
     if missed and quick:  # smoke sizes: too small for the ratios the targets are about
         console.print("[yellow]--quick is a smoke run and is not held to the targets[/yellow] "

@@ -38,7 +38,6 @@ from .workload import (
     build_workload,
     fingerprint,
     lower_bound,
-    median,
     quick_spec,
     summarize_counts,
 )
@@ -86,7 +85,7 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
                       spec: WorkloadSpec | None = None) -> Figure:
     started = time.perf_counter()
     spec = spec or (quick_spec() if quick else WorkloadSpec())
-    repetitions = repetitions if repetitions is not None else (1 if quick else 2)
+    repetitions = repetitions if repetitions is not None else (1 if quick else 3)
     scale = scale if scale is not None else (QUICK_SCALE if quick else SCALE)
     workload = build_workload(spec, seed)
     model = LatencyModel(scale=scale, seed=seed)
@@ -98,16 +97,18 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
                         search_concurrency=setup.search_concurrency)
 
     bound_wall = bound.value * scale
-    ours_wall, lock_wall = median(walls["ours"]), median(walls["lockstep"])
-    ours_ratio, lock_ratio = ours_wall / bound_wall, lock_wall / bound_wall
     figure = Figure(
         number=1, name="scheduling", title="Rollout scheduling",
         measures=[
-            Measure("makespan_over_lower_bound", "ours: makespan / lower bound", ours_ratio, 1.15, "<=", "x"),
-            Measure("speedup_over_lockstep", "speed-up over lock-step rounds", lock_wall / ours_wall, 1.5, ">=", "x"),
-            Measure("lockstep_makespan_over_lower_bound", "lock-step: makespan / lower bound", lock_ratio, unit="x"),
-            Measure("engine_cpu_share", "ours: local CPU (engine, pytrio client) / makespan",
-                    100.0 * median(cpus["ours"]) / ours_wall, unit="%", digits=0),
+            Measure.of_samples("makespan_over_lower_bound", "ours: makespan / lower bound",
+                               [w / bound_wall for w in walls["ours"]], 1.15, "<=", "x", spread_bound=0.10),
+            Measure.of_samples("speedup_over_lockstep", "speed-up over lock-step rounds",
+                               [lock / ours for lock, ours in zip(walls["lockstep"], walls["ours"])], 1.5, ">=", "x",
+                               spread_bound=0.15),
+            Measure.of_samples("lockstep_makespan_over_lower_bound", "lock-step: makespan / lower bound",
+                               [w / bound_wall for w in walls["lockstep"]], unit="x"),
+            Measure.of_samples("engine_cpu_share", "ours: local CPU (engine, pytrio client) / makespan",
+                               [100.0 * c / w for c, w in zip(cpus["ours"], walls["ours"])], unit="%", digits=0),
         ],
         details={
             "workload": {**dataclasses.asdict(spec), **summarize_counts(ours)},

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,16 +32,21 @@ class TwinStartError(RuntimeError):
 
 @contextmanager
 def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencies(), *, in_process: bool = False,
-                tokenizer: Any = None, policy: str = "scripted", max_staleness: int = 0) -> Iterator[Any]:
+                tokenizer: Any = None, policy: str = "scripted", max_staleness: int = 0, strict: bool = True,
+                on_process: Callable[[int], None] | None = None) -> Iterator[Any]:
     """``scenario`` is what the scripted policy replies from; other policies take ``None``.
-    ``max_staleness`` is the strict mode's allowance for off-policy training."""
+    ``max_staleness`` is the strict mode's allowance for off-policy training; ``strict=False``
+    lets a run train on samples the twin did not serve (figure 5's in-memory sampler).
+    ``on_process`` is told the server's process id (not called for ``in_process``)."""
     if in_process:
-        with _in_process(scenario, latencies, tokenizer, policy, max_staleness) as client:
+        with _in_process(scenario, latencies, tokenizer, policy, max_staleness, strict) as client:
             yield client
         return
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch:
         command = [sys.executable, "-m", "searchr1.cli", "twin", "serve", "--home", str(Path(scratch) / "home"),
                    "--policy", policy, "--max-staleness", str(max_staleness)]
+        if not strict:
+            command.append("--no-strict")
         if scenario is not None:
             path = Path(scratch) / "scenario.json"
             path.write_text(json.dumps(scenario), "utf-8")
@@ -53,6 +58,8 @@ def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencie
         ]
         server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
+            if on_process is not None:
+                on_process(server.pid)
             first = server.stdout.readline().strip() if server.stdout else ""
             if not first.startswith("PYTRIO_BASE_URL="):
                 raise TwinStartError(f"the twin did not start: {(first + server.communicate(timeout=30)[1])[-500:]}")
@@ -77,7 +84,7 @@ def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencie
 
 @contextmanager
 def _in_process(scenario: dict[str, Any] | None, latencies: Latencies, tokenizer: Any, policy: str,
-                max_staleness: int) -> Iterator[Any]:
+                max_staleness: int, strict: bool = True) -> Iterator[Any]:
     from ..twin import Strictness, start_twin
     from ..twin.scenario import parse_scenario
     from ..twin.scripted_policy import ScriptedPolicy
@@ -89,5 +96,5 @@ def _in_process(scenario: dict[str, Any] | None, latencies: Latencies, tokenizer
     served: Any = ScriptedPolicy(parse_scenario(scenario), tokenizer) if scenario is not None else policy
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch, \
             start_twin(home=scratch, tokenizer=tokenizer, policy=served, latencies=latencies,
-                       strictness=Strictness(max_staleness=max_staleness)) as twin:
+                       strictness=Strictness(enabled=strict, max_staleness=max_staleness)) as twin:
         yield twin.service_client()

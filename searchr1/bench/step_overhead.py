@@ -1,22 +1,32 @@
-"""Figure 5: the local overhead of one offline training step, by phase.
+"""Figure 5: the local CPU of one offline training step, whose it is, and what the wire costs.
 
 The real :class:`~searchr1.core.trainer.Trainer` runs a few steps of 8 questions x 8 samples with the
 real pytrio client against the offline twin (in a process of its own, serving the workload's
-script) and an in-memory search backend, all with zero latency, so every second this process
-spends is local CPU, as it would be live: the service's work happens in the other process. The
-bench wraps the trainer's phases to time them (process CPU, every thread of this process):
+script) and an in-memory search backend, all with zero latency, so every CPU second this
+process spends is local, as it would be live: the service's work happens in the other process.
 
-* rollout: ``rollout_batch_async``: the engine's bookkeeping and the pytrio client's sampling
-  calls (building requests, reading answers);
-* datums: ``build_training_datums``;
-* packing: ``pack_micro_batches`` (manual accumulation only);
-* client calls: ``forward_backward`` and ``optim_step`` as the client runs them (batch planning
-  and validation, encoding, polling), and the sampler checkpoint of each step;
-* other: the rest of the step (group summary, vocabulary check, metrics, run directory).
+CPU is read per thread (:mod:`.thread_cpu`: what each thread actually ran, so a thread that
+waits or blocks in a poll adds nothing): our main thread (the engine, the protocol, the
+trainer, and the pytrio calls made on our event loop) and pytrio's own event-loop thread (its
+transport: request validation, serialisation, HTTP, futures). Their sum is the step's local
+CPU. The twin's process is read too and reported, never counted.
 
-The headline sets the local overhead against the modelled service time of the same step: the
-lower bound of its trajectories under the default latency model (the time the remote sampler
-and search need at the very least), so a value of 0.02 means local work adds at most 2 %.
+Every step is measured twice, seconds apart, so that the pair sees the same machine: the
+step as it runs (the real sampling client over HTTP), and its rollout once more with an
+in-memory sampler that replays the answers the first rollout got (no pytrio, no HTTP; it must
+give the same trajectories). The in-memory step is the real step with its rollout swapped for
+the replay (datums and training calls are the same work for the same trajectories), so ``wire /
+in-memory`` is what the sampling wire itself costs. Runs are repeated; a run's sample is its
+mean over the steps after the first (the same steps in every run), and figures print the median
+of the runs with the lowest and highest.
+
+Breakdown (seconds per step): on the main thread during rollout, fitting and stitching
+observations (``finish_search``: tokenizer, template), parsing turns (``consume_assistant``),
+building requests and reading answers (``make_request``, ``read_sequence``, pytrio's request
+types), and the rest (asyncio, and pytrio's cross-thread futures on our loop); pytrio's thread
+during rollout (also per sampling request); datums (``build_training_datums``); outside the
+rollout, the main thread (the trainer's bookkeeping, metrics, run directory, and its pytrio
+calls) and pytrio's thread (training calls, the sampler checkpoint).
 """
 
 from __future__ import annotations
@@ -25,63 +35,131 @@ import asyncio
 import contextlib
 import functools
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ..twin.scripted_search import ScriptedSearch
 from .lockstep import DEFAULT_SEARCH_CONCURRENCY
 from .report import Figure, Measure
 from .served import served_twin
-from .workload import (
-    LatencyModel,
-    WorkloadSpec,
-    build_workload,
-    lower_bound,
-    median,
-    quick_spec,
-)
+from .thread_cpu import CpuInterval, ThreadCpuMeter, pytrio_client_thread_id
+from .workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
 
-PHASES = ("rollout", "datums", "packing", "client", "other")
-LABELS = {
-    "rollout": "rollout (engine and sampling calls)",
-    "datums": "datums",
-    "packing": "packing",
-    "client": "training calls and sampler checkpoints",
-    "other": "other (metrics, run dir)",
+SPREAD_BOUND = 0.15  # (highest - lowest) / median of the runs, documented in CONTRIBUTING.md
+LOCAL_ROLES = ("main", "client")  # threads whose CPU is the step's local CPU
+MAIN_PIECES = {
+    "fit": "fitting and stitching observations (tokenizer, template)",
+    "parse": "parsing assistant turns",
+    "requests": "building requests, reading answers",
 }
 
 
-class PhaseClock:
-    """Process-CPU accumulators per phase, reset at the start of every step."""
+def _answer_key(prompt: Any, num_samples: int, params: Any) -> tuple[Any, ...]:
+    tokens = prompt.to_ints() if hasattr(prompt, "to_ints") else list(prompt)
+    return (tuple(tokens), int(num_samples), getattr(params, "seed", None), getattr(params, "max_tokens", None))
+
+
+class CountingSampler:
+    """A sampling client that counts its requests and, when asked, keeps their answers."""
+
+    def __init__(self, inner: Any, answers: dict[tuple[Any, ...], list[tuple[Any, ...]]] | None) -> None:
+        self.inner = inner
+        self.answers = answers
+        self.requests = 0
+
+    async def sample_async(self, prompt: Any, num_samples: int = 1, sampling_params: Any = None,
+                           **kwargs: Any) -> Any:
+        self.requests += 1
+        response = await self.inner.sample_async(prompt=prompt, num_samples=num_samples,
+                                                 sampling_params=sampling_params, **kwargs)
+        if self.answers is not None:
+            self.answers[_answer_key(prompt, num_samples, sampling_params)] = [
+                (list(s.tokens), list(s.logprobs), s.text, s.stop_reason) for s in response.sequences
+            ]
+        return response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class InMemorySampler:
+    """Answers each request from a table of the wire run's answers: no pytrio, no HTTP."""
+
+    def __init__(self, answers: dict[tuple[Any, ...], list[tuple[Any, ...]]]) -> None:
+        self.answers = answers
+        self.requests = 0
+
+    async def sample_async(self, prompt: Any, num_samples: int = 1, sampling_params: Any = None,
+                           **kwargs: Any) -> Any:
+        self.requests += 1
+        await asyncio.sleep(0)  # an answer never arrives within the call that asks for it
+        key = _answer_key(prompt, num_samples, sampling_params)
+        if key not in self.answers:
+            raise LookupError(f"the in-memory sampler has no answer for a {len(key[0])}-token prompt "
+                              f"(seed {key[2]}): the runs of figure 5 diverged")
+        return SimpleNamespace(sequences=[
+            SimpleNamespace(tokens=tokens, logprobs=logprobs, text=text, stop_reason=stop)
+            for tokens, logprobs, text, stop in self.answers[key]
+        ])
+
+
+@dataclass
+class StepRecord:
+    local: float = 0.0  # the step as it ran, both threads, the replay left out
+    roles: dict[str, float] = field(default_factory=dict)
+    twin: float = 0.0
+    rollout_main: float = 0.0
+    rollout_client: float = 0.0
+    pieces: dict[str, float] = field(default_factory=dict)
+    replay_main: float = 0.0
+    replay_client: float = 0.0
+    replay_pieces: dict[str, float] = field(default_factory=dict)
+    datums: float = 0.0
+    requests: int = 0
+    turns: int = 0
+
+    @property
+    def in_memory(self) -> float:
+        """The same step with the replayed rollout in place of the wire's."""
+        return self.local - self.rollout_main - self.rollout_client + self.replay_main + self.replay_client
+
+
+class StepProbe:
+    """Per-thread CPU of each step and of its phases, for one run."""
 
     def __init__(self) -> None:
-        self.current: dict[str, float] = {}
-        self.steps: list[dict[str, float]] = []
+        self.meter: ThreadCpuMeter | None = None
+        self.twin_pid: int | None = None
+        self.steps: list[StepRecord] = []
+        self.current = StepRecord()
+        self.replaying = False
         self.trajectories: list[list[Any]] = []
 
-    def add(self, phase: str, seconds: float) -> None:
-        self.current[phase] = self.current.get(phase, 0.0) + seconds
+    def attach(self, service: Any) -> None:
+        roles = {threading.main_thread().native_id: "main"}
+        client = pytrio_client_thread_id(service)
+        if client is not None:
+            roles[client] = "client"
+        self.meter = ThreadCpuMeter(roles, [self.twin_pid] if self.twin_pid else [])
 
-    def wrap_sync(self, phase: str, function: Any) -> Any:
+    def interval(self, start: Any) -> CpuInterval:
+        assert self.meter is not None
+        return self.meter.interval(start, self.meter.snapshot())
+
+    def piece(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.process_time()
+            start = time.thread_time()
             try:
                 return function(*args, **kwargs)
             finally:
-                self.add(phase, time.process_time() - start)
-        return wrapper
-
-    def wrap_async(self, phase: str, function: Any) -> Any:
-        @functools.wraps(function)
-        async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.process_time()
-            try:
-                return await function(*args, **kwargs)
-            finally:
-                self.add(phase, time.process_time() - start)
+                pieces = self.current.replay_pieces if self.replaying else self.current.pieces
+                pieces[name] = pieces.get(name, 0.0) + time.thread_time() - start
         return wrapper
 
 
@@ -95,103 +173,215 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
         setattr(target, name, original)
 
 
-def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,
-                         spec: WorkloadSpec | None = None) -> Figure:
+def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps: int, probe: StepProbe) -> None:
+    """One training run of ``steps`` steps, every step recorded (and its rollout replayed) in ``probe``."""
     from ..core import pipeline as pipeline_module
+    from ..core import rollout as rollout_module
     from ..core import trainer as trainer_module
-    from ..core.pipeline import RolloutPipeline
     from ..run_dir import RunDir
     from ..core.train_config import TrainConfig
     from ..core.trainer import Trainer
 
-    started = time.perf_counter()
-    steps = steps if steps is not None else (2 if quick else 4)
-    spec = spec or (quick_spec() if quick else WorkloadSpec())
-    workload = build_workload(spec, seed + 505)
-    clock = PhaseClock()
     rollout = pipeline_module.rollout_batch_async
 
-    async def timed_rollout(*args: Any, **kwargs: Any) -> Any:
-        start = time.process_time()
-        trajectories = await rollout(*args, **kwargs)
-        clock.add("rollout_total", time.process_time() - start)
-        clock.trajectories.append(trajectories)
+    async def timed_rollout(sampler: Any, *args: Any, **kwargs: Any) -> Any:
+        answers: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        counted = CountingSampler(sampler, answers)
+        start = probe.meter.snapshot()  # type: ignore[union-attr]
+        trajectories = await rollout(counted, *args, **kwargs)
+        spent = probe.interval(start)
+        # The same rollout, answered from memory (no progress display, the same seeds and step).
+        replay_args = list(args)
+        if len(replay_args) > 4:
+            replay_args[4] = None
+        probe.replaying = True
+        start = probe.meter.snapshot()  # type: ignore[union-attr]
+        try:
+            replayed = await rollout(InMemorySampler(answers), *replay_args, **kwargs)
+        finally:
+            probe.replaying = False
+        replay = probe.interval(start)
+        checked = time.thread_time()
+        if fingerprint(replayed) != fingerprint(trajectories):
+            raise AssertionError("figure 5: the in-memory replay rolled out different trajectories")
+        record = probe.current
+        record.local -= time.thread_time() - checked  # the bench's own check is no part of the step
+        record.rollout_main += spent.roles.get("main", 0.0)
+        record.rollout_client += spent.roles.get("client", 0.0)
+        record.replay_main += replay.roles.get("main", 0.0)
+        record.replay_client += replay.roles.get("client", 0.0)
+        record.local -= replay.total(LOCAL_ROLES)  # taken out of the step's own CPU below
+        record.requests += counted.requests
+        record.turns += sum(len(t.turns) for t in trajectories)
+        probe.trajectories.append(trajectories)
         return trajectories
+
+    build_datums = trainer_module.build_training_datums
+
+    def timed_datums(*args: Any, **kwargs: Any) -> Any:
+        start = time.thread_time()
+        try:
+            return build_datums(*args, **kwargs)
+        finally:
+            probe.current.datums += time.thread_time() - start
 
     def timed_step(trainer: Any) -> Any:
         original = trainer.step
 
         async def step(number: int) -> Any:
-            clock.current = {}
-            start = time.process_time()
+            if probe.meter is None:
+                probe.attach(trainer.service)
+            probe.current = StepRecord()
+            start = probe.meter.snapshot()  # type: ignore[union-attr]
             metrics = await original(number)
-            clock.add("step_total", time.process_time() - start)
-            clock.steps.append(clock.current)
+            spent = probe.interval(start)
+            probe.current.roles = dict(spent.roles)
+            probe.current.local += spent.total(LOCAL_ROLES)
+            probe.current.twin = sum(spent.processes.values())
+            probe.steps.append(probe.current)
             return metrics
         return step
 
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as home, contextlib.ExitStack() as stack:
         stack.enter_context(patched(pipeline_module, "rollout_batch_async", timed_rollout))
-        stack.enter_context(patched(trainer_module, "build_training_datums",
-                                    clock.wrap_sync("datums", trainer_module.build_training_datums)))
-        stack.enter_context(patched(trainer_module, "pack_micro_batches",
-                                    clock.wrap_sync("packing", trainer_module.pack_micro_batches)))
-        stack.enter_context(patched(Trainer, "_update", clock.wrap_async("client", Trainer._update)))
-        stack.enter_context(patched(RolloutPipeline, "_make_sampler", clock.wrap_async("client", RolloutPipeline._make_sampler)))
+        stack.enter_context(patched(trainer_module, "build_training_datums", timed_datums))
+        stack.enter_context(patched(rollout_module, "finish_search",
+                                    probe.piece("fit", rollout_module.finish_search)))
+        stack.enter_context(patched(rollout_module, "consume_assistant",
+                                    probe.piece("parse", rollout_module.consume_assistant)))
+        stack.enter_context(patched(rollout_module, "make_request",
+                                    probe.piece("requests", rollout_module.make_request)))
+        stack.enter_context(patched(rollout_module, "read_sequence",
+                                    probe.piece("requests", rollout_module.read_sequence)))
         config = TrainConfig(max_steps=steps, data="bench", run_name="bench", questions_per_batch=spec.questions,
                              save_every=0, rollout=workload.config, offline=True)
         run = RunDir(Path(home) / "run")
         run.create(config.to_json())
-        service = stack.enter_context(served_twin(workload.raw, in_process=quick, tokenizer=tokenizer))
         trainer = Trainer(config, run, service=service, tokenizer=tokenizer,
                           search=ScriptedSearch(workload.results), examples=workload.examples)
         trainer.step = timed_step(trainer)  # type: ignore[method-assign]
         asyncio.run(trainer.run_steps(None))
 
-    measured = clock.steps[1:] if len(clock.steps) > 1 else clock.steps  # the first step warms caches
-    per_step: dict[str, float] = {}
-    for record in measured:
-        pieces = {
-            "rollout": record.get("rollout_total", 0.0),
-            "datums": record.get("datums", 0.0),
-            "packing": record.get("packing", 0.0),
-            "client": record.get("client", 0.0),
-        }
-        pieces["other"] = max(0.0, record.get("step_total", 0.0) - sum(pieces.values()))
-        pieces["local_total"] = sum(pieces.values())
-        for key, value in pieces.items():
-            per_step.setdefault(key, []).append(value)  # type: ignore[arg-type]
-    phase = {key: median(values) for key, values in per_step.items()}  # type: ignore[arg-type]
-    total = phase["local_total"]
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,
+                         spec: WorkloadSpec | None = None, repetitions: int | None = None) -> Figure:
+    started = time.perf_counter()
+    steps = steps if steps is not None else (2 if quick else 4)
+    repetitions = repetitions if repetitions is not None else (1 if quick else 3)
+    spec = spec or (quick_spec() if quick else WorkloadSpec())
+    workload = build_workload(spec, seed + 505)
+    runs: list[StepProbe] = []
+    twin_pid: list[int] = []
+    with served_twin(workload.raw, in_process=quick, tokenizer=tokenizer, on_process=twin_pid.append) as service:
+        for _ in range(repetitions):
+            probe = StepProbe()
+            probe.twin_pid = twin_pid[0] if twin_pid else None
+            _run(service, tokenizer, workload, spec, steps, probe)
+            runs.append(probe)
+
     model = LatencyModel(seed=seed)
-    trajectories = clock.trajectories[-1]
-    service = lower_bound(trajectories, model, sampling_concurrency=workload.config.sampling_concurrency,
-                          search_concurrency=DEFAULT_SEARCH_CONCURRENCY).value
-    tool_turns = sum(t.search_calls for t in trajectories)
-    measures = [
-        Measure("local_overhead_over_service_time", "local CPU / modelled service time of the step",
-                total / service, 0.05, "<=", "x", target_source="bench", digits=3),
-        Measure("local_cpu_seconds_per_step", "local CPU per step", total, unit="s", digits=2),
+    service_seconds = [
+        lower_bound(trajectories, model, sampling_concurrency=workload.config.sampling_concurrency,
+                    search_concurrency=DEFAULT_SEARCH_CONCURRENCY).value
+        for trajectories in runs[0].trajectories
     ]
-    for name in PHASES:
-        measures.append(Measure(f"share_{name}", f"  share: {LABELS[name]}", 100.0 * phase[name] / total,
-                                unit="%", digits=1))
+
+    skip = 1 if steps > 1 else 0  # the first step of a run loads tokenizers and warms caches
+    per_run = [[(index, record) for index, record in enumerate(probe.steps) if index >= skip] for probe in runs]
+    wire_steps = [item for run in per_run for item in run]
+
+    def per_step(values: Callable[[StepRecord], float]) -> list[float]:
+        """One sample per run: the mean over the run's measured steps (every run measures the same
+        steps, so the spread is the runs' disagreement, not the difference between steps)."""
+        return [sum(values(r) for _, r in run) / len(run) for run in per_run if run]
+
+    def ratio(numerator: Callable[[StepRecord], float], denominator: Callable[[int, StepRecord], float]) -> list[float]:
+        return [sum(numerator(r) for _, r in run) / max(1e-12, sum(denominator(i, r) for i, r in run))
+                for run in per_run if run]
+
+    wire_local = per_step(lambda r: r.local)
+    memory_local = per_step(lambda r: r.in_memory)
+    pairs = ratio(lambda r: r.local, lambda i, r: r.in_memory)
+    over_service = ratio(lambda r: r.local, lambda i, r: service_seconds[i])
+
+    def rest_main(r: StepRecord) -> float:
+        return max(0.0, r.rollout_main - sum(r.pieces.values()))
+
+    def main_outside(r: StepRecord) -> float:  # the trainer's bookkeeping and its pytrio calls
+        return max(0.0, r.roles.get("main", 0.0) - r.rollout_main - r.replay_main - r.datums)
+
+    def client_outside(r: StepRecord) -> float:  # training calls and the sampler checkpoint
+        return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client)
+
+    requests = _median([float(r.requests) for _, r in wire_steps])
+    turns = _median([float(r.turns) for _, r in wire_steps])
+    client_per_request = [1000.0 * v for v in ratio(lambda r: r.rollout_client, lambda i, r: r.requests)]
+    glue_per_request = [1000.0 * v for v in ratio(
+        lambda r: max(0.0, rest_main(r) - max(0.0, r.replay_main - sum(r.replay_pieces.values()))),
+        lambda i, r: r.requests)]
+    per_turn = [1000.0 * v for v in ratio(lambda r: r.rollout_main + r.rollout_client, lambda i, r: r.turns)]
+
+    measures = [
+        Measure.of_samples("local_overhead_over_service_time", "local CPU / modelled service time of the step",
+                           over_service, 0.035, "<=", "x", digits=3, spread_bound=SPREAD_BOUND),
+        Measure.of_samples("local_cpu_seconds_per_step", "local CPU per step (main + pytrio threads)",
+                           wire_local, 1.5, "<=", "s", spread_bound=SPREAD_BOUND),
+        Measure.of_samples("wire_over_in_memory", "local CPU, real client / in-memory sampler", pairs,
+                           2.0, "<=", "x", spread_bound=SPREAD_BOUND),
+        Measure.of_samples("in_memory_cpu_seconds_per_step", "  the same step, in-memory sampler",
+                           memory_local, unit="s"),
+    ]
+    for key, label in MAIN_PIECES.items():
+        measures.append(Measure.of_samples(f"main_{key}_seconds", f"  main thread: {label}",
+                                           per_step(lambda r, k=key: r.pieces.get(k, 0.0)), unit="s"))
+    measures += [
+        Measure.of_samples("main_rest_seconds", "  main thread: asyncio, pytrio calls on our loop",
+                           per_step(rest_main), unit="s"),
+        Measure.of_samples("client_rollout_seconds", "  pytrio thread during rollout", per_step(lambda r: r.rollout_client),
+                           unit="s"),
+        Measure.of_samples("datums_seconds", "  datums",
+                           per_step(lambda r: r.datums), unit="s"),
+        Measure.of_samples("main_outside_rollout_seconds", "  main thread outside rollout: trainer, metrics, "
+                           "run dir, pytrio calls", per_step(main_outside), unit="s"),
+        Measure.of_samples("client_outside_rollout_seconds", "  pytrio thread outside rollout: training calls, "
+                           "sampler checkpoint", per_step(client_outside), unit="s"),
+        Measure.of_samples("client_ms_per_sampling_request", "pytrio thread per sampling request",
+                           client_per_request, unit="ms", digits=2),
+        Measure.of_samples("main_glue_ms_per_sampling_request", "main thread per sampling request (wire - in-memory)",
+                           glue_per_request, unit="ms", digits=2),
+        Measure.of_samples("rollout_ms_per_turn", "rollout CPU per assistant turn (both threads)", per_turn,
+                           unit="ms", digits=2),
+        Measure.of_samples("twin_seconds_per_step", "the twin's process per step (not counted)",
+                           per_step(lambda r: r.twin), unit="s"),
+    ]
+    trajectories = runs[0].trajectories[-1]
     figure = Figure(
         number=5, name="step_overhead", title="Local overhead of a step",
         measures=measures,
         details={
-            "steps_run": steps, "steps_measured": len(measured),
-            "trajectories_per_step": len(trajectories), "tool_turns_last_step": tool_turns,
-            "cpu_seconds_per_step": phase,
-            "per_step": per_step,
-            "modelled_service_seconds": service,
+            "steps_per_run": steps, "runs": repetitions, "steps_measured": len(wire_steps),
+            "trajectories_per_step": len(trajectories),
+            "sampling_requests_per_step": requests, "assistant_turns_per_step": turns,
+            "modelled_service_seconds": service_seconds,
+            "per_step": [{"step": i, "local": r.local, "in_memory": r.in_memory, "roles": r.roles, "twin": r.twin,
+                          "pieces": r.pieces, "replay_pieces": r.replay_pieces, "rollout_main": r.rollout_main,
+                          "rollout_client": r.rollout_client, "replay_main": r.replay_main,
+                          "replay_client": r.replay_client, "datums": r.datums, "requests": r.requests,
+                          "turns": r.turns} for i, r in wire_steps],
             "latency_model": {"sample_base": model.sample_base, "sample_per_token": model.sample_per_token,
                               "search_median": model.search_median, "search_sigma": model.search_sigma},
-            "accumulation": config.accumulation,
+            "cpu_clock": "per-thread schedstat" if runs and runs[0].meter and runs[0].meter.proc else "process_time",
         },
-        notes=[(f"median of {len(measured)} step(s) of {len(trajectories)} trajectories: {total:.2f} s local CPU "
-               f"(engine and pytrio client) against {service:.0f} s modelled service time; the twin served "
-               "from another process")],
+        notes=[(f"{repetitions} run(s) x {steps} steps, the first step of each run left out (a sample is a run's mean "
+                f"over the same steps), each step's rollout replayed from memory right after it; {len(trajectories)} trajectories, {requests:.0f} sampling requests and "
+                f"{turns:.0f} assistant turns per step; CPU per thread (waiting adds nothing); the twin served from "
+                f"another process{' (in this process: --quick)' if quick else ''}")],
     )
     figure.seconds = time.perf_counter() - started
     return figure

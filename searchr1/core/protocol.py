@@ -401,6 +401,8 @@ def build_next_prompt(
     completion_tokens: Sequence[int],
     next_tool_message: dict[str, Any],
     tools: list[dict[str, Any]] | None = None,
+    *,
+    observation: Sequence[int] | None = None,
 ) -> list[int]:
     """``previous prompt + completion (as sampled) + missing closing + observation``.
 
@@ -411,7 +413,8 @@ def build_next_prompt(
     observation the start-up wrapper predicts. Only that difference is tokenised: it starts
     right after a special token, so its tokens are the ones a full render would produce,
     except that special-token strings inside the tool content stay plain text (a full render
-    would turn them into control tokens; see :func:`observation_tokens`).
+    would turn them into control tokens; see :func:`observation_tokens`). ``observation``:
+    those tokens when the caller already has them (the rollout sizes them while fitting).
     """
     with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
     assistant_end = render_text(tokenizer, with_assistant, add_generation_prompt=False, tools=tools)
@@ -437,7 +440,7 @@ def build_next_prompt(
         list(previous_prompt_tokens)
         + list(completion_tokens)
         + missing_closing(tokenizer, completion_tokens)
-        + observation_tokens(tokenizer, content)
+        + (list(observation) if observation is not None else observation_tokens(tokenizer, content))
     )
 
 

@@ -41,6 +41,7 @@ from .protocol import (
     template_boundaries,
     tool_message,
 )
+from .piecewise_tokens import JoinedObservation
 from .reward import FORMAT_PENALTY, score_answer
 from ..search.types import SearchBackend, SearchResult, observation_candidates
 from ..settings import check_settings, setting
@@ -225,15 +226,20 @@ def fit_tool_content(
             return False
         return len(observation_tokens(tokenizer, content)) <= room
 
-    accepted: list[str] = []
-    for candidate in observation_candidates(result):
-        joined = "\n\n".join(accepted + [candidate])
-        if not fits(joined):
+    candidates = observation_candidates(result)
+    sizes = JoinedObservation(tokenizer, candidates)  # each item tokenised once, not once per try
+    accepted = 0
+    for count in range(1, len(candidates) + 1):
+        if len(sizes.content_tokens(count)) > config.max_tool_response_tokens:
             break
-        accepted.append(candidate)
+        if len(sizes.observation_tokens(count)) > room:
+            break
+        accepted = count
     truncated = False
+    observation: list[int] | None = None
     if accepted:
-        content = "\n\n".join(accepted)
+        content = sizes.joined(accepted)
+        observation = sizes.observation_tokens(accepted)
     elif config.tool_overflow == "truncate":
         first = observation_candidates(result)[0]
         cut = _truncate_to_fit(tokenizer, first, fits, config.max_tool_response_tokens)
@@ -250,6 +256,7 @@ def fit_tool_content(
         completion_tokens,
         tool_message(call_id, content),
         tools=config.tools,
+        observation=observation,
     )
     return FittedObservation(content, next_prompt, truncated)
 
@@ -400,12 +407,12 @@ class _Engine:
         attempt = 0
         while True:
             try:
-                async with self.semaphore:
-                    call = self.sampler.sample_async(
+                # asyncio.timeout, not wait_for: no extra task per request
+                async with self.semaphore, asyncio.timeout(self.config.sample_timeout):
+                    response = await self.sampler.sample_async(
                         prompt=prompt, num_samples=request.num_samples,
                         sampling_params=params, return_text=True,
                     )
-                    response = await asyncio.wait_for(call, self.config.sample_timeout)
                 sequences = list(response.sequences)
                 if len(sequences) != request.num_samples:
                     raise MalformedSampleError(

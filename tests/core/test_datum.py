@@ -199,3 +199,21 @@ def test_build_training_datums_keeps_exactly_the_trajectories_with_signal(items,
     assert [b.question_index for b in built] == [
         t.question_index for t, choice in zip(trajectories, choices) if choice == "keep"
     ]
+
+
+@settings(max_examples=40)
+@given(generated_trajectories())
+def test_a_datum_built_without_revalidation_equals_the_one_pytrio_validates_from_numpy(generated):
+    from pytrio.types import Datum, ModelInput, TensorData
+
+    item = build_datum(generated.trajectory)
+    datum = item.datum
+    fields = datum.loss_fn_inputs
+    validated = Datum(
+        model_input=ModelInput.from_ints(datum.model_input.to_ints()),
+        loss_fn_inputs={name: TensorData.from_numpy(fields[name].to_numpy()) for name in fields},
+    )
+    assert datum.model_dump(mode="json") == validated.model_dump(mode="json")
+    assert Datum.model_validate(datum.model_dump()) == validated
+    for name, tensor in fields.items():
+        assert all(type(x) is (int if tensor.dtype == "int64" else float) for x in tensor.data), name

@@ -1,0 +1,176 @@
+"""Token ids of a joined observation, computed piece by piece, each piece tokenised once.
+
+Fitting a search result (``rollout.fit_tool_content``) tries the items joined one, two, three
+at a time, and sizes each try twice (the content alone, and wrapped as the observation): the
+first item was tokenised seven times per tool turn, and tokenisation is most of a step's
+local CPU. The tokenizer's pre-tokenizer cuts text into pieces that BPE then encodes one by
+one, so wherever a cut is *certain*, the tokens of a text are the tokens of its two sides.
+For the Qwen pre-tokenizer (:data:`QWEN_SPLIT`: one regex, scanned left to right, with no
+look-behind, then byte-level mapping; NFC normalisation) a cut is certain at position ``p`` of
+``s`` when
+
+* ``s[p-1]`` is a newline and ``s[p]`` is neither whitespace nor a combining character (no
+  alternative of the regex matches a newline followed by anything but whitespace, and
+  nothing composes with a newline), or
+* ``s[p-1]`` is a letter and ``s[p]`` is a space (a run of letters ends there; a space
+  composes with nothing).
+
+Any other tokenizer, or a text with no such cut, is tokenised whole, as before: the result is
+the same ids either way (``tests/core/test_piecewise_tokens.py`` checks it on arbitrary text).
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from .protocol import _observation_wrapper, plain_tokens
+
+QWEN_SPLIT = (
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
+SEPARATOR = "\n\n"  # how observation_candidates are joined into one tool message
+
+_SUPPORTED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _component(part: Any) -> dict[str, Any] | None:
+    """A tokenizer component as JSON (just that component: the whole tokenizer is megabytes)."""
+    if part is None:
+        return None
+    try:
+        return json.loads(part.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        return {"type": "unknown"}
+
+
+def splits_predictably(tokenizer: Any) -> bool:
+    """Whether this tokenizer pre-tokenises exactly as the cut rules above assume (cached)."""
+    cached = _SUPPORTED.get(tokenizer)
+    if cached is not None:
+        return cached
+    supported = False
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        pre, normalizer = _component(backend.pre_tokenizer) or {}, _component(backend.normalizer)
+        steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+        supported = (
+            isinstance(steps, list) and len(steps) == 2
+            and steps[0] == {"type": "Split", "pattern": {"Regex": QWEN_SPLIT}, "behavior": "Isolated",
+                             "invert": False}
+            and steps[1].get("type") == "ByteLevel" and steps[1].get("use_regex") is False
+            and (normalizer is None or normalizer == {"type": "NFC"})
+        )
+    _SUPPORTED[tokenizer] = supported
+    return supported
+
+
+def certain_cut(text: str, position: int) -> bool:
+    """Whether the pre-tokenizer always cuts ``text`` at ``position`` (see the module doc)."""
+    if not 0 < position < len(text):
+        return False
+    before, after = text[position - 1], text[position]
+    if before in "\r\n":
+        return not after.isspace() and unicodedata.combining(after) == 0
+    return after == " " and before.isalpha()
+
+
+def last_word_cut(text: str) -> int:
+    """The last certain cut before a space in ``text`` (0 when there is none)."""
+    position = text.rfind(" ")
+    while position > 0:
+        if certain_cut(text, position):
+            return position
+        position = text.rfind(" ", 0, position)
+    return 0
+
+
+class JoinedObservation:
+    """Plain and observation tokens of ``SEPARATOR.join(items[:k])`` for every ``k``.
+
+    Equal to ``plain_tokens(tokenizer, joined)`` and ``protocol.observation_tokens(tokenizer,
+    joined)``; the bulk of each item is tokenised once whatever ``k`` is asked for.
+    """
+
+    def __init__(self, tokenizer: Any, items: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.items = list(items)
+        self.wrapper = _observation_wrapper(tokenizer)
+        self.piecewise = splits_predictably(tokenizer) and self._joins_are_cuts()
+        self._bodies: dict[int, list[int]] = {}
+        self._cuts: dict[int, int] = {}
+        self._tails: dict[tuple[int, str], list[int]] = {}
+
+    def _joins_are_cuts(self) -> bool:
+        if not self.items or any(not item.strip() for item in self.items):
+            return False
+        head = self.wrapper.head_text
+        first = self.items[0]
+        if first != first.lstrip():  # the observation strips the content: keep that to the slow path
+            return False
+        if head and not certain_cut(head + first, len(head)):
+            return False
+        return all(certain_cut(SEPARATOR + item, len(SEPARATOR)) for item in self.items[1:])
+
+    def _encode(self, text: str) -> list[int]:
+        return plain_tokens(self.tokenizer, text) if text else []
+
+    def _item(self, index: int, ending: str) -> list[int]:
+        """Tokens of ``items[index] + ending``: the item's bulk (before its last certain cut) is
+        tokenised once, the short rest with each ending."""
+        item = self.items[index]
+        cut = self._cut(index)
+        key = (index, ending)
+        if key not in self._tails:
+            self._tails[key] = self._encode(item[cut:] + ending)
+        return self._body(index) + self._tails[key]
+
+    def _cut(self, index: int) -> int:
+        if index not in self._cuts:
+            self._cuts[index] = last_word_cut(self.items[index].rstrip())
+        return self._cuts[index]
+
+    def _body(self, index: int) -> list[int]:
+        if index not in self._bodies:
+            self._bodies[index] = self._encode(self.items[index][: self._cut(index)])
+        return self._bodies[index]
+
+    def _last(self, index: int, stripped: bool, ending: str) -> list[int]:
+        item = self.items[index]
+        if not stripped:
+            return self._item(index, ending)
+        rest = item.rstrip()
+        cut = self._cut(index)
+        key = (index, "strip:" + ending)
+        if key not in self._tails:
+            self._tails[key] = self._encode(rest[cut:] + ending)
+        return self._body(index) + self._tails[key]
+
+    def joined(self, count: int) -> str:
+        return SEPARATOR.join(self.items[:count])
+
+    def content_tokens(self, count: int) -> list[int]:
+        """``plain_tokens`` of the first ``count`` items joined."""
+        if not self.piecewise:
+            return plain_tokens(self.tokenizer, self.joined(count))
+        out: list[int] = []
+        for index in range(count - 1):
+            out += self._item(index, SEPARATOR)
+        return out + self._last(count - 1, stripped=False, ending="")
+
+    def observation_tokens(self, count: int) -> list[int]:
+        """``protocol.observation_tokens`` of the first ``count`` items joined."""
+        wrapper = self.wrapper
+        if not self.piecewise:
+            from .protocol import observation_tokens
+
+            return observation_tokens(self.tokenizer, self.joined(count))
+        out = list(wrapper.head) + self._encode(wrapper.head_text)
+        for index in range(count - 1):
+            out += self._item(index, SEPARATOR)
+        out += self._last(count - 1, stripped=True, ending=wrapper.tail_text)
+        return out + list(wrapper.tail)

@@ -1,0 +1,70 @@
+"""Piecewise tokenisation of a joined observation gives exactly the ids of tokenising it whole."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from searchr1.core.piecewise_tokens import JoinedObservation, certain_cut, splits_predictably
+from searchr1.core.protocol import observation_tokens, plain_tokens
+
+# Letters, digits, spaces, newlines, punctuation, contractions, combining marks, CJK, emoji and
+# control-token strings: everything the pre-tokenizer's alternatives and NFC treat specially.
+pieces = st.sampled_from([
+    "a", "Paris", " ", "  ", "\n", "\n\n", "\r\n", "\t", ".", "!", "?", ",", "'s", "'LL", "'", "1", "2024", "[1]",
+    "Title:", "Content:", "\u0301", "e\u0301", "\u00e9", "\u1100\u1161", "\u4e2d\u6587", "\U0001f600",
+    "<|im_end|>", "</tool_response>", "-", "  \n", "\u00a0", "\u2028", "x\u0308", "\u0915\u094d",
+])
+texts = st.lists(pieces, min_size=0, max_size=25).map("".join)
+items = st.lists(texts, min_size=1, max_size=4)
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def test_the_qwen_tokenizer_is_recognised_as_splitting_predictably(tokenizer):
+    assert splits_predictably(tokenizer)
+
+
+@SETTINGS
+@given(items=items)
+def test_piecewise_content_and_observation_tokens_equal_whole_tokenisation_whatever_the_items(tokenizer, items):
+    sizes = JoinedObservation(tokenizer, items)
+    for count in range(1, len(items) + 1):
+        joined = "\n\n".join(items[:count])
+        assert sizes.content_tokens(count) == plain_tokens(tokenizer, joined)
+        assert sizes.observation_tokens(count) == observation_tokens(tokenizer, joined)
+
+
+@SETTINGS
+@given(text=texts, data=st.data())
+def test_a_certain_cut_splits_the_tokens_of_any_text_into_the_tokens_of_its_two_sides(tokenizer, text, data):
+    cuts = [p for p in range(1, len(text)) if certain_cut(text, p)]
+    if not cuts:
+        return
+    p = data.draw(st.sampled_from(cuts))
+    assert plain_tokens(tokenizer, text) == plain_tokens(tokenizer, text[:p]) + plain_tokens(tokenizer, text[p:])
+
+
+def test_search_result_items_are_cut_piecewise_and_tokenised_once(tokenizer, monkeypatch):
+    import searchr1.core.piecewise_tokens as module
+
+    items = [f"[{i}] Title: Paris\n    Content: Paris is the capital and largest city of France, on the Seine."
+             for i in (1, 2, 3)]
+    sizes = JoinedObservation(tokenizer, items)
+    assert sizes.piecewise
+    encoded: list[str] = []
+    real = module.plain_tokens
+    monkeypatch.setattr(module, "plain_tokens", lambda tok, text: encoded.append(text) or real(tok, text))
+    for count in (1, 2, 3):
+        sizes.content_tokens(count)
+        sizes.observation_tokens(count)
+    bulk = [text for text in encoded if len(text) > 40]
+    assert len(bulk) == len(set(bulk)) == 3  # each item's bulk once, however many tries
+
+
+def test_a_tokenizer_with_another_pre_tokenizer_is_tokenised_whole(tokenizer):
+    class Other:
+        backend_tokenizer = None
+
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+    assert not splits_predictably(Other())
