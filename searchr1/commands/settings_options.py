@@ -9,7 +9,6 @@ enforces). ``take_settings(RolloutConfig, kwargs)`` pops those flags back out as
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import tomllib
 import types
@@ -171,16 +170,3 @@ def config_file_option() -> Decorator:
                         help="Read settings from this TOML file (keys are the flag names, e.g. "
                              "group_size = 16); flags given on the command line override it, and "
                              "config.json records the merged result.")
-
-
-def with_settings(cls: type, build: Callable[[dict[str, Any]], Any]) -> Decorator:
-    """Hand a command one ``cls`` object built from its flags (``build`` gets the field values)."""
-
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(command)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return command(*args, **kwargs, **build(take_settings(cls, kwargs)))
-
-        return wrapper
-
-    return decorate
