@@ -103,15 +103,6 @@ def settings_of(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Rule]]:
             yield field, rule
 
 
-def check_value(cls: type, name: str, value: Any) -> None:
-    """Raise :class:`SettingError` when ``value`` breaks the rule of ``cls.name``."""
-    field = next(f for f in dataclasses.fields(cls) if f.name == name)
-    rule = rule_of(field)
-    broken = rule.violation(value) if rule else None
-    if broken:
-        raise SettingError(flag_of(field), broken)
-
-
 def check_settings(instance: Any) -> None:
     """Every rule of every setting of a configuration object (its ``__post_init__`` calls this)."""
     for field, rule in settings_of(type(instance)):

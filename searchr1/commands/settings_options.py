@@ -60,15 +60,16 @@ def _default(field: dataclasses.Field[Any]) -> Any:
     return None if field.default is dataclasses.MISSING else field.default
 
 
-def setting_option(cls: type, field: dataclasses.Field[Any], rule: Rule, *, default: Any = dataclasses.MISSING,
-                   help: str | None = None) -> Decorator:
-    """The click option of one declared setting."""
-    base = _base_type(typing.get_type_hints(cls)[field.name])
+def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *,
+                   default: Any = dataclasses.MISSING, help: str | None = None) -> Decorator:
+    """The click option of one declared setting (``annotation``: the field's resolved type)."""
+    base = _base_type(annotation)
     value = _default(field) if default is dataclasses.MISSING else default
     text = help if help is not None else rule.help
     if rule.describe():
         text = f"{text} [{rule.describe()}]".strip()
-    names = (flag_of(field), *rule.aliases, param_name(flag_of(field)))
+    flag = flag_of(field)
+    names = (flag, *rule.aliases, param_name(flag))
     common: dict[str, Any] = {"help": text, "metavar": rule.metavar}
     if rule.default_text is not None:
         common["show_default"] = rule.default_text
@@ -90,8 +91,9 @@ def setting_options(cls: type, *, defaults: dict[str, Any] | None = None, helps:
     """One click option per declared setting of ``cls`` (``defaults``/``helps`` per field name
     for a command whose default differs, e.g. eval's greedy temperature)."""
     defaults, helps = defaults or {}, helps or {}
-    options = [setting_option(cls, field, rule, default=defaults.get(field.name, dataclasses.MISSING),
-                              help=helps.get(field.name))
+    annotations = typing.get_type_hints(cls)  # resolved once per class, not once per field
+    options = [setting_option(annotations[field.name], field, rule,
+                              default=defaults.get(field.name, dataclasses.MISSING), help=helps.get(field.name))
                for field, rule in settings_of(cls) if rule.cli and field.name not in exclude]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,7 +140,8 @@ def read_preset(ctx: click.Context, path: Path) -> dict[str, Any]:
     aliases = {param_name(opt): param.name for param in params.values() for opt in param.opts}
     values: dict[str, Any] = {}
     for key, value in table.items():
-        where = f"{path}" + (f", line {_key_line(text, key)}" if _key_line(text, key) else "")
+        line = _key_line(text, key)
+        where = f"{path}" + (f", line {line}" if line else "")
         name = aliases.get(param_name(key), param_name(key))
         if name not in params:
             raise click.BadParameter(f"{where}: unknown setting {key!r} (the settings are the command's flags, "
