@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from .kl import kl_estimate  # the same k1/k3 estimators as the KL penalty
 from .trajectory import Trajectory
 
 CLIPPING_LOSSES = ("ppo", "cispo")
@@ -140,8 +141,8 @@ def mismatch_metrics(
     log_ratio = learned - sampled
     ratio = np.exp(log_ratio)
     metrics = {
-        "health/mismatch_k1": float(math.fsum(-log_ratio) / sampled.size),
-        "health/mismatch_k3": float(math.fsum(np.expm1(log_ratio) - log_ratio) / sampled.size),
+        "health/mismatch_k1": float(math.fsum(kl_estimate(sampled, learned, "k1")) / sampled.size),
+        "health/mismatch_k3": float(math.fsum(kl_estimate(sampled, learned, "k3")) / sampled.size),
         "health/ratio_max_deviation": float(np.max(np.abs(ratio - 1.0))),
     }
     bounds = clip_bounds(loss_fn, loss_fn_config)
