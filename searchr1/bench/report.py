@@ -202,8 +202,9 @@ def render_table(figures: list[Figure], *, title: str = "searchr1 bench") -> Any
     table.add_column("Target", justify="right")
     table.add_column("Met", justify="center")
     for figure in sorted(figures, key=lambda f: f.number):
+        verdict = _figure_verdict(figure)  # None: the figure holds no target (it explains another)
         table.add_row(str(figure.number), f"[bold]{figure.title}[/bold]", "", "", "",
-                      _met_cell(figure.met, _figure_verdict(figure)))
+                      _met_cell(None if verdict is None else figure.met, verdict))
         for index, measure in enumerate(figure.measures):
             target = "" if measure.target is None else f"{measure.comparator} {measure.formatted(measure.target)}"
             if measure.target is not None and measure.target_source == "bench":

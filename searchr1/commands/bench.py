@@ -18,6 +18,7 @@ TITLES = {
     8: "BM25 of our own: build, queries, serve",
     9: "agreement and speed against Lucene BM25",
     10: "algorithm options and the KL penalty's cost",
+    11: "pytrio's CPU per request, alone and beside our loop",
 }
 
 
@@ -27,7 +28,7 @@ TITLES = {
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
 @click.option("--only", default=None, metavar="1,2,...",
-              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-{max(TITLES)} take minutes, "
+              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 take minutes, 11 explains 5, "
                    "and 9 needs `python -m searchr1.bench.lucene setup` first).")
 @click.option("--passages", type=click.IntRange(min=1000), default=None,
               help="Generated corpus size of figures 8 and 9 [default: 1,000,000; 20,000 with --quick].")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 
 import pytest
@@ -157,3 +158,29 @@ def test_the_algorithm_figure_reports_steps_to_reward_for_every_option_and_the_k
     # one prompt-logprob request per datum: more requests with the penalty, and KL 0 on the base weights
     assert details["requests_per_step"]["on"] > details["requests_per_step"]["off"]
     assert details["kl_policy_base"][0] == 0.0
+
+
+def test_the_contention_figure_measures_the_same_requests_idle_and_busy_and_holds_no_target(tmp_path, tokenizer):
+    output = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--only", "11", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    figure = json.loads(output.read_text())["figures"]["client_contention"]
+    assert figure["figure"] == 11 and figure["target"] is None
+    measures = figure["measures"]
+    idle = measures["client_ms_per_request_main_idle"]["value"]
+    busy = measures["client_ms_per_request_main_busy"]["value"]
+    assert idle > 0 and busy > 0
+    # one repetition: the ratio is exactly the busy run over the idle run
+    assert measures["client_busy_over_idle"]["value"] == pytest.approx(busy / idle)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs Linux and two CPUs")
+def test_the_contention_figure_gives_the_process_its_cpus_back_after_the_pinned_run(tokenizer):
+    from searchr1.bench.client_contention import client_contention_figure
+
+    before = os.sched_getaffinity(0)
+    figure = client_contention_figure(tokenizer, requests=8, repetitions=1)
+    assert "client_ms_per_request_main_busy_pinned" in {m.key for m in figure.measures}
+    assert os.sched_getaffinity(0) == before
+    assert all(os.sched_getaffinity(int(tid)) == before for tid in os.listdir("/proc/self/task"))
