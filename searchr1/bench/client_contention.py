@@ -116,9 +116,10 @@ def client_contention_figure(tokenizer: Any, *, seed: int = 0, quick: bool = Fal
         Measure.of_samples("client_ms_per_request_main_busy",
                            f"pytrio thread per request, our loop busy {busy_ms:g} ms per answer",
                            client_ms("busy"), unit="ms", digits=2),
-        Measure.of_samples("client_busy_over_idle", "  the same requests, busy / idle", inflation or [1.0],
-                           unit="x", digits=2),
     ]
+    if inflation:  # empty where pytrio's thread cannot be read apart (no /proc)
+        measures.append(Measure.of_samples("client_busy_over_idle", "  the same requests, busy / idle", inflation,
+                                           unit="x", digits=2))
     if pin:
         measures.append(Measure.of_samples(
             "client_ms_per_request_main_busy_pinned", "pytrio thread per request, busy, process on one CPU",

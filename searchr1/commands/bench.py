@@ -47,6 +47,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     8  BM25 of our own over 1M generated passages: build rate and memory, queries/s, serve latency
     9  top-3 agreement and speed against Lucene BM25 (pyserini's Anserini; own set-up step)
     10 steps to reward 0.8 for each loss, KL penalty and dynamic sampling, and the KL's cost per step
+    11 pytrio's CPU per sampling request with our loop idle and busy (why 5's wire costs 2x)
 
     Every figure is a ratio of two things measured in the same run. Prints a table and writes
     OUTPUT (value, target and "met" per figure). Exit status 0 even when a target is missed,
