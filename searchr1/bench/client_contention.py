@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from typing import Any
 
 from .report import Figure, Measure
-from .served import served_twin
-from .thread_cpu import ThreadCpuMeter, pytrio_client_thread_id
+from .served import BASE_MODEL, served_twin
+from .thread_cpu import ThreadCpuMeter, client_thread_roles
 
 IN_FLIGHT = 16  # pytrio 0.2.9 runs at most this many sampling requests of one client at once
 PROMPT_TOKENS = 1500
@@ -66,13 +65,8 @@ def client_contention_figure(tokenizer: Any, *, seed: int = 0, quick: bool = Fal
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
 
     with served_twin(None, policy="toy", tokenizer=tokenizer, in_process=quick) as service:
-        training = service.create_lora_training_client(base_model="Qwen/Qwen3.5-4B", rank=32)
-        sampler = training.save_weights_and_get_sampling_client()
-        roles = {threading.main_thread().native_id: "main"}
-        client = pytrio_client_thread_id(service)
-        if client is not None:
-            roles[client] = "client"
-        meter = ThreadCpuMeter(roles, [])
+        sampler = service.create_sampling_client(base_model=BASE_MODEL)
+        meter = ThreadCpuMeter(client_thread_roles(service), [])
         all_cpus = set(os.sched_getaffinity(0)) if pin else set()
 
         async def burst(work: float, count: int) -> None:

@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import functools
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from ..twin.scripted_search import ScriptedSearch
 from .lockstep import DEFAULT_SEARCH_CONCURRENCY
 from .report import Figure, Measure
 from .served import served_twin
-from .thread_cpu import CpuInterval, ThreadCpuMeter, pytrio_client_thread_id
+from .thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
 from .workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
 
 SPREAD_BOUND = 0.15  # (highest - lowest) / median of the runs, documented in CONTRIBUTING.md
@@ -141,11 +140,7 @@ class StepProbe:
         self.trajectories: list[list[Any]] = []
 
     def attach(self, service: Any) -> None:
-        roles = {threading.main_thread().native_id: "main"}
-        client = pytrio_client_thread_id(service)
-        if client is not None:
-            roles[client] = "client"
-        self.meter = ThreadCpuMeter(roles, [self.twin_pid] if self.twin_pid else [])
+        self.meter = ThreadCpuMeter(client_thread_roles(service), [self.twin_pid] if self.twin_pid else [])
 
     def interval(self, start: Any) -> CpuInterval:
         assert self.meter is not None

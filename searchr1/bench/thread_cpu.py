@@ -125,3 +125,13 @@ def pytrio_client_thread_id(service_client: object) -> int | None:
     except RuntimeError:
         return None
     return loop_thread_id(loop)
+
+
+def client_thread_roles(service_client: object) -> dict[int, str]:
+    """The roles of a process that drives ``service_client``: our main thread (``"main"``) and
+    pytrio's event-loop thread (``"client"``, left out when it cannot be found)."""
+    roles = {threading.main_thread().native_id: "main"}
+    client = pytrio_client_thread_id(service_client)
+    if client is not None:
+        roles[client] = "client"
+    return roles
