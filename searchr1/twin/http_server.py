@@ -135,6 +135,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _query(self) -> dict[str, str]:
         return {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()}
 
+    def _page(self, default_limit: int) -> tuple[int, int]:
+        """``limit`` and ``offset`` of a list call: whole numbers, not negative (400 otherwise)."""
+        query = self._query()
+        values = []
+        for name, default in (("limit", default_limit), ("offset", 0)):
+            text = query.get(name, str(default))
+            if not (text.isascii() and text.isdigit()):
+                raise ApiError(400, "invalid_query", f"query parameter {name}={text[:20]!r} is not a whole number")
+            values.append(int(text))
+        return values[0], values[1]
+
     def _send(self, reply: Reply) -> None:
         if self._drop_answer:  # the request was handled; its answer is lost with the connection
             self.close_connection = True
@@ -229,8 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def model_list(self, _: re.Match[str]) -> Reply:
         self._control_auth()
-        query = self._query()
-        return Reply(200, _dump(self.backend.models(int(query.get("limit", 100)), int(query.get("offset", 0)))))
+        return Reply(200, _dump(self.backend.models(*self._page(100))))
 
     def session_create(self, _: re.Match[str]) -> Reply:
         self._control_auth()
@@ -277,15 +287,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def training_checkpoints(self, m: re.Match[str]) -> Reply:
         self._control_auth()
-        query = self._query()
-        return Reply(200, _dump(self.backend.list_checkpoints(m["rid"], int(query.get("limit", 200)),
-                                                              int(query.get("offset", 0)))))
+        return Reply(200, _dump(self.backend.list_checkpoints(m["rid"], *self._page(200))))
 
     def checkpoint_list(self, _: re.Match[str]) -> Reply:
         self._control_auth()
-        query = self._query()
-        return Reply(200, _dump(self.backend.list_checkpoints(None, int(query.get("limit", 100)),
-                                                              int(query.get("offset", 0)))))
+        return Reply(200, _dump(self.backend.list_checkpoints(None, *self._page(100))))
 
     def sampling_create(self, m: re.Match[str]) -> Reply:
         self._control_auth()

@@ -114,6 +114,24 @@ def test_an_idle_keep_alive_connection_is_closed(twin):
         assert time.monotonic() - started < 4
 
 
+# ----------------------------------------------------------------------------- query parameters
+
+
+@pytest.mark.parametrize("path", ["/api/models", f"{CONTROL}/checkpoints"])
+@pytest.mark.parametrize("query", ["limit=ten", "offset=-1", "limit=1.5", "offset=%C2%B2"])
+def test_a_paging_parameter_that_is_not_a_whole_number_is_a_bad_request_naming_it(twin, path, query):
+    status, answer, _ = exchange(twin, request("GET", f"{path}?{query}", key(twin)))
+    name = query.split("=")[0]
+    assert status == 400 and b"invalid_query" in answer and f"{name}=".encode() in answer
+
+
+def test_whole_paging_parameters_page_the_list(twin):
+    status, answer, _ = exchange(twin, request("GET", "/api/models?limit=1&offset=0", key(twin)))
+    assert status == 200 and b"model-twin" in answer
+    status, answer, _ = exchange(twin, request("GET", "/api/models?limit=1&offset=1", key(twin)))
+    assert status == 200 and b"model-twin" not in answer
+
+
 # ----------------------------------------------------------------------------- names and paths
 
 
