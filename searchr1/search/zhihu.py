@@ -26,9 +26,9 @@ from searchr1.search.base import (
     HttpSearchBackend,
     Outcome,
     PayloadError,
+    ResponseTooLarge,
     check_url,
     http_status_outcome,
-    parse_json,
     read_json,
     truncate,
 )
@@ -335,17 +335,19 @@ class ZhihuSearchBackend(HttpSearchBackend):
         out: list[KeyQuota] = []
         for number, key in enumerate(self.pool.keys, start=1):
             try:
-                async with self._semaphore:
-                    response = await self._client.get(
-                        self.base_url + QUOTA_PATH,
-                        params={"APIIDs": ",".join(api_ids)},
-                        headers=self._headers(key),
-                    )
-                if response.status_code != 200:
-                    out.append(KeyQuota(number, key.fingerprint(), error=f"HTTP {response.status_code}"))
-                    continue
-                rows = parse_quota_payload(parse_json(response.content))
+                async with self._semaphore, self._client.stream(
+                    "GET", self.base_url + QUOTA_PATH, params={"APIIDs": ",".join(api_ids)},
+                    headers=self._headers(key),
+                ) as response:
+                    if response.status_code != 200:
+                        out.append(KeyQuota(number, key.fingerprint(), error=f"HTTP {response.status_code}"))
+                        continue
+                    payload = await read_json(response, self.max_body_bytes)  # capped like a search answer
+                rows = parse_quota_payload(payload)
                 out.append(KeyQuota(number, key.fingerprint(), rows=rows))
+            except ResponseTooLarge as exc:
+                error = f"answer over the {self.max_body_bytes}-byte limit ({exc.args[0] if exc.args else '?'} bytes)"
+                out.append(KeyQuota(number, key.fingerprint(), error=error))
             except ValueError as exc:  # PayloadError, invalid JSON
                 error = sanitise_error(f"unexpected response: {exc}", self.secrets())
                 out.append(KeyQuota(number, key.fingerprint(), error=error))

@@ -276,6 +276,34 @@ def test_zhihu_quota_command_prints_a_table_without_keys(monkeypatch):
     assert "quota-key" not in outcome.output
 
 
+def test_a_zhihu_quota_answer_over_the_body_limit_is_refused_unbuffered_and_the_other_keys_still_read():
+    streamed = {"bytes": 0}
+
+    class Endless(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            for _ in range(10_000):  # 640 MB if read to the end
+                streamed["bytes"] += 65536
+                yield b" " * 65536
+
+    def handler(request):
+        if request.headers["authorization"].endswith("key-one"):
+            return httpx.Response(200, stream=Endless())  # no Content-Length: only the stream can tell
+        return httpx.Response(200, json={"Code": 0, "Data": [{"APIID": "global_search", "TotalQuota": 5,
+                                                               "TotalUsed": 1, "RemainingQuota": 4}]})
+
+    backend = create_search_backend("zhihu", keys=["quota-key-one", "quota-key-two"],
+                                    transport=httpx.MockTransport(handler))
+
+    async def ask():
+        async with backend:
+            return await backend.quota(["global_search"])
+
+    first, second = asyncio.run(ask())
+    assert first.error and "limit" in first.error and not first.rows
+    assert streamed["bytes"] <= backend.max_body_bytes + 65536  # stopped at the limit, not at the end
+    assert second.error is None and second.rows[0].remaining == 4
+
+
 # ----------------------------------------------------------------------------- CLI options
 
 
