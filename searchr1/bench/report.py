@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +54,7 @@ class Measure:
         values = sorted(float(v) for v in samples)
         if not values:
             raise ValueError(f"{key}: no samples")
-        middle = len(values) // 2
-        value = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+        value = statistics.median(values)
         if len(values) == 1:
             return cls(key, label, value, *args, **kwargs)
         return cls(key, label, value, *args, low=values[0], high=values[-1], samples=len(values), **kwargs)

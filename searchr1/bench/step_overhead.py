@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -258,12 +259,6 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         asyncio.run(trainer.run_steps(None))
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,
                          spec: WorkloadSpec | None = None, repetitions: int | None = None) -> Figure:
     started = time.perf_counter()
@@ -314,8 +309,8 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
     def client_outside(r: StepRecord) -> float:  # training calls and the sampler checkpoint
         return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client)
 
-    requests = _median([float(r.requests) for _, r in wire_steps])
-    turns = _median([float(r.turns) for _, r in wire_steps])
+    requests = statistics.median([float(r.requests) for _, r in wire_steps])
+    turns = statistics.median([float(r.turns) for _, r in wire_steps])
     client_per_request = [1000.0 * v for v in ratio(lambda r: r.rollout_client, lambda i, r: r.requests)]
     glue_per_request = [1000.0 * v for v in ratio(
         lambda r: max(0.0, rest_main(r) - max(0.0, r.replay_main - sum(r.replay_pieces.values()))),

@@ -253,10 +253,6 @@ def fingerprint(trajectories: list[Trajectory]) -> list[tuple[Any, ...]]:
     ]
 
 
-def median(values: Iterable[float]) -> float:
-    return float(np.median(np.asarray(list(values), dtype=float)))
-
-
 def summarize_counts(trajectories: list[Trajectory]) -> Mapping[str, float]:
     searches = [t.search_calls for t in trajectories]
     return {
