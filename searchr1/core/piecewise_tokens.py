@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .protocol import _observation_wrapper, plain_tokens
+from .protocol import observation_tokens as whole_observation_tokens
 
 QWEN_SPLIT = (
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
@@ -103,7 +104,7 @@ class JoinedObservation:
         self.piecewise = splits_predictably(tokenizer) and self._joins_are_cuts()
         self._bodies: dict[int, list[int]] = {}
         self._cuts: dict[int, int] = {}
-        self._tails: dict[tuple[int, str], list[int]] = {}
+        self._tails: dict[tuple[int, bool, str], list[int]] = {}
 
     def _joins_are_cuts(self) -> bool:
         if not self.items or any(not item.strip() for item in self.items):
@@ -119,14 +120,14 @@ class JoinedObservation:
     def _encode(self, text: str) -> list[int]:
         return plain_tokens(self.tokenizer, text) if text else []
 
-    def _item(self, index: int, ending: str) -> list[int]:
-        """Tokens of ``items[index] + ending``: the item's bulk (before its last certain cut) is
-        tokenised once, the short rest with each ending."""
-        item = self.items[index]
-        cut = self._cut(index)
-        key = (index, ending)
+    def _item(self, index: int, ending: str, *, stripped: bool = False) -> list[int]:
+        """Tokens of ``items[index] + ending`` (the item right-stripped when ``stripped``): the
+        item's bulk (before its last certain cut) is tokenised once, the short rest with each
+        ending."""
+        key = (index, stripped, ending)
         if key not in self._tails:
-            self._tails[key] = self._encode(item[cut:] + ending)
+            item = self.items[index].rstrip() if stripped else self.items[index]
+            self._tails[key] = self._encode(item[self._cut(index):] + ending)
         return self._body(index) + self._tails[key]
 
     def _cut(self, index: int) -> int:
@@ -139,17 +140,6 @@ class JoinedObservation:
             self._bodies[index] = self._encode(self.items[index][: self._cut(index)])
         return self._bodies[index]
 
-    def _last(self, index: int, stripped: bool, ending: str) -> list[int]:
-        item = self.items[index]
-        if not stripped:
-            return self._item(index, ending)
-        rest = item.rstrip()
-        cut = self._cut(index)
-        key = (index, "strip:" + ending)
-        if key not in self._tails:
-            self._tails[key] = self._encode(rest[cut:] + ending)
-        return self._body(index) + self._tails[key]
-
     def joined(self, count: int) -> str:
         return SEPARATOR.join(self.items[:count])
 
@@ -160,17 +150,15 @@ class JoinedObservation:
         out: list[int] = []
         for index in range(count - 1):
             out += self._item(index, SEPARATOR)
-        return out + self._last(count - 1, stripped=False, ending="")
+        return out + self._item(count - 1, "")
 
     def observation_tokens(self, count: int) -> list[int]:
         """``protocol.observation_tokens`` of the first ``count`` items joined."""
         wrapper = self.wrapper
         if not self.piecewise:
-            from .protocol import observation_tokens
-
-            return observation_tokens(self.tokenizer, self.joined(count))
+            return whole_observation_tokens(self.tokenizer, self.joined(count))
         out = list(wrapper.head) + self._encode(wrapper.head_text)
         for index in range(count - 1):
             out += self._item(index, SEPARATOR)
-        out += self._last(count - 1, stripped=True, ending=wrapper.tail_text)
+        out += self._item(count - 1, wrapper.tail_text, stripped=True)
         return out + list(wrapper.tail)

@@ -214,7 +214,7 @@ def fit_tool_content(
     Whole items are added greedily in rank order while the joined content stays within
     ``max_tool_response_tokens`` and the next prompt leaves room for at least one generated
     token; the first item that does not fit stops the loop (as the seed). Sizes come from the
-    tokenizer directly; the template is rendered twice, once, for the chosen content. If not
+    tokenizer directly; the template is rendered twice, and only for the chosen content. If not
     even the first item fits, ``tool_overflow="truncate"`` cuts it at a token boundary with a
     visible marker; ``"end"`` returns ``None`` (the seed).
     """
@@ -229,20 +229,19 @@ def fit_tool_content(
     candidates = observation_candidates(result)
     sizes = JoinedObservation(tokenizer, candidates)  # each item tokenised once, not once per try
     accepted = 0
+    observation: list[int] | None = None  # the accepted content's observation tokens
     for count in range(1, len(candidates) + 1):
         if len(sizes.content_tokens(count)) > config.max_tool_response_tokens:
             break
-        if len(sizes.observation_tokens(count)) > room:
+        tokens = sizes.observation_tokens(count)
+        if len(tokens) > room:
             break
-        accepted = count
+        accepted, observation = count, tokens
     truncated = False
-    observation: list[int] | None = None
     if accepted:
         content = sizes.joined(accepted)
-        observation = sizes.observation_tokens(accepted)
     elif config.tool_overflow == "truncate":
-        first = observation_candidates(result)[0]
-        cut = _truncate_to_fit(tokenizer, first, fits, config.max_tool_response_tokens)
+        cut = _truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
         if cut is None:
             return None
         content, truncated = cut, True
