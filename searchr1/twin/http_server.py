@@ -53,6 +53,11 @@ MSGPACK = "application/msgpack"
 HEARTBEAT_MS = 60_000
 
 
+def _is_count(text: str) -> bool:
+    """Whether ``text`` is a whole number written in ASCII digits (no sign, point or space)."""
+    return text.isascii() and text.isdigit()
+
+
 class Reply:
     """What a route answers (or, for sampling, a stream it writes itself)."""
 
@@ -109,7 +114,7 @@ class _Handler(BaseHTTPRequestHandler):
         values = [value.strip() for value in self.headers.get_all("Content-Length") or []]
         if not values:
             return 0
-        if len(set(values)) != 1 or not (values[0].isascii() and values[0].isdigit()):
+        if len(set(values)) != 1 or not _is_count(values[0]):
             raise ApiError(400, "invalid_content_length", f"Content-Length {values[0][:20]!r} is not a byte count")
         length, limit = int(values[0]), self.backend.settings.max_body_bytes
         if length > limit:
@@ -141,7 +146,7 @@ class _Handler(BaseHTTPRequestHandler):
         values = []
         for name, default in (("limit", default_limit), ("offset", 0)):
             text = query.get(name, str(default))
-            if not (text.isascii() and text.isdigit()):
+            if not _is_count(text):
                 raise ApiError(400, "invalid_query", f"query parameter {name}={text[:20]!r} is not a whole number")
             values.append(int(text))
         return values[0], values[1]
