@@ -1,10 +1,11 @@
 """Shared fixtures. The real Qwen3.5 tokenizer is built once per machine (cached on disk)
 and loaded once per test session.
 
-The suite is laid out like the package: ``tests/core`` (the core), ``tests/search`` (the search
-layer), ``tests/twin``, ``tests/commands`` and ``tests/bench`` (end to end through the twin and
-the CLI), and the harness modules' tests at the top. Everything under the end-to-end folders is
-marked ``slow``, like any other test marked so by hand; ``pytest -m "not slow"`` leaves them out.
+The suite is laid out like the package: ``tests/<package>/`` holds the tests of
+``searchr1/<package>/``, and ``tests/e2e`` the end-to-end runs of the CLI. Everything under
+``tests/e2e``, ``tests/twin``, ``tests/commands`` and ``tests/bench`` (through a twin, a
+subprocess or the CLI) is marked ``slow``, like any other test marked so by hand;
+``pytest -m "not slow"`` leaves them out.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
-from searchr1.tokenizer import shared_tokenizer
+from searchr1.runtime.tokenizer import shared_tokenizer
 
 # The quick lane (CONTRIBUTING) runs with --hypothesis-profile=quick: fewer examples per property
 # (a test that sets its own max_examples keeps it).
 settings.register_profile("quick", max_examples=20)
 
 
-END_TO_END = ("twin", "commands", "bench")
+END_TO_END = ("twin", "commands", "bench", "e2e")
 
 
 def pytest_collection_modifyitems(config, items):

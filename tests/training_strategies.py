@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from searchr1.data import SearchExample
-from searchr1.core.trajectory import AssistantTurn, Trajectory
+from searchr1.data.dataset import SearchExample
+from searchr1.core.types import AssistantTurn, Trajectory
 
 VOCAB_SIZE = 248_077  # len() of the Qwen3.5 tokenizer
 EXAMPLE = SearchExample(id="q", question="Who?", answers=("x",), data_source="nq")

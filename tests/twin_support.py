@@ -150,7 +150,7 @@ def without_timing_metrics(record: dict) -> dict:
 # line of step argv[1] is on disk (a crash between two steps, as hard as crashes get).
 KILL_AFTER_STEP = """
 import os, signal, sys
-from searchr1 import run_dir
+from searchr1.run import directory as run_dir
 kill_after = int(sys.argv[1])
 original = run_dir.RunDir.append_metrics
 def append_then_maybe_die(self, record):

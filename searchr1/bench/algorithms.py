@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .off_policy import (
+from searchr1.bench.off_policy import (
     LEARN_STEPS,
     OPTIM_STEP,
     QUICK_LEARN_STEPS,
@@ -38,7 +38,7 @@ from .off_policy import (
     _world_search,
     steps_to_reward,
 )
-from .report import Figure, Measure
+from searchr1.bench.report import Figure, Measure
 
 KL_COEF = 0.05
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -68,7 +68,7 @@ def _variant(config: Any, **changes: Any) -> Any:
 
 
 def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
-    from ..twin import Latencies, Strictness, start_twin
+    from searchr1.twin import Latencies, Strictness, start_twin
 
     started = time.perf_counter()
     steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS

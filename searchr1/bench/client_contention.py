@@ -22,9 +22,9 @@ import os
 import time
 from typing import Any
 
-from .report import Figure, Measure
-from .served import BASE_MODEL, served_twin
-from .thread_cpu import ThreadCpuMeter, client_thread_roles
+from searchr1.bench.report import Figure, Measure
+from searchr1.bench.served import BASE_MODEL, served_twin
+from searchr1.bench.thread_cpu import ThreadCpuMeter, client_thread_roles
 
 IN_FLIGHT = 16  # pytrio 0.2.9 runs at most this many sampling requests of one client at once
 PROMPT_TOKENS = 1500

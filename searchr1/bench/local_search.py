@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .report import Figure, Measure
+from searchr1.bench.report import Figure, Measure
 
 
 FULL_PASSAGES = 1_000_000
@@ -34,8 +34,8 @@ CLIENTS = 16
 
 
 def write_corpus(path: Path, passages: int, seed: int) -> None:
-    from ..bm25.corpus import passage_row
-    from ..bm25.synthetic import synthetic_passages
+    from searchr1.bm25.corpus import passage_row
+    from searchr1.bm25.synthetic import synthetic_passages
 
     with path.open("w", encoding="utf-8") as out:
         for ident, title, text in synthetic_passages(passages, seed=seed):
@@ -160,8 +160,8 @@ def shared_index(count: int, seed: int) -> tuple[Path, dict[str, float] | None]:
 
 def local_search_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False,
                         passages: int | None = None) -> Figure:
-    from ..bm25.index import BM25Index
-    from ..bm25.synthetic import sample_queries
+    from searchr1.bm25.index import BM25Index
+    from searchr1.bm25.synthetic import sample_queries
 
     begun = time.perf_counter()
     count = passages or (QUICK_PASSAGES if quick else FULL_PASSAGES)
@@ -205,7 +205,7 @@ def local_search_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = F
 
 
 def _child_build(corpus: str, out: str) -> None:
-    from ..bm25.index import build_index
+    from searchr1.bm25.index import build_index
 
     before = resource.getrusage(resource.RUSAGE_SELF)
     manifest = build_index(corpus, out)

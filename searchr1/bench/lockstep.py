@@ -22,14 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.advantage import assign_group_advantages
-from ..data import SearchExample
-from ..core.protocol import (
+from searchr1.core.advantage import assign_group_advantages
+from searchr1.data.dataset import SearchExample
+from searchr1.core.protocol import (
     initial_messages,
     stop_sequences,
     template_boundaries,
 )
-from ..core.rollout import (
+from searchr1.core.rollout import (
     MalformedSampleError,
     PendingSearch,
     RolloutConfig,
@@ -41,8 +41,8 @@ from ..core.rollout import (
     sampling_seed,
     score_trajectory,
 )
-from ..search.types import SearchBackend
-from ..core.trajectory import AssistantTurn, Trajectory
+from searchr1.search.types import SearchBackend
+from searchr1.core.types import AssistantTurn, Trajectory
 
 DEFAULT_SEARCH_CONCURRENCY = 16  # the seed's RolloutConfig.search_concurrency
 

@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .report import Figure, Measure
+from searchr1.bench.report import Figure, Measure
 
 PYSERINI = "pyserini==0.22.1"
 
 
 def bench_home() -> Path:
-    from ..tokenizer import cache_root
+    from searchr1.runtime.tokenizer import cache_root
 
     return cache_root() / "lucene-bench"
 
@@ -97,9 +97,9 @@ def top3_overlap(ours: list[list[str]], theirs: list[list[str]]) -> tuple[float,
 
 
 def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, passages: int | None = None) -> Figure:
-    from ..bm25.index import BM25Index
-    from ..bm25.synthetic import sample_queries
-    from .local_search import FULL_PASSAGES, QUICK_PASSAGES, shared_corpus, shared_index
+    from searchr1.bm25.index import BM25Index
+    from searchr1.bm25.synthetic import sample_queries
+    from searchr1.bench.local_search import FULL_PASSAGES, QUICK_PASSAGES, shared_corpus, shared_index
 
     begun = time.perf_counter()
     home = bench_home()

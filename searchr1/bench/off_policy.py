@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from .report import Figure, Measure
-from .served import served_twin
+from searchr1.bench.report import Figure, Measure
+from searchr1.bench.served import served_twin
 
 BASE_STEPS, QUICK_STEPS = 7, 2
 LEARN_STEPS, QUICK_LEARN_STEPS = 18, 3
@@ -49,9 +49,9 @@ def _world_search(seed: int, *, latency_tail: bool = True) -> Any:
     (a hash of the query and the seed draws each latency, so every run sees the same ones)."""
     import hashlib
 
-    from ..twin.scripted_search import ScriptedSearch
-    from ..search.types import SearchItem, SearchResult
-    from ..twin.offline_world import load_world, passages_by_query
+    from searchr1.twin.scripted_search import ScriptedSearch
+    from searchr1.search.types import SearchItem, SearchResult
+    from searchr1.twin.offline_world import load_world, passages_by_query
 
     results = {query: SearchResult(True, (SearchItem(hop.title, hop.text, "offline"),))
                for query, hop in passages_by_query(load_world()).items()}
@@ -65,9 +65,9 @@ def _world_search(seed: int, *, latency_tail: bool = True) -> Any:
 
 
 def _config(steps: int, *, k: int = 0, accumulation: str = "sdk", questions: int = 8, group: int = 8) -> Any:
-    from ..offline import TRAIN
-    from ..core.rollout import RolloutConfig
-    from ..core.train_config import TrainConfig
+    from searchr1.offline import TRAIN
+    from searchr1.core.rollout import RolloutConfig
+    from searchr1.core.config import TrainConfig
 
     return TrainConfig(max_steps=steps, data=str(TRAIN), run_name="bench", questions_per_batch=questions,
                        learning_rate=0.2, save_every=0, transcripts_per_step=0, offline=True,
@@ -76,9 +76,9 @@ def _config(steps: int, *, k: int = 0, accumulation: str = "sdk", questions: int
 
 
 def _train(service: Any, config: Any, tokenizer: Any, search: Any, home: Path) -> list[dict[str, Any]]:
-    from ..data import shuffled_examples
-    from ..run_dir import RunDir
-    from ..core.trainer import Trainer
+    from searchr1.data.dataset import shuffled_examples
+    from searchr1.run.directory import RunDir
+    from searchr1.core.trainer import Trainer
 
     run = RunDir(home / f"run-k{config.max_steps_off_policy}-{config.accumulation}-{time.monotonic_ns()}")
     run.create(config.to_json())
@@ -92,11 +92,11 @@ async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any
     """The sequential step as it was before the pipeline, for the K=0 identity check."""
     import pytrio as trio
 
-    from ..core.advantage import summarize_groups
-    from ..data import shuffled_examples, take_batch
-    from ..core.datum import build_training_datums
-    from ..core.metrics import rollout_metrics
-    from ..core.rollout import rollout_batch_async
+    from searchr1.core.advantage import summarize_groups
+    from searchr1.data.dataset import shuffled_examples, take_batch
+    from searchr1.core.datum import build_training_datums
+    from searchr1.health.metrics import rollout_metrics
+    from searchr1.core.rollout import rollout_batch_async
 
     client = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
                                                  seed=config.seed)
@@ -125,7 +125,7 @@ def _steps_per_hour(metrics: list[dict[str, Any]]) -> float:
 
 
 def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
-    from ..twin.config import Latencies
+    from searchr1.twin.config import Latencies
 
     started = time.perf_counter()
     steps = QUICK_STEPS if quick else BASE_STEPS
@@ -207,7 +207,7 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
 @contextlib.contextmanager
 def _seed_systems_seeds() -> Iterator[None]:
     """Every step samples with the same seeds (the seed's ``seed + index``)."""
-    from ..core import rollout
+    from searchr1.core import rollout
 
     original = rollout.sampling_seed
     rollout.sampling_seed = lambda base, step, question, group, turn: original(base, 0, question, group, turn)
@@ -228,7 +228,7 @@ def steps_to_reward(metrics: list[dict[str, Any]], target: float = REWARD_TARGET
 
 
 def learning_speed_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
-    from ..twin import Strictness, start_twin
+    from searchr1.twin import Strictness, start_twin
 
     started = time.perf_counter()
     steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS

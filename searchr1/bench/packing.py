@@ -25,16 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from ..core.datum import TrainingDatum
-from ..core.packing import (
+from searchr1.core.datum import TrainingDatum
+from searchr1.training.packing import (
     MAX_DATUM_TOKENS,
     MAX_MICRO_BATCH_ITEMS,
     MAX_MICRO_BATCH_PADDED_TOKENS,
     pack_micro_batches,
     padded_tokens,
 )
-from .report import Figure, Measure
-from .workload import WorkloadSpec
+from searchr1.bench.report import Figure, Measure
+from searchr1.bench.workload import WorkloadSpec
 
 OBSERVATION_WRAPPER = 17   # tokens the template puts around a tool observation (Qwen3.5)
 ITEM_FRAME = 30            # "[k] Title: ...", "Source: Wikipedia", "URL: ..." lines of one item

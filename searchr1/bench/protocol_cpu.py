@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.protocol import (
+from searchr1.core.protocol import (
     RENDERS,
     TemplateDriftError,
     assistant_message,
@@ -30,12 +30,12 @@ from ..core.protocol import (
     suffix_prefix_overlap,
     tool_message,
 )
-from ..core.rollout import RolloutConfig, fit_tool_content, rollout_batch_async
-from ..twin.scripted_search import ScriptedSearch
-from ..search.types import SearchResult, observation_candidates
-from ..core.trajectory import Trajectory
-from .report import Figure, Measure
-from .workload import WorkloadSpec, build_workload, quick_spec
+from searchr1.core.rollout import RolloutConfig, fit_tool_content, rollout_batch_async
+from searchr1.twin.scripted_search import ScriptedSearch
+from searchr1.search.types import SearchResult, observation_candidates
+from searchr1.core.types import Trajectory
+from searchr1.bench.report import Figure, Measure
+from searchr1.bench.workload import WorkloadSpec, build_workload, quick_spec
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     spec = spec or (quick_spec(items_per_result=3) if quick else WorkloadSpec(items_per_result=3))
     repetitions = repetitions if repetitions is not None else (1 if quick else 3)
     workload = build_workload(spec, seed + 101)
-    from ..services import scripted_sampling_client
+    from searchr1.runtime.services import scripted_sampling_client
 
     search = ScriptedSearch(workload.results)
     with scripted_sampling_client(workload.scenario, tokenizer) as sampler:  # the step itself is not timed

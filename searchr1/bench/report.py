@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import fileio
+from searchr1.run import fileio
 
 SCHEMA_VERSION = 1
 

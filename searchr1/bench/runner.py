@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .report import Figure
+from searchr1.bench.report import Figure
 
 FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 # Figures 8 and 9 (BM25 over a generated 1M-passage corpus, and against Lucene) and 10 (six
@@ -16,16 +16,16 @@ DEFAULT_FIGURES = (1, 2, 3, 4, 5, 6, 7)
 
 
 def _builders() -> dict[int, Callable[..., Figure]]:
-    from .algorithms import algorithms_figure
-    from .client_contention import client_contention_figure
-    from .local_search import local_search_figure
-    from .lucene import lucene_figure
-    from .off_policy import learning_speed_figure, off_policy_throughput_figure
-    from .packing import packing_figure
-    from .protocol_cpu import protocol_cpu_figure
-    from .scheduling import scheduling_figure
-    from .search_calls import search_calls_figure
-    from .step_overhead import step_overhead_figure
+    from searchr1.bench.algorithms import algorithms_figure
+    from searchr1.bench.client_contention import client_contention_figure
+    from searchr1.bench.local_search import local_search_figure
+    from searchr1.bench.lucene import lucene_figure
+    from searchr1.bench.off_policy import learning_speed_figure, off_policy_throughput_figure
+    from searchr1.bench.packing import packing_figure
+    from searchr1.bench.protocol_cpu import protocol_cpu_figure
+    from searchr1.bench.scheduling import scheduling_figure
+    from searchr1.bench.search_calls import search_calls_figure
+    from searchr1.bench.step_overhead import step_overhead_figure
 
     return {
         1: scheduling_figure,
@@ -64,7 +64,7 @@ def run_figures(numbers: Iterable[int], *, tokenizer: Any = None, seed: int = 0,
                 on_start: Callable[[int], None] | None = None,
                 on_done: Callable[[Figure], None] | None = None) -> list[Figure]:
     if tokenizer is None:
-        from ..tokenizer import shared_tokenizer
+        from searchr1.runtime.tokenizer import shared_tokenizer
 
         tokenizer = shared_tokenizer()
     builders = _builders()

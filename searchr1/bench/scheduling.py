@@ -26,12 +26,12 @@ import dataclasses
 import time
 from typing import Any
 
-from ..core.rollout import rollout_batch_async
-from ..twin.scripted_search import ScriptedSearch
-from .lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout
-from .report import Figure, Measure
-from .served import BASE_MODEL, served_twin
-from .workload import (
+from searchr1.core.rollout import rollout_batch_async
+from searchr1.twin.scripted_search import ScriptedSearch
+from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout
+from searchr1.bench.report import Figure, Measure
+from searchr1.bench.served import BASE_MODEL, served_twin
+from searchr1.bench.workload import (
     LatencyModel,
     Workload,
     WorkloadSpec,

@@ -26,13 +26,13 @@ from typing import Any
 
 import httpx
 
-from ..core.rollout import rollout_batch_async
-from ..search.cache import QueryCache, normalise_query
-from ..search.fake_service import FakeSearchService
-from ..search.testing import mock_backend
-from ..services import scripted_sampling_client
-from .report import Figure, Measure
-from .workload import (
+from searchr1.core.rollout import rollout_batch_async
+from searchr1.search.cache import QueryCache, normalise_query
+from searchr1.search.fake_service import FakeSearchService
+from searchr1.search.testing import mock_backend
+from searchr1.runtime.services import scripted_sampling_client
+from searchr1.bench.report import Figure, Measure
+from searchr1.bench.workload import (
     LatencyModel,
     WorkloadSpec,
     build_workload,
@@ -50,7 +50,7 @@ class CountingWikipedia:
         self.requests = 0
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
-        from ..search.fake_service import wikipedia_query
+        from searchr1.search.fake_service import wikipedia_query
 
         query = wikipedia_query(request)
         self.requests += 1

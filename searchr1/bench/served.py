@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..twin.client import LOCAL_RETRIES, connect, session_closer
-from ..twin.config import Latencies
+from searchr1.twin.client import LOCAL_RETRIES, connect, session_closer
+from searchr1.twin.config import Latencies
 
 BASE_MODEL = "Qwen/Qwen3.5-4B"
 
@@ -85,12 +85,12 @@ def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencie
 @contextmanager
 def _in_process(scenario: dict[str, Any] | None, latencies: Latencies, tokenizer: Any, policy: str,
                 max_staleness: int, strict: bool = True) -> Iterator[Any]:
-    from ..twin import Strictness, start_twin
-    from ..twin.scenario import parse_scenario
-    from ..twin.scripted_policy import ScriptedPolicy
+    from searchr1.twin import Strictness, start_twin
+    from searchr1.twin.scenario import parse_scenario
+    from searchr1.twin.scripted_policy import ScriptedPolicy
 
     if tokenizer is None:
-        from ..tokenizer import shared_tokenizer
+        from searchr1.runtime.tokenizer import shared_tokenizer
 
         tokenizer = shared_tokenizer()
     served: Any = ScriptedPolicy(parse_scenario(scenario), tokenizer) if scenario is not None else policy

@@ -43,12 +43,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ..twin.scripted_search import ScriptedSearch
-from .lockstep import DEFAULT_SEARCH_CONCURRENCY
-from .report import Figure, Measure
-from .served import served_twin
-from .thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
-from .workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
+from searchr1.twin.scripted_search import ScriptedSearch
+from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY
+from searchr1.bench.report import Figure, Measure
+from searchr1.bench.served import served_twin
+from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
+from searchr1.bench.workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
 
 SPREAD_BOUND = 0.15  # (highest - lowest) / median of the runs, documented in CONTRIBUTING.md
 LOCAL_ROLES = ("main", "client")  # threads whose CPU is the step's local CPU
@@ -171,12 +171,12 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
 
 def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps: int, probe: StepProbe) -> None:
     """One training run of ``steps`` steps, every step recorded (and its rollout replayed) in ``probe``."""
-    from ..core import pipeline as pipeline_module
-    from ..core import rollout as rollout_module
-    from ..core import trainer as trainer_module
-    from ..run_dir import RunDir
-    from ..core.train_config import TrainConfig
-    from ..core.trainer import Trainer
+    from searchr1.training import pipeline as pipeline_module
+    from searchr1.core import rollout as rollout_module
+    from searchr1.core import trainer as trainer_module
+    from searchr1.run.directory import RunDir
+    from searchr1.core.config import TrainConfig
+    from searchr1.core.trainer import Trainer
 
     rollout = pipeline_module.rollout_batch_async
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ..core.rollout import RolloutConfig
-from ..search.types import SearchItem, SearchResult
-from ..core.trajectory import Trajectory
-from ..twin.config import Latencies
-from ..twin.scenario import Scenario, parse_scenario
+from searchr1.core.rollout import RolloutConfig
+from searchr1.search.types import SearchItem, SearchResult
+from searchr1.core.types import Trajectory
+from searchr1.twin.config import Latencies
+from searchr1.twin.scenario import Scenario, parse_scenario
 
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
 
@@ -208,7 +208,7 @@ def searched_queries(trajectory: Trajectory) -> list[str]:
     """Queries this trajectory sent (a tool call ended by ``tool_overflow`` was searched too)."""
     queries = [s.query for s in trajectory.searches]
     if trajectory.termination == "tool_overflow" and trajectory.turns:
-        from ..core.protocol import parse_assistant
+        from searchr1.core.protocol import parse_assistant
 
         parsed = parse_assistant(trajectory.turns[-1].text)
         if parsed.query:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from .index import BM25Index, Hit
+from searchr1.bm25.index import BM25Index, Hit
 
 _STOP = object()
 

@@ -5,7 +5,7 @@ JSONL file on the Hugging Face hub (``PeterJinGo/wiki-18-corpus``, ``wiki-18.jso
 The body is decompressed while it streams into a hidden file beside the destination, which is
 renamed into place only when the download completed and its first rows parsed as corpus rows; a
 failure (or Ctrl-C) removes the partial file and says in one line what happened
-(:class:`~searchr1.data.DataError`, as the dataset download does). ``source=`` takes a local
+(:class:`~searchr1.data.dataset.DataError`, as the dataset download does). ``source=`` takes a local
 ``.jsonl`` or ``.jsonl.gz`` through the same path, which is how it is tested offline.
 """
 
@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..data import DataError
-from .corpus import CorpusError, parse_row
+from searchr1.data.dataset import DataError
+from searchr1.bm25.corpus import CorpusError, parse_row
 
 CORPUS_REPO = "PeterJinGo/wiki-18-corpus"
 CORPUS_FILE = "wiki-18.jsonl.gz"

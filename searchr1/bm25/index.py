@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from ..fileio import write_json_atomically
-from .corpus import CorpusError, CorpusReader
+from searchr1.run.fileio import write_json_atomically
+from searchr1.bm25.corpus import CorpusError, CorpusReader
 
 FORMAT = "searchr1-bm25-index"
 FORMAT_VERSION = 1

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .batcher import QueryBatcher
-from .index import BM25Index
+from searchr1.bm25.batcher import QueryBatcher
+from searchr1.bm25.index import BM25Index
 
 MAX_BODY_BYTES = 1 << 20
 MAX_QUERIES = 1024

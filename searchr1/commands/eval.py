@@ -1,6 +1,6 @@
 """``python cli.py eval``: evaluate a base model or a checkpoint on the dev set (live PyTRIO, or
 offline: the scripted sampler and the search cassettes). The runner is
-:mod:`searchr1.evaluate`; this module turns flags into its inputs and prints the result."""
+:mod:`searchr1.evaluation.evaluate`; this module turns flags into its inputs and prints the result."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from typing import Any
 
 import click
 
-from ..search.cli_options import SearchOptions, search_options
-from .options import (
+from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.commands.options import (
     check_offline_group_size,
     connect_timeout_option,
     rollout_config_from,
     rollout_options,
     run_guarded,
 )
-from .settings_options import config_file_option
+from searchr1.commands.settings_options import config_file_option
 
 LIVE_DATA = Path("datasets/dev.jsonl")
 PROTOCOL_DATA = Path("datasets/test.jsonl")
@@ -101,7 +101,7 @@ def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> N
 
 def code_version() -> dict[str, Any]:
     """The package version and, in a git checkout, the commit and whether tracked files differ."""
-    from .. import __version__
+    from searchr1 import __version__
 
     version: dict[str, Any] = {"searchr1": __version__, "git_commit": None, "git_dirty": None}
     root = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ def default_output(base_model: str, model_path: str | None, backend: str, offlin
 
 
 def _manifest_sha256(data: Path) -> str | None:
-    from ..data import MANIFEST_NAME, file_sha256
+    from searchr1.data.dataset import MANIFEST_NAME, file_sha256
 
     manifest = data.parent / MANIFEST_NAME
     return file_sha256(manifest) if manifest.is_file() else None
@@ -133,7 +133,7 @@ def _manifest_sha256(data: Path) -> str | None:
 
 def _repo_relative(path: str | None) -> str | None:
     """A path inside the repository relative to its root (the shipped cassettes), else as given."""
-    from ..offline import REPO_ROOT
+    from searchr1.offline import REPO_ROOT
 
     if path is None:
         return None
@@ -148,10 +148,10 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
                      offline_home: Path | None, offline_policy: str = "learning") -> dict[str, Any]:
     """The exact configuration stored in the header and summary (plain JSON, nothing secret).
     The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
-    from ..data import file_sha256
-    from ..offline import SCENARIO
-    from ..core.rollout import effective_system_prompt
-    from ..services import describe_search
+    from searchr1.data.dataset import file_sha256
+    from searchr1.offline import SCENARIO
+    from searchr1.core.rollout import effective_system_prompt
+    from searchr1.runtime.services import describe_search
 
     described = describe_search(search, offline=offline)
     return {
@@ -184,13 +184,13 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
 
 
 class _Bar:
-    """:class:`~searchr1.progress.CountingBar` over questions, opened once the total is known."""
+    """:class:`~searchr1.run.progress.CountingBar` over questions, opened once the total is known."""
 
     def __init__(self) -> None:
         self.bar: Any = None
 
     def start(self, total: int, done: int) -> None:
-        from ..progress import CountingBar
+        from searchr1.run.progress import CountingBar
 
         self.bar = CountingBar("questions", total).__enter__()
         if done:
@@ -221,8 +221,8 @@ class RunCheckpoint:
 def checkpoint_of(run_dir: Path) -> RunCheckpoint:
     """The last checkpoint of the training run in ``run_dir`` (one line naming the problem if
     there is none)."""
-    from ..core.loss_options import algorithm_of
-    from ..run_dir import TWIN_HOME, RunDir
+    from searchr1.core.loss_options import algorithm_of
+    from searchr1.run.directory import TWIN_HOME, RunDir
 
     run = RunDir(run_dir)
     config = run.open()
@@ -238,7 +238,7 @@ def checkpoint_of(run_dir: Path) -> RunCheckpoint:
 
 def _sampling_client(service: Any, base_model: str, model_path: str | None, *, offline: bool,
                      offline_home: Path | None) -> Any:
-    from ..services import ServiceSetupError
+    from searchr1.runtime.services import ServiceSetupError
 
     try:
         return service.create_sampling_client(base_model=base_model, model_path=model_path)
@@ -264,7 +264,7 @@ def output_lock_path(output: Path) -> Path:
 def _claim_output(output: Path, held: contextlib.ExitStack) -> None:
     """Refuse an output that cannot be written, or that another eval is writing, before any
     work: the output is checked, then locked for the life of the command."""
-    from ..fileio import check_writable, exclusive_lock
+    from searchr1.run.fileio import check_writable, exclusive_lock
 
     check_writable(output, "eval output", click.ClickException)
     try:
@@ -276,11 +276,11 @@ def _claim_output(output: Path, held: contextlib.ExitStack) -> None:
 
 
 def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
-    from ..data import load_examples
-    from ..eval_metrics import EvalFileError
-    from ..evaluate import EvalResumeError, evaluate
-    from ..offline import DEV
-    from ..services import (
+    from searchr1.data.dataset import load_examples
+    from searchr1.evaluation.metrics import EvalFileError
+    from searchr1.evaluation.evaluate import EvalResumeError, evaluate
+    from searchr1.offline import DEV
+    from searchr1.runtime.services import (
         check_base_model,
         check_search_keys,
         live_service,
@@ -356,7 +356,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
             if bar is not None:
                 bar.close()
             _report_interrupted(output, error)
-            from ..core.failures import describe_failure, is_service_failure
+            from searchr1.core.failures import describe_failure, is_service_failure
 
             if isinstance(error, Exception) and is_service_failure(error):
                 raise click.ClickException(f"the service or the network failed ({describe_failure(error)})") from None
@@ -370,7 +370,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     if outcome.summary is not None:
         click.echo(format_summary(outcome.summary))
         if protocol == "search-r1":
-            from ..published import comparison_table
+            from searchr1.evaluation.published import comparison_table
 
             retriever = (f"BM25 over {run_config.get('search_index')}" if search.backend == "local"
                          else f"the retrieval server at {search.retriever_url or 'the default URL'}")
@@ -413,13 +413,13 @@ def apply_search_r1_protocol(kwargs: dict[str, Any], search: SearchOptions, *, g
 
 def _report_interrupted(output: Path, error: BaseException) -> None:
     """Say what survived (records and a partial summary) and how to continue."""
-    from ..evaluate import read_existing
+    from searchr1.evaluation.evaluate import read_existing
 
     try:
         existing = read_existing(output)
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
         return
-    from ..core.failures import is_service_failure
+    from searchr1.core.failures import is_service_failure
 
     transient = isinstance(error, KeyboardInterrupt) or (isinstance(error, Exception) and is_service_failure(error))
     what = "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped by an error"
@@ -452,7 +452,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     trained_with = (summary.get("config") or {}).get("trained_with")
     if isinstance(trained_with, dict):
-        from ..core.loss_options import describe_algorithm
+        from searchr1.core.loss_options import describe_algorithm
 
         lines.append(f"  checkpoint trained with {describe_algorithm(trained_with)}")
     for name, label in names:

@@ -17,7 +17,7 @@ def golden(update: bool, only: str | None) -> None:
 
     Exits 1 and lists the differing fields when a golden file is stale.
     """
-    from .options import run_guarded
+    from searchr1.commands.options import run_guarded
 
     run_guarded(lambda: _golden(update, only))
 
@@ -26,9 +26,9 @@ def _golden(update: bool, only: str | None) -> None:
     import logging
     import tempfile
 
-    from ..golden import scenario_paths
-    from ..services import load_tokenizer
-    from ..twin import start_twin
+    from searchr1.tools.golden import scenario_paths
+    from searchr1.runtime.services import load_tokenizer
+    from searchr1.twin import start_twin
 
     tokenizer = load_tokenizer()
     paths = [p for p in scenario_paths() if only is None or p.stem == only]
@@ -52,8 +52,8 @@ def _golden(update: bool, only: str | None) -> None:
 
 
 def _compare_or_write(paths: list, tokenizer: object, twin: object, update: bool) -> int:
-    from ..fileio import write_text_atomically
-    from ..golden import differences, dumps, generate, golden_path
+    from searchr1.run.fileio import write_text_atomically
+    from searchr1.tools.golden import differences, dumps, generate, golden_path
 
     stale = 0
     for path in paths:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .options import run_guarded
+from searchr1.commands.options import run_guarded
 
 
 @click.group("index")
@@ -39,7 +39,7 @@ def build(corpus: Path, out: Path, overwrite: bool, quiet: bool) -> None:
 
 
 def _build(corpus: Path, out: Path, overwrite: bool, quiet: bool) -> None:
-    from ..bm25.index import build_index
+    from searchr1.bm25.index import build_index
 
     if quiet or not sys.stderr.isatty():
         def progress(done: int, total: int, rows: int) -> None:
@@ -73,8 +73,8 @@ def offline_corpus(check: bool) -> None:
 
 
 def _offline_corpus(check: bool) -> None:
-    from ..bm25.shipped import CORPUS, build_corpus_text, check_hops_found
-    from ..fileio import write_text_atomically
+    from searchr1.bm25.shipped import CORPUS, build_corpus_text, check_hops_found
+    from searchr1.run.fileio import write_text_atomically
 
     text = build_corpus_text()
     if check:

@@ -15,9 +15,9 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
     cassettes/specs/offline.json, then records cassettes/<backend>/offline.yaml for every
     backend through the real clients against the in-process fake services.
     """
-    from ..fileio import write_text_atomically
-    from ..offline import build_offline_files, load_source
-    from ..search.cassette_specs import build_cassettes
+    from searchr1.run.fileio import write_text_atomically
+    from searchr1.offline import build_offline_files, load_source
+    from searchr1.search.cassette_specs import build_cassettes
 
     files = build_offline_files(load_source())
     stale = [path for path, text in files.items()

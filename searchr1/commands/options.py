@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from ..fileio import FileInUseError, is_write_failure, write_failure_line
-from ..core.rollout import RolloutConfig
-from .settings_options import setting_options, take_settings
+from searchr1.run.fileio import FileInUseError, is_write_failure, write_failure_line
+from searchr1.core.rollout import RolloutConfig
+from searchr1.commands.settings_options import setting_options, take_settings
 
 
 def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -25,7 +25,7 @@ def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any
 def _offline_fault(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     if value is None:
         return None
-    from ..twin.config import parse_offline_fault
+    from searchr1.twin.config import parse_offline_fault
 
     try:
         return parse_offline_fault(value)
@@ -86,7 +86,7 @@ def check_offline_group_size(policy: str | None, group_size: int) -> None:
     one-line error before anything starts (the learning policy has no such limit)."""
     if policy != "scripted":
         return
-    from ..services import offline_scenario
+    from searchr1.runtime.services import offline_scenario
 
     scripted = min(len(question.samples) for question in offline_scenario().questions)
     if group_size > scripted:
@@ -97,18 +97,18 @@ def check_offline_group_size(policy: str | None, group_size: int) -> None:
 
 def run_guarded(function: Callable[[], Any]) -> Any:
     """Turn expected failures into one clear line and a non-zero exit (no traceback)."""
-    from ..bm25.corpus import CorpusError
-    from ..bm25.index import BM25IndexError
-    from ..data import DataError
-    from ..preflight import PreflightError
-    from ..run_dir import RunDirError
-    from ..search.base import SearchRefusedError
-    from ..search.env import MissingApiKeyError
-    from ..search.replay import CassetteFormatError, CassetteMissError
-    from ..services import ServiceSetupError
-    from ..settings import SettingError
-    from ..tokenizer import TokenizerSetupError
-    from ..twin.scenario import ScenarioError
+    from searchr1.bm25.corpus import CorpusError
+    from searchr1.bm25.index import BM25IndexError
+    from searchr1.data.dataset import DataError
+    from searchr1.runtime.preflight import PreflightError
+    from searchr1.run.directory import RunDirError
+    from searchr1.search.base import SearchRefusedError
+    from searchr1.search.env import MissingApiKeyError
+    from searchr1.search.replay import CassetteFormatError, CassetteMissError
+    from searchr1.runtime.services import ServiceSetupError
+    from searchr1.core.settings import SettingError
+    from searchr1.runtime.tokenizer import TokenizerSetupError
+    from searchr1.twin.scenario import ScenarioError
 
     expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, SearchRefusedError,
                 CassetteMissError, CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from searchr1 import plots
-from searchr1.eval_metrics import EvalFileError
-from searchr1.fileio import check_writable, is_write_failure, write_failure_line
+from searchr1.view import plots
+from searchr1.evaluation.metrics import EvalFileError
+from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line
 
 
 def _png(ctx: click.Context, param: click.Parameter, value: Path) -> Path:

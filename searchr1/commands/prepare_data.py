@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from searchr1 import data
+from searchr1.data import dataset as data
 
 
 def _local_sources(
@@ -147,7 +147,7 @@ CORPUS_NAME = "wiki-18.jsonl"
 
 
 def _prepare_corpus(output_dir: Path, source: Path | None, url: str | None) -> None:
-    from ..bm25.download import corpus_url, fetch_corpus
+    from searchr1.bm25.download import corpus_url, fetch_corpus
 
     dest = output_dir / CORPUS_NAME
     where = source or url or corpus_url()

@@ -1,4 +1,4 @@
-"""``searchr1 probe-loss``: how does the service reduce the loss? (see ``searchr1.probe_loss``)"""
+"""``searchr1 probe-loss``: how does the service reduce the loss? (see ``searchr1.tools.probe_loss``)"""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import tempfile
 
 import click
 
-from ..probe_loss import DEFAULT_BASE_MODEL
-from .options import connect_timeout_option
+from searchr1.tools.probe_loss import DEFAULT_BASE_MODEL
+from searchr1.commands.options import connect_timeout_option
 
 REDUCTION_CHOICES = ("per_token", "per_sample", "sum")
 
@@ -65,11 +65,11 @@ def probe_loss(
     forward / forward_backward / optim_step calls at learning rate 0. Needs PYTRIO_API_KEY
     (or a profile saved by `trio login`).
     """
-    from ..probe_loss import probe_loss as run_probe
+    from searchr1.tools.probe_loss import probe_loss as run_probe
 
     if offline:
-        from ..tokenizer import shared_tokenizer
-        from ..twin import Strictness, start_twin
+        from searchr1.runtime.tokenizer import shared_tokenizer
+        from searchr1.twin import Strictness, start_twin
 
         tokenizer = shared_tokenizer()
         # the loss checks send old logprobs that are deliberately not the sampler's (they set
@@ -83,7 +83,7 @@ def probe_loss(
         click.echo(report.render())
         return
 
-    from ..services import ServiceSetupError, live_service, require_pytrio_key
+    from searchr1.runtime.services import ServiceSetupError, live_service, require_pytrio_key
 
     try:
         require_pytrio_key()
@@ -96,7 +96,7 @@ def probe_loss(
         )
     from pytrio.errors.base import PyTrioError
 
-    from ..core.failures import describe_failure, is_service_failure
+    from searchr1.core.failures import describe_failure, is_service_failure
 
     try:
         report = run_probe(live_service(connect_timeout), base_model=base_model, lora_rank=lora_rank,

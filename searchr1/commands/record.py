@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from searchr1.fileio import check_writable, is_write_failure, write_failure_line
+from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line
 from searchr1.search.base import SearchRefusedError
 from searchr1.search.cache import normalise_query
 from searchr1.search.env import MissingApiKeyError

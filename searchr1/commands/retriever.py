@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .options import run_guarded
+from searchr1.commands.options import run_guarded
 
 
 @click.group("retriever")
@@ -29,8 +29,8 @@ def serve(index_dir: Path, host: str, port: int) -> None:
 
 
 def _serve(index_dir: Path, host: str, port: int) -> None:
-    from ..bm25.index import BM25Index
-    from ..bm25.server import make_server
+    from searchr1.bm25.index import BM25Index
+    from searchr1.bm25.server import make_server
 
     index = BM25Index(index_dir)
     click.echo(f"serving {len(index)} passages from {index_dir} on http://{host}:{port}/retrieve "

@@ -10,8 +10,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ..search.cli_options import SearchOptions, search_options
-from .options import rollout_config_from, rollout_options, run_guarded
+from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.commands.options import rollout_config_from, rollout_options, run_guarded
 
 
 @click.command()
@@ -39,12 +39,12 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
              kwargs: dict[str, Any]) -> None:
     from dataclasses import replace
 
-    from ..offline import REPO_ROOT
-    from ..progress import CountingBar
-    from ..core.rollout import rollout_batch_async
-    from ..offline import SCENARIO
-    from ..services import load_tokenizer, scripted_sampling_client, search_backend
-    from ..twin.scenario import load_scenario
+    from searchr1.offline import REPO_ROOT
+    from searchr1.run.progress import CountingBar
+    from searchr1.core.rollout import rollout_batch_async
+    from searchr1.offline import SCENARIO
+    from searchr1.runtime.services import load_tokenizer, scripted_sampling_client, search_backend
+    from searchr1.twin.scenario import load_scenario
 
     config = rollout_config_from(kwargs, seed=seed)
     scenario = load_scenario(scenario_path or SCENARIO)

@@ -1,4 +1,4 @@
-"""Click options made from the settings a configuration class declares (``searchr1.settings``),
+"""Click options made from the settings a configuration class declares (``searchr1.core.settings``),
 and ``--config FILE.toml`` presets.
 
 ``setting_options(RolloutConfig)`` adds one flag per declared field (type, default, choices,
@@ -20,7 +20,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ..settings import Rule, flag_of, settings_of
+from searchr1.core.settings import Rule, flag_of, settings_of
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from ..core.loss_options import algorithm_of, describe_algorithm
+from searchr1.core.loss_options import algorithm_of, describe_algorithm
 
 DEFAULT_LIMIT = 20
 
@@ -92,7 +92,7 @@ def _step_ranges(steps: list[int]) -> str:
 
 def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | str | None,
                     limit: int | None) -> Selection:
-    from ..transcripts import read_run_transcripts
+    from searchr1.run.transcripts import read_run_transcripts
 
     found = read_run_transcripts(transcripts_path)
     if not found.by_step:
@@ -136,7 +136,7 @@ def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | st
 
 
 def select_from_eval(path: Path, limit: int | None) -> Selection:
-    from ..transcripts import read_eval_transcripts
+    from searchr1.run.transcripts import read_eval_transcripts
 
     config, records = read_eval_transcripts(path)
     if not records:
@@ -150,7 +150,7 @@ def select_from_eval(path: Path, limit: int | None) -> Selection:
 
 
 def load_selection(source: Path, step: int | str | None, limit: int | None) -> Selection:
-    from ..transcripts import TRANSCRIPTS_FILE, TranscriptFileError, transcript_source_kind
+    from searchr1.run.transcripts import TRANSCRIPTS_FILE, TranscriptFileError, transcript_source_kind
 
     try:
         if source.is_dir():
@@ -189,7 +189,7 @@ def show(source: Path, step: int | str | None, limit: int | None, html_path: Pat
     python cli.py show runs/offline-demo --step all --html run.html
     python cli.py show eval_result/offline_base.jsonl --limit 5
     """
-    from ..fileio import check_writable, is_write_failure, write_failure_line, write_text_atomically
+    from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line, write_text_atomically
 
     if html_path is not None:
         check_writable(html_path, "page", click.ClickException)  # before reading anything
@@ -201,7 +201,7 @@ def show(source: Path, step: int | str | None, limit: int | None, html_path: Pat
     if cut > 0:
         selection.notes.append(f"showing {counted} (--limit {limit}; raise it to see more)")
     if html_path is not None:
-        from ..transcript_html import transcript_page
+        from searchr1.view.html import transcript_page
 
         page = transcript_page(selection.sections, heading=selection.heading, notes=selection.notes)
         try:
@@ -215,7 +215,7 @@ def show(source: Path, step: int | str | None, limit: int | None, html_path: Pat
     from rich.console import Console
     from rich.text import Text
 
-    from ..transcript_view import print_transcripts, printable
+    from searchr1.view.terminal import print_transcripts, printable
 
     console = Console(highlight=False)
     if not console.is_terminal:  # a pipe or a file: whole lines, so that grep finds phrases

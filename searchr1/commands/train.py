@@ -12,12 +12,12 @@ from typing import Any
 
 import click
 
-from ..loggers import LOGGER_NAMES, SWANLAB_MODES
-from ..core.loss_options import parse_loss_fn_config
-from ..core.rollout import RolloutConfig
-from ..search.cli_options import SearchOptions, search_options
-from ..core.train_config import TrainConfig
-from .options import (
+from searchr1.run.loggers import LOGGER_NAMES, SWANLAB_MODES
+from searchr1.core.loss_options import parse_loss_fn_config
+from searchr1.core.rollout import RolloutConfig
+from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.core.config import TrainConfig
+from searchr1.commands.options import (
     check_offline_group_size,
     connect_timeout_option,
     offline_fault_option,
@@ -25,7 +25,7 @@ from .options import (
     rollout_options,
     run_guarded,
 )
-from .settings_options import config_file_option, given_params, setting_options, setting_params, take_settings
+from searchr1.commands.settings_options import config_file_option, given_params, setting_options, setting_params, take_settings
 
 # Offline defaults per twin policy: enough steps (and, for the small learning policy, a large
 # enough Adam step) to watch the reward rise in well under a minute.
@@ -114,10 +114,10 @@ def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
 
 
 def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
-    from ..data import file_sha256, shuffled_examples
-    from ..offline import TRAIN
-    from ..run_dir import TWIN_HOME, RunDir, recorded_checkpoints
-    from ..services import (
+    from searchr1.data.dataset import file_sha256, shuffled_examples
+    from searchr1.offline import TRAIN
+    from searchr1.run.directory import TWIN_HOME, RunDir, recorded_checkpoints
+    from searchr1.runtime.services import (
         check_base_model,
         check_search_keys,
         live_service,
@@ -126,8 +126,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         offline_service,
         search_backend,
     )
-    from ..core.train_config import new_run_id
-    from ..core.trainer import CollapseDetected, Trainer, TrainingStopped
+    from searchr1.core.config import new_run_id
+    from searchr1.core.trainer import CollapseDetected, Trainer, TrainingStopped
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
     resume_dir: Path | None = kwargs.pop("resume")
@@ -214,7 +214,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         check_offline_group_size(settings["offline_policy"], rollout.group_size)
         settings["loss_fn_config"] = kwargs.pop("loss_fn_config")
         if offline:  # the twin refuses what it cannot compute; say so before anything runs
-            from ..twin.losses import LossConfigError, resolve_loss_config
+            from searchr1.twin.losses import LossConfigError, resolve_loss_config
 
             try:
                 resolve_loss_config(settings["loss_fn"], settings["loss_fn_config"])
@@ -247,7 +247,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     # Everything bad input can break, before PyTRIO is contacted and before a new run
     # directory is written: the data (a malformed line names file:line), the tokenizer and
     # chat template, the search keys; then the PyTRIO key and connection, the server's limits
-    # and its tokenizer (searchr1.preflight). Only then is the run directory written.
+    # and its tokenizer (searchr1.runtime.preflight). Only then is the run directory written.
     offline = config.offline
     tokenizer = load_tokenizer(chat_template)
     examples = shuffled_examples(config.data, config.seed)
@@ -268,7 +268,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     if offline:
         # --preflight-only writes nothing, not even the twin's home, for a new run
         home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
-        from ..twin import TwinFaults
+        from searchr1.twin import TwinFaults
 
         service = offline_service(home, tokenizer, offline_scenario(), policy=config.offline_policy or "scripted",
                                   max_staleness=config.max_steps_off_policy,
@@ -285,7 +285,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                                    f"checkpoints: {', '.join(map(str, steps)) or 'none'}")
     reporter = None
     if not preflight_only:
-        from ..progress import make_reporter
+        from searchr1.run.progress import make_reporter
 
         reporter = make_reporter(quiet=quiet)
     stop = _StopOnInterrupt()
@@ -366,7 +366,7 @@ def _fit_server_limits(service: Any, config: Any, *, clamp: bool, resuming: bool
     with --clamp-to-server-limits on a fresh run); the limits are recorded in config.json."""
     import dataclasses
 
-    from ..preflight import fit_trajectory_budget, read_server_limits
+    from searchr1.runtime.preflight import fit_trajectory_budget, read_server_limits
 
     limits = read_server_limits(service, config.base_model)
     fit = fit_trajectory_budget(limits, config.rollout.max_trajectory_tokens, clamp=clamp and not resuming,
@@ -434,7 +434,7 @@ _MISSING = object()
 def _free_run_dir(root: Path, name: str) -> Path:
     """``runs/<name>``, or ``runs/<name>-2``, ``-3``… when taken (a directory whose run never
     finished a step is not taken): a default never collides."""
-    from ..run_dir import RunDir
+    from searchr1.run.directory import RunDir
 
     candidate, number = root / name, 1
     while not RunDir(candidate).can_start_over():
@@ -445,7 +445,7 @@ def _free_run_dir(root: Path, name: str) -> Path:
 
 def _health_rules(given: tuple[str, ...]) -> dict[str, float | None]:
     """``--health-rule NAME=VALUE`` flags as the thresholds they set (None: the rule is off)."""
-    from ..core.health import parse_rule_override
+    from searchr1.health.rules import parse_rule_override
 
     rules: dict[str, float | None] = {}
     for text in given:
@@ -480,8 +480,8 @@ def _stored_value(stored: dict[str, Any], name: str) -> Any:
 
 def _as_recorded(name: str, value: Any) -> Any:
     """A flag's value as config.json records it (a private value is kept only in part)."""
-    from ..search.secrets import redact_url
-    from ..search.wikipedia import CONTACT_PLACEHOLDER
+    from searchr1.search.secrets import redact_url
+    from searchr1.search.wikipedia import CONTACT_PLACEHOLDER
 
     if name == "retriever_url" and value:
         return redact_url(value)
@@ -503,8 +503,8 @@ def _search_options_record(search: SearchOptions) -> dict[str, Any]:
 
 def _search_record(search: SearchOptions, offline: bool) -> dict[str, Any]:
     """``config.json``'s ``search``: what was used, and whether a credential was left out."""
-    from ..search.secrets import redact_url
-    from ..services import describe_search
+    from searchr1.search.secrets import redact_url
+    from searchr1.runtime.services import describe_search
 
     record = {**describe_search(search, offline=offline), "options": _search_options_record(search)}
     if search.retriever_url and redact_url(search.retriever_url) != search.retriever_url:
@@ -515,7 +515,7 @@ def _search_record(search: SearchOptions, offline: bool) -> dict[str, Any]:
 def _resumed_search_options(given: SearchOptions, recorded: dict[str, Any], explicit: set[str]) -> SearchOptions:
     """The run's search flags from config.json; the retriever URL and the Wikipedia contact
     given again now are used as given (config.json keeps neither in full)."""
-    from ..search.wikipedia import CONTACT_PLACEHOLDER
+    from searchr1.search.wikipedia import CONTACT_PLACEHOLDER
 
     options = dict(recorded.get("options", {}))
     for name in ("retriever_url", "wikipedia_contact"):
@@ -534,7 +534,7 @@ def _planned_loggers(requested: tuple[str, ...], swanlab_mode: str, project: str
                      run_path: Path) -> Any:
     """The --logger writers, checked now (a missing package is one line before any work) and
     started once the run directory exists."""
-    from ..loggers import Loggers, LoggerSettings, LoggerSetupError, resolve_loggers
+    from searchr1.run.loggers import Loggers, LoggerSettings, LoggerSetupError, resolve_loggers
 
     try:
         names = resolve_loggers(requested, offline=config.offline, swanlab_mode=swanlab_mode)
@@ -547,7 +547,7 @@ def _planned_loggers(requested: tuple[str, ...], swanlab_mode: str, project: str
 def _start_loggers(loggers: Any, config: Any) -> None:
     import dataclasses
 
-    from ..loggers import LoggerSetupError
+    from searchr1.run.loggers import LoggerSetupError
 
     loggers.settings = dataclasses.replace(loggers.settings, config=config.to_json())  # as finally fitted
     try:

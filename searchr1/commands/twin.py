@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from ..twin.policies import POLICY_NAMES
-from .options import offline_fault_option
+from searchr1.twin.policies import POLICY_NAMES
+from searchr1.commands.options import offline_fault_option
 
 REDUCTIONS = ("per_token", "per_sample", "sum")
 
@@ -60,7 +60,7 @@ def serve(**options: Any) -> None:
     Then any program using `pytrio.ServiceClient()` with PYTRIO_API_KEY=twin-local-key (or
     --api-key) trains and samples on the twin, with no network.
     """
-    from .options import run_guarded
+    from searchr1.commands.options import run_guarded
 
     run_guarded(lambda: _serve(**options))
 
@@ -70,9 +70,9 @@ def _serve(port: int, home: Path, policy: str, scenario: Path | None, api_key: s
            max_batch_size: int | None, stop_token_in_tokens: bool, stop_string_in_text: bool,
            sample_latency: float, token_latency: float, train_token_latency: float, optim_latency: float,
            save_latency: float, strict: bool, max_staleness: int, offline_fault: dict[str, Any] | None) -> None:
-    from ..tokenizer import shared_tokenizer
-    from ..twin import Latencies, OperationLimits, StopConvention, Strictness, TwinFaults, TwinLimits, start_twin
-    from ..twin.client import TWIN_API_KEY
+    from searchr1.runtime.tokenizer import shared_tokenizer
+    from searchr1.twin import Latencies, OperationLimits, StopConvention, Strictness, TwinFaults, TwinLimits, start_twin
+    from searchr1.twin.client import TWIN_API_KEY
 
     if scenario is not None and policy != "scripted":
         raise click.UsageError("--scenario only applies with --policy scripted")

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .trajectory import Trajectory
+from searchr1.core.types import Trajectory
 
 AdvantageMode = Literal["mean", "zscore", "rloo", "none"]
 ADVANTAGE_MODES: tuple[str, ...] = ("mean", "zscore", "rloo", "none")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .trajectory import Trajectory
+from searchr1.core.types import Trajectory
 
 if TYPE_CHECKING:
     from pytrio.types import Datum
@@ -140,7 +140,7 @@ def build_datum(trajectory: Trajectory, *, max_tokens: int = DEFAULT_MAX_TOKENS)
     # Built as pytrio's validators would leave them (int64 / float32 values as Python numbers,
     # shape [n]) without running them: they check each element in Python, twice per tensor
     # (TensorData, then Datum again), a tenth of a step's local CPU; forward_backward validates
-    # every datum once more anyway. tests/test_datum.py checks equality with the validated build.
+    # every datum once more anyway. tests/core/test_datum.py checks equality with the validated build.
     datum = Datum.model_construct(
         model_input=ModelInput.from_ints(model_input),
         loss_fn_inputs={

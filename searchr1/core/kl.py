@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .datum import TrainingDatum
-from .loss_options import KL_ESTIMATORS
+from searchr1.core.datum import TrainingDatum
+from searchr1.core.loss_options import KL_ESTIMATORS
 
 
 def kl_estimate(sampler_logprobs: np.ndarray, base_logprobs: np.ndarray, estimator: str) -> np.ndarray:

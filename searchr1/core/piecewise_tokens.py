@@ -27,8 +27,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from .protocol import _observation_wrapper, plain_tokens
-from .protocol import observation_tokens as whole_observation_tokens
+from searchr1.core.protocol import _observation_wrapper, plain_tokens
+from searchr1.core.protocol import observation_tokens as whole_observation_tokens
 
 QWEN_SPLIT = (
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"

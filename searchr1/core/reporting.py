@@ -1,5 +1,5 @@
 """What the training loop reports to, as interfaces: the progress display (bars on a terminal or
-one line per step: :mod:`searchr1.progress`) and the dashboards (:mod:`searchr1.loggers`)."""
+one line per step: :mod:`searchr1.run.progress`) and the dashboards (:mod:`searchr1.run.loggers`)."""
 
 from __future__ import annotations
 

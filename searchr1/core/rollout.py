@@ -24,9 +24,9 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .advantage import assign_group_advantages
-from ..data import SearchExample
-from .protocol import (
+from searchr1.core.advantage import assign_group_advantages
+from searchr1.data.dataset import SearchExample
+from searchr1.core.protocol import (
     assistant_message,
     build_next_prompt,
     build_prompt,
@@ -41,11 +41,11 @@ from .protocol import (
     template_boundaries,
     tool_message,
 )
-from .piecewise_tokens import JoinedObservation
-from .reward import FORMAT_PENALTY, score_answer
-from ..search.types import SearchBackend, SearchResult, observation_candidates
-from ..settings import check_settings, setting
-from .trajectory import AssistantTurn, SearchRecord, Trajectory
+from searchr1.core.piecewise_tokens import JoinedObservation
+from searchr1.core.reward import FORMAT_PENALTY, score_answer
+from searchr1.search.types import SearchBackend, SearchResult, observation_candidates
+from searchr1.core.settings import check_settings, setting
+from searchr1.core.types import AssistantTurn, SearchRecord, Trajectory
 
 log = logging.getLogger("searchr1.core.rollout")
 T = TypeVar("T")
@@ -57,7 +57,7 @@ TRUNCATION_MARKER = " [... truncated to fit the budget]"
 @dataclass(frozen=True)
 class RolloutConfig:
     """Budgets and sampling of one rollout (the seed's names and defaults). Each field is declared
-    once with its rule and help (:mod:`searchr1.settings`): the flags of train, eval and rollout
+    once with its rule and help (:mod:`searchr1.core.settings`): the flags of train, eval and rollout
     are made from these lines."""
 
     group_size: int = setting(8, at_least=1, help="Trajectories per question.")

@@ -6,13 +6,13 @@ Per step ``b``::
     sampler    <- the weights after b - K steps (K = --max-steps-off-policy; 0: the current
                   weights, PyTRIO's save_weights_and_get_sampling_client)
     trajectories <- rollout (score, group advantages); with K >= 1 the batches of steps
-                  b+1..b+K are already rolling out meanwhile (searchr1.core.off_policy)
+                  b+1..b+K are already rolling out meanwhile (searchr1.training.off_policy)
     datums     <- one Datum per trajectory that carries signal
     forward_backward(importance_sampling) -> optim_step(AdamParams)
     metrics line, transcripts, checkpoint when due, run state
 
 Before the first step, :meth:`Trainer.connect` creates the training client and checks the
-service's tokenizer (searchr1.preflight): nothing is sampled before the run can finish a step.
+service's tokenizer (searchr1.runtime.preflight): nothing is sampled before the run can finish a step.
 
 Accumulation. ``sdk`` (default) sends every datum of the step in ONE ``forward_backward``
 call: PyTRIO splits it itself and normalises every chunk by batch-global totals, so the
@@ -22,8 +22,8 @@ That is exact only if the server averages per sample (``python cli.py probe-loss
 here N is the number of datums sent, so both modes agree under a per-sample mean (the seed
 used all trajectories, which rescales each step by datums/trajectories).
 
-Where the rest lives: the settings and checkpoint names in :mod:`searchr1.core.train_config`, the
-samplers and the batches rolling out ahead of training in :mod:`searchr1.core.pipeline`, which
+Where the rest lives: the settings and checkpoint names in :mod:`searchr1.core.config`, the
+samplers and the batches rolling out ahead of training in :mod:`searchr1.training.pipeline`, which
 errors are the service's in :mod:`searchr1.core.failures`.
 
 Failures. A finished step is on disk before the next one starts. A broken training client,
@@ -38,27 +38,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .advantage import summarize_groups
-from ..data import SearchExample
-from .datum import TrainingDatum, build_training_datums, drop_out_of_vocab
-from .diagnostics import NonFiniteValues, non_finite_sampled, policy_diagnostics
-from .failures import describe_failure, is_service_failure
-from .health import CollapseGuard, collapse_report, configured_rules, last_healthy_checkpoint
-from .kl import BaseModelPenalty
-from .metrics import datum_metrics, rollout_metrics, trainer_metrics
-from .off_policy import off_policy_metrics, versions_to_record
-from .packing import pack_micro_batches
-from .pipeline import RolloutPipeline
-from ..preflight import PreflightError, check_service_tokenizer
-from .protocol import check_template
-from .reporting import MetricsLogger, Reporter, SilentReporter
-from .rollout import SamplerFailureError
-from ..run_dir import ResumePoint, RunDir
-from ..search.types import SearchBackend
-from .train_config import TrainConfig
-from .trajectory import Trajectory
-from ..transcripts import append_transcripts, select_transcripts, transcript_record
-from .update import apply_update
+from searchr1.core.advantage import summarize_groups
+from searchr1.data.dataset import SearchExample
+from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
+from searchr1.health.diagnostics import NonFiniteValues, non_finite_sampled, policy_diagnostics
+from searchr1.core.failures import describe_failure, is_service_failure
+from searchr1.health.rules import CollapseGuard, collapse_report, configured_rules, last_healthy_checkpoint
+from searchr1.core.kl import BaseModelPenalty
+from searchr1.health.metrics import datum_metrics, rollout_metrics, trainer_metrics
+from searchr1.training.off_policy import off_policy_metrics, versions_to_record
+from searchr1.training.packing import pack_micro_batches
+from searchr1.training.pipeline import RolloutPipeline
+from searchr1.runtime.preflight import PreflightError, check_service_tokenizer
+from searchr1.core.protocol import check_template
+from searchr1.core.reporting import MetricsLogger, Reporter, SilentReporter
+from searchr1.core.rollout import SamplerFailureError
+from searchr1.run.directory import ResumePoint, RunDir
+from searchr1.search.types import SearchBackend
+from searchr1.core.config import TrainConfig
+from searchr1.core.types import Trajectory
+from searchr1.run.transcripts import append_transcripts, select_transcripts, transcript_record
+from searchr1.core.update import apply_update
 
 
 class TrainingStopped(RuntimeError):
@@ -130,7 +130,7 @@ class Trainer:
     def connect(self, resume: ResumePoint | None) -> int:
         """Create the training client (fresh or from the resume point) and check, before any
         sample is paid for, that the service's tokenizer is the one the protocol was built
-        with (:mod:`searchr1.preflight`). Returns the first step; idempotent."""
+        with (:mod:`searchr1.runtime.preflight`). Returns the first step; idempotent."""
         if self.training_client is not None:
             return self.first_step
         check_template(self.tokenizer)  # before anything that costs money

@@ -3,16 +3,16 @@ and one ``optim_step``, refusing non-finite values before the optimiser sees the
 
 The loss is the run's ``--loss-fn`` with its ``--loss-fn-config``, sent as they are. The
 learner's per-token logprobs that come back are compared with the sampler's
-(:mod:`searchr1.core.diagnostics`): the sampler-learner mismatch of every metrics line.
+(:mod:`searchr1.health.diagnostics`): the sampler-learner mismatch of every metrics line.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .datum import TrainingDatum
-from .diagnostics import NonFiniteValues, learner_tokens, mismatch_metrics, non_finite_inputs, non_finite_outputs
-from .packing import weight_micro_batch_for_global_mean
+from searchr1.core.datum import TrainingDatum
+from searchr1.health.diagnostics import NonFiniteValues, learner_tokens, mismatch_metrics, non_finite_inputs, non_finite_outputs
+from searchr1.training.packing import weight_micro_batch_for_global_mean
 
 
 async def apply_update(client: Any, datums: list[TrainingDatum], micro_batches: list[list[TrainingDatum]] | None,

@@ -10,12 +10,12 @@ calls accumulate, limits, the stop-token convention, latencies and faults. Stric
 command line with ``python cli.py twin serve``.
 
 The core (protocol, rollout, reward, advantage, datum, packing, trainer) never imports from
-here; commands reach it through ``searchr1.services``.
+here; commands reach it through ``searchr1.runtime.services``.
 """
 
-from .client import TWIN_API_KEY, connect
-from .config import Latencies, OperationLimits, StopConvention, Strictness, TwinFaults, TwinLimits
-from .server import LIVE_TWINS, Twin, start_twin, untaken_violations
+from searchr1.twin.client import TWIN_API_KEY, connect
+from searchr1.twin.config import Latencies, OperationLimits, StopConvention, Strictness, TwinFaults, TwinLimits
+from searchr1.twin.server import LIVE_TWINS, Twin, start_twin, untaken_violations
 
 __all__ = [
     "LIVE_TWINS",

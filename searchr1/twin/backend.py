@@ -46,8 +46,8 @@ from pytrio.protocol.control.training_run.get import TrainingRunGetResponse, Tra
 from pytrio.protocol.control.training_run.renew import TrainingRunRenewResponse
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest, TrainingRunUpdateResponse
 
-from .collapse import collapsed_sequences, is_collapsed
-from .config import (
+from searchr1.twin.collapse import collapsed_sequences, is_collapsed
+from searchr1.twin.config import (
     INJECTED_FAILURE_CODE,
     Latencies,
     OperationLimits,
@@ -56,10 +56,10 @@ from .config import (
     TwinFaults,
     TwinLimits,
 )
-from .policy import PolicySample, Reduction, SampledSequence, TwinPolicy
-from .stops import StopRules, finish
-from .store import STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, InvalidName, RunConfig, check_checkpoint_name
-from .strict import (
+from searchr1.twin.policy import PolicySample, Reduction, SampledSequence, TwinPolicy
+from searchr1.twin.stops import StopRules, finish
+from searchr1.twin.store import STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, InvalidName, RunConfig, check_checkpoint_name
+from searchr1.twin.strict import (
     BASE_LINEAGE,
     VIOLATION_CODE,
     ProtocolViolation,
@@ -69,7 +69,7 @@ from .strict import (
     check_sampled_actions,
     check_token_range,
 )
-from .training_run import Accumulation, EventFailure, Source, TrainingRun
+from searchr1.twin.training_run import Accumulation, EventFailure, Source, TrainingRun
 
 WORKSPACE = "ws-twin"
 USER = "user-twin"
@@ -770,7 +770,7 @@ class TwinBackend:
         if len(prompt) < 2:
             return [None] * len(prompt)
         sample = PolicySample.from_arrays(prompt[:-1], prompt[1:])
-        from .policy import totals_of
+        from searchr1.twin.policy import totals_of
 
         with self._policy_lock:
             result = self.policy.loss_and_grad(sampling.params, [sample], loss_fn="cross_entropy",

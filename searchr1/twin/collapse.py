@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .policy import SampledSequence
+from searchr1.twin.policy import SampledSequence
 
 COLLAPSED_TEXT = "Let me think about it again. " * 3
 STOP_TOKEN = "<|im_end|>"

@@ -44,9 +44,9 @@ from pytrio.protocol.control.service_session.create import ServiceSessionCreateR
 from pytrio.protocol.control.training_run.create import TrainingRunCreateRequest
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest
 
-from .backend import ApiError, TwinBackend
-from .store import InvalidName
-from .config import SampleRequestInfo
+from searchr1.twin.backend import ApiError, TwinBackend
+from searchr1.twin.store import InvalidName
+from searchr1.twin.config import SampleRequestInfo
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"

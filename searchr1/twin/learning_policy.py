@@ -83,10 +83,10 @@ from typing import Any
 
 import numpy as np
 
-from ..offline import CALL
-from .losses import loss_terms, resolve_loss_config
-from .offline_world import WorldQuestion, load_world, question_key
-from .policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
+from searchr1.offline import CALL
+from searchr1.twin.losses import loss_terms, resolve_loss_config
+from searchr1.twin.offline_world import WorldQuestion, load_world, question_key
+from searchr1.twin.policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
 
 KINDS: tuple[str, ...] = ("search_next", "repeat_search", "answer", "json_call", "no_answer")
 PHASES: tuple[str, ...] = ("none", "partial", "complete")

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..offline import QUESTIONS
-from ..fileio import read_json_object
+from searchr1.offline import QUESTIONS
+from searchr1.run.fileio import read_json_object
 
 SPLITS = ("train", "dev")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .policy import TwinPolicy
+from searchr1.twin.policy import TwinPolicy
 
 POLICY_NAMES = ("scripted", "toy", "learning")
 
@@ -15,19 +15,19 @@ def make_policy(name: str, tokenizer: Any, *, scenario: Any = None) -> TwinPolic
     """Build the named policy. ``scenario`` (a :class:`~searchr1.twin.scenario.Scenario` or a
     path) is what ``scripted`` replies from; default: the shipped offline world."""
     if name == "scripted":
-        from ..offline import SCENARIO
-        from .scenario import Scenario, load_scenario
-        from .scripted_policy import ScriptedPolicy
+        from searchr1.offline import SCENARIO
+        from searchr1.twin.scenario import Scenario, load_scenario
+        from searchr1.twin.scripted_policy import ScriptedPolicy
 
         if not isinstance(scenario, Scenario):
             scenario = load_scenario(Path(scenario) if scenario is not None else SCENARIO)
         return ScriptedPolicy(scenario, tokenizer)
     if name == "toy":
-        from .toy_policy import ToyPolicy
+        from searchr1.twin.toy_policy import ToyPolicy
 
         return ToyPolicy(vocab_size=len(tokenizer), stop_token=int(tokenizer.convert_tokens_to_ids("<|im_end|>")))
     if name == "learning":
-        from .learning_policy import LearningPolicy  # type: ignore[import-not-found]
+        from searchr1.twin.learning_policy import LearningPolicy  # type: ignore[import-not-found]
 
         return LearningPolicy(tokenizer)
     raise ValueError(f"unknown twin policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")

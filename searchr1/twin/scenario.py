@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data import SearchExample
-from ..fileio import read_json_object
+from searchr1.data.dataset import SearchExample
+from searchr1.run.fileio import read_json_object
 
 
 class ScenarioError(ValueError):

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .policy import LossResult, PolicySample, Reduction, SampledSequence, Totals
-from .scenario import Scenario, ScenarioError, ScriptedQuestion, normalise
-from .toy_policy import ToyPolicy
+from searchr1.twin.policy import LossResult, PolicySample, Reduction, SampledSequence, Totals
+from searchr1.twin.scenario import Scenario, ScenarioError, ScriptedQuestion, normalise
+from searchr1.twin.toy_policy import ToyPolicy
 
 _ASSISTANT_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 _USER_HEADER = "<|im_start|>user\n"

@@ -6,7 +6,7 @@ of a training client (and in ``get_tokenizer()``), with ModelScope's ``AutoToken
 A directory path is a valid ``model_id`` for that loader, and it needs no ModelScope cache
 layout or environment variable (both differ across ModelScope versions), so the twin answers
 run creation with the path of a tokenizer directory holding the exact Qwen3.5 tokenizer
-(:mod:`searchr1.tokenizer`). The catalog (``get_server_capabilities()``) and ``model_alias``
+(:mod:`searchr1.runtime.tokenizer`). The catalog (``get_server_capabilities()``) and ``model_alias``
 keep the real model name, so code that names models sees ``Qwen/Qwen3.5-4B`` as live; only
 ``training_client.model_id`` and ``sampling_client.model_id`` show the path.
 
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..tokenizer import list_added_tokens
+from searchr1.runtime.tokenizer import list_added_tokens
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -51,7 +51,7 @@ def _fill(staging: Path, tokenizer: Any, source: Path | None) -> None:
 def served_tokenizer_dir(tokenizer: Any, root: Path | None = None) -> Path:
     """A directory ModelScope's ``AutoTokenizer.from_pretrained`` loads ``tokenizer`` from."""
     if root is None:
-        from ..tokenizer import cache_root
+        from searchr1.runtime.tokenizer import cache_root
 
         root = cache_root() / "twin-tokenizer"
     source: Path | None = Path(str(getattr(tokenizer, "name_or_path", "") or ""))

@@ -14,15 +14,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .backend import EventLogEntry, SampleLogEntry, TwinBackend, TwinSettings
-from .client import LOCAL_RETRIES, TWIN_API_KEY, connect, session_closer
-from .config import Latencies, StopConvention, Strictness, TwinFaults, TwinLimits
-from .http_server import TwinHTTPServer
-from .policies import make_policy
-from .policy import Reduction, TwinPolicy
-from .served_tokenizer import served_tokenizer_dir
-from .strict import Violation
-from .training_run import Accumulation
+from searchr1.twin.backend import EventLogEntry, SampleLogEntry, TwinBackend, TwinSettings
+from searchr1.twin.client import LOCAL_RETRIES, TWIN_API_KEY, connect, session_closer
+from searchr1.twin.config import Latencies, StopConvention, Strictness, TwinFaults, TwinLimits
+from searchr1.twin.http_server import TwinHTTPServer
+from searchr1.twin.policies import make_policy
+from searchr1.twin.policy import Reduction, TwinPolicy
+from searchr1.twin.served_tokenizer import served_tokenizer_dir
+from searchr1.twin.strict import Violation
+from searchr1.twin.training_run import Accumulation
 
 DEFAULT_MODEL = "Qwen/Qwen3.5-4B"
 
@@ -188,7 +188,7 @@ def start_twin(
     if accumulation not in ("sum", "mean"):
         raise ValueError(f"accumulation must be sum or mean, got {accumulation!r}")
     if tokenizer is None:
-        from ..tokenizer import shared_tokenizer
+        from searchr1.runtime.tokenizer import shared_tokenizer
 
         tokenizer = shared_tokenizer()
     home = Path(home)

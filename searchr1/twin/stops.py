@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config import StopConvention
-from .policy import SampledSequence
+from searchr1.twin.config import StopConvention
+from searchr1.twin.policy import SampledSequence
 
 STOP = "stop"
 LENGTH = "length"

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .policy import IGNORE_INDEX, PolicySample
+from searchr1.twin.policy import IGNORE_INDEX, PolicySample
 
 VIOLATION_CODE = "twin.protocol_violation"
 RULES = ("event_order", "accumulation_totals", "token_range", "sampled_action", "sampled_logprob",

@@ -42,8 +42,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .losses import loss_terms, resolve_loss_config
-from .policy import LossResult, PolicySample, Reduction, SampledSequence, Totals, totals_of
+from searchr1.twin.losses import loss_terms, resolve_loss_config
+from searchr1.twin.policy import LossResult, PolicySample, Reduction, SampledSequence, Totals, totals_of
 
 DEFAULT_NUM_BUCKETS = 16
 QWEN35_VOCAB_SIZE = 248_077  # len() of the Qwen3.5 tokenizer

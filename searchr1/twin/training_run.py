@@ -25,10 +25,10 @@ from pytrio.protocol.actor.events.trainer.forward import TrainerForwardBackwardP
 from pytrio.protocol.actor.events.trainer.optimize_step import TrainerOptimizeStepPayload
 from pytrio.protocol.actor.events.trainer.save import TrainerSavePayload
 
-from .losses import LOSS_CONFIG_DEFAULTS, LossConfigError, resolve_loss_config
-from .optimizer import AdamState, adam_step
-from .policy import PolicySample, Reduction, Totals, TwinPolicy
-from .store import STATE, WEIGHTS, CheckpointStore, RunConfig
+from searchr1.twin.losses import LOSS_CONFIG_DEFAULTS, LossConfigError, resolve_loss_config
+from searchr1.twin.optimizer import AdamState, adam_step
+from searchr1.twin.policy import PolicySample, Reduction, Totals, TwinPolicy
+from searchr1.twin.store import STATE, WEIGHTS, CheckpointStore, RunConfig
 
 Accumulation = Literal["sum", "mean"]
 SUPPORTED_LOSSES = tuple(LOSS_CONFIG_DEFAULTS)

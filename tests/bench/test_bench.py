@@ -17,11 +17,11 @@ from searchr1.bench.lockstep import lockstep_rollout_async
 from searchr1.bench.packing import _stub, lower_bounds
 from searchr1.bench.workload import LatencyModel, build_workload, fingerprint, quick_spec
 from searchr1.cli import main
-from searchr1.core.packing import MAX_DATUM_TOKENS, pack_micro_batches
+from searchr1.training.packing import MAX_DATUM_TOKENS, pack_micro_batches
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.search.types import SearchItem, SearchResult
-from searchr1.services import scripted_sampling_client
+from searchr1.runtime.services import scripted_sampling_client
 from searchr1.twin import Latencies
 from searchr1.twin.scenario import parse_scenario
 

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from searchr1.bench.report import Figure, Measure, bench_json, print_report
 from searchr1.cli import main
-from searchr1.run_dir import RunDir, RunDirError
+from searchr1.run.directory import RunDir, RunDirError
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -198,7 +198,7 @@ def test_eval_of_a_missing_run_directory_says_it_does_not_exist(tmp_path):
 
 def test_eval_help_names_checkpoints_the_way_train_names_them():
     from searchr1.core.rollout import RolloutConfig
-    from searchr1.core.train_config import TrainConfig
+    from searchr1.core.config import TrainConfig
 
     name = TrainConfig(data="d", rollout=RolloutConfig(), max_steps=20, run_id="0a1b2c3d").checkpoint_name(20)
     code, output = invoke("eval", "--help")

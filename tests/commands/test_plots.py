@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from searchr1 import plots
+from searchr1.view import plots
 from searchr1.cli import main
-from searchr1.eval_metrics import load_summary, summary_record
+from searchr1.evaluation.metrics import load_summary, summary_record
 
 BASE_CONFIG = {
     "search_backend": "wikipedia",

@@ -1,4 +1,4 @@
-"""Every setting is declared once (searchr1.settings): the dataclass enforces its rule, the
+"""Every setting is declared once (searchr1.core.settings): the dataclass enforces its rule, the
 flags are made from the declaration, presets and config.json go through the same rules."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from searchr1.cli import main
 from searchr1.commands.settings_options import config_file_option, setting_options, take_settings
 from searchr1.core.rollout import RolloutConfig
-from searchr1.search.cli_options import SearchOptions
-from searchr1.settings import SettingError, flag_of, settings_of
-from searchr1.core.train_config import TrainConfig
+from searchr1.commands.search_options import SearchOptions
+from searchr1.core.settings import SettingError, flag_of, settings_of
+from searchr1.core.config import TrainConfig
 
 REQUIRED = {TrainConfig: {"max_steps": 1, "data": "d.jsonl"}, SearchOptions: {"backend": "wikipedia"},
             RolloutConfig: {}}

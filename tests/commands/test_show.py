@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from searchr1.cli import main
-from searchr1.transcript_html import CONTENT_SECURITY_POLICY, transcript_page
-from searchr1.transcript_view import (
+from searchr1.view.html import CONTENT_SECURITY_POLICY, transcript_page
+from searchr1.view.terminal import (
     OBSERVATION_CHARS,
     SearchEvent,
     TurnEvent,
@@ -25,7 +25,7 @@ from searchr1.transcript_view import (
     conversation,
     printable,
 )
-from searchr1.transcripts import TRANSCRIPTS_FILE, append_transcripts
+from searchr1.run.transcripts import TRANSCRIPTS_FILE, append_transcripts
 
 HOSTILE = '<script>document.title="pwned"</script><img src="http://127.0.0.1:9/x.png"> & "quotes" \x1b[31mred\x1b[0m'
 LONG_OBSERVATION = "[1] Source: Long page\n" + "evidence " * 200

@@ -27,8 +27,8 @@ from training_strategies import VOCAB_SIZE, generated_trajectories
 from twin_support import MODEL
 
 from searchr1.core.datum import TrainingDatum, build_datum
-from searchr1.core.packing import pack_micro_batches, weight_micro_batch_for_global_mean
-from searchr1.probe_loss import policy_datum
+from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for_global_mean
+from searchr1.tools.probe_loss import policy_datum
 from searchr1.twin import OperationLimits, Strictness, TwinLimits, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.optimizer import AdamState, adam_step

@@ -17,7 +17,7 @@ from training_strategies import plain_trajectory
 from searchr1.core.advantage import DEGENERATE_GROUP, assign_group_advantages
 from searchr1.cli import main
 from searchr1.core.datum import TrainingDatum
-from searchr1.core.dynamic_sampling import SURPLUS_GROUP, keep_first_groups, signal_groups
+from searchr1.training.dynamic_sampling import SURPLUS_GROUP, keep_first_groups, signal_groups
 from searchr1.core.kl import aligned_base_logprobs, base_prompt, kl_estimate, penalize
 from searchr1.core.loss_options import parse_loss_fn_config
 

@@ -18,7 +18,7 @@ from searchr1.core.datum import (
     build_datum,
     build_training_datums,
 )
-from searchr1.core.trajectory import AssistantTurn
+from searchr1.core.types import AssistantTurn
 
 NO_LIMITS = TrainingLimits(max_batch_size=None, max_tokens_per_request=None, max_seq_len=None)
 
@@ -126,7 +126,7 @@ def test_a_shorter_prompt_is_a_prefix_violation():
     ]
     from training_strategies import EXAMPLE
 
-    from searchr1.core.trajectory import Trajectory
+    from searchr1.core.types import Trajectory
 
     trajectory = Trajectory(
         example=EXAMPLE, question_index=3, group_index=1, messages=[], turns=turns, advantage=1.0

@@ -21,7 +21,7 @@ from searchr1.core.protocol import (
 )
 from searchr1.core.rollout import RolloutConfig, fit_tool_content
 from searchr1.search.types import SearchItem, SearchResult
-from searchr1.tokenizer import ADDED_TOKENS
+from searchr1.runtime.tokenizer import ADDED_TOKENS
 
 CONTROL_STRINGS = [content for content, _special in ADDED_TOKENS]
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\nEiffel Tower\n</parameter>\n</function>\n</tool_call>"

@@ -21,7 +21,7 @@ from searchr1.core.rollout import (
 )
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.search.types import SearchItem, SearchResult
-from searchr1.core.trajectory import Trajectory
+from searchr1.core.types import Trajectory
 from searchr1.twin import Latencies, TwinFaults, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.scenario import parse_scenario
@@ -186,7 +186,7 @@ def test_the_seed_overflow_mode_ends_the_trajectory_instead(served, tokenizer):
 
 
 def test_make_request_caps_max_tokens_by_the_remaining_budget(tokenizer):
-    from searchr1.data import SearchExample
+    from searchr1.data.dataset import SearchExample
     from searchr1.core.protocol import initial_messages
 
     t = Trajectory(SearchExample("i", "Q?", ("a",), "nq"), 0, 0, initial_messages("Q?"))
@@ -430,7 +430,7 @@ def test_observation_tokens_in_the_prompt_are_those_the_template_renders(served,
 
 
 def test_a_question_the_scenario_does_not_know_is_named_with_its_turn(served, tokenizer):
-    from searchr1.data import SearchExample
+    from searchr1.data.dataset import SearchExample
 
     sc = scenario([question("q", [["Answer: France"]])])
     served.twin.policy = ScriptedPolicy(sc, tokenizer)

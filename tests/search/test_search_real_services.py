@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
-from searchr1.services import scripted_sampling_client
+from searchr1.runtime.services import scripted_sampling_client
 from searchr1.twin.scenario import parse_scenario
 from searchr1.search.cache import QueryCache
 from searchr1.search.clock import RealClock

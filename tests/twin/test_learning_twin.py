@@ -20,7 +20,7 @@ from pytrio.types import Datum, TensorData
 
 from searchr1.cli import main
 from searchr1.core.datum import TrainingDatum
-from searchr1.run_dir import RunDir
+from searchr1.run.directory import RunDir
 from twin_support import without_timing_metrics
 
 

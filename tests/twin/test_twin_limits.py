@@ -10,7 +10,7 @@ from pytrio.errors.actor import ActorAPIError
 from pytrio.errors.base import ValidationError
 from twin_support import MODEL, PROMPT, datum_from, running_twin, sample_once
 
-from searchr1.preflight import PreflightError, fit_trajectory_budget, read_server_limits
+from searchr1.runtime.preflight import PreflightError, fit_trajectory_budget, read_server_limits
 from searchr1.twin import OperationLimits, TwinLimits
 
 def test_the_catalog_and_run_creation_report_the_configured_limits(tmp_path, tokenizer):

@@ -50,7 +50,7 @@ def test_a_checkpoint_survives_sigkill_and_a_new_process_continues_bit_for_bit(t
         import os, signal, sys
         sys.path.insert(0, {os.path.dirname(os.path.dirname(__file__))!r})
         from twin_support import MODEL, running_twin, train_steps
-        from searchr1.tokenizer import shared_tokenizer
+        from searchr1.runtime.tokenizer import shared_tokenizer
         tokenizer = shared_tokenizer()
         with running_twin({str(tmp_path / "home")!r}, tokenizer) as (twin, service):
             trainer = service.create_lora_training_client(MODEL, rank=8)

@@ -1,0 +1,159 @@
+"""The settings a training run starts with (``config.json``) and the names its checkpoints get.
+
+Each user setting is declared once, as a field with its default, rule and help
+(:mod:`searchr1.core.settings`); the flags of ``train`` are made from these declarations, and
+``config.json`` is this object, read back through the same rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from searchr1 import __version__
+from searchr1.core.advantage import ADVANTAGE_MODES
+from searchr1.health.rules import configured_rules
+from searchr1.core.loss_options import KL_ESTIMATORS, POLICY_LOSS_FNS
+from searchr1.core.reward import REWARD_KINDS
+from searchr1.core.rollout import RolloutConfig
+from searchr1.core.settings import SettingError, check_settings, setting
+
+ACCUMULATION_MODES = ("sdk", "manual")
+CHECKPOINT_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?$"
+
+
+def _checkpoint_prefix_rule(name: str) -> str | None:
+    """pytrio's checkpoint-name rule, matched whole (``$`` alone would let a trailing newline
+    through into a directory name), at most 150 characters."""
+    if isinstance(name, str) and re.fullmatch(CHECKPOINT_NAME, name) and len(name) <= 150:
+        return None
+    shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+    return (f"{shown} cannot prefix PyTRIO checkpoint names: use letters, digits, '.', '_' and '-' "
+            "(at most 150 characters, not starting or ending with '.')")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run is started with; ``config.json`` is this object. Each user setting is
+    declared once here (:mod:`searchr1.core.settings`), and the flags of ``train`` are made from it."""
+
+    max_steps: int = setting(help="Training steps [required live; with --offline default 20 for the learning "
+                                  "policy, 4 for the scripted one].", at_least=1)
+    data: str = setting(metavar="PATH", help="Training JSONL [default: datasets/train.jsonl; the shipped offline "
+                                             "set with --offline].")
+    run_name: str = setting("search-r1-qwen35-4b", check=_checkpoint_prefix_rule,
+                            help="Also the checkpoint name prefix.")
+    base_model: str = setting("Qwen/Qwen3.5-4B", help="The model trained (LoRA on it) and sampled.")
+    lora_rank: int = setting(32, at_least=4, at_most=64, help="LoRA rank.")
+    questions_per_batch: int = setting(8, at_least=1, help="Questions per step (each sampled --group-size times).")
+    max_train_samples: int = setting(0, at_least=0, help="Use only the first N shuffled examples (0 = all).")
+    learning_rate: float = setting(4e-5, above=0.0, default_text="4e-05; 0.2 for --offline-policy learning",
+                                   help="Adam learning rate.")
+    beta1: float = setting(0.9, at_least=0.0, below=1.0, help="Adam beta1.")
+    beta2: float = setting(0.95, at_least=0.0, below=1.0, help="Adam beta2.")
+    save_every: int = setting(50, at_least=0, help="Checkpoint every N steps (0 = only the final save).")
+    seed: int = setting(42, help="Data order, LoRA init and sampling seeds.")
+    accumulation: str = setting("sdk", choices=ACCUMULATION_MODES,
+                                help="sdk: one forward_backward per step (exact whatever the server's reduction); "
+                                     "manual: the seed's micro-batches with n_k/N weights.")
+    advantage_mode: str = setting("mean", flag="--advantage", choices=ADVANTAGE_MODES,
+                                  help="Group-relative advantage: reward minus group mean (seed), z-score, "
+                                       "leave-one-out (reward minus the mean of the other rewards), or raw reward.")
+    keep_env_failures: bool = setting(False, help="Train on groups hit by search or sampler failures (default: "
+                                                  "leave them out and count them).")
+    max_micro_batch_items: int = setting(32, at_least=1, cli=False)
+    max_micro_batch_padded_tokens: int = setting(64_000, at_least=1, cli=False)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    search: dict[str, Any] = field(default_factory=dict)  # backend settings, recorded as given
+    offline: bool = False
+    data_sha256: str = ""
+    code_version: str = __version__
+    # A random id drawn when the run starts and kept by --resume: it is part of every
+    # checkpoint name, so two runs with the same --run-name never save under the same name.
+    run_id: str = ""
+    # What the service reported for base_model when the run started (searchr1.runtime.preflight).
+    server_limits: dict[str, Any] | None = None
+    # Rollouts for step b run on the weights after b - K steps (searchr1.training.off_policy); 0 = on-policy.
+    max_steps_off_policy: int = setting(
+        0, at_least=0, help="Roll out the batches of the next K steps while a step trains, on weights up to K "
+                            "steps old (the importance ratio corrects for it); 0 = on-policy. Worth it when steps "
+                            "are long or training calls are expensive.")
+    transcripts_per_step: int = setting(
+        4, at_least=0, help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
+    # Offline runs: the policy the twin serves ("learning" or "scripted"); None for live runs.
+    offline_policy: str | None = None
+    # The collapse guard (searchr1.health.rules): stop after N consecutive unhealthy steps (0: only
+    # warn), and thresholds that replace the defaults (None turns a rule off).
+    stop_on_collapse: int = setting(
+        0, at_least=0, metavar="N",
+        help="Stop (exit code 3) after N consecutive unhealthy steps, saving a checkpoint and printing the "
+             "last healthy one and the command that restarts from it; 0: only warn.")
+    health_rules: dict[str, float | None] = field(default_factory=dict)
+    # The algorithm (defaults: the seed's recipe): searchr1.core.loss_options, searchr1.core.kl, searchr1.core.reward,
+    # searchr1.training.dynamic_sampling; README "Choosing an algorithm".
+    loss_fn: str = setting("importance_sampling", choices=POLICY_LOSS_FNS,
+                           help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
+                                "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
+    # --loss-fn-config KEY=VALUE (repeatable) is its own flag: a dict is no single value
+    loss_fn_config: dict[str, Any] = setting(default_factory=dict, cli=False)
+    kl_coef: float = setting(0.0, at_least=0.0,
+                             help="KL penalty toward the base model, subtracted from each action token's advantage "
+                                  "(0 = off, the seed); one prompt-logprob request per datum to a base-weights "
+                                  "sampler.")
+    kl_estimator: str = setting("k3", choices=KL_ESTIMATORS,
+                                help="Per-token KL estimate: k1 = logp - logp_base; k3 = exp(-d) + d - 1.")
+    reward: str = setting("em", choices=REWARD_KINDS,
+                          help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
+                               "inside the answer); a format failure is -0.1 for all three.")
+    dynamic_sampling: bool = setting(False, help="Keep drawing questions until --questions-per-batch groups have "
+                                                 "unequal rewards (DAPO); needs --max-steps-off-policy 0.")
+    max_oversample_batches: int = setting(2, at_least=0, help="With --dynamic-sampling: at most this many extra "
+                                                              "batches of questions per step.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if self.rollout.group_size < 2:
+            raise SettingError("--group-size", f"{self.rollout.group_size}: group advantages compare a question's "
+                               "samples with each other, so a group of one always has advantage 0 and no step "
+                               "could ever update; use at least 2")
+        configured_rules(self.health_rules)  # names a rule that does not exist
+        if self.dynamic_sampling and self.max_steps_off_policy:
+            raise SettingError("--dynamic-sampling", "needs --max-steps-off-policy 0: how many questions a step "
+                               "draws is known only when it has finished, so the next step's batch cannot start "
+                               "earlier")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def checkpoint_prefix(self) -> str:
+        """What every checkpoint name of this run starts with: ``<run-name>-<run-id>-``."""
+        return f"{self.run_name}-{self.run_id}-" if self.run_id else f"{self.run_name}-"
+
+    def checkpoint_name(self, completed_steps: int, session: int = 0) -> str:
+        """The name of the checkpoint taken after ``completed_steps`` steps in the run's
+        ``session``-th start (0 fresh, 1 after the first ``--resume``...). One start saves at
+        most once per step count, and the session tells apart a save that a crash left half
+        written from its retry after the resume, so no name is ever reused (no ``overwrite``)."""
+        name = f"{self.checkpoint_prefix}step-{completed_steps:06d}"
+        return f"{name}-resume{session}" if session else name
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> TrainConfig:
+        values = dict(payload)
+        values.pop("segments", None)  # the run's history of flag changes (commands/train.py)
+        values["rollout"] = RolloutConfig(**values.get("rollout", {}))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"config.json holds unknown fields {unknown}; written by another version?")
+        return cls(**values)
+
+
+def new_run_id() -> str:
+    """Eight random hex digits: the part of checkpoint names that tells runs apart."""
+    import secrets
+
+    return secrets.token_hex(4)

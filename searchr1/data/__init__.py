@@ -1,0 +1,1 @@
+"""Datasets: the JSONL example files and their preparation."""

@@ -1,0 +1,1 @@
+"""Evaluation: the eval loop, its metrics and the published rows."""

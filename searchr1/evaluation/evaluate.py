@@ -1,0 +1,353 @@
+"""The evaluation runner: roll out every chosen question once (``group_size=1`` by default),
+write one record per question as soon as it finishes, and close the file with a summary.
+
+File layout (JSONL, one object per line)::
+
+    {"type": "eval_config", "config": {...}}         # what produced the records (for resuming)
+    {"type": "trajectory", "id": ..., ...}           # one per question (per sample), see
+    ...                                              #   eval_metrics.trajectory_record
+    {"type": "summary", "partial": false, ...}       # eval_metrics.summary_record + extras
+
+Crash safety and resuming:
+
+* each finished question is appended, flushed and fsync'ed at once, so an interrupted run
+  (Ctrl-C, a failing sampler, a missing cassette entry, any exception) keeps every finished
+  record; on the way out a summary of what is there is written, marked ``partial``;
+* rerunning with the same output skips the questions already recorded (by id), evaluates the
+  rest and rewrites the file atomically: the header, the trajectory records in dataset order,
+  and exactly one summary (stale summaries are dropped, never accumulated);
+* a rerun whose binding configuration (model, search backend and its comparable settings,
+  sampling parameters and budgets, dataset sha256, offline scenario) differs from the stored
+  one is refused; ``overwrite=True`` starts a fresh file instead. Records are never deleted
+  otherwise. A torn last line (the process died while writing it) is dropped with a note.
+
+Seeds: question ``i`` (its position in the *whole* dataset file, not in the ``--limit``
+selection) is rolled out alone as ``rollout_batch_async(..., [example], step=i)``, so its
+sampling seeds are ``sampling_seed(seed, i, 0, sample, turn)``: distinct for every question
+(the seed reused them per chunk) and independent of ``--limit``, concurrency, completion order
+and of how many sessions the evaluation took. A resumed evaluation therefore produces the same
+records as an uninterrupted one.
+
+A question whose sampling failed for good (``sampler_error``) is not recorded, so that a flaky
+service does not count as wrong answers: the summary is marked partial and names it, and a
+rerun retries it. Too many such failures (at least 3, and more than
+``max_sampler_failure_fraction`` of the questions tried) stop the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from searchr1.data.dataset import DataError, SearchExample, spread_across_sources
+from searchr1.evaluation.metrics import EvalFileError, summary_record, trajectory_record
+from searchr1.run.fileio import append_text, json_error_text, write_text_atomically
+from searchr1.core.rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
+
+HEADER_TYPE = "eval_config"
+MIN_FAILURES_TO_ABORT = 3
+
+# Config keys that may change between sessions of one evaluation file (everything else binds).
+NON_BINDING_KEYS = frozenset({
+    "limit", "code_version", "chat_template", "search_cache", "dataset", "offline_home",
+    "trained_with",  # follows from model_path, which binds
+})
+# Rollout fields that schedule work but do not change what a question's rollout is.
+NON_BINDING_ROLLOUT_KEYS = frozenset({
+    "sampling_concurrency", "sample_timeout", "sample_retries", "sample_retry_backoff",
+    "max_sampler_failure_fraction",
+})
+# Search metrics that add up over sessions; the others are request-weighted means.
+SUMMED_SEARCH_METRICS = frozenset({
+    "search/requests", "search/deduplicated", "search/input_tokens",
+    "search/cache_read_input_tokens", "search/output_tokens", "search/web_search_requests",
+})
+
+
+class EvalResumeError(ValueError):
+    """The output file holds an evaluation that this run cannot continue (another config,
+    records of unknown origin); the message names the file and what differs."""
+
+
+class EvalProgress(Protocol):
+    def start(self, total: int, done: int) -> None: ...
+
+    def advance(self, count: int = 1) -> None: ...
+
+
+@dataclass
+class EvalOutcome:
+    path: Path
+    planned: int                      # questions chosen for this evaluation (after --limit)
+    skipped: int                      # of those, already recorded before this session
+    evaluated: int = 0                # questions recorded in this session
+    failed: list[str] = field(default_factory=list)  # ids whose sampling failed for good
+    notes: list[str] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.summary and self.summary.get("partial"))
+
+
+# --- pure helpers -------------------------------------------------------------------------
+
+
+def plan_questions(examples: Sequence[SearchExample], limit: int | None) -> list[tuple[int, SearchExample]]:
+    """``(position in the dataset, example)`` of the questions to evaluate: all of them, or
+    ``limit`` spread evenly across sources (round-robin, see ``spread_across_sources``).
+    Duplicate ids are refused: resuming keys on them."""
+    position: dict[str, int] = {}
+    for index, example in enumerate(examples):
+        if example.id in position:
+            raise DataError(f"question id {example.id!r} appears twice in the dataset "
+                            f"(rows {position[example.id] + 1} and {index + 1}); ids must be unique")
+        position[example.id] = index
+    chosen = examples if limit is None else spread_across_sources(examples, limit)
+    return [(position[e.id], e) for e in chosen]
+
+
+def binding_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a run config that must not change when an evaluation is resumed."""
+    view = {k: v for k, v in config.items() if k not in NON_BINDING_KEYS}
+    if isinstance(view.get("rollout"), Mapping):
+        view["rollout"] = {k: v for k, v in view["rollout"].items() if k not in NON_BINDING_ROLLOUT_KEYS}
+    return view
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``"key: stored -> current"`` for every binding key that differs (sorted)."""
+    old, new = _flatten(binding_config(stored)), _flatten(binding_config(current))
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+
+
+def merge_search_metrics(sessions: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Search metrics over several sessions: counts summed, rates and means weighted by each
+    session's ``search/requests`` (latency percentiles become a request-weighted mean of the
+    sessions' percentiles, exact only for one session)."""
+    sessions = [s for s in sessions if s]
+    total = sum(float(s.get("search/requests", 0.0)) for s in sessions)
+    merged: dict[str, float] = {}
+    for key in sorted({k for s in sessions for k in s}):
+        values = [(float(s.get("search/requests", 0.0)), float(s[key])) for s in sessions if key in s]
+        if key in SUMMED_SEARCH_METRICS:
+            merged[key] = sum(v for _, v in values)
+        else:
+            merged[key] = sum(w * v for w, v in values) / total if total else 0.0
+    return merged
+
+
+def _record_order(position: Mapping[str, int]) -> Callable[[Mapping[str, Any]], tuple[int, str, int]]:
+    def key(record: Mapping[str, Any]) -> tuple[int, str, int]:
+        index = record.get("index")
+        if not isinstance(index, int):
+            index = position.get(str(record.get("id")), len(position))
+        return index, str(record.get("id")), int(record.get("group_index") or 0)
+
+    return key
+
+
+# --- the file -------------------------------------------------------------------------------
+
+
+@dataclass
+class ExistingEval:
+    header: dict[str, Any] | None
+    records: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    torn_line: bool
+
+
+def read_existing(path: Path) -> ExistingEval:
+    """Parse an eval file leniently only where a crash explains it: an unparsable *last* line
+    without a trailing newline is a torn write and is dropped; any other bad line is an
+    EvalFileError naming path:line."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    header, summary, records, torn = None, None, [], False
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):  # the last chunk, i.e. no newline after it
+                torn = True
+                continue
+            raise EvalFileError(f"{path}:{number}: invalid JSON ({json_error_text(exc)})") from None
+        if not isinstance(record, dict):
+            raise EvalFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        kind = record.get("type", "trajectory")
+        if kind == HEADER_TYPE:
+            header = header or record
+        elif kind == "summary":
+            summary = record  # the last one wins
+        elif kind == "trajectory":
+            records.append(record)
+    return ExistingEval(header, records, summary, torn)
+
+
+def _dumps(record: Mapping[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, allow_nan=False)
+
+
+def append_records(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+    """Append and make durable before returning (a crash right after keeps them)."""
+    append_text(path, "".join(_dumps(r) + "\n" for r in records))
+
+
+def rewrite_file(path: Path, lines: Sequence[Mapping[str, Any]]) -> None:
+    """Replace ``path`` atomically (temporary file beside it, fsync, rename)."""
+    write_text_atomically(path, "".join(_dumps(r) + "\n" for r in lines))
+
+
+def _search_stats(search_backend: Any) -> dict[str, float]:
+    stats = getattr(search_backend, "stats", None)
+    if stats is not None and hasattr(stats, "peek"):
+        return dict(stats.peek())
+    return {}
+
+
+# --- the runner -----------------------------------------------------------------------------
+
+
+async def evaluate(
+    sampling_client: Any,
+    tokenizer: Any,
+    search_backend: Any,
+    examples: Sequence[SearchExample],
+    config: RolloutConfig,
+    output: str | os.PathLike[str],
+    run_config: Mapping[str, Any],
+    *,
+    limit: int | None = None,
+    overwrite: bool = False,
+    progress: EvalProgress | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> EvalOutcome:
+    """Evaluate ``examples`` (the whole dataset; ``limit`` picks a source-balanced subset)
+    into ``output``; see the module docstring for the file, resuming and seeds.
+
+    ``run_config`` is stored in the header and the summary as the run's exact configuration
+    (plain JSON; nothing secret). Returns the outcome; on any exception the file keeps every
+    finished record plus a partial summary, and the exception propagates."""
+    path = Path(output)
+    run_config = dict(run_config)
+    json.dumps(run_config, allow_nan=False)  # fail before touching the file
+    planned = plan_questions(examples, limit)
+    position = {e.id: i for i, e in enumerate(examples)}
+    header = {"type": HEADER_TYPE, "config": run_config}
+
+    previous_sessions: list[dict[str, Any]] = []
+    notes: list[str] = []
+    records: list[dict[str, Any]] = []
+    if path.exists() and not overwrite:
+        existing = read_existing(path)
+        stored = (existing.header or {}).get("config") or (existing.summary or {}).get("config")
+        if stored is None and existing.records:
+            raise EvalResumeError(f"{path} holds {len(existing.records)} records but no configuration to "
+                                  "check them against; use another --output, or --overwrite to start afresh")
+        if stored is not None:
+            differences = config_differences(stored, run_config)
+            if differences:
+                raise EvalResumeError(f"{path} holds an evaluation with another configuration ("
+                                      + "; ".join(differences)
+                                      + "); use another --output, or --overwrite to start afresh")
+        if existing.torn_line:
+            notes.append(f"{path}: dropped an incomplete last line (the previous run died while writing it)")
+        records = existing.records
+        if existing.summary is not None:
+            previous_sessions = list(existing.summary.get("sessions") or [])
+    elif path.exists():
+        notes.append(f"{path}: --overwrite: previous contents replaced")
+
+    done_ids = {str(r.get("id")) for r in records}
+    todo = [(i, e) for i, e in planned if e.id not in done_ids]
+    outcome = EvalOutcome(path=path, planned=len(planned), skipped=len(planned) - len(todo), notes=notes)
+    # Start from a clean file: header, the kept records, no stale summary.
+    rewrite_file(path, [header, *sorted(records, key=_record_order(position))])
+    if progress is not None:
+        progress.start(len(planned), outcome.skipped)
+
+    question_config = replace(config, max_sampler_failure_fraction=1.0)  # failures handled here
+    slots = asyncio.Semaphore(max(1, config.sampling_concurrency // config.group_size))
+    attempted = 0
+    session_started = time.time()
+
+    async def one(index: int, example: SearchExample) -> None:
+        nonlocal attempted
+        async with slots:
+            started = clock()
+            trajectories = await rollout_batch_async(
+                sampling_client, tokenizer, search_backend, [example], question_config, step=index,
+            )
+            elapsed = clock() - started
+        attempted += 1
+        if any(t.sampler_error for t in trajectories):
+            outcome.failed.append(example.id)
+            failed = len(outcome.failed)
+            if failed >= MIN_FAILURES_TO_ABORT and failed > config.max_sampler_failure_fraction * attempted:
+                raise SamplerFailureError(
+                    f"sampling failed for {failed} of {attempted} questions tried (more than "
+                    f"max_sampler_failure_fraction={config.max_sampler_failure_fraction}); "
+                    "the sampling service looks unhealthy"
+                )
+            return
+        new = [{**trajectory_record(t), "index": index, "elapsed_seconds": round(elapsed, 6)}
+               for t in trajectories]
+        append_records(path, new)
+        records.extend(new)
+        outcome.evaluated += 1
+        if progress is not None:
+            progress.advance(1)
+
+    finished = False
+    try:
+        await run_all(one(i, e) for i, e in todo)
+        finished = True
+    finally:
+        session = {
+            "started_at": round(session_started, 3),
+            "questions_evaluated": outcome.evaluated,
+            "questions_failed": len(outcome.failed),
+            "code_version": run_config.get("code_version"),
+            "search": _search_stats(search_backend),
+        }
+        sessions = previous_sessions + ([session] if todo else [])
+        recorded = {str(r.get("id")) for r in records}
+        missing = [e.id for _, e in planned if e.id not in recorded]
+        ordered = sorted(records, key=_record_order(position))  # file order, not finishing order
+        lines: list[dict[str, Any]] = [header, *ordered]
+        if records:
+            summary = summary_record(
+                ordered, config=run_config,
+                search_metrics=merge_search_metrics(s["search"] for s in sessions),
+                partial=not finished or bool(missing),
+            )
+            summary.update({
+                "questions_planned": len(planned),
+                "questions_missing": len(missing),
+                "failed_questions": sorted(outcome.failed, key=lambda i: position.get(i, -1)),
+                "sessions": sessions,
+            })
+            lines.append(summary)
+            outcome.summary = summary
+        rewrite_file(path, lines)
+    return outcome

@@ -1,0 +1,309 @@
+"""Pure parts of evaluation: per-question records, aggregate metrics, the summary record, and
+reading a summary back.
+
+An eval JSONL file holds one ``type="trajectory"`` record per question (written as chunks
+finish, so a crash keeps what was done) followed by one ``type="summary"`` record. A resumed or
+interrupted run may append more than one summary; the last one wins.
+
+Confidence intervals (``*_ci95_low`` / ``*_ci95_high``) are percentile bootstrap intervals over
+BOOTSTRAP_RESAMPLES resamples with a fixed seed, so the same records always give the same
+interval:
+
+* micro EM resamples questions with replacement from the whole pool;
+* macro EM resamples within each source (stratified: every resample keeps each source's size)
+  and averages the per-source means, matching how macro EM itself is computed;
+* per-source EM resamples that source's questions.
+
+Resampling n values with replacement is drawn as a multinomial over the distinct scores, which
+is the same distribution as drawing indices but costs O(distinct values) per resample instead
+of O(n). The percentile interval is widened to include the point estimate in the rare case the
+finite resample set would exclude it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from searchr1.run.fileio import iter_json_lines
+from searchr1.core.types import TERMINATIONS, Trajectory
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+CI_LEVEL = 0.95
+
+# Summary-config fields that must agree for two evaluations to be comparable (plots refuse to
+# mix files that differ in any of them). The eval runner writes its config under these names.
+COMPARABLE_CONFIG_FIELDS = (
+    "search_backend",
+    "search_concurrency",
+    "search_timeout",
+    "search_model",
+    "dataset_sha256",
+    "system_prompt",
+    "tool_description",
+)
+
+
+class EvalFileError(ValueError):
+    """An eval JSONL file is unreadable or has no summary; the message names path(:line)."""
+
+
+# --- records --------------------------------------------------------------------------------
+
+
+def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
+    """One JSON-ready record per evaluated question, with the whole transcript so that queries,
+    observations and the model's text can be audited after the fact (the seed kept only the
+    final text). ``turns[i]`` is the i-th assistant turn; ``searches[j]`` the j-th search, in
+    the order they ran."""
+    example = trajectory.example
+    return {
+        "type": "trajectory",
+        "id": example.id,
+        "question": example.question,
+        "answers": list(example.answers),
+        "data_source": example.data_source,
+        "group_index": trajectory.group_index,
+        "turns": [{"text": t.text, "stop_reason": t.stop_reason} for t in trajectory.turns],
+        "searches": [
+            {
+                "query": s.query,
+                "ok": s.ok,
+                "error": s.error,
+                "observation": s.observation,
+                "items": s.items,
+                "cached": s.cached,
+                "truncated": s.truncated,
+            }
+            for s in trajectory.searches
+        ],
+        "final_text": trajectory.final_text,
+        "termination": trajectory.termination,
+        "reward": trajectory.reward,
+        "exact_match": bool(trajectory.exact_match),
+        "f1": float(trajectory.f1),
+        "cover_em": bool(trajectory.cover_em),
+        "valid_format": bool(trajectory.valid_format),
+        "search_calls": trajectory.search_calls,
+        "assistant_turns": len(trajectory.turns),
+        "env_error": bool(trajectory.env_error),
+    }
+
+
+# --- bootstrap (pure) ---------------------------------------------------------------------
+
+
+def _resampled_means(scores: Sequence[float], rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """``resamples`` bootstrap means of ``scores`` (multinomial over distinct values)."""
+    values, counts = np.unique(np.asarray(scores, dtype=float), return_counts=True)
+    n = int(counts.sum())
+    draws = rng.multinomial(n, counts / n, size=resamples)
+    return draws @ values / n
+
+
+def _interval(point: float, means: np.ndarray) -> tuple[float, float]:
+    tail = (1.0 - CI_LEVEL) / 2
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(min(low, point)), float(max(high, point))
+
+
+def bootstrap_ci(
+    scores: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of ``scores`` (non-empty)."""
+    if not scores:
+        raise ValueError("bootstrap_ci needs at least one score")
+    rng = np.random.default_rng(seed)
+    return _interval(float(np.mean(scores)), _resampled_means(scores, rng, resamples))
+
+
+def stratified_macro_ci(
+    groups: Mapping[str, Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
+    """95% interval of the unweighted mean of per-group means, resampling within each group."""
+    if not groups or any(len(g) == 0 for g in groups.values()):
+        raise ValueError("stratified_macro_ci needs non-empty groups")
+    rng = np.random.default_rng(seed)
+    per_group = [_resampled_means(groups[k], rng, resamples) for k in sorted(groups)]
+    point = float(np.mean([np.mean(groups[k]) for k in sorted(groups)]))
+    return _interval(point, np.mean(per_group, axis=0))
+
+
+# --- aggregate metrics (pure) ---------------------------------------------------------------
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return math.fsum(values) / len(values) if values else 0.0  # exact sum: order cannot matter
+
+
+ANSWER_METRICS = ("em", "f1", "cover_em")
+
+
+def answer_score(record: Mapping[str, Any], name: str) -> float:
+    """A record's ``em``, ``f1`` or ``cover_em`` score. Records written before F1 and cover EM
+    were recorded are scored from their final text (0 unless they ended by answering)."""
+    if name == "em":
+        return 1.0 if record["exact_match"] else 0.0
+    if name in record:
+        return float(record[name])
+    if record.get("termination") != "answer":
+        return 0.0
+    from searchr1.core.reward import score_answer
+
+    result = score_answer(str(record.get("final_text") or ""), [str(a) for a in record.get("answers", [])])
+    return result.f1 if name == "f1" else float(result.cover_em)
+
+
+def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Sequence[Mapping[str, Any]], *,
+                       resamples: int, seed: int) -> int:
+    """``<name>/<source>``, ``<name>/macro``, ``<name>/micro`` and their bootstrap intervals,
+    ``questions/<source>``; returns the number of questions. Scores are averaged per question
+    first. The seeds of ``em`` are those it always had; the others offset them."""
+    offset = 1000 * ANSWER_METRICS.index(name)
+    question_scores: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in trajectories:
+        question_scores[(str(r["data_source"]), str(r["id"]))].append(answer_score(r, name))
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for (source, _), scores in question_scores.items():
+        by_source[source].append(_mean(scores))
+    sources = sorted(by_source)
+    for index, source in enumerate(sources):
+        scores = by_source[source]
+        low, high = bootstrap_ci(scores, resamples=resamples, seed=seed + offset + 1 + index)
+        metrics[f"{name}/{source}"] = _mean(scores)
+        metrics[f"{name}_ci95_low/{source}"] = low
+        metrics[f"{name}_ci95_high/{source}"] = high
+        metrics[f"questions/{source}"] = len(scores)
+    all_scores = [score for source in sources for score in by_source[source]]
+    metrics[f"{name}/macro"] = _mean(metrics[f"{name}/{s}"] for s in sources)
+    metrics[f"{name}/macro_ci95_low"], metrics[f"{name}/macro_ci95_high"] = stratified_macro_ci(
+        by_source, resamples=resamples, seed=seed + offset)
+    metrics[f"{name}/micro"] = _mean(all_scores)
+    metrics[f"{name}/micro_ci95_low"], metrics[f"{name}/micro_ci95_high"] = bootstrap_ci(
+        all_scores, resamples=resamples, seed=seed + offset)
+    return len(question_scores)
+
+
+def evaluation_metrics(
+    records: Iterable[Mapping[str, Any]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> dict[str, float]:
+    """Aggregate trajectory records (others, e.g. summaries, are ignored) into flat metrics.
+
+    EM is computed per question: records of the same question (same data_source and id) are
+    averaged first, so ``em/micro`` is over questions even if a runner ever samples a question
+    more than once. Format, rollout and termination rates are over trajectories.
+
+    Keys: ``em/<source>``, ``em/macro`` (unweighted mean over the sources present),
+    ``em/micro``, their ``*_ci95_low/high``, ``em_ci95_low/<source>``, ``em_ci95_high/<source>``,
+    the same for ``f1`` and ``cover_em`` (always, whatever the training reward),
+    ``questions/<source>``, ``format/rate``, ``format/<source>``, ``reward/mean``,
+    ``rollout/search_calls``, ``rollout/no_search_rate``, ``rollout/turns``,
+    ``rollout/env_error_rate``, ``rollout/search_ok_rate``, ``rollout/search_cached_rate``,
+    ``rollout/search_truncated_rate`` (only when there were searches),
+    ``rollout/termination/<reason>`` (every known reason,
+    plus any other seen; ``unfinished`` for a missing one), ``eval/questions``,
+    ``eval/trajectories``, ``eval/sources``."""
+    trajectories = [r for r in records if r.get("type", "trajectory") == "trajectory"]
+    if not trajectories:
+        raise ValueError("no trajectory records to aggregate")
+
+    by_source_traj: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in trajectories:
+        by_source_traj[str(r["data_source"])].append(r)
+    sources = sorted(by_source_traj)
+    metrics: dict[str, float] = {}
+    for name in ANSWER_METRICS:
+        question_count = _add_answer_metric(metrics, name, trajectories, resamples=resamples, seed=seed)
+    for source in sources:
+        metrics[f"format/{source}"] = _mean(1.0 if r["valid_format"] else 0.0 for r in by_source_traj[source])
+
+    n = len(trajectories)
+    searches = [s for r in trajectories for s in r.get("searches", [])]
+    metrics["format/rate"] = _mean(1.0 if r["valid_format"] else 0.0 for r in trajectories)
+    metrics["reward/mean"] = _mean(float(r["reward"]) for r in trajectories)
+    metrics["rollout/search_calls"] = _mean(float(r["search_calls"]) for r in trajectories)
+    metrics["rollout/no_search_rate"] = _mean(1.0 if r["search_calls"] == 0 else 0.0 for r in trajectories)
+    metrics["rollout/turns"] = _mean(float(r["assistant_turns"]) for r in trajectories)
+    metrics["rollout/env_error_rate"] = _mean(1.0 if r.get("env_error") else 0.0 for r in trajectories)
+    if searches:  # rates over searches; absent (not 0) when the model never searched
+        metrics["rollout/search_ok_rate"] = _mean(1.0 if s.get("ok") else 0.0 for s in searches)
+        metrics["rollout/search_cached_rate"] = _mean(1.0 if s.get("cached") else 0.0 for s in searches)
+        metrics["rollout/search_truncated_rate"] = _mean(1.0 if s.get("truncated") else 0.0 for s in searches)
+
+    reasons = [r.get("termination") or "unfinished" for r in trajectories]
+    for reason in sorted(set(TERMINATIONS) | set(reasons)):
+        metrics[f"rollout/termination/{reason}"] = reasons.count(reason) / n
+
+    metrics["eval/questions"] = question_count
+    metrics["eval/trajectories"] = n
+    metrics["eval/sources"] = len(sources)
+    return metrics
+
+
+def summary_record(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    config: Mapping[str, Any],
+    search_metrics: Mapping[str, Any],
+    partial: bool,
+) -> dict[str, Any]:
+    """The closing line of an eval file.
+
+    ``config`` is the exact configuration of the run (backend, search concurrency, timeout and
+    model, sampling parameters, base_model, model_path, dataset path and sha256, code version;
+    see COMPARABLE_CONFIG_FIELDS for the names plots compare) and is stored as given; it must be
+    JSON-serialisable, checked here so the runner fails before writing a broken line.
+    ``search_metrics`` (the search client's stats) join the metrics under ``search/``."""
+    records = list(records)
+    metrics: dict[str, Any] = evaluation_metrics(records)
+    for key, value in search_metrics.items():
+        metrics[key if key.startswith("search/") else f"search/{key}"] = value
+    config = dict(config)
+    try:
+        json.dumps(config, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"summary config is not plain JSON: {exc}") from exc
+    return {
+        "type": "summary",
+        "partial": bool(partial),
+        "evaluated_examples": int(metrics["eval/questions"]),
+        "metrics": metrics,
+        "config": config,
+    }
+
+
+# --- reading eval files -------------------------------------------------------------------
+
+
+def read_eval_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every JSON object of an eval JSONL file; a bad line raises EvalFileError(path:line)."""
+    records: list[dict[str, Any]] = []
+    for number, record in iter_json_lines(path, error=EvalFileError):
+        if not isinstance(record, dict):
+            raise EvalFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        records.append(record)
+    return records
+
+
+def load_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The last ``type="summary"`` record of an eval file (later summaries supersede earlier
+    ones, e.g. after a resumed run)."""
+    summaries = [r for r in read_eval_records(path) if r.get("type") == "summary"]
+    if not summaries:
+        raise EvalFileError(f"{path}: no summary record (the evaluation may have stopped before finishing)")
+    summary = summaries[-1]
+    if not isinstance(summary.get("metrics"), dict):
+        raise EvalFileError(f"{path}: the last summary record has no 'metrics' object")
+    return summary
+
+
+def is_finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,1 @@
+"""Run health: per-step metrics, policy diagnostics and the collapse rules."""

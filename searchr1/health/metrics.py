@@ -1,0 +1,95 @@
+"""Per-step training metrics, computed from what the step produced (pure functions).
+
+Names follow the seed (``reward/mean``, ``rollout/degenerate_group_rate``,
+``train/tokens_per_rollout_batch``, …) so its dashboards and plots keep working; additions
+are termination-reason rates, groups left out for environment failures, tokens actually
+sent to the trainer, and the step time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from statistics import fmean
+
+from searchr1.core.advantage import GroupSummary
+from searchr1.core.datum import TrainingDatum
+from searchr1.core.types import TERMINATIONS, Trajectory
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(fmean(values)) if values else 0.0
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary) -> dict[str, float]:
+    scored = [t for t in trajectories if not t.sampler_error]
+    metrics: dict[str, float] = {
+        "reward/mean": _mean([t.reward for t in scored]),
+        "reward/correct": _mean([float(t.exact_match) for t in scored]),
+        "reward/format": _mean([float(t.valid_format) for t in scored]),
+        "rollout/trajectories": float(len(trajectories)),
+        "rollout/turns": _mean([len(t.turns) for t in trajectories]),
+        "rollout/search_calls": _mean([t.search_calls for t in trajectories]),
+        "rollout/trajectory_tokens": _mean([t.total_tokens for t in trajectories]),
+        "rollout/env_error_rate": _mean([float(t.env_error) for t in trajectories]),
+        "rollout/truncated_observation_rate": _mean(
+            [float(any(s.truncated for s in t.searches)) for t in trajectories]
+        ),
+    }
+    tool_turns = sum("<tool_call>" in turn.text for t in trajectories for turn in t.turns)
+    metrics["rollout/valid_tool_call_rate"] = sum(t.search_calls for t in trajectories) / max(tool_turns, 1)
+    by_source: dict[str, list[float]] = {}
+    for t in scored:
+        by_source.setdefault(t.example.data_source.lower(), []).append(t.reward)
+    for source, rewards in sorted(by_source.items()):
+        metrics[f"reward/{source}"] = _mean(rewards)
+    reasons = Counter(t.termination for t in trajectories)
+    for reason in TERMINATIONS:
+        metrics[f"rollout/termination/{reason}"] = reasons.get(reason, 0) / max(len(trajectories), 1)
+    denominator = max(groups.groups, 1)
+    metrics["rollout/degenerate_group_rate"] = groups.degenerate / denominator
+    metrics["rollout/env_failure_group_rate"] = groups.env_failure / denominator
+    metrics["train/groups_dropped_env_failure"] = float(groups.env_failure)
+    metrics["train/groups_trained"] = float(groups.trained)
+    return metrics
+
+
+def datum_metrics(
+    datums: Sequence[TrainingDatum], micro_batches: Sequence[Sequence[TrainingDatum]] | None = None
+) -> dict[str, float]:
+    """Sizes of the step's datums; with ``micro_batches`` (manual accumulation only: the
+    default sends one call and lets PyTRIO split it) also the seed's packing metrics."""
+    metrics = {
+        "train/datums_per_rollout_batch": float(len(datums)),
+        "train/tokens_per_rollout_batch": float(sum(d.num_tokens for d in datums)),
+        "train/loss_tokens_per_rollout_batch": float(sum(d.loss_tokens for d in datums)),
+    }
+    if micro_batches is not None:
+        padded = [len(batch) * max(d.num_tokens for d in batch) for batch in micro_batches if batch]
+        metrics.update({
+            "train/micro_batches_per_step": float(len(micro_batches)),
+            "train/padded_tokens_per_rollout_batch": float(sum(padded)),
+            "train/max_micro_batch_padded_tokens": float(max(padded, default=0)),
+        })
+    return metrics
+
+
+def trainer_metrics(outputs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Server metrics of the step's ``forward_backward`` calls, prefixed ``trainer/``.
+
+    ``loss_sum`` and ``token_count`` are totals, so they add up across calls; ``loss_mean``
+    is recomputed from them (with one call, as by default, it is the server's value);
+    other keys are averaged.
+    """
+    if not outputs:
+        return {}
+    merged: dict[str, float] = {}
+    keys = sorted({key for output in outputs for key in output})
+    for key in keys:
+        values = [float(o[key]) for o in outputs if isinstance(o.get(key), (int, float))]
+        if not values:
+            continue
+        merged[f"trainer/{key}"] = sum(values) if key in ("loss_sum", "token_count") else fmean(values)
+    if "trainer/loss_sum" in merged and merged.get("trainer/token_count"):
+        merged["trainer/loss_mean"] = merged["trainer/loss_sum"] / merged["trainer/token_count"]
+    return merged

@@ -1,0 +1,1 @@
+"""Run directories, files, transcripts, loggers and progress."""

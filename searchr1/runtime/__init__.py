@@ -1,0 +1,1 @@
+"""The runtime around the core: tokenizer, PyTRIO connection, preflight, services."""

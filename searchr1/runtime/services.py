@@ -1,0 +1,174 @@
+"""Where the remote services come from: PyTRIO and a search backend (live), or their offline
+twins (a PyTRIO server on 127.0.0.1 serving the scripted policy, and the search cassettes).
+Either way the training loop and the evaluation talk to a real ``pytrio.ServiceClient``; offline
+only its address differs."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from searchr1.offline import SCENARIO, cassette_path
+from searchr1.commands.search_options import SearchOptions, build_search_backend
+
+QWEN35_PREFIX = "Qwen/Qwen3.5-"
+
+
+class ServiceSetupError(RuntimeError):
+    """A service cannot be reached or configured; the message says what to do."""
+
+
+def require_pytrio_key() -> None:
+    """Fail fast, without a traceback and without echoing anything secret, when no PyTRIO key
+    is configured (environment variable or the profile written by ``trio login``)."""
+    if os.environ.get("PYTRIO_API_KEY"):
+        return
+    home = Path.home() / ".pytrio"
+    if (home / "config.toml").is_file() or (home / "envs").is_dir():
+        return
+    raise ServiceSetupError(
+        "no PyTRIO API key: set PYTRIO_API_KEY or run `trio login` "
+        "(or use --offline to run against the offline twin)"
+    )
+
+
+def check_base_model(base_model: str) -> None:
+    if not base_model.startswith(QWEN35_PREFIX):
+        raise ServiceSetupError(
+            f"--base-model {base_model!r}: the search protocol is Qwen3.5's XML tool-call format; "
+            f"use a {QWEN35_PREFIX}* model"
+        )
+
+
+def load_tokenizer(chat_template: str | None = None) -> Any:
+    from searchr1.runtime.tokenizer import shared_tokenizer
+
+    return shared_tokenizer(chat_template)
+
+
+def live_service(connect_timeout: float | None = None) -> Any:
+    """A real ``pytrio.ServiceClient``, after saying where it connects; it stops with one line
+    when PyTRIO does not answer within ``connect_timeout`` seconds (see :mod:`searchr1.runtime.connect`)."""
+    require_pytrio_key()
+    import sys
+
+    import pytrio
+
+    from searchr1.runtime.connect import DEFAULT_CONNECT_TIMEOUT, ConnectTimeout, call_with_deadline, diagnose, pytrio_base_url, refusal
+
+    url = pytrio_base_url()
+    print(f"connecting to PyTRIO at {url}...", file=sys.stderr, flush=True)
+    try:
+        return call_with_deadline(pytrio.ServiceClient, connect_timeout or DEFAULT_CONNECT_TIMEOUT,
+                                  what=f"cannot connect to PyTRIO at {url}", explain=lambda: diagnose(url),
+                                  refused=lambda: refusal(url))
+    except ConnectTimeout as error:
+        raise ServiceSetupError(str(error)) from None
+    except pytrio.PyTrioError as error:
+        code = getattr(error, "code", "") or type(error).__name__
+        raise ServiceSetupError(f"cannot connect to PyTRIO at {url} ({code}); check the key and the network") from None
+
+
+def offline_scenario(path: str | Path | None = None) -> Any:
+    from searchr1.twin.scenario import load_scenario
+
+    return load_scenario(path or SCENARIO)
+
+
+def offline_service(home: Path, tokenizer: Any, scenario: Any = None, *, policy: str = "scripted",
+                    max_staleness: int = 0, **twin_options: Any) -> Any:
+    """A real ``pytrio.ServiceClient`` connected to an offline twin started for it on 127.0.0.1
+    (checkpoints under ``home``, strict mode on, ``policy`` replying from ``scenario``). The twin
+    stops once the client and every client derived from it are gone (or at exit)."""
+    from searchr1.twin import Strictness, start_twin
+
+    twin = start_twin(home=home, tokenizer=tokenizer, policy=policy, scenario=scenario,
+                      strictness=Strictness(max_staleness=max_staleness), **twin_options)
+    client = twin.service_client()
+    twin.stop_with(client)
+    return client
+
+
+@contextmanager
+def scripted_sampling_client(scenario: Any, tokenizer: Any, *, twin: Any = None, **twin_options: Any) -> Iterator[Any]:
+    """A real ``pytrio.SamplingClient`` for the base model on a twin serving ``scenario``'s script.
+
+    With ``twin`` (a running one) the twin is switched to the script and reused; otherwise a
+    twin is started in a temporary home for the duration of the ``with`` block.
+    """
+    from searchr1.twin import start_twin
+    from searchr1.twin.scripted_policy import ScriptedPolicy
+
+    policy = ScriptedPolicy(scenario, tokenizer)
+    if twin is not None:
+        twin.policy = policy
+        yield twin.service_client().create_sampling_client(base_model=twin.backend.settings.model_name)
+        return
+    with tempfile.TemporaryDirectory(prefix="searchr1-twin-") as home, \
+            start_twin(home=home, tokenizer=tokenizer, policy=policy, **twin_options) as started:
+        yield started.service_client().create_sampling_client(base_model=started.backend.settings.model_name)
+
+
+def offline_search_options(options: SearchOptions) -> SearchOptions:
+    """Offline search replays a cassette: the one given, or the backend's offline cassette.
+    The local backend needs none: it searches the index given, or the shipped corpus's index
+    (built into the user cache on first use), without the persistent query cache."""
+    if options.backend == "local" and options.cassette is None:
+        if options.index is None:
+            from searchr1.bm25.shipped import offline_index
+
+            options = replace(options, index=offline_index())
+        return replace(options, cache="off")
+    if options.cassette is not None:
+        return options
+    return replace(options, cassette=cassette_path(options.backend))
+
+
+def check_search_keys(options: SearchOptions, *, offline: bool) -> None:
+    """Raise :class:`~searchr1.search.env.MissingApiKeyError` (naming the variable and the
+    ``.env`` file) when a live backend needs a key that is not configured. Commands call it
+    before they contact PyTRIO or write anything; the backend itself is built later (opening
+    its cache has side effects). Offline replay uses placeholder keys and needs none."""
+    if offline or options.cassette is not None:
+        return
+    from searchr1.search.env import require_keys
+    from searchr1.search.factory import KEY_ENV_VARS
+
+    variables = KEY_ENV_VARS.get(options.backend)
+    if variables:
+        require_keys(variables, env_file=options.env_file)
+
+
+def search_backend(options: SearchOptions, *, offline: bool) -> Any:
+    return build_search_backend(offline_search_options(options) if offline else options)
+
+
+def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:
+    """The search configuration as recorded in run configs and eval summaries (no secrets)."""
+    from searchr1.search.factory import resolve_concurrency, resolve_timeout
+
+    if offline and options.backend == "local" and options.index is None:
+        from searchr1.bm25.shipped import CORPUS, corpus_sha256
+
+        effective = replace(options, cache="off")
+        index: str | None = f"shipped:{CORPUS.name}@{corpus_sha256()[:16]}"
+    else:
+        effective = offline_search_options(options) if offline else options
+        index = str(effective.index) if effective.index is not None else None
+    described = {
+        "backend": effective.backend,
+        "concurrency": resolve_concurrency(effective.backend, effective.concurrency),
+        "timeout": resolve_timeout(effective.backend, effective.timeout),
+        "model": effective.model if effective.backend == "deepseek" else None,
+        "cassette": str(effective.cassette) if effective.cassette else None,
+        "cache": None if not effective.cache_enabled else effective.cache,
+    }
+    if effective.backend == "local":
+        described["index"] = index
+        described["topk"] = effective.topk or 3
+    return described

@@ -1,0 +1,1 @@
+"""Developer tools: golden trajectories and the loss-reduction probe."""

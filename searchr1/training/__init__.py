@@ -1,0 +1,1 @@
+"""Training around the core step: the off-policy pipeline, dynamic sampling, manual packing."""

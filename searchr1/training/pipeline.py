@@ -1,0 +1,195 @@
+"""The rollout pipeline of a training run: one sampler per weights version, one rollout per
+batch, launched ahead of training as :mod:`searchr1.training.off_policy` schedules them.
+
+With ``--max-steps-off-policy K`` the batches of steps ``b .. b + K`` may be rolling out while
+step ``b`` waits for its own; each batch samples on the weights after ``sampler_version(b, K)``
+finished steps. Which questions, seeds and weights a batch uses depend on its index alone, so a
+resumed run redoes its in-flight batches exactly (the samplers of K >= 1 are saved under a name
+of the run and recorded with each checkpoint). With ``--dynamic-sampling`` (on-policy only) a
+batch draws questions at the data cursor until enough groups carry a signal, and the cursor,
+recorded with each checkpoint, says where the next batch starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from searchr1.data.dataset import SearchExample, take_batch
+from searchr1.training.off_policy import batches_in_flight, sampler_version
+from searchr1.core.reporting import Reporter
+from searchr1.core.rollout import rollout_batch_async
+from searchr1.search.types import SearchBackend
+from searchr1.core.config import TrainConfig
+from searchr1.core.types import Trajectory
+
+SAMPLER_TTL_SECONDS = 24 * 3600  # named samplers of off-policy runs (resume reuses them)
+
+
+@dataclass(frozen=True)
+class BatchRollout:
+    """One step's batch, rolled out (possibly while earlier steps trained)."""
+
+    batch_index: int
+    sampler_version: int
+    trajectories: list[Trajectory]
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's counters
+
+
+class BatchProgress:
+    """Routes per-trajectory progress to the reporter for the batch being waited on; batches
+    rolling out ahead of time are counted and shown when their step starts."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.current: int | None = None
+        self.pending: dict[int, int] = {}
+
+    def focus(self, batch_index: int) -> None:
+        self.current = batch_index
+        done = self.pending.pop(batch_index, 0)
+        if done:
+            self.reporter.trajectory_done(done)
+
+    def callback(self, batch_index: int) -> Callable[[int], None]:
+        def advance(count: int = 1) -> None:
+            if batch_index == self.current:
+                self.reporter.trajectory_done(count)
+            else:
+                self.pending[batch_index] = self.pending.get(batch_index, 0) + count
+
+        return advance
+
+
+class RolloutPipeline:
+    """Samplers (a task per weights version) and rollouts (a task per batch index) of one run."""
+
+    def __init__(self, config: TrainConfig, *, training_client: Any, tokenizer: Any, search: SearchBackend,
+                 examples: Sequence[SearchExample], reporter: Reporter, session: int,
+                 sampler_paths: dict[int, str], weights_version: int, cursor: int = 0) -> None:
+        self.config = config
+        self.training_client = training_client
+        self.tokenizer = tokenizer
+        self.search = search
+        self.examples = examples
+        self.reporter = reporter
+        self.session = session  # part of the samplers' names (checkpoint naming)
+        self.sampler_paths = sampler_paths  # version -> saved sampler path (K >= 1; recorded with checkpoints)
+        self.weights_version = weights_version  # finished steps of the training client's current weights
+        self.cursor = cursor  # data cursor after the rolled-out batches (moved only by dynamic sampling)
+        self.progress = BatchProgress(reporter)
+        self._samplers: dict[int, asyncio.Future[tuple[Any, int]]] = {}
+        self._rollouts: dict[int, asyncio.Future[BatchRollout]] = {}
+        self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._rollouts)
+
+    async def batch(self, step: int) -> BatchRollout:
+        """Launch the batches the schedule allows while ``step`` waits, and wait for its own."""
+        self.progress.focus(step)
+        for index in batches_in_flight(step, self.config.max_steps, self.config.max_steps_off_policy):
+            if index not in self._rollouts:
+                self._rollouts[index] = asyncio.ensure_future(self._roll_out(index))
+        return await self._rollouts.pop(step)
+
+    def weights_updated(self, step: int) -> None:
+        """Step ``step`` updated the weights: start saving the sampler a later batch will need
+        (it overlaps with the step's bookkeeping)."""
+        self.weights_version = step + 1
+        if step + 1 + self.config.max_steps_off_policy < self.config.max_steps:
+            self._sampler(step + 1)
+
+    def drop_from(self, first_batch: int) -> int:
+        """Cancel rollouts of batches ``>= first_batch`` (a stop or the end of the run); returns
+        how many were still running."""
+        dropped = 0
+        for index in sorted(self._rollouts):
+            if index >= first_batch:
+                task = self._rollouts.pop(index)
+                dropped += not task.done()
+                task.cancel()
+        return dropped
+
+    def close(self) -> None:
+        self.drop_from(0)
+        for task in self._samplers.values():
+            task.cancel()
+
+    # -- samplers (one per weights version) ------------------------------------------------------
+
+    def _sampler(self, version: int) -> asyncio.Future[tuple[Any, int]]:
+        """The sampling client on the weights after ``version`` finished steps (a task, made
+        once per version). On-policy (K=0) it is PyTRIO's temporary sampler; with K >= 1 the
+        weights are saved under a name of this run, so that a resumed run can roll out its
+        in-flight batches on exactly the weights the uninterrupted run used."""
+        if version not in self._samplers:
+            self._samplers[version] = asyncio.ensure_future(self._make_sampler(version))
+        return self._samplers[version]
+
+    async def _make_sampler(self, version: int) -> tuple[Any, int]:
+        """The sampler and the version it really holds: a version older than the current
+        weights that was not recorded (a finished run resumed with a larger --max-steps)
+        is no longer available, and the current weights stand in for it."""
+        client = self.training_client
+        if version in self.sampler_paths:  # recorded before a resume
+            return await client.create_sampling_client_async(self.sampler_paths[version]), version
+        if version < self.weights_version:
+            self.reporter.note(f"the sampler of the weights after {version} steps was not recorded; "
+                               f"sampling on the current weights (after {self.weights_version} steps)")
+            version = self.weights_version
+        if self.config.max_steps_off_policy == 0:
+            return await client.save_weights_and_get_sampling_client_async(), version
+        name = f"{self.config.checkpoint_name(version, self.session)}-sampler"
+        saved = await (await client.save_weights_for_sampler_async(name=name, ttl_seconds=SAMPLER_TTL_SECONDS))
+        self.sampler_paths[version] = saved.path
+        return await client.create_sampling_client_async(saved.path), version
+
+    # -- rollouts ------------------------------------------------------------------------------
+
+    async def _roll_out(self, batch_index: int) -> BatchRollout:
+        """Roll out the batch trained in step ``batch_index``, on the sampler of
+        ``sampler_version(batch_index, K)``: seeds, questions and weights are fixed by the
+        step index alone, whenever the rollout actually runs."""
+        config = self.config
+        sampler, version = await self._sampler(sampler_version(batch_index, config.max_steps_off_policy))
+        started = time.perf_counter()
+        if config.dynamic_sampling:
+            trajectories, metrics = await self._roll_out_until_signal(sampler, batch_index)
+            return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, metrics)
+        batch = take_batch(self.examples, batch_index * config.questions_per_batch, config.questions_per_batch)
+        trajectories = await rollout_batch_async(
+            sampler, self.tokenizer, self.search, batch, config.rollout, self.progress.callback(batch_index),
+            step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
+            sampling_slots=self._sampling_slots, reward=config.reward,
+        )
+        return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started)
+
+    async def _roll_out_until_signal(self, sampler: Any, batch_index: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """--dynamic-sampling (searchr1.training.dynamic_sampling): draw batches at the data cursor until
+        ``questions_per_batch`` groups carry a signal or the oversampling budget is spent. The
+        cursor moves by every batch drawn (on-policy only, so batches never overlap)."""
+        from searchr1.training.dynamic_sampling import keep_first_groups, signal_groups
+
+        config = self.config
+        size = config.questions_per_batch
+        trajectories: list[Trajectory] = []
+        draws = 0
+        while draws <= config.max_oversample_batches:
+            batch = take_batch(self.examples, self.cursor, size)
+            trajectories += await rollout_batch_async(
+                sampler, self.tokenizer, self.search, batch, config.rollout, self.progress.callback(batch_index),
+                step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
+                sampling_slots=self._sampling_slots, reward=config.reward, first_question_index=draws * size,
+            )
+            self.cursor += size
+            draws += 1
+            if signal_groups(trajectories, keep_env_failures=config.keep_env_failures) >= size:
+                break
+        metrics = keep_first_groups(trajectories, size, keep_env_failures=config.keep_env_failures)
+        return trajectories, {**metrics, "dynamic/draws": float(draws)}

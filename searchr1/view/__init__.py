@@ -1,0 +1,1 @@
+"""Views of runs: transcripts in the terminal and as HTML, and plots."""

@@ -1,0 +1,138 @@
+"""One self-contained HTML page of transcripts (``python cli.py show ... --html OUT.html``).
+
+The page needs nothing but itself: inline CSS, no script, no font, image or stylesheet from
+anywhere, and a Content-Security-Policy that forbids loading any (so even a mistake here could
+not make a browser fetch something). Long observations fold into ``<details>`` elements, which
+browsers open and close without JavaScript. Every piece of text goes through
+:func:`html.escape` after :func:`~searchr1.view.terminal.printable`: transcripts hold model
+output and web pages, and neither may become markup.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from searchr1.view.terminal import SearchEvent, TurnEvent, answers_text, conversation, outcome, printable, title, verdict
+
+CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'"
+OPEN_OBSERVATIONS_UP_TO = 600  # characters; longer observations start folded
+
+STYLE = """
+:root { color-scheme: light; --ink: #1d232b; --dim: #5d6875; --line: #d8dde3; --paper: #ffffff;
+  --back: #f3f5f7; --correct: #1f7a3f; --wrong: #a86b00; --bad-format: #b3261e;
+  --assistant: #eef4fb; --tool: #f7f3fb; }
+* { box-sizing: border-box; }
+body { margin: 0; background: var(--back); color: var(--ink);
+  font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Noto Sans", sans-serif; }
+header.page { padding: 20px 28px 12px; background: var(--paper); border-bottom: 1px solid var(--line); }
+header.page h1 { margin: 0 0 4px; font-size: 20px; }
+header.page p { margin: 2px 0; color: var(--dim); font-size: 13px; }
+main { max-width: 1100px; margin: 0 auto; padding: 16px 20px 40px; }
+h2.step { font-size: 16px; margin: 26px 0 8px; color: var(--dim); border-bottom: 1px solid var(--line); }
+article { background: var(--paper); border: 1px solid var(--line); border-left: 6px solid var(--dim);
+  border-radius: 6px; margin: 14px 0; padding: 12px 16px; }
+article.correct { border-left-color: var(--correct); }
+article.wrong { border-left-color: var(--wrong); }
+article.bad-format { border-left-color: var(--bad-format); }
+article h3 { margin: 0 0 8px; font-size: 15px; }
+.verdict { display: inline-block; margin-left: 8px; padding: 0 8px; border-radius: 10px; color: #fff;
+  font-size: 12px; font-weight: 600; vertical-align: 1px; }
+.verdict.correct { background: var(--correct); } .verdict.wrong { background: var(--wrong); }
+.verdict.bad-format { background: var(--bad-format); }
+dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 0 0 10px; }
+dl.facts dt { color: var(--dim); } dl.facts dd { margin: 0; }
+ul.outcome { list-style: none; padding: 0; margin: 0; display: flex; flex-wrap: wrap; gap: 4px 16px; }
+ul.outcome b { font-weight: 600; color: var(--dim); margin-right: 4px; }
+.event { border-radius: 5px; margin: 8px 0; padding: 6px 10px; }
+.assistant { background: var(--assistant); }
+.tool { background: var(--tool); }
+.role { font-size: 12px; font-weight: 600; color: var(--dim); text-transform: uppercase; letter-spacing: .04em; }
+.role .query { text-transform: none; letter-spacing: 0; color: var(--ink); font-weight: 600; }
+.role .status { text-transform: none; letter-spacing: 0; font-weight: 400; }
+.role .status.failed { color: var(--bad-format); }
+details > summary { cursor: pointer; }
+pre { margin: 4px 0 0; white-space: pre-wrap; overflow-wrap: anywhere;
+  font: 13px/1.45 ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", monospace; }
+p.empty { color: var(--dim); font-style: italic; }
+"""
+
+
+def _e(text: Any) -> str:
+    return html.escape(printable(text), quote=True)
+
+
+def _article(record: Mapping[str, Any]) -> str:
+    kind = verdict(record)
+    answers = answers_text(record.get("answers"))
+    items = "".join(f"<li><b>{_e(name)}</b>{_e(value)}</li>" for name, value in outcome(record))
+    parts = [
+        f'<article class="{kind}">',
+        f'<h3>{_e(title(record))}<span class="verdict {kind}">{_e(kind)}</span></h3>',
+        '<dl class="facts">',
+        f"<dt>question</dt><dd>{_e(record.get('question'))}</dd>",
+        f"<dt>gold</dt><dd>{_e(answers)}</dd>",
+        f'<dt>outcome</dt><dd><ul class="outcome">{items}</ul></dd>',
+        "</dl>",
+    ]
+    events = conversation(record)
+    if not events:
+        parts.append('<p class="empty">no assistant turn was recorded</p>')
+    for event in events:
+        if isinstance(event, TurnEvent):
+            stopped = f" (stopped: {_e(event.stop_reason)})" if event.stop_reason not in ("", "stop") else ""
+            parts.append(
+                f'<div class="event assistant"><div class="role">assistant · turn {event.number}{stopped}</div>'
+                f"<pre>{_e(event.text)}</pre></div>"
+            )
+        else:
+            assert isinstance(event, SearchEvent)
+            status_class = "status" if event.ok else "status failed"
+            folded = len(event.observation) > OPEN_OBSERVATIONS_UP_TO
+            opened = "" if folded else " open"
+            size = f" · {len(event.observation):,} characters, click to open" if folded else ""
+            parts.append(
+                f'<details class="event tool"{opened}><summary class="role">search {event.number}: '
+                f'<span class="query">{_e(event.query)}</span> '
+                f'<span class="{status_class}">[{_e(event.status)}]{size}</span></summary>'
+                f"<pre>{_e(event.observation)}</pre></details>"
+            )
+    parts.append("</article>")
+    return "\n".join(parts)
+
+
+def transcript_page(
+    sections: Sequence[tuple[str | None, Sequence[Mapping[str, Any]]]],
+    *,
+    heading: str,
+    notes: Sequence[str] = (),
+) -> str:
+    """The whole page. ``sections`` are ``(section title or None, records)`` pairs, e.g. one per
+    training step; ``notes`` are lines under the heading (source, what was left out)."""
+    body = []
+    for name, records in sections:
+        if name is not None:
+            body.append(f'<h2 class="step">{_e(name)}</h2>')
+        body.extend(_article(record) for record in records)
+    note_lines = "".join(f"<p>{_e(note)}</p>" for note in notes)
+    return "\n".join([
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<meta name="referrer" content="no-referrer">',
+        f"<title>{_e(heading)}</title>",
+        f"<style>{STYLE}</style>",
+        "</head>",
+        "<body>",
+        f'<header class="page"><h1>{_e(heading)}</h1>{note_lines}</header>',
+        "<main>",
+        *body,
+        "</main>",
+        "</body>",
+        "</html>",
+        "",
+    ])

@@ -1,0 +1,201 @@
+"""How a transcript record reads: the conversation in order, its outcome in a few words, long
+text shortened with a visible count of what was left out, and text made safe to print.
+
+Pure functions over the records of :mod:`searchr1.run.transcripts` (and eval files, which hold the
+same records); the terminal view (rich) is here too, the HTML page in
+:mod:`searchr1.view.html`. Records come from the model and from the web, so nothing in
+them is markup: rich gets :class:`rich.text.Text` objects (never markup strings) and control
+characters, which could move a terminal's cursor or change its colours, are replaced.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+REPLACEMENT = "\ufffd"
+TURN_CHARS, TURN_LINES = 1200, 30
+OBSERVATION_CHARS, OBSERVATION_LINES = 400, 8
+
+
+def printable(text: Any) -> str:
+    """``text`` as a string with CR and CRLF line breaks turned into newlines and every other
+    control character except tab replaced by U+FFFD (escape sequences, NUL, the C1 range)."""
+    value = "" if text is None else str(text)
+    value = value.replace("\r\n", "\n").replace("\r", "\n")
+    return "".join(
+        ch if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs") else REPLACEMENT for ch in value
+    )
+
+
+def answers_text(value: Any) -> str:
+    """A record's gold answers, ``a | b``, whatever the file holds (a list, one string, a number)."""
+    if isinstance(value, (list, tuple)):
+        return " | ".join(printable(answer) for answer in value)
+    return printable(value if value is not None else "")
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def count(value: Any) -> int:
+    """A count from a record (``0`` for anything that is not a whole number)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return 0
+
+
+def abbreviate(text: str, max_chars: int, max_lines: int) -> str:
+    """``text`` unchanged when it fits both limits; otherwise its first ``max_chars`` characters
+    (cut further to ``max_lines`` lines) and a marker saying how many characters were left out."""
+    if max_chars < 1 or max_lines < 1:
+        raise ValueError("abbreviate needs max_chars >= 1 and max_lines >= 1")
+    lines = text.split("\n")
+    if len(text) <= max_chars and len(lines) <= max_lines:
+        return text
+    head = "\n".join(lines[:max_lines])[:max_chars].rstrip()
+    return f"{head} … [{len(text) - len(head)} more characters]"
+
+
+@dataclass(frozen=True)
+class TurnEvent:
+    number: int  # 1-based
+    text: str
+    stop_reason: str
+
+
+@dataclass(frozen=True)
+class SearchEvent:
+    number: int  # 1-based
+    query: str
+    ok: bool
+    error: str | None
+    observation: str
+    items: int
+    cached: bool
+    truncated: bool
+
+    @property
+    def status(self) -> str:
+        if not self.ok:
+            return f"failed: {self.error or 'error'}"
+        parts = [f"{self.items} item{'s' if self.items != 1 else ''}"]
+        if self.cached:
+            parts.append("cached")
+        if self.truncated:
+            parts.append("truncated to fit")
+        return ", ".join(parts)
+
+
+def conversation(record: Mapping[str, Any]) -> list[TurnEvent | SearchEvent]:
+    """Assistant turns and searches in the order they happened: the i-th search answers the
+    i-th turn (a trajectory ends on the turn that does not lead to a search)."""
+    turns = [t for t in _list(record.get("turns")) if isinstance(t, Mapping)]
+    searches = [s for s in _list(record.get("searches")) if isinstance(s, Mapping)]
+    events: list[TurnEvent | SearchEvent] = []
+    for index in range(max(len(turns), len(searches))):
+        if index < len(turns):
+            turn = turns[index]
+            events.append(TurnEvent(index + 1, printable(turn.get("text")), printable(turn.get("stop_reason") or "")))
+        if index < len(searches):
+            s = searches[index]
+            events.append(SearchEvent(
+                number=index + 1, query=printable(s.get("query")), ok=bool(s.get("ok")),
+                error=printable(s.get("error")) if s.get("error") else None,
+                observation=printable(s.get("observation")), items=count(s.get("items")),
+                cached=bool(s.get("cached")), truncated=bool(s.get("truncated")),
+            ))
+    return events
+
+
+def _signed(value: Any, digits: int) -> str:
+    return f"{float(value):+.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
+
+
+def title(record: Mapping[str, Any]) -> str:
+    """``step 3 · nq/test_12 · sample 2`` (step only for training transcripts)."""
+    parts = []
+    if "step" in record:
+        parts.append(f"step {printable(record['step'])}")
+    parts.append(printable(record.get("id", "?")))
+    if record.get("data_source") and not str(record.get("id", "")).startswith(f"{record['data_source']}/"):
+        parts.append(printable(record["data_source"]))
+    if "group_index" in record and ("step" in record or record["group_index"]):
+        parts.append(f"sample {printable(record['group_index'])}")
+    return " · ".join(parts)
+
+
+def outcome(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, value) pairs: reward, EM, format, how it ended, searches, and for training
+    transcripts the advantage and why no datum was sent, if none was. Every value is
+    :func:`printable`: a record is read from a file anyone may have written."""
+    searches = record.get("searches")
+    pairs = [
+        ("reward", _signed(record.get("reward"), 1)),
+        ("EM", "yes" if record.get("exact_match") else "no"),
+        ("format", "ok" if record.get("valid_format") else "bad"),
+        ("ended", printable(record.get("termination") or "unfinished")),
+        ("searches", printable(record.get("search_calls", len(searches) if isinstance(searches, list) else 0))),
+    ]
+    if "advantage" in record:
+        pairs.append(("advantage", _signed(record.get("advantage"), 3)))
+    if record.get("excluded"):
+        pairs.append(("not trained", printable(record["excluded"])))
+    if record.get("env_error"):
+        pairs.append(("search error", "yes"))
+    return pairs
+
+
+def verdict(record: Mapping[str, Any]) -> str:
+    """``correct``, ``wrong`` or ``bad-format``: one word for colouring."""
+    if record.get("exact_match"):
+        return "correct"
+    return "wrong" if record.get("valid_format") else "bad-format"
+
+
+# --- terminal (rich) ----------------------------------------------------------------------
+
+_VERDICT_STYLE = {"correct": "green", "wrong": "yellow", "bad-format": "red"}
+
+
+def renderables(record: Mapping[str, Any], *, full: bool = False) -> list[Any]:
+    """Rich objects for one transcript; model and web text abbreviated unless ``full``."""
+    from rich.rule import Rule
+    from rich.text import Text
+
+    style = _VERDICT_STYLE[verdict(record)]
+    out: list[Any] = [Rule(Text(title(record), style=f"bold {style}"), align="left", style=style)]
+    facts = Text()
+    facts.append("question  ", style="bold").append(printable(record.get("question")))
+    facts.append("\ngold      ", style="bold").append(answers_text(record.get("answers")))
+    facts.append("\noutcome   ", style="bold")
+    for index, (name, value) in enumerate(outcome(record)):
+        facts.append("  " if index else "").append(f"{name} ", style="dim").append(value)
+    out.append(facts)
+    for event in conversation(record):
+        if isinstance(event, TurnEvent):
+            head = Text(f"assistant {event.number}", style="bold cyan")
+            if event.stop_reason and event.stop_reason != "stop":
+                head.append(f"  (stopped: {event.stop_reason})", style="dim")
+            body = event.text if full else abbreviate(event.text, TURN_CHARS, TURN_LINES)
+        else:
+            head = Text(f"search {event.number}  ", style="bold magenta").append(event.query)
+            head.append(f"  [{event.status}]", style="red" if not event.ok else "dim")
+            body = event.observation if full else abbreviate(event.observation, OBSERVATION_CHARS, OBSERVATION_LINES)
+        out.append(head)
+        out.append(Text("\n".join("  " + line for line in body.split("\n"))))
+    return out
+
+
+def print_transcripts(console: Any, records: Sequence[Mapping[str, Any]], *, full: bool = False) -> None:
+    for record in records:
+        for item in renderables(record, full=full):
+            console.print(item)
+        console.print()

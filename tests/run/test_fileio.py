@@ -1,0 +1,70 @@
+"""Crash-safe writes and JSON Lines reading."""
+
+from __future__ import annotations
+
+import pytest
+
+from searchr1.run.fileio import append_json_line, iter_json_lines, replacing, write_text_atomically
+
+
+def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
+    target = tmp_path / "out.txt"
+    write_text_atomically(target, "old")
+    with pytest.raises(RuntimeError):
+        with replacing(target) as temporary:
+            temporary.write_text("half")
+            raise RuntimeError("crash mid-write")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_appended_lines_read_back_with_their_numbers(tmp_path):
+    path = tmp_path / "log.jsonl"
+    append_json_line(path, {"a": 1})
+    path.open("a").write("\n")
+    append_json_line(path, {"b": 2})
+    assert list(iter_json_lines(path)) == [(1, {"a": 1}), (3, {"b": 2})]
+
+
+def test_a_bad_line_is_named_by_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"ok": 1}\n{"torn": \n')
+
+    class Custom(ValueError):
+        pass
+
+    with pytest.raises(Custom, match=r"bad\.jsonl:2: invalid JSON"):
+        list(iter_json_lines(path, error=Custom))
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"id": "abc', "(Unterminated string starting at column 8)"),
+    ('{"a": 1 "b": 2}', "(Expecting ',' delimiter at column 9)"),
+    ('{"a": 1\n{"next": "line"}', "(Expecting ',' delimiter at the end of the line)"),  # not line 2's start
+])
+def test_a_json_error_reads_as_a_sentence_and_points_into_its_own_line(tmp_path, line, says):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line)
+    with pytest.raises(ValueError) as raised:
+        list(iter_json_lines(path))
+    assert str(raised.value) == f"{path}:1: invalid JSON {says}"
+
+
+def test_a_failed_append_is_taken_back_so_the_file_still_ends_on_its_last_whole_record(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    path = tmp_path / "log.jsonl"
+    append_json_line(path, {"a": 1})
+    real_write = os.write
+
+    def half_then_full(descriptor, data):  # the disk fills half way through the record
+        real_write(descriptor, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError) as raised:
+        append_json_line(path, {"b": 2})
+    monkeypatch.undo()
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    assert path.read_text() == '{"a": 1}\n'

@@ -1,0 +1,137 @@
+"""The offline tokenizer must be the real Qwen3.5 tokenizer, and its cache must never be trusted
+blindly."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from searchr1.runtime import tokenizer as tok_module
+from searchr1.runtime.tokenizer import (
+    ADDED_TOKENS,
+    TEMPLATE_SHA256,
+    TokenizerSetupError,
+    chat_template_path,
+    load_qwen35_tokenizer,
+    read_chat_template,
+)
+
+
+def test_hello_world_encodes_to_the_reference_ids(tokenizer):
+    assert tokenizer.encode("hello world", add_special_tokens=False) == [14556, 1814]
+
+
+def test_length_counts_bpe_and_added_tokens(tokenizer):
+    assert len(tokenizer) == 248077
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("<|endoftext|>", 248044),
+        ("<|im_start|>", 248045),
+        ("<|im_end|>", 248046),
+        ("<tool_call>", 248058),
+        ("</tool_call>", 248059),
+        ("<tool_response>", 248066),
+        ("</tool_response>", 248067),
+        ("<think>", 248068),
+        ("</think>", 248069),
+    ],
+)
+def test_special_tokens_have_the_official_ids(tokenizer, name, expected):
+    assert tokenizer.convert_tokens_to_ids(name) == expected
+
+
+def test_added_tokens_keep_their_official_special_flags(tokenizer):
+    decoder = tokenizer.added_tokens_decoder
+    for offset, (content, special) in enumerate(ADDED_TOKENS):
+        token = decoder[248044 + offset]
+        assert token.content == content
+        assert token.special is special, content
+
+
+def test_eos_and_pad_are_the_official_ones(tokenizer):
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.pad_token == "<|endoftext|>"
+    assert tokenizer.bos_token is None
+
+
+def test_tool_tags_survive_skip_special_tokens_but_im_end_does_not(tokenizer):
+    ids = tokenizer.encode("<tool_call>x</tool_call><|im_end|>", add_special_tokens=False)
+    decoded = tokenizer.decode(ids, skip_special_tokens=True)
+    assert "<tool_call>" in decoded and "</tool_call>" in decoded
+    assert "<|im_end|>" not in decoded
+
+
+def test_chat_template_is_the_official_file(tokenizer):
+    assert hashlib.sha256(tokenizer.chat_template.encode("utf-8")).hexdigest() == TEMPLATE_SHA256
+
+
+def test_combining_marks_use_the_qwen35_pretokenizer(tokenizer):
+    # The Qwen2 regex (no \p{M}) splits Devanagari differently: 6 vs 10 tokens.
+    assert len(tokenizer.encode("नमस्ते दुनिया", add_special_tokens=False)) == 6
+
+
+def test_missing_template_error_says_how_to_install(monkeypatch):
+    monkeypatch.delenv("SEARCHR1_CHAT_TEMPLATE", raising=False)
+    monkeypatch.setattr(tok_module, "_package_dir", lambda name: None if name == "trl" else Path("/"))
+    with pytest.raises(TokenizerSetupError, match=r"pip install --no-deps trl==1\.16\.0"):
+        chat_template_path()
+
+
+def test_template_override_is_checked_by_sha256(tmp_path, monkeypatch):
+    copy = tmp_path / "template.jinja"
+    copy.write_text(read_chat_template() + "{# edited #}", "utf-8")
+    with pytest.raises(TokenizerSetupError, match="sha256"):
+        read_chat_template(copy)
+    assert read_chat_template(copy, verify=False).endswith("{# edited #}")
+    monkeypatch.setenv("SEARCHR1_CHAT_TEMPLATE", str(copy))
+    monkeypatch.setenv("SEARCHR1_CHAT_TEMPLATE_NO_CHECK", "1")
+    assert read_chat_template().endswith("{# edited #}")
+
+
+def test_template_override_that_does_not_exist_is_named(tmp_path):
+    missing = tmp_path / "nope.jinja"
+    with pytest.raises(TokenizerSetupError, match="nope.jinja"):
+        chat_template_path(missing)
+
+
+def _seed_cache(tmp_path: Path, monkeypatch) -> Path:
+    """A private cache directory holding a copy of the machine's built tokenizer."""
+    load_qwen35_tokenizer()  # make sure the machine cache exists
+    key = tok_module._cache_key(tok_module._sha256_file(tok_module.vocab_path()), tok_module.read_chat_template())
+    entry = f"qwen35-{key}"  # only the current entry (older formats may sit beside it)
+    private = tmp_path / "cache"
+    shutil.copytree(tok_module.cache_root() / "tokenizers" / entry, private / "tokenizers" / entry)
+    monkeypatch.setenv("SEARCHR1_CACHE_DIR", str(private))
+    return private
+
+
+def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, monkeypatch):
+    private = _seed_cache(tmp_path, monkeypatch)
+    (entry,) = [p for p in (private / "tokenizers").iterdir() if p.is_dir()]
+    target = entry / "tokenizer.json"
+    target.write_text(target.read_text("utf-8").replace('"hello"', '"jello"', 1), "utf-8")
+    rebuilt = load_qwen35_tokenizer()
+    assert rebuilt.encode("hello world", add_special_tokens=False) == [14556, 1814]
+    # the cache was repaired, so the manifest matches the files again
+    assert tok_module._load_cached(entry, rebuilt.chat_template) is not None
+
+
+def test_truncated_cache_is_rebuilt(tmp_path, monkeypatch):
+    private = _seed_cache(tmp_path, monkeypatch)
+    (entry,) = [p for p in (private / "tokenizers").iterdir() if p.is_dir()]
+    with open(entry / "tokenizer.json", "r+b") as handle:
+        handle.truncate(1000)
+    assert len(load_qwen35_tokenizer()) == 248077
+
+
+def test_cache_key_changes_with_the_template(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEARCHR1_CACHE_DIR", str(tmp_path))
+    first = tok_module._cache_key("v", "template one")
+    second = tok_module._cache_key("v", "template two")
+    assert first != second
