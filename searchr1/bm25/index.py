@@ -586,38 +586,45 @@ class BM25Index:
         share a term with the query. Each shard gives its own best ``k``; they are merged."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        if not queries:
+            return []
+        term_ids = [self.term_ids(terms) for terms in self.query_terms(queries)]
+        candidates: list[list[tuple[float, int, _Shard, int]]] = [[] for _ in term_ids]
+        for shard in self.shards:
+            for number, best in enumerate(self._shard_top(shard, term_ids, k)):
+                candidates[number].extend((-score, shard.first_row + local, shard, local) for local, score in best)
         out: list[list[Hit]] = []
-        for terms in self.query_terms(queries) if queries else []:
-            ids = self.term_ids(terms)
-            candidates: list[tuple[float, int, _Shard, int]] = []
-            if ids:
-                for shard in self.shards:
-                    for local, score in self._shard_top(shard, ids, k):
-                        candidates.append((-score, shard.first_row + local, shard, local))
-            candidates.sort(key=lambda c: (c[0], c[1]))
+        for found in candidates:
+            found.sort(key=lambda c: (c[0], c[1]))
             out.append([Hit(row=row, id=shard.ids[local], contents=shard.docs[local], score=-neg)
-                        for neg, row, shard, local in candidates[:k]])
+                        for neg, row, shard, local in found[:k]])
         return out
 
     @staticmethod
-    def _shard_top(shard: _Shard, ids: Sequence[int], k: int) -> list[tuple[int, float]]:
-        """The ``k`` best passages of ``shard`` for the terms ``ids``: each passage's score is the
-        sum of its score-matrix entries for those terms (summed in float64, stored as float32).
-        Only passages that hold a query term are looked at: their postings are gathered and
-        summed per passage (a dense array of the shard's size when they are most of it)."""
-        spans = [(int(shard.indptr[i]), int(shard.indptr[i + 1])) for i in ids]
-        rows = np.concatenate([shard.indices[a:b] for a, b in spans])
-        if not len(rows):
-            return []
-        weights = np.concatenate([shard.data[a:b] for a, b in spans]).astype(np.float64)
-        if len(rows) * 8 < shard.rows:
-            touched, position = np.unique(rows, return_inverse=True)
-            sums = np.bincount(position, weights=weights).astype(np.float32)
-        else:
-            dense = np.bincount(rows, weights=weights, minlength=shard.rows).astype(np.float32)
-            touched = np.flatnonzero(dense)
-            sums = dense[touched]
-        return [(int(touched[i]), score) for i, score in top_rows(sums, k)]
+    def _shard_top(shard: _Shard, term_ids: Sequence[Sequence[int]], k: int) -> list[list[tuple[int, float]]]:
+        """The ``k`` best passages of ``shard`` for each query (its term ids): a passage's score is
+        the sum of its score-matrix entries for the query's terms (summed in float64, stored as
+        float32). Only passages that hold a query term are looked at: their postings are summed
+        per passage by sorting them when they are few, or into an array of the shard's size when
+        they are many."""
+        best: list[list[tuple[int, float]]] = []
+        for ids in term_ids:
+            spans = [(int(shard.indptr[i]), int(shard.indptr[i + 1])) for i in ids]
+            spans = [(a, b) for a, b in spans if b > a]
+            if not spans:
+                best.append([])
+                continue
+            rows = np.concatenate([shard.indices[a:b] for a, b in spans])
+            weights = np.concatenate([shard.data[a:b] for a, b in spans]).astype(np.float64)
+            if len(rows) * 8 < shard.rows:
+                touched, position = np.unique(rows, return_inverse=True)
+                sums = np.bincount(position, weights=weights).astype(np.float32)
+            else:
+                dense = np.bincount(rows, weights=weights, minlength=shard.rows).astype(np.float32)
+                touched = np.flatnonzero(dense)
+                sums = dense[touched]
+            best.append([(int(touched[i]), score) for i, score in top_rows(sums, k)])
+        return best
 
 
 def top_rows(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
