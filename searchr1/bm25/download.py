@@ -2,16 +2,22 @@
 JSONL file on the Hugging Face hub (``PeterJinGo/wiki-18-corpus``, ``wiki-18.jsonl.gz``, about
 21M passages; ``HF_ENDPOINT`` selects a mirror, ``--corpus-url`` any other place).
 
-The body is decompressed while it streams into a hidden file beside the destination, which is
-renamed into place only when the download completed and its first rows parsed as corpus rows; a
-failure (or Ctrl-C) removes the partial file and says in one line what happened
-(:class:`~searchr1.data.dataset.DataError`, as the dataset download does). ``source=`` takes a local
-``.jsonl`` or ``.jsonl.gz`` through the same path, which is how it is tested offline.
+The download goes to a hidden ``.NAME.download`` file beside the destination, which survives a
+failure or Ctrl-C: the next call asks the server for the rest (an HTTP range request, guarded by
+the ETag the first response gave, so a changed file is fetched afresh). A finished download is
+checked against its sha256 (``--corpus-sha256``, or the hub's ETag when it is one, as for files
+stored with Git LFS), then decompressed into another hidden file that is renamed into place only
+when complete and its first rows parsed as corpus rows. Every failure says in one line what
+happened (:class:`~searchr1.data.dataset.DataError`, as the dataset download does). ``source=``
+takes a local ``.jsonl`` or ``.jsonl.gz`` through the same path, which is how it is tested offline.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -59,52 +65,114 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
 
 
 def fetch_corpus(dest: str | os.PathLike[str], *, url: str | None = None, source: str | os.PathLike[str] | None = None,
-                 transport: httpx.BaseTransport | None = None,
+                 transport: httpx.BaseTransport | None = None, sha256: str | None = None,
                  progress: Callable[[int], None] | None = None) -> dict[str, int | str]:
-    """Write the corpus to ``dest`` (a ``.jsonl``); returns ``{"rows", "bytes", "from"}``."""
+    """Write the corpus to ``dest`` (a ``.jsonl``); returns ``{"rows", "bytes", "from"}`` (and
+    ``"resumed_from"``, the bytes a previous call had already downloaded, and ``"sha256"``)."""
     dest = Path(dest)
     where = str(source) if source is not None else (url or corpus_url())
     created = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging_name = tempfile.mkstemp(prefix=f".{dest.name}.download-", dir=dest.parent)
-    staging = Path(staging_name)
+    fetched: dict[str, int | str] = {}
+    downloaded = dest.parent / f".{dest.name}.download"
+    staging: Path | None = None
     try:
+        if source is None:
+            fetched = _download_resumably(where, downloaded, transport, sha256, progress)
+            source = downloaded
+        handle, staging_name = tempfile.mkstemp(prefix=f".{dest.name}.unpacking-", dir=dest.parent)
+        staging = Path(staging_name)
         with os.fdopen(handle, "wb") as out:
-            if source is not None:
-                path = Path(source)
-                if not path.is_file():
-                    raise DataError(f"--corpus-source {path} does not exist")
-                written, rows = _copy(_gunzip(_file_chunks(path), path.suffix == ".gz"), out, where, progress)
-            else:
-                written, rows = _download(where, out, transport, progress)
+            path = Path(source)
+            if not path.is_file():
+                raise DataError(f"--corpus-source {path} does not exist")
+            gzipped = path.suffix == ".gz" or (bool(fetched) and where.split("?", 1)[0].endswith(".gz"))
+            try:
+                written, rows = _copy(_gunzip(_file_chunks(path), gzipped), out, where, None if fetched else progress)
+            except zlib.error as error:
+                raise DataError(f"the corpus from {where} is not valid gzip ({error}); {OFFLINE_HINT}") from None
             out.flush()
             os.fsync(out.fileno())
         if rows == 0:
             raise DataError(f"the corpus from {where} holds no passages")
         os.replace(staging, dest)
-        return {"rows": rows, "bytes": written, "from": where}
-    except BaseException:
-        staging.unlink(missing_ok=True)
+        if fetched:
+            Path(source).unlink()
+            _state_path(Path(source)).unlink(missing_ok=True)
+        return {"rows": rows, "bytes": written, "from": where, **fetched}
+    except BaseException as error:
+        if staging is not None:
+            staging.unlink(missing_ok=True)
+        if not (isinstance(error, KeyboardInterrupt) or getattr(error, "resumable", False)):
+            downloaded.unlink(missing_ok=True)  # what was fetched is not the corpus: start afresh next time
+            _state_path(downloaded).unlink(missing_ok=True)
         for directory in created:  # innermost first; only what this call made, only if empty
             if directory.is_dir() and not any(directory.iterdir()):
                 directory.rmdir()
         raise
 
 
-def _download(url: str, out, transport: httpx.BaseTransport | None, progress) -> tuple[int, int]:
+def _state_path(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".json")
+
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _download_resumably(url: str, partial: Path, transport: httpx.BaseTransport | None, expected: str | None,
+                        progress: Callable[[int], None] | None) -> dict[str, int | str]:
+    """Download ``url`` (its bytes as served) into ``partial``, continuing a previous partial
+    download of the same file; check its sha256; returns ``{"resumed_from", "sha256"}``."""
     host = urlsplit(url).hostname or url
+    state_path = _state_path(partial)
+    try:
+        state = json.loads(state_path.read_text("utf-8")) if state_path.is_file() else {}
+    except (OSError, ValueError):
+        state = {}
+    have = partial.stat().st_size if partial.is_file() and state.get("url") == url else 0
+    headers = {"Range": f"bytes={have}-", "If-Range": state["etag"]} if have and state.get("etag") else {}
+    if not headers:
+        have = 0
     try:
         with httpx.Client(transport=transport, follow_redirects=True, timeout=httpx.Timeout(60.0)) as client:
-            with client.stream("GET", url) as response:
-                if response.status_code != 200:
+            with client.stream("GET", url, headers=headers) as response:
+                if response.status_code == 416 and have:  # nothing left to send: the file is whole
+                    resumed = have
+                elif response.status_code not in (200, 206):
                     raise DataError(f"download of the wiki-18 corpus from {url} failed (HTTP {response.status_code}); "
                                     f"{OFFLINE_HINT}")
-                gzipped = url.split("?", 1)[0].endswith(".gz")
-                return _copy(_gunzip(response.iter_raw(CHUNK), gzipped), out, url, progress)
+                else:
+                    resumed = have if response.status_code == 206 else 0
+                    state = {"url": url, "etag": response.headers.get("etag", ""),
+                             "linked_etag": response.headers.get("x-linked-etag") or response.headers.get("etag", "")}
+                    state_path.write_text(json.dumps(state), "utf-8")
+                    with partial.open("ab" if resumed else "wb") as out:
+                        done = resumed
+                        for chunk in response.iter_raw():
+                            out.write(chunk)
+                            done += len(chunk)
+                            if progress is not None:
+                                progress(done)
+                        out.flush()
+                        os.fsync(out.fileno())
     except httpx.TransportError as error:
-        raise DataError(f"cannot reach {host} ({type(error).__name__}); {OFFLINE_HINT}") from None
-    except zlib.error as error:
-        raise DataError(f"the corpus from {url} is not valid gzip ({error}); {OFFLINE_HINT}") from None
+        kept = f"the {partial.stat().st_size:,} bytes downloaded are kept and the next run continues them; " \
+            if partial.is_file() and partial.stat().st_size else ""
+        failure = DataError(f"cannot reach {host} ({type(error).__name__}); {kept}{OFFLINE_HINT}")
+        failure.resumable = True  # type: ignore[attr-defined]
+        raise failure from None
+    digest = hashlib.sha256()
+    for chunk in _file_chunks(partial):
+        digest.update(chunk)
+    actual = digest.hexdigest()
+    linked = str(state.get("linked_etag", "")).removeprefix("W/").strip('"')
+    wanted = (expected or "").lower() or (linked if SHA256.fullmatch(linked) else "")
+    if wanted and actual != wanted:
+        partial.unlink()
+        state_path.unlink(missing_ok=True)
+        raise DataError(f"the corpus from {url} has sha256 {actual}, expected {wanted}; the download was removed, "
+                        "run again to fetch it afresh")
+    return {"resumed_from": resumed, "sha256": actual}
 
 
 def _copy(chunks: Iterator[bytes], out, where: str, progress) -> tuple[int, int]:

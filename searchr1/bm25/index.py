@@ -1,30 +1,43 @@
-"""A BM25 index over a passage corpus, built with bm25s (+ PyStemmer) and read back memory-mapped.
+"""A BM25 index over a passage corpus, built in shards of bounded memory and read back memory-mapped.
+
+Scores are Lucene's BM25 (k1=0.9, b=0.4, pyserini's defaults) exactly as one ``bm25s`` index
+computes them over the whole corpus: every shard is scored with the corpus-wide document
+frequencies and average length, so a passage's score does not depend on how the corpus was cut.
 
 An index directory holds:
 
-* ``bm25/``: the bm25s score matrix and vocabulary (``BM25.save``),
-* ``docs.bin`` / ``docs.offsets.npy``: every passage's ``contents`` (UTF-8), back to back,
-* ``ids.bin`` / ``ids.offsets.npy``: every passage's ``id``,
-* ``manifest.json``, written last: the format, the corpus (path, sha256, rows), the
-  tokenizer (pattern, lowercasing, stopwords, stemmer and its version), the scorer (method,
-  k1, b), the library versions and the build's duration.
+* ``manifest.json``, written last: the format, the corpus (path, sha256, rows), the tokenizer,
+  the scorer, the shards (first row, rows) and every other file's size and sha256;
+* ``vocab.json``: the terms, a term's id being its position;
+* ``shards/NNNNN/``: one shard's score matrix in CSC form (``data.npy`` the float32 scores,
+  ``indices.npy`` the shard-local rows, ``indptr.npy`` a term's range, one entry per term
+  plus one), and its passages (``docs.bin`` / ``docs.offsets.npy``: every ``contents`` in
+  UTF-8 back to back; ``ids.bin`` / ``ids.offsets.npy``: every ``id``).
 
-:func:`build_index` streams the corpus once (only token ids are held per passage, never the
-texts), builds in a hidden staging directory beside ``out`` and renames it into place only
-when complete; on any error or interruption the staging directory is removed. A directory
-without a readable manifest is never opened (:func:`open_index` says why), so a build killed
-outright leaves nothing that ``--backend local`` would accept.
+Building (:func:`build_index`) reads the corpus as a stream. Pass one tokenises shard after shard
+and spills each shard's token ids, its own vocabulary and document frequencies into a staging
+directory beside ``out``; pass two merges the vocabularies and writes each shard's scores. Every
+finished step of a shard is renamed into place, so an interrupted build started again with the
+same corpus and shard size resumes from the last finished shard. Peak memory is one shard's
+working set plus the vocabulary, whatever the corpus size. The staging directory is renamed to
+``out`` only when complete: a directory without a manifest is never opened.
+
+Opening (:class:`BM25Index`) checks, before any search is served, that every file the manifest
+names is a regular file inside the directory (never a link), has the size recorded, and holds
+values in range (offsets, term ranges, rows). ``index verify`` also checks every sha256.
+Every defect is a :class:`BM25IndexError` naming the file.
 """
 
 from __future__ import annotations
 
-import array
+import hashlib
 import json
+import math
 import os
 import shutil
-import tempfile
+import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -32,12 +45,13 @@ from typing import Any
 
 import numpy as np
 
-from searchr1.run.fileio import write_json_atomically
 from searchr1.bm25.corpus import CorpusError, CorpusReader
+from searchr1.run.fileio import exclusive_lock, write_json_atomically
 
 FORMAT = "searchr1-bm25-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
+VOCAB_NAME = "vocab.json"
 # The tokenizer and scorer. k1=0.9, b=0.4 are pyserini's (Lucene) defaults, which Search-R1's
 # BM25 baseline uses; "lucene" is Lucene's BM25 idf and length normalisation.
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
@@ -46,12 +60,15 @@ STEMMER_LANGUAGE = "english"
 METHOD = "lucene"
 K1 = 0.9
 B = 0.4
+# A shard's working set while its scores are computed is about 40 bytes per token; 500,000
+# wiki-18 passages (about 130 tokens each) stay near 2.5 GB, under the 6 GB build bound.
+DEFAULT_SHARD_PASSAGES = 500_000
+SHARD_FILES = ("data.npy", "indices.npy", "indptr.npy", "docs.bin", "docs.offsets.npy", "ids.bin", "ids.offsets.npy")
+_CHUNK = 1 << 22  # elements per slice when range-checking a memory-mapped array
 
 
 class BM25IndexError(ValueError):
-    """An index directory cannot be built or opened; the message names it and says why."""
-
-
+    """An index directory cannot be built or opened; the message names the file and says why."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +102,51 @@ def tokenizer_description() -> dict[str, Any]:
             "stemmer": f"PyStemmer {STEMMER_LANGUAGE} (Snowball)", "pystemmer_version": _version("PyStemmer")}
 
 
+def idf(df: np.ndarray, n_docs: int) -> np.ndarray:
+    """Lucene's idf, ``log(1 + (N - df + 0.5) / (df + 0.5))``, computed as bm25s does (float64,
+    stored as float32)."""
+    values = np.array([math.log(1 + (n_docs - d + 0.5) / (d + 0.5)) for d in df.tolist()], dtype=np.float32)
+    return values
+
+
+def shard_scores(token_ids: np.ndarray, lengths: np.ndarray, idf_of_term: np.ndarray,
+                 avg_length: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One shard's CSC score matrix ``(data, indices, indptr)`` from its token ids (global term
+    ids, documents back to back with ``lengths``).
+
+    Each (document, term) pair scores ``idf * tf / (k1 * (1 - b + b * len / avg_len) + tf)`` in
+    float32, the operations and rounding of bm25s's ``lucene`` method."""
+    n_docs = len(lengths)
+    doc_of_token = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
+    key = doc_of_token * len(idf_of_term) + token_ids.astype(np.int64)
+    pairs, tf = np.unique(key, return_counts=True)  # sorted by document, then term
+    del key, doc_of_token
+    docs = (pairs // len(idf_of_term)).astype(np.int64)
+    terms = (pairs % len(idf_of_term)).astype(np.int64)
+    del pairs
+    length_norm = K1 * ((1 - B) + B * lengths.astype(np.float64) / avg_length)  # per document, float64
+    tf32 = tf.astype(np.float32)
+    tfc = tf32 / (length_norm[docs].astype(np.float32) + tf32)
+    data = idf_of_term[terms] * tfc
+    order = np.argsort(terms, kind="stable")  # by term, documents ascending within a term
+    indptr = np.zeros(len(idf_of_term) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(terms, minlength=len(idf_of_term)), out=indptr[1:])
+    return data[order].astype(np.float32), docs[order].astype(np.int32), indptr
+
+
+# -- building --------------------------------------------------------------------------------
+
+Progress = Callable[[str, int, int, int], None]  # (phase "tokenize" | "score", passages, done, total)
+# "tokenize" counts corpus bytes read of the file's size; "score" counts passages scored of all.
+
+
 class _Blob:
     """Strings appended to a file back to back, with their byte offsets."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._handle = path.open("wb")
-        self.offsets = array.array("q", [0])
+        self.offsets = [0]
 
     def add(self, text: str) -> None:
         data = text.encode("utf-8")
@@ -102,75 +157,198 @@ class _Blob:
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self._handle.close()
-        np.save(self.path.with_suffix(".offsets.npy"), np.frombuffer(self.offsets, dtype=np.int64))
+        _save(self.path.with_name(self.path.name.replace(".bin", ".offsets.npy")), np.asarray(self.offsets, np.int64))
 
 
-Progress = Callable[[int, int, int], None]  # (bytes read, total bytes, rows)
+def _save(path: Path, array: np.ndarray) -> None:
+    with path.open("wb") as handle:
+        np.save(handle, array)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _build_key(corpus: Path, shard_passages: int) -> dict[str, Any]:
+    """What a staging directory must match to be resumed."""
+    info = corpus.stat()
+    return {"format_version": FORMAT_VERSION, "corpus": str(corpus.resolve()), "bytes": info.st_size,
+            "mtime_ns": info.st_mtime_ns, "shard_passages": shard_passages, "tokenizer": tokenizer_description()}
+
+
+def _staging_for(out: Path, key: dict[str, Any]) -> Path:
+    staging = out.parent / f".{out.name}.building"
+    key_path = staging / "build.json"
+    if staging.is_dir():
+        try:
+            same = json.loads(key_path.read_text("utf-8")) == key
+        except (OSError, ValueError):
+            same = False
+        if same:
+            return staging
+        shutil.rmtree(staging)
+    (staging / "shards").mkdir(parents=True)
+    write_json_atomically(key_path, key)
+    return staging
+
+
+def _tokenize_shard(passages: Sequence[tuple[str, str]], directory: Path) -> None:
+    """Pass one for one shard, into ``directory`` (renamed into place by the caller): the
+    passages, the token ids under the shard's own vocabulary, its terms and their document
+    frequencies."""
+    tokenizer = make_tokenizer()
+    docs, ids = _Blob(directory / "docs.bin"), _Blob(directory / "ids.bin")
+    tokens: list[np.ndarray] = []
+    for ident, contents in passages:
+        (ids_of_doc,) = tokenizer.streaming_tokenize([contents])
+        tokens.append(np.asarray(ids_of_doc, dtype=np.int32))
+        docs.add(contents)
+        ids.add(ident)
+    docs.close()
+    ids.close()
+    vocab = tokenizer.get_vocab_dict()
+    terms = [""] * len(vocab)
+    for term, index in vocab.items():
+        terms[index] = term
+    flat = np.concatenate(tokens) if tokens else np.zeros(0, np.int32)
+    df = np.zeros(len(terms), dtype=np.int64)
+    for doc in tokens:
+        df[np.unique(doc)] += 1
+    _save(directory / "tokens.npy", flat)
+    _save(directory / "lengths.npy", np.asarray([len(t) for t in tokens], dtype=np.int64))
+    _save(directory / "df.npy", df)
+    write_json_atomically(directory / "terms.json", terms)
+
+
+def _shard_batches(reader: CorpusReader, shard_passages: int, skip: int) -> Iterator[list[tuple[str, str]]]:
+    """The corpus in shards of ``shard_passages``; the first ``skip`` shards are read (for the
+    corpus hash) but yielded as empty lists."""
+    batch: list[tuple[str, str]] = []
+    index = 0
+    for passage in reader:
+        if index >= skip:
+            batch.append((passage.id, passage.contents))
+        if reader.rows % shard_passages == 0:
+            yield batch
+            batch, index = [], index + 1
+    if reader.rows % shard_passages:
+        yield batch
 
 
 def build_index(corpus: str | os.PathLike[str], out: str | os.PathLike[str], *, overwrite: bool = False,
-                progress: Progress | None = None, progress_every: int = 10_000) -> dict[str, Any]:
+                shard_passages: int = DEFAULT_SHARD_PASSAGES, progress: Progress | None = None) -> dict[str, Any]:
     """Build the index of ``corpus`` into the directory ``out``; returns the manifest.
 
     Refuses an existing ``out`` unless ``overwrite``. Corpus errors raise
-    :class:`~searchr1.bm25.corpus.CorpusError` (file and line) and leave nothing behind."""
-    import bm25s
-
-    out = Path(out)
+    :class:`~searchr1.bm25.corpus.CorpusError` (file and line). An interrupted build leaves its
+    finished shards in ``.OUT.building`` beside ``out``; the same call resumes from them."""
+    if shard_passages < 1:
+        raise BM25IndexError(f"--shard-passages must be at least 1, got {shard_passages}")
+    corpus, out = Path(corpus), Path(out)
     reader = CorpusReader(corpus)
     if out.exists() and not overwrite:
         raise BM25IndexError(f"{out} already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    with exclusive_lock(out.parent / f".{out.name}.building.lock", f"the index build of {out}"):
+        try:
+            return _build(reader, corpus, out, shard_passages, progress)
+        except CorpusError:  # the corpus must change before a build can finish: nothing to resume
+            shutil.rmtree(out.parent / f".{out.name}.building", ignore_errors=True)
+            raise
+
+
+def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int,
+           progress: Progress | None) -> dict[str, Any]:
     started = time.perf_counter()
-    try:
-        tokenizer = make_tokenizer()
-        docs, ids = _Blob(staging / "docs.bin"), _Blob(staging / "ids.bin")
-        token_ids: list[array.array] = []
-        tokens = 0
-        for passage in reader:
-            (ids_of_doc,) = tokenizer.streaming_tokenize([passage.contents])
-            token_ids.append(array.array("i", ids_of_doc))
-            tokens += len(ids_of_doc)
-            docs.add(passage.contents)
-            ids.add(passage.id)
-            if progress is not None and reader.rows % progress_every == 0:
-                progress(reader.bytes_read, reader.size, reader.rows)
-        docs.close()
-        ids.close()
+    staging = _staging_for(out, _build_key(corpus, shard_passages))
+    shards_dir = staging / "shards"
+    finished = sorted(p.name for p in shards_dir.iterdir() if p.is_dir() and not p.name.endswith(".tmp"))
+    resumed = len(finished)
+    # Pass one: tokenise the shards not yet on disk.
+    count = 0
+    for number, batch in enumerate(_shard_batches(reader, shard_passages, resumed)):
+        count = number + 1
+        if number < resumed:
+            continue
+        partial = shards_dir / f"{number:05d}.tmp"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        _tokenize_shard(batch, partial)
+        os.rename(partial, shards_dir / f"{number:05d}")
         if progress is not None:
-            progress(reader.bytes_read, reader.size, reader.rows)
-        tokenized_seconds = time.perf_counter() - started
-        retriever = bm25s.BM25(method=METHOD, k1=K1, b=B)
-        retriever.index((token_ids, tokenizer.get_vocab_dict()), show_progress=False)
-        del token_ids
-        retriever.save(str(staging / "bm25"))
-        _fsync_tree(staging)  # every file is on disk before the manifest says the index is whole
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "corpus": {"path": str(Path(corpus)), "sha256": reader.sha256, "rows": reader.rows,
-                       "bytes": reader.bytes_read},
-            "tokenizer": tokenizer_description(),
-            "scorer": {"library": "bm25s", "version": _version("bm25s"), "method": METHOD, "k1": K1, "b": B},
-            "tokens": tokens,
-            "vocabulary": len(retriever.vocab_dict),
-            "build_seconds": round(time.perf_counter() - started, 3),
-            "tokenize_seconds": round(tokenized_seconds, 3),
-        }
-        write_json_atomically(staging / MANIFEST_NAME, manifest)
-        _move_into_place(staging, out)
-        return manifest
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+            progress("tokenize", reader.rows, reader.bytes_read, reader.size)
+    shard_names = [f"{n:05d}" for n in range(count)]
+    tokenized = time.perf_counter() - started
+    # Merge the vocabularies and the document frequencies.
+    vocab: dict[str, int] = {}
+    df_parts: list[tuple[np.ndarray, np.ndarray]] = []
+    lengths_total = 0
+    for name in shard_names:
+        directory = shards_dir / name
+        if (directory / "data.npy").exists() and not (directory / "terms.json").exists():
+            raise BM25IndexError(f"{directory}: a scored shard without its terms; remove {staging} and build again")
+        terms = json.loads((directory / "terms.json").read_text("utf-8"))
+        mapping = np.fromiter((vocab.setdefault(t, len(vocab)) for t in terms), dtype=np.int64, count=len(terms))
+        df_parts.append((mapping, np.load(directory / "df.npy")))
+        lengths_total += int(np.load(directory / "lengths.npy").sum())
+    df = np.zeros(len(vocab), dtype=np.int64)
+    for mapping, part in df_parts:
+        np.add.at(df, mapping, part)
+    rows = reader.rows
+    idf_of_term = idf(df, rows)
+    avg_length = lengths_total / rows
+    # Pass two: score every shard with the corpus-wide statistics.
+    shards: list[dict[str, int]] = []
+    first_row = 0
+    for done, name in enumerate(shard_names, start=1):
+        directory = shards_dir / name
+        lengths = np.load(directory / "lengths.npy")
+        if not (directory / "data.npy").exists():
+            mapping = df_parts[done - 1][0]
+            token_ids = mapping[np.load(directory / "tokens.npy")] if len(mapping) else np.zeros(0, np.int64)
+            data, indices, indptr = shard_scores(token_ids, lengths, idf_of_term, avg_length)
+            for file, array in (("indptr.npy", indptr), ("indices.npy", indices), ("data.npy", data)):
+                _save(directory / f".{file}", array)
+                os.rename(directory / f".{file}", directory / file)  # data.npy last: the shard is scored
+        shards.append({"first_row": first_row, "rows": int(len(lengths))})
+        first_row += int(len(lengths))
+        if progress is not None:
+            progress("score", first_row, first_row, rows)
+    for name in shard_names:
+        for spill in ("tokens.npy", "lengths.npy", "df.npy", "terms.json"):
+            (shards_dir / name / spill).unlink(missing_ok=True)
+    terms_in_order = [""] * len(vocab)
+    for term, index in vocab.items():
+        terms_in_order[index] = term
+    write_json_atomically(staging / VOCAB_NAME, terms_in_order)
+    (staging / "build.json").unlink()
+    files = {str(p.relative_to(staging)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+             for p in sorted(staging.rglob("*")) if p.is_file()}
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "corpus": {"path": str(corpus), "sha256": reader.sha256, "rows": rows, "bytes": reader.bytes_read},
+        "tokenizer": tokenizer_description(),
+        "scorer": {"method": METHOD, "k1": K1, "b": B, "idf": "lucene", "avg_length": avg_length,
+                   "as": f"bm25s {_version('bm25s')} lucene"},
+        "tokens": lengths_total,
+        "vocabulary": len(vocab),
+        "shards": shards,
+        "shard_passages": shard_passages,
+        "resumed_shards": resumed,
+        "files": files,
+        "build_seconds": round(time.perf_counter() - started, 3),
+        "tokenize_seconds": round(tokenized, 3),
+    }
+    write_json_atomically(staging / MANIFEST_NAME, manifest)
+    _move_into_place(staging, out)
+    return manifest
 
 
-def _fsync_tree(directory: Path) -> None:
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            with path.open("rb") as handle:
-                os.fsync(handle.fileno())
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _move_into_place(staging: Path, out: Path) -> None:
@@ -185,66 +363,211 @@ def _move_into_place(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# -- opening ---------------------------------------------------------------------------------
+
+
+def _field(manifest: dict[str, Any], where: str, *path: str, kind: type | tuple[type, ...]) -> Any:
+    value: Any = manifest
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            raise BM25IndexError(f"{where}: no {'.'.join(path)!r}")
+        value = value[key]
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        raise BM25IndexError(f"{where}: {'.'.join(path)!r} is not {_kind_name(kind)}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {int: "a whole number", str: "a string", dict: "an object", list: "a list", float: "a number"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of the index in ``directory``, its fields checked for shape."""
     directory = Path(directory)
     if not directory.is_dir():
         raise BM25IndexError(f"index {directory} does not exist; build one with "
-                          f"`python cli.py index build CORPUS.jsonl --out {directory}`")
+                             f"`python cli.py index build CORPUS.jsonl --out {directory}`")
     path = directory / MANIFEST_NAME
-    if not path.is_file():
+    if path.is_symlink() or not path.is_file():
         raise BM25IndexError(f"index {directory} has no {MANIFEST_NAME}: not a finished index "
-                          "(an interrupted build?); build it again with `python cli.py index build`")
+                             "(an interrupted build?); build it again with `python cli.py index build`")
     try:
-        manifest = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError) as error:
-        raise BM25IndexError(f"index {directory}: unreadable {MANIFEST_NAME} ({error})") from None
+        with path.open("rb") as handle:
+            raw = handle.read(64 << 20)
+        manifest = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as error:
+        raise BM25IndexError(f"{path}: unreadable ({type(error).__name__})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise BM25IndexError(f"index {directory}: {MANIFEST_NAME} is not a searchr1 BM25 index manifest")
+        raise BM25IndexError(f"{path}: not a searchr1 BM25 index manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise BM25IndexError(f"index {directory}: format version {manifest.get('format_version')!r}, this "
-                          f"searchr1 reads {FORMAT_VERSION}; rebuild it with `python cli.py index build`")
+        raise BM25IndexError(f"{path}: format version {str(manifest.get('format_version'))[:20]!r}, this "
+                             f"searchr1 reads {FORMAT_VERSION}; rebuild it with `python cli.py index build`")
+    where = str(path)
+    rows = _field(manifest, where, "corpus", "rows", kind=int)
+    _field(manifest, where, "corpus", "sha256", kind=str)
+    if _field(manifest, where, "tokenizer", "pattern", kind=str) != TOKEN_PATTERN:
+        raise BM25IndexError(f"{path}: built with another tokenizer; rebuild it")
+    _field(manifest, where, "scorer", "avg_length", kind=(int, float))
+    vocabulary = _field(manifest, where, "vocabulary", kind=int)
+    shards = _field(manifest, where, "shards", kind=list)
+    files = _field(manifest, where, "files", kind=dict)
+    if rows < 1 or vocabulary < 0:
+        raise BM25IndexError(f"{path}: 'corpus.rows' must be at least 1")
+    first = 0
+    for number, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            raise BM25IndexError(f"{path}: shard {number} is not an object")
+        start = _field(shard, where, "first_row", kind=int)
+        count = _field(shard, where, "rows", kind=int)
+        if start != first or count < 1:
+            raise BM25IndexError(f"{path}: shard {number} does not follow the one before it")
+        first += count
+    if first != rows:
+        raise BM25IndexError(f"{path}: its shards hold {first} passages, 'corpus.rows' says {rows}")
+    for name, entry in files.items():
+        if not isinstance(entry, dict):
+            raise BM25IndexError(f"{path}: files[{name!r}] is not an object")
+        _field(entry, where, "bytes", kind=int)
+        _field(entry, where, "sha256", kind=str)
+    needed = [VOCAB_NAME] + [f"shards/{n:05d}/{f}" for n in range(len(shards)) for f in SHARD_FILES]
+    missing = [n for n in needed if n not in files]
+    if missing:
+        raise BM25IndexError(f"{path}: lists no {missing[0]}")
     return manifest
+
+
+def _inside(directory: Path, name: str) -> Path:
+    """``directory/name`` as a regular file inside ``directory``, never through a link."""
+    path = directory / name
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise BM25IndexError(f"{path}: outside the index directory")
+    current = directory
+    for part in Path(name).parts:
+        current = current / part
+        try:
+            info = os.lstat(current)
+        except OSError:
+            raise BM25IndexError(f"{path}: missing; build the index again") from None
+        if stat.S_ISLNK(info.st_mode):
+            raise BM25IndexError(f"{current}: a link; an index holds only its own files")
+    if not stat.S_ISREG(info.st_mode):
+        raise BM25IndexError(f"{path}: not a regular file")
+    return path
+
+
+def _check_sizes(directory: Path, manifest: dict[str, Any]) -> None:
+    for name, entry in manifest["files"].items():
+        path = _inside(directory, name)
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise BM25IndexError(f"{path}: {size} bytes, the manifest says {entry['bytes']}; damaged, build again")
+
+
+def verify_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check every file's sha256 against the manifest (and everything an open checks); returns
+    the manifest. Raises :class:`BM25IndexError` naming the first damaged file."""
+    directory = Path(directory)
+    index = BM25Index(directory)
+    for name, entry in index.manifest["files"].items():
+        path = _inside(directory, name)
+        if file_sha256(path) != entry["sha256"]:
+            raise BM25IndexError(f"{path}: sha256 differs from the manifest's; damaged, build again")
+    return index.manifest
+
+
+def _load(path: Path, dtype: type, ndim: int = 1) -> np.ndarray:
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise BM25IndexError(f"{path}: not a numpy array ({type(error).__name__})") from None
+    if array.dtype != np.dtype(dtype) or array.ndim != ndim:
+        raise BM25IndexError(f"{path}: holds {array.dtype} of {array.ndim} dimensions, expected {np.dtype(dtype)}")
+    return array
+
+
+def _check_offsets(path: Path, offsets: np.ndarray, count: int, size: int) -> None:
+    if len(offsets) != count + 1 or int(offsets[0]) != 0 or int(offsets[-1]) != size:
+        raise BM25IndexError(f"{path}: offsets do not cover its {size}-byte blob for {count} entries")
+    _check_ascending(path, offsets)
+
+
+def _check_ascending(path: Path, values: np.ndarray) -> None:
+    for start in range(0, max(len(values) - 1, 0), _CHUNK):
+        piece = np.asarray(values[start:start + _CHUNK + 1])
+        if np.any(piece[1:] < piece[:-1]):
+            raise BM25IndexError(f"{path}: offsets go backwards; damaged, build again")
+
+
+def _check_range(path: Path, values: np.ndarray, limit: int) -> None:
+    for start in range(0, len(values), _CHUNK):
+        piece = np.asarray(values[start:start + _CHUNK])
+        if len(piece) and (int(piece.min()) < 0 or int(piece.max()) >= limit):
+            raise BM25IndexError(f"{path}: a row outside 0..{limit - 1}; damaged, build again")
 
 
 class _Strings:
     """Read-only strings from a blob and its offsets (memory-mapped)."""
 
-    def __init__(self, path: Path) -> None:
-        self.offsets = np.load(path.with_suffix(".offsets.npy"), mmap_mode="r")
-        self.data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
+    def __init__(self, path: Path, offsets_path: Path, count: int) -> None:
+        self.offsets = _load(offsets_path, np.int64)
+        size = path.stat().st_size
+        _check_offsets(offsets_path, self.offsets, count, size)
+        self.data = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+        self.path = path
 
     def __getitem__(self, row: int) -> str:
         start, end = int(self.offsets[row]), int(self.offsets[row + 1])
-        return self.data[start:end].tobytes().decode("utf-8")
+        return self.data[start:end].tobytes().decode("utf-8", errors="replace")
+
+
+@dataclass
+class _Shard:
+    first_row: int
+    rows: int
+    data: np.ndarray
+    indices: np.ndarray
+    indptr: np.ndarray
+    docs: _Strings
+    ids: _Strings
 
 
 class BM25Index:
     """An opened index: ``search(queries, k)`` gives each query's hits, best first (ties by row).
-    Read-only, so concurrent readers are safe; a batch shares one tokenizer and one call."""
+    Read-only, so concurrent readers are safe; a batch shares one tokenizer."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, mmap: bool = True) -> None:
-        import bm25s
-
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
-        rows = int(self.manifest["corpus"]["rows"])
+        _check_sizes(self.directory, self.manifest)
+        self.rows = int(self.manifest["corpus"]["rows"])
+        vocab_path = _inside(self.directory, VOCAB_NAME)
         try:
-            self._retriever = bm25s.BM25.load(str(self.directory / "bm25"), mmap=mmap)
-            self._docs = _Strings(self.directory / "docs.bin")
-            self._ids = _Strings(self.directory / "ids.bin")
-        except (OSError, ValueError, KeyError) as error:
-            raise BM25IndexError(f"index {self.directory}: damaged ({type(error).__name__}: {error}); "
-                              "build it again") from None
-        if len(self._docs) != rows or len(self._ids) != rows:
-            raise BM25IndexError(f"index {self.directory}: holds {len(self._docs)} passages, its manifest "
-                              f"says {rows}; build it again")
-        self.rows = rows
-        self._tokenizer_settings = self.manifest["tokenizer"]
-        if self._tokenizer_settings.get("pattern") != TOKEN_PATTERN:
-            raise BM25IndexError(f"index {self.directory}: built with another tokenizer; rebuild it")
+            terms = json.loads(vocab_path.read_bytes().decode("utf-8"))
+        except (ValueError, RecursionError) as error:
+            raise BM25IndexError(f"{vocab_path}: unreadable ({type(error).__name__})") from None
+        if not isinstance(terms, list) or len(terms) != self.manifest["vocabulary"] or \
+                not all(isinstance(t, str) for t in terms):
+            raise BM25IndexError(f"{vocab_path}: not the manifest's {self.manifest['vocabulary']} terms")
+        self.vocab = {term: index for index, term in enumerate(terms)}
+        self.shards = [self._open_shard(n, s) for n, s in enumerate(self.manifest["shards"])]
+
+    def _open_shard(self, number: int, shard: dict[str, int]) -> _Shard:
+        base = f"shards/{number:05d}"
+        path = {f: _inside(self.directory, f"{base}/{f}") for f in SHARD_FILES}
+        rows = shard["rows"]
+        data = _load(path["data.npy"], np.float32)
+        indices = _load(path["indices.npy"], np.int32)
+        indptr = _load(path["indptr.npy"], np.int64)
+        if len(indptr) != len(self.vocab) + 1 or int(indptr[0]) != 0 or int(indptr[-1]) != len(indices) \
+                or len(indices) != len(data):
+            raise BM25IndexError(f"{path['indptr.npy']}: term ranges do not match the vocabulary and scores")
+        _check_ascending(path["indptr.npy"], indptr)
+        _check_range(path["indices.npy"], indices, rows)
+        docs = _Strings(path["docs.bin"], path["docs.offsets.npy"], rows)
+        ids = _Strings(path["ids.bin"], path["ids.offsets.npy"], rows)
+        return _Shard(shard["first_row"], rows, data, indices, indptr, docs, ids)
 
     def __len__(self) -> int:
         return self.rows
@@ -254,41 +577,58 @@ class BM25Index:
         tokenizer = make_tokenizer()
         return tokenizer.tokenize(list(queries), update_vocab=True, return_as="string", show_progress=False)
 
+    def term_ids(self, terms: Sequence[str]) -> list[int]:
+        """The ids of ``terms`` the index knows, repeats kept (a repeated query term counts twice)."""
+        return [self.vocab[t] for t in terms if t and t in self.vocab]
+
     def search(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
-        """Each query's hits, best first (equal scores: lower row first), only documents that
-        share a term with the query. bm25s scores every document; :func:`top_rows` picks."""
+        """Each query's hits, best first (equal scores: lower row first), only passages that
+        share a term with the query. Each shard gives its own best ``k``; they are merged."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if not queries:
             return []
+        term_ids = [self.term_ids(terms) for terms in self.query_terms(queries)]
+        candidates: list[list[tuple[float, int, _Shard, int]]] = [[] for _ in term_ids]
+        for shard in self.shards:
+            for number, best in enumerate(self._shard_top(shard, term_ids, k)):
+                candidates[number].extend((-score, shard.first_row + local, shard, local) for local, score in best)
         out: list[list[Hit]] = []
-        for terms in self.query_terms(queries):
-            ids = self._retriever.get_tokens_ids([t for t in terms if t])
-            if not ids:
-                out.append([])
-                continue
-            scores = self._retriever.get_scores_from_ids(ids)
-            out.append([Hit(row=r, id=self._ids[r], contents=self._docs[r], score=s) for r, s in top_rows(scores, k)])
+        for found in candidates:
+            found.sort(key=lambda c: (c[0], c[1]))
+            out.append([Hit(row=row, id=shard.ids[local], contents=shard.docs[local], score=-neg)
+                        for neg, row, shard, local in found[:k]])
         return out
+
+    @staticmethod
+    def _shard_top(shard: _Shard, term_ids: Sequence[Sequence[int]], k: int) -> list[list[tuple[int, float]]]:
+        """The ``k`` best passages of ``shard`` for each query (its term ids): a passage's score is
+        the sum of its score-matrix entries for the query's terms (summed in float64, stored as
+        float32). Only passages that hold a query term are looked at: their postings are summed
+        per passage by sorting them when they are few, or into an array of the shard's size when
+        they are many."""
+        best: list[list[tuple[int, float]]] = []
+        for ids in term_ids:
+            spans = [(int(shard.indptr[i]), int(shard.indptr[i + 1])) for i in ids]
+            spans = [(a, b) for a, b in spans if b > a]
+            if not spans:
+                best.append([])
+                continue
+            rows = np.concatenate([shard.indices[a:b] for a, b in spans])
+            weights = np.concatenate([shard.data[a:b] for a, b in spans]).astype(np.float64)
+            if len(rows) * 8 < shard.rows:
+                touched, position = np.unique(rows, return_inverse=True)
+                sums = np.bincount(position, weights=weights).astype(np.float32)
+            else:
+                dense = np.bincount(rows, weights=weights, minlength=shard.rows).astype(np.float32)
+                touched = np.flatnonzero(dense)
+                sums = dense[touched]
+            best.append([(int(touched[i]), score) for i, score in top_rows(sums, k)])
+        return best
 
 
 def top_rows(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """The ``k`` best ``(row, score)`` with a positive score, by score then lower row.
-
-    Not ``np.argpartition`` over the whole array, which bm25s uses: most documents score 0, and
-    numpy's selection degrades badly on so many equal values (20 ms for 200k documents, where
-    this takes well under one). For a small ``k``, ``k`` passes of ``argmax`` (which returns the
-    first maximum, hence the lower row on ties); otherwise a partition of the positive entries."""
-    if k <= 16:
-        work = np.array(scores, dtype=np.float64, copy=True)
-        picked: list[tuple[int, float]] = []
-        for _ in range(min(k, len(work))):
-            row = int(np.argmax(work))
-            if not work[row] > 0:
-                break
-            picked.append((row, float(scores[row])))
-            work[row] = -np.inf
-        return picked
+    """The ``k`` best ``(row, score)`` with a positive score, by score then lower row."""
     rows = np.flatnonzero(scores > 0)
     values = np.asarray(scores[rows], dtype=np.float64)
     if len(rows) > k:
@@ -303,4 +643,5 @@ def open_index(directory: str | os.PathLike[str]) -> BM25Index:
     return BM25Index(directory)
 
 
-__all__ = ["BM25Index", "CorpusError", "Hit", "BM25IndexError", "build_index", "open_index", "read_manifest"]
+__all__ = ["BM25Index", "CorpusError", "Hit", "BM25IndexError", "build_index", "open_index", "read_manifest",
+           "verify_index"]

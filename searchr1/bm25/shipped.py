@@ -76,22 +76,22 @@ def offline_index(corpus: Path = CORPUS) -> Path:
     """The index of the shipped corpus, built into the user cache on first use."""
     from searchr1.runtime.tokenizer import cache_root
     from searchr1.bm25.index import BM25IndexError, build_index, read_manifest
+    from searchr1.run.fileio import exclusive_lock
 
     if not corpus.is_file():
         raise BM25IndexError(f"the shipped corpus {corpus} is missing; regenerate it with "
                              "`python cli.py index offline-corpus` (or reinstall the package)")
     sha = corpus_sha256(corpus)
     directory = cache_root() / "indexes" / f"offline-{sha[:16]}"
-    try:
-        if read_manifest(directory)["corpus"]["sha256"] == sha:
-            return directory
-    except BM25IndexError:
-        pass
-    try:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Processes that start together (parallel tests, two commands) build it once, in turn.
+    with exclusive_lock(directory.parent / f".{directory.name}.lock", f"the offline index {directory}", wait=True):
+        try:
+            if read_manifest(directory)["corpus"]["sha256"] == sha:
+                return directory
+        except BM25IndexError:
+            pass
         build_index(corpus, directory, overwrite=True)
-    except OSError:  # another process finished the same build first
-        if read_manifest(directory)["corpus"]["sha256"] != sha:
-            raise
     return directory
 
 

@@ -83,6 +83,8 @@ def _describe(counts: dict[str, int]) -> str:
 @click.option("--corpus-url", default=None,
               help="With --corpus: where to download it [default: $HF_ENDPOINT or huggingface.co, "
                    "datasets/PeterJinGo/wiki-18-corpus].")
+@click.option("--corpus-sha256", default=None, metavar="HEX",
+              help="With --corpus: the download's expected sha256 [default: the hub's ETag when it is one].")
 def prepare_data(
     source: Path | None,
     train_parquet: Path | None,
@@ -94,8 +96,11 @@ def prepare_data(
     corpus: bool,
     corpus_source: Path | None,
     corpus_url: str | None,
+    corpus_sha256: str | None,
 ) -> None:
-    """Clean the Search-R1 QA release into train.jsonl, test.jsonl, dev.jsonl and manifest.json.
+    """Clean the Search-R1 QA release into train.jsonl, test.jsonl, dev.jsonl and manifest.json
+    (or, with --corpus, fetch the wiki-18 corpus: an interrupted download resumes where it stopped,
+    and a finished one is checked against its sha256).
 
     Without --source/--train-parquet the pinned revision of the ModelScope mirror
     (zhuangzhuang2023/nq_hotpotqa_train) is downloaded first; when ModelScope cannot be reached
@@ -105,10 +110,10 @@ def prepare_data(
     test, stratified by benchmark. Files are replaced atomically, the manifest last.
     """
     if corpus:
-        _prepare_corpus(output_dir, corpus_source, corpus_url)
+        _prepare_corpus(output_dir, corpus_source, corpus_url, corpus_sha256)
         return
-    if corpus_source is not None or corpus_url is not None:
-        raise click.UsageError("--corpus-source and --corpus-url only apply with --corpus")
+    if corpus_source is not None or corpus_url is not None or corpus_sha256 is not None:
+        raise click.UsageError("--corpus-source, --corpus-url and --corpus-sha256 only apply with --corpus")
     local = _local_sources(source, train_parquet, test_parquet)
     provenance = {"kind": "local"}
     try:
@@ -146,15 +151,17 @@ def prepare_data(
 CORPUS_NAME = "wiki-18.jsonl"
 
 
-def _prepare_corpus(output_dir: Path, source: Path | None, url: str | None) -> None:
+def _prepare_corpus(output_dir: Path, source: Path | None, url: str | None, sha256: str | None) -> None:
     from searchr1.bm25.download import corpus_url, fetch_corpus
 
     dest = output_dir / CORPUS_NAME
     where = source or url or corpus_url()
     click.echo(f"fetching the wiki-18 corpus from {where} into {dest} (about 14 GB uncompressed)...", err=True)
     try:
-        fetched = fetch_corpus(dest, url=url, source=source)
+        fetched = fetch_corpus(dest, url=url, source=source, sha256=sha256)
     except data.DataError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"wrote {dest}: {fetched['rows']} passages, {fetched['bytes']} bytes")
+    resumed = f", resumed after {fetched['resumed_from']:,} bytes" if fetched.get("resumed_from") else ""
+    checked = f", sha256 {fetched['sha256']}" if fetched.get("sha256") else ""
+    click.echo(f"wrote {dest}: {fetched['rows']} passages, {fetched['bytes']} bytes{resumed}{checked}")
     click.echo(f"next: python cli.py index build {dest} --out indexes/wiki-18")

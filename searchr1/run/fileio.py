@@ -103,18 +103,19 @@ def check_writable(path: str | os.PathLike[str], what: str, error: type[Exceptio
 
 
 @contextmanager
-def exclusive_lock(path: str | os.PathLike[str], what: str) -> Iterator[None]:
+def exclusive_lock(path: str | os.PathLike[str], what: str, *, wait: bool = False) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing, never removed) for the
     block. The kernel drops it when the process ends, however it ends, so a killed run never
     leaves a stale lock. A second holder is refused at once with :class:`FileInUseError`
-    naming ``what`` and the holder's pid (written into the file)."""
+    naming ``what`` and the holder's pid (written into the file), or with ``wait`` waits for
+    the first to finish."""
     try:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError as error:
         raise _naming(error, path) from None
     try:
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()
             raise FileInUseError(f"{what} is in use by another process (pid {holder or 'unknown'}); "

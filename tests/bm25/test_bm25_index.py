@@ -30,7 +30,8 @@ def write_corpus(path: Path, passages=PASSAGES, extra: str = "") -> Path:
 
 
 def leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name != "corpus.jsonl")
+    """What a build left beside its corpus (its lock file, held only while building, aside)."""
+    return sorted(p.name for p in directory.iterdir() if p.name != "corpus.jsonl" and not p.name.endswith(".lock"))
 
 
 def test_an_index_finds_the_passage_a_query_is_about_and_its_manifest_names_the_corpus(tmp_path):
@@ -39,7 +40,7 @@ def test_an_index_finds_the_passage_a_query_is_about_and_its_manifest_names_the_
     assert manifest["corpus"]["sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
     assert manifest["corpus"]["rows"] == len(PASSAGES)
     assert manifest["tokenizer"]["stopwords"] == "en" and "english" in manifest["tokenizer"]["stemmer"]
-    assert manifest["scorer"]["library"] == "bm25s" and manifest["scorer"]["version"]
+    assert manifest["scorer"]["method"] == "lucene" and (manifest["scorer"]["k1"], manifest["scorer"]["b"]) == (0.9, 0.4)
     on_disk = json.loads((tmp_path / "index" / "manifest.json").read_text())
     assert on_disk == manifest
     index = BM25Index(tmp_path / "index")
@@ -62,17 +63,24 @@ def test_a_bad_row_is_named_by_its_line_and_nothing_is_left_behind(tmp_path, bad
     assert leftovers(tmp_path) == []
 
 
-def test_an_interrupted_build_leaves_nothing_and_an_unfinished_directory_is_refused(tmp_path):
+def test_an_interrupted_build_resumes_from_its_last_shard_and_an_unfinished_directory_is_refused(tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl")
+    whole = build_index(corpus, tmp_path / "whole", shard_passages=1)
+    seen: list[str] = []
 
-    def interrupt(done, total, rows):
-        raise KeyboardInterrupt
+    def interrupt(phase, passages, done, total):
+        seen.append(phase)
+        if len(seen) == 2:  # after two finished shards
+            raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        build_index(corpus, tmp_path / "index", progress=interrupt, progress_every=1)
-    assert leftovers(tmp_path) == []
+        build_index(corpus, tmp_path / "index", shard_passages=1, progress=interrupt)
+    assert not (tmp_path / "index").exists()  # nothing that --backend local would open
+    resumed = build_index(corpus, tmp_path / "index", shard_passages=1)
+    assert resumed["resumed_shards"] == 2
+    assert {n: f["sha256"] for n, f in resumed["files"].items()} == {n: f["sha256"] for n, f in whole["files"].items()}
+    assert leftovers(tmp_path) == ["index", "whole"]
     # What a build killed outright would leave: files without the manifest, which is written last.
-    build_index(corpus, tmp_path / "index")
     (tmp_path / "index" / "manifest.json").unlink()
     with pytest.raises(BM25IndexError, match="no manifest.json: not a finished index"):
         BM25Index(tmp_path / "index")

@@ -4,6 +4,7 @@ cannot be reached from here)."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 
 import httpx
@@ -60,3 +61,65 @@ def test_prepare_data_corpus_takes_a_local_file_and_says_what_to_do_next(tmp_pat
     assert "1500 passages" in result.output and "index build" in result.output
     result = CliRunner().invoke(main, ["prepare-data", "--corpus-source", str(source)])
     assert result.exit_code == 2 and "only apply with --corpus" in result.output
+
+
+class _Dropping(httpx.SyncByteStream):
+    """A body that stops with a dropped connection after ``keep`` bytes."""
+
+    def __init__(self, body: bytes, keep: int) -> None:
+        self.body, self.keep = body, keep
+
+    def __iter__(self):
+        yield self.body[:self.keep]
+        raise httpx.ReadError("connection reset")
+
+
+def ranged(body: bytes, *, drop_after: int | None = None, etag: str = '"v1"') -> tuple[httpx.MockTransport, list]:
+    """A server of ``body`` that honours ``Range`` while ``If-Range`` matches its ETag."""
+    seen: list[dict[str, str]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(dict(request.headers))
+        start = 0
+        wanted = request.headers.get("range")
+        if wanted and request.headers.get("if-range") == etag:
+            start = int(wanted.removeprefix("bytes=").rstrip("-"))
+        status = 206 if start else 200
+        rest = body[start:]
+        stream = _Dropping(rest, drop_after) if drop_after is not None else httpx.ByteStream(rest)
+        return httpx.Response(status, headers={"ETag": etag}, stream=stream)
+
+    return httpx.MockTransport(handle), seen
+
+
+def test_a_dropped_download_resumes_where_it_stopped_and_gives_the_whole_corpus(tmp_path):
+    body = gzip.compress(ROWS.encode())
+    dest = tmp_path / "data" / "wiki-18.jsonl"
+    first, _ = ranged(body, drop_after=len(body) // 2)
+    with pytest.raises(DataError, match="bytes downloaded are kept and the next run continues them"):
+        fetch_corpus(dest, url=URL, transport=first)
+    assert not dest.exists()
+    second, seen = ranged(body)
+    fetched = fetch_corpus(dest, url=URL, transport=second, sha256=hashlib.sha256(body).hexdigest())
+    assert seen[0]["range"] == f"bytes={len(body) // 2}-" and fetched["resumed_from"] == len(body) // 2
+    assert dest.read_text() == ROWS and fetched["rows"] == 1500
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["wiki-18.jsonl"]  # the download is gone
+
+
+def test_a_changed_file_is_fetched_afresh_and_a_wrong_checksum_is_refused_and_removed(tmp_path):
+    body = gzip.compress(ROWS.encode())
+    dest = tmp_path / "data" / "wiki-18.jsonl"
+    first, _ = ranged(body, drop_after=100)
+    with pytest.raises(DataError):
+        fetch_corpus(dest, url=URL, transport=first)
+    changed, seen = ranged(body, etag='"v2"')  # If-Range no longer matches: the whole file comes back
+    fetched = fetch_corpus(dest, url=URL, transport=changed)
+    assert fetched["resumed_from"] == 0 and dest.read_text() == ROWS
+    dest.unlink()
+    with pytest.raises(DataError, match="expected 0{64}; the download was removed") as caught:
+        fetch_corpus(dest, url=URL, transport=ranged(body)[0], sha256="0" * 64)
+    assert "\n" not in str(caught.value)
+    assert list(dest.parent.iterdir()) == []
+    lfs, _ = ranged(body, etag=f'"{"1" * 64}"')  # the hub's ETag of an LFS file is its sha256
+    with pytest.raises(DataError, match="expected 1{64}"):
+        fetch_corpus(dest, url=URL, transport=lfs)
