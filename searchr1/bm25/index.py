@@ -604,9 +604,9 @@ class BM25Index:
     def _shard_top(shard: _Shard, term_ids: Sequence[Sequence[int]], k: int) -> list[list[tuple[int, float]]]:
         """The ``k`` best passages of ``shard`` for each query (its term ids): a passage's score is
         the sum of its score-matrix entries for the query's terms (summed in float64, stored as
-        float32). Only passages that hold a query term are looked at: their postings are summed
-        per passage by sorting them when they are few, or into an array of the shard's size when
-        they are many."""
+        float32). Only passages that hold a query term are candidates: a passage appears at most
+        once per query term among the postings, so the best ``k * terms`` postings by their
+        passage's score hold the best ``k`` passages (ties at the threshold all kept)."""
         best: list[list[tuple[int, float]]] = []
         for ids in term_ids:
             spans = [(int(shard.indptr[i]), int(shard.indptr[i + 1])) for i in ids]
@@ -615,15 +615,16 @@ class BM25Index:
                 best.append([])
                 continue
             rows = np.concatenate([shard.indices[a:b] for a, b in spans])
-            weights = np.concatenate([shard.data[a:b] for a, b in spans]).astype(np.float64)
-            if len(rows) * 8 < shard.rows:
-                touched, position = np.unique(rows, return_inverse=True)
-                sums = np.bincount(position, weights=weights).astype(np.float32)
-            else:
-                dense = np.bincount(rows, weights=weights, minlength=shard.rows).astype(np.float32)
-                touched = np.flatnonzero(dense)
-                sums = dense[touched]
-            best.append([(int(touched[i]), score) for i, score in top_rows(sums, k)])
+            weights = np.concatenate([shard.data[a:b] for a, b in spans])
+            dense = np.bincount(rows, weights=weights, minlength=shard.rows)
+            scores = dense[rows]
+            keep = k * len(spans)
+            if len(scores) > keep:
+                threshold = np.partition(scores, len(scores) - keep)[len(scores) - keep]
+                rows = rows[scores >= threshold]
+            touched = np.unique(rows)
+            best.append([(int(touched[i]), score)
+                         for i, score in top_rows(dense[touched].astype(np.float32), k)])
         return best
 
 
