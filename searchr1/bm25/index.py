@@ -60,9 +60,10 @@ STEMMER_LANGUAGE = "english"
 METHOD = "lucene"
 K1 = 0.9
 B = 0.4
-# A shard's working set while its scores are computed is about 40 bytes per token; 500,000
-# wiki-18 passages (about 130 tokens each) stay near 2.5 GB, under the 6 GB build bound.
-DEFAULT_SHARD_PASSAGES = 500_000
+# A shard's working set while its scores are computed is about 40 bytes per token: 250,000
+# wiki-18 passages (about 130 tokens each) stay near 1.3 GB, so two workers and the vocabulary
+# stay under the 6 GB build bound.
+DEFAULT_SHARD_PASSAGES = 250_000
 SHARD_FILES = ("data.npy", "indices.npy", "indptr.npy", "docs.bin", "docs.offsets.npy", "ids.bin", "ids.offsets.npy")
 _CHUNK = 1 << 22  # elements per slice when range-checking a memory-mapped array
 
@@ -218,13 +219,13 @@ def _tokenize_shard(passages: Sequence[tuple[str, str]], directory: Path) -> Non
     write_json_atomically(directory / "terms.json", terms)
 
 
-def _shard_batches(reader: CorpusReader, shard_passages: int, skip: int) -> Iterator[list[tuple[str, str]]]:
-    """The corpus in shards of ``shard_passages``; the first ``skip`` shards are read (for the
+def _shard_batches(reader: CorpusReader, shard_passages: int, skip: set[str]) -> Iterator[list[tuple[str, str]]]:
+    """The corpus in shards of ``shard_passages``; the shards named in ``skip`` are read (for the
     corpus hash) but yielded as empty lists."""
     batch: list[tuple[str, str]] = []
     index = 0
     for passage in reader:
-        if index >= skip:
+        if f"{index:05d}" not in skip:
             batch.append((passage.id, passage.contents))
         if reader.rows % shard_passages == 0:
             yield batch
@@ -234,14 +235,20 @@ def _shard_batches(reader: CorpusReader, shard_passages: int, skip: int) -> Iter
 
 
 def build_index(corpus: str | os.PathLike[str], out: str | os.PathLike[str], *, overwrite: bool = False,
-                shard_passages: int = DEFAULT_SHARD_PASSAGES, progress: Progress | None = None) -> dict[str, Any]:
+                shard_passages: int = DEFAULT_SHARD_PASSAGES, workers: int = 1,
+                progress: Progress | None = None) -> dict[str, Any]:
     """Build the index of ``corpus`` into the directory ``out``; returns the manifest.
+
+    ``workers`` > 1 tokenises and scores that many shards at once in child processes (the
+    index is byte-identical to one built by a single process).
 
     Refuses an existing ``out`` unless ``overwrite``. Corpus errors raise
     :class:`~searchr1.bm25.corpus.CorpusError` (file and line). An interrupted build leaves its
     finished shards in ``.OUT.building`` beside ``out``; the same call resumes from them."""
     if shard_passages < 1:
         raise BM25IndexError(f"--shard-passages must be at least 1, got {shard_passages}")
+    if workers < 1:
+        raise BM25IndexError(f"--workers must be at least 1, got {workers}")
     corpus, out = Path(corpus), Path(out)
     reader = CorpusReader(corpus)
     if out.exists() and not overwrite:
@@ -249,48 +256,136 @@ def build_index(corpus: str | os.PathLike[str], out: str | os.PathLike[str], *, 
     out.parent.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out.parent / f".{out.name}.building.lock", f"the index build of {out}"):
         try:
-            return _build(reader, corpus, out, shard_passages, progress)
+            with _Workers(workers) as pool:
+                return _build(reader, corpus, out, shard_passages, pool, progress)
         except CorpusError:  # the corpus must change before a build can finish: nothing to resume
             shutil.rmtree(out.parent / f".{out.name}.building", ignore_errors=True)
             raise
 
 
-def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int,
+def peak_memory_kib() -> int:
+    """The peak resident memory of this process and of its live children (the build's
+    workers), in KiB, from /proc (this process's own peak elsewhere)."""
+    import resource
+
+    def peak_of(pid: str) -> int:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        except OSError:
+            pass
+        return 0
+
+    total = peak_of("self") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        for task in Path("/proc/self/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += peak_of(child)
+    except OSError:
+        pass
+    return total
+
+
+class _Workers:
+    """Runs shard tasks in ``count`` child processes, at most ``count`` at once (or in this
+    process when ``count`` is 1); :meth:`wait` returns once every task submitted has finished."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._pool: Any = None
+        self._pending: list[Any] = []
+
+    def __enter__(self) -> _Workers:
+        if self.count > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("spawn"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(self, task: Callable[..., None], *args: Any) -> None:
+        if self._pool is None:
+            task(*args)
+            return
+        while len(self._pending) >= self.count:  # bounded: each task holds a shard's working set
+            self._reap(first=True)
+        self._pending.append(self._pool.submit(task, *args))
+
+    def _reap(self, *, first: bool) -> None:
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        done, _ = wait(self._pending, return_when=FIRST_COMPLETED if first else "ALL_COMPLETED")
+        self._pending = [f for f in self._pending if f not in done]
+        for future in done:
+            future.result()  # a worker's error is raised here
+
+    def wait(self) -> None:
+        if self._pending:
+            self._reap(first=False)
+
+
+def _tokenize_into(passages: Sequence[tuple[str, str]], partial: Path, final: Path) -> None:
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    _tokenize_shard(passages, partial)
+    os.rename(partial, final)
+
+
+def _score_into(directory: Path, mapping: np.ndarray, idf_of_term: np.ndarray, avg_length: float) -> None:
+    """Pass two for one shard: its scores under the corpus-wide statistics; data.npy is renamed
+    into place last, so a shard with it is scored."""
+    lengths = np.load(directory / "lengths.npy")
+    token_ids = mapping[np.load(directory / "tokens.npy")] if len(mapping) else np.zeros(0, np.int64)
+    data, indices, indptr = shard_scores(token_ids, lengths, idf_of_term, avg_length)
+    for file, array in (("indptr.npy", indptr), ("indices.npy", indices), ("data.npy", data)):
+        _save(directory / f".{file}", array)
+        os.rename(directory / f".{file}", directory / file)
+
+
+def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, pool: _Workers,
            progress: Progress | None) -> dict[str, Any]:
     started = time.perf_counter()
     staging = _staging_for(out, _build_key(corpus, shard_passages))
     shards_dir = staging / "shards"
-    finished = sorted(p.name for p in shards_dir.iterdir() if p.is_dir() and not p.name.endswith(".tmp"))
+    finished = {p.name for p in shards_dir.iterdir() if p.is_dir() and not p.name.endswith(".tmp")}
     resumed = len(finished)
     # Pass one: tokenise the shards not yet on disk.
     count = 0
-    for number, batch in enumerate(_shard_batches(reader, shard_passages, resumed)):
+    for number, batch in enumerate(_shard_batches(reader, shard_passages, finished)):
         count = number + 1
-        if number < resumed:
+        name = f"{number:05d}"
+        if name in finished:
             continue
-        partial = shards_dir / f"{number:05d}.tmp"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        _tokenize_shard(batch, partial)
-        os.rename(partial, shards_dir / f"{number:05d}")
+        pool.submit(_tokenize_into, batch, shards_dir / f"{name}.tmp", shards_dir / name)
         if progress is not None:
             progress("tokenize", reader.rows, reader.bytes_read, reader.size)
+    pool.wait()
     shard_names = [f"{n:05d}" for n in range(count)]
     tokenized = time.perf_counter() - started
     # Merge the vocabularies and the document frequencies.
     vocab: dict[str, int] = {}
-    df_parts: list[tuple[np.ndarray, np.ndarray]] = []
+    mappings: list[np.ndarray] = []
+    df_parts: list[np.ndarray] = []
+    shard_rows: list[int] = []
     lengths_total = 0
     for name in shard_names:
         directory = shards_dir / name
         if (directory / "data.npy").exists() and not (directory / "terms.json").exists():
             raise BM25IndexError(f"{directory}: a scored shard without its terms; remove {staging} and build again")
         terms = json.loads((directory / "terms.json").read_text("utf-8"))
-        mapping = np.fromiter((vocab.setdefault(t, len(vocab)) for t in terms), dtype=np.int64, count=len(terms))
-        df_parts.append((mapping, np.load(directory / "df.npy")))
-        lengths_total += int(np.load(directory / "lengths.npy").sum())
+        mappings.append(np.fromiter((vocab.setdefault(t, len(vocab)) for t in terms), dtype=np.int64,
+                                    count=len(terms)))
+        df_parts.append(np.load(directory / "df.npy"))
+        lengths = np.load(directory / "lengths.npy")
+        shard_rows.append(len(lengths))
+        lengths_total += int(lengths.sum())
     df = np.zeros(len(vocab), dtype=np.int64)
-    for mapping, part in df_parts:
+    for mapping, part in zip(mappings, df_parts):
         np.add.at(df, mapping, part)
     rows = reader.rows
     idf_of_term = idf(df, rows)
@@ -298,20 +393,14 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int,
     # Pass two: score every shard with the corpus-wide statistics.
     shards: list[dict[str, int]] = []
     first_row = 0
-    for done, name in enumerate(shard_names, start=1):
-        directory = shards_dir / name
-        lengths = np.load(directory / "lengths.npy")
-        if not (directory / "data.npy").exists():
-            mapping = df_parts[done - 1][0]
-            token_ids = mapping[np.load(directory / "tokens.npy")] if len(mapping) else np.zeros(0, np.int64)
-            data, indices, indptr = shard_scores(token_ids, lengths, idf_of_term, avg_length)
-            for file, array in (("indptr.npy", indptr), ("indices.npy", indices), ("data.npy", data)):
-                _save(directory / f".{file}", array)
-                os.rename(directory / f".{file}", directory / file)  # data.npy last: the shard is scored
-        shards.append({"first_row": first_row, "rows": int(len(lengths))})
-        first_row += int(len(lengths))
+    for name, mapping, count_of_rows in zip(shard_names, mappings, shard_rows):
+        if not (shards_dir / name / "data.npy").exists():
+            pool.submit(_score_into, shards_dir / name, mapping, idf_of_term, avg_length)
+        shards.append({"first_row": first_row, "rows": count_of_rows})
+        first_row += count_of_rows
         if progress is not None:
             progress("score", first_row, first_row, rows)
+    pool.wait()
     for name in shard_names:
         for spill in ("tokens.npy", "lengths.npy", "df.npy", "terms.json"):
             (shards_dir / name / spill).unlink(missing_ok=True)

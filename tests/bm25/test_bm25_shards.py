@@ -104,6 +104,15 @@ def test_small_shards_build_the_same_index_in_much_less_memory(tmp_path):
         assert [h.score for h in left] == pytest.approx([h.score for h in right], rel=1e-6)
 
 
+def test_shards_built_by_parallel_workers_are_byte_identical_to_one_process(tmp_path):
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 20)))) for _ in range(300)]
+    corpus = write_corpus(tmp_path / "corpus.jsonl", texts)
+    alone = build_index(corpus, tmp_path / "alone", shard_passages=40)
+    together = build_index(corpus, tmp_path / "together", shard_passages=40, workers=2)
+    assert {n: f["sha256"] for n, f in together["files"].items()} == {n: f["sha256"] for n, f in alone["files"].items()}
+
+
 # -- hostile index directories ----------------------------------------------------------------
 
 
