@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "bench": "searchr1.commands.bench:bench",
     "eval": "searchr1.commands.eval:eval_command",
     "show": "searchr1.commands.show:show",
+    "compare": "searchr1.commands.compare:compare",
     "twin": "searchr1.commands.twin:twin",
     "index": "searchr1.commands.index:index",
     "retriever": "searchr1.commands.retriever:retriever",

@@ -261,7 +261,8 @@ def summary_record(
     model, sampling parameters, base_model, model_path, dataset path and sha256, code version;
     see COMPARABLE_CONFIG_FIELDS for the names plots compare) and is stored as given; it must be
     JSON-serialisable, checked here so the runner fails before writing a broken line.
-    ``search_metrics`` (the search client's stats) join the metrics under ``search/``."""
+    ``search_metrics`` (the search client's stats) join the metrics under ``search/``; ``card`` is
+    the comparability card (:mod:`searchr1.evaluation.card`)."""
     records = list(records)
     metrics: dict[str, Any] = evaluation_metrics(records)
     for key, value in search_metrics.items():
@@ -271,12 +272,15 @@ def summary_record(
         json.dumps(config, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"summary config is not plain JSON: {exc}") from exc
+    from searchr1.evaluation.card import eval_card
+
     return {
         "type": "summary",
         "partial": bool(partial),
         "evaluated_examples": int(metrics["eval/questions"]),
         "metrics": metrics,
         "config": config,
+        "card": eval_card(config, metrics),
     }
 
 
