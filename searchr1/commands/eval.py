@@ -376,6 +376,9 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
                          else f"the retrieval server at {search.retriever_url or 'the default URL'}")
             click.echo(comparison_table(outcome.summary["metrics"], model=model_path or base_model,
                                         retriever=retriever))
+            from searchr1.evaluation.card import format_card
+
+            click.echo(format_card(outcome.summary["card"]))
     click.echo(f"results: {output}")
     if outcome.failed:
         click.secho(f"sampling failed for {len(outcome.failed)} question(s) ({', '.join(outcome.failed[:5])}"
