@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "eval": "searchr1.commands.eval:eval_command",
     "show": "searchr1.commands.show:show",
     "compare": "searchr1.commands.compare:compare",
+    "export": "searchr1.commands.export:export",
     "twin": "searchr1.commands.twin:twin",
     "index": "searchr1.commands.index:index",
     "retriever": "searchr1.commands.retriever:retriever",

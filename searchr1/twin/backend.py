@@ -30,6 +30,7 @@ from pytrio.protocol.actor.events.event import EVENT_PROTOCOL_VERSION, EventEnve
 from pytrio.protocol.actor.sampling_run.sample import SampleRequest
 from pytrio.protocol.control.actor.credentials import ActorConnectionInfo, ActorJWT
 from pytrio.protocol.control.api_key.verify import APIKeyInfo
+from pytrio.protocol.control.checkpoint.download import CheckpointDownloadResponse
 from pytrio.protocol.control.checkpoint.list import CheckpointListResponse, CheckpointResponse
 from pytrio.protocol.control.model.list import ModelInfo, ModelListResponse, ModelRunnerCapability
 from pytrio.protocol.control.platform.bootstrap import SDKBootstrapResponse, SDKCompatibilityResponse
@@ -465,6 +466,40 @@ class TwinBackend:
                 ))
         return CheckpointListResponse(checkpoints=found[offset: offset + limit],
                                       cursor={"offset": offset, "limit": limit, "total": len(found)})
+
+    # --- control: checkpoint downloads ---------------------------------------------------
+
+    def archive_signature(self, cuid: str) -> str:
+        """The signature of a download URL (the object store's signed URL, in miniature)."""
+        import hashlib
+
+        return hashlib.sha256(f"{self.settings.api_key}\0{cuid}".encode()).hexdigest()[:32]
+
+    def _sampler_checkpoint(self, cuid: str) -> Any:
+        kind = cuid.split("/")[1] if cuid.count("/") == 2 else ""
+        if kind == STATE:
+            raise ApiError(400, "checkpoint_not_downloadable",
+                           f"checkpoint {cuid} is training state; only sampler weights are downloadable")
+        try:
+            return self.store.load(f"trio://twin/{cuid}")
+        except CheckpointNotFound as error:
+            raise ApiError(404, "checkpoint_not_found", str(error)) from None
+
+    def checkpoint_download_url(self, cuid: str) -> CheckpointDownloadResponse:
+        """Where a sampler checkpoint's archive (:mod:`searchr1.twin.archive`) is served."""
+        self._sampler_checkpoint(cuid)
+        url = f"{self.settings.base_url}/archives/{cuid}?sig={self.archive_signature(cuid)}"
+        return CheckpointDownloadResponse(url=url, expires_at=_now() + timedelta(hours=1), source="object_storage",
+                                          checkpoint_status="READY", tls_cert_pem=None, tls_not_after=None)
+
+    def checkpoint_archive(self, cuid: str, signature: str) -> bytes:
+        import hmac
+
+        from searchr1.twin.archive import checkpoint_archive
+
+        if not hmac.compare_digest(signature, self.archive_signature(cuid)):
+            raise ApiError(403, "signature_mismatch", "the download URL's signature does not match")
+        return checkpoint_archive(self._sampler_checkpoint(cuid))
 
     # --- control: sampling runs ----------------------------------------------------------
 
