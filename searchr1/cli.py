@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "show": "searchr1.commands.show:show",
     "compare": "searchr1.commands.compare:compare",
     "export": "searchr1.commands.export:export",
+    "ask": "searchr1.commands.ask:ask",
     "twin": "searchr1.commands.twin:twin",
     "index": "searchr1.commands.index:index",
     "retriever": "searchr1.commands.retriever:retriever",
