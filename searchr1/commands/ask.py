@@ -163,7 +163,7 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
         try:
             trajectory = asyncio.run(main())
         except SamplerFailureError as error:
-            cause = str(error).split("(first failure: ", 1)[-1].split(" | ", 1)[0].rstrip(")")
+            cause = str(error).split("(first failure: ", 1)[-1].split(" | ", 1)[0]
             raise click.ClickException(f"the sampler could not answer: {cause}") from None
         except Exception as error:
             if is_service_failure(error):
