@@ -737,10 +737,17 @@ class TwinBackend:
             if is_collapsed(self.settings.faults.collapse_from, sampling.version):
                 drawn = collapsed_sequences(self.settings.tokenizer, request.num_samples, max_tokens=max_tokens)
             else:
-                with self._policy_lock:
-                    drawn = self.policy.sample(sampling.params, prompt, request.num_samples, max_tokens=max_tokens,
-                                               seed=None if seed is None else int(seed),  # type: ignore[call-overload]
-                                               temperature=temperature)
+                from searchr1.twin.judge import judge_reply  # the eval judge prompt: the twin's rule answers
+
+                judged = judge_reply(self.settings.tokenizer, prompt, request.num_samples, self._end_of_turn)
+                if judged is not None:
+                    drawn = judged
+                else:
+                    with self._policy_lock:
+                        drawn = self.policy.sample(sampling.params, prompt, request.num_samples,
+                                                   max_tokens=max_tokens,
+                                                   seed=None if seed is None else int(seed),  # type: ignore[call-overload]
+                                                   temperature=temperature)
         except ValueError as error:  # the policy cannot answer this prompt (e.g. not in the script)
             if not request.return_prompt_logprobs:
                 raise ApiError(422, "twin.policy_refused", str(error)) from None

@@ -298,7 +298,7 @@ def run_colours(count: int) -> list[str]:
 
 
 EVAL_METRICS = {"em": ("EM", "exact match (%)"), "f1": ("F1", "token F1 (%)"),
-                "cover_em": ("cover EM", "cover exact match (%)")}
+                "cover_em": ("cover EM", "cover exact match (%)"), "judge": ("judge", "judged correct (%)")}
 
 
 def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
@@ -312,6 +312,9 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
     if metric not in EVAL_METRICS:
         raise PlotInputError(f"unknown metric {metric!r}; choose one of {', '.join(EVAL_METRICS)}")
     for run in runs:
+        if metric == "judge" and "judge/macro" not in run.metrics:
+            raise PlotInputError(f"{run.path}: its summary has no judge metrics (evaluate it with --judge); "
+                                 "plot it with --metric em")
         if metric != "em" and f"{metric}/macro" not in run.metrics:
             raise PlotInputError(f"{run.path}: its summary has no {metric} (it was written before F1 and "
                                  "cover EM were reported); plot it with --metric em")
