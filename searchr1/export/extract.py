@@ -77,6 +77,7 @@ def refusals(members: list[tarfile.TarInfo], limits: ExtractLimits) -> list[str]
             continue
         if info.size > limits.max_member_bytes:
             lines.append(f"member {_shown(name)}: {info.size} bytes, over the cap of {limits.max_member_bytes}")
+            continue  # refused already: not counted again in the total
         total += info.size
     if total > limits.max_total_bytes:
         lines.append(f"the members add up to {total} bytes, over the cap of {limits.max_total_bytes}")
