@@ -41,7 +41,7 @@ METRIC_DEFINITIONS: dict[str, dict[str, str]] = {
 }
 JUDGE_DEFINITION = {
     "definition": "1 when the judge model says the prediction means the same as a gold answer, else 0; "
-                  "mean over questions (the judge prompt and its version are in the card)",
+                  "mean over questions (the prompt is in docs/after-training.md; its version is below)",
     "source": "LLM-as-judge answer equivalence, as in ASearcher and R1-Searcher",
 }
 
