@@ -288,6 +288,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     from searchr1.data.dataset import load_examples
     from searchr1.evaluation.metrics import EvalFileError
     from searchr1.evaluation.evaluate import EvalResumeError, evaluate
+    from searchr1.evaluation.judge import JudgeError
     from searchr1.offline import DEV
     from searchr1.runtime.services import (
         check_base_model,
@@ -372,6 +373,11 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         try:
             outcome = asyncio.run(main())
         except (EvalFileError, EvalResumeError) as error:
+            raise click.ClickException(str(error)) from None
+        except JudgeError as error:
+            if bar is not None:
+                bar.close()
+            _report_interrupted(output, error)
             raise click.ClickException(str(error)) from None
         except BaseException as error:
             if bar is not None:
@@ -463,7 +469,15 @@ def make_judge(model: str, *, service: Any, tokenizer: Any, base_model: str, off
         else:
             transport = httpx.AsyncHTTPTransport(retries=2)
         return Judge(DeepSeekJudge(model, httpx.AsyncClient(transport=transport, timeout=60.0), key), judge_cache)
-    sampler = service.create_sampling_client(base_model=base_model if model == TWIN_JUDGE else model)
+    from pytrio import PyTrioError
+
+    from searchr1.runtime.services import ServiceSetupError
+
+    try:
+        sampler = service.create_sampling_client(base_model=base_model if model == TWIN_JUDGE else model)
+    except PyTrioError as error:
+        code = getattr(error, "code", "") or type(error).__name__
+        raise ServiceSetupError(f"--judge {model}: cannot create a sampler for the judge ({code})") from None
     return Judge(PyTrioJudge(sampler, tokenizer, model), judge_cache)
 
 

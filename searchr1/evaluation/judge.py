@@ -206,8 +206,14 @@ class DeepSeekJudge:
             headers["Authorization"] = f"Bearer {self._key.reveal()}"
         body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0.0,
                 "max_tokens": JUDGE_MAX_TOKENS, "stream": False}
-        response = await self.client.post(DEEPSEEK_URL, content=json.dumps(body, ensure_ascii=False).encode(),
-                                          headers=headers)
+        import httpx
+
+        try:
+            response = await self.client.post(DEEPSEEK_URL, content=json.dumps(body, ensure_ascii=False).encode(),
+                                              headers=headers)
+        except httpx.HTTPError as error:
+            raise JudgeError(f"the DeepSeek judge could not be reached ({type(error).__name__}); "
+                             "rerun the same command to resume") from None
         if response.status_code >= 400:
             raise JudgeError(f"the DeepSeek judge answered HTTP {response.status_code}")
         try:

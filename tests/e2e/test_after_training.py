@@ -245,3 +245,24 @@ def test_the_protocol_output_and_summary_carry_the_card(tmp_path):
     assert card["budgets"]["max_search_calls"] == 4
     assert "card:" in result.output and "corpus" in result.output and "intervals" in result.output
     assert result.output.count("card: wiki-18") >= 1  # each published row's own card
+
+
+def test_the_twin_serves_archives_only_to_a_signed_url_and_only_sampler_weights(trained, tokenizer):
+    import httpx
+
+    from searchr1.twin import start_twin
+
+    lines = (trained["run"] / "checkpoints.jsonl").read_text().splitlines()
+    weights, state = json.loads(lines[-1])["weights_path"], json.loads(lines[-1])["state_path"]
+    with start_twin(home=trained["run"] / "twin", tokenizer=tokenizer, policy="learning") as twin:
+        headers = {"X-API-Key": twin.api_key}
+        cid = weights.removeprefix("trio://twin/")
+        url = f"{twin.base_url}/api/openapi/v1/checkpoints/{cid}/download-url"
+        signed = httpx.get(url, headers=headers).json()["url"]
+        assert httpx.get(signed).status_code == 200
+        assert httpx.get(signed.split("?")[0] + "?sig=0").status_code == 403
+        assert httpx.get(url).status_code in (401, 403)  # no key
+        ranged = httpx.get(signed, headers={"Range": "bytes=10-"})
+        assert ranged.status_code == 206 and ranged.headers["Content-Range"].startswith("bytes 10-")
+        state_url = f"{twin.base_url}/api/openapi/v1/checkpoints/{state.removeprefix('trio://twin/')}/download-url"
+        assert httpx.get(state_url, headers=headers).status_code == 400
