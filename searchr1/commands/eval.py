@@ -76,6 +76,15 @@ RESULT_DIR = Path("eval_result")
 @click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
               help="Another copy of the Qwen3.5 chat template (checked by sha256).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--judge", "judge_model", default=None, metavar="MODEL",
+              help="Also ask a judge whether each answer means the same as a gold answer (judge/... metrics): "
+                   "'twin' offline (the twin's documented rule), a deepseek-* model (the DeepSeek chat API, "
+                   "DEEPSEEK_API_KEY), or a PyTRIO model name. Not a training reward.")
+@click.option("--judge-cache", default=None, metavar="PATH|off",
+              help="Judgements by (question, gold, prediction, judge, prompt version) [default: runs/judge-cache.jsonl].")
+@click.option("--judge-cassette", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With a deepseek-* judge: replay its answers from this cassette (offline), or record them "
+                   "into it (live; the key is never written).")
 @connect_timeout_option()
 @search_options(default_backend="deepseek")
 def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> None:
@@ -279,6 +288,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     from searchr1.data.dataset import load_examples
     from searchr1.evaluation.metrics import EvalFileError
     from searchr1.evaluation.evaluate import EvalResumeError, evaluate
+    from searchr1.evaluation.judge import JudgeError
     from searchr1.offline import DEV
     from searchr1.runtime.services import (
         check_base_model,
@@ -296,6 +306,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     limit, chat_template, offline_home = kwargs.pop("limit"), kwargs.pop("chat_template"), kwargs.pop("offline_home")
     offline_policy, checkpoint_run = kwargs.pop("offline_policy"), kwargs.pop("checkpoint_run")
     protocol = kwargs.pop("protocol")
+    judge_model, judge_cache = kwargs.pop("judge_model"), kwargs.pop("judge_cache")
+    judge_cassette = kwargs.pop("judge_cassette")
     if protocol == "search-r1":
         search = apply_search_r1_protocol(kwargs, search, given=_given_flags())
     if checkpoint_run is not None:
@@ -330,6 +342,11 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     if checkpoint_run is not None:
         run_config["trained_with"] = checkpoint.algorithm  # shown in the summary, not binding on resume
     check_search_keys(search, offline=offline)  # before PyTRIO is contacted or anything written
+    if judge_model is not None:
+        check_judge(judge_model, offline=offline, cassette=judge_cassette, env_file=search.env_file)
+        from searchr1.evaluation.judge import JUDGE_PROMPT_VERSION
+
+        run_config["judge"] = {"model": judge_model, "prompt_version": JUDGE_PROMPT_VERSION}
     tokenizer = load_tokenizer(chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
         home = offline_home or Path(scratch)
@@ -340,17 +357,27 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
 
         async def main() -> Any:
             backend = search_backend(search, offline=offline)
+            judge = (None if judge_model is None else
+                     make_judge(judge_model, service=service, tokenizer=tokenizer, base_model=base_model,
+                                offline=offline, cassette=judge_cassette, cache=judge_cache, env_file=search.env_file))
             try:
                 return await evaluate(sampler, tokenizer, backend, examples, rollout, output, run_config,
-                                      limit=limit, overwrite=overwrite, progress=bar)
+                                      limit=limit, overwrite=overwrite, progress=bar, judge=judge)
             finally:
                 await backend.aclose()
+                if judge is not None and hasattr(judge.backend, "aclose"):
+                    await judge.backend.aclose()
 
         click.echo(f"eval: {data} -> {output}  ({'offline twin' if offline else 'live PyTRIO'}, "
                    f"{model_path or base_model}, backend {search.backend})", err=True)
         try:
             outcome = asyncio.run(main())
         except (EvalFileError, EvalResumeError) as error:
+            raise click.ClickException(str(error)) from None
+        except JudgeError as error:
+            if bar is not None:
+                bar.close()
+            _report_interrupted(output, error)
             raise click.ClickException(str(error)) from None
         except BaseException as error:
             if bar is not None:
@@ -376,12 +403,82 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
                          else f"the retrieval server at {search.retriever_url or 'the default URL'}")
             click.echo(comparison_table(outcome.summary["metrics"], model=model_path or base_model,
                                         retriever=retriever))
+            from searchr1.evaluation.card import format_card
+
+            click.echo(format_card(outcome.summary["card"]))
     click.echo(f"results: {output}")
     if outcome.failed:
         click.secho(f"sampling failed for {len(outcome.failed)} question(s) ({', '.join(outcome.failed[:5])}"
                     f"{', …' if len(outcome.failed) > 5 else ''}); the summary is partial. Rerun the same "
                     "command to retry them.", fg="yellow", err=True)
         sys.exit(1)
+
+
+def check_judge(model: str, *, offline: bool, cassette: Path | None, env_file: Path | None) -> None:
+    """Refuse a judge that cannot run here, before any work (one line naming the flag)."""
+    from searchr1.evaluation.judge import DEEPSEEK_PREFIX, TWIN_JUDGE
+
+    if model == TWIN_JUDGE and not offline:
+        raise click.UsageError("--judge twin is the offline twin's judge; use it with --offline")
+    if model.startswith(DEEPSEEK_PREFIX):
+        if offline and cassette is None:
+            raise click.UsageError(f"--judge {model} offline replays a cassette: pass --judge-cassette PATH")
+        if offline and not cassette.is_file():  # type: ignore[union-attr]
+            raise click.UsageError(f"--judge-cassette {cassette} does not exist")
+        if not offline:
+            from searchr1.search.env import require_keys
+
+            require_keys(("DEEPSEEK_API_KEY",), env_file=env_file)
+        return
+    if cassette is not None:
+        raise click.UsageError("--judge-cassette applies to a deepseek-* judge")
+    if offline and model != TWIN_JUDGE:
+        raise click.UsageError(f"--judge {model} offline: the offline judge is 'twin' (or a deepseek-* model "
+                               "replayed with --judge-cassette)")
+
+
+def make_judge(model: str, *, service: Any, tokenizer: Any, base_model: str, offline: bool,
+               cassette: Path | None, cache: str | None, env_file: Path | None) -> Any:
+    """The :class:`~searchr1.evaluation.judge.Judge` that ``--judge MODEL`` names."""
+    from searchr1.evaluation.judge import (
+        DEEPSEEK_PREFIX,
+        TWIN_JUDGE,
+        DeepSeekJudge,
+        Judge,
+        JudgeCache,
+        PyTrioJudge,
+        cache_path,
+    )
+
+    judge_cache = JudgeCache(cache_path(cache))
+    if model.startswith(DEEPSEEK_PREFIX):
+        import httpx
+
+        if offline:
+            from searchr1.search.replay import CassetteTransport
+
+            client = httpx.AsyncClient(transport=CassetteTransport(cassette), timeout=60.0)  # type: ignore[arg-type]
+            return Judge(DeepSeekJudge(model, client, None), judge_cache)
+        from searchr1.search.env import require_keys
+
+        key = require_keys(("DEEPSEEK_API_KEY",), env_file=env_file)[0]
+        if cassette is not None:
+            from searchr1.evaluation.judge_recording import RecordingTransport
+
+            transport: Any = RecordingTransport(cassette, secrets=[key])
+        else:
+            transport = httpx.AsyncHTTPTransport(retries=2)
+        return Judge(DeepSeekJudge(model, httpx.AsyncClient(transport=transport, timeout=60.0), key), judge_cache)
+    from pytrio import PyTrioError
+
+    from searchr1.runtime.services import ServiceSetupError
+
+    try:
+        sampler = service.create_sampling_client(base_model=base_model if model == TWIN_JUDGE else model)
+    except PyTrioError as error:
+        code = getattr(error, "code", "") or type(error).__name__
+        raise ServiceSetupError(f"--judge {model}: cannot create a sampler for the judge ({code})") from None
+    return Judge(PyTrioJudge(sampler, tokenizer, model), judge_cache)
 
 
 def _given_flags() -> set[str]:
@@ -444,7 +541,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     per-source table (F1 and cover EM only when the summary has them: older files do not)."""
     m = summary["metrics"]
     sources = sorted(key.split("/", 1)[1] for key in m if key.startswith("questions/"))
-    names = [(n, label) for n, label in (("em", "EM"), ("f1", "F1"), ("cover_em", "cover EM")) if f"{n}/macro" in m]
+    names = [(n, label) for n, label in (("em", "EM"), ("f1", "F1"), ("cover_em", "cover EM"), ("judge", "judge"))
+             if f"{n}/macro" in m]
     head = "PARTIAL " if summary.get("partial") else ""
     lines = [
         (f"{head}summary over {summary.get('evaluated_examples')} questions "

@@ -43,7 +43,7 @@ def plot() -> None:
     """Draw PNG figures from eval results or a training run (matplotlib, Agg, no display)."""
 
 
-@plot.command("eval", short_help="EM per benchmark and macro EM/format rate across checkpoints.")
+@plot.command("eval", short_help="Several evals side by side: a score per benchmark, macro score and format rate.")
 @click.argument(
     "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
@@ -61,11 +61,13 @@ def plot() -> None:
     is_flag=True,
     help="Plot files whose search backend/concurrency/timeout/model or eval-set sha256 differ (marked in the title).",
 )
-@click.option("--metric", type=click.Choice(["em", "f1", "cover_em"]), default="em", show_default=True,
-              help="Which answer score to plot: exact match, token F1 or cover EM (every summary reports all three).")
+@click.option("--metric", type=click.Choice(["em", "f1", "cover_em", "judge"]), default="em", show_default=True,
+              help="Which answer score to plot: exact match, token F1 or cover EM (every summary reports all "
+                   "three), or the judge's verdicts (summaries of `eval --judge`).")
 def plot_eval(files: tuple[Path, ...], output: Path, labels: tuple[str, ...], allow_mixed: bool, metric: str) -> None:
-    """EM per benchmark and macro EM / format rate across checkpoints, from eval JSONL FILES
-    (one per checkpoint; each file's last summary record is used)."""
+    """Several evaluations side by side (python cli.py plot eval A B C -o evals.png): the score
+    per benchmark and the macro score / format rate, one colour per eval JSONL FILE (one per
+    checkpoint; each file's last summary record is used)."""
     try:
         runs = plots.load_eval_runs(files, labels or None)
         if not allow_mixed:

@@ -135,12 +135,17 @@ def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | st
     return Selection(f"Transcripts of run {name}", sections, notes, shown, available)
 
 
-def select_from_eval(path: Path, limit: int | None) -> Selection:
+def select_from_eval(path: Path, limit: int | None, ids: tuple[str, ...] = ()) -> Selection:
     from searchr1.run.transcripts import read_eval_transcripts
 
     config, records = read_eval_transcripts(path)
     if not records:
         raise click.ClickException(f"{path} holds no transcripts (no trajectory records)")
+    if ids:
+        missing = [i for i in ids if i not in {str(r.get("id")) for r in records}]
+        if missing:
+            raise click.ClickException(f"{path} has no question with id {missing[0]!r}")
+        records = [r for r in records if str(r.get("id")) in ids]
     shown = records[:limit]
     notes = [f"source: {path}"]
     described = _describe_config(config)
@@ -149,10 +154,12 @@ def select_from_eval(path: Path, limit: int | None) -> Selection:
     return Selection(f"Eval transcripts: {path.name}", [(None, shown)], notes, len(shown), len(records))
 
 
-def load_selection(source: Path, step: int | str | None, limit: int | None) -> Selection:
+def load_selection(source: Path, step: int | str | None, limit: int | None, ids: tuple[str, ...] = ()) -> Selection:
     from searchr1.run.transcripts import TRANSCRIPTS_FILE, TranscriptFileError, transcript_source_kind
 
     try:
+        if ids and (source.is_dir() or transcript_source_kind(source) == "run"):
+            raise click.UsageError(f"--id picks questions of an eval file; {source} is a training run's transcripts")
         if source.is_dir():
             path = source / TRANSCRIPTS_FILE
             if not path.is_file():
@@ -166,7 +173,7 @@ def load_selection(source: Path, step: int | str | None, limit: int | None) -> S
             return select_from_run(source, source.parent, step, limit)
         if step is not None:
             raise click.UsageError(f"--step applies to a run's transcripts; {source} is an eval file (no steps)")
-        return select_from_eval(source, limit)
+        return select_from_eval(source, limit, ids)
     except (TranscriptFileError, UnicodeDecodeError) as error:
         raise click.ClickException(f"{source}: {error}" if isinstance(error, UnicodeDecodeError) else str(error))
 
@@ -180,7 +187,10 @@ def load_selection(source: Path, step: int | str | None, limit: int | None) -> S
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write one self-contained HTML page here instead of printing.")
 @click.option("--full", is_flag=True, help="Print long turns and observations whole (the page always has them whole).")
-def show(source: Path, step: int | str | None, limit: int | None, html_path: Path | None, full: bool) -> None:
+@click.option("--id", "ids", multiple=True, metavar="QUESTION_ID",
+              help="Only this question of an eval file (repeatable), e.g. one that `compare` lists as flipped.")
+def show(source: Path, step: int | str | None, limit: int | None, html_path: Path | None, full: bool,
+         ids: tuple[str, ...]) -> None:
     """Read what the model did: turns, queries, observations, reward, EM and how each
     trajectory ended.
 
@@ -188,6 +198,7 @@ def show(source: Path, step: int | str | None, limit: int | None, html_path: Pat
     python cli.py show runs/offline-demo                  the last step's sample
     python cli.py show runs/offline-demo --step all --html run.html
     python cli.py show eval_result/offline_base.jsonl --limit 5
+    python cli.py show eval_result/offline_base.jsonl --id off-dev-03
     """
     from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line, write_text_atomically
 
@@ -195,7 +206,7 @@ def show(source: Path, step: int | str | None, limit: int | None, html_path: Pat
         check_writable(html_path, "page", click.ClickException)  # before reading anything
     if limit is None:
         limit = None if html_path is not None else DEFAULT_LIMIT
-    selection = load_selection(source, step, limit)
+    selection = load_selection(source, step, limit, ids)
     cut = selection.available - selection.shown
     counted = f"{selection.shown} of {selection.available} transcripts" if cut > 0 else f"{selection.shown} transcripts"
     if cut > 0:

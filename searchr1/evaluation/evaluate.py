@@ -57,6 +57,7 @@ MIN_FAILURES_TO_ABORT = 3
 NON_BINDING_KEYS = frozenset({
     "limit", "code_version", "chat_template", "search_cache", "dataset", "offline_home",
     "trained_with",  # follows from model_path, which binds
+    "judge",  # judging is added to the records afterwards; it never changes a rollout
 })
 # Rollout fields that schedule work but do not change what a question's rollout is.
 NON_BINDING_ROLLOUT_KEYS = frozenset({
@@ -241,13 +242,17 @@ async def evaluate(
     overwrite: bool = False,
     progress: EvalProgress | None = None,
     clock: Callable[[], float] = time.monotonic,
+    judge: Any = None,
 ) -> EvalOutcome:
     """Evaluate ``examples`` (the whole dataset; ``limit`` picks a source-balanced subset)
     into ``output``; see the module docstring for the file, resuming and seeds.
 
     ``run_config`` is stored in the header and the summary as the run's exact configuration
     (plain JSON; nothing secret). Returns the outcome; on any exception the file keeps every
-    finished record plus a partial summary, and the exception propagates."""
+    finished record plus a partial summary, and the exception propagates.
+
+    With ``judge`` (a :class:`~searchr1.evaluation.judge.Judge`) every record gets its
+    judgement before it is written, records kept from an earlier session included."""
     path = Path(output)
     run_config = dict(run_config)
     json.dumps(run_config, allow_nan=False)  # fail before touching the file
@@ -278,6 +283,8 @@ async def evaluate(
     elif path.exists():
         notes.append(f"{path}: --overwrite: previous contents replaced")
 
+    if judge is not None and records:
+        await judge.annotate(records)
     done_ids = {str(r.get("id")) for r in records}
     todo = [(i, e) for i, e in planned if e.id not in done_ids]
     outcome = EvalOutcome(path=path, planned=len(planned), skipped=len(planned) - len(todo), notes=notes)
@@ -312,6 +319,8 @@ async def evaluate(
             return
         new = [{**trajectory_record(t), "index": index, "elapsed_seconds": round(elapsed, 6)}
                for t in trajectories]
+        if judge is not None:
+            await judge.annotate(new)
         append_records(path, new)
         records.extend(new)
         outcome.evaluated += 1

@@ -145,11 +145,21 @@ def _mean(values: Iterable[float]) -> float:
 
 
 ANSWER_METRICS = ("em", "f1", "cover_em")
+JUDGE_METRIC = "judge"  # eval --judge: the judge's yes/no per question (searchr1.evaluation.judge)
+SCORED_METRICS = (*ANSWER_METRICS, JUDGE_METRIC)
+
+
+def judged(record: Mapping[str, Any]) -> bool:
+    """Whether a record holds a judgement (``record["judge"]["correct"]``)."""
+    judge = record.get("judge")
+    return isinstance(judge, Mapping) and isinstance(judge.get("correct"), bool)
 
 
 def answer_score(record: Mapping[str, Any], name: str) -> float:
-    """A record's ``em``, ``f1`` or ``cover_em`` score. Records written before F1 and cover EM
-    were recorded are scored from their final text (0 unless they ended by answering)."""
+    """A record's ``em``, ``f1``, ``cover_em`` or ``judge`` score. Records written before F1 and
+    cover EM were recorded are scored from their final text (0 unless they ended by answering)."""
+    if name == JUDGE_METRIC:
+        return 1.0 if record["judge"]["correct"] else 0.0
     if name == "em":
         return 1.0 if record["exact_match"] else 0.0
     if name in record:
@@ -167,7 +177,7 @@ def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Seque
     """``<name>/<source>``, ``<name>/macro``, ``<name>/micro`` and their bootstrap intervals,
     ``questions/<source>``; returns the number of questions. Scores are averaged per question
     first. The seeds of ``em`` are those it always had; the others offset them."""
-    offset = 1000 * ANSWER_METRICS.index(name)
+    offset = 1000 * SCORED_METRICS.index(name)
     question_scores: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in trajectories:
         question_scores[(str(r["data_source"]), str(r["id"]))].append(answer_score(r, name))
@@ -203,7 +213,8 @@ def evaluation_metrics(
 
     Keys: ``em/<source>``, ``em/macro`` (unweighted mean over the sources present),
     ``em/micro``, their ``*_ci95_low/high``, ``em_ci95_low/<source>``, ``em_ci95_high/<source>``,
-    the same for ``f1`` and ``cover_em`` (always, whatever the training reward),
+    the same for ``f1`` and ``cover_em`` (always, whatever the training reward) and for
+    ``judge`` (only when every record holds a judgement),
     ``questions/<source>``, ``format/rate``, ``format/<source>``, ``reward/mean``,
     ``rollout/search_calls``, ``rollout/no_search_rate``, ``rollout/turns``,
     ``rollout/env_error_rate``, ``rollout/search_ok_rate``, ``rollout/search_cached_rate``,
@@ -222,6 +233,8 @@ def evaluation_metrics(
     metrics: dict[str, float] = {}
     for name in ANSWER_METRICS:
         question_count = _add_answer_metric(metrics, name, trajectories, resamples=resamples, seed=seed)
+    if all(judged(r) for r in trajectories):
+        _add_answer_metric(metrics, JUDGE_METRIC, trajectories, resamples=resamples, seed=seed)
     for source in sources:
         metrics[f"format/{source}"] = _mean(1.0 if r["valid_format"] else 0.0 for r in by_source_traj[source])
 
@@ -261,7 +274,8 @@ def summary_record(
     model, sampling parameters, base_model, model_path, dataset path and sha256, code version;
     see COMPARABLE_CONFIG_FIELDS for the names plots compare) and is stored as given; it must be
     JSON-serialisable, checked here so the runner fails before writing a broken line.
-    ``search_metrics`` (the search client's stats) join the metrics under ``search/``."""
+    ``search_metrics`` (the search client's stats) join the metrics under ``search/``; ``card`` is
+    the comparability card (:mod:`searchr1.evaluation.card`)."""
     records = list(records)
     metrics: dict[str, Any] = evaluation_metrics(records)
     for key, value in search_metrics.items():
@@ -271,12 +285,15 @@ def summary_record(
         json.dumps(config, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"summary config is not plain JSON: {exc}") from exc
+    from searchr1.evaluation.card import eval_card
+
     return {
         "type": "summary",
         "partial": bool(partial),
         "evaluated_examples": int(metrics["eval/questions"]),
         "metrics": metrics,
         "config": config,
+        "card": eval_card(config, metrics),
     }
 
 

@@ -10,11 +10,37 @@ on), E5 retriever over wiki-18, top-3 passages, trained on NQ + HotpotQA.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from searchr1.evaluation.card import CARD_VERSION, METRIC_DEFINITIONS
 
 BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 LABELS = {"nq": "NQ", "triviaqa": "TriviaQA", "popqa": "PopQA", "hotpotqa": "HotpotQA",
           "2wikimultihopqa": "2Wiki", "musique": "MuSiQue", "bamboogle": "Bamboogle"}
+
+
+PAPER = "Jin et al. 2025, arXiv 2503.09516"
+
+
+def published_card(*, source: str, n_per_source: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The comparability card of a published Search-R1-protocol row, as its sources state it
+    (fields they do not state are None)."""
+    return {
+        "card_version": CARD_VERSION,
+        "protocol": "search-r1",
+        "dataset_sha256": None,
+        "corpus": {"name": "wiki-18 (DPR's 2018 Wikipedia, 21,015,324 passages)", "version": "2018-12-20 dump"},
+        "retriever": "E5 (intfloat/e5-base-v2) dense retrieval, Faiss flat index",
+        "top_k": 3,
+        "budgets": {"max_search_calls": 4, "max_assistant_turns": None, "max_assistant_tokens": 500,
+                    "max_tool_response_tokens": 500, "max_trajectory_tokens": 4096},
+        "decoding": {"temperature": 0.0, "top_p": None, "samples_per_question": 1},
+        "metrics": {"em": dict(METRIC_DEFINITIONS["em"])},
+        "n_per_source": dict(n_per_source or {}),
+        "interval": "none reported",
+        "source": source,
+    }
 
 
 @dataclass(frozen=True)
@@ -25,6 +51,7 @@ class PublishedRow:
     em: Mapping[str, float]  # benchmark -> EM
     reported_average: float  # the macro average the source states
     note: str = ""
+    card: Mapping[str, Any] = field(default_factory=dict)  # its comparability card, from its sources
 
     @property
     def average(self) -> float:
@@ -33,7 +60,8 @@ class PublishedRow:
 
 
 def _row(label: str, model: str, source: str, values: tuple[float, ...], average: float, note: str = "") -> PublishedRow:
-    return PublishedRow(label, model, source, dict(zip(BENCHMARKS, values)), average, note)
+    return PublishedRow(label, model, source, dict(zip(BENCHMARKS, values)), average, note,
+                        published_card(source=source))
 
 
 PUBLISHED: tuple[PublishedRow, ...] = (
@@ -67,8 +95,12 @@ def comparison_table(metrics: Mapping[str, float], *, model: str, retriever: str
     for row in PUBLISHED:
         lines.append(f"  {row.label + ' *':<34}" + cells([row.em.get(b) for b in BENCHMARKS], row.average))
     lines.append("  * another model (and E5 dense retrieval over wiki-18), as published:")
-    lines.extend(f"    {row.label}: {row.model}; {row.source}" + (f" ({row.note})" if row.note else "")
-                 for row in PUBLISHED)
+    for row in PUBLISHED:
+        card = row.card
+        lines.append(f"    {row.label}: {row.model}; {row.source}" + (f" ({row.note})" if row.note else ""))
+        lines.append(f"      card: {card['corpus']['name']}, {card['retriever']}, top-{card['top_k']}, "
+                     f"{card['budgets']['max_search_calls']} searches, {card['budgets']['max_assistant_tokens']}-token "
+                     f"turns, greedy, intervals {card['interval']}")
     if len(evaluated) < len(BENCHMARKS):
         lines.append(f"  our average is over the {len(evaluated)} benchmarks evaluated, not all {len(BENCHMARKS)}")
     return "\n".join(lines)

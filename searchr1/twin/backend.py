@@ -30,6 +30,7 @@ from pytrio.protocol.actor.events.event import EVENT_PROTOCOL_VERSION, EventEnve
 from pytrio.protocol.actor.sampling_run.sample import SampleRequest
 from pytrio.protocol.control.actor.credentials import ActorConnectionInfo, ActorJWT
 from pytrio.protocol.control.api_key.verify import APIKeyInfo
+from pytrio.protocol.control.checkpoint.download import CheckpointDownloadResponse
 from pytrio.protocol.control.checkpoint.list import CheckpointListResponse, CheckpointResponse
 from pytrio.protocol.control.model.list import ModelInfo, ModelListResponse, ModelRunnerCapability
 from pytrio.protocol.control.platform.bootstrap import SDKBootstrapResponse, SDKCompatibilityResponse
@@ -466,6 +467,40 @@ class TwinBackend:
         return CheckpointListResponse(checkpoints=found[offset: offset + limit],
                                       cursor={"offset": offset, "limit": limit, "total": len(found)})
 
+    # --- control: checkpoint downloads ---------------------------------------------------
+
+    def archive_signature(self, cuid: str) -> str:
+        """The signature of a download URL (the object store's signed URL, in miniature)."""
+        import hashlib
+
+        return hashlib.sha256(f"{self.settings.api_key}\0{cuid}".encode()).hexdigest()[:32]
+
+    def _sampler_checkpoint(self, cuid: str) -> Any:
+        kind = cuid.split("/")[1] if cuid.count("/") == 2 else ""
+        if kind == STATE:
+            raise ApiError(400, "checkpoint_not_downloadable",
+                           f"checkpoint {cuid} is training state; only sampler weights are downloadable")
+        try:
+            return self.store.load(f"trio://twin/{cuid}")
+        except CheckpointNotFound as error:
+            raise ApiError(404, "checkpoint_not_found", str(error)) from None
+
+    def checkpoint_download_url(self, cuid: str) -> CheckpointDownloadResponse:
+        """Where a sampler checkpoint's archive (:mod:`searchr1.twin.archive`) is served."""
+        self._sampler_checkpoint(cuid)
+        url = f"{self.settings.base_url}/archives/{cuid}?sig={self.archive_signature(cuid)}"
+        return CheckpointDownloadResponse(url=url, expires_at=_now() + timedelta(hours=1), source="object_storage",
+                                          checkpoint_status="READY", tls_cert_pem=None, tls_not_after=None)
+
+    def checkpoint_archive(self, cuid: str, signature: str) -> bytes:
+        import hmac
+
+        from searchr1.twin.archive import checkpoint_archive
+
+        if not hmac.compare_digest(signature, self.archive_signature(cuid)):
+            raise ApiError(403, "signature_mismatch", "the download URL's signature does not match")
+        return checkpoint_archive(self._sampler_checkpoint(cuid))
+
     # --- control: sampling runs ----------------------------------------------------------
 
     def create_sampling_run(self, sid: str, request: SamplingRunCreateRequest) -> SamplingRunCreateResponse:
@@ -702,10 +737,17 @@ class TwinBackend:
             if is_collapsed(self.settings.faults.collapse_from, sampling.version):
                 drawn = collapsed_sequences(self.settings.tokenizer, request.num_samples, max_tokens=max_tokens)
             else:
-                with self._policy_lock:
-                    drawn = self.policy.sample(sampling.params, prompt, request.num_samples, max_tokens=max_tokens,
-                                               seed=None if seed is None else int(seed),  # type: ignore[call-overload]
-                                               temperature=temperature)
+                from searchr1.twin.judge import judge_reply  # the eval judge prompt: the twin's rule answers
+
+                judged = judge_reply(self.settings.tokenizer, prompt, request.num_samples, self._end_of_turn)
+                if judged is not None:
+                    drawn = judged
+                else:
+                    with self._policy_lock:
+                        drawn = self.policy.sample(sampling.params, prompt, request.num_samples,
+                                                   max_tokens=max_tokens,
+                                                   seed=None if seed is None else int(seed),  # type: ignore[call-overload]
+                                                   temperature=temperature)
         except ValueError as error:  # the policy cannot answer this prompt (e.g. not in the script)
             if not request.return_prompt_logprobs:
                 raise ApiError(422, "twin.policy_refused", str(error)) from None

@@ -16,6 +16,10 @@ connection silent for ``idle_timeout`` seconds is dropped; run ids and checkpoin
 checked with pytrio's own rule and every path must stay inside the home
 (:mod:`searchr1.twin.store`, 400 otherwise).
 
+A sampler checkpoint's download URL points at ``/archives/<checkpoint>?sig=…`` on the same
+server, which serves its PEFT adapter archive (:mod:`searchr1.twin.archive`) whole or from a
+``Range`` offset, as an object store would.
+
 Actor endpoints live under ``/actor/``: every run is served at the same actor address (so
 pytrio reuses one HTTP client for all of them), each with its own JWT, which names the run a
 request is for.
@@ -50,6 +54,7 @@ from searchr1.twin.config import SampleRequestInfo
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
+ARCHIVE = "application/x-tar"
 HEARTBEAT_MS = 60_000
 
 
@@ -61,10 +66,12 @@ def _is_count(text: str) -> bool:
 class Reply:
     """What a route answers (or, for sampling, a stream it writes itself)."""
 
-    def __init__(self, status: int, body: Any, content_type: str = JSON) -> None:
+    def __init__(self, status: int, body: Any, content_type: str = JSON,
+                 headers: dict[str, str] | None = None) -> None:
         self.status = status
-        self.body = body
+        self.body = body  # JSON or MessagePack data, or bytes sent as they are
         self.content_type = content_type
+        self.headers = headers or {}
 
 
 def _model(model: type[BaseModel], data: Any) -> Any:
@@ -155,13 +162,17 @@ class _Handler(BaseHTTPRequestHandler):
         if self._drop_answer:  # the request was handled; its answer is lost with the connection
             self.close_connection = True
             return
-        if reply.content_type == MSGPACK:
+        if isinstance(reply.body, bytes):
+            data = reply.body
+        elif reply.content_type == MSGPACK:
             data = msgpack.packb(reply.body, use_bin_type=True)
         else:
             data = json.dumps(reply.body).encode()
         self.send_response(reply.status)
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(data)))
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
         if self._unread:  # a body left unread cannot be skipped safely: this connection ends here
             self.close_connection = True
             self.send_header("Connection", "close")
@@ -298,6 +309,26 @@ class _Handler(BaseHTTPRequestHandler):
         self._control_auth()
         return Reply(200, _dump(self.backend.list_checkpoints(None, *self._page(100))))
 
+    def checkpoint_download_url(self, m: re.Match[str]) -> Reply:
+        self._control_auth()
+        return Reply(200, _dump(self.backend.checkpoint_download_url(m["cid"])))
+
+    def archive(self, m: re.Match[str]) -> Reply:
+        """A checkpoint archive, whole or from a ``Range: bytes=N-`` offset (206), as an object
+        store serves it; a range starting at the end is 416 with the total size."""
+        data = self.backend.checkpoint_archive(m["cid"], self._query().get("sig", ""))
+        wanted = self.headers.get("Range")
+        if wanted is None:
+            return Reply(200, data, ARCHIVE, {"Accept-Ranges": "bytes"})
+        match = re.fullmatch(r"bytes=(\d+)-", wanted.strip())
+        if match is None:
+            raise ApiError(400, "invalid_range", f"Range {wanted[:40]!r} is not bytes=N-")
+        start = int(match[1])
+        if start >= len(data):
+            return Reply(416, b"", ARCHIVE, {"Content-Range": f"bytes */{len(data)}"})
+        return Reply(206, data[start:], ARCHIVE,
+                     {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}", "Accept-Ranges": "bytes"})
+
     def sampling_create(self, m: re.Match[str]) -> Reply:
         self._control_auth()
         request = _model(SamplingRunCreateRequest, self._json())
@@ -416,6 +447,9 @@ ROUTES: list[Route] = [
          _Handler.training_checkpoints),
         ("GET", f"{_OPENAPI}/training-runs/(?P<rid>[^/]+)", "training_run_get", _Handler.training_get),
         ("GET", f"{_OPENAPI}/checkpoints", "checkpoint_list", _Handler.checkpoint_list),
+        ("GET", f"{_OPENAPI}/checkpoints/(?P<cid>[^/]+/[^/]+/[^/]+)/download-url", "checkpoint_download_url",
+         _Handler.checkpoint_download_url),
+        ("GET", "/archives/(?P<cid>[^/]+/[^/]+/[^/]+)", "checkpoint_archive", _Handler.archive),
         ("POST", f"{_OPENAPI}/training-runs/(?P<rid>[^/]+)/renew", "training_run_renew", _Handler.training_renew),
         ("GET", f"{_OPENAPI}/sampling-runs/(?P<id>[^/]+)", "sampling_run_get", _Handler.sampling_get),
         ("POST", f"{_OPENAPI}/sampling-runs/(?P<id>[^/]+)/renew", "sampling_run_renew", _Handler.sampling_renew),

@@ -298,7 +298,7 @@ def run_colours(count: int) -> list[str]:
 
 
 EVAL_METRICS = {"em": ("EM", "exact match (%)"), "f1": ("F1", "token F1 (%)"),
-                "cover_em": ("cover EM", "cover exact match (%)")}
+                "cover_em": ("cover EM", "cover exact match (%)"), "judge": ("judge", "judged correct (%)")}
 
 
 def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
@@ -312,6 +312,9 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
     if metric not in EVAL_METRICS:
         raise PlotInputError(f"unknown metric {metric!r}; choose one of {', '.join(EVAL_METRICS)}")
     for run in runs:
+        if metric == "judge" and "judge/macro" not in run.metrics:
+            raise PlotInputError(f"{run.path}: its summary has no judge metrics (evaluate it with --judge); "
+                                 "plot it with --metric em")
         if metric != "em" and f"{metric}/macro" not in run.metrics:
             raise PlotInputError(f"{run.path}: its summary has no {metric} (it was written before F1 and "
                                  "cover EM were reported); plot it with --metric em")
@@ -399,6 +402,38 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
     bottom.set_ylim(0, bottom_top)
 
     fig.suptitle(eval_title(runs), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+COMPARE_FIGSIZE = (11.0, 6.0)  # inches -> 1100 x 600 px at DPI
+
+
+def comparison_figure(result: Mapping[str, Any]) -> Figure:
+    """One panel: the paired differences ``B - A`` (percentage points) of every score in a
+    ``compare`` result, per source and macro, with their paired bootstrap 95% intervals and a
+    zero line; each group's tick says how many paired questions it had."""
+    names = [n for n in ("em", "f1", "cover_em", "judge") if n in result["macro"]]
+    labels = {"em": "EM", "f1": "F1", "cover_em": "cover EM", "judge": "judge"}
+    groups = [(f"{s}\nn={e['n']}", e) for s, e in result["sources"].items()]
+    groups.append((f"macro\nn={result['paired_questions']}", result["macro"]))
+    fig = Figure(figsize=COMPARE_FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    colours = run_colours(len(names))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs = [j - 0.4 + width * (i + 0.5) for j in range(len(groups))]
+        points = [100 * g[name]["difference"] for _, g in groups]
+        errors = [_error(p, 100 * g[name]["ci95_low"], 100 * g[name]["ci95_high"]) for p, (_, g) in zip(points, groups)]
+        ax.bar(xs, points, width, color=colours[i], label=labels[name],
+               yerr=[[e[0] for e in errors], [e[1] for e in errors]], capsize=2, error_kw={"elinewidth": 0.8})
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(groups)), [g for g, _ in groups], fontsize=9)
+    ax.set_ylabel("B - A (percentage points)")
+    ax.set_title(f"B - A on the paired questions (paired bootstrap 95% CI)\nA: {result['model_a']}   "
+                 f"B: {result['model_b']}", fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
 

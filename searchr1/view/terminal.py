@@ -133,8 +133,9 @@ def title(record: Mapping[str, Any]) -> str:
 
 
 def outcome(record: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(name, value) pairs: reward, EM, format, how it ended, searches, and for training
-    transcripts the advantage and why no datum was sent, if none was. Every value is
+    """(name, value) pairs: reward, EM, format, how it ended, searches, for training
+    transcripts the advantage and why no datum was sent, if none was, and for a judged eval
+    record the judge's verdict and words. Every value is
     :func:`printable`: a record is read from a file anyone may have written."""
     searches = record.get("searches")
     pairs = [
@@ -150,6 +151,11 @@ def outcome(record: Mapping[str, Any]) -> list[tuple[str, str]]:
         pairs.append(("not trained", printable(record["excluded"])))
     if record.get("env_error"):
         pairs.append(("search error", "yes"))
+    judge = record.get("judge")
+    if isinstance(judge, Mapping) and isinstance(judge.get("correct"), bool):
+        said = f" said {printable(judge.get('reply'))!r}" if judge.get("asked", True) else ", no answer to judge"
+        pairs.append(("judge", f"{'yes' if judge['correct'] else 'no'} ({printable(judge.get('model'))}"
+                               f" v{printable(judge.get('prompt_version'))}{said})"))
     return pairs
 
 

@@ -1,0 +1,180 @@
+"""``python cli.py ask "QUESTION"``: run the agent on one question and watch it work.
+
+The rollout is the training and evaluation engine's (:func:`searchr1.core.rollout.rollout_batch_async`,
+one question, one sample); the sampler and the search backend are wrapped so that each turn is
+printed as it happens: the model's text, each query, the results (folded to their first lines),
+and the answer. ``--answer GOLD`` scores it and prints the reward, EM, F1 and cover EM."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from searchr1.commands.options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
+from searchr1.commands.search_options import SearchOptions, search_options
+
+FOLDED_LINES = 3
+
+
+def _fold(text: str, lines: int = FOLDED_LINES) -> str:
+    kept = text.strip().split("\n")
+    shown = "\n".join("    " + line for line in kept[:lines])
+    return shown + (f"\n    … {len(kept) - lines} more lines" if len(kept) > lines else "")
+
+
+class _Printing:
+    """The sampler, printing each assistant turn as it comes back."""
+
+    def __init__(self, sampler: Any) -> None:
+        self._sampler = sampler
+        self.turns = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sampler, name)
+
+    async def sample_async(self, **kwargs: Any) -> Any:
+        response = await self._sampler.sample_async(**kwargs)
+        for sequence in response.sequences:
+            self.turns += 1
+            text = getattr(sequence, "text", None) or ""
+            click.secho(f"assistant {self.turns}", bold=True, fg="cyan")
+            click.echo("\n".join("  " + line for line in text.strip().split("\n")))
+        return response
+
+
+class _PrintingSearch:
+    """The search backend, printing each query and its folded results."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.name = getattr(backend, "name", "search")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def search(self, query: str) -> Any:
+        from searchr1.search.types import format_item
+
+        click.secho(f"search: {query}", bold=True, fg="magenta")
+        result = await self._backend.search(query)
+        if not result.ok:
+            click.secho(f"  search failed: {result.error}", fg="red")
+        elif not result.items:
+            click.echo("  no results")
+        else:
+            for index, item in enumerate(result.items, start=1):
+                click.echo(_fold(format_item(item, index), 2))
+        return result
+
+
+@click.command("ask")
+@click.argument("question")
+@click.option("--answer", "answers", multiple=True, metavar="GOLD",
+              help="A gold answer (repeatable): print the reward, EM, F1 and cover EM of the agent's answer.")
+@click.option("--checkpoint", default=None, metavar="RUN_DIR|PATH",
+              help="A training run (its last checkpoint) or a sampler-weights path [default: the base model].")
+@click.option("--offline", is_flag=True, help="Against the offline twin (no key, no network); its policy answers.")
+@click.option("--offline-home", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The twin's checkpoint store of an offline checkpoint path (runs/<run>/twin).")
+@click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
+              help="With --offline: the policy the twin serves.")
+@click.option("--base-model", default="Qwen/Qwen3.5-4B")
+@rollout_options(group_size=1, temperature=0.0)
+@click.option("--seed", type=int, default=42, help="Sampling seed.")
+@connect_timeout_option()
+@search_options(default_backend="deepseek")
+def ask(search: SearchOptions, question: str, **kwargs: Any) -> None:
+    """Ask the agent one question and print each turn as it happens.
+
+    \b
+    python cli.py ask "Who is the father of the director of film Jurassic Park?" --offline \\
+        --checkpoint runs/<run-name> --answer "Arnold Spielberg"
+    python cli.py ask "Who wrote Dune?" --backend zhihu --checkpoint runs/<run-name>
+    """
+    run_guarded(lambda: _ask(search, question, kwargs))
+
+
+def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
+    from searchr1.commands.eval import _sampling_client, checkpoint_of
+    from searchr1.core.rollout import rollout_batch_async
+    from searchr1.data.dataset import SearchExample
+    from searchr1.runtime.services import (
+        check_base_model,
+        check_search_keys,
+        live_service,
+        load_tokenizer,
+        offline_scenario,
+        offline_service,
+        search_backend,
+    )
+
+    if not question.strip():
+        raise click.BadParameter("the question is empty", param_hint="QUESTION")
+    answers = tuple(a for a in kwargs.pop("answers"))
+    checkpoint, offline = kwargs.pop("checkpoint"), kwargs.pop("offline")
+    offline_home, policy = kwargs.pop("offline_home"), kwargs.pop("offline_policy")
+    base_model, connect_timeout = kwargs.pop("base_model"), kwargs.pop("connect_timeout")
+    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
+    if rollout.group_size != 1:
+        raise click.BadParameter("ask follows one trajectory; use eval for groups", param_hint="--group-size")
+    model_path: str | None = None
+    if checkpoint is not None and not checkpoint.startswith("trio://"):
+        if offline_home is not None:
+            raise click.UsageError("--offline-home is for a checkpoint path; a run directory names its own twin")
+        found = checkpoint_of(Path(checkpoint))
+        offline, base_model, model_path = found.offline, found.base_model, found.weights_path
+        offline_home, policy = found.offline_home, found.offline_policy or policy
+    elif checkpoint is not None:
+        model_path = checkpoint
+        if offline and offline_home is None:
+            raise click.UsageError("an offline checkpoint path needs --offline-home (runs/<run>/twin), or pass "
+                                   "the run directory")
+    if offline_home is not None and not offline:
+        raise click.UsageError("--offline-home only applies with --offline")
+    check_base_model(base_model)
+    check_search_keys(search, offline=offline)
+    tokenizer = load_tokenizer()
+    example = SearchExample(id="ask", question=question.strip(), answers=answers, data_source="ask")
+    who = (f"the offline twin's {policy} policy (not the model)" if offline else "live PyTRIO")
+    click.echo(f"ask: {model_path or base_model}, answered by {who}, search {search.backend}", err=True)
+    with tempfile.TemporaryDirectory(prefix="searchr1-ask-") as scratch:
+        home = offline_home or Path(scratch)
+        service = (offline_service(home, tokenizer, offline_scenario(), policy=policy) if offline
+                   else live_service(connect_timeout))
+        sampler = _Printing(_sampling_client(service, base_model, model_path, offline=offline,
+                                             offline_home=offline_home))
+
+        async def main() -> Any:
+            backend = search_backend(search, offline=offline)
+            try:
+                (trajectory,) = await rollout_batch_async(sampler, tokenizer, _PrintingSearch(backend), [example],
+                                                          rollout, reward="em")
+                return trajectory
+            finally:
+                await backend.aclose()
+
+        from searchr1.core.failures import describe_failure, is_service_failure
+        from searchr1.core.rollout import SamplerFailureError
+
+        try:
+            trajectory = asyncio.run(main())
+        except SamplerFailureError as error:
+            cause = str(error).split("(first failure: ", 1)[-1].split(" | ", 1)[0]
+            raise click.ClickException(f"the sampler could not answer: {cause}") from None
+        except Exception as error:
+            if is_service_failure(error):
+                raise click.ClickException(f"the service or the network failed ({describe_failure(error)})") from None
+            raise
+    click.secho(f"ended: {trajectory.termination}", bold=True)
+    from searchr1.core.reward import ANSWER_PATTERN
+
+    found_answer = ANSWER_PATTERN.findall(trajectory.final_text or "")
+    click.secho(f"answer: {found_answer[-1] if found_answer else '(none)'}", bold=True, fg="green")
+    if answers:
+        click.echo(f"reward {trajectory.reward:+.1f}   EM {'yes' if trajectory.exact_match else 'no'}   "
+                   f"F1 {trajectory.f1:.3f}   cover EM {'yes' if trajectory.cover_em else 'no'}   "
+                   f"(gold: {' | '.join(answers)})")

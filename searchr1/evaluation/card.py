@@ -1,0 +1,143 @@
+"""The comparability card of an evaluation: everything a reader needs to decide whether two
+sets of numbers can be compared (the corpus and its version, the retriever, top-k, the turn
+and token budgets, decoding, what each metric means and where its definition comes from, how
+many questions each source had, how the intervals were computed).
+
+Every eval summary carries one under ``card``; ``eval --protocol search-r1`` prints it, and each
+published row has its own (:mod:`searchr1.evaluation.published`). :func:`card_differences`
+lists the fields of two cards that change the numbers (every field except ``n_per_source``,
+which describes the sample rather than the setting): ``compare`` refuses evaluations whose
+cards differ in any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from searchr1.evaluation.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CI_LEVEL
+
+CARD_VERSION = 1
+# Card fields that describe the sample, not the setting: they may differ between comparable cards.
+DESCRIPTIVE_FIELDS = frozenset({"n_per_source", "card_version"})
+
+METRIC_DEFINITIONS: dict[str, dict[str, str]] = {
+    "em": {
+        "definition": "1 when the normalised answer equals a normalised gold answer (lower case, "
+                      "punctuation, articles and extra white space removed), else 0; mean over questions",
+        "source": "SQuAD's official scorer (Rajpurkar et al. 2016, arXiv 1606.05250), as used by "
+                  "Search-R1 (Jin et al. 2025, arXiv 2503.09516)",
+    },
+    "f1": {
+        "definition": "token F1 of the normalised answer against each gold answer (tokens counted with "
+                      "multiplicity), the best over the gold answers; mean over questions",
+        "source": "SQuAD's official scorer (Rajpurkar et al. 2016, arXiv 1606.05250)",
+    },
+    "cover_em": {
+        "definition": "1 when a normalised gold answer occurs inside the normalised answer on whole-token "
+                      "boundaries, else 0; mean over questions",
+        "source": "Search-R1's substring EM (Jin et al. 2025, arXiv 2503.09516; its evaluation code)",
+    },
+}
+JUDGE_DEFINITION = {
+    "definition": "1 when the judge model says the prediction means the same as a gold answer, else 0; "
+                  "mean over questions (the prompt is in docs/after-training.md; its version is below)",
+    "source": "LLM-as-judge answer equivalence, as in ASearcher and R1-Searcher",
+}
+
+
+def interval_method() -> str:
+    return (f"{CI_LEVEL:.0%} percentile bootstrap, {BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}: "
+            "per source over its questions, macro stratified by source (each resample keeps every "
+            "source's size), micro over all questions")
+
+
+def _corpus(config: Mapping[str, Any]) -> dict[str, Any]:
+    backend = config.get("search_backend")
+    if backend == "local":
+        index = str(config.get("search_index") or "")
+        name, _, version = index.partition("@")
+        return {"name": name.removeprefix("shipped:") or None, "version": version or None}
+    if backend == "retriever":
+        return {"name": "the retrieval server's corpus (wiki-18 under --protocol search-r1)", "version": None}
+    if config.get("search_cassette"):
+        return {"name": f"{backend} web search, replayed", "version": config.get("search_cassette")}
+    return {"name": f"{backend} web search, live", "version": None}
+
+
+def _retriever(config: Mapping[str, Any]) -> str:
+    backend = str(config.get("search_backend"))
+    return {"local": "BM25 (searchr1.bm25)", "retriever": "an HTTP retrieval server (Search-R1's /retrieve)",
+            "deepseek": f"DeepSeek web search ({config.get('search_model') or 'default model'})",
+            "zhihu": "Zhihu search", "wikipedia": "the Wikipedia search API"}.get(backend, backend)
+
+
+def eval_card(config: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The card of an evaluation from its run configuration and its metrics (plain JSON)."""
+    rollout = config.get("rollout") if isinstance(config.get("rollout"), Mapping) else {}
+    sampling = config.get("sampling") if isinstance(config.get("sampling"), Mapping) else {}
+    definitions = {name: dict(text) for name, text in METRIC_DEFINITIONS.items()}
+    judge = config.get("judge")
+    if isinstance(judge, Mapping):
+        definitions["judge"] = {**JUDGE_DEFINITION, "model": judge.get("model"),
+                                "prompt_version": judge.get("prompt_version")}
+    return {
+        "card_version": CARD_VERSION,
+        "protocol": config.get("protocol"),
+        "dataset_sha256": config.get("dataset_sha256"),
+        "corpus": _corpus(config),
+        "retriever": _retriever(config),
+        "top_k": config.get("search_topk"),
+        "budgets": {name: rollout.get(name) for name in (
+            "max_search_calls", "max_assistant_turns", "max_assistant_tokens", "max_tool_response_tokens",
+            "max_trajectory_tokens")},
+        "decoding": {"temperature": sampling.get("temperature", rollout.get("temperature")),
+                     "top_p": sampling.get("top_p", rollout.get("top_p")),
+                     "samples_per_question": rollout.get("group_size")},
+        "metrics": definitions,
+        "n_per_source": {key.split("/", 1)[1]: int(value) for key, value in sorted(metrics.items())
+                         if key.startswith("questions/")},
+        "interval": interval_method(),
+    }
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{prefix}{key}."))
+        return flat
+    return {prefix.rstrip("."): value}
+
+
+def card_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``"field: a -> b"`` for every card field that changes the numbers and differs (sorted).
+    A judge on one side only is no difference (the other numbers are the same); two judges
+    that differ are."""
+    left = _flatten({k: v for k, v in a.items() if k not in DESCRIPTIVE_FIELDS})
+    right = _flatten({k: v for k, v in b.items() if k not in DESCRIPTIVE_FIELDS})
+    judged = [any(k.startswith("metrics.judge.") for k in side) for side in (left, right)]
+    if not all(judged):
+        left, right = ({k: v for k, v in side.items() if not k.startswith("metrics.judge.")}
+                       for side in (left, right))
+    return [f"{key}: {left.get(key)!r} -> {right.get(key)!r}"
+            for key in sorted(set(left) | set(right)) if left.get(key) != right.get(key)]
+
+
+def format_card(card: Mapping[str, Any]) -> str:
+    """The card as indented lines for the console."""
+    corpus = card.get("corpus") or {}
+    budgets = card.get("budgets") or {}
+    decoding = card.get("decoding") or {}
+    lines = ["card:",
+             f"  corpus      {corpus.get('name')} (version {corpus.get('version') or 'unstated'})",
+             f"  retriever   {card.get('retriever')}, top-k {card.get('top_k') or 'the backend default'}",
+             "  budgets     " + ", ".join(f"{k} {v}" for k, v in budgets.items() if v is not None),
+             "  decoding    " + ", ".join(f"{k} {v}" for k, v in decoding.items() if v is not None)]
+    n = card.get("n_per_source") or {}
+    if n:
+        lines.append("  questions   " + ", ".join(f"{k} {v}" for k, v in n.items()))
+    for name, text in (card.get("metrics") or {}).items():
+        lines.append(f"  {name:<11} {text.get('definition')} [{text.get('source')}]")
+    lines.append(f"  intervals   {card.get('interval')}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Taking a trained checkpoint home: safe archive extraction and PEFT LoRA adapter checks."""
