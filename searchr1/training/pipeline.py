@@ -25,6 +25,7 @@ from searchr1.core.rollout import rollout_batch_async
 from searchr1.search.types import SearchBackend
 from searchr1.core.config import TrainConfig
 from searchr1.core.types import Trajectory
+from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage
 
 SAMPLER_TTL_SECONDS = 24 * 3600  # named samplers of off-policy runs (resume reuses them)
 
@@ -38,6 +39,7 @@ class BatchRollout:
     trajectories: list[Trajectory]
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's counters
+    usage: Usage = field(default_factory=Usage)  # the batch's sampling and searches
 
 
 class BatchProgress:
@@ -85,6 +87,7 @@ class RolloutPipeline:
         self._samplers: dict[int, asyncio.Future[tuple[Any, int]]] = {}
         self._rollouts: dict[int, asyncio.Future[BatchRollout]] = {}
         self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
+        self.weight_saves = 0  # sampler saves decided since the trainer last took them (take_weight_saves)
 
     @property
     def in_flight(self) -> int:
@@ -104,6 +107,11 @@ class RolloutPipeline:
         self.weights_version = step + 1
         if step + 1 + self.config.max_steps_off_policy < self.config.max_steps:
             self._sampler(step + 1)
+
+    def take_weight_saves(self) -> int:
+        """Sampler saves decided since the last call (each new sampler not recorded before a resume)."""
+        saves, self.weight_saves = self.weight_saves, 0
+        return saves
 
     def drop_from(self, first_batch: int) -> int:
         """Cancel rollouts of batches ``>= first_batch`` (a stop or the end of the run); returns
@@ -129,6 +137,7 @@ class RolloutPipeline:
         weights are saved under a name of this run, so that a resumed run can roll out its
         in-flight batches on exactly the weights the uninterrupted run used."""
         if version not in self._samplers:
+            self.weight_saves += version not in self.sampler_paths  # every other way saves the weights
             self._samplers[version] = asyncio.ensure_future(self._make_sampler(version))
         return self._samplers[version]
 
@@ -158,19 +167,22 @@ class RolloutPipeline:
         step index alone, whenever the rollout actually runs."""
         config = self.config
         sampler, version = await self._sampler(sampler_version(batch_index, config.max_steps_off_policy))
+        usage = Usage()
+        sampler, search = MeteredSampler(sampler, usage), MeteredSearch(self.search, usage)
         started = time.perf_counter()
         if config.dynamic_sampling:
-            trajectories, metrics = await self._roll_out_until_signal(sampler, batch_index)
-            return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, metrics)
+            trajectories, metrics = await self._roll_out_until_signal(sampler, search, batch_index)
+            return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, metrics, usage)
         batch = take_batch(self.examples, batch_index * config.questions_per_batch, config.questions_per_batch)
         trajectories = await rollout_batch_async(
-            sampler, self.tokenizer, self.search, batch, config.rollout, self.progress.callback(batch_index),
+            sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
             step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
             sampling_slots=self._sampling_slots, reward=config.reward,
         )
-        return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started)
+        return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, usage=usage)
 
-    async def _roll_out_until_signal(self, sampler: Any, batch_index: int) -> tuple[list[Trajectory], dict[str, float]]:
+    async def _roll_out_until_signal(self, sampler: Any, search: SearchBackend,
+                                     batch_index: int) -> tuple[list[Trajectory], dict[str, float]]:
         """--dynamic-sampling (searchr1.training.dynamic_sampling): draw batches at the data cursor until
         ``questions_per_batch`` groups carry a signal or the oversampling budget is spent. The
         cursor moves by every batch drawn (on-policy only, so batches never overlap)."""
@@ -183,7 +195,7 @@ class RolloutPipeline:
         while draws <= config.max_oversample_batches:
             batch = take_batch(self.examples, self.cursor, size)
             trajectories += await rollout_batch_async(
-                sampler, self.tokenizer, self.search, batch, config.rollout, self.progress.callback(batch_index),
+                sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
                 step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
                 sampling_slots=self._sampling_slots, reward=config.reward, first_question_index=draws * size,
             )
