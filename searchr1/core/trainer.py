@@ -207,7 +207,6 @@ class Trainer:
             metrics.update(optim_metrics)
         self.pipeline.weights_updated(step)  # saving the new weights overlaps with the bookkeeping
         count_update(rollout.usage, datums, calls)
-        rollout.usage.weight_saves += self.pipeline.take_weight_saves()
         metrics["train/forward_backward_calls"] = float(calls)
         metrics["train/tokens_sent"] = float(sum(d.num_tokens for d in datums))
         metrics["train/update_skipped"] = float(not datums)

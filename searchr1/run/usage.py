@@ -15,8 +15,9 @@ Kinds (``usage/...``):
 - ``forward_backward_calls``, ``optim_steps``: training calls.
 - ``kl_requests``, ``kl_prompt_tokens``, ``kl_generated_tokens``: the base model's
   prompt-logprob requests of ``--kl-coef`` (each asks for one generated token too).
-- ``weight_saves`` (sampler weights: the per-step sampler and each checkpoint's weights),
-  ``state_saves`` (each checkpoint's optimizer state).
+- ``weight_saves`` (sampler weights: each sampler, counted with the first batch that samples on
+  it, and each checkpoint's weights, counted with the step it follows), ``state_saves`` (each
+  checkpoint's optimizer state).
 - Search, per backend ``<b>``: ``search_<b>_calls`` (calls the rollout made),
   ``search_<b>_requests`` (calls sent to the service: neither the cache nor a shared
   in-flight request answered them), and the backend's billing units:
@@ -26,7 +27,10 @@ Kinds (``usage/...``):
   ``search_wikipedia_http_requests`` (every attempt, retries included).
 
 The work of off-policy batches rolling out ahead of a stop is dropped with them and redone on
-resume; it is counted once, in the step that trains it.
+resume; it is counted once, in the step that trains it. Likewise the sampler a stopping step
+already saved for the next one is saved again by the resumed run and counted there, once. So a
+run's totals are what an uninterrupted run would use; a stopped and resumed run made that
+dropped work too (the service's bill, like the twin's own count, has it).
 """
 
 from __future__ import annotations

@@ -87,7 +87,6 @@ class RolloutPipeline:
         self._samplers: dict[int, asyncio.Future[tuple[Any, int]]] = {}
         self._rollouts: dict[int, asyncio.Future[BatchRollout]] = {}
         self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
-        self.weight_saves = 0  # sampler saves decided since the trainer last took them (take_weight_saves)
 
     @property
     def in_flight(self) -> int:
@@ -107,11 +106,6 @@ class RolloutPipeline:
         self.weights_version = step + 1
         if step + 1 + self.config.max_steps_off_policy < self.config.max_steps:
             self._sampler(step + 1)
-
-    def take_weight_saves(self) -> int:
-        """Sampler saves decided since the last call (each new sampler not recorded before a resume)."""
-        saves, self.weight_saves = self.weight_saves, 0
-        return saves
 
     def drop_from(self, first_batch: int) -> int:
         """Cancel rollouts of batches ``>= first_batch`` (a stop or the end of the run); returns
@@ -137,7 +131,6 @@ class RolloutPipeline:
         weights are saved under a name of this run, so that a resumed run can roll out its
         in-flight batches on exactly the weights the uninterrupted run used."""
         if version not in self._samplers:
-            self.weight_saves += version not in self.sampler_paths  # every other way saves the weights
             self._samplers[version] = asyncio.ensure_future(self._make_sampler(version))
         return self._samplers[version]
 
@@ -166,8 +159,11 @@ class RolloutPipeline:
         ``sampler_version(batch_index, K)``: seeds, questions and weights are fixed by the
         step index alone, whenever the rollout actually runs."""
         config = self.config
-        sampler, version = await self._sampler(sampler_version(batch_index, config.max_steps_off_policy))
+        wanted = sampler_version(batch_index, config.max_steps_off_policy)
+        sampler, version = await self._sampler(wanted)
         usage = Usage()
+        # the save of a sampler counts with the first batch that samples on it (however many resumes lie between)
+        usage.weight_saves = int(batch_index == (0 if wanted == 0 else wanted + config.max_steps_off_policy))
         sampler, search = MeteredSampler(sampler, usage), MeteredSearch(self.search, usage)
         started = time.perf_counter()
         if config.dynamic_sampling:
