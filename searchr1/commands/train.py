@@ -158,6 +158,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     if estimate and resume_dir is not None:
         raise click.UsageError("--estimate projects a new run; it does not apply with --resume")
     segment: dict[str, Any] | None = None
+    costs_changed = False  # a resume with another price table or budget (config.json records it)
     if from_step is not None and resume_dir is None:
         raise click.UsageError("--from-step needs --resume RUN_DIR (the run to restart)")
     try:
@@ -187,8 +188,9 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         if ctx.params["max_steps"] is not None:
             stored["max_steps"] = ctx.params["max_steps"]
         for name in COST_FLAGS:  # a resume may bring another price table or a larger budget
-            if name in explicit:
+            if name in explicit and stored.get(name) != _plain(ctx.params[name]):
                 stored[name] = _plain(ctx.params[name])
+                costs_changed = True
         guard = {}
         if "stop_on_collapse" in explicit:
             guard["stop_on_collapse"] = ctx.params["stop_on_collapse"]
@@ -336,6 +338,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                 return first
             if resume_dir is None:
                 run.create(config.to_json())
+            if costs_changed and segment is None:
+                run.write_config({**config.to_json(), **{k: stored[k] for k in ("segments",) if k in stored}})
             if segment is not None:  # a restart from step K, or guard flags changed on resume
                 segments = [*stored.get("segments", []), {**segment, "from_step": first, "time": time.time()}]
                 recorded = {**config.to_json(), "segments": segments}

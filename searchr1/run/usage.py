@@ -36,6 +36,7 @@ dropped work too (the service's bill, like the twin's own count, has it).
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -169,6 +170,19 @@ def _split_search_kind(rest: str, units: set[str]) -> tuple[str, str]:
         if rest.endswith("_" + unit):
             return rest[: -len(unit) - 1], unit
     return "", ""
+
+
+_SERVICE_SEARCH_UNITS = ("requests", "input_tokens", "cache_read_input_tokens", "output_tokens", "web_searches",
+                         "quota_units", "http_requests")
+_SERVICE_SEARCH_KEY = re.compile(r"^(usage|cost)/(total_)?search_.+_(" + "|".join(_SERVICE_SEARCH_UNITS) + ")$")
+
+
+def depends_on_timing(key: str) -> bool:
+    """Whether a ``usage/``/``cost/`` key depends on the order concurrent searches ran in: how
+    many calls reached the search service (single-flight merges identical queries only while
+    one is in flight) and what it billed, and the cost sums that include them. Everything
+    else of two runs with the same seed is equal."""
+    return bool(_SERVICE_SEARCH_KEY.match(key)) or key in ("cost/step", "cost/total")
 
 
 def usage_metrics(step: Usage, total: Usage) -> dict[str, float]:
