@@ -310,6 +310,7 @@ class Trainer:
                     self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
                                        f"What the model did: python cli.py show {self.run.path} --step {step}")
                 self._record(step, result)
+                stopping = stopping or (self.stop_requested and completed < config.max_steps)  # Ctrl-C meanwhile
                 if stopping:
                     self.pipeline.drop_from(completed)  # in flight; redone exactly on resume
                 if (config.save_every and completed % config.save_every == 0) or stopping:
