@@ -192,6 +192,23 @@ def usage_metrics(step: Usage, total: Usage) -> dict[str, float]:
             **total.as_metrics(TOTAL), f"{PREFIX}{TOTAL}model_tokens": float(total.tokens)}
 
 
+def question_usage_metrics(records: Iterable[Mapping[str, Any]]) -> tuple[Usage, int, dict[str, float]]:
+    """An evaluation's usage from its records (each question's usage rides on one of its records):
+    the total, how many questions it covers, and ``usage/total_<kind>`` and ``usage/<kind>_per_question``."""
+    total, questions = Usage(), 0
+    for record in records:
+        kinds = record.get("usage")
+        if isinstance(kinds, Mapping):
+            total.add(Usage.from_kinds(kinds))
+            questions += 1
+    metrics = {f"{PREFIX}{TOTAL}{kind}": float(value) for kind, value in total.kinds().items()}
+    metrics[f"{PREFIX}{TOTAL}model_tokens"] = float(total.tokens)
+    per = 1.0 / questions if questions else 0.0
+    metrics.update({f"{PREFIX}{kind}_per_question": value * per for kind, value in total.kinds().items()})
+    metrics[f"{PREFIX}model_tokens_per_question"] = total.tokens * per
+    return total, questions, metrics
+
+
 def count_update(usage: Usage, datums: Sequence[Any], forward_backward_calls: int) -> None:
     """A step's update: the datums' tokens sent to forward_backward, its calls and the optim_step."""
     usage.train_tokens += sum(int(d.num_tokens) for d in datums)

@@ -39,7 +39,10 @@ DEFAULT_RUN_METRICS = (
     "rollout/degenerate_group_rate",
     "trainer/loss_mean",
     "time/step_seconds",
+    "usage/total_model_tokens",
 )
+# Running totals (searchr1.run.usage, searchr1.run.costs): drawn as they are, never averaged.
+CUMULATIVE_PREFIXES = ("usage/total_", "cost/total")
 # `plot run --health`: the collapse guard's diagnostics (searchr1.health.diagnostics, searchr1.health.rules)
 HEALTH_RUN_METRICS = (
     "health/entropy",
@@ -71,6 +74,8 @@ METRIC_LABELS = {
     "health/action_tokens_mean": ("Sampled tokens per trajectory", "tokens (mean)"),
     "health/action_tokens_p95": ("Sampled tokens per trajectory, p95", "tokens"),
     "rollout/termination/answer": ("Trajectories that answered", "share of trajectories"),
+    "usage/total_model_tokens": ("Model tokens used so far", "tokens (sampled, trained, KL; cumulative)"),
+    "cost/total": ("Spent so far", "cost in the price table's currency (cumulative)"),
 }
 RUN_METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.json"
@@ -550,6 +555,11 @@ def smooth(values: Sequence[float], half_width: int) -> list[float]:
     return means
 
 
+def default_run_metrics(rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The default panels, with the cost panel when the run priced its usage (``--prices``)."""
+    return DEFAULT_RUN_METRICS + (("cost/total",) if any("cost/total" in row for row in rows) else ())
+
+
 def run_figure(
     rows: Sequence[Mapping[str, Any]],
     metrics: Sequence[str] = DEFAULT_RUN_METRICS,
@@ -592,6 +602,8 @@ def run_figure(
         steps, values = run_series(rows, metric)
         segments = _segments(steps, all_steps)
         width = smoothing_half_width(len(values)) if half_width is None else half_width
+        if metric.startswith(CUMULATIVE_PREFIXES):
+            width = 0  # a running total is its own summary
         if width:
             ax.plot(steps, values, linestyle="none", marker="o", markersize=2.5, alpha=0.35, color="tab:blue")
             for start, end in segments:  # the average never reaches across a missing step

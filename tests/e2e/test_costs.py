@@ -164,3 +164,35 @@ def test_resume_rejects_nothing_about_costs_and_records_the_new_budget(tmp_path)
     assert config["budget"] == 1000 and config["prices"] == str(PRICES)
     last = RunDir(run_dir).metrics()[-1]
     assert last["cost/total"] > 0 and last["usage/total_optim_steps"] == 2
+
+
+def test_an_eval_summary_counts_usage_per_question_and_keeps_it_across_a_rerun(tmp_path):
+    output = tmp_path / "eval.jsonl"
+    command = ["eval", "--offline", "--quiet", "--offline-policy", "scripted", "--limit", "4", "--prices", str(PRICES),
+               "-o", str(output)]
+    first = CliRunner().invoke(main, command)
+    assert first.exit_code == 0, first.output
+    assert "usage:" in first.output and "cost" in first.output
+    summary = json.loads(output.read_text().splitlines()[-1])
+    metrics = summary["metrics"]
+    questions = summary["evaluated_examples"]
+    assert questions == 4 and metrics["usage/total_sample_requests"] >= questions  # one first request per question
+    for kind in ("sample_prompt_tokens", "sample_generated_tokens", "search_deepseek_calls"):
+        assert metrics[f"usage/{kind}_per_question"] * questions == pytest.approx(metrics[f"usage/total_{kind}"])
+    assert metrics["cost/per_question"] * questions == pytest.approx(metrics["cost/total"]) and metrics["cost/total"] > 0
+    again = CliRunner().invoke(main, command)  # every question is recorded: nothing runs, the summary is rebuilt
+    assert again.exit_code == 0, again.output
+    rebuilt = json.loads(output.read_text().splitlines()[-1])["metrics"]
+    assert {k: v for k, v in rebuilt.items() if k.startswith("usage/")} == {
+        k: v for k, v in metrics.items() if k.startswith("usage/")}
+
+
+def test_show_prints_a_trajectorys_tokens_and_searches(tmp_path):
+    run_dir = tmp_path / "run"
+    assert train("--max-steps", "1", "--run-dir", str(run_dir)).exit_code == 0
+    record = json.loads((run_dir / "transcripts.jsonl").read_text().splitlines()[0])
+    generated = sum(turn["generated_tokens"] for turn in record["turns"])
+    result = CliRunner().invoke(main, ["show", str(run_dir), "--limit", "1"])
+    assert result.exit_code == 0, result.output
+    assert f"tokens {generated} generated over {len(record['turns'])} turn(s)" in result.output
+    assert f"searches {record['search_calls']}" in result.output

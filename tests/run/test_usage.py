@@ -189,3 +189,19 @@ def test_a_token_budget_counts_every_model_token():
 @pytest.mark.parametrize("steps, every, expected", [(20, 0, 1), (20, 5, 4), (21, 5, 5), (3, 50, 1)])
 def test_the_checkpoints_of_a_schedule(steps, every, expected):
     assert checkpoints_of(steps, every) == expected
+
+
+def test_the_run_plot_draws_the_running_totals_unsmoothed_and_a_cost_panel_when_priced():
+    from searchr1.view import plots
+
+    rows = [{"step": s, "reward/mean": 0.1 * s, "usage/total_model_tokens": 1000.0 * (s + 1) ** 2,
+             "cost/total": 0.5 * (s + 1)} for s in range(12)]
+    metrics = plots.default_run_metrics(rows)
+    assert metrics[-2:] == ("usage/total_model_tokens", "cost/total")
+    assert "cost/total" not in plots.default_run_metrics([{"step": 0, "usage/total_model_tokens": 1.0}])
+    fig, _ = plots.run_figure(rows, ["usage/total_model_tokens", "cost/total"])
+    for ax, key in zip(fig.axes, ("usage/total_model_tokens", "cost/total")):
+        assert ax.get_title() == plots.metric_title(key)
+        lines = ax.get_lines()
+        assert len(lines) == 1  # the totals as logged: no moving average over a running total
+        assert list(lines[0].get_ydata()) == [row[key] for row in rows]
