@@ -39,10 +39,11 @@ DEFAULT_RUN_METRICS = (
     "rollout/degenerate_group_rate",
     "trainer/loss_mean",
     "time/step_seconds",
-    "usage/total_model_tokens",
 )
-# Running totals (searchr1.run.usage, searchr1.run.costs): drawn as they are, never averaged.
+# Running totals (searchr1.run.usage, searchr1.run.costs): drawn as they are, never averaged;
+# by default when the run logged them (runs written before they were counted did not).
 CUMULATIVE_PREFIXES = ("usage/total_", "cost/total")
+CUMULATIVE_RUN_METRICS = ("usage/total_model_tokens", "cost/total")
 # `plot run --health`: the collapse guard's diagnostics (searchr1.health.diagnostics, searchr1.health.rules)
 HEALTH_RUN_METRICS = (
     "health/entropy",
@@ -556,8 +557,8 @@ def smooth(values: Sequence[float], half_width: int) -> list[float]:
 
 
 def default_run_metrics(rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
-    """The default panels, with the cost panel when the run priced its usage (``--prices``)."""
-    return DEFAULT_RUN_METRICS + (("cost/total",) if any("cost/total" in row for row in rows) else ())
+    """The default panels, with the running totals the run logged (the cost when it was priced, ``--prices``)."""
+    return DEFAULT_RUN_METRICS + tuple(m for m in CUMULATIVE_RUN_METRICS if any(m in row for row in rows))
 
 
 def run_figure(
