@@ -242,8 +242,10 @@ def budget_stop_message(verdict: BudgetVerdict, prices: PriceTable | None, *, co
 def _larger(limit: float, spent: float, step: float) -> float:
     """A larger budget to suggest: twice the limit and room for two more steps, rounded up to two digits."""
     wanted = max(limit * 2, spent + 2 * step)
-    magnitude = 10 ** max(0, math.floor(math.log10(wanted)) - 1) if wanted > 0 else 1
-    return math.ceil(wanted / magnitude) * magnitude
+    if wanted <= 0:
+        return 1.0
+    digits = 1 - math.floor(math.log10(wanted))  # two significant digits
+    return math.ceil(round(wanted * 10 ** digits, 6)) / 10 ** digits
 
 
 class BudgetReached(RuntimeError):
