@@ -178,7 +178,7 @@ class Budget:
     tokens: int | None = None
 
     @property
-    def set(self) -> bool:
+    def active(self) -> bool:
         return self.amount is not None or self.tokens is not None
 
 
@@ -294,7 +294,7 @@ class RunAccount:
 
     def verdict(self) -> BudgetVerdict:
         """May the next step start? (never stops a run without a budget)"""
-        if not self.budget.set:
+        if not self.budget.active:
             return BudgetVerdict(False)
         return check_budget(self.budget, self.prices, self.total, mean_usage(self._summed, self._steps))
 
