@@ -143,7 +143,9 @@ TIMING_DEPENDENT_PREFIXES = ("time/", "search/")
 def without_timing_metrics(record: dict) -> dict:
     """A metrics line (or summary metrics) without wall-clock observations; two runs with the
     same seed agree on everything else."""
-    return {k: v for k, v in record.items() if not k.startswith(TIMING_DEPENDENT_PREFIXES)}
+    from searchr1.run.usage import depends_on_timing
+
+    return {k: v for k, v in record.items() if not k.startswith(TIMING_DEPENDENT_PREFIXES) and not depends_on_timing(k)}
 
 
 # A `python -c` script: run the CLI (argv[2:]) and SIGKILL the process right after the metrics

@@ -85,6 +85,8 @@ RESULT_DIR = Path("eval_result")
 @click.option("--judge-cassette", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With a deepseek-* judge: replay its answers from this cassette (offline), or record them "
                    "into it (live; the key is never written).")
+@click.option("--prices", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="TOML price table (docs/prices.example.toml): the summary's cost/... next to its usage/... counts.")
 @connect_timeout_option()
 @search_options(default_backend="deepseek")
 def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> None:
@@ -301,6 +303,13 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     )
 
     offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
+    prices_path = kwargs.pop("prices")
+    if prices_path is not None:
+        from searchr1.run.costs import load_prices
+
+        prices = load_prices(prices_path)  # a bad table is one line, before anything is sampled
+    else:
+        prices = None
     connect_timeout = kwargs.pop("connect_timeout")
     base_model, model_path = kwargs.pop("base_model"), kwargs.pop("model_path")
     limit, chat_template, offline_home = kwargs.pop("limit"), kwargs.pop("chat_template"), kwargs.pop("offline_home")
@@ -362,7 +371,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
                                 offline=offline, cassette=judge_cassette, cache=judge_cache, env_file=search.env_file))
             try:
                 return await evaluate(sampler, tokenizer, backend, examples, rollout, output, run_config,
-                                      limit=limit, overwrite=overwrite, progress=bar, judge=judge)
+                                      limit=limit, overwrite=overwrite, progress=bar, judge=judge, prices=prices)
             finally:
                 await backend.aclose()
                 if judge is not None and hasattr(judge.backend, "aclose"):
@@ -562,6 +571,14 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(
         f"  searches/question {m['rollout/search_calls']:.2f}   no-search rate {m['rollout/no_search_rate']:.2f}   "
         f"turns {m['rollout/turns']:.2f}   search success {_search_success(m)}")
+    if "usage/total_model_tokens" in m:
+        parts = [f"{m['usage/total_model_tokens']:.0f} model tokens ({m['usage/model_tokens_per_question']:.0f}/question)",
+                 f"{m.get('usage/total_sample_requests', 0):.0f} sampling requests"]
+        parts += [f"{m[key]:.0f} {key.removeprefix('usage/total_search_').removesuffix('_calls')} searches"
+                  for key in sorted(m) if key.startswith("usage/total_search_") and key.endswith("_calls")]
+        cost = (f"; cost {m['cost/total']:.4f} {summary.get('currency', '')} ({m['cost/per_question']:.4f}/question)"
+                if "cost/total" in m else "")
+        lines.append("  usage: " + ", ".join(parts) + cost)
     lines.append(f"  {'source':<18}{'n':>5}" + "".join(f"{label:>10}   {'95% CI':<15}" for _, label in names)
                  + f"{'format':>7}")
     for source in sources:

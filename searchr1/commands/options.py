@@ -109,10 +109,11 @@ def run_guarded(function: Callable[[], Any]) -> Any:
     from searchr1.core.settings import SettingError
     from searchr1.runtime.tokenizer import TokenizerSetupError
     from searchr1.twin.scenario import ScenarioError
+    from searchr1.run.costs import PriceError
 
     expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, SearchRefusedError,
                 CassetteMissError, CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError,
-                BM25IndexError, CorpusError, FileInUseError)
+                BM25IndexError, CorpusError, FileInUseError, PriceError)
     try:
         return function()
     except SettingError as error:

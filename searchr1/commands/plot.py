@@ -112,6 +112,8 @@ def plot_run(run: Path, output: Path, metrics: tuple[str, ...], smooth: int | No
         path = plots.resolve_metrics_path(run)
         rows = plots.load_run_metrics(path)
         title = plots.run_title(plots.load_run_config(path), str(path))
+        if not health:
+            default = plots.default_run_metrics(rows)
         fig, skipped = plots.run_figure(rows, metrics or default, title=title, half_width=smooth,
                                         leave_out_constant=not metrics)
     except plots.PlotInputError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import time
 import tempfile
@@ -34,7 +35,10 @@ OFFLINE_LEARNING_RATE = {"learning": 0.2}
 # Flags that may differ when a run is resumed (everything else is fixed by config.json).
 RESUMABLE_FLAGS = {"config", "resume", "max_steps", "swanlab_mode", "logger", "logger_project", "quiet",
                    "chat_template", "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits",
-                   "connect_timeout", "from_step", "offline_fault"}
+                   "connect_timeout", "from_step", "offline_fault", "prices", "budget", "budget_tokens",
+                   "estimate", "estimate_measure"}
+# Flags a resume applies as given (the price table and the budgets; recorded in config.json).
+COST_FLAGS = ("prices", "budget", "budget_tokens")
 # The collapse guard's flags: any resume may change them (they are recorded in config.json).
 GUARD_FLAGS = {"stop_on_collapse", "health_rules"}
 # Algorithm flags a restart from an earlier step (--resume RUN --from-step K) may change; the
@@ -44,6 +48,8 @@ SEGMENT_FLAGS = {"learning_rate", "beta1", "beta2", "advantage", "keep_env_failu
                  "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches"}
 # Exit code of a run stopped by --stop-on-collapse.
 COLLAPSE_EXIT_CODE = 3
+# Exit code of a run stopped by --budget / --budget-tokens (a checkpoint of every finished step is saved).
+BUDGET_EXIT_CODE = 4
 
 
 @click.command(context_settings={"show_default": True})
@@ -95,6 +101,12 @@ COLLAPSE_EXIT_CODE = 3
 @click.option("--allow-tempered-sampling", is_flag=True,
               help="Accept --temperature/--top-p other than 1. The importance ratio then uses logprobs of a "
                    "tempered or truncated distribution instead of the trained policy's, which biases the update.")
+@click.option("--estimate", is_flag=True,
+              help="Print what the whole run would use (tokens, requests and, with --prices, cost; per step and in "
+                   "total, with a range) from the configured sizes, and exit; nothing is sampled or written.")
+@click.option("--estimate-measure", is_flag=True,
+              help="With --estimate: also run ONE real step (paid on a live run) in a temporary directory and "
+                   "project the run from what it used.")
 @search_options(default_backend="deepseek")
 @click.pass_context
 def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
@@ -128,6 +140,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     )
     from searchr1.core.config import new_run_id
     from searchr1.core.trainer import CollapseDetected, Trainer, TrainingStopped
+    from searchr1.run.costs import BudgetReached
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
     resume_dir: Path | None = kwargs.pop("resume")
@@ -139,7 +152,13 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     connect_timeout = kwargs.pop("connect_timeout")
     from_step, offline_fault = kwargs.pop("from_step"), kwargs.pop("offline_fault")
     health_rules = _health_rules(kwargs.pop("health_rules"))
+    estimate, measure = kwargs.pop("estimate"), kwargs.pop("estimate_measure")
+    if measure and not estimate:
+        raise click.UsageError("--estimate-measure only applies with --estimate")
+    if estimate and resume_dir is not None:
+        raise click.UsageError("--estimate projects a new run; it does not apply with --resume")
     segment: dict[str, Any] | None = None
+    costs_changed = False  # a resume with another price table or budget (config.json records it)
     if from_step is not None and resume_dir is None:
         raise click.UsageError("--from-step needs --resume RUN_DIR (the run to restart)")
     try:
@@ -168,6 +187,10 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                                    f"{resume_dir / 'config.json'} ({hint})")
         if ctx.params["max_steps"] is not None:
             stored["max_steps"] = ctx.params["max_steps"]
+        for name in COST_FLAGS:  # a resume may bring another price table or a larger budget
+            if name in explicit and stored.get(name) != _plain(ctx.params[name]):
+                stored[name] = _plain(ctx.params[name])
+                costs_changed = True
         guard = {}
         if "stop_on_collapse" in explicit:
             guard["stop_on_collapse"] = ctx.params["stop_on_collapse"]
@@ -249,6 +272,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     # chat template, the search keys; then the PyTRIO key and connection, the server's limits
     # and its tokenizer (searchr1.runtime.preflight). Only then is the run directory written.
     offline = config.offline
+    account = _run_account(config)
     tokenizer = load_tokenizer(chat_template)
     examples = shuffled_examples(config.data, config.seed)
     if config.max_train_samples:
@@ -258,6 +282,18 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     if config.questions_per_batch > len(examples):
         click.secho(f"warning: --questions-per-batch {config.questions_per_batch} is more than the "
                     f"{len(examples)} training examples, so every step repeats questions", fg="yellow", err=True)
+    if estimate:
+        from searchr1.run.estimate import configured_estimate, render_estimate
+
+        if not measure:
+            click.echo(render_estimate(configured_estimate(config, tokenizer, examples), account.prices))
+            return
+        click.echo("estimate: measuring one step in a temporary directory", err=True)
+        run, measured_steps = RunDir(Path(held.enter_context(tempfile.TemporaryDirectory())) / "measure"), config.max_steps
+        config = dataclasses.replace(config, max_steps=1, save_every=0, transcripts_per_step=0, budget=None,
+                                     budget_tokens=None)
+        account = _run_account(config)
+        requested_loggers, quiet = ("none",), True
     check_search_keys(search, offline=offline)
     loggers = None if preflight_only else _planned_loggers(requested_loggers, swanlab_mode, logger_project,
                                                            config, run.path)
@@ -294,7 +330,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         backend = search_backend(search, offline=offline)
         try:
             trainer = Trainer(config, run, service=service, tokenizer=tokenizer, search=backend,
-                              examples=examples, reporter=reporter, logger=loggers)
+                              examples=examples, reporter=reporter, logger=loggers, account=account)
             first = trainer.connect(resume)
             if preflight_only:
                 click.echo(f"preflight passed: the service's tokenizer matches; the run would start at step "
@@ -302,6 +338,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                 return first
             if resume_dir is None:
                 run.create(config.to_json())
+            if costs_changed and segment is None:
+                run.write_config({**config.to_json(), **{k: stored[k] for k in ("segments",) if k in stored}})
             if segment is not None:  # a restart from step K, or guard flags changed on resume
                 segments = [*stored.get("segments", []), {**segment, "from_step": first, "time": time.time()}]
                 recorded = {**config.to_json(), "segments": segments}
@@ -335,6 +373,9 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     except CollapseDetected as collapse:
         click.secho(str(collapse), fg="red", err=True)
         sys.exit(COLLAPSE_EXIT_CODE)
+    except BudgetReached as reached:
+        click.secho(str(reached), fg="yellow", err=True)
+        sys.exit(BUDGET_EXIT_CODE)
     except KeyboardInterrupt:
         click.secho(_interrupted_at_once(run, stop, resuming=resume_dir is not None), fg="yellow", err=True)
         sys.exit(130)
@@ -342,6 +383,14 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         if loggers is not None:
             loggers.finish()
     if preflight_only:
+        return
+    if estimate:
+        from searchr1.run.estimate import measured_estimate, render_estimate
+
+        click.echo(render_estimate(measured_estimate(run.metrics()[0], measured_steps, offline=offline,
+                                                     bounds=configured_estimate(
+                                                         dataclasses.replace(config, max_steps=measured_steps),
+                                                         tokenizer, examples)), account.prices))
         return
     last = run.resume_point()
     if stop.requested and completed < config.max_steps:
@@ -359,6 +408,17 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         click.echo(f"last checkpoint: {last.name}  weights: {last.weights_path}")
         click.echo(f"evaluate it with: python cli.py eval --checkpoint {run.path}"
                    + (f" --backend {search.backend}" if not offline else ""))
+
+
+def _run_account(config: Any) -> Any:
+    """The run's price table and budgets (a bad price table is one line naming file, line and key)."""
+    from searchr1.run.costs import Budget, RunAccount, load_prices
+
+    if config.budget is not None and not config.prices:
+        raise click.UsageError("--budget needs --prices FILE: the budget is an amount in the price table's currency "
+                               "(--budget-tokens counts tokens without prices)")
+    prices = load_prices(config.prices) if config.prices else None
+    return RunAccount(prices, Budget(config.budget, config.budget_tokens))
 
 
 def _fit_server_limits(service: Any, config: Any, *, clamp: bool, resuming: bool) -> Any:

@@ -35,6 +35,7 @@ import numpy as np
 
 from searchr1.core.datum import TrainingDatum
 from searchr1.core.loss_options import KL_ESTIMATORS
+from searchr1.run.usage import MeteredSampler, Usage
 
 
 def kl_estimate(sampler_logprobs: np.ndarray, base_logprobs: np.ndarray, estimator: str) -> np.ndarray:
@@ -152,12 +153,15 @@ class BaseModelPenalty:
         self._sampler: Any = None
         self._slots: asyncio.Semaphore | None = None
 
-    async def apply(self, datums: list[TrainingDatum]) -> tuple[list[TrainingDatum], dict[str, float]]:
-        """The datums with the penalty in their advantages, and the step's kl/ metrics."""
+    async def apply(self, datums: list[TrainingDatum],
+                    usage: Usage | None = None) -> tuple[list[TrainingDatum], dict[str, float]]:
+        """The datums with the penalty in their advantages, and the step's kl/ metrics; the
+        base model's requests are counted into ``usage`` (:mod:`searchr1.run.usage`)."""
         started = time.perf_counter()
         if self._sampler is None:
             self._sampler = await self.service.create_sampling_client_async(base_model=self.config.base_model)
             self._slots = asyncio.Semaphore(self.config.rollout.sampling_concurrency)
-        base = await base_logprobs_async(self._sampler, datums, self._slots)
+        sampler = self._sampler if usage is None else MeteredSampler(self._sampler, usage, kl=True)
+        base = await base_logprobs_async(sampler, datums, self._slots)
         datums, metrics = penalize(datums, base, coef=self.config.kl_coef, estimator=self.config.kl_estimator)
         return datums, {**metrics, "kl/base_requests": float(len(base)), "time/kl_seconds": time.perf_counter() - started}

@@ -59,6 +59,8 @@ from searchr1.core.config import TrainConfig
 from searchr1.core.types import Trajectory
 from searchr1.run.transcripts import append_transcripts, select_transcripts, transcript_record
 from searchr1.core.update import apply_update
+from searchr1.run.costs import BudgetReached, RunAccount
+from searchr1.run.usage import Usage, count_update
 
 
 class TrainingStopped(RuntimeError):
@@ -88,6 +90,7 @@ class StepResult:
 
     metrics: dict[str, float]
     trajectories: list[Trajectory]
+    usage: Usage  # what the step's batch and update used (searchr1.run.usage)
 
 
 class Trainer:
@@ -104,6 +107,7 @@ class Trainer:
         examples: Sequence[SearchExample],
         reporter: Reporter | None = None,
         logger: MetricsLogger | None = None,
+        account: RunAccount | None = None,
     ) -> None:
         if not examples:
             raise ValueError(f"no training examples in {config.data}")
@@ -115,6 +119,7 @@ class Trainer:
         self.examples = list(examples)
         self.reporter = reporter or SilentReporter()
         self.logger = logger
+        self.account = account or RunAccount()  # usage totals, prices and budget (searchr1.run.costs)
         self.training_client: Any = None
         self.first_step = 0
         self.last_saved_step: int | None = None
@@ -179,7 +184,7 @@ class Trainer:
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
         algorithm_metrics = dict(rollout.metrics)
         if datums and config.kl_coef:
-            datums, kl_metrics = await self._kl_penalty(datums)
+            datums, kl_metrics = await self._kl_penalty(datums, rollout.usage)
             algorithm_metrics.update(kl_metrics)
         micro_batches = None
         if config.accumulation == "manual":  # the seed's first-fit-decreasing micro-batches
@@ -201,6 +206,7 @@ class Trainer:
             metrics.update(trainer_metrics(outputs))
             metrics.update(optim_metrics)
         self.pipeline.weights_updated(step)  # saving the new weights overlaps with the bookkeeping
+        count_update(rollout.usage, datums, calls)
         metrics["train/forward_backward_calls"] = float(calls)
         metrics["train/tokens_sent"] = float(sum(d.num_tokens for d in datums))
         metrics["train/update_skipped"] = float(not datums)
@@ -215,18 +221,19 @@ class Trainer:
         metrics["time/rollout_wait_seconds"] = waited
         metrics["time/train_seconds"] = time.perf_counter() - train_started
         metrics["time/step_seconds"] = time.perf_counter() - started
-        return StepResult(metrics, trajectories)
+        return StepResult(metrics, trajectories, rollout.usage)
 
     async def _update(self, datums: list[TrainingDatum],
                       micro_batches: list[list[TrainingDatum]] | None) -> tuple[list[dict[str, float]], dict[str, float], int]:
         """forward_backward and optim_step on the training client (:func:`searchr1.core.update.apply_update`)."""
         return await apply_update(self.training_client, datums, micro_batches, self.config)
 
-    async def _kl_penalty(self, datums: list[TrainingDatum]) -> tuple[list[TrainingDatum], dict[str, float]]:
+    async def _kl_penalty(self, datums: list[TrainingDatum],
+                          usage: Usage) -> tuple[list[TrainingDatum], dict[str, float]]:
         """--kl-coef: the base model's logprobs of every datum, the penalty in its advantages (searchr1.core.kl)."""
         if self._base_penalty is None:  # one base sampler per run (and per resume)
             self._base_penalty = BaseModelPenalty(self.service, self.config)
-        return await self._base_penalty.apply(datums)
+        return await self._base_penalty.apply(datums, usage)
 
     def _cursor_after(self, completed: int) -> int:
         """The data cursor once ``completed`` steps are done (dynamic sampling moves it by each draw)."""
@@ -278,6 +285,12 @@ class Trainer:
             weights_version=first, cursor=self.first_cursor)
         guard = CollapseGuard(configured_rules(config.health_rules), stop_after=config.stop_on_collapse,
                               history=self.run.metrics())
+        self.account.start(self.run.metrics(), first)
+        budget = self.account.verdict()
+        if budget.stop and first < config.max_steps:  # a resume whose budget is already spent
+            self.pipeline.close()
+            raise BudgetReached(self.account.stop_message(budget, completed=first, run_dir=str(self.run.path)),
+                                step=first, run_dir=str(self.run.path))
         self.reporter.start(config.max_steps, first)
         completed = first
         try:
@@ -286,12 +299,18 @@ class Trainer:
                 completed = step + 1
                 verdict = guard.observe(result.metrics)
                 result.metrics.update(verdict.metrics())
+                self.account.add_step(result.usage)
+                budget = self.account.verdict()  # before a step projected to pass the budget, stop
+                stopping = (self.stop_requested or budget.stop) and completed < config.max_steps
+                due = bool(config.save_every and completed % config.save_every == 0) or stopping or verdict.stop
+                result.metrics.update(self.account.step_metrics(
+                    result.usage, checkpoint=due or (completed >= config.max_steps)))
                 if verdict.unhealthy:  # texts: in metrics.jsonl, not on the dashboards (numbers only)
                     result.metrics["health/warnings"] = verdict.warnings()  # type: ignore[assignment]
                     self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
                                        f"What the model did: python cli.py show {self.run.path} --step {step}")
                 self._record(step, result)
-                stopping = self.stop_requested and completed < config.max_steps
+                stopping = stopping or (self.stop_requested and completed < config.max_steps)  # Ctrl-C meanwhile
                 if stopping:
                     self.pipeline.drop_from(completed)  # in flight; redone exactly on resume
                 if (config.save_every and completed % config.save_every == 0) or stopping:
@@ -311,6 +330,9 @@ class Trainer:
             if self.last_saved_step != completed:
                 await self.save(completed, final=completed >= config.max_steps)
                 self.run.write_state({**self.run.state(), "last_checkpoint": completed})
+            if budget.stop and completed < config.max_steps and not self.stop_requested:
+                raise BudgetReached(self.account.stop_message(budget, completed=completed, run_dir=str(self.run.path)),
+                                    step=completed, run_dir=str(self.run.path))
         except SamplerFailureError as error:
             raise TrainingStopped(f"stopped in step {completed}: {error}", step=completed,
                                   run_dir=str(self.run.path)) from error

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 from searchr1.data.dataset import DataError, SearchExample, spread_across_sources
 from searchr1.evaluation.metrics import EvalFileError, summary_record, trajectory_record
 from searchr1.run.fileio import append_text, json_error_text, write_text_atomically
+from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, question_usage_metrics
 from searchr1.core.rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
 
 HEADER_TYPE = "eval_config"
@@ -243,6 +244,7 @@ async def evaluate(
     progress: EvalProgress | None = None,
     clock: Callable[[], float] = time.monotonic,
     judge: Any = None,
+    prices: Any = None,
 ) -> EvalOutcome:
     """Evaluate ``examples`` (the whole dataset; ``limit`` picks a source-balanced subset)
     into ``output``; see the module docstring for the file, resuming and seeds.
@@ -252,7 +254,11 @@ async def evaluate(
     finished record plus a partial summary, and the exception propagates.
 
     With ``judge`` (a :class:`~searchr1.evaluation.judge.Judge`) every record gets its
-    judgement before it is written, records kept from an earlier session included."""
+    judgement before it is written, records kept from an earlier session included.
+
+    Each question's usage (:mod:`searchr1.run.usage`) is kept in the record of its first sample,
+    so the summary's ``usage/...`` totals cover every recorded question, across resumes; with
+    ``prices`` (a :class:`~searchr1.run.costs.PriceTable`) the summary carries ``cost/...`` too."""
     path = Path(output)
     run_config = dict(run_config)
     json.dumps(run_config, allow_nan=False)  # fail before touching the file
@@ -302,8 +308,10 @@ async def evaluate(
         nonlocal attempted
         async with slots:
             started = clock()
+            usage = Usage()
             trajectories = await rollout_batch_async(
-                sampling_client, tokenizer, search_backend, [example], question_config, step=index,
+                MeteredSampler(sampling_client, usage), tokenizer, MeteredSearch(search_backend, usage), [example],
+                question_config, step=index,
             )
             elapsed = clock() - started
         attempted += 1
@@ -321,6 +329,8 @@ async def evaluate(
                for t in trajectories]
         if judge is not None:
             await judge.annotate(new)
+        if new:
+            new[0]["usage"] = usage.kinds()  # the question's requests, shared by its samples
         append_records(path, new)
         records.extend(new)
         outcome.evaluated += 1
@@ -350,6 +360,13 @@ async def evaluate(
                 search_metrics=merge_search_metrics(s["search"] for s in sessions),
                 partial=not finished or bool(missing),
             )
+            used, questions, usage_keys = question_usage_metrics(ordered)
+            summary["metrics"].update(usage_keys)
+            if prices is not None:
+                summary["metrics"].update({f"cost/total_{kind}": value for kind, value in prices.costs(used).items()})
+                summary["metrics"]["cost/total"] = prices.cost(used)
+                summary["metrics"]["cost/per_question"] = prices.cost(used) / questions if questions else 0.0
+                summary["currency"] = prices.currency
             summary.update({
                 "questions_planned": len(planned),
                 "questions_missing": len(missing),

@@ -62,7 +62,7 @@ def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
     """One JSON-ready record per evaluated question, with the whole transcript so that queries,
     observations and the model's text can be audited after the fact (the seed kept only the
     final text). ``turns[i]`` is the i-th assistant turn; ``searches[j]`` the j-th search, in
-    the order they ran."""
+    the order they ran. Each turn carries its prompt's and its reply's token counts."""
     example = trajectory.example
     return {
         "type": "trajectory",
@@ -71,7 +71,8 @@ def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
         "answers": list(example.answers),
         "data_source": example.data_source,
         "group_index": trajectory.group_index,
-        "turns": [{"text": t.text, "stop_reason": t.stop_reason} for t in trajectory.turns],
+        "turns": [{"text": t.text, "stop_reason": t.stop_reason, "prompt_tokens": len(t.prompt_tokens),
+                   "generated_tokens": len(t.completion_tokens)} for t in trajectory.turns],
         "searches": [
             {
                 "query": s.query,

@@ -43,7 +43,15 @@ def step_fields(step: int, metrics: dict[str, float]) -> list[Field]:
         *([Field(f"entropy {metrics['health/entropy']:.3f}", 10)] if "health/entropy" in metrics else []),
         *([Field(f"k3 {metrics['health/mismatch_k3']:.2g}", 11)] if "health/mismatch_k3" in metrics else []),
         *([Field("UNHEALTHY", 2)] if metrics.get("health/unhealthy") else []),
+        # the run so far (searchr1.run.usage, searchr1.run.costs)
+        *([Field(f"run {_thousands(metrics['usage/total_model_tokens'])} tok", 3)]
+          if "usage/total_model_tokens" in metrics else []),
+        *([Field(f"spent {metrics['cost/total']:.2f}", 3)] if "cost/total" in metrics else []),
     ]
+
+
+def _thousands(value: float) -> str:
+    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.1f}k"
 
 
 def fit_line(fields: Sequence[Field], width: int | None) -> str:

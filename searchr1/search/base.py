@@ -282,7 +282,7 @@ class HttpSearchBackend:
         result, shared = await self._flights.run(key, lambda: self._fetch(typed, text, key))
         if shared:
             self.stats.record(CallRecord(ok=result.ok, items=len(result.items), origin="shared"))
-            return replace(result, cached=True)
+            return replace(result, cached=True, attempts=0, usage=None)  # the first caller's request
         return result
 
     async def aclose(self) -> None:
@@ -307,7 +307,7 @@ class HttpSearchBackend:
         started = self.clock.now()
         ctx = CallContext(query=typed, started=started, deadline=started + self.deadline)
         result = await self._run_attempts(ctx)
-        result = replace(result, latency=self.clock.now() - started)
+        result = replace(result, latency=self.clock.now() - started, attempts=ctx.attempts, usage=ctx.usage)
         self.stats.record(
             CallRecord(
                 ok=result.ok,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from searchr1.search.stats import Usage
+
 
 @dataclass(frozen=True)
 class SearchItem:
@@ -20,6 +22,8 @@ class SearchResult:
 
     ``ok=False`` carries a short, sanitised ``error`` (failure class and status; never a
     response body dump, never a secret). ``cached`` is true when no request was made.
+    ``attempts`` counts the requests sent to the service for this call (0: none was) and
+    ``usage`` what the service reported consuming (DeepSeek's tokens), failed attempts included.
     """
 
     ok: bool
@@ -28,6 +32,8 @@ class SearchResult:
     status: int | None = None
     error: str | None = None
     cached: bool = False
+    attempts: int = 0
+    usage: Usage | None = None
 
 
 @runtime_checkable

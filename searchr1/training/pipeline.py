@@ -25,6 +25,7 @@ from searchr1.core.rollout import rollout_batch_async
 from searchr1.search.types import SearchBackend
 from searchr1.core.config import TrainConfig
 from searchr1.core.types import Trajectory
+from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage
 
 SAMPLER_TTL_SECONDS = 24 * 3600  # named samplers of off-policy runs (resume reuses them)
 
@@ -38,6 +39,7 @@ class BatchRollout:
     trajectories: list[Trajectory]
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's counters
+    usage: Usage = field(default_factory=Usage)  # the batch's sampling and searches
 
 
 class BatchProgress:
@@ -157,20 +159,26 @@ class RolloutPipeline:
         ``sampler_version(batch_index, K)``: seeds, questions and weights are fixed by the
         step index alone, whenever the rollout actually runs."""
         config = self.config
-        sampler, version = await self._sampler(sampler_version(batch_index, config.max_steps_off_policy))
+        wanted = sampler_version(batch_index, config.max_steps_off_policy)
+        sampler, version = await self._sampler(wanted)
+        usage = Usage()
+        # the save of a sampler counts with the first batch that samples on it (however many resumes lie between)
+        usage.weight_saves = int(batch_index == (0 if wanted == 0 else wanted + config.max_steps_off_policy))
+        sampler, search = MeteredSampler(sampler, usage), MeteredSearch(self.search, usage)
         started = time.perf_counter()
         if config.dynamic_sampling:
-            trajectories, metrics = await self._roll_out_until_signal(sampler, batch_index)
-            return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, metrics)
+            trajectories, metrics = await self._roll_out_until_signal(sampler, search, batch_index)
+            return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, metrics, usage)
         batch = take_batch(self.examples, batch_index * config.questions_per_batch, config.questions_per_batch)
         trajectories = await rollout_batch_async(
-            sampler, self.tokenizer, self.search, batch, config.rollout, self.progress.callback(batch_index),
+            sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
             step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
             sampling_slots=self._sampling_slots, reward=config.reward,
         )
-        return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started)
+        return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, usage=usage)
 
-    async def _roll_out_until_signal(self, sampler: Any, batch_index: int) -> tuple[list[Trajectory], dict[str, float]]:
+    async def _roll_out_until_signal(self, sampler: Any, search: SearchBackend,
+                                     batch_index: int) -> tuple[list[Trajectory], dict[str, float]]:
         """--dynamic-sampling (searchr1.training.dynamic_sampling): draw batches at the data cursor until
         ``questions_per_batch`` groups carry a signal or the oversampling budget is spent. The
         cursor moves by every batch drawn (on-policy only, so batches never overlap)."""
@@ -183,7 +191,7 @@ class RolloutPipeline:
         while draws <= config.max_oversample_batches:
             batch = take_batch(self.examples, self.cursor, size)
             trajectories += await rollout_batch_async(
-                sampler, self.tokenizer, self.search, batch, config.rollout, self.progress.callback(batch_index),
+                sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
                 step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
                 sampling_slots=self._sampling_slots, reward=config.reward, first_question_index=draws * size,
             )

@@ -58,6 +58,7 @@ from searchr1.twin.config import (
     TwinLimits,
 )
 from searchr1.twin.policy import PolicySample, Reduction, SampledSequence, TwinPolicy
+from searchr1.twin.served import ServedCounter
 from searchr1.twin.stops import StopRules, finish
 from searchr1.twin.store import STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, InvalidName, RunConfig, check_checkpoint_name
 from searchr1.twin.strict import (
@@ -189,6 +190,7 @@ class TwinBackend:
         self.ledger = SampleLedger()
         self.violations: list[Violation] = []
         self.sample_log: list[SampleLogEntry] = []
+        self.served = ServedCounter(settings.home)  # the twin's own count of what it served
         self.event_log: list[EventLogEntry] = []
         self.telemetry_batches = 0
         self._lock = threading.RLock()
@@ -599,6 +601,9 @@ class TwinBackend:
             if not self.wait(self.settings.faults.slow_events):
                 return
             self._execute(record)
+            if record.status == "succeeded":
+                self.served.event(record.envelope.type.value.removeprefix("trainer."),
+                                  train_tokens=record.usage["train_tokens"])
             record.envelope.payload.clear()  # the datums are not needed once the event ran
             with self._lock:
                 meta = record.envelope.metadata
@@ -789,6 +794,7 @@ class TwinBackend:
         }
         if request.return_prompt_logprobs:
             body["prompt_logprobs"] = self._prompt_logprobs(sampling, prompt)
+        self.served.sampled(len(prompt), output, prompt_logprobs=bool(request.return_prompt_logprobs))
         with self._lock:
             self.sample_log.append(SampleLogEntry(owner, len(prompt), request.num_samples, max_tokens,
                                                   None if seed is None else int(seed),  # type: ignore[call-overload]

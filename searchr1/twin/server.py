@@ -20,6 +20,7 @@ from searchr1.twin.config import Latencies, StopConvention, Strictness, TwinFaul
 from searchr1.twin.http_server import TwinHTTPServer
 from searchr1.twin.policies import make_policy
 from searchr1.twin.policy import Reduction, TwinPolicy
+from searchr1.twin.served import ServedUsage
 from searchr1.twin.served_tokenizer import served_tokenizer_dir
 from searchr1.twin.strict import Violation
 from searchr1.twin.training_run import Accumulation
@@ -105,6 +106,11 @@ class Twin:
     def policy(self, policy: TwinPolicy) -> None:
         """Serve another model from now on (runs keep their params; kinds must match to load)."""
         self.backend.settings.policy = policy
+
+    @property
+    def served(self) -> ServedUsage:
+        """What this twin answered so far (:mod:`searchr1.twin.served`)."""
+        return self.backend.served.snapshot()
 
     @property
     def sample_log(self) -> list[SampleLogEntry]:

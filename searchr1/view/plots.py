@@ -40,6 +40,10 @@ DEFAULT_RUN_METRICS = (
     "trainer/loss_mean",
     "time/step_seconds",
 )
+# Running totals (searchr1.run.usage, searchr1.run.costs): drawn as they are, never averaged;
+# by default when the run logged them (runs written before they were counted did not).
+CUMULATIVE_PREFIXES = ("usage/total_", "cost/total")
+CUMULATIVE_RUN_METRICS = ("usage/total_model_tokens", "cost/total")
 # `plot run --health`: the collapse guard's diagnostics (searchr1.health.diagnostics, searchr1.health.rules)
 HEALTH_RUN_METRICS = (
     "health/entropy",
@@ -71,6 +75,8 @@ METRIC_LABELS = {
     "health/action_tokens_mean": ("Sampled tokens per trajectory", "tokens (mean)"),
     "health/action_tokens_p95": ("Sampled tokens per trajectory, p95", "tokens"),
     "rollout/termination/answer": ("Trajectories that answered", "share of trajectories"),
+    "usage/total_model_tokens": ("Model tokens used so far", "tokens (sampled, trained, KL; cumulative)"),
+    "cost/total": ("Spent so far", "cost in the price table's currency (cumulative)"),
 }
 RUN_METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.json"
@@ -585,6 +591,11 @@ def smooth(values: Sequence[float], half_width: int) -> list[float]:
     return means
 
 
+def default_run_metrics(rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The default panels, with the running totals the run logged (the cost when it was priced, ``--prices``)."""
+    return DEFAULT_RUN_METRICS + tuple(m for m in CUMULATIVE_RUN_METRICS if any(m in row for row in rows))
+
+
 def run_figure(
     rows: Sequence[Mapping[str, Any]],
     metrics: Sequence[str] = DEFAULT_RUN_METRICS,
@@ -627,6 +638,8 @@ def run_figure(
         steps, values = run_series(rows, metric)
         segments = _segments(steps, all_steps)
         width = smoothing_half_width(len(values)) if half_width is None else half_width
+        if metric.startswith(CUMULATIVE_PREFIXES):
+            width = 0  # a running total is its own summary
         if width:
             ax.plot(steps, values, linestyle="none", marker="o", markersize=2.5, alpha=0.35, color="tab:blue")
             for start, end in segments:  # the average never reaches across a missing step

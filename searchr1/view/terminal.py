@@ -145,6 +145,9 @@ def outcome(record: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("ended", printable(record.get("termination") or "unfinished")),
         ("searches", printable(record.get("search_calls", len(searches) if isinstance(searches, list) else 0))),
     ]
+    tokens = token_counts(record)
+    if tokens:
+        pairs.append(("tokens", tokens))
     if "advantage" in record:
         pairs.append(("advantage", _signed(record.get("advantage"), 3)))
     if record.get("excluded"):
@@ -157,6 +160,18 @@ def outcome(record: Mapping[str, Any]) -> list[tuple[str, str]]:
         pairs.append(("judge", f"{'yes' if judge['correct'] else 'no'} ({printable(judge.get('model'))}"
                                f" v{printable(judge.get('prompt_version'))}{said})"))
     return pairs
+
+
+def token_counts(record: Mapping[str, Any]) -> str:
+    """``N generated over T turns, S in the last prompt+reply`` from the turns' counts ("" when
+    the record has none: files written before they were recorded)."""
+    turns = [t for t in _list(record.get("turns")) if isinstance(t, Mapping)]
+    counted = [t for t in turns if isinstance(t.get("generated_tokens"), int) and isinstance(t.get("prompt_tokens"), int)]
+    if not counted or len(counted) != len(turns):
+        return ""
+    generated = sum(t["generated_tokens"] for t in counted)
+    last = counted[-1]["prompt_tokens"] + counted[-1]["generated_tokens"]
+    return f"{generated} generated over {len(counted)} turn(s), sequence {last}"
 
 
 def verdict(record: Mapping[str, Any]) -> str:

@@ -101,9 +101,9 @@ def test_trajectory_record_keeps_the_whole_transcript():
     assert (rec["id"], rec["question"], rec["data_source"]) == (example.id, example.question, "nq")
     assert rec["answers"] == ["Wilhelm Röntgen", "Röntgen"]
     assert rec["turns"] == [
-        {"text": "<tool_call>search</tool_call>", "stop_reason": "stop"},
-        {"text": "Answer: Röntgen", "stop_reason": "length"},
-    ]
+        {"text": "<tool_call>search</tool_call>", "stop_reason": "stop", "prompt_tokens": 2, "generated_tokens": 1},
+        {"text": "Answer: Röntgen", "stop_reason": "length", "prompt_tokens": 4, "generated_tokens": 2},
+    ]  # each turn's prompt [1, 2] / [1, 2, 3, 4] and reply [3] / [5, 6], counted
     assert rec["searches"] == [
         {
             "query": "first nobel prize physics",

@@ -1,0 +1,317 @@
+"""What a run used: tokens, requests and saves, counted from what was sent and received.
+
+One :class:`Usage` per unit of work (a batch's rollout, a step's update, a whole run), added
+together with :meth:`Usage.add`. Every metrics line carries the step's usage as ``usage/<kind>``
+and the run's running total as ``usage/total_<kind>`` (:func:`usage_metrics`); a resumed run
+starts its totals from the last line before its first step (:func:`totals_before`), so a
+resumed run's totals equal an uninterrupted run's.
+
+Kinds (``usage/...``):
+
+- ``sample_requests``, ``sample_prompt_tokens``, ``sample_generated_tokens``: the rollout's
+  sampling requests that were answered; a request's prompt counts once whatever its
+  ``num_samples``, every returned sequence's tokens count as generated.
+- ``train_tokens``: tokens sent to ``forward_backward`` (the datums' model inputs).
+- ``forward_backward_calls``, ``optim_steps``: training calls.
+- ``kl_requests``, ``kl_prompt_tokens``, ``kl_generated_tokens``: the base model's
+  prompt-logprob requests of ``--kl-coef`` (each asks for one generated token too).
+- ``weight_saves`` (sampler weights: each sampler, counted with the first batch that samples on
+  it, and each checkpoint's weights, counted with the step it follows), ``state_saves`` (each
+  checkpoint's optimizer state).
+- Search, per backend ``<b>``: ``search_<b>_calls`` (calls the rollout made),
+  ``search_<b>_requests`` (calls sent to the service: neither the cache nor a shared
+  in-flight request answered them), and the backend's billing units:
+  DeepSeek ``search_deepseek_input_tokens``, ``..._cache_read_input_tokens``,
+  ``..._output_tokens``, ``..._web_searches`` as its API reports them (failed attempts
+  included); Zhihu ``search_zhihu_quota_units`` (one per answered request); Wikipedia
+  ``search_wikipedia_http_requests`` (every attempt, retries included).
+
+The work of off-policy batches rolling out ahead of a stop is dropped with them and redone on
+resume; it is counted once, in the step that trains it. Likewise the sampler a stopping step
+already saved for the next one is saved again by the resumed run and counted there, once. So a
+run's totals are what an uninterrupted run would use; a stopped and resumed run made that
+dropped work too (the service's bill, like the twin's own count, has it).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+PREFIX = "usage/"
+TOTAL = "total_"
+
+
+class Billing(enum.Enum):
+    """The unit a search backend bills by (beyond the request itself)."""
+
+    TOKENS = "tokens"  # DeepSeek: input and output tokens of the search model
+    QUOTA = "quota"  # Zhihu: daily quota units per key
+    HTTP_REQUESTS = "http_requests"  # Wikipedia: every HTTP request counts against the rate limits
+    NONE = "none"  # local BM25, a retriever of one's own
+
+
+BACKEND_BILLING = {"deepseek": Billing.TOKENS, "zhihu": Billing.QUOTA, "wikipedia": Billing.HTTP_REQUESTS}
+
+
+@dataclass
+class SearchUsage:
+    """One backend's searches."""
+
+    calls: int = 0
+    requests: int = 0
+    input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    output_tokens: int = 0
+    web_searches: int = 0
+    quota_units: int = 0
+    http_requests: int = 0
+
+    def add(self, other: SearchUsage) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def kinds(self, backend: str) -> dict[str, int]:
+        """``search_<backend>_<unit>`` -> count, the units ``backend`` bills by."""
+        out = {"calls": self.calls, "requests": self.requests}
+        billing = BACKEND_BILLING.get(backend, Billing.NONE)
+        if billing is Billing.TOKENS:
+            out.update(input_tokens=self.input_tokens, cache_read_input_tokens=self.cache_read_input_tokens,
+                       output_tokens=self.output_tokens, web_searches=self.web_searches)
+        elif billing is Billing.QUOTA:
+            out["quota_units"] = self.quota_units
+        elif billing is Billing.HTTP_REQUESTS:
+            out["http_requests"] = self.http_requests
+        return {f"search_{backend}_{unit}": value for unit, value in out.items()}
+
+
+@dataclass
+class Usage:
+    """Counts of one unit of work; :meth:`as_metrics` names them ``usage/<kind>``."""
+
+    sample_requests: int = 0
+    sample_prompt_tokens: int = 0
+    sample_generated_tokens: int = 0
+    train_tokens: int = 0
+    forward_backward_calls: int = 0
+    optim_steps: int = 0
+    kl_requests: int = 0
+    kl_prompt_tokens: int = 0
+    kl_generated_tokens: int = 0
+    weight_saves: int = 0
+    state_saves: int = 0
+    search: dict[str, SearchUsage] = field(default_factory=dict)
+
+    def add(self, other: Usage) -> Usage:
+        """Add ``other`` into this one; returns self."""
+        for f in fields(self):
+            if f.name != "search":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for backend, searched in other.search.items():
+            self.search.setdefault(backend, SearchUsage()).add(searched)
+        return self
+
+    def searched(self, backend: str) -> SearchUsage:
+        return self.search.setdefault(backend, SearchUsage())
+
+    def kinds(self) -> dict[str, int]:
+        """Every count by kind name (search kinds per backend)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "search"}
+        for backend in sorted(self.search):
+            out.update(self.search[backend].kinds(backend))
+        return out
+
+    def as_metrics(self, prefix: str = "") -> dict[str, float]:
+        """``usage/<prefix><kind>`` -> count, as a metrics line carries them."""
+        return {f"{PREFIX}{prefix}{kind}": float(value) for kind, value in self.kinds().items()}
+
+    @property
+    def tokens(self) -> int:
+        """Every model token this usage paid for (sampled, trained, KL); the unit of ``--budget-tokens``."""
+        return (self.sample_prompt_tokens + self.sample_generated_tokens + self.train_tokens
+                + self.kl_prompt_tokens + self.kl_generated_tokens)
+
+    @classmethod
+    def from_kinds(cls, kinds: Mapping[str, float]) -> Usage:
+        """The inverse of :meth:`kinds` (a metrics line's counts, without the prefix)."""
+        usage = cls()
+        plain = {f.name for f in fields(cls) if f.name != "search"}
+        units = {f.name for f in fields(SearchUsage)}
+        for kind, value in kinds.items():
+            if kind in plain:
+                setattr(usage, kind, int(value))
+            elif kind.startswith("search_"):
+                backend, unit = _split_search_kind(kind[len("search_"):], units)
+                if backend:
+                    setattr(usage.searched(backend), unit, int(value))
+        return usage
+
+    @classmethod
+    def from_metrics(cls, line: Mapping[str, Any], *, total: bool = False) -> Usage:
+        """The step's (or, with ``total``, the run's) usage recorded in one metrics line."""
+        head = PREFIX + (TOTAL if total else "")
+        kinds = {}
+        for key, value in line.items():
+            if not key.startswith(head) or not isinstance(value, (int, float)):
+                continue
+            kind = key[len(head):]
+            if not total and kind.startswith(TOTAL):
+                continue
+            kinds[kind] = value
+        return cls.from_kinds(kinds)
+
+
+def _split_search_kind(rest: str, units: set[str]) -> tuple[str, str]:
+    """``deepseek_input_tokens`` -> (``deepseek``, ``input_tokens``); ("", "") if no unit matches."""
+    for unit in sorted(units, key=len, reverse=True):
+        if rest.endswith("_" + unit):
+            return rest[: -len(unit) - 1], unit
+    return "", ""
+
+
+_SERVICE_SEARCH_UNITS = ("requests", "input_tokens", "cache_read_input_tokens", "output_tokens", "web_searches",
+                         "quota_units", "http_requests")
+_SERVICE_SEARCH_KEY = re.compile(r"^(usage|cost)/(total_)?search_.+_(" + "|".join(_SERVICE_SEARCH_UNITS) + ")$")
+
+
+def depends_on_timing(key: str) -> bool:
+    """Whether a ``usage/``/``cost/`` key depends on the order concurrent searches ran in: how
+    many calls reached the search service (single-flight merges identical queries only while
+    one is in flight) and what it billed, and the cost sums that include them. Everything
+    else of two runs with the same seed is equal."""
+    return bool(_SERVICE_SEARCH_KEY.match(key)) or key in ("cost/step", "cost/total")
+
+
+def usage_metrics(step: Usage, total: Usage) -> dict[str, float]:
+    """A metrics line's ``usage/<kind>`` (the step) and ``usage/total_<kind>`` (the run so far),
+    with ``usage/model_tokens`` and ``usage/total_model_tokens`` (:attr:`Usage.tokens`)."""
+    return {**step.as_metrics(), f"{PREFIX}model_tokens": float(step.tokens),
+            **total.as_metrics(TOTAL), f"{PREFIX}{TOTAL}model_tokens": float(total.tokens)}
+
+
+def question_usage_metrics(records: Iterable[Mapping[str, Any]]) -> tuple[Usage, int, dict[str, float]]:
+    """An evaluation's usage from its records (each question's usage rides on one of its records):
+    the total, how many questions it covers, and ``usage/total_<kind>`` and ``usage/<kind>_per_question``."""
+    total, questions = Usage(), 0
+    for record in records:
+        kinds = record.get("usage")
+        if isinstance(kinds, Mapping):
+            total.add(Usage.from_kinds(kinds))
+            questions += 1
+    metrics = {f"{PREFIX}{TOTAL}{kind}": float(value) for kind, value in total.kinds().items()}
+    metrics[f"{PREFIX}{TOTAL}model_tokens"] = float(total.tokens)
+    per = 1.0 / questions if questions else 0.0
+    metrics.update({f"{PREFIX}{kind}_per_question": value * per for kind, value in total.kinds().items()})
+    metrics[f"{PREFIX}model_tokens_per_question"] = total.tokens * per
+    return total, questions, metrics
+
+
+def count_update(usage: Usage, datums: Sequence[Any], forward_backward_calls: int) -> None:
+    """A step's update: the datums' tokens sent to forward_backward, its calls and the optim_step."""
+    usage.train_tokens += sum(int(d.num_tokens) for d in datums)
+    usage.forward_backward_calls += forward_backward_calls
+    usage.optim_steps += int(bool(datums))
+
+
+def count_checkpoint(usage: Usage) -> None:
+    """One checkpoint: the optimizer state and the sampler weights."""
+    usage.state_saves += 1
+    usage.weight_saves += 1
+
+
+def totals_before(lines: Iterable[Mapping[str, Any]], step: int) -> Usage:
+    """The run's totals after the steps before ``step``: the last such metrics line's
+    ``usage/total_*`` (zero when there is none)."""
+    last: Mapping[str, Any] | None = None
+    for line in lines:
+        if int(line.get("step", -1)) < step and (last is None or int(line["step"]) >= int(last["step"])):
+            last = line
+    return Usage() if last is None else Usage.from_metrics(last, total=True)
+
+
+def step_means(lines: Iterable[Mapping[str, Any]]) -> tuple[int, Usage]:
+    """How many metrics lines carry usage, and the sum of their step usage."""
+    count, summed = 0, Usage()
+    for line in lines:
+        if any(key.startswith(PREFIX) for key in line):
+            count += 1
+            summed.add(Usage.from_metrics(line))
+    return count, summed
+
+
+# -- counting hooks ----------------------------------------------------------------------------
+
+
+def _prompt_length(prompt: Any) -> int:
+    length = getattr(prompt, "length", None)
+    if isinstance(length, int):
+        return length
+    return len(prompt.to_ints())
+
+
+def count_sample(usage: Usage, prompt: Any, response: Any, *, kl: bool = False) -> None:
+    """One answered sampling request: its prompt once, the tokens of every returned sequence."""
+    generated = sum(len(sequence.tokens) for sequence in response.sequences)
+    if kl:
+        usage.kl_requests += 1
+        usage.kl_prompt_tokens += _prompt_length(prompt)
+        usage.kl_generated_tokens += generated
+    else:
+        usage.sample_requests += 1
+        usage.sample_prompt_tokens += _prompt_length(prompt)
+        usage.sample_generated_tokens += generated
+
+
+class MeteredSampler:
+    """A sampling client whose answered ``sample_async`` requests are counted into ``usage``
+    (everything else is the client's own)."""
+
+    def __init__(self, sampler: Any, usage: Usage, *, kl: bool = False) -> None:
+        self._sampler = sampler
+        self._usage = usage
+        self._kl = kl
+
+    async def sample_async(self, *, prompt: Any, **kwargs: Any) -> Any:
+        response = await self._sampler.sample_async(prompt=prompt, **kwargs)
+        count_sample(self._usage, prompt, response, kl=self._kl)
+        return response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sampler, name)
+
+
+class MeteredSearch:
+    """A search backend whose calls are counted into ``usage`` under the backend's name."""
+
+    def __init__(self, backend: Any, usage: Usage) -> None:
+        self._backend = backend
+        self._usage = usage
+        self.name = getattr(backend, "name", type(backend).__name__)
+
+    async def search(self, query: str) -> Any:
+        result = await self._backend.search(query)
+        count_search(self._usage.searched(self.name), result)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def count_search(searched: SearchUsage, result: Any) -> None:
+    """One search call: a request when the service was asked, and what the service billed."""
+    searched.calls += 1
+    attempts = int(getattr(result, "attempts", 0) or 0)
+    if not attempts:
+        return  # the cache, a shared in-flight request or a local refusal answered it
+    searched.requests += 1
+    searched.http_requests += attempts
+    searched.quota_units += int(bool(getattr(result, "ok", False)))
+    billed = getattr(result, "usage", None)
+    if billed is not None:
+        searched.input_tokens += billed.input_tokens
+        searched.cache_read_input_tokens += billed.cache_read_input_tokens
+        searched.output_tokens += billed.output_tokens
+        searched.web_searches += billed.web_search_requests

@@ -1,0 +1,207 @@
+"""Usage counts, price tables, budgets and estimates, without a run."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from searchr1.run.costs import Budget, PriceError, RunAccount, check_budget, load_prices
+from searchr1.run.estimate import checkpoints_of
+from searchr1.run.usage import (
+    MeteredSearch,
+    SearchUsage,
+    Usage,
+    count_sample,
+    depends_on_timing,
+    totals_before,
+    usage_metrics,
+)
+from searchr1.search.stats import Usage as DeepSeekUsage
+from searchr1.search.types import SearchResult
+
+counts = st.integers(min_value=0, max_value=10**9)
+
+
+@st.composite
+def usages(draw):
+    usage = Usage(**{name: draw(counts) for name in (
+        "sample_requests", "sample_prompt_tokens", "sample_generated_tokens", "train_tokens",
+        "forward_backward_calls", "optim_steps", "kl_requests", "kl_prompt_tokens", "kl_generated_tokens",
+        "weight_saves", "state_saves")})
+    for backend in draw(st.lists(st.sampled_from(["deepseek", "zhihu", "wikipedia", "local"]), unique=True)):
+        usage.search[backend] = SearchUsage(**{unit: draw(counts) for unit in (
+            "calls", "requests", "input_tokens", "cache_read_input_tokens", "output_tokens", "web_searches",
+            "quota_units", "http_requests")})
+    return usage
+
+
+@given(usages())
+def test_a_metrics_line_reads_back_as_the_usage_it_was_written_from(usage):
+    """Invariant: from_metrics(usage_metrics(u, t)) == u (step) and == t (total), for the units each backend bills."""
+    total = Usage().add(usage).add(usage)
+    line = {"step": 3, **usage_metrics(usage, total)}
+    assert Usage.from_metrics(line).kinds() == usage.kinds()
+    assert Usage.from_metrics(line, total=True).kinds() == total.kinds()
+
+
+@given(st.lists(usages(), min_size=1, max_size=5))
+def test_totals_are_the_sum_of_the_steps_in_any_order(steps):
+    """Invariant: adding step usages is order-independent (a resumed run's totals cannot depend on where it stopped)."""
+    forward, backward = Usage(), Usage()
+    for usage in steps:
+        forward.add(usage)
+    for usage in reversed(steps):
+        backward.add(usage)
+    assert forward.kinds() == backward.kinds()
+    assert forward.tokens == sum(u.tokens for u in steps)
+
+
+def test_totals_before_a_step_come_from_the_last_earlier_line():
+    first, second = Usage(train_tokens=5), Usage(train_tokens=7)
+    lines = [{"step": 0, **usage_metrics(first, first)},
+             {"step": 1, **usage_metrics(second, Usage().add(first).add(second))}]
+    assert totals_before(lines, 0).train_tokens == 0
+    assert totals_before(lines, 1).train_tokens == 5
+    assert totals_before(lines, 2).train_tokens == 12
+
+
+def test_a_sampling_request_counts_its_prompt_once_and_every_returned_sequence():
+    usage = Usage()
+    prompt = SimpleNamespace(length=10)
+    response = SimpleNamespace(sequences=[SimpleNamespace(tokens=[1, 2, 3]), SimpleNamespace(tokens=[4])])
+    count_sample(usage, prompt, response)
+    count_sample(usage, prompt, response, kl=True)
+    assert (usage.sample_requests, usage.sample_prompt_tokens, usage.sample_generated_tokens) == (1, 10, 4)
+    assert (usage.kl_requests, usage.kl_prompt_tokens, usage.kl_generated_tokens) == (1, 10, 4)
+
+
+async def test_a_search_answered_without_the_service_is_a_call_but_not_a_request():
+    answers = iter([
+        SearchResult(ok=True, attempts=2, usage=DeepSeekUsage(100, 10, 20, 1)),
+        SearchResult(ok=True, cached=True),
+    ])
+
+    class Backend:
+        name = "deepseek"
+
+        async def search(self, query):
+            return next(answers)
+
+    usage = Usage()
+    metered = MeteredSearch(Backend(), usage)
+    await metered.search("a")
+    await metered.search("a")
+    kinds = usage.kinds()
+    assert kinds["search_deepseek_calls"] == 2 and kinds["search_deepseek_requests"] == 1
+    assert (kinds["search_deepseek_input_tokens"], kinds["search_deepseek_output_tokens"]) == (100, 20)
+    assert "search_deepseek_quota_units" not in kinds  # DeepSeek bills tokens, not quota
+
+
+def test_keys_that_depend_on_search_timing_are_named():
+    assert depends_on_timing("usage/search_deepseek_requests")
+    assert depends_on_timing("usage/total_search_deepseek_input_tokens")
+    assert depends_on_timing("cost/total")
+    assert not depends_on_timing("usage/search_deepseek_calls")
+    assert not depends_on_timing("usage/total_train_tokens")
+    assert not depends_on_timing("cost/total_train_tokens")
+
+
+# -- price tables --------------------------------------------------------------------------------
+
+
+def write(tmp_path, text):
+    path = tmp_path / "prices.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_example_price_table_reads_and_prices_every_token_kind():
+    from pathlib import Path
+
+    table = load_prices(Path(__file__).resolve().parents[2] / "docs" / "prices.example.toml")
+    usage = Usage(sample_prompt_tokens=2_000_000, train_tokens=1_000_000)
+    per_million = {"sample_prompt_tokens": 1.0, "train_tokens": 3.0}  # the example file's numbers
+    assert table.currency == "CNY"
+    assert table.cost(usage) == pytest.approx(2 * per_million["sample_prompt_tokens"] + per_million["train_tokens"])
+
+
+def test_cost_is_usage_times_price_per_kind(tmp_path):
+    table = load_prices(write(tmp_path, 'currency = "EUR"\n[per_million_tokens]\ntrain_tokens = 2.5\n'
+                                        '[search.zhihu.per_request]\nquota_units = 0.1\n'))
+    usage = Usage(train_tokens=400_000)
+    usage.searched("zhihu").quota_units = 30
+    metrics = table.metrics(usage, Usage().add(usage).add(usage))
+    assert metrics["cost/train_tokens"] == pytest.approx(1.0)
+    assert metrics["cost/search_zhihu_quota_units"] == pytest.approx(3.0)
+    assert metrics["cost/step"] == pytest.approx(4.0) and metrics["cost/total"] == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("text, named", [
+    ('[per_million_tokens]\ntrain_tokens = 1\n', "prices.toml: currency is missing"),
+    ('currency = "CNY"\n[per_million_tokens]\n\ntrian_tokens = 1\n', "prices.toml:4: per_million_tokens.trian_tokens"),
+    ('currency = "CNY"\n[per_request]\ntrain_tokens = 1\n', "prices.toml:3: per_request.train_tokens is priced in "
+                                                           "[per_million_tokens]"),
+    ('currency = "CNY"\n[per_million_tokens]\ntrain_tokens = -1\n', "prices.toml:3: per_million_tokens.train_tokens "
+                                                                   "must be a price >= 0"),
+    ('currency = "CNY"\n[per_million_tokens]\ntrain_tokens = "cheap"\n', "prices.toml:3:"),
+    ('currency = "CNY"\n[search.deepseek.per_million_tokens]\nouput_tokens = 1\n',
+     "prices.toml:3: search.deepseek.per_million_tokens.ouput_tokens"),
+    ('currency = "CNY"\n[hourly]\ngpu = 1\n', "hourly is not a price table"),
+    ('currency = "CNY"\ntrain_tokens = [\n', "not valid TOML"),
+])
+def test_a_bad_price_table_is_one_line_naming_file_line_and_key(tmp_path, text, named):
+    with pytest.raises(PriceError) as error:
+        load_prices(write(tmp_path, text))
+    message = str(error.value)
+    assert "\n" not in message and named in message, message
+
+
+def test_a_missing_price_table_is_named(tmp_path):
+    with pytest.raises(PriceError, match="nothing.toml: cannot read"):
+        load_prices(tmp_path / "nothing.toml")
+
+
+# -- budgets and estimates -----------------------------------------------------------------------
+
+
+def test_a_budget_stops_before_the_step_the_mean_step_would_carry_past_it(tmp_path):
+    table = load_prices(write(tmp_path, 'currency = "CNY"\n[per_million_tokens]\ntrain_tokens = 1.0\n'))
+    account = RunAccount(table, Budget(amount=1.0))
+    for _ in range(3):
+        account.add_step(Usage(train_tokens=300_000))  # 0.3 a step
+        verdict = account.verdict()
+    # after three steps 0.9 is spent; a fourth would reach 1.2
+    assert verdict.stop and verdict.what == "cost"
+    assert verdict.spent == pytest.approx(0.9) and verdict.left == pytest.approx(0.1)
+    assert not check_budget(Budget(amount=1.3), table, account.total, Usage(train_tokens=300_000)).stop
+
+
+def test_a_token_budget_counts_every_model_token():
+    usage = Usage(sample_prompt_tokens=10, sample_generated_tokens=5, train_tokens=15, kl_prompt_tokens=15,
+                  kl_generated_tokens=1)
+    assert check_budget(Budget(tokens=91), None, usage, usage).stop  # 46 + 46 > 91
+    assert not check_budget(Budget(tokens=92), None, usage, usage).stop
+
+
+@pytest.mark.parametrize("steps, every, expected", [(20, 0, 1), (20, 5, 4), (21, 5, 5), (3, 50, 1)])
+def test_the_checkpoints_of_a_schedule(steps, every, expected):
+    assert checkpoints_of(steps, every) == expected
+
+
+def test_the_run_plot_draws_the_running_totals_unsmoothed_and_a_cost_panel_when_priced():
+    from searchr1.view import plots
+
+    rows = [{"step": s, "reward/mean": 0.1 * s, "usage/total_model_tokens": 1000.0 * (s + 1) ** 2,
+             "cost/total": 0.5 * (s + 1)} for s in range(12)]
+    metrics = plots.default_run_metrics(rows)
+    assert metrics[-2:] == ("usage/total_model_tokens", "cost/total")
+    assert "cost/total" not in plots.default_run_metrics([{"step": 0, "usage/total_model_tokens": 1.0}])
+    fig, _ = plots.run_figure(rows, ["usage/total_model_tokens", "cost/total"])
+    for ax, key in zip(fig.axes, ("usage/total_model_tokens", "cost/total")):
+        assert ax.get_title() == plots.metric_title(key)
+        lines = ax.get_lines()
+        assert len(lines) == 1  # the totals as logged: no moving average over a running total
+        assert list(lines[0].get_ydata()) == [row[key] for row in rows]
