@@ -22,6 +22,7 @@ import httpx
 
 from searchr1.data.dataset import DataError
 from searchr1.bm25.corpus import CorpusError, parse_row
+from searchr1.run.fileio import follow_umask
 
 CORPUS_REPO = "PeterJinGo/wiki-18-corpus"
 CORPUS_FILE = "wiki-18.jsonl.gz"
@@ -81,6 +82,7 @@ def fetch_corpus(dest: str | os.PathLike[str], *, url: str | None = None, source
             os.fsync(out.fileno())
         if rows == 0:
             raise DataError(f"the corpus from {where} holds no passages")
+        follow_umask(staging)
         os.replace(staging, dest)
         return {"rows": rows, "bytes": written, "from": where}
     except BaseException:

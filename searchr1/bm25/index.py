@@ -19,10 +19,10 @@ outright leaves nothing that ``--backend local`` would accept.
 from __future__ import annotations
 
 import array
+import errno
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from searchr1.run.fileio import write_json_atomically
+from searchr1.run.fileio import WRITE_FAILURES, staging_directory, write_json_atomically
 from searchr1.bm25.corpus import CorpusError, CorpusReader
 
 FORMAT = "searchr1-bm25-index"
@@ -121,7 +121,7 @@ def build_index(corpus: str | os.PathLike[str], out: str | os.PathLike[str], *, 
     if out.exists() and not overwrite:
         raise BM25IndexError(f"{out} already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    staging = staging_directory(f".{out.name}.building-", out.parent)
     started = time.perf_counter()
     try:
         tokenizer = make_tokenizer()
@@ -161,9 +161,23 @@ def build_index(corpus: str | os.PathLike[str], out: str | os.PathLike[str], *, 
         write_json_atomically(staging / MANIFEST_NAME, manifest)
         _move_into_place(staging, out)
         return manifest
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if error.errno is None or error.errno in WRITE_FAILURES:
+            raise _write_failure(error, out) from None
+        raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _write_failure(error: OSError, out: Path) -> OSError:
+    """A failed write anywhere in the build, as one error naming the index directory (the
+    staging directory's files mean nothing to the reader). A short write that carries no errno
+    (numpy's ``tofile``) is what a full disk looks like there."""
+    if error.errno is None:
+        return OSError(errno.ENOSPC, f"{error} (is the disk full?)", str(out))
+    return OSError(error.errno, error.strerror, str(out))
 
 
 def _fsync_tree(directory: Path) -> None:

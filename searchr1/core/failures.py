@@ -10,6 +10,10 @@ import concurrent.futures
 # rather than of this program: pytrio itself, and what pytrio lets through from below it.
 SERVICE_MODULES = ("pytrio", "httpx", "httpcore", "h11", "modelscope", "modelscope_hub", "requests", "urllib3")
 
+# The code a service (the twin) answers when it cannot write its own files (a full, read-only or
+# forbidden disk). Its message names the path; nothing is gained by retrying.
+STORAGE_FAILURE_CODE = "twin.storage_failure"
+
 
 def is_service_failure(error: BaseException) -> bool:
     """True for errors of the service or the network (PyTrioError, httpx and ModelScope
@@ -20,7 +24,11 @@ def is_service_failure(error: BaseException) -> bool:
 
 
 def describe_failure(error: BaseException) -> str:
-    """``code or class: first line of the message`` (bounded; never a traceback)."""
+    """``code or class: first line of the message`` (bounded; never a traceback). A service's
+    storage failure is its own message alone (the path and the cause), without the client's
+    generic retry hint."""
     code = getattr(error, "code", None) or type(error).__name__
+    if code == STORAGE_FAILURE_CODE and isinstance(getattr(error, "message", None), str):
+        return f"{code}: {error.message.strip()[:300]}"
     text = str(error).strip().splitlines()[0][:300] if str(error).strip() else "no message"
     return f"{code}: {text}"

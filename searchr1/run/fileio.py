@@ -77,6 +77,24 @@ def new_file_mode(target: Path) -> int:
         return 0o666 & ~_umask()
 
 
+def new_directory_mode() -> int:
+    """The mode ``mkdir`` gives a new directory under the umask (``mkdtemp`` makes 0700 ones)."""
+    return 0o777 & ~_umask()
+
+
+def staging_directory(prefix: str, folder: str | os.PathLike[str]) -> Path:
+    """A new hidden directory in ``folder`` to build into and rename into place, with the mode
+    the umask gives (not ``mkdtemp``'s 0700, which the renamed result would keep)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+    os.chmod(path, new_directory_mode())
+    return path
+
+
+def follow_umask(path: str | os.PathLike[str]) -> None:
+    """Give a file made by ``mkstemp`` (0600) the mode ``open`` would have given it."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def check_writable(path: str | os.PathLike[str], what: str, error: type[Exception]) -> None:
     """Raise ``error`` naming ``path`` when a file could not be created or replaced there (its
     nearest existing folder is not a writable directory, or it is itself not writable), so a

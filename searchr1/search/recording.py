@@ -121,7 +121,7 @@ class _FreshFilePersister:
         data = serialize(cassette_dict, serializer).encode("utf-8")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         try:
-            descriptor = os.open(cassette_path, flags, 0o644)
+            descriptor = os.open(cassette_path, flags, 0o666)  # the umask decides
             with os.fdopen(descriptor, "wb") as handle:
                 handle.write(data)
                 handle.flush()

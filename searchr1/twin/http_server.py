@@ -44,6 +44,8 @@ from pytrio.protocol.control.service_session.create import ServiceSessionCreateR
 from pytrio.protocol.control.training_run.create import TrainingRunCreateRequest
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest
 
+from searchr1.core.failures import STORAGE_FAILURE_CODE
+from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.twin.backend import ApiError, TwinBackend
 from searchr1.twin.store import InvalidName
 from searchr1.twin.config import SampleRequestInfo
@@ -214,6 +216,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         except (TimeoutError, ConnectionError):  # the client went silent or away mid-body
             self.close_connection = True
+            return
+        except OSError as error:
+            if not is_write_failure(error):
+                self._send(Reply(500, {"code": "twin.internal_error", "message": f"{type(error).__name__}: {error}"}))
+                return
+            # the twin's own disk is full (read-only, forbidden): 507, the path and the cause
+            self._send(Reply(507, {"code": STORAGE_FAILURE_CODE, "message": f"the twin {write_failure_line(error)}"}))
             return
         except Exception as error:  # noqa: BLE001 - a twin bug answers 500 and never kills the server
             self._send(Reply(500, {"code": "twin.internal_error", "message": f"{type(error).__name__}: {error}"}))

@@ -1,0 +1,118 @@
+"""A full disk is one line naming the path, whichever writer meets it (ours, the twin's, a
+library's inside ``index build``); and everything written keeps the mode the umask gives."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from searchr1.bm25.corpus import passage_row
+from searchr1.cli import main
+
+TRAIN = ["train", "--offline", "--offline-policy", "scripted", "--quiet", "--questions-per-batch", "4",
+         "--group-size", "4", "--backend", "wikipedia"]
+PASSAGES = [("Hamlet", "Hamlet is a tragedy written by William Shakespeare."),
+            ("Paris", "Paris is the capital of France, on the Seine.")]
+
+
+def run_cli(*args: object) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [*map(str, args)])
+    return result.exit_code, result.output
+
+
+def write_corpus(path: Path) -> Path:
+    path.write_text("".join(passage_row(f"doc-{i}", t, x) for i, (t, x) in enumerate(PASSAGES)), "utf-8")
+    return path
+
+
+@pytest.fixture
+def full_under(monkeypatch):
+    """A fault-injecting disk: any fsync of a file whose path holds one of the armed fragments
+    reports ENOSPC (a stream's fsync names no file, as the kernel's does not)."""
+    armed: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor):
+        target = os.readlink(f"/proc/self/fd/{descriptor}")
+        if any(fragment in target for fragment in armed):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(descriptor)
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd")
+    monkeypatch.setattr(os, "fsync", fsync)
+    return armed
+
+
+def only_error_line(output: str) -> str:
+    assert "Traceback" not in output, output
+    return output.strip().splitlines()[-1]
+
+
+def test_the_twin_reports_its_own_full_disk_as_a_disk_error_naming_the_path(tmp_path, full_under):
+    run_dir = tmp_path / "run"
+    full_under.append(f"{os.sep}twin{os.sep}runs{os.sep}")  # the twin's run.json and checkpoints
+    code, output = run_cli(*TRAIN, "--max-steps", "1", "--run-dir", run_dir)
+    assert code == 1, output
+    line = only_error_line(output)
+    assert "No space left on device" in line and str(run_dir / "twin" / "runs") in line, line
+    assert "internal_error" not in line and "Retry later" not in line, line
+
+
+def test_index_build_on_a_full_disk_is_one_line_naming_the_index(tmp_path, full_under):
+    corpus, out = write_corpus(tmp_path / "corpus.jsonl"), tmp_path / "index"
+    full_under.append(".building-")  # the staging directory the index is built in
+    code, output = run_cli("index", "build", corpus, "--out", out, "--quiet")
+    assert code == 1, output
+    assert only_error_line(output) == f"Error: cannot write {out}: No space left on device"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]  # nothing left behind
+
+
+def test_a_short_write_without_an_errno_inside_the_index_library_still_names_the_index(tmp_path, monkeypatch):
+    import bm25s
+
+    def short_write(self, path):  # what numpy's tofile raises when the disk fills mid-array
+        raise OSError("58509 requested and 31712 written")
+
+    monkeypatch.setattr(bm25s.BM25, "save", short_write)
+    corpus, out = write_corpus(tmp_path / "corpus.jsonl"), tmp_path / "index"
+    code, output = run_cli("index", "build", corpus, "--out", out, "--quiet")
+    assert code == 1, output
+    line = only_error_line(output)
+    assert line.startswith(f"Error: cannot write {out}: ") and "31712" in line, line
+
+
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def modes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}
+
+
+def test_an_index_directory_and_its_files_follow_the_umask(tmp_path, umask_022):
+    corpus, out = write_corpus(tmp_path / "corpus.jsonl"), tmp_path / "index"
+    code, output = run_cli("index", "build", corpus, "--out", out, "--quiet")
+    assert code == 0, output
+    found = modes(out)
+    assert {path: mode for path, mode in found.items() if (out / path).is_dir() and mode != 0o755} == {}
+    assert {path: mode for path, mode in found.items() if (out / path).is_file() and mode != 0o644} == {}
+
+
+def test_the_twins_run_json_and_checkpoints_follow_the_umask(tmp_path, umask_022):
+    run_dir = tmp_path / "run"
+    code, output = run_cli(*TRAIN, "--max-steps", "1", "--save-every", "1", "--run-dir", run_dir)
+    assert code == 0, output
+    twin_runs = run_dir / "twin" / "runs"
+    written = [p for p in twin_runs.rglob("*") if p.is_file()]
+    assert any(p.name == "run.json" for p in written) and any(p.suffix == ".npz" for p in written)
+    assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in written
+            if stat.S_IMODE(p.stat().st_mode) != 0o644} == {}
