@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -257,8 +258,10 @@ def _sampling_client(service: Any, base_model: str, model_path: str | None, *, o
 
 
 def output_lock_path(output: Path) -> Path:
-    """The lock file beside an eval output (hidden, so ``eval_result/*.jsonl`` never lists it)."""
-    return output.with_name(f".{output.name}.lock")
+    """The lock file beside the file an eval output names once links are followed (hidden, so
+    ``eval_result/*.jsonl`` never lists it): two spellings of one file share one lock."""
+    target = Path(os.path.realpath(output))
+    return target.with_name(f".{target.name}.lock")
 
 
 def _claim_output(output: Path, held: contextlib.ExitStack) -> None:

@@ -169,8 +169,9 @@ def cut_torn_tail(path: str | os.PathLike[str]) -> bytes:
 @contextmanager
 def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block succeeds, the temporary file is
-    fsynced and renamed over ``path``; when it fails, it is removed and ``path`` is untouched."""
-    target = Path(path)
+    fsynced and renamed over ``path``; when it fails, it is removed and ``path`` is untouched.
+    A symbolic link at ``path`` stays a link: the file it points to is the one replaced."""
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         descriptor, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

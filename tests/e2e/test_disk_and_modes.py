@@ -116,3 +116,37 @@ def test_the_twins_run_json_and_checkpoints_follow_the_umask(tmp_path, umask_022
     assert any(p.name == "run.json" for p in written) and any(p.suffix == ".npz" for p in written)
     assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in written
             if stat.S_IMODE(p.stat().st_mode) != 0o644} == {}
+
+
+# --- an eval output given through a symbolic link ------------------------------------------------
+
+EVAL = ["eval", "--offline", "--offline-policy", "scripted", "--quiet", "--limit", "2", "--backend", "wikipedia"]
+
+
+def test_an_eval_output_named_through_a_link_shares_the_lock_of_the_file_it_points_to(tmp_path):
+    from searchr1.commands.eval import output_lock_path
+    from searchr1.run.fileio import FileInUseError, exclusive_lock
+
+    real, link = tmp_path / "a.jsonl", tmp_path / "link.jsonl"
+    link.symlink_to(real.name)
+    with exclusive_lock(output_lock_path(real), "eval output"):
+        with pytest.raises(FileInUseError):
+            with exclusive_lock(output_lock_path(link), "eval output"):
+                pass
+        code, output = run_cli(*EVAL, "--output", link)
+    assert code == 1 and "in use by another process" in output, output
+    assert not real.exists()
+
+
+def test_an_eval_written_through_a_link_leaves_the_link_and_fills_its_target(tmp_path):
+    elsewhere = tmp_path / "results"
+    elsewhere.mkdir()
+    real, link = elsewhere / "a.jsonl", tmp_path / "link.jsonl"
+    link.symlink_to(real)
+    code, output = run_cli(*EVAL, "--output", link)
+    assert code == 0, output
+    code, output = run_cli(*EVAL, "--output", link)  # a resume rewrites the file whole
+    assert code == 0, output
+    assert link.is_symlink() and Path(os.readlink(link)) == real
+    assert real.is_file() and real.read_text("utf-8").count("\n") >= 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.jsonl", "results"]
