@@ -24,11 +24,14 @@ def is_service_failure(error: BaseException) -> bool:
 
 
 def describe_failure(error: BaseException) -> str:
-    """``code or class: first line of the message`` (bounded; never a traceback). A service's
+    """``code or class: first line of the message`` (bounded; never a traceback, never a URL's
+    ``user:password@``: a client's error names the server it called). A service's
     storage failure is its own message alone (the path and the cause), without the client's
     generic retry hint."""
+    from searchr1.search.secrets import strip_userinfo
+
     code = getattr(error, "code", None) or type(error).__name__
     if code == STORAGE_FAILURE_CODE and isinstance(getattr(error, "message", None), str):
-        return f"{code}: {error.message.strip()[:300]}"
-    text = str(error).strip().splitlines()[0][:300] if str(error).strip() else "no message"
+        return f"{code}: {strip_userinfo(error.message.strip())[:300]}"
+    text = strip_userinfo(str(error).strip().splitlines()[0])[:300] if str(error).strip() else "no message"
     return f"{code}: {text}"

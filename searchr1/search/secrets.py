@@ -135,6 +135,16 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, new_query, parts.fragment))
 
 
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#]*@")
+
+
+def strip_userinfo(text: str) -> str:
+    """``text`` with the userinfo (``user:password@``) of every URL in it removed, as
+    :func:`redact_url` removes it from one URL: for messages that quote a URL among other words
+    (a connection error, a client library's error text)."""
+    return _USERINFO.sub(r"\1", text)
+
+
 def url_secrets(url: str | None) -> tuple[Secret, ...]:
     """The credentials a URL carries (its password, a bare token in the user name, the values of
     its credential parameters), to be masked wherever the URL's answers are shown."""
