@@ -107,7 +107,10 @@ class TwinSettings:
     accumulation: Accumulation = "sum"
     report_grad_norm: bool = True  # the optimiser's metrics (the live keys are not published)
     max_body_bytes: int = 256 * 1024 * 1024  # a request body past this is answered 413 unread
-    idle_timeout: float = 300.0  # seconds a connection may stay silent (between or inside requests)
+    idle_timeout: float = 300.0  # seconds a kept-alive connection may wait for its next request
+    request_timeout: float = 30.0  # seconds from a request's first byte to its body's last
+    max_total_body_bytes: int = 256 * 1024 * 1024  # bodies held at once, all requests together
+    max_connections: int = 256  # connections served at once (a thread each); beyond, closed at once
 
 
 @dataclass
