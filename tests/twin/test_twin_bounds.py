@@ -134,3 +134,18 @@ def test_connections_past_the_cap_get_no_thread_and_are_closed_at_once(twin):
             connection.close()
     assert during - before <= 16 + 2
     assert closed >= 40 - 16
+
+
+def test_twin_serve_on_a_taken_port_is_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from searchr1.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        number = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["twin", "serve", "--home", str(tmp_path / "home"), "--port", str(number)])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: port {number} on 127.0.0.1 is taken (another server listens there); stop it or pick another --port"]
