@@ -85,6 +85,14 @@ def fetch_corpus(dest: str | os.PathLike[str], *, url: str | None = None, source
         follow_umask(staging)
         os.replace(staging, dest)
         return {"rows": rows, "bytes": written, "from": where}
+    except OSError as error:  # a full disk: named as the corpus file, not the staging name
+        staging.unlink(missing_ok=True)
+        for directory in created:
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+        if error.errno is not None and (error.filename is None or str(error.filename) == str(staging)):
+            raise OSError(error.errno, error.strerror, str(dest)) from None
+        raise
     except BaseException:
         staging.unlink(missing_ok=True)
         for directory in created:  # innermost first; only what this call made, only if empty

@@ -47,6 +47,12 @@ def write_failure_line(error: OSError) -> str:
     return f"cannot write{where}: {error.strerror or error}"
 
 
+def naming(error: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``error`` naming ``path`` when it names no file (a failed write or fsync on a stream
+    does not), so a command's one line says which file a full disk stopped."""
+    return _naming(error, path)
+
+
 def _naming(error: OSError, path: str | os.PathLike[str], *, instead_of: tuple[str, ...] = ()) -> OSError:
     """The same error, naming ``path`` (a failed write or fsync on a stream names no file; a
     temporary file's name means nothing to the reader)."""

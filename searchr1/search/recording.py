@@ -187,8 +187,8 @@ def recording(
             for key, value in metadata.items():
                 cassette.get_metadata(key, value)
             yield cassette
-        if persister.error is not None:
-            raise persister.error
+        if persister.error is not None:  # named as the cassette (the temporary name means nothing)
+            raise OSError(persister.error.errno, persister.error.strerror, str(target))
         text = temporary.read_text(encoding="utf-8")
         texts = [text, *compressed_bodies(text)]
         leaked = sorted({n for part in texts for n in find_leaks(part, secrets)})

@@ -150,3 +150,24 @@ def test_an_eval_written_through_a_link_leaves_the_link_and_fills_its_target(tmp
     assert link.is_symlink() and Path(os.readlink(link)) == real
     assert real.is_file() and real.read_text("utf-8").count("\n") >= 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.jsonl", "results"]
+
+
+def test_record_on_a_full_disk_names_the_cassette(tmp_path, full_under, monkeypatch):
+    import httpx
+
+    import searchr1.commands.record as record_module
+
+    def retriever(request):
+        hit = {"document": {"id": "1", "contents": '"Le Petit Prince"\nA novella.'}, "score": 1.0}
+        return httpx.Response(200, json={"result": [[hit]]})
+
+    real_factory = record_module.create_search_backend
+    monkeypatch.setattr(record_module, "create_search_backend", lambda name, **kw: real_factory(
+        name, transport=httpx.MockTransport(retriever), **kw))
+    target = tmp_path / "out.yaml"
+    full_under.append(".recording")  # the temporary file the cassette is written through
+    code, output = run_cli("record", "--backend", "retriever", "--retriever-url", "http://127.0.0.1:9/retrieve",
+                           "--query", "The Little Prince author", "--cassette", target)
+    assert code == 1, output
+    assert only_error_line(output) == f"Error: cannot write {target}: No space left on device; nothing was written"
+    assert not target.exists()
