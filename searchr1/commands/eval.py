@@ -375,8 +375,11 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         if protocol == "search-r1":
             from searchr1.evaluation.published import comparison_table
 
+            from searchr1.search.secrets import redact_url
+
+            shown_url = redact_url(search.retriever_url) if search.retriever_url else "the default URL"
             retriever = (f"BM25 over {run_config.get('search_index')}" if search.backend == "local"
-                         else f"the retrieval server at {search.retriever_url or 'the default URL'}")
+                         else f"the retrieval server at {shown_url}")
             click.echo(comparison_table(outcome.summary["metrics"], model=model_path or base_model,
                                         retriever=retriever))
     click.echo(f"results: {output}")
