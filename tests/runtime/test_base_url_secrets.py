@@ -33,8 +33,8 @@ def test_connecting_and_failing_to_connect_never_print_the_base_urls_password(mo
     printed = capsys.readouterr()
     shown = printed.out + printed.err + str(raised.value)
     assert "connecting to PyTRIO at http://127.0.0.1:" in printed.err
+    assert "cannot connect to PyTRIO at http://127.0.0.1:" in str(raised.value)
     assert PASSWORD not in shown and "alice" not in shown, shown
-    assert "refused the connection" in str(raised.value)
 
 
 def test_a_service_error_naming_a_server_with_userinfo_is_described_without_it():
@@ -47,7 +47,8 @@ def test_a_service_error_naming_a_server_with_userinfo_is_described_without_it()
     assert PASSWORD not in described and "gpu-box:9000" in described
 
 
-userinfo_text = st.text(st.characters(blacklist_characters="/?#@ \t\r\n\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0"),
+# what a URL's userinfo can hold as it is written in text: no separator, no white space
+userinfo_text = st.text(st.characters(blacklist_characters="/?#@", blacklist_categories=("Zs", "Zl", "Zp", "Cc", "Cs")),
                         min_size=1, max_size=30)
 
 
