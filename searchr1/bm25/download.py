@@ -28,6 +28,7 @@ import httpx
 
 from searchr1.data.dataset import DataError
 from searchr1.bm25.corpus import CorpusError, parse_row
+from searchr1.run.fileio import follow_umask
 
 CORPUS_REPO = "PeterJinGo/wiki-18-corpus"
 CORPUS_FILE = "wiki-18.jsonl.gz"
@@ -95,6 +96,7 @@ def fetch_corpus(dest: str | os.PathLike[str], *, url: str | None = None, source
             os.fsync(out.fileno())
         if rows == 0:
             raise DataError(f"the corpus from {where} holds no passages")
+        follow_umask(staging)
         os.replace(staging, dest)
         if fetched:
             Path(source).unlink()
@@ -109,6 +111,9 @@ def fetch_corpus(dest: str | os.PathLike[str], *, url: str | None = None, source
         for directory in created:  # innermost first; only what this call made, only if empty
             if directory.is_dir() and not any(directory.iterdir()):
                 directory.rmdir()
+        if isinstance(error, OSError) and error.errno is not None and (
+                error.filename is None or str(error.filename) == str(staging)):
+            raise OSError(error.errno, error.strerror, str(dest)) from None  # a full disk, named as the corpus
         raise
 
 

@@ -30,6 +30,7 @@ Every defect is a :class:`BM25IndexError` naming the file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.bm25.corpus import CorpusError, CorpusReader
-from searchr1.run.fileio import exclusive_lock, write_json_atomically
+from searchr1.run.fileio import WRITE_FAILURES, exclusive_lock, write_json_atomically
 
 FORMAT = "searchr1-bm25-index"
 FORMAT_VERSION = 2
@@ -261,6 +262,19 @@ def build_index(corpus: str | os.PathLike[str], out: str | os.PathLike[str], *, 
         except CorpusError:  # the corpus must change before a build can finish: nothing to resume
             shutil.rmtree(out.parent / f".{out.name}.building", ignore_errors=True)
             raise
+        except OSError as error:  # a full disk: the finished shards stay for the resume
+            if error.errno is None or error.errno in WRITE_FAILURES:
+                raise _write_failure(error, out) from None
+            raise
+
+
+def _write_failure(error: OSError, out: Path) -> OSError:
+    """A failed write anywhere in the build, as one error naming the index directory (the
+    staging directory's files mean nothing to the reader). A short write that carries no errno
+    (numpy's ``tofile``) is what a full disk looks like there."""
+    if error.errno is None:
+        return OSError(errno.ENOSPC, f"{error} (is the disk full?)", str(out))
+    return OSError(error.errno, error.strerror, str(out))
 
 
 def peak_memory_kib() -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -268,8 +269,10 @@ def _sampling_client(service: Any, base_model: str, model_path: str | None, *, o
 
 
 def output_lock_path(output: Path) -> Path:
-    """The lock file beside an eval output (hidden, so ``eval_result/*.jsonl`` never lists it)."""
-    return output.with_name(f".{output.name}.lock")
+    """The lock file beside the file an eval output names once links are followed (hidden, so
+    ``eval_result/*.jsonl`` never lists it): two spellings of one file share one lock."""
+    target = Path(os.path.realpath(output))
+    return target.with_name(f".{target.name}.lock")
 
 
 def _claim_output(output: Path, held: contextlib.ExitStack) -> None:
@@ -408,8 +411,11 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         if protocol == "search-r1":
             from searchr1.evaluation.published import comparison_table
 
+            from searchr1.search.secrets import redact_url
+
+            shown_url = redact_url(search.retriever_url) if search.retriever_url else "the default URL"
             retriever = (f"BM25 over {run_config.get('search_index')}" if search.backend == "local"
-                         else f"the retrieval server at {search.retriever_url or 'the default URL'}")
+                         else f"the retrieval server at {shown_url}")
             click.echo(comparison_table(outcome.summary["metrics"], model=model_path or base_model,
                                         retriever=retriever))
             from searchr1.evaluation.card import format_card

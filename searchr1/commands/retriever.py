@@ -30,9 +30,14 @@ def serve(index_dir: Path, host: str, port: int) -> None:
 
 def _serve(index_dir: Path, host: str, port: int) -> None:
     from searchr1.bm25.index import BM25Index
-    from searchr1.bm25.server import make_server
+    from searchr1.bm25.server import PortTakenError, listening_socket, make_server
 
     index = BM25Index(index_dir)
+    try:
+        sock = listening_socket(host, port)  # a taken port is said before anything claims to serve
+    except PortTakenError as error:
+        raise click.ClickException(str(error)) from None
+    port = sock.getsockname()[1]
     click.echo(f"serving {len(index)} passages from {index_dir} on http://{host}:{port}/retrieve "
                f"(corpus sha256 {index.manifest['corpus']['sha256'][:12]}…)", err=True)
-    make_server(index, host=host, port=port, log_level="warning").run()
+    make_server(index, host=host, port=port, log_level="warning").run(sockets=[sock])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import threading
 from pathlib import Path
@@ -80,15 +81,22 @@ def _serve(port: int, home: Path, policy: str, scenario: Path | None, api_key: s
     stopped = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     try:
-        with start_twin(
-            home=home, port=port, policy=policy, scenario=scenario, tokenizer=shared_tokenizer(),
-            api_key=api_key or TWIN_API_KEY, reduction=reduction, accumulation=accumulation,  # type: ignore[arg-type]
-            limits=TwinLimits(training=limits, sampling=limits),
-            convention=StopConvention(stop_token_in_tokens, stop_string_in_text),
-            latencies=Latencies(sample_latency, token_latency, train_token_latency, optim_latency, save_latency),
-            strictness=Strictness(enabled=strict, max_staleness=max_staleness),
-            faults=TwinFaults(**(offline_fault or {})),
-        ) as served:
+        try:
+            started = start_twin(
+                home=home, port=port, policy=policy, scenario=scenario, tokenizer=shared_tokenizer(),
+                api_key=api_key or TWIN_API_KEY, reduction=reduction, accumulation=accumulation,  # type: ignore[arg-type]
+                limits=TwinLimits(training=limits, sampling=limits),
+                convention=StopConvention(stop_token_in_tokens, stop_string_in_text),
+                latencies=Latencies(sample_latency, token_latency, train_token_latency, optim_latency, save_latency),
+                strictness=Strictness(enabled=strict, max_staleness=max_staleness),
+                faults=TwinFaults(**(offline_fault or {})),
+            )
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            raise click.ClickException(f"port {port} on 127.0.0.1 is taken (another server listens there); "
+                                       "stop it or pick another --port") from None
+        with started as served:
             click.echo(f"PYTRIO_BASE_URL={served.base_url}")
             key_hint = "" if api_key else f"PYTRIO_API_KEY={TWIN_API_KEY} "
             click.echo(f"# serving policy {policy!r} from {home}; run your program with "

@@ -10,6 +10,10 @@ import concurrent.futures
 # rather than of this program: pytrio itself, and what pytrio lets through from below it.
 SERVICE_MODULES = ("pytrio", "httpx", "httpcore", "h11", "modelscope", "modelscope_hub", "requests", "urllib3")
 
+# The code a service (the twin) answers when it cannot write its own files (a full, read-only or
+# forbidden disk). Its message names the path; nothing is gained by retrying.
+STORAGE_FAILURE_CODE = "twin.storage_failure"
+
 
 def is_service_failure(error: BaseException) -> bool:
     """True for errors of the service or the network (PyTrioError, httpx and ModelScope
@@ -20,7 +24,14 @@ def is_service_failure(error: BaseException) -> bool:
 
 
 def describe_failure(error: BaseException) -> str:
-    """``code or class: first line of the message`` (bounded; never a traceback)."""
+    """``code or class: first line of the message`` (bounded; never a traceback, never a URL's
+    ``user:password@``: a client's error names the server it called). A service's
+    storage failure is its own message alone (the path and the cause), without the client's
+    generic retry hint."""
+    from searchr1.search.secrets import strip_userinfo
+
     code = getattr(error, "code", None) or type(error).__name__
-    text = str(error).strip().splitlines()[0][:300] if str(error).strip() else "no message"
+    if code == STORAGE_FAILURE_CODE and isinstance(getattr(error, "message", None), str):
+        return f"{code}: {strip_userinfo(error.message.strip())[:300]}"
+    text = strip_userinfo(str(error).strip().splitlines()[0])[:300] if str(error).strip() else "no message"
     return f"{code}: {text}"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from searchr1.run.fileio import iter_json_lines
+from searchr1.run.fileio import follow_umask, iter_json_lines, naming
 
 
 @dataclass(frozen=True)
@@ -356,6 +356,10 @@ def _write_temp(directory: Path, name: str, data: bytes) -> Path:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        follow_umask(tmp)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        raise naming(error, directory / name) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

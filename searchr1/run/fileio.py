@@ -47,6 +47,12 @@ def write_failure_line(error: OSError) -> str:
     return f"cannot write{where}: {error.strerror or error}"
 
 
+def naming(error: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``error`` naming ``path`` when it names no file (a failed write or fsync on a stream
+    does not), so a command's one line says which file a full disk stopped."""
+    return _naming(error, path)
+
+
 def _naming(error: OSError, path: str | os.PathLike[str], *, instead_of: tuple[str, ...] = ()) -> OSError:
     """The same error, naming ``path`` (a failed write or fsync on a stream names no file; a
     temporary file's name means nothing to the reader)."""
@@ -75,6 +81,24 @@ def new_file_mode(target: Path) -> int:
         return target.stat().st_mode & 0o7777
     except OSError:
         return 0o666 & ~_umask()
+
+
+def new_directory_mode() -> int:
+    """The mode ``mkdir`` gives a new directory under the umask (``mkdtemp`` makes 0700 ones)."""
+    return 0o777 & ~_umask()
+
+
+def staging_directory(prefix: str, folder: str | os.PathLike[str]) -> Path:
+    """A new hidden directory in ``folder`` to build into and rename into place, with the mode
+    the umask gives (not ``mkdtemp``'s 0700, which the renamed result would keep)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+    os.chmod(path, new_directory_mode())
+    return path
+
+
+def follow_umask(path: str | os.PathLike[str]) -> None:
+    """Give a file made by ``mkstemp`` (0600) the mode ``open`` would have given it."""
+    os.chmod(path, 0o666 & ~_umask())
 
 
 def check_writable(path: str | os.PathLike[str], what: str, error: type[Exception]) -> None:
@@ -152,8 +176,9 @@ def cut_torn_tail(path: str | os.PathLike[str]) -> bytes:
 @contextmanager
 def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block succeeds, the temporary file is
-    fsynced and renamed over ``path``; when it fails, it is removed and ``path`` is untouched."""
-    target = Path(path)
+    fsynced and renamed over ``path``; when it fails, it is removed and ``path`` is untouched.
+    A symbolic link at ``path`` stays a link: the file it points to is the one replaced."""
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         descriptor, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

@@ -61,17 +61,20 @@ def live_service(connect_timeout: float | None = None) -> Any:
 
     from searchr1.runtime.connect import DEFAULT_CONNECT_TIMEOUT, ConnectTimeout, call_with_deadline, diagnose, pytrio_base_url, refusal
 
+    from searchr1.search.secrets import redact_url, strip_userinfo
+
     url = pytrio_base_url()
-    print(f"connecting to PyTRIO at {url}...", file=sys.stderr, flush=True)
+    shown = redact_url(url)  # a user:password@ in PYTRIO_BASE_URL is never printed
+    print(f"connecting to PyTRIO at {shown}...", file=sys.stderr, flush=True)
     try:
         return call_with_deadline(pytrio.ServiceClient, connect_timeout or DEFAULT_CONNECT_TIMEOUT,
-                                  what=f"cannot connect to PyTRIO at {url}", explain=lambda: diagnose(url),
-                                  refused=lambda: refusal(url))
+                                  what=f"cannot connect to PyTRIO at {shown}",
+                                  explain=lambda: strip_userinfo(diagnose(url)), refused=lambda: refusal(url))
     except ConnectTimeout as error:
-        raise ServiceSetupError(str(error)) from None
+        raise ServiceSetupError(strip_userinfo(str(error))) from None
     except pytrio.PyTrioError as error:
         code = getattr(error, "code", "") or type(error).__name__
-        raise ServiceSetupError(f"cannot connect to PyTRIO at {url} ({code}); check the key and the network") from None
+        raise ServiceSetupError(f"cannot connect to PyTRIO at {shown} ({code}); check the key and the network") from None
 
 
 def offline_scenario(path: str | Path | None = None) -> Any:

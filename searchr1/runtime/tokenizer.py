@@ -23,10 +23,11 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from searchr1.run.fileio import staging_directory
 
 TEMPLATE_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
 VOCAB_SHA256 = "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd"
@@ -272,7 +273,7 @@ def list_added_tokens(directory: Path, tokenizer: Any) -> None:
 
 def _store(tokenizer: Any, directory: Path) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
+    staging = staging_directory(directory.name + ".", directory.parent)
     try:
         tokenizer.save_pretrained(str(staging))
         list_added_tokens(staging, tokenizer)

@@ -89,12 +89,14 @@ def compressed_bodies(text: str) -> list[str]:
     return out
 
 
-def placeholders(secrets: Sequence[Secret], private: Mapping[str, Secret]) -> dict[str, str]:
-    """Placeholder → value for vcrpy's ``filter_sensitive_data``: ``<SECRET_n>`` for keys, the
-    given placeholder for personal values."""
-    mapping = {f"<SECRET_{n}>": s.reveal() for n, s in enumerate(secrets, start=1)}
-    mapping.update({placeholder: s.reveal() for placeholder, s in private.items()})
-    return {placeholder: value for placeholder, value in mapping.items() if value}
+def placeholders(secrets: Sequence[Secret], private: Mapping[str, Secret]) -> list[tuple[str, str]]:
+    """``(placeholder, value)`` pairs for vcrpy's ``filter_sensitive_data``: ``<SECRET_n>`` for
+    every form of key n (:func:`secret_forms`: an echo may hold it URL-quoted or in base64), the
+    given placeholder for personal values. Longer values come first, so a value is replaced
+    before any shorter one inside it."""
+    pairs = [(f"<SECRET_{n}>", form) for n, s in enumerate(secrets, start=1) for form in secret_forms(s)]
+    pairs += [(placeholder, s.reveal()) for placeholder, s in private.items() if s.reveal()]
+    return sorted(pairs, key=lambda pair: (-len(pair[1]), pair))
 
 
 def _strip_url_credentials(request: Any) -> Any:
@@ -121,7 +123,7 @@ class _FreshFilePersister:
         data = serialize(cassette_dict, serializer).encode("utf-8")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         try:
-            descriptor = os.open(cassette_path, flags, 0o644)
+            descriptor = os.open(cassette_path, flags, 0o666)  # the umask decides
             with os.fdopen(descriptor, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -185,8 +187,8 @@ def recording(
             for key, value in metadata.items():
                 cassette.get_metadata(key, value)
             yield cassette
-        if persister.error is not None:
-            raise persister.error
+        if persister.error is not None:  # named as the cassette (the temporary name means nothing)
+            raise OSError(persister.error.errno, persister.error.strerror, str(target))
         text = temporary.read_text(encoding="utf-8")
         texts = [text, *compressed_bodies(text)]
         leaked = sorted({n for part in texts for n in find_leaks(part, secrets)})

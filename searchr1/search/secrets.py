@@ -77,21 +77,17 @@ class Secret:
 
 def secret_forms(secret: Secret | str) -> set[str]:
     """The ways a key can be written down: as is, URL-quoted (with and without ``/`` kept),
-    form-encoded, JSON-escaped and base64 (an HTTP Basic header, where the key follows a user
-    name, is caught by the ``Basic`` pattern instead)."""
+    form-encoded, JSON-escaped and base64 (standard and URL-safe, padded or not). A URL's
+    ``user:password`` is a secret of its own (:func:`url_secrets`), so the base64 of the pair,
+    which is what an HTTP Basic header carries, is one of these forms."""
     value = secret.reveal() if isinstance(secret, Secret) else secret
     if not value:
         return set()
     encoded = value.encode("utf-8", "surrogatepass")
-    forms = {
-        value,
-        quote(value, safe=""),
-        quote(value),
-        quote_plus(value),
-        json.dumps(value)[1:-1],
-        base64.b64encode(encoded).decode().rstrip("="),
-        base64.urlsafe_b64encode(encoded).decode().rstrip("="),
-    }
+    forms = {value, quote(value, safe=""), quote(value), quote_plus(value), json.dumps(value)[1:-1],
+             json.dumps(value, ensure_ascii=False)[1:-1]}
+    for coded in (base64.b64encode(encoded).decode(), base64.urlsafe_b64encode(encoded).decode()):
+        forms |= {coded, coded.rstrip("=")}
     return {form for form in forms if len(form) >= 4}
 
 
@@ -135,6 +131,16 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, new_query, parts.fragment))
 
 
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#]*@")
+
+
+def strip_userinfo(text: str) -> str:
+    """``text`` with the userinfo (``user:password@``) of every URL in it removed, as
+    :func:`redact_url` removes it from one URL: for messages that quote a URL among other words
+    (a connection error, a client library's error text)."""
+    return _USERINFO.sub(r"\1", text)
+
+
 def url_secrets(url: str | None) -> tuple[Secret, ...]:
     """The credentials a URL carries (its password, a bare token in the user name, the values of
     its credential parameters), to be masked wherever the URL's answers are shown."""
@@ -147,8 +153,13 @@ def url_secrets(url: str | None) -> tuple[Secret, ...]:
     found = [unquote(parts.password or "")]
     if parts.username and parts.password is None and len(parts.username) >= 16:
         found.append(unquote(parts.username))  # a bare user name that long is a token (https://<token>@host)
+    if parts.password is not None or len(parts.username or "") >= 16:
+        # httpx sends the userinfo as ``Authorization: Basic base64(user:password)``; the pair
+        # (decoded, and as written in the URL) is what an echo of that header or of the URL shows
+        found.append(f"{unquote(parts.username or '')}:{unquote(parts.password or '')}")
+        found.append(parts.netloc.rpartition("@")[0])
     found += [value for name, value in parse_qsl(parts.query) if is_secret_parameter(name)]
-    return tuple(Secret(value) for value in found if len(value) >= 4)
+    return tuple(dict.fromkeys(Secret(value) for value in found if len(value) >= 4))
 
 
 def sanitise_error(text: object, secrets: Iterable[Secret | str] = (), *, limit: int = 160) -> str:

@@ -47,6 +47,8 @@ from pytrio.protocol.control.training_run.get import TrainingRunGetResponse, Tra
 from pytrio.protocol.control.training_run.renew import TrainingRunRenewResponse
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest, TrainingRunUpdateResponse
 
+from searchr1.core.failures import STORAGE_FAILURE_CODE
+from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.twin.collapse import collapsed_sequences, is_collapsed
 from searchr1.twin.config import (
     INJECTED_FAILURE_CODE,
@@ -107,7 +109,10 @@ class TwinSettings:
     accumulation: Accumulation = "sum"
     report_grad_norm: bool = True  # the optimiser's metrics (the live keys are not published)
     max_body_bytes: int = 256 * 1024 * 1024  # a request body past this is answered 413 unread
-    idle_timeout: float = 300.0  # seconds a connection may stay silent (between or inside requests)
+    idle_timeout: float = 300.0  # seconds a kept-alive connection may wait for its next request
+    request_timeout: float = 30.0  # seconds from a request's first byte to its body's last
+    max_total_body_bytes: int = 256 * 1024 * 1024  # bodies held at once, all requests together
+    max_connections: int = 256  # connections served at once (a thread each); beyond, closed at once
 
 
 @dataclass
@@ -627,6 +632,11 @@ class TwinBackend:
             record.status, record.error = "failed", ("checkpoint_not_found", str(error))
         except InvalidName as error:
             record.status, record.error = "failed", ("invalid_name", str(error))
+        except OSError as error:
+            if is_write_failure(error):  # the twin's own disk: the path and the cause
+                record.status, record.error = "failed", (STORAGE_FAILURE_CODE, f"the twin {write_failure_line(error)}")
+            else:
+                record.status, record.error = "failed", ("twin.internal_error", f"{type(error).__name__}: {error}")
         except Exception as error:  # noqa: BLE001 - a policy or twin bug fails the event, not the worker
             record.status, record.error = "failed", ("twin.internal_error", f"{type(error).__name__}: {error}")
 

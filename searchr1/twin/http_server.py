@@ -11,9 +11,15 @@ are applied per operation before the backend sees the request.
 
 Requests are untrusted (the default key is public): a route checks its key or actor token
 before it reads a body; a body must declare its length (no chunked uploads), at most
-``TwinSettings.max_body_bytes`` (413 otherwise, unread, and the connection is closed); a
-connection silent for ``idle_timeout`` seconds is dropped; run ids and checkpoint names are
-checked with pytrio's own rule and every path must stay inside the home
+``TwinSettings.max_body_bytes`` (413 otherwise, unread, and the connection is closed); the
+bodies held at once, all requests together, stay within ``max_total_body_bytes`` (a body that
+does not fit waits for room until its request's deadline, then gets 503); a request's
+headers and body must arrive within ``request_timeout`` seconds of its first byte, and a
+kept-alive connection waits at most ``idle_timeout`` seconds for its next request (one
+watchdog thread drops a connection past either); at most ``max_connections`` connections
+are served at once (a thread each), a connection beyond is closed at once. A body the JSON
+decoder cannot take (nested too deeply, a number too long) is a 400; run ids and checkpoint
+names are checked with pytrio's own rule and every path must stay inside the home
 (:mod:`searchr1.twin.store`, 400 otherwise).
 
 A sampler checkpoint's download URL points at ``/archives/<checkpoint>?sig=…`` on the same
@@ -32,6 +38,7 @@ import logging
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -48,6 +55,8 @@ from pytrio.protocol.control.service_session.create import ServiceSessionCreateR
 from pytrio.protocol.control.training_run.create import TrainingRunCreateRequest
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest
 
+from searchr1.core.failures import STORAGE_FAILURE_CODE
+from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.twin.backend import ApiError, TwinBackend
 from searchr1.twin.store import InvalidName
 from searchr1.twin.config import SampleRequestInfo
@@ -56,6 +65,30 @@ JSON = "application/json"
 MSGPACK = "application/msgpack"
 ARCHIVE = "application/x-tar"
 HEARTBEAT_MS = 60_000
+
+
+LARGE_BODY_BYTES = 1 << 20  # after a body this large, freed memory is handed back to the system
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def _return_freed_memory() -> None:
+    """Hand the memory of freed bodies back to the system. glibc keeps a freed large block in
+    the arena of the thread that used it (each connection has a thread), so without this the
+    RSS would grow with every connection that once held a large body, although nothing holds
+    it any more. Elsewhere (no glibc) this does nothing."""
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 def _is_count(text: str) -> bool:
@@ -77,6 +110,8 @@ class Reply:
 def _model(model: type[BaseModel], data: Any) -> Any:
     try:
         return model.model_validate(data)
+    except RecursionError:
+        raise ApiError(422, "validation_error", f"{model.__name__}: the body is nested too deeply") from None
     except PydanticValidationError as error:
         first = error.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -99,6 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
     _raw: bytes | None = None
     _length = 0
     _unread = False
+    _reserved = 0  # bytes of the total body budget this request holds
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -112,6 +148,29 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.backend.settings.idle_timeout  # a silent client lets go of its thread
         super().setup()
+
+    def handle_one_request(self) -> None:
+        """Wait (at most ``idle_timeout``) for a request's first byte; from then on its headers
+        and body have ``request_timeout`` seconds (the watchdog drops the connection after)."""
+        settings = self.server.backend.settings
+        self.server.watch(self.connection, settings.idle_timeout)
+        try:
+            if not self.rfile.peek(1):
+                self.close_connection = True
+                return
+        except OSError:  # a timeout, or the watchdog shut the connection
+            self.close_connection = True
+            return
+        self.server.watch(self.connection, settings.request_timeout)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.watch(self.connection, None)
+            self._raw = None  # the body's bytes go before its share of the budget does
+            if self._reserved >= LARGE_BODY_BYTES:
+                _return_freed_memory()
+            self.server.release(self._reserved)
+            self._reserved = 0
 
     def _declared_length(self) -> int:
         """The body's length as declared; refused before a byte of it is read."""
@@ -129,12 +188,18 @@ class _Handler(BaseHTTPRequestHandler):
         return length
 
     def _body(self) -> bytes:
-        """The request body (read once, after the route's key check)."""
+        """The request body (read once, after the route's key check, once the total body
+        budget has room for it)."""
         if self._raw is None:
+            if self._length and not self.server.reserve(self._length, self.server.deadline(self.connection)):
+                raise ApiError(503, "twin.busy", f"the twin holds as many request bodies as it takes "
+                                                 f"({self.backend.settings.max_total_body_bytes} bytes); retry")
+            self._reserved = self._length
             data = self.rfile.read(self._length) if self._length else b""
             if len(data) != self._length:
                 raise ConnectionError("the client sent less than its Content-Length")
             self._raw, self._unread = data, False
+            self.server.watch(self.connection, None)  # the request is in: the route may take its time
         return self._raw
 
     def _json(self) -> Any:
@@ -143,6 +208,11 @@ class _Handler(BaseHTTPRequestHandler):
             return json.loads(raw) if raw else {}
         except json.JSONDecodeError as error:
             raise ApiError(400, "invalid_json", f"the body is not JSON ({error.msg})") from None
+        except RecursionError:
+            raise ApiError(400, "invalid_json", "the body is not JSON the twin reads (nested too deeply)") from None
+        except ValueError:  # not UTF-8, or a number past int's digit limit
+            raise ApiError(400, "invalid_json", "the body is not JSON the twin reads (not UTF-8, or a number "
+                                                "too long to read)") from None
 
     def _query(self) -> dict[str, str]:
         return {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()}
@@ -196,6 +266,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(Reply(error.status, {"code": error.code, "message": error.message}))
             return
         self._unread = self._length > 0
+        if not self._unread:
+            self.server.watch(self.connection, None)  # headers in, no body: the request is in
         for route_method, pattern, operation, handler in ROUTES:
             match = pattern.fullmatch(path)
             if route_method == method and match:
@@ -225,6 +297,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         except (TimeoutError, ConnectionError):  # the client went silent or away mid-body
             self.close_connection = True
+            return
+        except OSError as error:
+            if not is_write_failure(error):
+                self._send(Reply(500, {"code": "twin.internal_error", "message": f"{type(error).__name__}: {error}"}))
+                return
+            # the twin's own disk is full (read-only, forbidden): 507, the path and the cause
+            self._send(Reply(507, {"code": STORAGE_FAILURE_CODE, "message": f"the twin {write_failure_line(error)}"}))
             return
         except Exception as error:  # noqa: BLE001 - a twin bug answers 500 and never kills the server
             self._send(Reply(500, {"code": "twin.internal_error", "message": f"{type(error).__name__}: {error}"}))
@@ -465,12 +544,65 @@ ROUTES: list[Route] = [
 class _TwinHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128
 
     def __init__(self, port: int, backend: TwinBackend) -> None:
         self.backend = backend
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self._deadlines: dict[socket.socket, float] = {}  # connection -> when the watchdog drops it
+        self._budget = threading.Condition()
+        self._budget_left = backend.settings.max_total_body_bytes
+        self._closing = threading.Event()
         super().__init__(("127.0.0.1", port), _Handler)
+        self._watchdog = threading.Thread(target=self._drop_late_connections, name=f"twin-watchdog-{port}",
+                                          daemon=True)
+        self._watchdog.start()
+
+    # --- deadlines and the body budget --------------------------------------------------
+
+    def watch(self, connection: socket.socket, seconds: float | None) -> None:
+        """Drop ``connection`` unless it is unwatched again within ``seconds`` (None: unwatch)."""
+        with self._connections_lock:
+            if seconds is None:
+                self._deadlines.pop(connection, None)
+            else:
+                self._deadlines[connection] = time.monotonic() + seconds
+
+    def deadline(self, connection: socket.socket) -> float:
+        with self._connections_lock:
+            return self._deadlines.get(connection, time.monotonic() + self.backend.settings.request_timeout)
+
+    def _drop_late_connections(self) -> None:
+        tick = min(0.25, max(0.02, self.backend.settings.request_timeout / 10))
+        while not self._closing.wait(tick):
+            now = time.monotonic()
+            with self._connections_lock:
+                late = [connection for connection, when in self._deadlines.items() if when <= now]
+                for connection in late:
+                    del self._deadlines[connection]
+            for connection in late:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def reserve(self, size: int, until: float) -> bool:
+        """Take ``size`` bytes of the total body budget, waiting for room until ``until``."""
+        with self._budget:
+            while self._budget_left < size:
+                left = until - time.monotonic()
+                if left <= 0:
+                    return False
+                self._budget.wait(left)
+            self._budget_left -= size
+            return True
+
+    def release(self, size: int) -> None:
+        if size:
+            with self._budget:
+                self._budget_left += size
+                self._budget.notify_all()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hangs up mid-request is normal; nothing is printed (socketserver
@@ -480,13 +612,23 @@ class _TwinHTTPServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._connections_lock:
-            self._connections.add(request)
+            full = len(self._connections) >= self.backend.settings.max_connections
+            if not full:
+                self._connections.add(request)
+        if full:  # no thread for it: closed at once (a client retries; a flood costs nothing)
+            super().shutdown_request(request)
+            return
         super().process_request(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
         with self._connections_lock:
             self._connections.discard(request)
+            self._deadlines.pop(request, None)
         super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        self._closing.set()
+        super().server_close()
 
     def drop_connections(self) -> None:
         with self._connections_lock:

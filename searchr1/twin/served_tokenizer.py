@@ -22,10 +22,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from searchr1.run.fileio import staging_directory
 from searchr1.runtime.tokenizer import list_added_tokens
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -63,7 +63,7 @@ def served_tokenizer_dir(tokenizer: Any, root: Path | None = None) -> Path:
     if (target / TOKENIZER_FILE).is_file() and (target / CONFIG_FILE).is_file():
         return target.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    staging = staging_directory(".staging-", root)
     try:
         _fill(staging, tokenizer, source)
         os.replace(staging, target)

@@ -178,6 +178,9 @@ def start_twin(
     api_key: str = TWIN_API_KEY,
     max_body_bytes: int | None = None,
     idle_timeout: float | None = None,
+    request_timeout: float | None = None,
+    max_total_body_bytes: int | None = None,
+    max_connections: int | None = None,
 ) -> Twin:
     """Start a twin on 127.0.0.1 (``port=0``: a free port) and return it, serving.
 
@@ -185,9 +188,11 @@ def start_twin(
     tokenizer defaults to the exact Qwen3.5 one. ``serve_tokenizer=False`` answers with the
     model's real name as ``model_id``, so the SDK's tokenizer load goes to ModelScope as it
     would for a user (offline: it fails). ``report_grad_norm=False`` leaves the optimiser's
-    metrics empty (the keys the live service reports are not published). ``max_body_bytes``
-    and ``idle_timeout`` bound what one request may send and how long a connection may stay
-    silent (defaults in :class:`~searchr1.twin.backend.TwinSettings`).
+    metrics empty (the keys the live service reports are not published). ``max_body_bytes``,
+    ``max_total_body_bytes``, ``idle_timeout``, ``request_timeout`` and ``max_connections``
+    bound what one request and all of them together may send, how long a connection may wait
+    for its next request and a request for its last byte, and how many connections are served
+    (defaults in :class:`~searchr1.twin.backend.TwinSettings`).
     """
     if reduction not in ("per_token", "per_sample", "sum"):
         raise ValueError(f"reduction must be per_token, per_sample or sum, got {reduction!r}")
@@ -212,6 +217,13 @@ def start_twin(
         settings.max_body_bytes = max_body_bytes
     if idle_timeout is not None:
         settings.idle_timeout = idle_timeout
+    if request_timeout is not None:
+        settings.request_timeout = request_timeout
+    if max_total_body_bytes is not None:
+        settings.max_total_body_bytes = max_total_body_bytes
+    if max_connections is not None:
+        settings.max_connections = max_connections
+    settings.max_total_body_bytes = max(settings.max_total_body_bytes, settings.max_body_bytes)
     backend = TwinBackend(settings)
     server = TwinHTTPServer(backend, port)
     settings.base_url = server.url

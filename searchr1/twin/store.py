@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from pytrio.client.builders.training import CHECKPOINT_NAME_MAX_LENGTH, CHECKPOINT_NAME_PATTERN
+
+from searchr1.run.fileio import write_bytes_atomically
 
 PATH_PREFIX = "trio://twin/"
 PATH_PATTERN = re.compile(r"^trio://twin/(?P<run>run-\d+)/(?P<kind>state|weights)/(?P<name>[^/]+)$")
@@ -107,20 +108,9 @@ def checkpoint_path(run_id: str, kind: str, name: str) -> str:
 
 
 def _write_atomically(target: Path, payload: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".tmp-", delete=False) as handle:
-        try:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        except BaseException:
-            Path(handle.name).unlink(missing_ok=True)
-            raise
-    try:
-        os.replace(handle.name, target)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)  # no temporary file is left behind
-        raise
+    """Replace ``target`` whole (mode from the umask; a failure names ``target`` and leaves no
+    temporary file)."""
+    write_bytes_atomically(target, payload)
 
 
 class CheckpointStore:

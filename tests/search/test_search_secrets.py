@@ -188,18 +188,22 @@ async def test_recorded_cassette_holds_no_key_even_when_the_server_echoes_it(nam
 
 
 def test_a_key_that_escapes_scrubbing_blocks_the_write(tmp_path):
-    """filter_sensitive_data replaces raw values; a URL-encoded copy is caught by the final scan."""
+    """filter_sensitive_data replaces every form of a key in text; a copy inside a body kept
+    compressed is out of its reach and is caught by the final scan."""
+    import gzip
+
     secret = Secret("leak/canary+1 x")
     target = tmp_path / "leak.yaml"
     target.write_text("previous cassette\n")
 
     def handler(request):
-        return httpx.Response(200, json={})
+        body = gzip.compress(json.dumps({"echo": secret.reveal()}).encode())
+        return httpx.Response(200, content=body, headers={"content-encoding": "gzip"})
 
     async def run():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            with recording(target, secrets=[secret], metadata={}, overwrite=True):
-                await client.get("https://example.invalid/search", params={"q": secret.reveal()})
+            with recording(target, secrets=[secret], metadata={}, overwrite=True, decode_compressed=False):
+                await client.get("https://example.invalid/search", params={"q": "harmless"})
 
     with pytest.raises(SecretLeakError) as caught:
         asyncio.run(run())
