@@ -101,20 +101,21 @@ def check_hops_found(text: str, k: int = 3) -> list[str]:
     since the offline policies read a hop as found only when its passage is in the observation."""
     import tempfile
 
-    from searchr1.twin.offline_world import load_world
     from searchr1.bm25.index import BM25Index, build_index
+    from searchr1.offline import load_source
 
     with tempfile.TemporaryDirectory(prefix="searchr1-corpus-check-") as scratch:
         corpus = Path(scratch) / "corpus.jsonl"
         corpus.write_text(text, "utf-8")
         build_index(corpus, Path(scratch) / "index")
         index = BM25Index(Path(scratch) / "index")
-        hops = [hop for question in load_world() for hop in question.hops]
-        hits = index.search([hop.query for hop in hops], k=k)
+        source = load_source()  # the offline question set, train first
+        hops = [hop for split in ("train", "dev") for question in source[split] for hop in question["hops"]]
+        hits = index.search([hop["query"] for hop in hops], k=k)
         problems = []
         for hop, top in zip(hops, hits):
-            if f'"{hop.title}"\n{hop.text}' not in [hit.contents for hit in top]:
+            if f'"{hop["title"]}"\n{hop["text"]}' not in [hit.contents for hit in top]:
                 found = ", ".join(hit.contents.splitlines()[0] for hit in top) or "nothing"
-                problems.append(f"{hop.query!r} finds {found}")
+                problems.append(f"{hop['query']!r} finds {found}")
         del index
         return problems
