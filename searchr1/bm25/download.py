@@ -22,6 +22,7 @@ import httpx
 
 from searchr1.data.dataset import DataError
 from searchr1.bm25.corpus import CorpusError, parse_row
+from searchr1.run.fileio import removing_new_directories
 
 CORPUS_REPO = "PeterJinGo/wiki-18-corpus"
 CORPUS_FILE = "wiki-18.jsonl.gz"
@@ -64,31 +65,28 @@ def fetch_corpus(dest: str | os.PathLike[str], *, url: str | None = None, source
     """Write the corpus to ``dest`` (a ``.jsonl``); returns ``{"rows", "bytes", "from"}``."""
     dest = Path(dest)
     where = str(source) if source is not None else (url or corpus_url())
-    created = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging_name = tempfile.mkstemp(prefix=f".{dest.name}.download-", dir=dest.parent)
-    staging = Path(staging_name)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            if source is not None:
-                path = Path(source)
-                if not path.is_file():
-                    raise DataError(f"--corpus-source {path} does not exist")
-                written, rows = _copy(_gunzip(_file_chunks(path), path.suffix == ".gz"), out, where, progress)
-            else:
-                written, rows = _download(where, out, transport, progress)
-            out.flush()
-            os.fsync(out.fileno())
-        if rows == 0:
-            raise DataError(f"the corpus from {where} holds no passages")
-        os.replace(staging, dest)
-        return {"rows": rows, "bytes": written, "from": where}
-    except BaseException:
-        staging.unlink(missing_ok=True)
-        for directory in created:  # innermost first; only what this call made, only if empty
-            if directory.is_dir() and not any(directory.iterdir()):
-                directory.rmdir()
-        raise
+    with removing_new_directories(dest.parent):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        handle, staging_name = tempfile.mkstemp(prefix=f".{dest.name}.download-", dir=dest.parent)
+        staging = Path(staging_name)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                if source is not None:
+                    path = Path(source)
+                    if not path.is_file():
+                        raise DataError(f"--corpus-source {path} does not exist")
+                    written, rows = _copy(_gunzip(_file_chunks(path), path.suffix == ".gz"), out, where, progress)
+                else:
+                    written, rows = _download(where, out, transport, progress)
+                out.flush()
+                os.fsync(out.fileno())
+            if rows == 0:
+                raise DataError(f"the corpus from {where} holds no passages")
+            os.replace(staging, dest)
+            return {"rows": rows, "bytes": written, "from": where}
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
 
 
 def _download(url: str, out, transport: httpx.BaseTransport | None, progress) -> tuple[int, int]:

@@ -14,7 +14,6 @@ generator checks that every hop query of the offline world still finds its own p
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 from searchr1.offline import CASSETTE_SPEC, OFFLINE_DIR, REPO_ROOT
 from searchr1.bm25.corpus import passage_row
 from searchr1.bm25.synthetic import synthetic_passages, vocabulary
+from searchr1.run.fileio import file_sha256
 
 CORPUS = OFFLINE_DIR / "corpus.jsonl"
 SPEC_SOURCES = (CASSETTE_SPEC, REPO_ROOT / "cassettes" / "specs" / "demo.json")
@@ -68,10 +68,6 @@ def build_corpus_text(paths: tuple[Path, ...] = SPEC_SOURCES, *, bulk: int = BUL
     return "".join(rows)
 
 
-def corpus_sha256(path: Path = CORPUS) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def offline_index(corpus: Path = CORPUS) -> Path:
     """The index of the shipped corpus, built into the user cache on first use."""
     from searchr1.runtime.tokenizer import cache_root
@@ -80,7 +76,7 @@ def offline_index(corpus: Path = CORPUS) -> Path:
     if not corpus.is_file():
         raise BM25IndexError(f"the shipped corpus {corpus} is missing; regenerate it with "
                              "`python cli.py index offline-corpus` (or reinstall the package)")
-    sha = corpus_sha256(corpus)
+    sha = file_sha256(corpus)
     directory = cache_root() / "indexes" / f"offline-{sha[:16]}"
     try:
         if read_manifest(directory)["corpus"]["sha256"] == sha:

@@ -125,7 +125,8 @@ def default_output(base_model: str, model_path: str | None, backend: str, offlin
 
 
 def _manifest_sha256(data: Path) -> str | None:
-    from searchr1.data.dataset import MANIFEST_NAME, file_sha256
+    from searchr1.data.dataset import MANIFEST_NAME
+    from searchr1.run.fileio import file_sha256
 
     manifest = data.parent / MANIFEST_NAME
     return file_sha256(manifest) if manifest.is_file() else None
@@ -148,7 +149,7 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
                      offline_home: Path | None, offline_policy: str = "learning") -> dict[str, Any]:
     """The exact configuration stored in the header and summary (plain JSON, nothing secret).
     The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
-    from searchr1.data.dataset import file_sha256
+    from searchr1.run.fileio import file_sha256
     from searchr1.offline import SCENARIO
     from searchr1.core.rollout import effective_system_prompt
     from searchr1.runtime.services import describe_search

@@ -114,7 +114,8 @@ def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
 
 
 def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
-    from searchr1.data.dataset import file_sha256, shuffled_examples
+    from searchr1.data.dataset import shuffled_examples
+    from searchr1.run.fileio import file_sha256
     from searchr1.offline import TRAIN
     from searchr1.run.directory import TWIN_HOME, RunDir, recorded_checkpoints
     from searchr1.runtime.services import (

@@ -153,10 +153,11 @@ def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:
     from searchr1.search.factory import resolve_concurrency, resolve_timeout
 
     if offline and options.backend == "local" and options.index is None:
-        from searchr1.bm25.shipped import CORPUS, corpus_sha256
+        from searchr1.bm25.shipped import CORPUS
+        from searchr1.run.fileio import file_sha256
 
         effective = replace(options, cache="off")
-        index: str | None = f"shipped:{CORPUS.name}@{corpus_sha256()[:16]}"
+        index: str | None = f"shipped:{CORPUS.name}@{file_sha256(CORPUS)[:16]}"
     else:
         effective = offline_search_options(options) if offline else options
         index = str(effective.index) if effective.index is not None else None
