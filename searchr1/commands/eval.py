@@ -281,15 +281,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     from searchr1.evaluation.metrics import EvalFileError
     from searchr1.evaluation.evaluate import EvalResumeError, evaluate
     from searchr1.offline import DEV
-    from searchr1.runtime.services import (
-        check_base_model,
-        check_search_keys,
-        live_service,
-        load_tokenizer,
-        offline_scenario,
-        offline_service,
-        search_backend,
-    )
+    from searchr1.runtime.services import check_base_model, check_search_keys, load_tokenizer, open_search, start_service
 
     offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
     connect_timeout = kwargs.pop("connect_timeout")
@@ -334,18 +326,15 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     tokenizer = load_tokenizer(chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
         home = offline_home or Path(scratch)
-        service = (offline_service(home, tokenizer, offline_scenario(), policy=offline_policy) if offline
-                   else live_service(connect_timeout))
+        service = start_service(tokenizer, offline=offline, home=home, policy=offline_policy,
+                                connect_timeout=connect_timeout)
         sampler = _sampling_client(service, base_model, model_path, offline=offline, offline_home=offline_home)
         bar = None if quiet else _Bar()
 
         async def main() -> Any:
-            backend = search_backend(search, offline=offline)
-            try:
+            async with open_search(search, offline=offline) as backend:
                 return await evaluate(sampler, tokenizer, backend, examples, rollout, output, run_config,
                                       limit=limit, overwrite=overwrite, progress=bar)
-            finally:
-                await backend.aclose()
 
         click.echo(f"eval: {data} -> {output}  ({'offline twin' if offline else 'live PyTRIO'}, "
                    f"{model_path or base_model}, backend {search.backend})", err=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,28 @@ def offline_service(home: Path, tokenizer: Any, scenario: Any = None, *, policy:
     client = twin.service_client()
     twin.stop_with(client)
     return client
+
+
+def start_service(tokenizer: Any, *, offline: bool, home: Path | None, policy: str | None = None,
+                  connect_timeout: float | None = None, **twin_options: Any) -> Any:
+    """The ``pytrio.ServiceClient`` that ``train`` and ``eval`` work with: offline, one on a twin
+    started for it (checkpoints under ``home``, serving ``policy``, default the scripted one, from
+    the shipped scenario; ``twin_options`` go to the twin); live, one connected to PyTRIO."""
+    if offline:
+        assert home is not None, "an offline service needs a home for the twin's checkpoints"
+        return offline_service(home, tokenizer, offline_scenario(), policy=policy or "scripted", **twin_options)
+    return live_service(connect_timeout)
+
+
+@asynccontextmanager
+async def open_search(options: SearchOptions, *, offline: bool) -> AsyncIterator[Any]:
+    """The search backend for the block (offline: the replayed cassette or the local index),
+    closed when the block ends however it ends."""
+    backend = search_backend(options, offline=offline)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
 
 
 @contextmanager
