@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from searchr1.bench.report import Figure, Measure, render_table
@@ -21,13 +21,23 @@ targets = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 @given(values=samples, target=targets, comparator=st.sampled_from(["<=", ">="]))
 def test_a_measure_is_met_only_when_every_repetition_meets_its_target_and_straddles_when_they_disagree(
         values, target, comparator):
+    """Invariant: the verdict is "met" when every repetition meets the target, "missed" when
+    none does, "straddles" otherwise; and the spread runs from the lowest to the highest."""
+    assume(all(v == target or abs(v - target) > 1e-9 for v in values))  # rounding is the test below
     measure = Measure.of_samples("m", "m", values, target, comparator)
-    hits = [v <= target + 1e-12 if comparator == "<=" else v >= target - 1e-12 for v in values]
+    hits = [v <= target if comparator == "<=" else v >= target for v in values]
     expected = "met" if all(hits) else "missed" if not any(hits) else "straddles"
     assert measure.verdict == expected
     assert measure.met is (expected == "met")
     assert (measure.low if measure.low is not None else measure.value) == min(values)
     assert (measure.high if measure.high is not None else measure.value) == max(values)
+
+
+def test_a_value_off_its_target_only_by_float_rounding_meets_it():
+    rounded = 0.1 + 0.2  # 0.30000000000000004
+    assert rounded > 0.3 and Measure("m", "m", rounded, 0.3, "<=").verdict == "met"
+    assert Measure("m", "m", 0.3, rounded, ">=").verdict == "met"
+    assert Measure("m", "m", 0.3001, 0.3, "<=").verdict == "missed"
 
 
 def test_the_value_of_a_measure_from_samples_is_their_median_inside_the_spread():
@@ -75,6 +85,9 @@ def test_per_thread_cpu_counts_a_busy_thread_and_not_a_sleeping_one():
     threads = [threading.Thread(target=busy), threading.Thread(target=sleepy)]
     for thread in threads:
         thread.start()
+    end = time.thread_time() + 0.03  # the main thread, which the meter was told about, works too
+    while time.thread_time() < end:
+        pass
     for event in done.values():
         assert event.wait(30)
     seen = thread_seconds()
@@ -85,7 +98,7 @@ def test_per_thread_cpu_counts_a_busy_thread_and_not_a_sleeping_one():
     assert seen[ids["busy"]] >= 0.045
     assert seen[ids["sleepy"]] < 0.02
     assert interval.roles.get("other", 0.0) >= 0.045  # threads the meter was not told about
-    assert interval.roles.get("main", 0.0) >= 0.0
+    assert interval.roles.get("main", 0.0) >= 0.025
 
 
 def test_the_thread_of_another_event_loop_is_found():
