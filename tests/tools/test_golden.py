@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 
 from searchr1.cli import main
 from searchr1.tools.golden import differences, generate, golden_path, scenario_paths
+from searchr1.core.rollout import RolloutConfig
 from searchr1.core.types import TERMINATIONS
 
 SCENARIOS = scenario_paths()
@@ -51,6 +53,14 @@ def test_golden_datums_keep_the_shift_and_the_action_mask(scenario):
             assert advantage == expected
     for trajectory in golden["trajectories"]:
         assert trajectory["termination"] in TERMINATIONS
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.stem)
+def test_a_golden_file_records_its_scenarios_overrides_not_the_whole_configuration(scenario):
+    """A new rollout setting, with its default, then leaves every golden file as it is."""
+    golden = json.loads(golden_path(scenario).read_text("utf-8"))
+    assert golden["rollout"] == json.loads(scenario.read_text("utf-8")).get("rollout", {})
+    assert set(golden["rollout"]) < {f.name for f in fields(RolloutConfig)}
 
 
 def test_differences_names_the_changed_field():
