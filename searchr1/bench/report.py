@@ -206,7 +206,7 @@ def render_table(figures: list[Figure], *, title: str = "searchr1 bench") -> Any
         table.add_row(str(figure.number), f"[bold]{figure.title}[/bold]", "", "", "",
                       _met_cell(None if verdict is None else figure.met, verdict))
         for index, measure in enumerate(figure.measures):
-            target = "" if measure.target is None else f"{measure.comparator} {measure.formatted(measure.target)}"
+            target = "-" if measure.target is None else f"{measure.comparator} {measure.formatted(measure.target)}"
             if measure.target is not None and measure.target_source == "bench":
                 target += " *"
             table.add_row("", "  " + measure.label, measure.formatted(), measure.spread_text(), target,

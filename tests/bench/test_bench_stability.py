@@ -59,6 +59,26 @@ def test_a_straddling_figure_says_so_in_the_table():
     assert "straddles" in text and "1.00–2.00 (n=2)" in text and "yes" not in text
 
 
+def test_a_measure_without_a_target_shows_a_dash_for_its_target_and_its_verdict():
+    from rich.console import Console
+
+    figure = Figure(5, "f", "F", [Measure("ratio", "with target", 0.5, 0.75, "<=", "x"),
+                                  Measure("plain", "without target", 1.25, unit="s")])
+    console = Console(width=120, record=True)
+    console.print(render_table([figure]))
+    row = next(line for line in console.export_text().splitlines() if "without target" in line)
+    cells = [cell.strip() for cell in row.split("│")]
+    assert cells[3:7] == ["1.25 s", "", "-", "-"]  # value, spread, target, met
+
+
+def test_the_seed_way_of_a_step_swaps_our_replayed_rollout_for_the_seeds():
+    from searchr1.bench.step_overhead import StepRecord
+
+    record = StepRecord(local=1.0, rollout_main=0.3, rollout_client=0.2, replay_main=0.25, replay_client=0.0,
+                        seed_main=0.75, seed_client=0.0)
+    assert record.seed_way == pytest.approx(1.5) and record.in_memory == pytest.approx(0.75)
+
+
 def test_per_thread_cpu_counts_a_busy_thread_and_not_a_sleeping_one():
     if not available():
         pytest.skip("no /proc per-thread CPU on this platform")
