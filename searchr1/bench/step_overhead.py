@@ -62,9 +62,11 @@ from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread
 from searchr1.bench.workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
 
 SPREAD_BOUND = 0.15  # (highest - lowest) / median of the runs, documented in CONTRIBUTING.md
-# Our step's local CPU at most this share of the seed's way of the same step (set by the
-# benchmark from side-by-side runs, documented in CONTRIBUTING.md).
-SEED_RATIO_TARGET = 0.75
+# Our step's local CPU at most this share of the same step done the seed's way: the former
+# absolute targets restated (1.5 s against the seed's 7.8 s of local CPU per step, and 0.035x
+# against its 0.17x of the modelled service time, are both 0.2 on the machine that measured
+# them); documented in CONTRIBUTING.md.
+SEED_RATIO_TARGET = 0.2
 LOCAL_ROLES = ("main", "client")  # threads whose CPU is the step's local CPU
 MAIN_PIECES = {
     "fit": "fitting and stitching observations (tokenizer, template)",
