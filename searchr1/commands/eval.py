@@ -16,7 +16,8 @@ from typing import Any
 
 import click
 
-from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.commands.search_options import search_options
+from searchr1.search.options import SearchOptions
 from searchr1.commands.options import (
     check_offline_group_size,
     connect_timeout_option,

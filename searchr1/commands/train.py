@@ -15,7 +15,8 @@ import click
 from searchr1.run.loggers import LOGGER_NAMES, SWANLAB_MODES
 from searchr1.core.loss_options import parse_loss_fn_config
 from searchr1.core.rollout import RolloutConfig
-from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.commands.search_options import search_options
+from searchr1.search.options import SearchOptions
 from searchr1.core.config import TrainConfig
 from searchr1.commands.options import (
     check_offline_group_size,

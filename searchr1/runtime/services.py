@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.offline import SCENARIO, cassette_path
-from searchr1.commands.search_options import SearchOptions, build_search_backend
+from searchr1.search.options import SearchOptions, build_search_backend
 
 QWEN35_PREFIX = "Qwen/Qwen3.5-"
 

@@ -1,6 +1,6 @@
 """Import rules of the layout outside the core, read from every import statement in the source
-(those inside functions too): click is imported only by the commands, the BM25 package never
-reaches into the twin, and every import of the package is absolute."""
+(those inside functions too): click is imported only by the commands, and the commands only by
+the entry point; the BM25 package never reaches into the twin; every import is absolute."""
 
 from __future__ import annotations
 
@@ -35,6 +35,13 @@ def test_only_the_commands_import_click():
                if not (PACKAGE.parent / where.split(":")[0]).resolve().is_relative_to(commands)]
     assert outside == []
     assert importers("click", under=commands)  # the probe does see an import of click
+
+
+def test_nothing_but_the_entry_point_imports_the_commands():
+    commands = PACKAGE / "commands"
+    outside = [where for where in importers("searchr1.commands")
+               if not (PACKAGE.parent / where.split(":")[0]).resolve().is_relative_to(commands)]
+    assert [where.split(":")[0] for where in outside] == ["searchr1/cli.py"]
 
 
 def test_the_bm25_package_does_not_import_the_twin():

@@ -28,7 +28,7 @@ from searchr1.evaluation.evaluate import (
 )
 from searchr1.offline import DEV
 from searchr1.core.rollout import RolloutConfig
-from searchr1.commands.search_options import SearchOptions
+from searchr1.search.options import SearchOptions
 from searchr1.runtime.services import offline_scenario, offline_service, search_backend
 from twin_support import without_timing_metrics
 
