@@ -10,7 +10,8 @@ shared machine):
    four renders per candidate item.
 3. :mod:`.packing`: micro-batches against their lower bound, padded against real tokens.
 4. :mod:`.search_calls`: search requests saved by single-flight and the query cache.
-5. :mod:`.step_overhead`: the local overhead of one offline training step, by phase.
+5. :mod:`.step_overhead`: the local CPU of one offline training step, by phase, ours against the
+   same step with the seed's observation fitting.
 
 :mod:`.report` prints the table and writes ``bench.json``. Not part of pytest (only a smoke
 test of the structure, ``tests/bench/test_bench.py``).

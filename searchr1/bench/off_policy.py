@@ -14,8 +14,8 @@ the sequential step this project had before the pipeline (sampler, rollout, datu
 forward_backward, one optim_step), runs on the same twin: K=0 must produce its metrics exactly.
 
 Figure 7 (learning speed). On an in-process twin with no latency, the steps until the mean
-reward over the last three steps reaches 0.8: our defaults, the same at K=1 (the issue asks
-for at most 20 % more steps), and the seed's settings (the sampling seeds of every step equal,
+reward over the last three steps reaches 0.8: our defaults, the same at K=1 (the target:
+at most 20 % more steps), and the seed's settings (the sampling seeds of every step equal,
 as the seed reused ``seed + index``, and manual micro-batch accumulation with n_k/N weights).
 """
 

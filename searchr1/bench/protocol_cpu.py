@@ -3,7 +3,7 @@
 The seed built the next prompt once per candidate item with four chat-template renders each
 (canonical prompt, the same with an empty assistant turn to learn the closing tokens, the
 conversation ending with the assistant turn, and the next prompt), so a result of three items
-cost twelve renders (``seed-system.md`` §1.6, §2.3). Ours sizes the items with the tokenizer and
+cost twelve renders (the seed's ``build_next_prompt`` and ``fit_tool_content``). Ours sizes the items with the tokenizer and
 renders twice, once, for the chosen content (:func:`searchr1.core.rollout.fit_tool_content`).
 
 The tool turns are those of a real step: a zero-latency rollout of 8 questions x 8 samples with

@@ -2,9 +2,9 @@
 
 Every figure has one or more measures; a measure is a value, optionally a target with a
 direction (``<=`` or ``>=``) and whether the target is met. The figure's headline is its first
-measure; the figure is met when every measure with a target is. Targets come from the issue
-(``target_source: "issue"``) or, where the issue set none, from the benchmark itself
-(``"bench"``, documented in CONTRIBUTING.md).
+measure; the figure is met when every measure with a target is. Targets come from the project's
+requirements (``target_source: "project"``) or, where those set none, from the benchmark itself
+(``"bench"``, documented in CONTRIBUTING.md). A measure without a target shows "-".
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Measure:
     target: float | None = None
     comparator: str = "<="  # value <comparator> target meets it
     unit: str = ""
-    target_source: str = "issue"
+    target_source: str = "project"
     digits: int = 2
     # The spread of the repetitions ``value`` is the median of (lowest, highest), or None when
     # the measure is exact (a count, a deterministic simulation) or was measured once.
@@ -206,7 +206,7 @@ def render_table(figures: list[Figure], *, title: str = "searchr1 bench") -> Any
         table.add_row(str(figure.number), f"[bold]{figure.title}[/bold]", "", "", "",
                       _met_cell(None if verdict is None else figure.met, verdict))
         for index, measure in enumerate(figure.measures):
-            target = "" if measure.target is None else f"{measure.comparator} {measure.formatted(measure.target)}"
+            target = "-" if measure.target is None else f"{measure.comparator} {measure.formatted(measure.target)}"
             if measure.target is not None and measure.target_source == "bench":
                 target += " *"
             table.add_row("", "  " + measure.label, measure.formatted(), measure.spread_text(), target,
@@ -224,7 +224,7 @@ def print_report(figures: list[Figure], *, console: Any = None, output: str | Pa
             console = Console(width=110)
     title = "searchr1 bench" + (" (--quick: smoke sizes, not for quoting)" if quick else "")
     console.print(render_table(figures, title=title))
-    console.print("[dim]* target set by the benchmark (the issue names none); see CONTRIBUTING.md[/dim]")
+    console.print("[dim]* target set by the benchmark (no requirement of the project names one); see CONTRIBUTING.md[/dim]")
     for figure in sorted(figures, key=lambda f: f.number):
         for note in figure.notes:
             console.print(f"[dim]({figure.number}) {note}[/dim]")

@@ -1,4 +1,5 @@
-"""Figure 5: the local CPU of one offline training step, whose it is, and what the wire costs.
+"""Figure 5: the local CPU of one offline training step against the seed's way, whose it is, and
+what the wire costs.
 
 The real :class:`~searchr1.core.trainer.Trainer` runs a few steps of 8 questions x 8 samples with the
 real pytrio client against the offline twin (in a process of its own, serving the workload's
@@ -11,14 +12,22 @@ trainer, and the pytrio calls made on our event loop) and pytrio's own event-loo
 transport: request validation, serialisation, HTTP, futures). Their sum is the step's local
 CPU. The twin's process is read too and reported, never counted.
 
-Every step is measured twice, seconds apart, so that the pair sees the same machine: the
-step as it runs (the real sampling client over HTTP), and its rollout once more with an
-in-memory sampler that replays the answers the first rollout got (no pytrio, no HTTP; it must
-give the same trajectories). The in-memory step is the real step with its rollout swapped for
-the replay (datums and training calls are the same work for the same trajectories), so ``wire /
-in-memory`` is what the sampling wire itself costs. Runs are repeated; a run's sample is its
-mean over the steps after the first (the same steps in every run), and figures print the median
-of the runs with the lowest and highest.
+Every step's rollout is measured three times, seconds apart, so that they see the same
+machine: as it runs (the real sampling client over HTTP); once more with an in-memory sampler
+that replays the answers the first rollout got (no pytrio, no HTTP); and that replay again
+the seed's way, fitting every observation as the seed did (a whole next prompt, four
+chat-template renders, per candidate item: :func:`searchr1.bench.protocol_cpu.seed_fit_tool_content`).
+Both replays must give the same trajectories as the step. The in-memory step is the real step
+with its rollout swapped for the replay (datums and training calls are the same work for the
+same trajectories), so ``wire / in-memory`` is what the sampling wire itself costs; the seed's
+step is the real step with our replayed rollout swapped for the seed's (the wire does the same
+requests either way). The target is a ratio of the two ways, measured side by side, so it does
+not move with the machine's speed as seconds do: ``ours / the seed's way`` of the step's local
+CPU, which is also the ratio of their shares of the modelled service time (the same for both).
+The rest of the seed's step costs about the same local CPU either way (its lock-step rounds
+and hand packing are figures 1 and 3). Runs are repeated; a run's sample is its mean over the
+steps after the first (the same steps in every run), and figures print the median of the runs
+with the lowest and highest.
 
 Breakdown (seconds per step): on the main thread during rollout, fitting and stitching
 observations (``finish_search``: tokenizer, template), parsing turns (``consume_assistant``),
@@ -34,10 +43,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,12 +55,18 @@ from typing import Any
 
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY
+from searchr1.bench.protocol_cpu import seed_fit_tool_content
 from searchr1.bench.report import Figure, Measure
 from searchr1.bench.served import served_twin
 from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
 from searchr1.bench.workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
 
 SPREAD_BOUND = 0.15  # (highest - lowest) / median of the runs, documented in CONTRIBUTING.md
+# Our step's local CPU at most this share of the same step done the seed's way: the former
+# absolute targets restated (1.5 s against the seed's 7.8 s of local CPU per step, and 0.035x
+# against its 0.17x of the modelled service time, are both 0.2 on the machine that measured
+# them); documented in CONTRIBUTING.md.
+SEED_RATIO_TARGET = 0.2
 LOCAL_ROLES = ("main", "client")  # threads whose CPU is the step's local CPU
 MAIN_PIECES = {
     "fit": "fitting and stitching observations (tokenizer, template)",
@@ -119,6 +135,9 @@ class StepRecord:
     replay_main: float = 0.0
     replay_client: float = 0.0
     replay_pieces: dict[str, float] = field(default_factory=dict)
+    seed_main: float = 0.0  # the replay again, observations fitted the seed's way
+    seed_client: float = 0.0
+    seed_pieces: dict[str, float] = field(default_factory=dict)
     datums: float = 0.0
     requests: int = 0
     turns: int = 0
@@ -127,6 +146,12 @@ class StepRecord:
     def in_memory(self) -> float:
         """The same step with the replayed rollout in place of the wire's."""
         return self.local - self.rollout_main - self.rollout_client + self.replay_main + self.replay_client
+
+    @property
+    def seed_way(self) -> float:
+        """The same step with the seed's observation fitting: our replayed rollout swapped for
+        the seed's replay of it."""
+        return self.local - self.replay_main - self.replay_client + self.seed_main + self.seed_client
 
 
 class StepProbe:
@@ -137,7 +162,7 @@ class StepProbe:
         self.twin_pid: int | None = None
         self.steps: list[StepRecord] = []
         self.current = StepRecord()
-        self.replaying = False
+        self.replaying: str | None = None  # None: the step itself; "memory" or "seed": a replay
         self.trajectories: list[list[Any]] = []
 
     def attach(self, service: Any) -> None:
@@ -154,7 +179,8 @@ class StepProbe:
             try:
                 return function(*args, **kwargs)
             finally:
-                pieces = self.current.replay_pieces if self.replaying else self.current.pieces
+                record = self.current
+                pieces = {None: record.pieces, "memory": record.replay_pieces, "seed": record.seed_pieces}[self.replaying]
                 pieces[name] = pieces.get(name, 0.0) + time.thread_time() - start
         return wrapper
 
@@ -169,6 +195,18 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
         setattr(target, name, original)
 
 
+def seed_fit(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
+             previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
+             result: Any, config: Any) -> Any:
+    """:func:`searchr1.core.rollout.fit_tool_content` done the seed's way (figure 2's
+    :func:`seed_fit_tool_content`), in the engine's own return type."""
+    from searchr1.core.rollout import FittedObservation
+
+    fitted = seed_fit_tool_content(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
+                                   completion_tokens, call_id, result, config)
+    return None if fitted is None else FittedObservation(fitted[0], fitted[1], False)
+
+
 def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps: int, probe: StepProbe) -> None:
     """One training run of ``steps`` steps, every step recorded (and its rollout replayed) in ``probe``."""
     from searchr1.training import pipeline as pipeline_module
@@ -180,6 +218,26 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
 
     rollout = pipeline_module.rollout_batch_async
 
+    async def replayed(mode: str, answers: dict[tuple[Any, ...], list[tuple[Any, ...]]], args: list[Any],
+                       kwargs: dict[str, Any], trajectories: list[Any]) -> CpuInterval:
+        """The CPU of the rollout once more, answered from memory, in ``mode``; it must roll out
+        ``trajectories`` again."""
+        cleared = time.thread_time()
+        gc.collect()  # each replay starts on a collected heap: the garbage of the one before is not its cost
+        probe.current.local -= time.thread_time() - cleared  # the bench's own, no part of the step
+        probe.replaying = mode
+        start = probe.meter.snapshot()  # type: ignore[union-attr]
+        try:
+            again = await rollout(InMemorySampler(answers), *args, **kwargs)
+        finally:
+            probe.replaying = None
+        spent = probe.interval(start)
+        checked = time.thread_time()
+        if fingerprint(again) != fingerprint(trajectories):
+            raise AssertionError(f"figure 5: the {mode} replay rolled out different trajectories")
+        probe.current.local -= time.thread_time() - checked  # the bench's own check is no part of the step
+        return spent
+
     async def timed_rollout(sampler: Any, *args: Any, **kwargs: Any) -> Any:
         answers: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         counted = CountingSampler(sampler, answers)
@@ -190,23 +248,17 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         replay_args = list(args)
         if len(replay_args) > 4:
             replay_args[4] = None
-        probe.replaying = True
-        start = probe.meter.snapshot()  # type: ignore[union-attr]
-        try:
-            replayed = await rollout(InMemorySampler(answers), *replay_args, **kwargs)
-        finally:
-            probe.replaying = False
-        replay = probe.interval(start)
-        checked = time.thread_time()
-        if fingerprint(replayed) != fingerprint(trajectories):
-            raise AssertionError("figure 5: the in-memory replay rolled out different trajectories")
+        replay = await replayed("memory", answers, replay_args, kwargs, trajectories)
+        with patched(rollout_module, "fit_tool_content", seed_fit):
+            seed = await replayed("seed", answers, replay_args, kwargs, trajectories)
         record = probe.current
-        record.local -= time.thread_time() - checked  # the bench's own check is no part of the step
         record.rollout_main += spent.roles.get("main", 0.0)
         record.rollout_client += spent.roles.get("client", 0.0)
         record.replay_main += replay.roles.get("main", 0.0)
         record.replay_client += replay.roles.get("client", 0.0)
-        record.local -= replay.total(LOCAL_ROLES)  # taken out of the step's own CPU below
+        record.seed_main += seed.roles.get("main", 0.0)
+        record.seed_client += seed.roles.get("client", 0.0)
+        record.local -= replay.total(LOCAL_ROLES) + seed.total(LOCAL_ROLES)  # taken out of the step's own CPU below
         record.requests += counted.requests
         record.turns += sum(len(t.turns) for t in trajectories)
         probe.trajectories.append(trajectories)
@@ -297,17 +349,20 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
 
     wire_local = per_step(lambda r: r.local)
     memory_local = per_step(lambda r: r.in_memory)
+    seed_local = per_step(lambda r: r.seed_way)
+    over_seed = ratio(lambda r: r.local, lambda i, r: r.seed_way)
     pairs = ratio(lambda r: r.local, lambda i, r: r.in_memory)
     over_service = ratio(lambda r: r.local, lambda i, r: service_seconds[i])
+    seed_over_service = ratio(lambda r: r.seed_way, lambda i, r: service_seconds[i])
 
     def rest_main(r: StepRecord) -> float:
         return max(0.0, r.rollout_main - sum(r.pieces.values()))
 
     def main_outside(r: StepRecord) -> float:  # the trainer's bookkeeping and its pytrio calls
-        return max(0.0, r.roles.get("main", 0.0) - r.rollout_main - r.replay_main - r.datums)
+        return max(0.0, r.roles.get("main", 0.0) - r.rollout_main - r.replay_main - r.seed_main - r.datums)
 
     def client_outside(r: StepRecord) -> float:  # training calls and the sampler checkpoint
-        return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client)
+        return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client - r.seed_client)
 
     requests = statistics.median([float(r.requests) for _, r in wire_steps])
     turns = statistics.median([float(r.turns) for _, r in wire_steps])
@@ -318,12 +373,19 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
     per_turn = [1000.0 * v for v in ratio(lambda r: r.rollout_main + r.rollout_client, lambda i, r: r.turns)]
 
     measures = [
+        Measure.of_samples("local_cpu_over_seed_way", "local CPU per step, ours / the seed's observation fitting",
+                           over_seed, SEED_RATIO_TARGET, "<=", "x", target_source="bench",
+                           spread_bound=SPREAD_BOUND),
         Measure.of_samples("local_overhead_over_service_time", "local CPU / modelled service time of the step",
-                           over_service, 0.035, "<=", "x", digits=3, spread_bound=SPREAD_BOUND),
+                           over_service, unit="x", digits=3, spread_bound=SPREAD_BOUND),
+        Measure.of_samples("seed_way_over_service_time", "  the seed's way / modelled service time",
+                           seed_over_service, unit="x", digits=3),
         Measure.of_samples("local_cpu_seconds_per_step", "local CPU per step (main + pytrio threads)",
-                           wire_local, 1.5, "<=", "s", spread_bound=SPREAD_BOUND),
+                           wire_local, unit="s", spread_bound=SPREAD_BOUND),
+        Measure.of_samples("seed_way_cpu_seconds_per_step", "  the same step, the seed's observation fitting",
+                           seed_local, unit="s"),
         Measure.of_samples("wire_over_in_memory", "local CPU, real client / in-memory sampler", pairs,
-                           2.0, "<=", "x", spread_bound=SPREAD_BOUND),
+                           unit="x", spread_bound=SPREAD_BOUND),
         Measure.of_samples("in_memory_cpu_seconds_per_step", "  the same step, in-memory sampler",
                            memory_local, unit="s"),
     ]
@@ -360,16 +422,19 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
             "sampling_requests_per_step": requests, "assistant_turns_per_step": turns,
             "modelled_service_seconds": service_seconds,
             "per_step": [{"step": i, "local": r.local, "in_memory": r.in_memory, "roles": r.roles, "twin": r.twin,
-                          "pieces": r.pieces, "replay_pieces": r.replay_pieces, "rollout_main": r.rollout_main,
+                          "seed_way": r.seed_way, "pieces": r.pieces, "replay_pieces": r.replay_pieces,
+                          "seed_pieces": r.seed_pieces, "rollout_main": r.rollout_main,
                           "rollout_client": r.rollout_client, "replay_main": r.replay_main,
-                          "replay_client": r.replay_client, "datums": r.datums, "requests": r.requests,
+                          "replay_client": r.replay_client, "seed_main": r.seed_main, "seed_client": r.seed_client,
+                          "datums": r.datums, "requests": r.requests,
                           "turns": r.turns} for i, r in wire_steps],
             "latency_model": {"sample_base": model.sample_base, "sample_per_token": model.sample_per_token,
                               "search_median": model.search_median, "search_sigma": model.search_sigma},
             "cpu_clock": "per-thread schedstat" if runs and runs[0].meter and runs[0].meter.proc else "process_time",
         },
         notes=[(f"{repetitions} run(s) x {steps} steps, the first step of each run left out (a sample is a run's mean "
-                f"over the same steps), each step's rollout replayed from memory right after it; {len(trajectories)} trajectories, {requests:.0f} sampling requests and "
+                f"over the same steps), each step's rollout replayed from memory right after it, ours and the seed's "
+                f"observation fitting; {len(trajectories)} trajectories, {requests:.0f} sampling requests and "
                 f"{turns:.0f} assistant turns per step; CPU per thread (waiting adds nothing); the twin served from "
                 f"another process{' (in this process: --quick)' if quick else ''}")],
     )

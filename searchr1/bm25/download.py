@@ -28,7 +28,7 @@ import httpx
 
 from searchr1.data.dataset import DataError
 from searchr1.bm25.corpus import CorpusError, parse_row
-from searchr1.run.fileio import follow_umask
+from searchr1.run.fileio import follow_umask, removing_new_directories
 
 CORPUS_REPO = "PeterJinGo/wiki-18-corpus"
 CORPUS_FILE = "wiki-18.jsonl.gz"
@@ -72,49 +72,46 @@ def fetch_corpus(dest: str | os.PathLike[str], *, url: str | None = None, source
     ``"resumed_from"``, the bytes a previous call had already downloaded, and ``"sha256"``)."""
     dest = Path(dest)
     where = str(source) if source is not None else (url or corpus_url())
-    created = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fetched: dict[str, int | str] = {}
-    downloaded = dest.parent / f".{dest.name}.download"
-    staging: Path | None = None
-    try:
-        if source is None:
-            fetched = _download_resumably(where, downloaded, transport, sha256, progress)
-            source = downloaded
-        handle, staging_name = tempfile.mkstemp(prefix=f".{dest.name}.unpacking-", dir=dest.parent)
-        staging = Path(staging_name)
-        with os.fdopen(handle, "wb") as out:
-            path = Path(source)
-            if not path.is_file():
-                raise DataError(f"--corpus-source {path} does not exist")
-            gzipped = path.suffix == ".gz" or (bool(fetched) and where.split("?", 1)[0].endswith(".gz"))
-            try:
-                written, rows = _copy(_gunzip(_file_chunks(path), gzipped), out, where, None if fetched else progress)
-            except zlib.error as error:
-                raise DataError(f"the corpus from {where} is not valid gzip ({error}); {OFFLINE_HINT}") from None
-            out.flush()
-            os.fsync(out.fileno())
-        if rows == 0:
-            raise DataError(f"the corpus from {where} holds no passages")
-        follow_umask(staging)
-        os.replace(staging, dest)
-        if fetched:
-            Path(source).unlink()
-            _state_path(Path(source)).unlink(missing_ok=True)
-        return {"rows": rows, "bytes": written, "from": where, **fetched}
-    except BaseException as error:
-        if staging is not None:
-            staging.unlink(missing_ok=True)
-        if not (isinstance(error, KeyboardInterrupt) or getattr(error, "resumable", False)):
-            downloaded.unlink(missing_ok=True)  # what was fetched is not the corpus: start afresh next time
-            _state_path(downloaded).unlink(missing_ok=True)
-        for directory in created:  # innermost first; only what this call made, only if empty
-            if directory.is_dir() and not any(directory.iterdir()):
-                directory.rmdir()
-        if isinstance(error, OSError) and error.errno is not None and (
-                error.filename is None or str(error.filename) == str(staging)):
-            raise OSError(error.errno, error.strerror, str(dest)) from None  # a full disk, named as the corpus
-        raise
+    with removing_new_directories(dest.parent):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fetched: dict[str, int | str] = {}
+        downloaded = dest.parent / f".{dest.name}.download"
+        staging: Path | None = None
+        try:
+            if source is None:
+                fetched = _download_resumably(where, downloaded, transport, sha256, progress)
+                source = downloaded
+            handle, staging_name = tempfile.mkstemp(prefix=f".{dest.name}.unpacking-", dir=dest.parent)
+            staging = Path(staging_name)
+            with os.fdopen(handle, "wb") as out:
+                path = Path(source)
+                if not path.is_file():
+                    raise DataError(f"--corpus-source {path} does not exist")
+                gzipped = path.suffix == ".gz" or (bool(fetched) and where.split("?", 1)[0].endswith(".gz"))
+                try:
+                    written, rows = _copy(_gunzip(_file_chunks(path), gzipped), out, where, None if fetched else progress)
+                except zlib.error as error:
+                    raise DataError(f"the corpus from {where} is not valid gzip ({error}); {OFFLINE_HINT}") from None
+                out.flush()
+                os.fsync(out.fileno())
+            if rows == 0:
+                raise DataError(f"the corpus from {where} holds no passages")
+            follow_umask(staging)
+            os.replace(staging, dest)
+            if fetched:
+                Path(source).unlink()
+                _state_path(Path(source)).unlink(missing_ok=True)
+            return {"rows": rows, "bytes": written, "from": where, **fetched}
+        except BaseException as error:
+            if staging is not None:
+                staging.unlink(missing_ok=True)
+            if not (isinstance(error, KeyboardInterrupt) or getattr(error, "resumable", False)):
+                downloaded.unlink(missing_ok=True)  # what was fetched is not the corpus: start afresh next time
+                _state_path(downloaded).unlink(missing_ok=True)
+            if isinstance(error, OSError) and error.errno is not None and (
+                    error.filename is None or str(error.filename) == str(staging)):
+                raise OSError(error.errno, error.strerror, str(dest)) from None  # a full disk, named as the corpus
+            raise
 
 
 def _state_path(partial: Path) -> Path:

@@ -31,7 +31,6 @@ Every defect is a :class:`BM25IndexError` naming the file.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import math
 import os
@@ -47,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.bm25.corpus import CorpusError, CorpusReader
-from searchr1.run.fileio import WRITE_FAILURES, exclusive_lock, write_json_atomically
+from searchr1.run.fileio import WRITE_FAILURES, exclusive_lock, file_sha256, write_json_atomically
 
 FORMAT = "searchr1-bm25-index"
 FORMAT_VERSION = 2
@@ -444,14 +443,6 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
     write_json_atomically(staging / MANIFEST_NAME, manifest)
     _move_into_place(staging, out)
     return manifest
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

@@ -14,7 +14,6 @@ generator checks that every hop query of the offline world still finds its own p
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 from searchr1.offline import CASSETTE_SPEC, OFFLINE_DIR, REPO_ROOT
 from searchr1.bm25.corpus import passage_row
 from searchr1.bm25.synthetic import synthetic_passages, vocabulary
+from searchr1.run.fileio import file_sha256
 
 CORPUS = OFFLINE_DIR / "corpus.jsonl"
 SPEC_SOURCES = (CASSETTE_SPEC, REPO_ROOT / "cassettes" / "specs" / "demo.json")
@@ -68,10 +68,6 @@ def build_corpus_text(paths: tuple[Path, ...] = SPEC_SOURCES, *, bulk: int = BUL
     return "".join(rows)
 
 
-def corpus_sha256(path: Path = CORPUS) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def offline_index(corpus: Path = CORPUS) -> Path:
     """The index of the shipped corpus, built into the user cache on first use."""
     from searchr1.runtime.tokenizer import cache_root
@@ -81,7 +77,7 @@ def offline_index(corpus: Path = CORPUS) -> Path:
     if not corpus.is_file():
         raise BM25IndexError(f"the shipped corpus {corpus} is missing; regenerate it with "
                              "`python cli.py index offline-corpus` (or reinstall the package)")
-    sha = corpus_sha256(corpus)
+    sha = file_sha256(corpus)
     directory = cache_root() / "indexes" / f"offline-{sha[:16]}"
     directory.parent.mkdir(parents=True, exist_ok=True)
     # Processes that start together (parallel tests, two commands) build it once, in turn.
@@ -101,20 +97,21 @@ def check_hops_found(text: str, k: int = 3) -> list[str]:
     since the offline policies read a hop as found only when its passage is in the observation."""
     import tempfile
 
-    from searchr1.twin.offline_world import load_world
     from searchr1.bm25.index import BM25Index, build_index
+    from searchr1.offline import load_source
 
     with tempfile.TemporaryDirectory(prefix="searchr1-corpus-check-") as scratch:
         corpus = Path(scratch) / "corpus.jsonl"
         corpus.write_text(text, "utf-8")
         build_index(corpus, Path(scratch) / "index")
         index = BM25Index(Path(scratch) / "index")
-        hops = [hop for question in load_world() for hop in question.hops]
-        hits = index.search([hop.query for hop in hops], k=k)
+        source = load_source()  # the offline question set, train first
+        hops = [hop for split in ("train", "dev") for question in source[split] for hop in question["hops"]]
+        hits = index.search([hop["query"] for hop in hops], k=k)
         problems = []
         for hop, top in zip(hops, hits):
-            if f'"{hop.title}"\n{hop.text}' not in [hit.contents for hit in top]:
+            if f'"{hop["title"]}"\n{hop["text"]}' not in [hit.contents for hit in top]:
                 found = ", ".join(hit.contents.splitlines()[0] for hit in top) or "nothing"
-                problems.append(f"{hop.query!r} finds {found}")
+                problems.append(f"{hop['query']!r} finds {found}")
         del index
         return problems

@@ -1,1 +1,1 @@
-"""Click commands, one module per command (registered in ``searchr1.cli.COMMANDS``)."""
+"""Click commands, one module per command (registered in ``searchr1.commands.main.COMMANDS``)."""

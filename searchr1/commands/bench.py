@@ -41,7 +41,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     2  chat-template renders and CPU per tool turn, ours and the seed's fit
     3  micro-batches / lower bound and padding of the seed's packer
     4  search requests saved by single-flight and the query cache
-    5  local CPU of one offline training step, by phase
+    5  local CPU of one offline training step, ours and with the seed's observation fitting, by phase
     6  steps per hour with rollouts overlapping training
     7  steps to reward 0.8 on the offline world
     8  BM25 of our own over 1M generated passages: build rate and memory, queries/s, serve latency

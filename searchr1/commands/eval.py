@@ -17,7 +17,8 @@ from typing import Any
 
 import click
 
-from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.commands.search_options import search_options
+from searchr1.search.options import SearchOptions
 from searchr1.commands.options import (
     check_offline_group_size,
     connect_timeout_option,
@@ -137,7 +138,8 @@ def default_output(base_model: str, model_path: str | None, backend: str, offlin
 
 
 def _manifest_sha256(data: Path) -> str | None:
-    from searchr1.data.dataset import MANIFEST_NAME, file_sha256
+    from searchr1.data.dataset import MANIFEST_NAME
+    from searchr1.run.fileio import file_sha256
 
     manifest = data.parent / MANIFEST_NAME
     return file_sha256(manifest) if manifest.is_file() else None
@@ -160,7 +162,7 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
                      offline_home: Path | None, offline_policy: str = "learning") -> dict[str, Any]:
     """The exact configuration stored in the header and summary (plain JSON, nothing secret).
     The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
-    from searchr1.data.dataset import file_sha256
+    from searchr1.run.fileio import file_sha256
     from searchr1.offline import SCENARIO
     from searchr1.core.rollout import effective_system_prompt
     from searchr1.runtime.services import describe_search
@@ -295,15 +297,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     from searchr1.evaluation.evaluate import EvalResumeError, evaluate
     from searchr1.evaluation.judge import JudgeError
     from searchr1.offline import DEV
-    from searchr1.runtime.services import (
-        check_base_model,
-        check_search_keys,
-        live_service,
-        load_tokenizer,
-        offline_scenario,
-        offline_service,
-        search_backend,
-    )
+    from searchr1.runtime.services import check_base_model, check_search_keys, load_tokenizer, open_search, start_service
 
     offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
     prices_path = kwargs.pop("prices")
@@ -362,21 +356,20 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     tokenizer = load_tokenizer(chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
         home = offline_home or Path(scratch)
-        service = (offline_service(home, tokenizer, offline_scenario(), policy=offline_policy) if offline
-                   else live_service(connect_timeout))
+        service = start_service(tokenizer, offline=offline, home=home, policy=offline_policy,
+                                connect_timeout=connect_timeout)
         sampler = _sampling_client(service, base_model, model_path, offline=offline, offline_home=offline_home)
         bar = None if quiet else _Bar()
 
         async def main() -> Any:
-            backend = search_backend(search, offline=offline)
             judge = (None if judge_model is None else
                      make_judge(judge_model, service=service, tokenizer=tokenizer, base_model=base_model,
                                 offline=offline, cassette=judge_cassette, cache=judge_cache, env_file=search.env_file))
             try:
-                return await evaluate(sampler, tokenizer, backend, examples, rollout, output, run_config,
-                                      limit=limit, overwrite=overwrite, progress=bar, judge=judge, prices=prices)
+                async with open_search(search, offline=offline) as backend:
+                    return await evaluate(sampler, tokenizer, backend, examples, rollout, output, run_config,
+                                          limit=limit, overwrite=overwrite, progress=bar, judge=judge, prices=prices)
             finally:
-                await backend.aclose()
                 if judge is not None and hasattr(judge.backend, "aclose"):
                     await judge.backend.aclose()
 

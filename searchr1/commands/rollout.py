@@ -10,7 +10,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.commands.search_options import search_options
+from searchr1.search.options import SearchOptions
 from searchr1.commands.options import rollout_config_from, rollout_options, run_guarded
 
 

@@ -16,7 +16,8 @@ import click
 from searchr1.run.loggers import LOGGER_NAMES, SWANLAB_MODES
 from searchr1.core.loss_options import parse_loss_fn_config
 from searchr1.core.rollout import RolloutConfig
-from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.commands.search_options import search_options
+from searchr1.search.options import SearchOptions
 from searchr1.core.config import TrainConfig
 from searchr1.commands.options import (
     check_offline_group_size,
@@ -126,18 +127,11 @@ def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
 
 
 def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
-    from searchr1.data.dataset import file_sha256, shuffled_examples
+    from searchr1.data.dataset import shuffled_examples
+    from searchr1.run.fileio import file_sha256
     from searchr1.offline import TRAIN
     from searchr1.run.directory import TWIN_HOME, RunDir, recorded_checkpoints
-    from searchr1.runtime.services import (
-        check_base_model,
-        check_search_keys,
-        live_service,
-        load_tokenizer,
-        offline_scenario,
-        offline_service,
-        search_backend,
-    )
+    from searchr1.runtime.services import check_base_model, check_search_keys, load_tokenizer, open_search, start_service
     from searchr1.core.config import new_run_id
     from searchr1.core.trainer import CollapseDetected, Trainer, TrainingStopped
     from searchr1.run.costs import BudgetReached
@@ -306,13 +300,13 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
         from searchr1.twin import TwinFaults
 
-        service = offline_service(home, tokenizer, offline_scenario(), policy=config.offline_policy or "scripted",
-                                  max_staleness=config.max_steps_off_policy,
-                                  faults=TwinFaults(**(offline_fault or {})))
+        service = start_service(tokenizer, offline=True, home=home, policy=config.offline_policy,
+                                max_staleness=config.max_steps_off_policy,
+                                faults=TwinFaults(**(offline_fault or {})))
     else:
         if offline_fault is not None:
             raise click.UsageError("--offline-fault only applies to offline runs")
-        service = live_service(connect_timeout)
+        service = start_service(tokenizer, offline=False, home=None, connect_timeout=connect_timeout)
     config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
     resume = run.resume_point(from_step) if resume_dir is not None else None
     if from_step is not None and resume is None:
@@ -327,8 +321,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     stop = _StopOnInterrupt()
 
     async def main() -> int:
-        backend = search_backend(search, offline=offline)
-        try:
+        async with open_search(search, offline=offline) as backend:
             trainer = Trainer(config, run, service=service, tokenizer=tokenizer, search=backend,
                               examples=examples, reporter=reporter, logger=loggers, account=account)
             first = trainer.connect(resume)
@@ -358,8 +351,6 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             if loggers is not None:
                 _start_loggers(loggers, config)  # they write into the run directory, which exists now
             return await trainer.run_steps(resume)
-        finally:
-            await backend.aclose()
 
     click.echo(f"{'preflight only, nothing is written; ' if preflight_only else ''}run directory: {run.path}  "
                f"({'offline twin' if offline else 'live PyTRIO'}, backend {search.backend}, {config.max_steps} steps)",

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from searchr1.run.fileio import follow_umask, iter_json_lines, naming
+from searchr1.run.fileio import file_sha256, follow_umask, iter_json_lines, naming, removing_new_directories
 
 
 @dataclass(frozen=True)
@@ -339,14 +339,6 @@ def spread_across_sources(examples: Sequence[SearchExample], n: int) -> list[Sea
 # --- file I/O ------------------------------------------------------------------------------
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_temp(directory: Path, name: str, data: bytes) -> Path:
     """Write ``data`` to a fsync'ed temporary file beside its destination (same filesystem, so
     the later rename is atomic)."""
@@ -493,15 +485,6 @@ def modelscope_downloader() -> Callable[..., str]:
     return dataset_snapshot_download
 
 
-def _missing_ancestors(path: Path) -> list[Path]:
-    """``path`` and its parents that do not exist yet, innermost first."""
-    missing = []
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    return missing
-
-
 def download_raw(
     raw_dir: str | os.PathLike[str],
     *,
@@ -520,31 +503,28 @@ def download_raw(
         if not modelscope_resolvable():
             raise DataError(f"cannot reach ModelScope ({modelscope_host()} does not resolve); {OFFLINE_HINT}")
         downloader = modelscope_downloader()
-    created = _missing_ancestors(raw_dir)
     staging: Path | None = None
-    try:
-        raw_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{raw_dir.name}.download-", dir=raw_dir.parent))
+    with removing_new_directories(raw_dir):
         try:
-            with _quiet_loggers():
-                local = Path(downloader(DATASET_ID, revision=revision, local_dir=str(staging),
-                                        allow_patterns=list(RAW_FILES.values())))
-        except Exception as error:  # the SDK's own errors, requests', urllib3's...
-            raise DataError(describe_download_failure(error, revision=revision)) from None
-        fetched = {split: local / name for split, name in RAW_FILES.items()}
-        missing = [name for name in RAW_FILES.values() if not (local / name).is_file()]
-        if missing:
-            raise DataError(f"download of {DATASET_ID}@{revision} did not produce {', '.join(missing)}")
-        raw_dir.mkdir(exist_ok=True)
-        for split, name in RAW_FILES.items():
-            os.replace(fetched[split], raw_dir / name)
-    except BaseException:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        for directory in created:  # innermost first; only what this call made, only if empty
-            if directory.is_dir() and not any(directory.iterdir()):
-                directory.rmdir()
-        raise
+            raw_dir.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{raw_dir.name}.download-", dir=raw_dir.parent))
+            try:
+                with _quiet_loggers():
+                    local = Path(downloader(DATASET_ID, revision=revision, local_dir=str(staging),
+                                            allow_patterns=list(RAW_FILES.values())))
+            except Exception as error:  # the SDK's own errors, requests', urllib3's...
+                raise DataError(describe_download_failure(error, revision=revision)) from None
+            fetched = {split: local / name for split, name in RAW_FILES.items()}
+            missing = [name for name in RAW_FILES.values() if not (local / name).is_file()]
+            if missing:
+                raise DataError(f"download of {DATASET_ID}@{revision} did not produce {', '.join(missing)}")
+            raw_dir.mkdir(exist_ok=True)
+            for split, name in RAW_FILES.items():
+                os.replace(fetched[split], raw_dir / name)
+        except BaseException:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
     shutil.rmtree(staging, ignore_errors=True)
     return {split: raw_dir / name for split, name in RAW_FILES.items()}
 

@@ -2,9 +2,10 @@
 ours by ``eval --protocol search-r1``. Every row names its model and its source; none is this
 project's model (Qwen3.5), so each is marked as another model.
 
-Numbers are as quoted in ``/work/shared/reference`` notes: the paper's (Jin et al., arXiv
-2503.09516; its five versions moved some digits, these are the values secondary sources agree
-on), E5 retriever over wiki-18, top-3 passages, trained on NQ + HotpotQA.
+Numbers are as each row's source quotes them: the paper's (Jin et al., "Search-R1: Training
+LLMs to Reason and Leverage Search Engines with Reinforcement Learning", arXiv 2503.09516; its
+five versions moved some digits, these are the values secondary sources agree on), E5 retriever
+over wiki-18, top-3 passages, trained on NQ + HotpotQA.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -149,6 +150,35 @@ def exclusive_lock(path: str | os.PathLike[str], what: str, *, wait: bool = Fals
         yield
     finally:
         os.close(descriptor)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The hex sha256 of a file's bytes, read in blocks (a large file is never held whole)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextmanager
+def removing_new_directories(path: str | os.PathLike[str]) -> Iterator[None]:
+    """For the block, remember which of ``path`` and its parents do not exist yet; if the
+    block raises (Ctrl-C included), remove those of them that are empty now, innermost first,
+    and re-raise: a failed download or build leaves no folder behind that it made, and never
+    removes one that was there before or that holds anything."""
+    missing = []
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        yield
+    except BaseException:
+        for directory in missing:
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+        raise
 
 
 def cut_torn_tail(path: str | os.PathLike[str]) -> bytes:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from searchr1.offline import SCENARIO, cassette_path
-from searchr1.commands.search_options import SearchOptions, build_search_backend
+from searchr1.search.options import SearchOptions, build_search_backend
 
 QWEN35_PREFIX = "Qwen/Qwen3.5-"
 
@@ -97,6 +97,28 @@ def offline_service(home: Path, tokenizer: Any, scenario: Any = None, *, policy:
     return client
 
 
+def start_service(tokenizer: Any, *, offline: bool, home: Path | None, policy: str | None = None,
+                  connect_timeout: float | None = None, **twin_options: Any) -> Any:
+    """The ``pytrio.ServiceClient`` that ``train`` and ``eval`` work with: offline, one on a twin
+    started for it (checkpoints under ``home``, serving ``policy``, default the scripted one, from
+    the shipped scenario; ``twin_options`` go to the twin); live, one connected to PyTRIO."""
+    if offline:
+        assert home is not None, "an offline service needs a home for the twin's checkpoints"
+        return offline_service(home, tokenizer, offline_scenario(), policy=policy or "scripted", **twin_options)
+    return live_service(connect_timeout)
+
+
+@asynccontextmanager
+async def open_search(options: SearchOptions, *, offline: bool) -> AsyncIterator[Any]:
+    """The search backend for the block (offline: the replayed cassette or the local index),
+    closed when the block ends however it ends."""
+    backend = search_backend(options, offline=offline)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+
+
 @contextmanager
 def scripted_sampling_client(scenario: Any, tokenizer: Any, *, twin: Any = None, **twin_options: Any) -> Iterator[Any]:
     """A real ``pytrio.SamplingClient`` for the base model on a twin serving ``scenario``'s script.
@@ -156,10 +178,11 @@ def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:
     from searchr1.search.factory import resolve_concurrency, resolve_timeout
 
     if offline and options.backend == "local" and options.index is None:
-        from searchr1.bm25.shipped import CORPUS, corpus_sha256
+        from searchr1.bm25.shipped import CORPUS
+        from searchr1.run.fileio import file_sha256
 
         effective = replace(options, cache="off")
-        index: str | None = f"shipped:{CORPUS.name}@{corpus_sha256()[:16]}"
+        index: str | None = f"shipped:{CORPUS.name}@{file_sha256(CORPUS)[:16]}"
     else:
         effective = offline_search_options(options) if offline else options
         index = str(effective.index) if effective.index is not None else None

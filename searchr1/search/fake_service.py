@@ -1,7 +1,9 @@
 """In-process fakes of the four search services, for ``httpx.MockTransport``.
 
-Each fake checks that a request follows the service's documented wire format (see
-``/work/shared/reference/search-backends.md``; a violation raises :class:`WireFormatError`),
+Each fake checks that a request follows the service's documented wire format (the MediaWiki
+Action API's pages on search and extracts, Zhihu's global-search API documentation, DeepSeek's
+Anthropic-compatible API documentation, and the Search-R1 repository's
+``search_r1/search/retrieval_server.py``; a violation raises :class:`WireFormatError`),
 finds the query in it, and answers with the next scripted response for that query, rendered
 in the service's documented response format. The cassette builder records these exchanges
 through the real clients; tests use the same fakes for fault injection.

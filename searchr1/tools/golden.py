@@ -8,6 +8,9 @@ returns everything as plain JSON: messages, per-turn prompt and
 completion ids, logprobs, termination, reward, advantage, and the arrays the trainer would
 send. ``golden/<name>.json`` holds the frozen copy; ``python cli.py golden --update``
 rewrites it and a test regenerates every scenario in memory and compares exactly.
+
+A golden file records the scenario's rollout overrides, not the whole configuration: a new
+setting (with its default) changes no golden file unless it changes a trajectory.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def generate(scenario_path: Path, tokenizer: Any, *, twin: Any = None) -> dict[s
         "description": scenario.description,
         "backend": scenario.backend,
         "cassette": scenario.cassette,
-        "rollout": asdict(config),
+        "rollout": dict(scenario.rollout),
         "trajectories": [_trajectory_json(t) for t in trajectories],
         "datums": [
             {

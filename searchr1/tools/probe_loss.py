@@ -4,9 +4,9 @@ The second part (``probe_policy_losses``, below) checks that ``ppo``, ``cispo`` 
 compute what Tinker documents: clip bounds, which factor carries no gradient, DRO's beta.
 
 Whether the seed's hand micro-batching with n_k/N weights reproduces the full-batch
-gradient depends on two server behaviours that pytrio 0.2.9 does not document
-(``pytrio-sdk.md`` §7.2): how one ``forward_backward`` call is reduced, and how several
-calls before one ``optim_step`` combine. The checks of §7.5, on ONE training client with
+gradient depends on two server behaviours that pytrio 0.2.9 does not document: how one
+``forward_backward`` call is reduced, and how several calls before one ``optim_step``
+combine. The checks, on ONE training client with
 tiny datums:
 
 0. The action tokens of ``d`` are *sampled* from the run's own weights (a few tokens after a

@@ -16,6 +16,20 @@ weights). The importance-sampling loss keeps the sampler's own logprobs, so the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
+from searchr1.data.dataset import take_batch
+
+T = TypeVar("T")
+
+
+def step_batch(examples: Sequence[T], batch_index: int, questions_per_batch: int) -> list[T]:
+    """The questions that step ``batch_index`` trains on: the ``batch_index``-th run of
+    ``questions_per_batch`` examples from the data's start (wrapping at its end), whenever its
+    rollout runs."""
+    return take_batch(examples, batch_index * questions_per_batch, questions_per_batch)
+
 
 def sampler_version(batch_index: int, max_steps_off_policy: int) -> int:
     """Finished steps of the weights that sample step ``batch_index``'s batch."""

@@ -2,7 +2,8 @@
 
 The recommended path sends every datum of a step in ONE ``forward_backward`` call: pytrio
 splits it internally and normalises every chunk by totals of the whole call, so the result
-does not depend on the split (``pytrio-sdk.md`` §7.1, proven in ``tests/core/test_accumulation.py``).
+does not depend on the split (pytrio's ``forward_backward`` computes the totals before it
+splits; proven in ``tests/core/test_accumulation.py``).
 
 The seed instead packed datums into micro-batches itself (first-fit decreasing over the
 padded area ``items x longest``), sent one call per micro-batch and multiplied each

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from searchr1.data.dataset import SearchExample, take_batch
-from searchr1.training.off_policy import batches_in_flight, sampler_version
+from searchr1.training.off_policy import batches_in_flight, sampler_version, step_batch
 from searchr1.core.reporting import Reporter
 from searchr1.core.rollout import rollout_batch_async
 from searchr1.search.types import SearchBackend
@@ -169,7 +169,7 @@ class RolloutPipeline:
         if config.dynamic_sampling:
             trajectories, metrics = await self._roll_out_until_signal(sampler, search, batch_index)
             return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, metrics, usage)
-        batch = take_batch(self.examples, batch_index * config.questions_per_batch, config.questions_per_batch)
+        batch = step_batch(self.examples, batch_index, config.questions_per_batch)
         trajectories = await rollout_batch_async(
             sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
             step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from searchr1.cli import main
 from searchr1.commands.settings_options import config_file_option, setting_options, take_settings
 from searchr1.core.rollout import RolloutConfig
-from searchr1.commands.search_options import SearchOptions
+from searchr1.search.options import SearchOptions
 from searchr1.core.settings import SettingError, flag_of, settings_of
 from searchr1.core.config import TrainConfig
 

@@ -1,4 +1,4 @@
-"""Fault tolerance end to end (issue 7): does a bad night of the search service or the
+"""Fault tolerance end to end: does a bad night of the search service or the
 training service cost a run? Everything here is offline and in-process (or a CLI run on the
 offline twin).
 

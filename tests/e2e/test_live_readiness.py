@@ -295,7 +295,7 @@ import asyncio  # noqa: E402
 from searchr1.data.dataset import shuffled_examples  # noqa: E402
 from searchr1.offline import TRAIN  # noqa: E402
 from searchr1.run.directory import RunDir  # noqa: E402
-from searchr1.commands.search_options import SearchOptions  # noqa: E402
+from searchr1.search.options import SearchOptions  # noqa: E402
 from searchr1.runtime.services import search_backend  # noqa: E402
 from searchr1.core.config import TrainConfig
 from searchr1.core.trainer import Trainer, TrainingStopped  # noqa: E402

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from searchr1.run.fileio import append_json_line, iter_json_lines, replacing, write_text_atomically
+import hashlib
+
+from searchr1.run.fileio import (
+    append_json_line,
+    file_sha256,
+    iter_json_lines,
+    removing_new_directories,
+    replacing,
+    write_text_atomically,
+)
 
 
 def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
@@ -68,3 +77,34 @@ def test_a_failed_append_is_taken_back_so_the_file_still_ends_on_its_last_whole_
     monkeypatch.undo()
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
     assert path.read_text() == '{"a": 1}\n'
+
+
+def test_the_file_hash_is_the_sha256_of_the_whole_content_across_read_blocks(tmp_path):
+    path = tmp_path / "data.bin"
+    content = bytes(range(256)) * 5000  # more than one read block
+    path.write_bytes(content)
+    assert file_sha256(path) == hashlib.sha256(content).hexdigest()
+
+
+def test_a_failed_block_removes_only_the_empty_directories_it_made(tmp_path):
+    (tmp_path / "kept").mkdir()
+    target = tmp_path / "kept" / "a" / "b" / "c"
+    with pytest.raises(KeyboardInterrupt):
+        with removing_new_directories(target):
+            target.mkdir(parents=True)
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept"]
+
+    with pytest.raises(ValueError):
+        with removing_new_directories(target):
+            target.mkdir(parents=True)
+            (tmp_path / "kept" / "a" / "note.txt").write_text("left by someone", "utf-8")
+            raise ValueError("download failed")
+    assert (tmp_path / "kept" / "a" / "note.txt").is_file() and not (tmp_path / "kept" / "a" / "b").exists()
+
+
+def test_a_block_that_succeeds_keeps_what_it_made(tmp_path):
+    target = tmp_path / "new" / "dir"
+    with removing_new_directories(target):
+        target.mkdir(parents=True)
+    assert target.is_dir()

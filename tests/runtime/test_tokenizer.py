@@ -103,7 +103,7 @@ def test_template_override_that_does_not_exist_is_named(tmp_path):
 def _seed_cache(tmp_path: Path, monkeypatch) -> Path:
     """A private cache directory holding a copy of the machine's built tokenizer."""
     load_qwen35_tokenizer()  # make sure the machine cache exists
-    key = tok_module._cache_key(tok_module._sha256_file(tok_module.vocab_path()), tok_module.read_chat_template())
+    key = tok_module._cache_key(tok_module.file_sha256(tok_module.vocab_path()), tok_module.read_chat_template())
     entry = f"qwen35-{key}"  # only the current entry (older formats may sit beside it)
     private = tmp_path / "cache"
     shutil.copytree(tok_module.cache_root() / "tokenizers" / entry, private / "tokenizers" / entry)

@@ -10,7 +10,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from searchr1.commands.search_options import SearchOptions, build_search_backend, search_options
+from searchr1.commands.search_options import search_options
+from searchr1.search.options import SearchOptions, build_search_backend
 from searchr1.search.env import MissingApiKeyError, split_keys
 from searchr1.search.factory import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT, create_search_backend
 from searchr1.search.fake_service import FakeSearchService

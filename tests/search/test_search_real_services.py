@@ -1,7 +1,7 @@
-"""The backends behave like the real services (issue 11).
+"""The backends behave like the real services.
 
 Every body below is written from the services' documentation and the seed's client
-(``shared/reference/search-backends.md``) and served through ``httpx.MockTransport``; no
+(its ``search.py``) and served through ``httpx.MockTransport``; no
 network, no key.
 """
 

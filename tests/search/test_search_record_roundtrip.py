@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import searchr1.commands.record as record_module
 from searchr1.cli import main
 from searchr1.search.cassette_specs import CASSETTE_ROOT
-from searchr1.commands.search_options import SearchOptions, build_search_backend
+from searchr1.search.options import SearchOptions, build_search_backend
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.replay import CassetteFormatError, CassetteMissError, open_replay_backend
 from searchr1.search.wikipedia import CONTACT_PLACEHOLDER

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import searchr1.commands.record as record_module
 from searchr1.cli import main
 from searchr1.commands.train import _as_recorded, _resumed_search_options, _search_record
-from searchr1.commands.search_options import SearchOptions
+from searchr1.search.options import SearchOptions
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.replay import CassetteMissError, open_replay_backend
 from searchr1.search.secrets import Secret, redact, redact_url, sanitise_error

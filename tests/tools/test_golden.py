@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -10,12 +11,13 @@ from click.testing import CliRunner
 
 from searchr1.cli import main
 from searchr1.tools.golden import differences, generate, golden_path, scenario_paths
+from searchr1.core.rollout import RolloutConfig
 from searchr1.core.types import TERMINATIONS
 
 SCENARIOS = scenario_paths()
 
 
-def test_the_scenarios_cover_what_the_issue_lists():
+def test_the_scenarios_cover_every_listed_behaviour_and_all_four_backends():
     names = {p.stem for p in SCENARIOS}
     assert {"little_prince_two_hop", "answer_without_search", "invalid_call", "json_call", "search_budget",
             "search_error", "no_results", "tool_overflow", "max_tokens_cut", "all_equal_group",
@@ -51,6 +53,14 @@ def test_golden_datums_keep_the_shift_and_the_action_mask(scenario):
             assert advantage == expected
     for trajectory in golden["trajectories"]:
         assert trajectory["termination"] in TERMINATIONS
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.stem)
+def test_a_golden_file_records_its_scenarios_overrides_not_the_whole_configuration(scenario):
+    """A new rollout setting, with its default, then leaves every golden file as it is."""
+    golden = json.loads(golden_path(scenario).read_text("utf-8"))
+    assert golden["rollout"] == json.loads(scenario.read_text("utf-8")).get("rollout", {})
+    assert set(golden["rollout"]) < {f.name for f in fields(RolloutConfig)}
 
 
 def test_differences_names_the_changed_field():

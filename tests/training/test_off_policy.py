@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from searchr1.cli import main
-from searchr1.training.off_policy import batches_in_flight, sampler_version, versions_to_record
+from searchr1.training.off_policy import batches_in_flight, sampler_version, step_batch, versions_to_record
 from searchr1.run.directory import RunDir
 from twin_support import KILL_AFTER_STEP, without_timing_metrics
 
@@ -25,12 +25,15 @@ BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-
 
 @given(k=st.integers(0, 4), max_steps=st.integers(1, 30), questions=st.integers(1, 8))
 def test_each_questions_group_is_trained_at_most_once_and_never_on_samples_older_than_k(k, max_steps, questions):
+    """Invariant: over a run that does not wrap the data, the batches the pipeline takes
+    (``step_batch``) cover every data position exactly once, each on samples at most K steps old."""
+    positions = list(range(max_steps * questions))  # the data, each example named by its position
     trained: dict[int, int] = {}
     launched: set[int] = set()
     for step in range(max_steps):
         launched.update(batches_in_flight(step, max_steps, k))
         assert step in launched  # a step only trains a batch that was rolled out
-        for position in range(step * questions, (step + 1) * questions):
+        for position in step_batch(positions, step, questions):
             assert position not in trained
             trained[position] = step
         version = sampler_version(step, k)

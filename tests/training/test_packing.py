@@ -63,7 +63,7 @@ def test_each_batch_is_sorted_longest_first(sizes):
 
 
 def test_at_most_seven_full_length_datums_share_a_batch_under_the_seed_limits():
-    # 8 x 8192 = 65,536 > 64,000 (seed-system.md §5.2)
+    # 8 x 8192 = 65,536 > 64,000 (the seed's padded-token limit)
     assert [len(b) for b in pack_micro_batches(sized([8192] * 8))] == [7, 1]
 
 

@@ -15,7 +15,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pytest
@@ -23,7 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pytrio.types import AdamParams
 
+from searchr1.commands.train import OFFLINE_DEFAULT_STEPS, OFFLINE_LEARNING_RATE
 from searchr1.core.advantage import assign_group_advantages
+from searchr1.core.config import TrainConfig
 from searchr1.data.dataset import SearchExample
 from searchr1.core.datum import build_datum, build_training_datums
 from searchr1.offline import QUESTIONS
@@ -57,12 +59,12 @@ from searchr1.twin.learning_policy import (
 from searchr1.twin.offline_world import WorldError, WorldQuestion, load_world, parse_world, passages_by_query
 from searchr1.twin.policy import REDUCTIONS, PolicySample, TwinPolicy, totals_of
 
-# The settings proposed as the default of `train --offline` (see the report in the issue).
-DEFAULT_STEPS = 20
-DEFAULT_LEARNING_RATE = 0.2
-DEFAULT_QUESTIONS_PER_BATCH = 8
-DEFAULT_GROUP_SIZE = 8
-DEFAULT_SEED = 42
+# The defaults of `train --offline` with the learning policy, taken from their declarations.
+DEFAULT_STEPS = OFFLINE_DEFAULT_STEPS["learning"]
+DEFAULT_LEARNING_RATE = OFFLINE_LEARNING_RATE["learning"]
+DEFAULT_QUESTIONS_PER_BATCH = next(f.default for f in fields(TrainConfig) if f.name == "questions_per_batch")
+DEFAULT_GROUP_SIZE = RolloutConfig().group_size
+DEFAULT_SEED = next(f.default for f in fields(TrainConfig) if f.name == "seed")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ the reward, the final checkpoint beats the base model on the dev set, the same s
 same run, and the two negative controls that a policy could still learn from are refused by
 the twin's strict mode.
 
-The other two negative controls of issue 13 (advantages negated, advantages shuffled across
+The other two negative controls (advantages negated, advantages shuffled across
 groups) produce valid datums that the twin accepts; they fail to learn, which
 ``tests/twin/test_learning_policy.py`` shows with the same reward, advantage, datum and loss code
 (``test_negated_advantages_do_not_raise_the_reward``,
