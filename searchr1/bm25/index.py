@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from searchr1.core.errors import UserError
 from searchr1.run.fileio import write_json_atomically
 from searchr1.bm25.corpus import CorpusError, CorpusReader
 
@@ -48,7 +49,7 @@ K1 = 0.9
 B = 0.4
 
 
-class BM25IndexError(ValueError):
+class BM25IndexError(UserError, ValueError):
     """An index directory cannot be built or opened; the message names it and says why."""
 
 

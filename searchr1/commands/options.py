@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from searchr1.run.fileio import FileInUseError, is_write_failure, write_failure_line
+from searchr1.core.errors import UserError
+from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.core.rollout import RolloutConfig
 from searchr1.commands.settings_options import setting_options, take_settings
 
@@ -96,28 +97,15 @@ def check_offline_group_size(policy: str | None, group_size: int) -> None:
 
 
 def run_guarded(function: Callable[[], Any]) -> Any:
-    """Turn expected failures into one clear line and a non-zero exit (no traceback)."""
-    from searchr1.bm25.corpus import CorpusError
-    from searchr1.bm25.index import BM25IndexError
-    from searchr1.data.dataset import DataError
-    from searchr1.runtime.preflight import PreflightError
-    from searchr1.run.directory import RunDirError
-    from searchr1.search.base import SearchRefusedError
-    from searchr1.search.env import MissingApiKeyError
-    from searchr1.search.replay import CassetteFormatError, CassetteMissError
-    from searchr1.runtime.services import ServiceSetupError
-    from searchr1.core.settings import SettingError
-    from searchr1.runtime.tokenizer import TokenizerSetupError
-    from searchr1.twin.scenario import ScenarioError
-
-    expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, SearchRefusedError,
-                CassetteMissError, CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError,
-                BM25IndexError, CorpusError, FileInUseError)
+    """Turn expected failures (every :class:`UserError`, a missing file, a disk that cannot be
+    written) into one clear line and a non-zero exit (no traceback)."""
     try:
         return function()
-    except SettingError as error:
-        raise click.UsageError(str(error)) from None
-    except expected as error:
+    except UserError as error:
+        if error.exit_code == 2:
+            raise click.UsageError(str(error)) from None
+        raise click.ClickException(str(error)) from None
+    except FileNotFoundError as error:
         raise click.ClickException(str(error)) from None
     except OSError as error:
         if is_write_failure(error):  # a full, read-only or forbidden disk: the path and the cause

@@ -21,10 +21,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from searchr1.core.errors import UsageError
+
 _MISSING: Any = dataclasses.MISSING
 
 
-class SettingError(ValueError):
+class SettingError(UsageError, ValueError):
     """A setting holds a value its rule refuses; ``flag`` names it as the user types it."""
 
     def __init__(self, flag: str, message: str) -> None:

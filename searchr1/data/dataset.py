@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from searchr1.run.fileio import iter_json_lines
+from searchr1.core.errors import UserError
+from searchr1.run.jsonl import iter_json_lines
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class SearchExample:
     data_source: str
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A dataset file or row is unusable. The message names the file (and line) and the field."""
 
 

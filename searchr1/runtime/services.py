@@ -13,13 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.errors import UserError
 from searchr1.offline import SCENARIO, cassette_path
 from searchr1.commands.search_options import SearchOptions, build_search_backend
 
 QWEN35_PREFIX = "Qwen/Qwen3.5-"
 
 
-class ServiceSetupError(RuntimeError):
+class ServiceSetupError(UserError, RuntimeError):
     """A service cannot be reached or configured; the message says what to do."""
 
 

@@ -27,6 +27,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from searchr1.core.errors import UserError
 
 TEMPLATE_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
 VOCAB_SHA256 = "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd"
@@ -82,7 +83,7 @@ ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 
 
-class TokenizerSetupError(RuntimeError):
+class TokenizerSetupError(UserError, RuntimeError):
     """The offline tokenizer cannot be built: a package or file is missing or wrong."""
 
 

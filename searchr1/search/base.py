@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import httpx
 
 from searchr1 import __version__
+from searchr1.core.errors import UserError
 from searchr1.search.cache import QueryCache, cache_key, normalise_query
 from searchr1.search.clock import Clock, RealClock
 from searchr1.search.limits import Backoff, parse_retry_after
@@ -53,7 +54,7 @@ class LineTooLong(ResponseTooLarge):
     """One line of a streamed body grew past the backend's line limit."""
 
 
-class SearchRefusedError(RuntimeError):
+class SearchRefusedError(UserError, RuntimeError):
     """The service refuses this client outright (e.g. Wikimedia's HTTP 403 for a User-Agent
     without contact). Not a search failure the policy should read: it propagates out of
     ``search()`` so a run stops at once with this one-line message instead of training on

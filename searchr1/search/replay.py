@@ -41,6 +41,7 @@ from vcr.record_mode import RecordMode
 from vcr.request import Request as VcrRequest
 from vcr.serializers import yamlserializer
 
+from searchr1.core.errors import UserError
 from searchr1.search.base import HttpSearchBackend
 from searchr1.search.clock import Clock, VirtualClock
 from searchr1.search.factory import check_backend_name, create_search_backend
@@ -62,7 +63,7 @@ PLACEHOLDER_KEY = "replay-placeholder-key"
 PLACEHOLDER_CONTACT = "replay@searchr1.invalid"
 
 
-class CassetteMissError(LookupError):
+class CassetteMissError(UserError, LookupError):
     """The cassette has no recorded response for a request (names the query when known, and
     what to do about it)."""
 
@@ -101,7 +102,7 @@ class CassetteMissError(LookupError):
         )
 
 
-class CassetteFormatError(ValueError):
+class CassetteFormatError(UserError, ValueError):
     """A cassette file that cannot be used (names the file and the problem)."""
 
 

@@ -23,9 +23,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from searchr1.core.errors import UserError
 from searchr1.data.dataset import EVAL_SOURCES
 from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary
-from searchr1.run.fileio import iter_json_lines, replacing
+from searchr1.run.fileio import replacing
+from searchr1.run.jsonl import iter_json_lines
 
 DPI = 100
 EVAL_FIGSIZE = (11.0, 9.0)  # inches -> 1100 x 900 px at DPI
@@ -76,7 +78,7 @@ RUN_METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.json"
 
 
-class PlotInputError(ValueError):
+class PlotInputError(UserError, ValueError):
     """Input files that cannot be plotted (or not together); the message names the files."""
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from searchr1.run.fileio import append_json_line, iter_json_lines, replacing, write_text_atomically
+from searchr1.run.fileio import append_json_line, replacing, write_text_atomically
+from searchr1.run.jsonl import iter_json_lines
 
 
 def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
