@@ -39,7 +39,7 @@ RESULT_DIR = Path("eval_result")
 
 
 @click.command("eval", context_settings={"show_default": True})
-@config_file_option()
+@config_file_option(records="the output's eval_config line records the merged result")
 @click.option("--offline", is_flag=True,
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and the backend's offline search cassette.")

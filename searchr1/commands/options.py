@@ -12,7 +12,7 @@ import click
 from searchr1.core.errors import UserError
 from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.core.rollout import RolloutConfig
-from searchr1.commands.settings_options import setting_options, take_settings
+from searchr1.commands.settings_options import preset_origin, setting_options, take_settings
 
 
 def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -98,13 +98,20 @@ def check_offline_group_size(policy: str | None, group_size: int) -> None:
 
 def run_guarded(function: Callable[[], Any]) -> Any:
     """Turn expected failures (every :class:`UserError`, a missing file, a disk that cannot be
-    written) into one clear line and a non-zero exit (no traceback)."""
+    written) into one clear line and a non-zero exit (no traceback). A line that names a flag set
+    by the ``--config`` preset names the file and line too."""
+    ctx = click.get_current_context(silent=True)
     try:
         return function()
     except UserError as error:
+        message = preset_origin(ctx, str(error))
         if error.exit_code == 2:
-            raise click.UsageError(str(error)) from None
-        raise click.ClickException(str(error)) from None
+            raise click.UsageError(message) from None
+        raise click.ClickException(message) from None
+    except click.ClickException as error:  # a flag's value refused by a later check: name a preset it came from
+        shown = error.format_message()
+        error.message += preset_origin(ctx, shown)[len(shown):]
+        raise
     except FileNotFoundError as error:
         raise click.ClickException(str(error)) from None
     except OSError as error:
