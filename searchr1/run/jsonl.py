@@ -154,8 +154,8 @@ def decode_json(data: str | bytes, *, where: str, error: type[Exception] = JsonI
             return _mended(value)
         field = _lone_surrogate(value)
         if field is not None:
-            raise error(f"{where}: {_field_words(field)} holds a lone surrogate (an escaped \\ud800-\\udfff that is not "
-                        "text); write the character itself, or a valid pair")
+            raise error(f"{where}: {_field_words(field)} holds a lone surrogate (an escaped \\ud800-\\udfff "
+                        "that is not text); write the character itself, or a valid pair")
     return value
 
 
