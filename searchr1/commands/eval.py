@@ -282,7 +282,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     from searchr1.offline import DEV
     from searchr1.runtime.services import (
         check_base_model,
-        check_search_keys,
+        check_search_setup,
         live_service,
         load_tokenizer,
         offline_scenario,
@@ -329,7 +329,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         run_config["protocol"] = protocol
     if checkpoint_run is not None:
         run_config["trained_with"] = checkpoint.algorithm  # shown in the summary, not binding on resume
-    check_search_keys(search, offline=offline)  # before PyTRIO is contacted or anything written
+    check_search_setup(search, offline=offline)  # before PyTRIO is contacted or anything written
     tokenizer = load_tokenizer(chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
         home = offline_home or Path(scratch)

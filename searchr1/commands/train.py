@@ -119,7 +119,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     from searchr1.run.directory import TWIN_HOME, RunDir, recorded_checkpoints
     from searchr1.runtime.services import (
         check_base_model,
-        check_search_keys,
+        check_search_setup,
         live_service,
         load_tokenizer,
         offline_scenario,
@@ -258,7 +258,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     if config.questions_per_batch > len(examples):
         click.secho(f"warning: --questions-per-batch {config.questions_per_batch} is more than the "
                     f"{len(examples)} training examples, so every step repeats questions", fg="yellow", err=True)
-    check_search_keys(search, offline=offline)
+    check_search_setup(search, offline=offline)
     loggers = None if preflight_only else _planned_loggers(requested_loggers, swanlab_mode, logger_project,
                                                            config, run.path)
     if resume_dir is None:

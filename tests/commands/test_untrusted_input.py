@@ -188,3 +188,105 @@ def test_a_number_no_service_can_serve_is_refused_before_the_run_starts(tmp_path
     (line,) = error_lines(output)
     assert flag in line and says in line
     assert not (tmp_path / "run").exists()
+
+
+# --- cassettes ------------------------------------------------------------------------------------
+
+
+SHIPPED = "cassettes/deepseek/offline.yaml"
+
+
+def test_a_cassette_with_a_malformed_status_is_refused_naming_the_file_before_the_run(tmp_path):
+    from searchr1.offline import REPO_ROOT
+
+    cassette = tmp_path / "bad.yaml"
+    cassette.write_text((REPO_ROOT / SHIPPED).read_text("utf-8").replace("code: 200", "code: abc", 1))
+    code, output, error = invoke("train", "--offline", "--cassette", cassette, "--run-dir", tmp_path / "run")
+    assert error is None and code == 1
+    (line,) = error_lines(output)
+    assert line.startswith(f"Error: {cassette} is not a search cassette (interaction ")
+    assert "response.status.code must be an HTTP status (100-599), got 'abc'" in line
+    assert not (tmp_path / "run").exists()
+
+
+YAML_SCALARS = st.one_of(st.integers(-10**6, 10**6), st.text(max_size=8), st.booleans(), st.none(),
+                         st.lists(st.text(max_size=4), max_size=2), st.dictionaries(st.text(max_size=4),
+                                                                                       st.text(max_size=4), max_size=2))
+
+
+FIELDS = [("request",), ("request", "method"), ("request", "uri"), ("request", "body"), ("request", "headers"),
+          ("response",), ("response", "status"), ("response", "status", "code"), ("response", "status", "message"),
+          ("response", "headers"), ("response", "headers", "a"), ("response", "body"), ("response", "body", "string")]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mutations=st.lists(st.tuples(st.sampled_from(FIELDS), YAML_SCALARS), min_size=1, max_size=3),
+       raw=st.one_of(st.none(), st.binary(max_size=60)))
+def test_any_cassette_loads_or_is_refused_in_one_line_naming_it(tmp_path, mutations, raw):
+    """Invariant: a cassette whose fields hold values of any shape (or that is arbitrary bytes)
+    either loads into a transport that answers every recorded request, or is refused by
+    read_cassette_data and load_cassette with one CassetteFormatError line naming the file;
+    never another exception."""
+    import asyncio
+
+    import httpx
+    import yaml
+
+    from searchr1.search.replay import (
+        CassetteFormatError,
+        CassetteMissError,
+        CassetteTransport,
+        load_cassette,
+        read_cassette_data,
+    )
+
+    path = tmp_path / "c.yaml"
+    if raw is not None:
+        path.write_bytes(raw)
+    else:
+        interaction = {"request": {"method": "POST", "uri": "http://127.0.0.1/x", "body": "{}", "headers": {}},
+                       "response": {"status": {"code": 200, "message": "OK"}, "headers": {"a": ["b"]},
+                                    "body": {"string": "{}"}}}
+        for field, value in mutations:
+            holder = interaction
+            for name in field[:-1]:
+                holder = holder.get(name) if isinstance(holder, dict) else None
+            if isinstance(holder, dict):
+                holder[field[-1]] = value
+        path.write_text(yaml.safe_dump({"interactions": [interaction], "version": 1}))
+    try:
+        read_cassette_data(path)
+        cassette = load_cassette(path)
+    except CassetteFormatError as error:
+        assert str(path) in str(error) and "\n" not in str(error)
+        return
+    transport = CassetteTransport(cassette)
+    for request in cassette.requests:
+        try:  # the request a client would send for this recording (none can for a URL httpx refuses)
+            sent = httpx.Request(request.method, request.uri, content=request.body or b"",
+                                 headers=dict(request.headers))
+        except httpx.InvalidURL:
+            continue
+        try:
+            asyncio.run(transport.handle_async_request(sent))
+        except CassetteMissError as error:  # e.g. a method httpx spells in capitals: a miss, named
+            assert str(path) in str(error) and "\n" not in str(error)
+
+
+# --- flags that would do nothing ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--backend", "retriever", "--retriever-url", "http://127.0.0.1:18777/retrieve"],
+     "--retriever-url has no effect with --offline"),
+    (["--index", "some-index"], "--index is read only by --backend local (this command searches with deepseek)"),
+    (["--search-topk", "5"], "--search-topk is read only by --backend local or retriever"),
+])
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_search_flag_the_run_would_not_use_is_refused_saying_what_would(tmp_path, command, flags, says):
+    target = ["--run-dir", tmp_path / "out"] if command == "train" else ["--output", tmp_path / "out"]
+    code, output, error = invoke(command, "--offline", *flags, *target)
+    assert error is None and code == 2
+    (line,) = error_lines(output)
+    assert says in line
+    assert not (tmp_path / "out").exists()
