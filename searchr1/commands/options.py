@@ -12,7 +12,7 @@ import click
 from searchr1.core.errors import UserError
 from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.core.rollout import RolloutConfig
-from searchr1.commands.settings_options import preset_origin, setting_options, take_settings
+from searchr1.commands.settings_options import SectionOption, preset_origin, setting_options, take_settings
 
 
 def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -50,9 +50,9 @@ def rollout_options(*, group_size: int = 8, temperature: float = 1.0,
     names and defaults; a command may start from others, e.g. eval's greedy sampling, and say
     more about a flag in ``helps``)."""
     declared = setting_options(RolloutConfig, defaults={"group_size": group_size, "temperature": temperature},
-                               helps=helps)
+                               helps=helps, section="rollout")
     system_prompt_file = click.option(
-        "--system-prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+        "--system-prompt-file", cls=SectionOption, section="rollout", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
         help="Use this file's text as the system prompt ({max_search_calls} in it becomes the search "
              "budget) instead of the project's wording; recorded in config.json and eval summaries.")
 

@@ -83,7 +83,7 @@ class SearchOptions:
 
 def search_options(default_backend: str = "wikipedia"):
     """Decorator adding the search flags; the command receives ``search: SearchOptions``."""
-    declared = setting_options(SearchOptions, defaults={"backend": default_backend})
+    declared = setting_options(SearchOptions, defaults={"backend": default_backend}, section="search")
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(command)

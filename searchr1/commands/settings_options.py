@@ -61,9 +61,47 @@ def _default(field: dataclasses.Field[Any]) -> Any:
     return None if field.default is dataclasses.MISSING else field.default
 
 
+# The headings of a command's --help, in order; an option declares its own (``Rule.group``,
+# ``SectionOption(section=...)``) or takes its class's, and options with none come last.
+SECTIONS = ("run", "rollout", "algorithm", "search", "service", "health", "logging")
+
+
+class SectionOption(click.Option):
+    """An option that knows the heading :class:`SectionedCommand` lists it under."""
+
+    def __init__(self, *args: Any, section: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.section = section
+
+
+class SectionedCommand(click.Command):
+    """A command whose ``--help`` lists its options under the headings of :data:`SECTIONS`
+    (``sections`` names the heading of options that are not :class:`SectionOption`)."""
+
+    def __init__(self, *args: Any, sections: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sections = dict(sections or {})
+
+    def section_of(self, param: click.Parameter) -> str:
+        return getattr(param, "section", None) or self.sections.get(param.name or "") or "other"
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        grouped: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                grouped.setdefault(self.section_of(param), []).append(record)
+        for heading in [*SECTIONS, *sorted(set(grouped) - set(SECTIONS))]:
+            if heading in grouped:
+                with formatter.section(f"{heading.capitalize()} options"):
+                    formatter.write_dl(grouped[heading])
+
+
 def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *,
-                   default: Any = dataclasses.MISSING, help: str | None = None) -> Decorator:
-    """The click option of one declared setting (``annotation``: the field's resolved type)."""
+                   default: Any = dataclasses.MISSING, help: str | None = None,
+                   section: str | None = None) -> Decorator:
+    """The click option of one declared setting (``annotation``: the field's resolved type;
+    ``section``: its heading in --help unless the declaration names one)."""
     base = _base_type(annotation)
     value = _default(field) if default is dataclasses.MISSING else default
     text = help if help is not None else rule.help
@@ -71,13 +109,15 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
         text = f"{text} [{rule.describe()}]".strip()
     flag = flag_of(field)
     names = (flag, *rule.aliases, param_name(flag))
-    common: dict[str, Any] = {"help": text, "metavar": rule.metavar}
+    common: dict[str, Any] = {"help": text, "metavar": rule.metavar, "cls": SectionOption,
+                              "section": rule.group or section}
     if rule.default_text is not None:
         common["show_default"] = rule.default_text
     elif value is not None:
         common["show_default"] = True
     if base is bool:
-        return click.option(*names, is_flag=True, default=bool(value), help=text)
+        return click.option(*names, is_flag=True, default=bool(value), help=text, cls=SectionOption,
+                            section=rule.group or section)
     if rule.choices is not None:
         kind: Any = click.Choice(rule.choices)
     elif base is Path:
@@ -88,13 +128,15 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
 
 
 def setting_options(cls: type, *, defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None,
-                    exclude: tuple[str, ...] = ()) -> Decorator:
+                    exclude: tuple[str, ...] = (), section: str | None = None) -> Decorator:
     """One click option per declared setting of ``cls`` (``defaults``/``helps`` per field name
-    for a command whose default differs, e.g. eval's greedy temperature)."""
+    for a command whose default differs, e.g. eval's greedy temperature; ``section``: the
+    --help heading of the settings that declare none)."""
     defaults, helps = defaults or {}, helps or {}
     annotations = typing.get_type_hints(cls)  # resolved once per class, not once per field
     options = [setting_option(annotations[field.name], field, rule,
-                              default=defaults.get(field.name, dataclasses.MISSING), help=helps.get(field.name))
+                              default=defaults.get(field.name, dataclasses.MISSING), help=helps.get(field.name),
+                              section=section)
                for field, rule in settings_of(cls) if rule.cli and field.name not in exclude]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:

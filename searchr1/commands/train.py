@@ -25,7 +25,14 @@ from searchr1.commands.options import (
     rollout_options,
     run_guarded,
 )
-from searchr1.commands.settings_options import config_file_option, given_params, setting_options, setting_params, take_settings
+from searchr1.commands.settings_options import (
+    SectionedCommand,
+    config_file_option,
+    given_params,
+    setting_options,
+    setting_params,
+    take_settings,
+)
 
 # Offline defaults per twin policy: enough steps (and, for the small learning policy, a large
 # enough Adam step) to watch the reward rise in well under a minute.
@@ -42,11 +49,21 @@ GUARD_FLAGS = {"stop_on_collapse", "health_rules"}
 SEGMENT_FLAGS = {"learning_rate", "beta1", "beta2", "advantage", "keep_env_failures", "accumulation",
                  "save_every", "transcripts_per_step", "max_steps_off_policy",
                  "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches"}
+# The --help heading of each flag not declared with a setting (those name their own).
+TRAIN_SECTIONS = {
+    **dict.fromkeys(("config", "run_dir", "resume", "from_step"), "run"),
+    "allow_tempered_sampling": "rollout",
+    "loss_fn_config": "algorithm",
+    **dict.fromkeys(("offline", "offline_policy", "offline_fault", "connect_timeout", "preflight_only",
+                     "clamp_to_server_limits", "chat_template"), "service"),
+    "health_rules": "health",
+    **dict.fromkeys(("logger", "logger_project", "swanlab_mode", "quiet"), "logging"),
+}
 # Exit code of a run stopped by --stop-on-collapse.
 COLLAPSE_EXIT_CODE = 3
 
 
-@click.command(context_settings={"show_default": True})
+@click.command(cls=SectionedCommand, context_settings={"show_default": True}, sections=TRAIN_SECTIONS)
 @config_file_option()
 @click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
               help="With --offline: the policy the twin serves. learning: a small model over whole assistant "
@@ -55,7 +72,7 @@ COLLAPSE_EXIT_CODE = 3
 @click.option("--offline", is_flag=True,
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and search cassettes.")
-@setting_options(TrainConfig, defaults={"max_steps": None, "data": None})
+@setting_options(TrainConfig, defaults={"max_steps": None, "data": None}, section="algorithm")
 @rollout_options(helps={"group_size": "Trajectories per question; training needs at least 2 (advantages compare "
                                       "a question's samples with each other)."})
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -65,6 +65,7 @@ class Rule:
     metavar: str | None = None
     default_text: str | None = None  # shown as [default: ...] when the real default is decided later
     cli: bool = True  # False: recorded in config.json, but not a flag
+    group: str | None = None  # the heading --help lists it under (default: its class's)
 
     def describe(self) -> str:
         """The range as ``--help`` shows it (``x>=1``, ``0<x<=1``)."""

@@ -290,3 +290,39 @@ def test_a_search_flag_the_run_would_not_use_is_refused_saying_what_would(tmp_pa
     (line,) = error_lines(output)
     assert says in line
     assert not (tmp_path / "out").exists()
+
+
+# --- bench -o -------------------------------------------------------------------------------------
+
+
+def test_bench_refuses_an_output_it_cannot_write_before_measuring(tmp_path, monkeypatch):
+    import searchr1.bench.runner as runner
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the figures ran before the output was checked")
+
+    monkeypatch.setattr(runner, "run_figures", measured)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, output, error = invoke("bench", "--quick", "--only", "3", "-o", blocker / "bench.json")
+    assert error is None and code == 1
+    assert error_lines(output) == [f"Error: cannot write bench report {blocker / 'bench.json'}: {blocker} "
+                                   "is not a directory"]
+
+
+# --- train --help ---------------------------------------------------------------------------------
+
+
+def test_train_help_lists_every_option_under_a_heading_made_from_its_declaration():
+    from searchr1.commands.settings_options import SECTIONS
+    from searchr1.commands.train import train
+
+    code, output, _ = invoke("train", "--help")
+    assert code == 0
+    headings = [line for line in output.splitlines() if line.endswith(" options:")]
+    assert headings == [f"{name.capitalize()} options:" for name in SECTIONS] + ["Other options:"]
+    for param in train.params:
+        section = train.section_of(param)
+        assert section in SECTIONS or param.name == "help", param.name
+    rollout = output.split("Rollout options:", 1)[1].split("Algorithm options:", 1)[0]
+    assert "--group-size" in rollout and "--learning-rate" not in rollout
