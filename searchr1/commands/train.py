@@ -220,10 +220,12 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         settings["health_rules"] = health_rules
         if offline and "learning_rate" not in explicit and policy in OFFLINE_LEARNING_RATE:
             settings["learning_rate"] = OFFLINE_LEARNING_RATE[policy]
-        data = Path(settings.pop("data") or (TRAIN if offline else "datasets/train.jsonl"))
-        if not data.is_file():
-            hint = "run `python cli.py prepare-data` first" if not offline else "reinstall the package"
-            raise click.ClickException(f"training data {data} does not exist; {hint}")
+        given_data = settings.pop("data")
+        data = Path(given_data or (TRAIN if offline else "datasets/train.jsonl"))
+        if not data.is_file():  # the package's own offline file missing is a broken install; the user's, not
+            hint = ("" if given_data else "; run `python cli.py prepare-data` first, or pass --data" if not offline
+                    else "; the package's offline data is missing: reinstall the package")
+            raise click.ClickException(f"training data {data} does not exist{hint}")
         if not offline:
             check_base_model(settings["base_model"])
         allow_tempered = kwargs.pop("allow_tempered_sampling")

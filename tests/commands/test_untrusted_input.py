@@ -326,3 +326,15 @@ def test_train_help_lists_every_option_under_a_heading_made_from_its_declaration
         assert section in SECTIONS or param.name == "help", param.name
     rollout = output.split("Rollout options:", 1)[1].split("Algorithm options:", 1)[0]
     assert "--group-size" in rollout and "--learning-rate" not in rollout
+
+
+# --- install --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_missing_data_file_of_the_user_is_named_without_advice_to_reinstall(tmp_path, command):
+    target = ["--run-dir", tmp_path / "run"] if command == "train" else ["--output", tmp_path / "out.jsonl"]
+    code, output, error = invoke(command, "--offline", "--data", tmp_path / "x.jsonl", *target)
+    assert error is None and code == 1
+    (line,) = error_lines(output)
+    assert str(tmp_path / "x.jsonl") in line and "does not exist" in line and "reinstall" not in line
