@@ -35,6 +35,7 @@ import numpy as np
 from searchr1.core.errors import UserError
 from searchr1.run.fileio import write_json_atomically
 from searchr1.bm25.corpus import CorpusError, CorpusReader
+from searchr1.run.jsonl import read_json_document
 
 FORMAT = "searchr1-bm25-index"
 FORMAT_VERSION = 1
@@ -196,14 +197,22 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise BM25IndexError(f"index {directory} has no {MANIFEST_NAME}: not a finished index "
                           "(an interrupted build?); build it again with `python cli.py index build`")
     try:
-        manifest = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError) as error:
-        raise BM25IndexError(f"index {directory}: unreadable {MANIFEST_NAME} ({error})") from None
+        manifest = read_json_document(path, error=BM25IndexError)
+    except OSError as error:
+        raise BM25IndexError(f"index {directory}: unreadable {MANIFEST_NAME} ({error.strerror or error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BM25IndexError(f"index {directory}: {MANIFEST_NAME} is not a searchr1 BM25 index manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise BM25IndexError(f"index {directory}: format version {manifest.get('format_version')!r}, this "
                           f"searchr1 reads {FORMAT_VERSION}; rebuild it with `python cli.py index build`")
+    corpus = manifest.get("corpus")
+    rows = corpus.get("rows") if isinstance(corpus, dict) else None
+    broken = ("corpus.rows" if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0 else
+              "corpus.sha256" if not isinstance(corpus.get("sha256"), str) else
+              next((name for name in ("tokenizer", "scorer") if not isinstance(manifest.get(name), dict)), None))
+    if broken:
+        raise BM25IndexError(f"index {directory}: {MANIFEST_NAME} has no valid {broken}; rebuild it with "
+                             "`python cli.py index build`")
     return manifest
 
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchr1.bm25.corpus import MAX_PASSAGE_BYTES, CorpusError, CorpusReader
+from searchr1.bm25.index import FORMAT, FORMAT_VERSION
 from searchr1.data.dataset import DataError, load_examples
 from searchr1.run.jsonl import (
     MAX_DEPTH,
@@ -146,8 +147,39 @@ def test_an_oversized_corpus_row_is_refused_without_being_held_whole(tmp_path):
         handle.write(b"a" * (100 * 1024 * 1024))
         handle.write(b'"}\n')
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(CorpusError, match=rf"corpus\.jsonl:1: the line is longer than {MAX_PASSAGE_BYTES // 2**20} MiB"):
+    cap = MAX_PASSAGE_BYTES // 2**20
+    with pytest.raises(CorpusError, match=rf"corpus\.jsonl:1: the line is longer than {cap} MiB"):
         list(CorpusReader(path))
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     if sys.platform.startswith("linux"):  # ru_maxrss is KiB there
         assert grown_kib < 64 * 1024
+
+
+MANIFEST_VALUES = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.text(max_size=6)),
+                               lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+                               max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.one_of(FILE_BYTES, st.fixed_dictionaries(
+    {"format": st.sampled_from([FORMAT, "x"]), "format_version": st.sampled_from([FORMAT_VERSION, 0])},
+    optional={"corpus": st.one_of(MANIFEST_VALUES, st.fixed_dictionaries({"rows": MANIFEST_VALUES,
+                                                                          "sha256": MANIFEST_VALUES})),
+              "tokenizer": MANIFEST_VALUES, "scorer": MANIFEST_VALUES},
+).map(lambda manifest: json.dumps(manifest).encode())))
+def test_an_index_manifest_of_any_content_is_read_or_refused_naming_the_index(tmp_path_factory, data):
+    """Invariant: read_manifest gives a manifest holding every field an index reads (corpus.rows,
+    corpus.sha256, tokenizer, scorer), or raises BM25IndexError with one line naming the index
+    directory; never another exception."""
+    from searchr1.bm25.index import MANIFEST_NAME, BM25IndexError, read_manifest
+
+    directory = tmp_path_factory.mktemp("index")
+    (directory / MANIFEST_NAME).write_bytes(data)
+    try:
+        manifest = read_manifest(directory)
+    except BM25IndexError as error:
+        assert_one_line_naming(error, str(directory))
+        return
+    assert isinstance(manifest["corpus"]["rows"], int) and isinstance(manifest["corpus"]["sha256"], str)
+    assert isinstance(manifest["tokenizer"], dict) and isinstance(manifest["scorer"], dict)
