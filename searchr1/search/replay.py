@@ -26,7 +26,6 @@ with :class:`CassetteFormatError` naming it.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -42,6 +41,7 @@ from vcr.request import Request as VcrRequest
 from vcr.serializers import yamlserializer
 
 from searchr1.core.errors import UserError
+from searchr1.run.jsonl import JsonInputError, Surrogates, decode_json
 from searchr1.search.base import HttpSearchBackend
 from searchr1.search.clock import Clock, VirtualClock
 from searchr1.search.factory import check_backend_name, create_search_backend
@@ -241,8 +241,8 @@ def recorded_texts(cassette: Cassette) -> set[str]:
             body = body.decode("utf-8", "replace")
         if body:
             try:
-                texts.update(_strings(json.loads(body)))
-            except ValueError:
+                texts.update(_strings(decode_json(body, where=str(cassette.path), surrogates=Surrogates.MEND)))
+            except JsonInputError:
                 texts.add(body)
     return {text.strip() for text in texts}
 
