@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from searchr1.core.errors import UserError
+from searchr1.search.unicode import valid_tree
 
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 64
@@ -115,16 +116,6 @@ def _field_words(path: str) -> str:
     return "the value" if path == "(top level)" else f"field {path}"
 
 
-def _mended(value: Any) -> Any:
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {_mended(key): _mended(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_mended(item) for item in value]
-    return value
-
-
 def decode_json(data: str | bytes, *, where: str, error: type[Exception] = JsonInputError,
                 surrogates: Surrogates = Surrogates.REFUSE, one_line: bool = True) -> Any:
     """One JSON value from ``data`` under the rules of the module docstring; ``error`` with a
@@ -151,7 +142,7 @@ def decode_json(data: str | bytes, *, where: str, error: type[Exception] = JsonI
         raise error(f"{where}: JSON nested deeper than {MAX_DEPTH} levels")
     if _ESCAPED_SURROGATE.search(text):
         if surrogates is Surrogates.MEND:
-            return _mended(value)
+            return valid_tree(value)
         field = _lone_surrogate(value)
         if field is not None:
             raise error(f"{where}: {_field_words(field)} holds a lone surrogate (an escaped \\ud800-\\udfff "
