@@ -12,12 +12,12 @@ import click
 from searchr1.core.errors import UserError
 from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.core.rollout import RolloutConfig
-from searchr1.commands.settings_options import SectionOption, preset_origin, setting_options, take_settings
+from searchr1.commands.settings_options import FiniteFloatRange, SectionOption, preset_origin, setting_options, take_settings
 
 
 def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--connect-timeout``: how long to wait for PyTRIO to answer before naming the cause."""
-    return click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+    return click.option("--connect-timeout", type=FiniteFloatRange(min=0, min_open=True), default=30.0,
                         show_default=True, metavar="SECONDS",
                         help="Give up connecting to PyTRIO after this long and say why (no network, DNS, "
                              "refused); the run's own calls keep PyTRIO's retry windows.")

@@ -16,6 +16,7 @@ from searchr1.search.env import MissingApiKeyError
 from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
 from searchr1.search.factory import create_search_backend
 from searchr1.search.recording import SecretLeakError, recording
+from searchr1.commands.settings_options import FiniteFloatRange
 
 
 class RecordingFailed(click.ClickException):
@@ -116,13 +117,13 @@ Examples:
 )
 @click.option(
     "--search-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=None,
     help="Per-read timeout in seconds [default: the backend's].",
 )
 @click.option(
     "--search-total-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=None,
     help="Wall-clock limit of one request, a whole stream included [default: deepseek 300, "
     "others the per-read timeout].",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import re
 import tomllib
 import types
@@ -21,7 +22,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from searchr1.core.settings import Rule, flag_of, settings_of
+from searchr1.core.settings import LARGEST, Rule, flag_of, settings_of
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -43,6 +44,18 @@ def _base_type(annotation: Any) -> Any:
         members = [member for member in typing.get_args(annotation) if member is not type(None)]
         return members[0] if len(members) == 1 else str
     return annotation
+
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` for a plain flag (not a declared setting), held to the rule of every
+    number a setting takes: finite (click's range lets nan and inf through) and within
+    :data:`~searchr1.core.settings.LARGEST`."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number) or abs(number) > LARGEST:
+            self.fail(f"must be a finite number within ±{LARGEST}, got {value}", param, ctx)
+        return number
 
 
 def _validator(rule: Rule) -> Callable[[click.Context, click.Parameter, Any], Any]:

@@ -338,3 +338,16 @@ def test_a_missing_data_file_of_the_user_is_named_without_advice_to_reinstall(tm
     assert error is None and code == 1
     (line,) = error_lines(output)
     assert str(tmp_path / "x.jsonl") in line and "does not exist" in line and "reinstall" not in line
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["train", "--connect-timeout", "nan"], "--connect-timeout"),
+    (["twin", "serve", "--sample-latency", "inf"], "--sample-latency"),
+    (["record", "--backend", "wikipedia", "--query", "q", "--cassette", "c.yaml", "--search-timeout", "nan"],
+     "--search-timeout"),
+])
+def test_a_plain_number_flag_refuses_nan_and_inf(args, flag):
+    code, output, error = invoke(*args)
+    assert error is None and code == 2
+    (line,) = error_lines(output)
+    assert flag in line and "must be a finite number" in line
