@@ -2,8 +2,9 @@
 (the wiki-18 format of the Search-R1 release), one at a time.
 
 :func:`iter_corpus` streams the file (never holding it whole) and hashes it on the way, so an
-index can record which corpus it was built from. A row that is not such an object stops the
-read with :class:`CorpusError` naming the file and the line.
+index can record which corpus it was built from. A row that is not such an object, or one
+longer than :data:`MAX_PASSAGE_BYTES`, stops the read with :class:`CorpusError` naming the file
+and the line (the rules of every JSON file we read: ``searchr1.run.jsonl``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from searchr1.core.errors import UserError
+from searchr1.run.jsonl import JsonLines, decode_json
 
-class CorpusError(ValueError):
+# One passage's row, at most. A wiki-18 passage is about 100 words (under 1 KiB); a longer row
+# is not a passage and would cost its size several times over while it is tokenized and indexed.
+MAX_PASSAGE_BYTES = 1024 * 1024
+
+
+class CorpusError(UserError, ValueError):
     """A corpus row is malformed; the message names the file and the line."""
 
 
@@ -37,9 +45,13 @@ class CorpusReader:
             raise CorpusError(f"corpus {self.path} does not exist or is not a file")
         self.size = self.path.stat().st_size
         self.rows = 0
-        self.bytes_read = 0
         self._hash = hashlib.sha256()
+        self._lines = JsonLines(self.path, error=CorpusError, max_line_bytes=MAX_PASSAGE_BYTES, digest=self._hash)
         self.finished = False
+
+    @property
+    def bytes_read(self) -> int:
+        return self._lines.bytes_read
 
     @property
     def sha256(self) -> str:
@@ -48,15 +60,10 @@ class CorpusReader:
         return self._hash.hexdigest()
 
     def __iter__(self) -> Iterator[Passage]:
-        with self.path.open("rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                self._hash.update(raw)
-                self.bytes_read += len(raw)
-                if not raw.strip():
-                    continue
-                passage = parse_row(raw, number, self.path)
-                self.rows += 1
-                yield passage
+        for number, row in self._lines:
+            passage = passage_of(row, f"{self.path}:{number}", number)
+            self.rows += 1
+            yield passage
         if self.rows == 0:
             raise CorpusError(f"corpus {self.path} holds no passages")
         self.finished = True
@@ -65,10 +72,14 @@ class CorpusReader:
 def parse_row(raw: bytes, line: int, path: Path | str = "<corpus>") -> Passage:
     """One row as a :class:`Passage`; :class:`CorpusError` says what is wrong with it."""
     where = f"{path}:{line}"
-    try:
-        row = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CorpusError(f"{where}: not a JSON object ({error})") from None
+    if len(raw) > MAX_PASSAGE_BYTES:
+        raise CorpusError(f"{where}: the row is longer than {MAX_PASSAGE_BYTES // (1024 * 1024)} MiB, "
+                          "the most one passage may hold")
+    return passage_of(decode_json(raw, where=where, error=CorpusError), where, line)
+
+
+def passage_of(row: object, where: str, line: int) -> Passage:
+    """A decoded row as a :class:`Passage`; :class:`CorpusError` says what is wrong with it."""
     if not isinstance(row, dict):
         raise CorpusError(f"{where}: expected a JSON object with 'id' and 'contents', got {type(row).__name__}")
     contents = row.get("contents")

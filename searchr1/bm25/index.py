@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 
 from searchr1.bm25.corpus import CorpusError, CorpusReader
+from searchr1.core.errors import UserError
 from searchr1.run.fileio import WRITE_FAILURES, exclusive_lock, file_sha256, write_json_atomically
+from searchr1.run.jsonl import read_json_document
 
 FORMAT = "searchr1-bm25-index"
 FORMAT_VERSION = 2
@@ -68,7 +70,7 @@ SHARD_FILES = ("data.npy", "indices.npy", "indptr.npy", "docs.bin", "docs.offset
 _CHUNK = 1 << 22  # elements per slice when range-checking a memory-mapped array
 
 
-class BM25IndexError(ValueError):
+class BM25IndexError(UserError, ValueError):
     """An index directory cannot be built or opened; the message names the file and says why."""
 
 
@@ -488,11 +490,9 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise BM25IndexError(f"index {directory} has no {MANIFEST_NAME}: not a finished index "
                              "(an interrupted build?); build it again with `python cli.py index build`")
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(64 << 20)
-        manifest = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError, RecursionError) as error:
-        raise BM25IndexError(f"{path}: unreadable ({type(error).__name__})") from None
+        manifest = read_json_document(path, error=BM25IndexError)
+    except OSError as error:
+        raise BM25IndexError(f"{path}: unreadable ({error.strerror or error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BM25IndexError(f"{path}: not a searchr1 BM25 index manifest")
     if manifest.get("format_version") != FORMAT_VERSION:

@@ -65,6 +65,9 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
         numbers = parse_only(only)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--only") from None
+    from searchr1.run.fileio import check_writable
+
+    check_writable(output, "bench report", click.ClickException)  # before minutes of measuring
     console = Console(stderr=True)
     started = time.perf_counter()
     console.print("[dim]loading the Qwen3.5 tokenizer...[/dim]")

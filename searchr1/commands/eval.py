@@ -41,7 +41,7 @@ RESULT_DIR = Path("eval_result")
 
 
 @click.command("eval", context_settings={"show_default": True})
-@config_file_option()
+@config_file_option(records="the output's eval_config line records the merged result")
 @click.option("--offline", is_flag=True,
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and the backend's offline search cassette.")
@@ -297,7 +297,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     from searchr1.evaluation.evaluate import EvalResumeError, evaluate
     from searchr1.evaluation.judge import JudgeError
     from searchr1.offline import DEV
-    from searchr1.runtime.services import check_base_model, check_search_keys, load_tokenizer, open_search, start_service
+    from searchr1.runtime.services import check_base_model, check_search_setup, load_tokenizer, open_search, start_service
 
     offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
     prices_path = kwargs.pop("prices")
@@ -347,7 +347,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         run_config["protocol"] = protocol
     if checkpoint_run is not None:
         run_config["trained_with"] = checkpoint.algorithm  # shown in the summary, not binding on resume
-    check_search_keys(search, offline=offline)  # before PyTRIO is contacted or anything written
+    check_search_setup(search, offline=offline)  # before PyTRIO is contacted or anything written
     if judge_model is not None:
         check_judge(judge_model, offline=offline, cassette=judge_cassette, env_file=search.env_file)
         from searchr1.evaluation.judge import JUDGE_PROMPT_VERSION

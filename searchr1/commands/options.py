@@ -9,14 +9,15 @@ from typing import Any
 
 import click
 
-from searchr1.run.fileio import FileInUseError, is_write_failure, write_failure_line
+from searchr1.core.errors import UserError
+from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.core.rollout import RolloutConfig
-from searchr1.commands.settings_options import setting_options, take_settings
+from searchr1.commands.settings_options import FiniteFloatRange, SectionOption, preset_origin, setting_options, take_settings
 
 
 def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--connect-timeout``: how long to wait for PyTRIO to answer before naming the cause."""
-    return click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+    return click.option("--connect-timeout", type=FiniteFloatRange(min=0, min_open=True), default=30.0,
                         show_default=True, metavar="SECONDS",
                         help="Give up connecting to PyTRIO after this long and say why (no network, DNS, "
                              "refused); the run's own calls keep PyTRIO's retry windows.")
@@ -49,9 +50,10 @@ def rollout_options(*, group_size: int = 8, temperature: float = 1.0,
     names and defaults; a command may start from others, e.g. eval's greedy sampling, and say
     more about a flag in ``helps``)."""
     declared = setting_options(RolloutConfig, defaults={"group_size": group_size, "temperature": temperature},
-                               helps=helps)
+                               helps=helps, section="rollout")
     system_prompt_file = click.option(
-        "--system-prompt-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+        "--system-prompt-file", cls=SectionOption, section="rollout",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
         help="Use this file's text as the system prompt ({max_search_calls} in it becomes the search "
              "budget) instead of the project's wording; recorded in config.json and eval summaries.")
 
@@ -96,29 +98,22 @@ def check_offline_group_size(policy: str | None, group_size: int) -> None:
 
 
 def run_guarded(function: Callable[[], Any]) -> Any:
-    """Turn expected failures into one clear line and a non-zero exit (no traceback)."""
-    from searchr1.bm25.corpus import CorpusError
-    from searchr1.bm25.index import BM25IndexError
-    from searchr1.data.dataset import DataError
-    from searchr1.runtime.preflight import PreflightError
-    from searchr1.run.directory import RunDirError
-    from searchr1.search.base import SearchRefusedError
-    from searchr1.search.env import MissingApiKeyError
-    from searchr1.search.replay import CassetteFormatError, CassetteMissError
-    from searchr1.runtime.services import ServiceSetupError
-    from searchr1.core.settings import SettingError
-    from searchr1.runtime.tokenizer import TokenizerSetupError
-    from searchr1.twin.scenario import ScenarioError
-    from searchr1.run.costs import PriceError
-
-    expected = (DataError, PreflightError, RunDirError, ScenarioError, MissingApiKeyError, SearchRefusedError,
-                CassetteMissError, CassetteFormatError, ServiceSetupError, TokenizerSetupError, FileNotFoundError,
-                BM25IndexError, CorpusError, FileInUseError, PriceError)
+    """Turn expected failures (every :class:`UserError`, a missing file, a disk that cannot be
+    written) into one clear line and a non-zero exit (no traceback). A line that names a flag set
+    by the ``--config`` preset names the file and line too."""
+    ctx = click.get_current_context(silent=True)
     try:
         return function()
-    except SettingError as error:
-        raise click.UsageError(str(error)) from None
-    except expected as error:
+    except UserError as error:
+        message = preset_origin(ctx, str(error))
+        if error.exit_code == 2:
+            raise click.UsageError(message) from None
+        raise click.ClickException(message) from None
+    except click.ClickException as error:  # a flag's value refused by a later check: name a preset it came from
+        shown = error.format_message()
+        error.message += preset_origin(ctx, shown)[len(shown):]
+        raise
+    except FileNotFoundError as error:
         raise click.ClickException(str(error)) from None
     except OSError as error:
         if is_write_failure(error):  # a full, read-only or forbidden disk: the path and the cause

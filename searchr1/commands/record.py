@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from searchr1.search.env import MissingApiKeyError
 from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
 from searchr1.search.factory import create_search_backend
 from searchr1.search.recording import SecretLeakError, recording
+from searchr1.commands.settings_options import FiniteFloatRange
 
 
 class RecordingFailed(click.ClickException):
@@ -32,17 +32,11 @@ def read_queries_file(path: Path) -> list[str]:
 
 def read_dataset_questions(path: Path, limit: int | None) -> list[str]:
     """The ``question`` of each JSONL row (a bad row is an error naming its line)."""
+    from searchr1.run.jsonl import JsonInputError, iter_json_lines
+
     questions: list[str] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise click.BadParameter(
-                    f"{path}:{number}: not valid JSON ({exc.msg})", param_hint="--from-dataset"
-                ) from None
+    try:
+        for number, row in iter_json_lines(path):
             question = row.get("question") if isinstance(row, dict) else None
             if not isinstance(question, str) or not question.strip():
                 raise click.BadParameter(
@@ -51,6 +45,8 @@ def read_dataset_questions(path: Path, limit: int | None) -> list[str]:
             questions.append(question.strip())
             if limit is not None and len(questions) >= limit:
                 break
+    except JsonInputError as error:
+        raise click.BadParameter(str(error), param_hint="--from-dataset") from None
     return questions
 
 
@@ -121,13 +117,13 @@ Examples:
 )
 @click.option(
     "--search-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=None,
     help="Per-read timeout in seconds [default: the backend's].",
 )
 @click.option(
     "--search-total-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=None,
     help="Wall-clock limit of one request, a whole stream included [default: deepseek 300, "
     "others the per-read timeout].",

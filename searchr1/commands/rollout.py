@@ -44,7 +44,7 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
     from searchr1.run.progress import CountingBar
     from searchr1.core.rollout import rollout_batch_async
     from searchr1.offline import SCENARIO
-    from searchr1.runtime.services import load_tokenizer, scripted_sampling_client, search_backend
+    from searchr1.runtime.services import check_search_setup, load_tokenizer, scripted_sampling_client, search_backend
     from searchr1.twin.scenario import load_scenario
 
     config = rollout_config_from(kwargs, seed=seed)
@@ -67,6 +67,7 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
         config = replace(config, **{k: v for k, v in scenario.rollout.items() if k != "group_size"},
                          group_size=min(config.group_size, scenario.rollout.get("group_size", config.group_size)))
     examples = scenario.examples[:questions]
+    check_search_setup(search, offline=True)
     tokenizer = load_tokenizer()
 
     async def main(sampler: Any) -> list[Any]:

@@ -22,7 +22,7 @@ from searchr1.search.options import SearchOptions
 
 def search_options(default_backend: str = "wikipedia"):
     """Decorator adding the search flags; the command receives ``search: SearchOptions``."""
-    declared = setting_options(SearchOptions, defaults={"backend": default_backend})
+    declared = setting_options(SearchOptions, defaults={"backend": default_backend}, section="search")
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(command)

@@ -9,6 +9,8 @@ enforces). ``take_settings(RolloutConfig, kwargs)`` pops those flags back out as
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import math
 import re
 import tomllib
 import types
@@ -20,7 +22,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from searchr1.core.settings import Rule, flag_of, settings_of
+from searchr1.core.settings import LARGEST, Rule, flag_of, settings_of
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -44,6 +46,18 @@ def _base_type(annotation: Any) -> Any:
     return annotation
 
 
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` for a plain flag (not a declared setting), held to the rule of every
+    number a setting takes: finite (click's range lets nan and inf through) and within
+    :data:`~searchr1.core.settings.LARGEST`."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number) or abs(number) > LARGEST:
+            self.fail(f"must be a finite number within ±{LARGEST}, got {value}", param, ctx)
+        return number
+
+
 def _validator(rule: Rule) -> Callable[[click.Context, click.Parameter, Any], Any]:
     def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         broken = rule.violation(value)
@@ -60,9 +74,47 @@ def _default(field: dataclasses.Field[Any]) -> Any:
     return None if field.default is dataclasses.MISSING else field.default
 
 
+# The headings of a command's --help, in order; an option declares its own (``Rule.group``,
+# ``SectionOption(section=...)``) or takes its class's, and options with none come last.
+SECTIONS = ("run", "rollout", "algorithm", "search", "service", "health", "logging")
+
+
+class SectionOption(click.Option):
+    """An option that knows the heading :class:`SectionedCommand` lists it under."""
+
+    def __init__(self, *args: Any, section: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.section = section
+
+
+class SectionedCommand(click.Command):
+    """A command whose ``--help`` lists its options under the headings of :data:`SECTIONS`
+    (``sections`` names the heading of options that are not :class:`SectionOption`)."""
+
+    def __init__(self, *args: Any, sections: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sections = dict(sections or {})
+
+    def section_of(self, param: click.Parameter) -> str:
+        return getattr(param, "section", None) or self.sections.get(param.name or "") or "other"
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        grouped: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                grouped.setdefault(self.section_of(param), []).append(record)
+        for heading in [*SECTIONS, *sorted(set(grouped) - set(SECTIONS))]:
+            if heading in grouped:
+                with formatter.section(f"{heading.capitalize()} options"):
+                    formatter.write_dl(grouped[heading])
+
+
 def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *,
-                   default: Any = dataclasses.MISSING, help: str | None = None) -> Decorator:
-    """The click option of one declared setting (``annotation``: the field's resolved type)."""
+                   default: Any = dataclasses.MISSING, help: str | None = None,
+                   section: str | None = None) -> Decorator:
+    """The click option of one declared setting (``annotation``: the field's resolved type;
+    ``section``: its heading in --help unless the declaration names one)."""
     base = _base_type(annotation)
     value = _default(field) if default is dataclasses.MISSING else default
     text = help if help is not None else rule.help
@@ -70,13 +122,15 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
         text = f"{text} [{rule.describe()}]".strip()
     flag = flag_of(field)
     names = (flag, *rule.aliases, param_name(flag))
-    common: dict[str, Any] = {"help": text, "metavar": rule.metavar}
+    common: dict[str, Any] = {"help": text, "metavar": rule.metavar, "cls": SectionOption,
+                              "section": rule.group or section}
     if rule.default_text is not None:
         common["show_default"] = rule.default_text
     elif value is not None:
         common["show_default"] = True
     if base is bool:
-        return click.option(*names, is_flag=True, default=bool(value), help=text)
+        return click.option(*names, is_flag=True, default=bool(value), help=text, cls=SectionOption,
+                            section=rule.group or section)
     if rule.choices is not None:
         kind: Any = click.Choice(rule.choices)
     elif base is Path:
@@ -87,13 +141,15 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
 
 
 def setting_options(cls: type, *, defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None,
-                    exclude: tuple[str, ...] = ()) -> Decorator:
+                    exclude: tuple[str, ...] = (), section: str | None = None) -> Decorator:
     """One click option per declared setting of ``cls`` (``defaults``/``helps`` per field name
-    for a command whose default differs, e.g. eval's greedy temperature)."""
+    for a command whose default differs, e.g. eval's greedy temperature; ``section``: the
+    --help heading of the settings that declare none)."""
     defaults, helps = defaults or {}, helps or {}
     annotations = typing.get_type_hints(cls)  # resolved once per class, not once per field
     options = [setting_option(annotations[field.name], field, rule,
-                              default=defaults.get(field.name, dataclasses.MISSING), help=helps.get(field.name))
+                              default=defaults.get(field.name, dataclasses.MISSING), help=helps.get(field.name),
+                              section=section)
                for field, rule in settings_of(cls) if rule.cli and field.name not in exclude]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -119,15 +175,92 @@ def given_params(ctx: click.Context) -> set[str]:
 
 
 def _key_line(text: str, key: str) -> int | None:
+    """The line that sets ``key`` at the top of a TOML file: ``key = ...``, a dotted
+    ``key.sub = ...`` or a table header ``[key]`` / ``[key.sub]``."""
+    quoted = rf"(?:{re.escape(key)}|\"{re.escape(key)}\"|'{re.escape(key)}')"
     for number, line in enumerate(text.splitlines(), 1):
-        if re.match(rf"\s*[\"']?{re.escape(key)}[\"']?\s*=", line):
+        if re.match(rf"\s*{quoted}\s*[=.]", line) or re.match(rf"\s*\[+\s*{quoted}\s*[].]", line):
             return number
     return None
 
 
+def _toml_kind(value: Any) -> str:
+    """What a TOML value is, in the words of the TOML spec."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, datetime.datetime):
+        return "a date-time"
+    if isinstance(value, datetime.date):
+        return "a date"
+    if isinstance(value, datetime.time):
+        return "a time"
+    return type(value).__name__
+
+
+def _expected_kind(param: click.Option) -> tuple[tuple[type, ...], str]:
+    """The TOML values a flag takes (the Python types ``tomllib`` gives) and their name."""
+    if param.is_flag:
+        return (bool,), "a boolean (true or false)"
+    kind = param.type
+    if isinstance(kind, click.types.IntParamType):
+        return (int,), "an integer"
+    if isinstance(kind, click.types.FloatParamType):
+        return (int, float), "a number"
+    return (str,), "a string"
+
+
+def _shaped(param: click.Option, value: Any) -> str | None:
+    """Why ``value`` is not the shape ``param`` takes (``None`` when it is): a scalar of the
+    flag's type, or an array of them for a repeatable flag. An integer flag refuses 8.5 (click
+    would truncate it to 8) and every flag refuses dates."""
+    types_, words = _expected_kind(param)
+    items = value if param.multiple and isinstance(value, list) else [value]
+    for item in items:
+        if isinstance(item, bool) != (types_ == (bool,)) or not isinstance(item, types_):
+            many = f"{words} or an array of them" if param.multiple else words
+            return f"must be {many}, not {_toml_kind(item)}" + (f" ({item!r})" if isinstance(item, int | float) else "")
+    return None
+
+
+PRESET_READERS = ("train", "eval")  # the commands that take --config; one preset serves them all
+
+
+def _sibling_options(ctx: click.Context) -> dict[str, str]:
+    """``{parameter name: command}`` of the options the other commands that read a ``--config``
+    preset take (train's settings in a file that eval reads, and the other way round)."""
+    group = ctx.parent.command if ctx.parent is not None else None
+    found: dict[str, str] = {}
+    if not isinstance(group, click.Group):
+        return found
+    for name in PRESET_READERS:
+        command = group.get_command(ctx, name)
+        if command is None or command is ctx.command:
+            continue
+        for param in command.params:
+            if isinstance(param, click.Option) and param.name not in ("config", "help"):
+                for option in param.opts:
+                    found.setdefault(param_name(option), name)
+    return found
+
+
+PRESET_ORIGINS = "searchr1.preset_origins"  # ctx.meta key: {parameter name: "FILE, line N"}
+
+
 def read_preset(ctx: click.Context, path: Path) -> dict[str, Any]:
-    """The preset's values by parameter name, each checked as its flag would be; an unknown key
-    or a bad value names the file, the line and the key."""
+    """The preset's values by parameter name, each checked as its flag would be; an unknown key,
+    a value of the wrong shape or a bad value names the file, the line and the key. A key
+    another command takes (a train setting in a file eval reads) is noted and left out; two
+    spellings of one setting (``loss_fn`` and ``loss-fn``) are refused."""
     try:
         text = path.read_text("utf-8")
         table = tomllib.loads(text)
@@ -138,18 +271,31 @@ def read_preset(ctx: click.Context, path: Path) -> dict[str, Any]:
     params = {param.name: param for param in ctx.command.params
               if isinstance(param, click.Option) and param.name not in ("config", "help")}
     aliases = {param_name(opt): param.name for param in params.values() for opt in param.opts}
+    others = _sibling_options(ctx)
     values: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    ignored: dict[str, list[str]] = {}
+    origins: dict[str, str] = {}
     for key, value in table.items():
         line = _key_line(text, key)
         where = f"{path}" + (f", line {line}" if line else "")
         name = aliases.get(param_name(key), param_name(key))
         if name not in params:
+            if param_name(key) in others:
+                ignored.setdefault(others[param_name(key)], []).append(key)
+                continue
             raise click.BadParameter(f"{where}: unknown setting {key!r} (the settings are the command's flags, "
                                      f"e.g. group_size = 8; see --help)", param_hint="--config")
-        if isinstance(value, dict):
-            raise click.BadParameter(f"{where}: {key} is a table; write settings as plain keys",
+        if name in spelled:
+            raise click.BadParameter(f"{where}: {key!r} and {spelled[name]!r} are the same setting; keep one",
                                      param_hint="--config")
+        spelled[name] = key
         param = params[name]
+        wrong = _shaped(param, value)
+        if wrong:
+            raise click.BadParameter(f"{where}: {key} {wrong}", param_hint="--config")
+        if param.multiple and not isinstance(value, list):
+            value = [value]
         try:
             converted = param.type_cast_value(ctx, value)
             if param.callback is not None:
@@ -157,11 +303,33 @@ def read_preset(ctx: click.Context, path: Path) -> dict[str, Any]:
         except click.BadParameter as error:
             raise click.BadParameter(f"{where}: {key} {error.message}", param_hint="--config") from None
         values[name] = value
+        origins[name] = where
+    for command, keys in ignored.items():
+        click.echo(f"note: {path}: {', '.join(keys)} {'is a setting' if len(keys) == 1 else 'are settings'} "
+                   f"of {command}; {ctx.command.name} ignores {'it' if len(keys) == 1 else 'them'}", err=True)
+    ctx.meta[PRESET_ORIGINS] = origins
     return values
 
 
-def config_file_option() -> Decorator:
-    """``--config FILE.toml``: settings from a preset file; flags on the command line win."""
+def preset_origin(ctx: click.Context | None, message: str) -> str:
+    """``message`` with `` (set in FILE, line N)`` added when it names a flag whose value came
+    from the ``--config`` preset, so a check made later than the preset's own still names the
+    file."""
+    if ctx is None:
+        return message
+    origins: dict[str, str] = ctx.meta.get(PRESET_ORIGINS, {})
+    for param in ctx.command.params:
+        where = origins.get(param.name or "")
+        if where is None or ctx.get_parameter_source(param.name or "") is not ParameterSource.DEFAULT_MAP:
+            continue
+        if any(re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", message) for opt in getattr(param, "opts", ())):
+            return f"{message} (set in {where})"
+    return message
+
+
+def config_file_option(records: str = "config.json records the merged result") -> Decorator:
+    """``--config FILE.toml``: settings from a preset file; flags on the command line win.
+    ``records`` says where the command records the merged settings."""
 
     def load(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
         if value is not None:
@@ -171,5 +339,5 @@ def config_file_option() -> Decorator:
     return click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
                         is_eager=True, expose_value=True, callback=load, metavar="FILE.toml",
                         help="Read settings from this TOML file (keys are the flag names, e.g. "
-                             "group_size = 16); flags given on the command line override it, and "
-                             "config.json records the merged result.")
+                             "group_size = 16; train and eval read the same file, each noting the other's "
+                             f"keys it ignores); flags given on the command line override it, and {records}.")

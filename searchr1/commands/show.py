@@ -6,7 +6,6 @@ The source is a run directory (its ``transcripts.jsonl``: a sample of every trai
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +91,7 @@ def _step_ranges(steps: list[int]) -> str:
 
 def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | str | None,
                     limit: int | None) -> Selection:
+    from searchr1.run.jsonl import JsonInputError, Surrogates, read_json_document
     from searchr1.run.transcripts import read_run_transcripts
 
     found = read_run_transcripts(transcripts_path)
@@ -111,8 +111,8 @@ def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | st
     config = None
     if run_dir is not None and (run_dir / "config.json").is_file():
         try:
-            config = json.loads((run_dir / "config.json").read_text("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            config = read_json_document(run_dir / "config.json", surrogates=Surrogates.MEND)
+        except (JsonInputError, OSError):
             config = None
     config = config if isinstance(config, dict) else None
     name = (config or {}).get("run_name") or (run_dir.name if run_dir else transcripts_path.parent.name)

@@ -27,7 +27,14 @@ from searchr1.commands.options import (
     rollout_options,
     run_guarded,
 )
-from searchr1.commands.settings_options import config_file_option, given_params, setting_options, setting_params, take_settings
+from searchr1.commands.settings_options import (
+    SectionedCommand,
+    config_file_option,
+    given_params,
+    setting_options,
+    setting_params,
+    take_settings,
+)
 
 # Offline defaults per twin policy: enough steps (and, for the small learning policy, a large
 # enough Adam step) to watch the reward rise in well under a minute.
@@ -47,13 +54,23 @@ GUARD_FLAGS = {"stop_on_collapse", "health_rules"}
 SEGMENT_FLAGS = {"learning_rate", "beta1", "beta2", "advantage", "keep_env_failures", "accumulation",
                  "save_every", "transcripts_per_step", "max_steps_off_policy",
                  "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches"}
+# The --help heading of each flag not declared with a setting (those name their own).
+TRAIN_SECTIONS = {
+    **dict.fromkeys(("config", "run_dir", "resume", "from_step"), "run"),
+    "allow_tempered_sampling": "rollout",
+    "loss_fn_config": "algorithm",
+    **dict.fromkeys(("offline", "offline_policy", "offline_fault", "connect_timeout", "preflight_only",
+                     "clamp_to_server_limits", "chat_template"), "service"),
+    "health_rules": "health",
+    **dict.fromkeys(("logger", "logger_project", "swanlab_mode", "quiet"), "logging"),
+}
 # Exit code of a run stopped by --stop-on-collapse.
 COLLAPSE_EXIT_CODE = 3
 # Exit code of a run stopped by --budget / --budget-tokens (a checkpoint of every finished step is saved).
 BUDGET_EXIT_CODE = 4
 
 
-@click.command(context_settings={"show_default": True})
+@click.command(cls=SectionedCommand, context_settings={"show_default": True}, sections=TRAIN_SECTIONS)
 @config_file_option()
 @click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
               help="With --offline: the policy the twin serves. learning: a small model over whole assistant "
@@ -62,7 +79,7 @@ BUDGET_EXIT_CODE = 4
 @click.option("--offline", is_flag=True,
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and search cassettes.")
-@setting_options(TrainConfig, defaults={"max_steps": None, "data": None})
+@setting_options(TrainConfig, defaults={"max_steps": None, "data": None}, section="algorithm")
 @rollout_options(helps={"group_size": "Trajectories per question; training needs at least 2 (advantages compare "
                                       "a question's samples with each other)."})
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -131,7 +148,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     from searchr1.run.fileio import file_sha256
     from searchr1.offline import TRAIN
     from searchr1.run.directory import TWIN_HOME, RunDir, recorded_checkpoints
-    from searchr1.runtime.services import check_base_model, check_search_keys, load_tokenizer, open_search, start_service
+    from searchr1.runtime.services import check_base_model, check_search_setup, load_tokenizer, open_search, start_service
     from searchr1.core.config import new_run_id
     from searchr1.core.trainer import CollapseDetected, Trainer, TrainingStopped
     from searchr1.run.costs import BudgetReached
@@ -220,10 +237,12 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         settings["health_rules"] = health_rules
         if offline and "learning_rate" not in explicit and policy in OFFLINE_LEARNING_RATE:
             settings["learning_rate"] = OFFLINE_LEARNING_RATE[policy]
-        data = Path(settings.pop("data") or (TRAIN if offline else "datasets/train.jsonl"))
-        if not data.is_file():
-            hint = "run `python cli.py prepare-data` first" if not offline else "reinstall the package"
-            raise click.ClickException(f"training data {data} does not exist; {hint}")
+        given_data = settings.pop("data")
+        data = Path(given_data or (TRAIN if offline else "datasets/train.jsonl"))
+        if not data.is_file():  # the package's own offline file missing is a broken install; the user's, not
+            hint = ("" if given_data else "; run `python cli.py prepare-data` first, or pass --data" if not offline
+                    else "; the package's offline data is missing: reinstall the package")
+            raise click.ClickException(f"training data {data} does not exist{hint}")
         if not offline:
             check_base_model(settings["base_model"])
         allow_tempered = kwargs.pop("allow_tempered_sampling")
@@ -288,7 +307,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                                      budget_tokens=None)
         account = _run_account(config)
         requested_loggers, quiet = ("none",), True
-    check_search_keys(search, offline=offline)
+    check_search_setup(search, offline=offline)
     loggers = None if preflight_only else _planned_loggers(requested_loggers, swanlab_mode, logger_project,
                                                            config, run.path)
     if resume_dir is None:

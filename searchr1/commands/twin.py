@@ -12,6 +12,7 @@ import click
 
 from searchr1.twin.policies import POLICY_NAMES
 from searchr1.commands.options import offline_fault_option
+from searchr1.commands.settings_options import FiniteFloatRange
 
 REDUCTIONS = ("per_token", "per_sample", "sum")
 
@@ -41,13 +42,13 @@ def twin() -> None:
               help="Return the stop token (and its logprob) at the end of a stopped sequence.")
 @click.option("--stop-string-in-text/--no-stop-string-in-text", default=False,
               help="Keep the stop string at the end of the returned text.")
-@click.option("--sample-latency", type=click.FloatRange(min=0), default=0.0, help="Seconds per sampling request.")
-@click.option("--token-latency", type=click.FloatRange(min=0), default=0.0,
+@click.option("--sample-latency", type=FiniteFloatRange(min=0), default=0.0, help="Seconds per sampling request.")
+@click.option("--token-latency", type=FiniteFloatRange(min=0), default=0.0,
               help="Seconds per token of a request's longest sampled sequence.")
-@click.option("--train-token-latency", type=click.FloatRange(min=0), default=0.0,
+@click.option("--train-token-latency", type=FiniteFloatRange(min=0), default=0.0,
               help="Seconds per trained (input) token.")
-@click.option("--optim-latency", type=click.FloatRange(min=0), default=0.0, help="Seconds per optimiser step.")
-@click.option("--save-latency", type=click.FloatRange(min=0), default=0.0, help="Seconds per checkpoint save.")
+@click.option("--optim-latency", type=FiniteFloatRange(min=0), default=0.0, help="Seconds per optimiser step.")
+@click.option("--save-latency", type=FiniteFloatRange(min=0), default=0.0, help="Seconds per checkpoint save.")
 @click.option("--strict/--no-strict", default=True,
               help="Fail training events that break the protocol (see searchr1/twin/strict.py).")
 @click.option("--max-staleness", type=click.IntRange(min=0), default=0,

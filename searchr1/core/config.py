@@ -39,22 +39,27 @@ class TrainConfig:
     """Everything a run is started with; ``config.json`` is this object. Each user setting is
     declared once here (:mod:`searchr1.core.settings`), and the flags of ``train`` are made from it."""
 
-    max_steps: int = setting(help="Training steps [required live; with --offline default 20 for the learning "
-                                  "policy, 4 for the scripted one].", at_least=1)
-    data: str = setting(metavar="PATH", help="Training JSONL [default: datasets/train.jsonl; the shipped offline "
-                                             "set with --offline].")
-    run_name: str = setting("search-r1-qwen35-4b", check=_checkpoint_prefix_rule,
+    max_steps: int = setting(group="run",
+                             help="Training steps [required live; with --offline default 20 for the learning "
+                                  "policy, 4 for the scripted one].", at_least=1, at_most=1_000_000)
+    data: str = setting(group="run", metavar="PATH",
+                        help="Training JSONL [default: datasets/train.jsonl; the shipped offline "
+                             "set with --offline].")
+    run_name: str = setting("search-r1-qwen35-4b", group="run", check=_checkpoint_prefix_rule,
                             help="Also the checkpoint name prefix.")
-    base_model: str = setting("Qwen/Qwen3.5-4B", help="The model trained (LoRA on it) and sampled.")
+    base_model: str = setting("Qwen/Qwen3.5-4B", group="run", help="The model trained (LoRA on it) and sampled.")
     lora_rank: int = setting(32, at_least=4, at_most=64, help="LoRA rank.")
-    questions_per_batch: int = setting(8, at_least=1, help="Questions per step (each sampled --group-size times).")
-    max_train_samples: int = setting(0, at_least=0, help="Use only the first N shuffled examples (0 = all).")
+    questions_per_batch: int = setting(8, at_least=1, at_most=4096,
+                                       help="Questions per step (each sampled --group-size times).")
+    max_train_samples: int = setting(0, group="run", at_least=0,
+                                     help="Use only the first N shuffled examples (0 = all).")
     learning_rate: float = setting(4e-5, above=0.0, default_text="4e-05; 0.2 for --offline-policy learning",
                                    help="Adam learning rate.")
     beta1: float = setting(0.9, at_least=0.0, below=1.0, help="Adam beta1.")
     beta2: float = setting(0.95, at_least=0.0, below=1.0, help="Adam beta2.")
-    save_every: int = setting(50, at_least=0, help="Checkpoint every N steps (0 = only the final save).")
-    seed: int = setting(42, help="Data order, LoRA init and sampling seeds.")
+    save_every: int = setting(50, group="run", at_least=0, help="Checkpoint every N steps (0 = only the final save).")
+    seed: int = setting(42, group="run", at_least=0, at_most=2**31 - 1,
+                        help="Data order, LoRA init and sampling seeds.")
     accumulation: str = setting("sdk", choices=ACCUMULATION_MODES,
                                 help="sdk: one forward_backward per step (exact whatever the server's reduction); "
                                      "manual: the seed's micro-batches with n_k/N weights.")
@@ -81,13 +86,14 @@ class TrainConfig:
                             "steps old (the importance ratio corrects for it); 0 = on-policy. Worth it when steps "
                             "are long or training calls are expensive.")
     transcripts_per_step: int = setting(
-        4, at_least=0, help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
+        4, group="logging", at_least=0,
+        help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
     # Offline runs: the policy the twin serves ("learning" or "scripted"); None for live runs.
     offline_policy: str | None = None
     # The collapse guard (searchr1.health.rules): stop after N consecutive unhealthy steps (0: only
     # warn), and thresholds that replace the defaults (None turns a rule off).
     stop_on_collapse: int = setting(
-        0, at_least=0, metavar="N",
+        0, group="health", at_least=0, metavar="N",
         help="Stop (exit code 3) after N consecutive unhealthy steps, saving a checkpoint and printing the "
              "last healthy one and the command that restarts from it; 0: only warn.")
     health_rules: dict[str, float | None] = field(default_factory=dict)

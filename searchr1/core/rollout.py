@@ -54,27 +54,31 @@ TOOL_OVERFLOW_MODES = ("truncate", "end")
 TRUNCATION_MARKER = " [... truncated to fit the budget]"
 
 
+MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """Budgets and sampling of one rollout (the seed's names and defaults). Each field is declared
     once with its rule and help (:mod:`searchr1.core.settings`): the flags of train, eval and rollout
     are made from these lines."""
 
-    group_size: int = setting(8, at_least=1, help="Trajectories per question.")
-    max_search_calls: int = setting(4, at_least=0, help="Searches per trajectory.")
-    max_assistant_turns: int = setting(6, at_least=1, help="Assistant turns per trajectory.")
-    max_trajectory_tokens: int = setting(8192, at_least=1,
+    group_size: int = setting(8, at_least=1, at_most=256, help="Trajectories per question.")
+    max_search_calls: int = setting(4, at_least=0, at_most=100, help="Searches per trajectory.")
+    max_assistant_turns: int = setting(6, at_least=1, at_most=100, help="Assistant turns per trajectory.")
+    max_trajectory_tokens: int = setting(8192, at_least=1, at_most=MAX_TOKENS,
                                          help="Whole-sequence budget (also the training datum limit).")
-    max_assistant_tokens: int = setting(1024, at_least=1, help="Generation cap per assistant turn.")
-    max_tool_response_tokens: int = setting(1024, at_least=1, help="Cap on one observation's content.")
+    max_assistant_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS, help="Generation cap per assistant turn.")
+    max_tool_response_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS,
+                                            help="Cap on one observation's content.")
     temperature: float = setting(1.0, at_least=0.0, help="Sampling temperature.")
     top_p: float = setting(1.0, above=0.0, at_most=1.0, help="Nucleus sampling mass.")
     seed: int = setting(42, cli=False)  # the command's --seed
     # Scheduling and robustness (not in the seed).
-    sampling_concurrency: int = setting(64, at_least=1, help="Sampling requests in flight at once.")
+    sampling_concurrency: int = setting(64, at_least=1, at_most=4096, help="Sampling requests in flight at once.")
     sample_timeout: float | None = setting(
         900.0, above=0.0, help="Seconds before one sampling request is abandoned (then retried).")
-    sample_retries: int = setting(2, at_least=0, help="Retries of a retryable sampling failure.")
+    sample_retries: int = setting(2, at_least=0, at_most=100, help="Retries of a retryable sampling failure.")
     sample_retry_backoff: float = setting(1.0, at_least=0.0, cli=False)
     max_sampler_failure_fraction: float = setting(0.25, at_least=0.0, at_most=1.0, cli=False)
     # "truncate": when not even the first item fits, cut it at a token boundary and say so;

@@ -11,20 +11,36 @@ click options from the fields), the validation (:func:`check_settings`, called b
 key of a ``--config`` preset file. A value that breaks a rule raises :class:`SettingError`, whose
 message names the flag and the rule.
 
+Every number a setting takes is finite (no nan, no inf) and, unless its declaration bounds it
+closer, at most :data:`LARGEST` in size: what a seed, a count or a budget can be on the service,
+in msgpack and in numpy, and a list that length is never built. A setting whose value sizes work
+or memory (a group, a token budget) declares its own ``at_most``.
+
 This module is pure (no click, no I/O): the core imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from searchr1.core.errors import UsageError
+
 _MISSING: Any = dataclasses.MISSING
+LARGEST = 2**31 - 1  # the size no number setting exceeds (a signed 32-bit integer)
 
 
-class SettingError(ValueError):
+def _shown(number: float) -> str:
+    """``262144``, ``1000000``, ``4e-05``: whole numbers in full, others as ``%g``."""
+    if isinstance(number, int) or (math.isfinite(number) and number.is_integer() and abs(number) < 1e16):
+        return str(int(number))
+    return f"{number:g}"
+
+
+class SettingError(UsageError, ValueError):
     """A setting holds a value its rule refuses; ``flag`` names it as the user types it."""
 
     def __init__(self, flag: str, message: str) -> None:
@@ -49,13 +65,14 @@ class Rule:
     metavar: str | None = None
     default_text: str | None = None  # shown as [default: ...] when the real default is decided later
     cli: bool = True  # False: recorded in config.json, but not a flag
+    group: str | None = None  # the heading --help lists it under (default: its class's)
 
     def describe(self) -> str:
         """The range as ``--help`` shows it (``x>=1``, ``0<x<=1``)."""
-        low = f"{self.at_least:g}<=" if self.at_least is not None else (
-            f"{self.above:g}<" if self.above is not None else "")
-        high = f"<={self.at_most:g}" if self.at_most is not None else (
-            f"<{self.below:g}" if self.below is not None else "")
+        low = f"{_shown(self.at_least)}<=" if self.at_least is not None else (
+            f"{_shown(self.above)}<" if self.above is not None else "")
+        high = f"<={_shown(self.at_most)}" if self.at_most is not None else (
+            f"<{_shown(self.below)}" if self.below is not None else "")
         return f"{low}x{high}" if low or high else ""
 
     def violation(self, value: Any) -> str | None:
@@ -66,14 +83,18 @@ class Rule:
             return f"must be one of {', '.join(self.choices)}, got {value!r}"
         if isinstance(value, bool) or not isinstance(value, int | float):
             return self.check(value) if self.check else None
+        if not math.isfinite(value):
+            return f"must be a finite number, got {value}"
         if self.at_least is not None and value < self.at_least:
-            return f"must be >= {self.at_least:g}, got {value:g}"
+            return f"must be >= {_shown(self.at_least)}, got {_shown(value)}"
         if self.above is not None and value <= self.above:
-            return f"must be > {self.above:g}, got {value:g}"
+            return f"must be > {_shown(self.above)}, got {_shown(value)}"
         if self.at_most is not None and value > self.at_most:
-            return f"must be <= {self.at_most:g}, got {value:g}"
+            return f"must be <= {_shown(self.at_most)}, got {_shown(value)}"
         if self.below is not None and value >= self.below:
-            return f"must be < {self.below:g}, got {value:g}"
+            return f"must be < {_shown(self.below)}, got {_shown(value)}"
+        if abs(value) > LARGEST:
+            return f"must be within ±{LARGEST} (the largest number a setting takes), got {_shown(value)}"
         return self.check(value) if self.check else None
 
 

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from searchr1.run.fileio import file_sha256, follow_umask, iter_json_lines, naming, removing_new_directories
+from searchr1.core.errors import UserError
+from searchr1.run.fileio import file_sha256, follow_umask, naming, removing_new_directories
+from searchr1.run.jsonl import iter_json_lines
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class SearchExample:
     data_source: str
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A dataset file or row is unusable. The message names the file (and line) and the field."""
 
 

@@ -32,7 +32,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from searchr1.evaluation.card import card_differences, eval_card
 from searchr1.evaluation.metrics import (

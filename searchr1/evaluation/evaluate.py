@@ -45,9 +45,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from searchr1.core.errors import UserError
 from searchr1.data.dataset import DataError, SearchExample, spread_across_sources
 from searchr1.evaluation.metrics import EvalFileError, summary_record, trajectory_record
-from searchr1.run.fileio import append_text, json_error_text, write_text_atomically
+from searchr1.run.fileio import append_text, write_text_atomically
+from searchr1.run.jsonl import JsonLines, Surrogates, TornLines
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, question_usage_metrics
 from searchr1.core.rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
 
@@ -72,7 +74,7 @@ SUMMED_SEARCH_METRICS = frozenset({
 })
 
 
-class EvalResumeError(ValueError):
+class EvalResumeError(UserError, ValueError):
     """The output file holds an evaluation that this run cannot continue (another config,
     records of unknown origin); the message names the file and what differs."""
 
@@ -181,19 +183,9 @@ def read_existing(path: Path) -> ExistingEval:
     """Parse an eval file leniently only where a crash explains it: an unparsable *last* line
     without a trailing newline is a torn write and is dropped; any other bad line is an
     EvalFileError naming path:line."""
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    header, summary, records, torn = None, None, [], False
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines):  # the last chunk, i.e. no newline after it
-                torn = True
-                continue
-            raise EvalFileError(f"{path}:{number}: invalid JSON ({json_error_text(exc)})") from None
+    header, summary, records = None, None, []
+    lines = JsonLines(path, error=EvalFileError, torn=TornLines.LAST, surrogates=Surrogates.MEND)
+    for number, record in lines:
         if not isinstance(record, dict):
             raise EvalFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
         kind = record.get("type", "trajectory")
@@ -203,7 +195,7 @@ def read_existing(path: Path) -> ExistingEval:
             summary = record  # the last one wins
         elif kind == "trajectory":
             records.append(record)
-    return ExistingEval(header, records, summary, torn)
+    return ExistingEval(header, records, summary, bool(lines.torn_lines))
 
 
 def _dumps(record: Mapping[str, Any]) -> str:

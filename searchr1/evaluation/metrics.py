@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from searchr1.run.fileio import iter_json_lines
+from searchr1.core.errors import UserError
+from searchr1.run.jsonl import iter_json_lines
 from searchr1.core.types import TERMINATIONS, Trajectory
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -51,7 +52,7 @@ COMPARABLE_CONFIG_FIELDS = (
 )
 
 
-class EvalFileError(ValueError):
+class EvalFileError(UserError, ValueError):
     """An eval JSONL file is unreadable or has no summary; the message names path(:line)."""
 
 

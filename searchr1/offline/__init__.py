@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 OFFLINE_DIR = Path(__file__).resolve().parent
-REPO_ROOT = OFFLINE_DIR.parents[1]
+_CHECKOUT = OFFLINE_DIR.parents[1]
+# The folder holding cassettes/ and golden/: the checkout the package runs from, or the copy an
+# installed wheel carries in searchr1/_shipped (setup.py).
+REPO_ROOT = _CHECKOUT if (_CHECKOUT / "pyproject.toml").is_file() else OFFLINE_DIR.parent / "_shipped"
 QUESTIONS = OFFLINE_DIR / "questions.json"
 SCENARIO = OFFLINE_DIR / "scenario.json"
 TRAIN = OFFLINE_DIR / "train.jsonl"

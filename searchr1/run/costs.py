@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.errors import UserError
 from searchr1.run.usage import SearchUsage, Usage, count_checkpoint, step_means, totals_before, usage_metrics
 
 COST = "cost/"
@@ -44,7 +45,7 @@ SEARCH_COUNT_UNITS = ("calls", "requests", "web_searches", "quota_units", "http_
 PER_MILLION, PER_REQUEST = "per_million_tokens", "per_request"
 
 
-class PriceError(ValueError):
+class PriceError(UserError, ValueError):
     """A price table that cannot be used; the message is one line naming file, line and key."""
 
 

@@ -20,7 +20,6 @@ segment saying which flags changed from step K on.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -29,13 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.errors import UserError
+from searchr1.run.jsonl import JsonLines, Surrogates, TornLines, read_json_document
 from searchr1.run.fileio import (
     append_json_line,
     append_text,
     check_writable,
     cut_torn_tail,
     exclusive_lock,
-    json_error_text,
     json_line,
     write_json_atomically,
     write_text_atomically,
@@ -55,7 +55,7 @@ LOCK = ".lock"
 APPENDED = (METRICS, CHECKPOINTS, TRANSCRIPTS, REWOUND, CHECKPOINTS_REWOUND, TRANSCRIPTS_REWOUND)
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError, ValueError):
     """The run directory is unusable; the message names it and says why."""
 
 
@@ -63,15 +63,9 @@ def read_json_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Complete records, and any torn lines (a crash in the middle of a write)."""
     if not path.exists():
         return [], []
-    records, torn = [], []
-    for line in path.read_text("utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            torn.append(line)
-    return records, torn
+    lines = JsonLines(path, error=RunDirError, torn=TornLines.SKIP, surrogates=Surrogates.MEND)
+    records = [record for _, record in lines]
+    return records, lines.torn_text
 
 
 def recorded_checkpoints(root: Path) -> dict[str, Path]:
@@ -261,11 +255,7 @@ class RunDir:
         file (and where in it the JSON breaks)."""
         path = self.file(name)
         try:
-            value = json.loads(path.read_text("utf-8"))
-        except json.JSONDecodeError as error:
-            raise RunDirError(f"{path} is not valid JSON ({json_error_text(error, one_line=False)})") from None
-        except UnicodeDecodeError:
-            raise RunDirError(f"{path} is not UTF-8 text, so not a file this run wrote") from None
+            value = read_json_document(path, error=RunDirError, surrogates=Surrogates.MEND)
         except OSError as error:
             raise RunDirError(f"cannot read {path}: {error.strerror or error}") from None
         if not isinstance(value, dict):

@@ -1,5 +1,5 @@
-"""Writing files so that a crash never leaves half of one, and reading JSON Lines with errors
-that name the file and the line. Every module that persists something goes through here."""
+"""Writing files so that a crash never leaves half of one. Every module that persists something
+goes through here (``searchr1.run.jsonl`` reads what it wrote)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from searchr1.core.errors import UserError
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -34,7 +35,7 @@ def _fsync_directory(directory: Path) -> None:
 WRITE_FAILURES = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM, errno.EFBIG})
 
 
-class FileInUseError(RuntimeError):
+class FileInUseError(UserError, RuntimeError):
     """Another process holds the lock of a run directory or an output file."""
 
 
@@ -244,31 +245,6 @@ def write_json_atomically(path: str | os.PathLike[str], payload: Any, *, sort_ke
     write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys, ensure_ascii=False) + "\n")
 
 
-def read_json_object(path: str | os.PathLike[str], error: type[Exception], what: str) -> dict[str, Any]:
-    """The JSON object in ``path``; otherwise ``error`` with one line naming the file (and the
-    line of a syntax error). ``what`` says what the file is meant to be."""
-    path = Path(path)
-    try:
-        payload = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise error(f"{what} {path} does not exist") from None
-    except json.JSONDecodeError as problem:
-        raise error(f"{path}:{problem.lineno}: not valid JSON ({problem.msg})") from None
-    if not isinstance(payload, dict):
-        raise error(f"{path}: the top level must be an object")
-    return payload
-
-
-def json_error_text(error: json.JSONDecodeError, *, one_line: bool = True) -> str:
-    """``Expecting value at column 7`` (or ``at line 3, column 7`` in a document). Some of the
-    decoder's messages end in "at" already (``Unterminated string starting at``)."""
-    if one_line:
-        where = "the end of the line" if error.pos >= len(error.doc.rstrip()) else f"column {error.pos + 1}"
-    else:
-        where = f"line {error.lineno}, column {error.colno}"
-    return f"{error.msg} {where}" if error.msg.endswith(" at") else f"{error.msg} at {where}"
-
-
 def json_line(record: Any) -> str:
     return json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -301,19 +277,3 @@ def append_text(path: str | os.PathLike[str], text: str) -> None:
 
 def append_json_line(path: str | os.PathLike[str], record: Any) -> None:
     append_text(path, json_line(record))
-
-
-def iter_json_lines(
-    path: str | os.PathLike[str], *, error: type[Exception] = ValueError
-) -> Iterator[tuple[int, Any]]:
-    """``(line number, value)`` for every non-blank line; a line that is not JSON raises
-    ``error("<path>:<line>: invalid JSON (...)")``."""
-    with open(path, encoding="utf-8") as stream:
-        for number, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise error(f"{path}:{number}: invalid JSON ({json_error_text(exc)})") from None
-            yield number, value

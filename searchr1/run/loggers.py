@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from searchr1.core.errors import UserError
 
 NONE = "none"
 LOGGER_NAMES = ("swanlab", "wandb", "tensorboard")
@@ -32,7 +33,7 @@ SWANLAB_MODES = ("auto", "online", "local", "offline", "disabled")
 TENSORBOARD_DIR = "tensorboard"
 
 
-class LoggerSetupError(ValueError):
+class LoggerSetupError(UserError, ValueError):
     """A --logger choice that cannot work; the message names the flag and the fix."""
 
 

@@ -19,7 +19,6 @@ rewound lines aside).
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,15 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.errors import UserError
 from searchr1.evaluation.metrics import EvalFileError, read_eval_records, trajectory_record
 from searchr1.run.fileio import append_text, json_line
+from searchr1.run.jsonl import JsonLines, Surrogates, TornLines, decode_json
 from searchr1.core.types import Trajectory
 
 TRANSCRIPTS_FILE = "transcripts.jsonl"
 DEFAULT_TRANSCRIPTS_PER_STEP = 4
 
 
-class TranscriptFileError(ValueError):
+class TranscriptFileError(UserError, ValueError):
     """A transcript source cannot be read; the message names the path (and line)."""
 
 
@@ -133,26 +134,17 @@ def read_run_transcripts(path: str | os.PathLike[str]) -> RunTranscripts:
     result = RunTranscripts(path)
     blocks: dict[int, list[dict[str, Any]]] = {}
     previous: tuple[int, Any] | None = None
-    try:
-        stream = open(path, encoding="utf-8")
-    except OSError as error:
-        raise TranscriptFileError(f"{path}: cannot read ({error.strerror or error})") from None
-    with stream:
-        for number, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            step = record.get("step") if isinstance(record, dict) else None
-            if not isinstance(step, int) or isinstance(step, bool):
-                result.torn_lines.append(number)
-                continue
-            if (step, record.get("block")) != previous:
-                blocks[step] = []  # a new block: a repeated step starts over
-                previous = (step, record.get("block"))
-            blocks[step].append(record)
+    lines = JsonLines(path, error=TranscriptFileError, torn=TornLines.SKIP, surrogates=Surrogates.MEND)
+    for number, record in lines:
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            result.torn_lines.append(number)
+            continue
+        if (step, record.get("block")) != previous:
+            blocks[step] = []  # a new block: a repeated step starts over
+            previous = (step, record.get("block"))
+        blocks[step].append(record)
+    result.torn_lines = sorted(result.torn_lines + lines.torn_lines)
     result.by_step = {step: blocks[step] for step in sorted(blocks)}
     return result
 
@@ -204,16 +196,16 @@ def transcript_source_kind(path: str | os.PathLike[str]) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) > 1:
         try:
-            document = json.loads(text)
-        except json.JSONDecodeError:
+            document = decode_json(text, where=str(path), error=TranscriptFileError, surrogates=Surrogates.MEND)
+        except TranscriptFileError:
             document = None
         if document is not None:  # one JSON value over several lines: not JSON Lines
             what = "a run's config.json" if isinstance(document, dict) and "run_id" in document else "a JSON document"
             raise TranscriptFileError(f"{path} is {what}, not JSON Lines; {_WHAT_SHOW_READS}")
     for line in lines:
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = decode_json(line, where=str(path), error=TranscriptFileError, surrogates=Surrogates.MEND)
+        except TranscriptFileError:
             continue
         if not isinstance(record, dict):
             break

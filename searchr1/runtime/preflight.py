@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+from searchr1.core.errors import UserError
 
 # Special tokens the protocol and the stitching rely on, looked up by name on both sides.
 PROTOCOL_TOKENS = (
@@ -31,7 +32,7 @@ PROBE_TEXTS = (
 )
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """The run cannot finish a step as configured; the message says why and what to change."""
 
 

@@ -13,13 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.errors import UserError
 from searchr1.offline import SCENARIO, cassette_path
 from searchr1.search.options import SearchOptions, build_search_backend
 
 QWEN35_PREFIX = "Qwen/Qwen3.5-"
 
 
-class ServiceSetupError(RuntimeError):
+class ServiceSetupError(UserError, RuntimeError):
     """A service cannot be reached or configured; the message says what to do."""
 
 
@@ -154,12 +155,53 @@ def offline_search_options(options: SearchOptions) -> SearchOptions:
     return replace(options, cassette=cassette_path(options.backend))
 
 
-def check_search_keys(options: SearchOptions, *, offline: bool) -> None:
-    """Raise :class:`~searchr1.search.env.MissingApiKeyError` (naming the variable and the
-    ``.env`` file) when a live backend needs a key that is not configured. Commands call it
-    before they contact PyTRIO or write anything; the backend itself is built later (opening
-    its cache has side effects). Offline replay uses placeholder keys and needs none."""
-    if offline or options.cassette is not None:
+# Search settings only some backends read: SearchOptions field -> the backends that read it.
+BACKEND_SETTINGS = {
+    "index": ("local",),
+    "topk": ("local", "retriever"),
+    "retriever_url": ("retriever",),
+    "model": ("deepseek",),
+    "tool_type": ("deepseek",),
+    "wikipedia_contact": ("wikipedia",),
+}
+# What an offline replay of a shipped cassette ignores: it replays the requests that cassette
+# holds, made with the URL and contact it was recorded with.
+REPLAY_IGNORES = ("retriever_url", "wikipedia_contact")
+
+
+def check_search_setup(options: SearchOptions, *, offline: bool) -> None:
+    """Everything about search that can be refused before PyTRIO is contacted or anything is
+    written (commands call this first; the backend itself is built later, as opening its cache
+    has side effects):
+
+    - a flag the chosen backend does not read, or that an offline replay ignores, is a
+      :class:`SettingError` saying what would use it;
+    - a cassette to replay (the one given, or the offline one) that cannot be replayed is a
+      :class:`~searchr1.search.replay.CassetteFormatError` naming the file and the interaction;
+    - a live backend without its key is a :class:`~searchr1.search.env.MissingApiKeyError`
+      naming the variable and the ``.env`` file (replay uses placeholder keys and needs none).
+    """
+    from searchr1.core.settings import SettingError, flag_of, settings_of
+
+    flags = {field.name: flag_of(field) for field, _ in settings_of(SearchOptions)}
+    for field, readers in BACKEND_SETTINGS.items():
+        flag = flags[field]
+        if getattr(options, field) is None:
+            continue
+        if options.backend not in readers:
+            raise SettingError(flag, f"is read only by --backend {' or '.join(readers)} (this command searches "
+                                     f"with {options.backend}); pass --backend {readers[0]} or drop {flag}")
+        if offline and options.cassette is None and field in REPLAY_IGNORES:
+            raise SettingError(flag, f"has no effect with --offline: search replays the shipped "
+                                     f"{options.backend} cassette, recorded with its own address; drop {flag}, "
+                                     "or pass --cassette FILE recorded with it")
+    cassette = options.cassette or (cassette_path(options.backend) if offline and options.backend != "local" else None)
+    if cassette is not None:
+        from searchr1.search.replay import read_cassette_data
+
+        read_cassette_data(cassette)
+        return
+    if offline:
         return
     from searchr1.search.env import require_keys
     from searchr1.search.factory import KEY_ENV_VARS

@@ -26,6 +26,7 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from searchr1.core.errors import UserError
 
 from searchr1.run.fileio import file_sha256, staging_directory
 
@@ -83,7 +84,7 @@ ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 
 
-class TokenizerSetupError(RuntimeError):
+class TokenizerSetupError(UserError, RuntimeError):
     """The offline tokenizer cannot be built: a package or file is missing or wrong."""
 
 

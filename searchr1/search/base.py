@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import sqlite3
 import zlib
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,8 @@ from typing import Any, ClassVar
 import httpx
 
 from searchr1 import __version__
+from searchr1.core.errors import UserError
+from searchr1.run.jsonl import JsonInputError, Surrogates, decode_json
 from searchr1.search.cache import QueryCache, cache_key, normalise_query
 from searchr1.search.clock import Clock, RealClock
 from searchr1.search.limits import Backoff, parse_retry_after
@@ -28,7 +29,7 @@ from searchr1.search.secrets import Secret, redact, redact_known, redact_url, sa
 from searchr1.search.singleflight import SingleFlight
 from searchr1.search.stats import CallRecord, SearchStats, Usage
 from searchr1.search.types import SearchItem, SearchResult
-from searchr1.search.unicode import valid_text, valid_tree
+from searchr1.search.unicode import valid_text
 
 log = logging.getLogger("searchr1.search")
 
@@ -38,7 +39,6 @@ CLIENT_PRODUCT = f"searchr1/{__version__}"
 # asks for a URL or an e-mail; the user's own contact comes from SEARCHR1_CONTACT).
 PROJECT_URL = "https://github.com/searchr1/searchr1"
 CONTENT_LIMIT = 1200  # characters of one item's content (Wikipedia's exchars maximum)
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class PayloadError(ValueError):
@@ -53,7 +53,7 @@ class LineTooLong(ResponseTooLarge):
     """One line of a streamed body grew past the backend's line limit."""
 
 
-class SearchRefusedError(RuntimeError):
+class SearchRefusedError(UserError, RuntimeError):
     """The service refuses this client outright (e.g. Wikimedia's HTTP 403 for a User-Agent
     without contact). Not a search failure the policy should read: it propagates out of
     ``search()`` so a run stops at once with this one-line message instead of training on
@@ -133,12 +133,13 @@ async def read_body(response: httpx.Response, max_bytes: int) -> bytes:
 
 
 def parse_json(raw: bytes | str) -> Any:
-    """Parse JSON from outside, every string in it valid Unicode (see :mod:`searchr1.search.unicode`).
-    Raises ``json.JSONDecodeError``/``UnicodeDecodeError`` when it is not JSON."""
-    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    value = json.loads(text)
-    # Only an escape can smuggle a lone surrogate into a decoded str: skip the walk without one.
-    return valid_tree(value) if _SURROGATE_ESCAPE.search(text) else value
+    """Parse JSON from outside by the rules of every file we read (:mod:`searchr1.run.jsonl`:
+    strict UTF-8, bounded nesting and integers), every lone surrogate mended to U+FFFD.
+    Raises ``json.JSONDecodeError`` when it is not such JSON."""
+    try:
+        return decode_json(raw, where="response", surrogates=Surrogates.MEND)
+    except JsonInputError as error:
+        raise json.JSONDecodeError(str(error), raw if isinstance(raw, str) else "", 0) from None
 
 
 async def read_json(response: httpx.Response, max_bytes: int) -> Any:

@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from searchr1.core.errors import UserError
 from searchr1.search.cache import normalise_query
 from searchr1.search.clock import VirtualClock
 from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
@@ -66,7 +67,7 @@ README_BEGIN = "<!-- BEGIN GENERATED: python cli.py cassettes build -->"
 README_END = "<!-- END GENERATED -->"
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
     """A spec file is malformed, or disagrees with what the client does (names file and query)."""
 
 

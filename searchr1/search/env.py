@@ -14,12 +14,13 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
+from searchr1.core.errors import UserError
 from searchr1.search.secrets import Secret
 
 DEFAULT_ENV_FILE = Path(".env")
 
 
-class MissingApiKeyError(ValueError):
+class MissingApiKeyError(UserError, ValueError):
     """A backend that needs a key was constructed without one."""
 
     def __init__(self, variables: Sequence[str], env_file: Path) -> None:

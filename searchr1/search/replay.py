@@ -26,7 +26,6 @@ with :class:`CassetteFormatError` naming it.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -41,6 +40,8 @@ from vcr.record_mode import RecordMode
 from vcr.request import Request as VcrRequest
 from vcr.serializers import yamlserializer
 
+from searchr1.core.errors import UserError
+from searchr1.run.jsonl import JsonInputError, Surrogates, decode_json
 from searchr1.search.base import HttpSearchBackend
 from searchr1.search.clock import Clock, VirtualClock
 from searchr1.search.factory import check_backend_name, create_search_backend
@@ -62,7 +63,7 @@ PLACEHOLDER_KEY = "replay-placeholder-key"
 PLACEHOLDER_CONTACT = "replay@searchr1.invalid"
 
 
-class CassetteMissError(LookupError):
+class CassetteMissError(UserError, LookupError):
     """The cassette has no recorded response for a request (names the query when known, and
     what to do about it)."""
 
@@ -101,7 +102,7 @@ class CassetteMissError(LookupError):
         )
 
 
-class CassetteFormatError(ValueError):
+class CassetteFormatError(UserError, ValueError):
     """A cassette file that cannot be used (names the file and the problem)."""
 
 
@@ -122,6 +123,44 @@ def _not_a_cassette(path: Path, why: str) -> CassetteFormatError:
         f"{path} is not a search cassette ({why}); expected a vcrpy YAML file with "
         "'interactions' (make one with `python cli.py record` or `python cli.py cassettes build`)"
     )
+
+
+def _is_headers(value: Any) -> bool:
+    """vcrpy's headers: each name with a list of string values."""
+    return isinstance(value, Mapping) and all(
+        isinstance(name, str) and isinstance(values, list) and all(isinstance(item, str) for item in values)
+        for name, values in value.items())
+
+
+def _broken_field(interaction: Any) -> str | None:
+    """What is wrong with one recorded interaction, naming its field (``None`` when it is one
+    the transport can replay)."""
+    if not isinstance(interaction, Mapping):
+        return "not a mapping with a request and a response"
+    request, response = interaction.get("request"), interaction.get("response")
+    if not isinstance(request, Mapping) or not {"method", "uri", "body", "headers"} <= set(request):
+        return "lacks a request (method, uri, body, headers)"
+    if not isinstance(response, Mapping) or not {"status", "headers", "body"} <= set(response):
+        return "lacks a response (status, headers, body)"
+    if not isinstance(request["method"], str) or not isinstance(request["uri"], str):
+        return "request.method and request.uri must be strings"
+    if request["body"] is not None and not isinstance(request["body"], str | bytes):
+        return "request.body must be text, bytes or null"
+    if not _is_headers(request["headers"]):
+        return "request.headers must map each name to a list of strings"
+    status = response["status"]
+    code = status.get("code") if isinstance(status, Mapping) else None
+    if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
+        return f"response.status.code must be an HTTP status (100-599), got {code!r}"
+    if status.get("message") is not None and not isinstance(status.get("message"), str):
+        return "response.status.message must be text"
+    if not _is_headers(response["headers"]):
+        return "response.headers must map each name to a list of strings"
+    body = response["body"]
+    if not isinstance(body, Mapping) or "string" not in body or not (
+            body["string"] is None or isinstance(body["string"], str | bytes)):
+        return "response.body.string must be text, bytes or null"
+    return None
 
 
 def read_cassette_data(path: str | Path) -> dict[str, Any]:
@@ -147,15 +186,9 @@ def read_cassette_data(path: str | Path) -> dict[str, Any]:
     if not isinstance(interactions, list):
         raise _not_a_cassette(path, "no 'interactions' list")
     for number, interaction in enumerate(interactions, start=1):
-        request = interaction.get("request") if isinstance(interaction, dict) else None
-        response = interaction.get("response") if isinstance(interaction, dict) else None
-        if not (
-            isinstance(request, dict)
-            and {"method", "uri", "body", "headers"} <= set(request)
-            and isinstance(response, dict)
-            and {"status", "headers", "body"} <= set(response)
-        ):
-            raise _not_a_cassette(path, f"interaction {number} lacks a request or a response")
+        broken = _broken_field(interaction)
+        if broken:
+            raise _not_a_cassette(path, f"interaction {number}: {broken}")
     if not interactions:
         raise CassetteFormatError(f"cassette {path} holds no interactions")
     return data
@@ -208,8 +241,8 @@ def recorded_texts(cassette: Cassette) -> set[str]:
             body = body.decode("utf-8", "replace")
         if body:
             try:
-                texts.update(_strings(json.loads(body)))
-            except ValueError:
+                texts.update(_strings(decode_json(body, where=str(cassette.path), surrogates=Surrogates.MEND)))
+            except JsonInputError:
                 texts.add(body)
     return {text.strip() for text in texts}
 

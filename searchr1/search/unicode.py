@@ -1,11 +1,12 @@
 """Text from outside made valid Unicode where it is parsed.
 
 JSON may spell a lone surrogate (``"\\ud800"``) and ``json.loads`` hands it over as is: a
-Python ``str`` that no UTF-8 encoder, tokenizer or file writer accepts. Every backend passes
-what it parsed through :func:`valid_tree` (a replayed cassette goes through the same parsing),
-so search items, titles, error texts and echoed queries are always encodable. A lone surrogate
-becomes U+FFFD; a proper pair never survives ``json.loads`` as two code points, so nothing
-valid is changed.
+Python ``str`` that no UTF-8 encoder, tokenizer or file writer accepts. Every backend parses
+with ``searchr1.search.base.parse_json``, which mends them (``searchr1.run.jsonl``, the rules of
+every JSON we read; a replayed cassette goes through the same parsing), so search items, titles,
+error texts and echoed queries are always encodable; :func:`valid_text` mends a single string.
+A lone surrogate becomes U+FFFD; a proper pair never survives ``json.loads`` as two code points,
+so nothing valid is changed.
 """
 
 from __future__ import annotations

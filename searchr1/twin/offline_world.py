@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.errors import UserError
 from searchr1.offline import QUESTIONS
-from searchr1.run.fileio import read_json_object
+from searchr1.run.jsonl import read_json_object
 
 SPLITS = ("train", "dev")
 
 
-class WorldError(ValueError):
+class WorldError(UserError, ValueError):
     """``questions.json`` is malformed; the message names the file, the question and the field."""
 
 

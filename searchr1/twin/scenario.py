@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchr1.core.errors import UserError
 from searchr1.data.dataset import SearchExample
-from searchr1.run.fileio import read_json_object
+from searchr1.run.jsonl import read_json_object
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UserError, ValueError):
     """A scenario file is malformed, or a prompt does not match any scripted conversation."""
 
 

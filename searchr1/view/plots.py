@@ -23,9 +23,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from searchr1.core.errors import UserError
 from searchr1.data.dataset import EVAL_SOURCES
 from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary
-from searchr1.run.fileio import iter_json_lines, replacing
+from searchr1.run.fileio import replacing
+from searchr1.run.jsonl import Surrogates, iter_json_lines, read_json_document
 
 DPI = 100
 EVAL_FIGSIZE = (11.0, 9.0)  # inches -> 1100 x 900 px at DPI
@@ -82,7 +84,7 @@ RUN_METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.json"
 
 
-class PlotInputError(ValueError):
+class PlotInputError(UserError, ValueError):
     """Input files that cannot be plotted (or not together); the message names the files."""
 
 
@@ -472,10 +474,7 @@ def load_run_config(metrics_path: str | os.PathLike[str]) -> dict[str, Any] | No
     path = Path(metrics_path).with_name(RUN_CONFIG_FILE)
     if not path.is_file():
         return None
-    try:
-        config = json.loads(path.read_text("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise PlotInputError(f"{path}: not valid JSON ({error})") from None
+    config = read_json_document(path, error=PlotInputError, surrogates=Surrogates.MEND)
     if not isinstance(config, dict):
         raise PlotInputError(f"{path}: expected a JSON object")
     return config

@@ -51,7 +51,7 @@ def test_an_index_finds_the_passage_a_query_is_about_and_its_manifest_names_the_
 
 
 @pytest.mark.parametrize("bad, message", [
-    ("{not json\n", ":5: not a JSON object"),
+    ("{not json\n", ":5: invalid JSON"),
     ('{"id": "x"}\n', ":5: missing string field 'contents'"),
     ('["a list"]\n', ":5: expected a JSON object"),
     ('{"contents": "\\"T\\"\\ntext"}\n', ":5: missing field 'id'"),
@@ -101,7 +101,7 @@ def test_index_build_reports_a_bad_row_in_one_line_without_a_traceback(tmp_path)
     corpus = write_corpus(tmp_path / "corpus.jsonl", extra="oops\n")
     result = CliRunner().invoke(main, ["index", "build", str(corpus), "--out", str(tmp_path / "index"), "--quiet"])
     assert result.exit_code == 1
-    assert f"{corpus}:5: not a JSON object" in result.output and "Traceback" not in result.output
+    assert f"{corpus}:5: invalid JSON" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(main, ["index", "build", str(write_corpus(corpus)), "--out", str(tmp_path / "index")])
     assert result.exit_code == 0 and "indexed 4 passages" in result.output
 

@@ -42,7 +42,7 @@ def test_a_corrupt_run_state_names_the_file_and_where_it_breaks(tmp_path):
     run = fake_run(tmp_path, torn)
     with pytest.raises(RunDirError) as info:
         RunDir(run).open()
-    assert str(info.value).startswith(f"{run / 'run_state.json'} is not valid JSON (")
+    assert str(info.value).startswith(f"{run / 'run_state.json'}: invalid JSON (")
     assert f"line 1, column {len(torn) + 1})" in str(info.value)  # just past the torn end
     with pytest.raises(RunDirError, match=re.escape(str(run / "run_state.json"))):
         RunDir(run).state()
@@ -58,7 +58,7 @@ def test_resuming_a_run_with_a_corrupt_state_is_one_line_naming_the_file(tmp_pat
     run = fake_run(tmp_path, "\x00\x00garbage")
     code, output = invoke("train", "--resume", run)
     assert code == 1
-    assert output.strip() == f"Error: {run / 'run_state.json'} is not valid JSON (Expecting value at line 1, column 1)"
+    assert output.strip() == f"Error: {run / 'run_state.json'}: invalid JSON (Expecting value at line 1, column 1)"
 
 
 # --- one default search backend ---------------------------------------------------------------------

@@ -405,7 +405,7 @@ def test_cli_plot_run_titles_the_figure_from_the_run_config(tmp_path):
     assert result.exit_code == 0, result.output
     (run_dir / "config.json").write_text("{broken")
     broken = CliRunner().invoke(main, ["plot", "run", str(run_dir), "-o", str(out)])
-    assert broken.exit_code == 1 and f"{run_dir / 'config.json'}: not valid JSON" in broken.output
+    assert broken.exit_code == 1 and f"{run_dir / 'config.json'}: invalid JSON" in broken.output
 
 
 @pytest.mark.parametrize(("args", "culprit"), [

@@ -9,7 +9,6 @@ import errno
 import json
 import os
 import shutil
-import signal
 import socket
 import stat
 import subprocess

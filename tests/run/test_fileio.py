@@ -6,14 +6,8 @@ import pytest
 
 import hashlib
 
-from searchr1.run.fileio import (
-    append_json_line,
-    file_sha256,
-    iter_json_lines,
-    removing_new_directories,
-    replacing,
-    write_text_atomically,
-)
+from searchr1.run.fileio import append_json_line, file_sha256, removing_new_directories, replacing, write_text_atomically
+from searchr1.run.jsonl import iter_json_lines
 
 
 def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
