@@ -104,7 +104,7 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
     from searchr1.data.dataset import SearchExample
     from searchr1.runtime.services import (
         check_base_model,
-        check_search_keys,
+        check_search_setup,
         live_service,
         load_tokenizer,
         offline_scenario,
@@ -136,7 +136,7 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
     if offline_home is not None and not offline:
         raise click.UsageError("--offline-home only applies with --offline")
     check_base_model(base_model)
-    check_search_keys(search, offline=offline)
+    check_search_setup(search, offline=offline)
     tokenizer = load_tokenizer()
     example = SearchExample(id="ask", question=question.strip(), answers=answers, data_source="ask")
     who = (f"the offline twin's {policy} policy (not the model)" if offline else "live PyTRIO")

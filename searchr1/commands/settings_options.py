@@ -76,7 +76,7 @@ def _default(field: dataclasses.Field[Any]) -> Any:
 
 # The headings of a command's --help, in order; an option declares its own (``Rule.group``,
 # ``SectionOption(section=...)``) or takes its class's, and options with none come last.
-SECTIONS = ("run", "rollout", "algorithm", "search", "service", "health", "logging")
+SECTIONS = ("run", "rollout", "algorithm", "search", "service", "health", "cost", "logging")
 
 
 class SectionOption(click.Option):

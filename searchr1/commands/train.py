@@ -62,6 +62,7 @@ TRAIN_SECTIONS = {
     **dict.fromkeys(("offline", "offline_policy", "offline_fault", "connect_timeout", "preflight_only",
                      "clamp_to_server_limits", "chat_template"), "service"),
     "health_rules": "health",
+    **dict.fromkeys(("estimate", "estimate_measure"), "cost"),
     **dict.fromkeys(("logger", "logger_project", "swanlab_mode", "quiet"), "logging"),
 }
 # Exit code of a run stopped by --stop-on-collapse.

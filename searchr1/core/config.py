@@ -118,13 +118,13 @@ class TrainConfig:
     max_oversample_batches: int = setting(2, at_least=0, help="With --dynamic-sampling: at most this many extra "
                                                               "batches of questions per step.")
     # What the run costs (searchr1.run.costs): a price table, and budgets a resume may raise.
-    prices: str | None = setting(None, metavar="FILE",
+    prices: str | None = setting(None, metavar="FILE", group="cost",
                                  help="TOML price table (docs/prices.example.toml): cost/... keys next to the "
                                       "usage/... counts of every metrics line.")
-    budget: float | None = setting(None, above=0.0, metavar="AMOUNT",
+    budget: float | None = setting(None, above=0.0, metavar="AMOUNT", group="cost",
                                    help="Stop (exit code 4, checkpoint saved) before a step projected to pass this "
                                         "cost, in the price table's currency; needs --prices.")
-    budget_tokens: int | None = setting(None, at_least=1, metavar="N",
+    budget_tokens: int | None = setting(None, at_least=1, metavar="N", group="cost",
                                         help="Stop (exit code 4, checkpoint saved) before a step projected to pass "
                                              "this many model tokens (sampled, trained and KL).")
 

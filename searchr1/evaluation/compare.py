@@ -119,9 +119,17 @@ def paired_difference(a: Sequence[float], b: Sequence[float], *, seed: int = BOO
                       resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, float]:
     """Mean of ``b - a`` over paired scores with its paired bootstrap interval."""
     differences = [y - x for x, y in zip(a, b, strict=True)]
-    low, high = bootstrap_ci(differences, resamples=resamples, seed=seed)
+    difference = math.fsum(differences) / len(differences)
+    low, high = _holding(bootstrap_ci(differences, resamples=resamples, seed=seed), difference)
     return {"a": math.fsum(a) / len(a), "b": math.fsum(b) / len(b),
-            "difference": math.fsum(differences) / len(differences), "ci95_low": low, "ci95_high": high}
+            "difference": difference, "ci95_low": low, "ci95_high": high}
+
+
+def _holding(interval: tuple[float, float], estimate: float) -> tuple[float, float]:
+    """The interval widened, if need be, to hold the estimate: when every resample gives the
+    estimate's value, the percentiles may round a last digit away from it."""
+    low, high = interval
+    return min(low, estimate), max(high, estimate)
 
 
 def macro_difference(groups: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
@@ -129,15 +137,14 @@ def macro_difference(groups: Mapping[str, tuple[Sequence[float], Sequence[float]
     """Macro ``b - a`` (unweighted mean over sources of the per-source mean differences), with a
     bootstrap interval stratified by source."""
     differences = {s: [y - x for x, y in zip(a, b, strict=True)] for s, (a, b) in groups.items()}
-    low, high = stratified_macro_ci(differences, resamples=resamples, seed=seed)
     sources = sorted(groups)
+    difference = math.fsum(math.fsum(differences[s]) / len(differences[s]) for s in sources) / len(sources)
+    low, high = _holding(stratified_macro_ci(differences, resamples=resamples, seed=seed), difference)
 
     def macro(side: int) -> float:
         return math.fsum(math.fsum(groups[s][side]) / len(groups[s][side]) for s in sources) / len(sources)
 
-    return {"a": macro(0), "b": macro(1),
-            "difference": math.fsum(math.fsum(differences[s]) / len(differences[s]) for s in sources) / len(sources),
-            "ci95_low": low, "ci95_high": high}
+    return {"a": macro(0), "b": macro(1), "difference": difference, "ci95_low": low, "ci95_high": high}
 
 
 def _judge_score(record: Mapping[str, Any]) -> float | None:

@@ -22,11 +22,12 @@ PROBE = """
 import atexit, json, sys
 from pathlib import Path
 root = Path(sys.argv[1]).resolve()
+environment = Path(sys.prefix).resolve()  # the virtual environment may live inside the checkout
 opened = set()
 def hook(event, args):
     if event == "open" and isinstance(args[0], (str, Path)):
         path = Path(args[0]).resolve() if not isinstance(args[0], int) else None
-        if path is not None and path.is_relative_to(root) and path.is_file():
+        if path is not None and path.is_relative_to(root) and not path.is_relative_to(environment) and path.is_file():
             opened.add(str(path.relative_to(root)))
 sys.addaudithook(hook)
 atexit.register(lambda: print("OPENED " + json.dumps(sorted(opened))))

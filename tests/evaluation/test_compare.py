@@ -158,3 +158,11 @@ def test_cards_differ_only_in_what_changes_the_numbers():
     other_judge = {**CONFIG, "judge": {"model": "deepseek-chat", "prompt_version": 1}}
     assert any("judge.model" in d for d in card_differences(eval_card(judged, metrics_a),
                                                              eval_card(other_judge, metrics_a)))
+
+
+def test_an_interval_of_resamples_that_all_equal_the_estimate_holds_it():
+    """Regression: every resample of this case equals the estimate, and the percentiles once
+    rounded the low end one unit in the last place above it."""
+    groups = {"nq": ([0.0], [0.29083298245845685]), "popqa": ([0.0], [1.0]), "hotpotqa": ([1.0], [0.0])}
+    result = macro_difference(groups, resamples=100)
+    assert result["ci95_low"] <= result["difference"] <= result["ci95_high"]
