@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from searchr1.core.advantage import assign_group_advantages
-from searchr1.data.dataset import SearchExample
+from searchr1.core.types import AssistantTurn, SearchBackend, SearchExample, Trajectory
 from searchr1.core.protocol import (
     initial_messages,
     stop_sequences,
@@ -39,10 +38,7 @@ from searchr1.core.rollout import (
     make_request,
     read_sequence,
     sampling_seed,
-    score_trajectory,
 )
-from searchr1.search.types import SearchBackend
-from searchr1.core.types import AssistantTurn, Trajectory
 
 DEFAULT_SEARCH_CONCURRENCY = 16  # the seed's RolloutConfig.search_concurrency
 
@@ -125,7 +121,7 @@ class LockstepRollout:
                         for g in range(config.group_size)]
             groups.append(branches)
             seed = sampling_seed(config.seed, self.step, index, 0, 0)
-            request = make_request(self.tokenizer, branches[0], 0, config.group_size, seed, config)
+            request = make_request(self.tokenizer, branches[0], config.group_size, seed, config)
             if request is None:
                 for branch in branches[1:]:
                     branch.finish(branches[0].termination or "prompt_too_long")
@@ -149,7 +145,7 @@ class LockstepRollout:
                     continue
                 seed = sampling_seed(config.seed, self.step, trajectory.question_index,
                                      trajectory.group_index, len(trajectory.turns))
-                request = make_request(self.tokenizer, trajectory, 0, 1, seed, config)
+                request = make_request(self.tokenizer, trajectory, 1, seed, config)
                 if request is not None:
                     requests.append((trajectory, request))
             if not requests:
@@ -161,10 +157,6 @@ class LockstepRollout:
                 for (trajectory, request), sequences in zip(requests, responses)
             ]
             await self._resolve([p for p in pending if p is not None])
-        for trajectory in trajectories:
-            if not trajectory.sampler_error:
-                score_trajectory(trajectory)
-        assign_group_advantages(trajectories)
         return trajectories
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from searchr1 import __version__
 from searchr1.run.loggers import LOGGER_NAMES, SWANLAB_MODES
 from searchr1.core.loss_options import parse_loss_fn_config
 from searchr1.core.rollout import RolloutConfig
@@ -127,7 +128,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         search_backend,
     )
     from searchr1.core.config import new_run_id
-    from searchr1.core.trainer import CollapseDetected, Trainer, TrainingStopped
+    from searchr1.training.loop import CollapseDetected, TrainingRun, TrainingStopped
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
     resume_dir: Path | None = kwargs.pop("resume")
@@ -233,7 +234,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         config = TrainConfig(
             data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data),
             search=_search_record(search, offline),
-            run_id=new_run_id(), **settings,
+            run_id=new_run_id(), code_version=__version__, **settings,
         )
         run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name)
         run = RunDir(run_dir)
@@ -293,7 +294,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     async def main() -> int:
         backend = search_backend(search, offline=offline)
         try:
-            trainer = Trainer(config, run, service=service, tokenizer=tokenizer, search=backend,
+            trainer = TrainingRun(config, run, service=service, tokenizer=tokenizer, search=backend,
                               examples=examples, reporter=reporter, logger=loggers)
             first = trainer.connect(resume)
             if preflight_only:

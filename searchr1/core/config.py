@@ -12,11 +12,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchr1 import __version__
 from searchr1.core.advantage import ADVANTAGE_MODES
-from searchr1.health.rules import configured_rules
 from searchr1.core.loss_options import KL_ESTIMATORS, POLICY_LOSS_FNS
 from searchr1.core.reward import REWARD_KINDS
+from searchr1.core.types import FORMAT_PENALTY
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.settings import SettingError, check_settings, setting
 
@@ -69,7 +68,7 @@ class TrainConfig:
     search: dict[str, Any] = field(default_factory=dict)  # backend settings, recorded as given
     offline: bool = False
     data_sha256: str = ""
-    code_version: str = __version__
+    code_version: str = ""  # the package version that started the run (the train command sets it)
     # A random id drawn when the run starts and kept by --resume: it is part of every
     # checkpoint name, so two runs with the same --run-name never save under the same name.
     run_id: str = ""
@@ -106,7 +105,7 @@ class TrainConfig:
                                 help="Per-token KL estimate: k1 = logp - logp_base; k3 = exp(-d) + d - 1.")
     reward: str = setting("em", choices=REWARD_KINDS,
                           help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
-                               "inside the answer); a format failure is -0.1 for all three.")
+                               f"inside the answer); a format failure is {FORMAT_PENALTY:g} for all three.")
     dynamic_sampling: bool = setting(False, help="Keep drawing questions until --questions-per-batch groups have "
                                                  "unequal rewards (DAPO); needs --max-steps-off-policy 0.")
     max_oversample_batches: int = setting(2, at_least=0, help="With --dynamic-sampling: at most this many extra "
@@ -118,7 +117,6 @@ class TrainConfig:
             raise SettingError("--group-size", f"{self.rollout.group_size}: group advantages compare a question's "
                                "samples with each other, so a group of one always has advantage 0 and no step "
                                "could ever update; use at least 2")
-        configured_rules(self.health_rules)  # names a rule that does not exist
         if self.dynamic_sampling and self.max_steps_off_policy:
             raise SettingError("--dynamic-sampling", "needs --max-steps-off-policy 0: how many questions a step "
                                "draws is known only when it has finished, so the next step's batch cannot start "

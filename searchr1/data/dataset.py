@@ -30,15 +30,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from searchr1.core.types import SearchExample
 from searchr1.run.fileio import iter_json_lines
-
-
-@dataclass(frozen=True)
-class SearchExample:
-    id: str
-    question: str
-    answers: tuple[str, ...]
-    data_source: str
 
 
 class DataError(ValueError):

@@ -45,9 +45,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from searchr1.data.dataset import DataError, SearchExample, spread_across_sources
+from searchr1.data.dataset import DataError, spread_across_sources
+from searchr1.core.types import SearchExample
 from searchr1.evaluation.metrics import EvalFileError, summary_record, trajectory_record
 from searchr1.run.fileio import append_text, json_error_text, write_text_atomically
+from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
 
 HEADER_TYPE = "eval_config"
@@ -299,6 +301,7 @@ async def evaluate(
                 sampling_client, tokenizer, search_backend, [example], question_config, step=index,
             )
             elapsed = clock() - started
+        score_trajectories(trajectories)
         attempted += 1
         if any(t.sampler_error for t in trajectories):
             outcome.failed.append(example.id)

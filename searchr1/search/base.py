@@ -27,7 +27,7 @@ from searchr1.search.limits import Backoff, parse_retry_after
 from searchr1.search.secrets import Secret, redact, redact_known, redact_url, sanitise_error
 from searchr1.search.singleflight import SingleFlight
 from searchr1.search.stats import CallRecord, SearchStats, Usage
-from searchr1.search.types import SearchItem, SearchResult
+from searchr1.core.types import SearchItem, SearchResult
 from searchr1.search.unicode import valid_text, valid_tree
 
 log = logging.getLogger("searchr1.search")

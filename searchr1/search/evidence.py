@@ -14,7 +14,7 @@ from typing import Any
 
 from searchr1.search.base import truncate
 from searchr1.search.stats import Usage
-from searchr1.search.types import SearchItem
+from searchr1.core.types import SearchItem
 
 # The search model's instructions. Evidence, not answers: the policy must still decide what the
 # facts mean, so the rules forbid everything that would do that work for it.

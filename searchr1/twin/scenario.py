@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchr1.data.dataset import SearchExample
+from searchr1.core.types import SearchExample
 from searchr1.run.fileio import read_json_object
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from training_strategies import plain_trajectory
+from training_strategies import fail_search, plain_trajectory
 
 from searchr1.core.advantage import (
     DEGENERATE_GROUP,
@@ -115,7 +115,7 @@ def test_a_group_with_an_env_failure_is_left_out_by_default(reward_groups, data)
     failed_question = data.draw(st.integers(0, len(reward_groups) - 1))
     victim = data.draw(st.sampled_from(by_question(trajectories, failed_question)))
     if data.draw(st.booleans()):
-        victim.env_error = True
+        fail_search(victim)
     else:
         victim.termination = "sampler_error"
     degenerate = assign_group_advantages(trajectories)
@@ -134,7 +134,7 @@ def test_a_group_with_an_env_failure_is_left_out_by_default(reward_groups, data)
 
 def test_keep_env_failures_scores_search_errors_and_drops_sampler_errors():
     trajectories = make([[1.0, 0.0, -0.1, 0.5]])
-    trajectories[1].env_error = True  # search failed: still scored
+    fail_search(trajectories[1])  # search failed: still scored
     trajectories[2].termination = "sampler_error"  # no real reward: not scored
     assign_group_advantages(trajectories, keep_env_failures=True)
     scored_mean = (1.0 + 0.0 + 0.5) / 3

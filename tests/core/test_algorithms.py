@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from pytrio.types import Datum, ModelInput, TensorData
 from training_strategies import plain_trajectory
 
-from searchr1.core.advantage import DEGENERATE_GROUP, assign_group_advantages
+from searchr1.core.advantage import DEGENERATE_GROUP, SURPLUS_GROUP, assign_group_advantages
 from searchr1.cli import main
 from searchr1.core.datum import TrainingDatum
-from searchr1.training.dynamic_sampling import SURPLUS_GROUP, keep_first_groups, signal_groups
+from searchr1.training.dynamic_sampling import signal_groups, surplus_groups
 from searchr1.core.kl import aligned_base_logprobs, base_prompt, kl_estimate, penalize
 from searchr1.core.loss_options import parse_loss_fn_config
 
@@ -96,16 +96,15 @@ def test_base_logprobs_are_read_one_position_later_than_the_datum_position():
 
 
 def trajectories(groups):
-    out = [plain_trajectory(q, g, reward) for q, rewards in enumerate(groups) for g, reward in enumerate(rewards)]
-    assign_group_advantages(out)
-    return out
+    return [plain_trajectory(q, g, reward) for q, rewards in enumerate(groups) for g, reward in enumerate(rewards)]
 
 
 @given(st.lists(st.sampled_from([(1.0, 1.0), (0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (-0.1, 1.0)]),
                 min_size=1, max_size=12), st.integers(1, 8))
 def test_dynamic_sampling_trains_on_the_first_groups_with_signal_and_no_others(groups, wanted):
     drawn = trajectories(groups)
-    counters = keep_first_groups(drawn, wanted)
+    surplus, counters = surplus_groups(drawn, wanted)
+    assign_group_advantages(drawn, surplus=surplus)  # as the step does with its batch's surplus
     signal = [q for q, rewards in enumerate(groups) if len(set(rewards)) > 1]
     kept = {t.question_index for t in drawn if t.excluded is None and t.advantage != 0.0}
     assert kept == set(signal[:wanted])

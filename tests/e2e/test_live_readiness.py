@@ -8,10 +8,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchr1.data.dataset import SearchExample
+from searchr1.core.types import AssistantTurn, SearchExample, Trajectory
 from searchr1.core.protocol import parse_assistant
 from searchr1.core.rollout import RolloutConfig, consume_assistant, score_trajectory
-from searchr1.core.types import AssistantTurn, Trajectory
 
 EXAMPLE = SearchExample(id="q1", question="Which country?", answers=("France",), data_source="nq")
 STOP_STRINGS = ("<|im_end|>", "<|endoftext|>", "<|im_end|>\n", "<|im_end|><|endoftext|>")
@@ -68,12 +67,12 @@ def test_a_custom_system_prompt_and_tool_description_reach_the_first_prompt(toke
     config = RolloutConfig(system_prompt=CUSTOM_PROMPT, tool_description="Find passages in the archive.",
                            max_search_calls=3)
     messages = initial_messages(EXAMPLE.question, max_search_calls=3, system_template=config.system_prompt)
-    request = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, messages), 0, 1, 7, config)
+    request = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, messages), 1, 7, config)
     text = tokenizer.decode(request.prompt_tokens, skip_special_tokens=False)
     assert "You may search 3 times; {braces} stay as written." in text
     assert "Find passages in the archive." in text
     assert effective_system_prompt(config) == CUSTOM_PROMPT.replace("{max_search_calls}", "3")
-    default = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, initial_messages(EXAMPLE.question)), 0, 1, 7,
+    default = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, initial_messages(EXAMPLE.question)), 1, 7,
                            RolloutConfig())
     assert "Find passages in the archive." not in tokenizer.decode(default.prompt_tokens)
 

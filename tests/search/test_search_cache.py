@@ -14,7 +14,7 @@ from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.singleflight import SingleFlight
 from searchr1.search.stats import CallRecord, SearchStats, Usage, percentile
 from searchr1.search.testing import mock_backend
-from searchr1.search.types import SearchItem, SearchResult
+from searchr1.core.types import SearchItem, SearchResult
 
 RESULTS = {"results": [{"title": "Canberra", "text": "Canberra is the capital of Australia."}]}
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from pytrio.types import AdamParams
 
 from searchr1.core.advantage import assign_group_advantages
-from searchr1.data.dataset import SearchExample
+from searchr1.core.types import AssistantTurn, SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.core.datum import build_datum, build_training_datums
 from searchr1.offline import QUESTIONS
 from searchr1.core.protocol import assistant_message, build_prompt, initial_messages, parse_assistant, tool_message
@@ -37,9 +37,8 @@ from searchr1.core.rollout import (
     sampling_seed,
     score_trajectory,
 )
-from searchr1.search.types import SearchItem, SearchResult, format_observation
+from searchr1.core.protocol import format_observation
 from searchr1.twin.optimizer import AdamState, adam_step
-from searchr1.core.types import AssistantTurn, Trajectory
 from searchr1.twin.learning_policy import (
     BASE_LOGITS,
     ENVIRONMENT_LOGPROB,
