@@ -4,7 +4,7 @@ The seed built the next prompt once per candidate item with four chat-template r
 (canonical prompt, the same with an empty assistant turn to learn the closing tokens, the
 conversation ending with the assistant turn, and the next prompt), so a result of three items
 cost twelve renders (``seed-system.md`` §1.6, §2.3). Ours sizes the items with the tokenizer and
-renders twice, once, for the chosen content (:func:`searchr1.core.rollout.fit_tool_content`).
+renders twice, once, for the chosen content (:func:`searchr1.core.observation.fit.fit_tool_content`).
 
 The tool turns are those of a real step: a zero-latency rollout of 8 questions x 8 samples with
 up to 4 searches of 3 items each, through the real engine and the real tokenizer. Each tool
@@ -30,10 +30,11 @@ from searchr1.core.protocol import (
     suffix_prefix_overlap,
     tool_message,
 )
-from searchr1.core.rollout import RolloutConfig, fit_tool_content, rollout_batch_async
+from searchr1.core.observation.fit import fit_tool_content
+from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.core.types import SearchResult, Trajectory
-from searchr1.core.protocol import observation_candidates
+from searchr1.core.observation.text import observation_candidates
 from searchr1.bench.report import Figure, Measure
 from searchr1.bench.workload import WorkloadSpec, build_workload, quick_spec
 

@@ -14,7 +14,7 @@ import click
 
 from searchr1 import __version__
 from searchr1.run.loggers import LOGGER_NAMES, SWANLAB_MODES
-from searchr1.core.loss_options import parse_loss_fn_config
+from searchr1.run.algorithm import parse_loss_fn_config
 from searchr1.core.rollout import RolloutConfig
 from searchr1.commands.search_options import SearchOptions, search_options
 from searchr1.core.config import TrainConfig

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from searchr1.core.advantage import ADVANTAGE_MODES
-from searchr1.core.loss_options import KL_ESTIMATORS, POLICY_LOSS_FNS
+from searchr1.core.kl import KL_ESTIMATORS
 from searchr1.core.reward import REWARD_KINDS
 from searchr1.core.types import FORMAT_PENALTY
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.settings import SettingError, check_settings, setting
+from searchr1.core.update import POLICY_LOSS_FNS
 
 ACCUMULATION_MODES = ("sdk", "manual")
 CHECKPOINT_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?$"
@@ -90,7 +91,7 @@ class TrainConfig:
         help="Stop (exit code 3) after N consecutive unhealthy steps, saving a checkpoint and printing the "
              "last healthy one and the command that restarts from it; 0: only warn.")
     health_rules: dict[str, float | None] = field(default_factory=dict)
-    # The algorithm (defaults: the seed's recipe): searchr1.core.loss_options, searchr1.core.kl, searchr1.core.reward,
+    # The algorithm (defaults: the seed's recipe): searchr1.core.update, searchr1.core.kl, searchr1.core.reward,
     # searchr1.training.dynamic_sampling; README "Choosing an algorithm".
     loss_fn: str = setting("importance_sampling", choices=POLICY_LOSS_FNS,
                            help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "

@@ -8,8 +8,9 @@
     update       <- forward_backward(importance_sampling) -> optim_step(AdamParams) (core.update)
 
 The trainer is given where its batches come from (a :class:`BatchSource`: the run's pipeline,
-which picks the sampler of each batch, :mod:`searchr1.training.pipeline`) and, with
-``--accumulation manual``, how to cut the datums into the seed's weighted micro-batches. It returns
+which picks the sampler of each batch, :mod:`searchr1.training.pipeline`), with
+``--accumulation manual`` how to cut the datums into the seed's weighted micro-batches, and with
+``--kl-coef`` the penalty that asks the base model for its logprobs. It returns
 a :class:`StepRecord` of what the step produced; the metrics, the health guard, the transcripts,
 checkpoints and the run directory are the run loop's (:mod:`searchr1.training.loop`).
 
@@ -25,14 +26,13 @@ used all trajectories, which rescales each step by datums/trajectories).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from searchr1.core.advantage import GroupSummary, assign_group_advantages, summarize_groups
 from searchr1.core.config import TrainConfig
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
-from searchr1.core.kl import BaseModelPenalty
 from searchr1.core.reward import score_trajectories
 from searchr1.core.types import ServiceClient, Tokenizer, TrainingClient, Trajectory
 from searchr1.core.update import UpdateConfig, UpdateResult, apply_update
@@ -59,6 +59,8 @@ class BatchSource(Protocol):
 
 
 MicroBatcher = Callable[[list[TrainingDatum]], list[list[TrainingDatum]]]
+# --kl-coef: the datums with the base model's penalty in their advantages, and its metrics
+KlPenalty = Callable[[list[TrainingDatum]], Awaitable[tuple[list[TrainingDatum], dict[str, float]]]]
 
 
 @dataclass(frozen=True)
@@ -87,15 +89,15 @@ class Trainer:
     """The training client of one run and the step that updates it."""
 
     def __init__(self, config: TrainConfig, *, service: ServiceClient, tokenizer: Tokenizer,
-                 micro_batcher: MicroBatcher | None = None) -> None:
+                 micro_batcher: MicroBatcher | None = None, kl_penalty: KlPenalty | None = None) -> None:
         self.config = config
         self.service = service
         self.tokenizer = tokenizer
         self.micro_batcher = micro_batcher  # --accumulation manual: the seed's weighted micro-batches
+        self.kl_penalty = kl_penalty  # --kl-coef: the base model's logprobs (searchr1.training.base_model)
         self.training_client: TrainingClient | None = None
         self.update_config = UpdateConfig(config.learning_rate, config.beta1, config.beta2, config.loss_fn,
                                           config.loss_fn_config)
-        self._base_penalty: BaseModelPenalty | None = None  # --kl-coef: the base weights' sampler
 
     def connect(self, state_path: str | None = None) -> TrainingClient:
         """Create the LoRA training client, or restore one (optimizer state included) from
@@ -124,10 +126,8 @@ class Trainer:
         datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
         kl_metrics: dict[str, float] = {}
-        if datums and config.kl_coef:
-            if self._base_penalty is None:  # one base sampler per run (and per resume)
-                self._base_penalty = BaseModelPenalty(self.service, config)
-            datums, kl_metrics = await self._base_penalty.apply(datums)
+        if datums and self.kl_penalty is not None:
+            datums, kl_metrics = await self.kl_penalty(datums)
         micro_batches = self.micro_batcher(datums) if self.micro_batcher is not None else None
         train_started = time.perf_counter()
         update = None

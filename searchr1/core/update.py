@@ -19,6 +19,10 @@ from searchr1.core.datum import NonFiniteValues, TrainingDatum
 from searchr1.core.types import TrainingClient
 
 
+POLICY_LOSS_FNS = ("importance_sampling", "ppo", "cispo", "dro")  # what PyTRIO 0.2.9 accepts
+DEFAULT_LOSS_FN = "importance_sampling"  # the seed's
+
+
 @dataclass(frozen=True)
 class UpdateConfig:
     """What one update needs of a run's settings."""
@@ -26,7 +30,7 @@ class UpdateConfig:
     learning_rate: float
     beta1: float
     beta2: float
-    loss_fn: str = "importance_sampling"
+    loss_fn: str = DEFAULT_LOSS_FN
     loss_fn_config: Mapping[str, float | int | str | bool] = field(default_factory=dict)
 
 

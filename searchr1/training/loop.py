@@ -23,8 +23,8 @@ from typing import Any
 
 from searchr1.core.config import TrainConfig
 from searchr1.core.datum import NonFiniteValues, TrainingDatum
-from searchr1.core.failures import describe_failure, is_service_failure
-from searchr1.core.reporting import MetricsLogger, Reporter, SilentReporter
+from searchr1.runtime.failures import describe_failure, is_service_failure
+from searchr1.run.reporting import MetricsLogger, Reporter, SilentReporter
 from searchr1.core.rollout import SamplerFailureError
 from searchr1.core.trainer import MicroBatcher, StepRecord, Trainer
 from searchr1.core.types import SearchBackend, SearchExample, ServiceClient, Tokenizer
@@ -33,6 +33,7 @@ from searchr1.health.rules import CollapseGuard, collapse_report, configured_rul
 from searchr1.run.directory import ResumePoint, RunDir
 from searchr1.run.transcripts import append_transcripts, select_transcripts, transcript_record
 from searchr1.runtime.preflight import PreflightError, check_service_tokenizer, check_template
+from searchr1.training.base_model import BaseModelPenalty
 from searchr1.training.off_policy import off_policy_metrics, versions_to_record
 from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for_global_mean
 from searchr1.training.pipeline import RolloutPipeline
@@ -97,7 +98,8 @@ class TrainingRun:
         self.reporter = reporter or SilentReporter()
         self.logger = logger
         self.trainer = Trainer(config, service=service, tokenizer=tokenizer,
-                               micro_batcher=manual_micro_batches(config) if config.accumulation == "manual" else None)
+                               micro_batcher=manual_micro_batches(config) if config.accumulation == "manual" else None,
+                               kl_penalty=BaseModelPenalty(service, config).apply if config.kl_coef else None)
         self.first_step = 0
         self.last_saved_step: int | None = None
         self.session = 0  # how many times this run was resumed (part of checkpoint names)

@@ -26,7 +26,7 @@ from searchr1.core.types import (
     Trajectory,
 )
 from searchr1.training.off_policy import batches_in_flight, sampler_version
-from searchr1.core.reporting import Reporter
+from searchr1.run.reporting import Reporter
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import rollout_batch_async
 from searchr1.core.trainer import RolloutBatch

@@ -19,7 +19,7 @@ from searchr1.cli import main
 from searchr1.core.datum import TrainingDatum
 from searchr1.training.dynamic_sampling import signal_groups, surplus_groups
 from searchr1.core.kl import aligned_base_logprobs, base_prompt, kl_estimate, penalize
-from searchr1.core.loss_options import parse_loss_fn_config
+from searchr1.run.algorithm import parse_loss_fn_config
 
 # --- --loss-fn-config ----------------------------------------------------------------------
 
@@ -132,7 +132,7 @@ def test_algorithm_flags_that_cannot_run_are_refused_in_one_line_before_anything
 
 
 def test_a_run_config_written_before_the_options_existed_reads_as_the_seeds_recipe():
-    from searchr1.core.loss_options import algorithm_of, describe_algorithm
+    from searchr1.run.algorithm import algorithm_of, describe_algorithm
 
     assert describe_algorithm(algorithm_of({"max_steps": 3})) == "importance_sampling, advantage mean, reward em"
     changed = algorithm_of({"loss_fn": "ppo", "loss_fn_config": {"clip_high_threshold": 1.28}, "kl_coef": 0.05,

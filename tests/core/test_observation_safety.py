@@ -20,7 +20,8 @@ from searchr1.core.protocol import (
     render_text,
     tool_message,
 )
-from searchr1.core.rollout import RolloutConfig, fit_tool_content
+from searchr1.core.observation.fit import fit_tool_content
+from searchr1.core.rollout import RolloutConfig
 from searchr1.core.types import SearchItem, SearchResult
 from searchr1.runtime.tokenizer import ADDED_TOKENS
 

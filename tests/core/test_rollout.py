@@ -14,8 +14,8 @@ from twin_support import MODEL
 from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.reward import score_trajectories
 from searchr1.core.protocol import missing_closing, observation_tokens, template_boundaries
+from searchr1.core.observation.fit import TRUNCATION_MARKER
 from searchr1.core.rollout import (
-    TRUNCATION_MARKER,
     RolloutConfig,
     SamplerFailureError,
     make_request,

@@ -141,7 +141,7 @@ from searchr1.runtime.preflight import (  # noqa: E402
     load_service_tokenizer,
     tokenizer_differences,
 )
-from searchr1.core.failures import describe_failure, is_service_failure  # noqa: E402
+from searchr1.runtime.failures import describe_failure, is_service_failure  # noqa: E402
 
 
 def limits(train_seq=None, train_request=None, sample_seq=None, context=None, available=True, batch=None):

@@ -16,7 +16,7 @@ from searchr1.search.evidence import (
 )
 from searchr1.search.retriever import parse_retriever_payload, split_contents
 from searchr1.core.types import SearchResult
-from searchr1.core.protocol import format_observation
+from searchr1.core.observation.text import format_observation
 from searchr1.search.wikipedia import (
     api_error,
     mediawiki_params,

@@ -37,7 +37,7 @@ from searchr1.core.rollout import (
     sampling_seed,
     score_trajectory,
 )
-from searchr1.core.protocol import format_observation
+from searchr1.core.observation.text import format_observation
 from searchr1.twin.optimizer import AdamState, adam_step
 from searchr1.twin.learning_policy import (
     BASE_LOGITS,

@@ -1,6 +1,6 @@
 """Token ids of a joined observation, computed piece by piece, each piece tokenised once.
 
-Fitting a search result (``rollout.fit_tool_content``) tries the items joined one, two, three
+Fitting a search result (:func:`searchr1.core.observation.fit.fit_tool_content`) tries the items joined one, two, three
 at a time, and sizes each try twice (the content alone, and wrapped as the observation): the
 first item was tokenised seven times per tool turn, and tokenisation is most of a step's
 local CPU. The tokenizer's pre-tokenizer cuts text into pieces that BPE then encodes one by
@@ -16,7 +16,7 @@ look-behind, then byte-level mapping; NFC normalisation) a cut is certain at pos
   composes with nothing).
 
 Any other tokenizer, or a text with no such cut, is tokenised whole, as before: the result is
-the same ids either way (``tests/core/test_piecewise_tokens.py`` checks it on arbitrary text).
+the same ids either way (the piecewise-token tests check it on arbitrary text).
 """
 
 from __future__ import annotations

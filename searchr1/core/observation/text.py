@@ -1,0 +1,42 @@
+"""How a search result becomes the text of the tool message (the seed's layout)."""
+
+from __future__ import annotations
+
+from searchr1.core.types import SearchItem, SearchResult
+
+
+def format_item(item: SearchItem, index: int) -> str:
+    """One numbered item, in the seed's layout.
+
+    Evidence items (no source and no url, as DeepSeek returns) use ``Source:``/``Evidence:``;
+    everything else uses ``Title:``/``Content:`` plus ``Source:``/``URL:`` lines when known.
+    """
+    if item.source is None and item.url is None:
+        return f"[{index}] Source: {item.title}\n    Evidence: {item.content}"
+    lines = [f"[{index}] Title: {item.title}", f"    Content: {item.content}"]
+    if item.source:
+        lines.append(f"    Source: {item.source}")
+    if item.url:
+        lines.append(f"    URL: {item.url}")
+    return "\n".join(lines)
+
+
+NO_RESULTS_TEXT = "Search returned no results."
+
+
+def error_text(result: SearchResult) -> str:
+    return f"Search error: {result.error or 'unknown error'}"
+
+
+def observation_candidates(result: SearchResult) -> list[str]:
+    """The pieces a tool message is assembled from, in order (items numbered from 1)."""
+    if not result.ok:
+        return [error_text(result)]
+    if not result.items:
+        return [NO_RESULTS_TEXT]
+    return [format_item(item, i) for i, item in enumerate(result.items, start=1)]
+
+
+def format_observation(result: SearchResult) -> str:
+    """The whole tool-message text for a result (items joined by a blank line)."""
+    return "\n\n".join(observation_candidates(result))
