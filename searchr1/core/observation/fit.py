@@ -26,7 +26,7 @@ class FittedObservation:
     truncated: bool
 
 
-def _truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
+def truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
     """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``.
     Counted with :func:`plain_tokens`, as the observation will be tokenised."""
     ids = plain_tokens(tokenizer, text)
@@ -82,7 +82,7 @@ def fit_tool_content(
     if accepted:
         content = sizes.joined(accepted)
     elif config.tool_overflow == "truncate":
-        cut = _truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
+        cut = truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
         if cut is None:
             return None
         content, truncated = cut, True
