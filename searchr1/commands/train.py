@@ -127,7 +127,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         offline_service,
         search_backend,
     )
-    from searchr1.core.config import new_run_id
+    from searchr1.training.checkpoints import checkpoint_prefix, new_run_id
     from searchr1.training.loop import CollapseDetected, TrainingRun, TrainingStopped
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
@@ -239,10 +239,10 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name)
         run = RunDir(run_dir)
         taken = sorted(name for name in recorded_checkpoints(run.path.parent)
-                       if name.startswith(config.checkpoint_prefix))
+                       if name.startswith(checkpoint_prefix(config)))
         if taken:
             raise click.ClickException(
-                f"checkpoint names starting with {config.checkpoint_prefix!r} are already recorded in "
+                f"checkpoint names starting with {checkpoint_prefix(config)!r} are already recorded in "
                 f"{recorded_checkpoints(run.path.parent)[taken[0]]}; saving under them would overwrite "
                 "that run's checkpoints on PyTRIO")
     # Everything bad input can break, before PyTRIO is contacted and before a new run

@@ -126,19 +126,6 @@ class TrainConfig:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    @property
-    def checkpoint_prefix(self) -> str:
-        """What every checkpoint name of this run starts with: ``<run-name>-<run-id>-``."""
-        return f"{self.run_name}-{self.run_id}-" if self.run_id else f"{self.run_name}-"
-
-    def checkpoint_name(self, completed_steps: int, session: int = 0) -> str:
-        """The name of the checkpoint taken after ``completed_steps`` steps in the run's
-        ``session``-th start (0 fresh, 1 after the first ``--resume``...). One start saves at
-        most once per step count, and the session tells apart a save that a crash left half
-        written from its retry after the resume, so no name is ever reused (no ``overwrite``)."""
-        name = f"{self.checkpoint_prefix}step-{completed_steps:06d}"
-        return f"{name}-resume{session}" if session else name
-
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> TrainConfig:
         values = dict(payload)
@@ -149,10 +136,3 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"config.json holds unknown fields {unknown}; written by another version?")
         return cls(**values)
-
-
-def new_run_id() -> str:
-    """Eight random hex digits: the part of checkpoint names that tells runs apart."""
-    import secrets
-
-    return secrets.token_hex(4)

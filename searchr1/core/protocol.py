@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
 from searchr1.core.types import Tokenizer
 
 DEFAULT_TOOL_DESCRIPTION = "Look up evidence on the web. Pass one short English query."
@@ -291,69 +292,6 @@ def observation_text(tokenizer: Tokenizer, content: str) -> str:
     return boundaries.observation_prefix + content.strip() + boundaries.observation_suffix
 
 
-_PLAIN_ENCODERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-
-
-def _plain_encoder(tokenizer: Tokenizer) -> Any:
-    """The tokenizer's normaliser, pre-tokeniser and BPE model without its added tokens
-    (shares the model, costs nothing to build), cached per tokenizer."""
-    encoder = _PLAIN_ENCODERS.get(tokenizer)
-    if encoder is None:
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise TypeError(
-                f"{type(tokenizer).__name__} has no backend_tokenizer: observations need a fast "
-                "(tokenizers-backed) tokenizer to keep special-token strings as plain text"
-            )
-        from tokenizers import Tokenizer
-
-        encoder = Tokenizer(backend.model)
-        encoder.normalizer = backend.normalizer
-        encoder.pre_tokenizer = backend.pre_tokenizer
-        _PLAIN_ENCODERS[tokenizer] = encoder
-    return encoder
-
-
-def plain_tokens(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` read as plain text: a string such as ``<|im_end|>`` or
-    ``</tool_response>`` is spelled with ordinary vocabulary tokens, never turned into the
-    control token of that name. For text holding no such string this equals
-    ``tokenizer.encode(text, add_special_tokens=False)``."""
-    return list(_plain_encoder(tokenizer).encode(text, add_special_tokens=False).ids)
-
-
-@dataclass(frozen=True)
-class _Wrapper:
-    """The observation wrapper cut where plain text meets the template's own tokens."""
-
-    head: tuple[int, ...]  # tokens up to and including the prefix's last added token
-    head_text: str  # prefix text after that token (joins the content's tokenisation)
-    tail_text: str  # suffix text before its first added token (joins the content's too)
-    tail: tuple[int, ...]  # tokens from the suffix's first added token on
-
-
-_WRAPPERS: "weakref.WeakKeyDictionary[Any, tuple[TemplateBoundaries, _Wrapper]]" = weakref.WeakKeyDictionary()
-
-
-def _observation_wrapper(tokenizer: Tokenizer) -> _Wrapper:
-    boundaries = template_boundaries(tokenizer)
-    cached = _WRAPPERS.get(tokenizer)
-    if cached is not None and cached[0] is boundaries:
-        return cached[1]
-    added = [token for token in tokenizer.get_added_vocab() if token]
-    prefix, suffix = boundaries.observation_prefix, boundaries.observation_suffix
-    cut = max((prefix.rfind(t) + len(t) for t in added if t in prefix), default=0)
-    start = min((suffix.find(t) for t in added if t in suffix), default=len(suffix))
-    wrapper = _Wrapper(
-        head=tuple(tokenizer.encode(prefix[:cut], add_special_tokens=False)),
-        head_text=prefix[cut:],
-        tail_text=suffix[:start],
-        tail=tuple(tokenizer.encode(suffix[start:], add_special_tokens=False)),
-    )
-    _WRAPPERS[tokenizer] = (boundaries, wrapper)
-    return wrapper
-
-
 def observation_tokens(tokenizer: Tokenizer, content: str) -> list[int]:
     """Observation tokens for ``content`` without rendering the conversation.
 
@@ -365,7 +303,7 @@ def observation_tokens(tokenizer: Tokenizer, content: str) -> list[int]:
     starts right after ``<|im_end|>``, so nothing merges across the boundary), which
     ``build_next_prompt`` checks against the template on every turn.
     """
-    wrapper = _observation_wrapper(tokenizer)
+    wrapper = observation_wrapper(tokenizer, template_boundaries(tokenizer))
     body = plain_tokens(tokenizer, wrapper.head_text + content.strip() + wrapper.tail_text)
     return list(wrapper.head) + body + list(wrapper.tail)
 

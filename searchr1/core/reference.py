@@ -19,9 +19,10 @@ import numpy as np
 
 from searchr1.core.observation.fit import truncate_to_fit
 from searchr1.core.observation.text import observation_candidates
+from searchr1.core.observation.tokens import plain_tokens
 from searchr1.core.protocol import (TurnKind, assistant_message, build_next_prompt, build_prompt, initial_messages,
-                                    missing_closing, observation_tokens, parse_assistant, plain_tokens,
-                                    stop_sequences, tool_message)
+                                    missing_closing, observation_tokens, parse_assistant, stop_sequences,
+                                    tool_message)
 from searchr1.core.reward import score_answer
 from searchr1.core.rollout import RolloutConfig, sampling_seed
 from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, SearchExample, SearchRecord, SearchResult,

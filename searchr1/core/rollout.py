@@ -146,8 +146,45 @@ def make_request(tokenizer: Tokenizer, trajectory: Trajectory, num_samples: int,
     return SampleRequest(list(prompt), num_samples, max_tokens, seed)
 
 
+def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: int, step: int,
+                config: RolloutConfig) -> tuple[list[Trajectory], SampleRequest | None]:
+    """The ``group_size`` trajectories of one question and their shared first request
+    (``num_samples = group_size``); ``None``, every trajectory ended, when the prompt alone is
+    over the budget."""
+    budget = config.max_search_calls if config.state_search_budget else None
+    messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
+    branches = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(config.group_size)]
+    seed = sampling_seed(config.seed, step, question_index, 0, 0)
+    request = make_request(tokenizer, branches[0], config.group_size, seed, config)
+    if request is None:
+        for branch in branches[1:]:
+            branch.finish(branches[0].termination or Termination.PROMPT_TOO_LONG)
+    return branches, request
+
+
+def next_request(tokenizer: Tokenizer, trajectory: Trajectory, step: int, config: RolloutConfig) -> SampleRequest | None:
+    """The request of the trajectory's next turn (seeded by step, question, sample and turn)."""
+    seed = sampling_seed(config.seed, step, trajectory.question_index, trajectory.group_index, len(trajectory.turns))
+    return make_request(tokenizer, trajectory, 1, seed, config)
+
+
 class MalformedSampleError(ValueError):
     """The sampler answered, but not with what was asked for."""
+
+
+async def send_request(sampler: SamplingClient, request: SampleRequest, config: RolloutConfig,
+                       stop: list[str]) -> list[SampledSequence]:
+    """One sampling call; exactly ``num_samples`` sequences, or :class:`MalformedSampleError`."""
+    import pytrio as trio
+
+    params = trio.SamplingParams(max_tokens=request.max_tokens, seed=request.seed, stop=stop or None,
+                                 temperature=config.temperature, top_p=config.top_p)
+    response = await sampler.sample_async(prompt=trio.ModelInput.from_ints(request.prompt_tokens),
+                                          num_samples=request.num_samples, sampling_params=params, return_text=True)
+    sequences = list(response.sequences)
+    if len(sequences) != request.num_samples:
+        raise MalformedSampleError(f"sampler returned {len(sequences)} sequences for num_samples={request.num_samples}")
+    return sequences
 
 
 def read_sequence(sequence: SampledSequence, tokenizer: Tokenizer) -> tuple[list[int], list[float], str, str]:
@@ -287,31 +324,12 @@ class _Engine:
 
     async def sample(self, request: SampleRequest) -> list[SampledSequence]:
         """One request with retries; returns exactly ``num_samples`` sequences or raises."""
-        import pytrio as trio
-
-        params = trio.SamplingParams(
-            max_tokens=request.max_tokens,
-            seed=request.seed,
-            stop=self.stop or None,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-        )
-        prompt = trio.ModelInput.from_ints(request.prompt_tokens)
         attempt = 0
         while True:
             try:
                 # asyncio.timeout, not wait_for: no extra task per request
                 async with self.semaphore, asyncio.timeout(self.config.sample_timeout):
-                    response = await self.sampler.sample_async(
-                        prompt=prompt, num_samples=request.num_samples,
-                        sampling_params=params, return_text=True,
-                    )
-                sequences = list(response.sequences)
-                if len(sequences) != request.num_samples:
-                    raise MalformedSampleError(
-                        f"sampler returned {len(sequences)} sequences for num_samples={request.num_samples}"
-                    )
-                return sequences
+                    return await send_request(self.sampler, request, self.config, self.stop)
             except Exception as error:  # noqa: BLE001 - classified below, never swallowed silently
                 if attempt >= self.config.sample_retries or not is_retryable(error):
                     raise
@@ -321,18 +339,8 @@ class _Engine:
                 await asyncio.sleep(self.config.sample_retry_backoff * 2 ** (attempt - 1))
 
     async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
-        config = self.config
-        budget = config.max_search_calls if config.state_search_budget else None
-        messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
-        branches = [
-            Trajectory(example, question_index, g, [dict(m) for m in messages])
-            for g in range(config.group_size)
-        ]
-        seed = sampling_seed(config.seed, self.step, question_index, 0, 0)
-        request = make_request(self.tokenizer, branches[0], config.group_size, seed, config)
+        branches, request = start_group(self.tokenizer, example, question_index, self.step, self.config)
         if request is None:
-            for branch in branches[1:]:
-                branch.finish(branches[0].termination or Termination.PROMPT_TOO_LONG)
             log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
             for _ in branches:
                 self.finished()
@@ -359,7 +367,6 @@ class _Engine:
             self.finished()
 
     async def run_trajectory(self, trajectory: Trajectory, prompt: list[int], sequence: SampledSequence) -> None:
-        config = self.config
         while True:
             try:
                 tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
@@ -370,9 +377,7 @@ class _Engine:
             if trajectory.done:
                 self.finished()
                 return
-            seed = sampling_seed(config.seed, self.step, trajectory.question_index,
-                                 trajectory.group_index, len(trajectory.turns))
-            request = make_request(self.tokenizer, trajectory, 1, seed, config)
+            request = next_request(self.tokenizer, trajectory, self.step, self.config)
             if request is None:
                 self.finished()
                 return

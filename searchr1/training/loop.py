@@ -34,6 +34,7 @@ from searchr1.run.directory import ResumePoint, RunDir
 from searchr1.run.transcripts import append_transcripts, select_transcripts, transcript_record
 from searchr1.runtime.preflight import PreflightError, check_service_tokenizer, check_template
 from searchr1.training.base_model import BaseModelPenalty
+from searchr1.training.checkpoints import checkpoint_name
 from searchr1.training.off_policy import off_policy_metrics, versions_to_record
 from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for_global_mean
 from searchr1.training.pipeline import RolloutPipeline
@@ -140,8 +141,8 @@ class TrainingRun:
 
     def _cursor_after(self, completed: int) -> int:
         """The data cursor once ``completed`` steps are done (dynamic sampling moves it by each draw)."""
-        if self.config.dynamic_sampling and self.pipeline is not None:
-            return self.pipeline.cursor
+        if self.config.dynamic_sampling:
+            return self.pipeline.cursor if self.pipeline is not None else self.first_cursor
         return completed * self.config.questions_per_batch
 
     def _write_state(self, completed: int) -> None:
@@ -156,7 +157,7 @@ class TrainingRun:
         })
 
     async def save(self, completed: int, *, final: bool = False) -> dict[str, Any]:
-        name = self.config.checkpoint_name(completed, self.session)
+        name = checkpoint_name(self.config, completed, self.session)
         state_path, weights_path = await self.trainer.save(name)
         entry = {
             "name": name,
@@ -198,7 +199,7 @@ class TrainingRun:
         first = self.connect(resume)
         if resume is not None:
             self.session = int(self.run.state().get("session", 0)) + 1
-            self.run.write_state({**self.run.state(), "session": self.session})
+            self._write_state(first)
         rewound = self.run.rewind_to(first)
         if rewound:
             self.reporter.note(f"resuming at step {first}: {rewound} later metrics line(s) moved to metrics.rewound.jsonl")

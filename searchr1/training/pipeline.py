@@ -25,6 +25,7 @@ from searchr1.core.types import (
     TrainingClient,
     Trajectory,
 )
+from searchr1.training.checkpoints import checkpoint_name
 from searchr1.training.off_policy import batches_in_flight, sampler_version
 from searchr1.run.reporting import Reporter
 from searchr1.core.reward import score_trajectories
@@ -140,7 +141,7 @@ class RolloutPipeline:
             version = self.weights_version
         if self.config.max_steps_off_policy == 0:
             return await client.save_weights_and_get_sampling_client_async(), version
-        name = f"{self.config.checkpoint_name(version, self.session)}-sampler"
+        name = f"{checkpoint_name(self.config, version, self.session)}-sampler"
         saved = await (await client.save_weights_for_sampler_async(name=name, ttl_seconds=SAMPLER_TTL_SECONDS))
         self.sampler_paths[version] = saved.path
         return await client.create_sampling_client_async(saved.path), version

@@ -16,11 +16,11 @@ from searchr1.core.protocol import (
     missing_closing,
     observation_text,
     observation_tokens,
-    plain_tokens,
     render_text,
     tool_message,
 )
 from searchr1.core.observation.fit import fit_tool_content
+from searchr1.core.observation.tokens import plain_tokens
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.types import SearchItem, SearchResult
 from searchr1.runtime.tokenizer import ADDED_TOKENS

@@ -4,7 +4,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchr1.core.observation.piecewise import JoinedObservation, certain_cut, splits_predictably
-from searchr1.core.protocol import observation_tokens, plain_tokens
+from searchr1.core.observation.tokens import plain_tokens
+from searchr1.core.protocol import observation_tokens
 
 # Letters, digits, spaces, newlines, punctuation, contractions, combining marks, CJK, emoji and
 # control-token strings: everything the pre-tokenizer's alternatives and NFC treat specially.

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from searchr1.core.observation.piecewise import JoinedObservation
 from searchr1.core.observation.text import observation_candidates
-from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, plain_tokens, tool_message
+from searchr1.core.observation.tokens import plain_tokens
+from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, tool_message
 from searchr1.core.types import SearchResult, Tokenizer
 
 if TYPE_CHECKING:

@@ -27,8 +27,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from searchr1.core.protocol import _observation_wrapper, plain_tokens
+from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
 from searchr1.core.protocol import observation_tokens as whole_observation_tokens
+from searchr1.core.protocol import template_boundaries
 
 QWEN_SPLIT = (
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
@@ -100,7 +101,7 @@ class JoinedObservation:
     def __init__(self, tokenizer: Any, items: Sequence[str]) -> None:
         self.tokenizer = tokenizer
         self.items = list(items)
-        self.wrapper = _observation_wrapper(tokenizer)
+        self.wrapper = observation_wrapper(tokenizer, template_boundaries(tokenizer))
         self.piecewise = splits_predictably(tokenizer) and self._joins_are_cuts()
         self._bodies: dict[int, list[int]] = {}
         self._cuts: dict[int, int] = {}
