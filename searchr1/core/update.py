@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from searchr1.core.datum import NonFiniteValues, TrainingDatum
 from searchr1.core.types import TrainingClient
+
+if TYPE_CHECKING:
+    from pytrio.types import Datum
 
 
 POLICY_LOSS_FNS = ("importance_sampling", "ppo", "cispo", "dro")  # what PyTRIO 0.2.9 accepts
@@ -69,7 +72,7 @@ class UpdateResult:
         return len(self.outputs)
 
 
-def learner_tokens(data: Sequence[Any], outputs: Sequence[Any] | None) -> list[TrainedTokens]:
+def learner_tokens(data: Sequence[Datum], outputs: Sequence[Any] | None) -> list[TrainedTokens]:
     """Per datum sent, its trained positions with the sampler's logprobs and the learner's
     (``loss_fn_outputs[i]["logprobs"]``, as pytrio returns them). Datums whose output has no
     logprobs of the same length (a server that returns none) are left out."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from searchr1.core.settings import key_value
 from searchr1.core.update import DEFAULT_LOSS_FN
 
 
@@ -25,10 +26,7 @@ def parse_loss_fn_config(items: Iterable[str]) -> dict[str, float | int | str | 
     ValueError naming the item."""
     config: dict[str, float | int | str | bool] = {}
     for item in items:
-        key, sep, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not sep or not key or not raw:
-            raise ValueError(f"--loss-fn-config {item!r}: expected KEY=VALUE, e.g. clip_high_threshold=1.28")
+        key, raw = key_value(item, "--loss-fn-config", "KEY=VALUE, e.g. clip_high_threshold=1.28")
         if key in config:
             raise ValueError(f"--loss-fn-config {key} is given twice")
         config[key] = _value(item, raw)

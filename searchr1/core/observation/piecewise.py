@@ -30,6 +30,7 @@ from typing import Any
 from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
 from searchr1.core.protocol import observation_tokens as whole_observation_tokens
 from searchr1.core.protocol import template_boundaries
+from searchr1.core.types import Tokenizer
 
 QWEN_SPLIT = (
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
@@ -50,7 +51,7 @@ def _component(part: Any) -> dict[str, Any] | None:
         return {"type": "unknown"}
 
 
-def splits_predictably(tokenizer: Any) -> bool:
+def splits_predictably(tokenizer: Tokenizer) -> bool:
     """Whether this tokenizer pre-tokenises exactly as the cut rules above assume (cached)."""
     cached = _SUPPORTED.get(tokenizer)
     if cached is not None:
@@ -98,7 +99,7 @@ class JoinedObservation:
     joined)``; the bulk of each item is tokenised once whatever ``k`` is asked for.
     """
 
-    def __init__(self, tokenizer: Any, items: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, items: Sequence[str]) -> None:
         self.tokenizer = tokenizer
         self.items = list(items)
         self.wrapper = observation_wrapper(tokenizer, template_boundaries(tokenizer))

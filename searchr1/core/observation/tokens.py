@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 from searchr1.core.types import Tokenizer
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer as Encoder
+
     from searchr1.core.protocol import TemplateBoundaries
 
-_PLAIN_ENCODERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_PLAIN_ENCODERS: "weakref.WeakKeyDictionary[Tokenizer, Encoder]" = weakref.WeakKeyDictionary()
 
 
-def _plain_encoder(tokenizer: Tokenizer) -> Any:
+def _plain_encoder(tokenizer: Tokenizer) -> Encoder:
     """The tokenizer's normaliser, pre-tokeniser and BPE model without its added tokens
     (shares the model, costs nothing to build), cached per tokenizer."""
     encoder = _PLAIN_ENCODERS.get(tokenizer)
