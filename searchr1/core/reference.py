@@ -1,13 +1,10 @@
-"""One Search-R1 step written as plainly as possible: sample, parse, search, stitch, score,
-advantage, datum, update. Synchronous, one trajectory after another, no metrics, no retries.
-
-This is the algorithm the production engine (:mod:`~searchr1.core.rollout`, concurrent, with
-retries and failure handling, and :mod:`~searchr1.core.trainer`) is held to: for the same
-sampler, search and seeds both produce the same trajectories and the same datums (a property
-test checks it). It runs the seed's recipe only: mean-centred advantages, the exact-match
-reward, environment-failure groups left out, one ``forward_backward`` per step, no KL penalty.
-``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` marks what only moves data.
-"""
+"""One Search-R1 step as plainly as possible: sample, parse, search, stitch, score, advantage,
+datum, update. Synchronous, one trajectory after another, no metrics, no retries, the seed's
+recipe only (mean-centred advantages, exact match, env-failure groups left out, one
+``forward_backward``, no KL). The production engine (:mod:`~searchr1.core.rollout`, concurrent and
+fault-tolerant, and :mod:`~searchr1.core.trainer`) is held to it: same sampler, search and seeds,
+same trajectories and datums (a property test checks it). ``# ALGORITHM`` marks a decision of
+Search-R1; ``# PLUMBING`` what only moves data."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ from searchr1.core.observation.fit import truncate_to_fit
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.observation.tokens import plain_tokens
 from searchr1.core.protocol import (TurnKind, assistant_message, build_next_prompt, build_prompt, initial_messages,
-                                    missing_closing, observation_tokens, parse_assistant, stop_sequences,
-                                    tool_message)
+                                    missing_closing, observation_tokens, parse_assistant, stop_sequences, tool_message)
 from searchr1.core.reward import score_answer
 from searchr1.core.rollout import RolloutConfig, sampling_seed
 from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, SearchExample, SearchRecord, SearchResult,
@@ -46,9 +42,9 @@ def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: 
                                  temperature=config.temperature, top_p=config.top_p)
     response = sampler.sample(prompt=trio.ModelInput.from_ints(prompt), num_samples=n, sampling_params=params,
                               return_text=True).result()
-    return [AssistantTurn(list(prompt), [int(t) for t in s.tokens], [float(x) for x in s.logprobs],  # PLUMBING
-                          s.text if s.text is not None else tokenizer.decode(list(s.tokens), skip_special_tokens=True),
-                          str(getattr(s, "stop_reason", "") or "")) for s in response.sequences]
+    return [AssistantTurn(list(prompt), [int(t) for t in s.tokens], [float(x) for x in s.logprobs], s.text if s.text
+                          is not None else tokenizer.decode(list(s.tokens), skip_special_tokens=True),
+                          str(getattr(s, "stop_reason", "") or "")) for s in response.sequences]  # PLUMBING
 
 
 def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, search: Search, config: RolloutConfig) -> None:
@@ -68,9 +64,8 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     base = len(turn.prompt_tokens) + len(turn.completion_tokens) + len(missing_closing(tokenizer, turn.completion_tokens))
     if base + len(observation_tokens(tokenizer, "x")) + 1 > config.max_trajectory_tokens:
         return t.finish(Termination.TOKEN_BUDGET, parsed.text)  # not even an empty observation fits
-    assert parsed.query is not None
-    result = search(parsed.query)
-    room = config.max_trajectory_tokens - 1 - base
+    assert parsed.query is not None  # a tool turn always carries its query
+    result, room = search(parsed.query), config.max_trajectory_tokens - 1 - base
     candidates = observation_candidates(result)  # the items, numbered, in rank order (or the error)
 
     def fits(content: str) -> bool:
@@ -91,8 +86,8 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     t.next_prompt_tokens = build_next_prompt(tokenizer, before, parsed.text, turn.prompt_tokens,
                                              turn.completion_tokens, tool_message(call_id, content), tools=config.tools)
     t.messages.append(tool_message(call_id, content))
-    t.searches.append(SearchRecord(parsed.query, result.ok, content, len(result.items), result.error, result.cached,
-                                   truncated))
+    t.searches.append(SearchRecord(parsed.query, result.ok, content, len(result.items), result.error,
+                                   result.cached, truncated))
 
 
 def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Search, examples: Sequence[SearchExample],
@@ -108,22 +103,20 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
         # ALGORITHM: the first turn is ONE request with num_samples = group_size on the shared prompt;
         # every seed is a hash of (step, question, sample, turn), never a counter.
         first = sample(sampler, tokenizer, prompt, config.group_size, sampling_seed(config.seed, step, q, 0, 0), config)
-        if first is None:
+        if first is None:  # the prompt alone is over the budget
             for t in group:
                 t.finish(Termination.PROMPT_TOO_LONG)
             continue
         for t, turn in zip(group, first):
-            while True:
-                step_trajectory(t, turn, tokenizer, search, config)
-                if t.done:
-                    break
+            step_trajectory(t, turn, tokenizer, search, config)
+            while not t.done:
                 assert t.next_prompt_tokens is not None
                 seed = sampling_seed(config.seed, step, q, t.group_index, len(t.turns))
                 turns = sample(sampler, tokenizer, t.next_prompt_tokens, 1, seed, config)
-                if turns is None:
+                if turns is None:  # no room left to generate
                     t.finish(Termination.TOKEN_BUDGET)
-                    break
-                (turn,) = turns
+                else:
+                    step_trajectory(t, turns[0], tokenizer, search, config)
     return trajectories
 
 
@@ -179,7 +172,7 @@ def reference_step(sampler: SamplingClient, training_client: TrainingClient, tok
     trajectories = reference_rollout(sampler, tokenizer, search, examples, config, step=step)
     score_and_rank(trajectories)
     datums = reference_datums(trajectories, len(tokenizer))
-    if not datums:
+    if not datums:  # no group carried a signal: nothing to send
         return trajectories, datums, None
     output = training_client.forward_backward(datums, loss_fn="importance_sampling").result()  # ALGORITHM
     training_client.optim_step(trio.AdamParams(learning_rate=learning_rate, beta1=betas[0], beta2=betas[1])).result()
