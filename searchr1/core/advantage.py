@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from searchr1.core.types import Trajectory
+from searchr1.core.types import Exclusion, Trajectory
 
 AdvantageMode = Literal["mean", "zscore", "rloo", "none"]
 ADVANTAGE_MODES: tuple[str, ...] = ("mean", "zscore", "rloo", "none")
@@ -41,11 +41,6 @@ ADVANTAGE_MODES: tuple[str, ...] = ("mean", "zscore", "rloo", "none")
 # Added to the standard deviation (not the variance), as in verl's GRPO estimator.
 ZSCORE_EPSILON = 1e-6
 
-# Values of ``Trajectory.excluded`` set here.
-DEGENERATE_GROUP = "degenerate_group"
-ENV_FAILURE_GROUP = "env_failure_group"
-SAMPLER_ERROR = "sampler_error"  # only with keep_env_failures=True
-SURPLUS_GROUP = "dynamic_sampling_surplus"  # a group with a signal beyond dynamic sampling's batch
 
 
 @dataclass(frozen=True)
@@ -76,18 +71,18 @@ def _scored_members(group: Sequence[Trajectory]) -> list[Trajectory]:
     return [t for t in group if not t.sampler_error]
 
 
-def classify_group(group: Sequence[Trajectory], *, keep_env_failures: bool = False) -> str | None:
-    """``ENV_FAILURE_GROUP``, ``DEGENERATE_GROUP`` or ``None`` (the group trains)."""
+def classify_group(group: Sequence[Trajectory], *, keep_env_failures: bool = False) -> Exclusion | None:
+    """``Exclusion.ENV_FAILURE_GROUP``, ``Exclusion.DEGENERATE_GROUP`` or ``None`` (the group trains)."""
     if not keep_env_failures and any(t.env_error or t.sampler_error for t in group):
-        return ENV_FAILURE_GROUP
+        return Exclusion.ENV_FAILURE_GROUP
     rewards = {t.reward for t in _scored_members(group)}
     if len(rewards) <= 1:  # all equal (or nothing scored): no signal
-        return DEGENERATE_GROUP
+        return Exclusion.DEGENERATE_GROUP
     return None
 
 
 def classified_groups(trajectories: Iterable[Trajectory], *,
-                      keep_env_failures: bool = False) -> list[tuple[int, list[Trajectory], str | None]]:
+                      keep_env_failures: bool = False) -> list[tuple[int, list[Trajectory], Exclusion | None]]:
     """Every group as ``(question index, trajectories, classification)``, in first-seen order:
     the one loop that decides which groups train (pure)."""
     return [(question, group, classify_group(group, keep_env_failures=keep_env_failures))
@@ -101,8 +96,8 @@ def summarize_groups(
     kinds = [kind for _, _, kind in classified_groups(trajectories, keep_env_failures=keep_env_failures)]
     return GroupSummary(
         groups=len(kinds),
-        degenerate=kinds.count(DEGENERATE_GROUP),
-        env_failure=kinds.count(ENV_FAILURE_GROUP),
+        degenerate=kinds.count(Exclusion.DEGENERATE_GROUP),
+        env_failure=kinds.count(Exclusion.ENV_FAILURE_GROUP),
     )
 
 
@@ -136,7 +131,7 @@ def assign_group_advantages(
     """Set ``advantage`` and ``excluded`` on every trajectory; return the number of
     degenerate groups (as the seed did). Use :func:`summarize_groups` for all counts.
     ``surplus``: question indices of groups with a signal that dynamic sampling leaves out
-    (``SURPLUS_GROUP``, advantage 0; :mod:`searchr1.training.dynamic_sampling`)."""
+    (``Exclusion.SURPLUS_GROUP``, advantage 0; :mod:`searchr1.training.dynamic_sampling`)."""
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"unknown advantage mode {mode!r}; expected one of {ADVANTAGE_MODES}")
     degenerate = 0
@@ -145,9 +140,9 @@ def assign_group_advantages(
             trajectory.advantage = 0.0
             trajectory.excluded = None
         if kind is None and question in surplus:
-            kind = SURPLUS_GROUP
+            kind = Exclusion.SURPLUS_GROUP
         if kind is not None:
-            degenerate += kind == DEGENERATE_GROUP
+            degenerate += kind == Exclusion.DEGENERATE_GROUP
             for trajectory in group:
                 trajectory.excluded = kind
             continue
@@ -158,5 +153,5 @@ def assign_group_advantages(
             trajectory.advantage = advantage
         for trajectory in group:
             if trajectory.sampler_error:
-                trajectory.excluded = SAMPLER_ERROR
+                trajectory.excluded = Exclusion.SAMPLER_ERROR
     return degenerate

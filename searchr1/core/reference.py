@@ -21,7 +21,7 @@ from searchr1.core.protocol import (TurnKind, assistant_message, build_next_prom
                                     missing_closing, observation_tokens, parse_assistant, stop_sequences, tool_message)
 from searchr1.core.reward import score_answer
 from searchr1.core.rollout import RolloutConfig, sampling_seed
-from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, SearchExample, SearchRecord, SearchResult,
+from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, SearchExample, SearchRecord, SearchResult,
                                  Termination, Tokenizer, Trajectory)
 
 if TYPE_CHECKING:
@@ -129,8 +129,8 @@ def score_and_rank(trajectories: list[Trajectory]) -> None:
     for q in dict.fromkeys(t.question_index for t in trajectories):
         group = [t for t in trajectories if t.question_index == q]
         rewards = [t.reward for t in group]
-        excluded = ("env_failure_group" if any(t.env_error for t in group) else
-                    "degenerate_group" if len(set(rewards)) == 1 else None)
+        excluded = (Exclusion.ENV_FAILURE_GROUP if any(t.env_error for t in group) else
+                    Exclusion.DEGENERATE_GROUP if len(set(rewards)) == 1 else None)
         for t in group:
             t.excluded = excluded
             t.advantage = 0.0 if excluded else t.reward - math.fsum(rewards) / len(rewards)

@@ -69,6 +69,15 @@ class Termination(StrEnum):
     PROMPT_TOO_LONG = "prompt_too_long"  # the initial prompt alone exceeds the trajectory budget
 
 
+class Exclusion(StrEnum):
+    """Why a trajectory with completion tokens sends no datum (the values are what files hold)."""
+
+    DEGENERATE_GROUP = "degenerate_group"  # all rewards in its group are equal: no signal
+    ENV_FAILURE_GROUP = "env_failure_group"  # a search or sampler failure hit its group
+    SAMPLER_ERROR = "sampler_error"  # with kept env failures: its own sampling failed (out of the mean)
+    SURPLUS_GROUP = "dynamic_sampling_surplus"  # a group with a signal beyond dynamic sampling's batch
+
+
 @dataclass(frozen=True)
 class RewardResult:
     """Every score of one answer (:mod:`searchr1.core.reward`); ``reward`` is the one trained on."""
@@ -123,11 +132,7 @@ class Trajectory:
     # a trajectory whose sampling failed (its reward is then the placeholder FORMAT_PENALTY).
     score: RewardResult | None = None
     advantage: float = 0.0
-    # Why this trajectory sends no datum although it has completion tokens, if it doesn't:
-    # "degenerate_group" (all rewards in its group equal), "env_failure_group" (a trajectory
-    # of its group hit a search or sampler failure) or, when env failures are kept,
-    # "sampler_error" (this trajectory's own sampling failed; it is left out of the mean).
-    excluded: str | None = None
+    excluded: Exclusion | None = None  # why it sends no datum although it has completion tokens
 
     @property
     def done(self) -> bool:

@@ -36,7 +36,7 @@ def signal_groups(trajectories: Sequence[Trajectory], *, keep_env_failures: bool
 def surplus_groups(trajectories: Sequence[Trajectory], wanted: int, *,
                    keep_env_failures: bool = False) -> tuple[frozenset[int], dict[str, float]]:
     """The question indices of the groups with a signal beyond the first ``wanted`` (in
-    question-index order; the step leaves them out as ``SURPLUS_GROUP``), and the step's
+    question-index order; the step leaves them out as ``Exclusion.SURPLUS_GROUP``), and the step's
     counters (pure)."""
     kept = dropped = 0
     surplus: set[int] = set()

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from pytrio.types import Datum, ModelInput, TensorData
 from training_strategies import plain_trajectory
 
-from searchr1.core.advantage import DEGENERATE_GROUP, SURPLUS_GROUP, assign_group_advantages
+from searchr1.core.advantage import assign_group_advantages
+from searchr1.core.types import Exclusion
 from searchr1.cli import main
 from searchr1.core.datum import TrainingDatum
 from searchr1.training.dynamic_sampling import signal_groups, surplus_groups
@@ -108,9 +109,9 @@ def test_dynamic_sampling_trains_on_the_first_groups_with_signal_and_no_others(g
     signal = [q for q, rewards in enumerate(groups) if len(set(rewards)) > 1]
     kept = {t.question_index for t in drawn if t.excluded is None and t.advantage != 0.0}
     assert kept == set(signal[:wanted])
-    assert all(t.excluded == SURPLUS_GROUP and t.advantage == 0.0 for t in drawn
+    assert all(t.excluded == Exclusion.SURPLUS_GROUP and t.advantage == 0.0 for t in drawn
                if t.question_index in signal[wanted:])
-    assert all(t.excluded == DEGENERATE_GROUP for t in drawn if t.question_index not in signal)
+    assert all(t.excluded == Exclusion.DEGENERATE_GROUP for t in drawn if t.question_index not in signal)
     assert counters["dynamic/groups_kept"] + counters["dynamic/groups_dropped"] + \
         counters["dynamic/groups_surplus"] == counters["dynamic/questions_drawn"] == len(groups)
     assert signal_groups(drawn) == len(signal)  # counted on the rewards, before the selection
