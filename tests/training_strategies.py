@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from searchr1.data.dataset import SearchExample
-from searchr1.core.types import AssistantTurn, Trajectory
+from searchr1.core.types import AssistantTurn, RewardResult, SearchExample, SearchRecord, Trajectory
 
 VOCAB_SIZE = 248_077  # len() of the Qwen3.5 tokenizer
 EXAMPLE = SearchExample(id="q", question="Who?", answers=("x",), data_source="nq")
@@ -73,6 +72,11 @@ def generated_trajectories(
     return Generated(trajectory, tokens, is_action, logprobs)
 
 
+def fail_search(trajectory: Trajectory) -> None:
+    """Record a failed search: what makes a trajectory an environment failure."""
+    trajectory.searches.append(SearchRecord("q", ok=False, observation="Search error: timeout", error="timeout"))
+
+
 def plain_trajectory(question_index: int, group_index: int, reward: float, **flags) -> Trajectory:
     """A one-turn trajectory for advantage tests."""
     trajectory = Trajectory(
@@ -85,8 +89,10 @@ def plain_trajectory(question_index: int, group_index: int, reward: float, **fla
                 prompt_tokens=[1, 2, 3], completion_tokens=[4, 5], logprobs=[-1.0, -2.0], text=""
             )
         ],
-        reward=reward,
+        score=RewardResult(reward, reward >= 0, reward == 1.0, None),
     )
+    if flags.pop("env_error", False):
+        fail_search(trajectory)
     for name, value in flags.items():
         setattr(trajectory, name, value)
     return trajectory

@@ -6,10 +6,12 @@ pending search of the batch in a pool ``search_concurrency`` wide and waits for 
 before the next round may start. So each round lasts as long as its slowest sample plus its
 slowest search (head-of-line blocking, ``seed-system.md`` §2.4 and §15 item 2).
 
-Only the scheduling is the seed's. Everything a trajectory decides (parsing, budgets, the
-observation fitting, token stitching, seeds, scoring, advantages) is the real code of
-:mod:`searchr1.core.rollout` and :mod:`searchr1.core.protocol`, so for the same scenario both schedulers
-produce the same trajectories token for token; the benchmark asserts that before it compares
+Only the scheduling is the seed's. Everything else is the engine's own pieces of
+:mod:`searchr1.core.rollout`: the group and its first request (``start_group``), each later
+request and its seed (``next_request``), the sampling call (``send_request``), the turn's
+parsing and budgets (``consume_assistant``) and the observation fitting and token stitching
+(``finish_search``), so for the same scenario both schedulers produce the same trajectories
+token for token; the benchmark asserts that before it compares
 their timings. (The seed's other differences, such as its seeds and its ``tool_overflow="end"``
 behaviour, are deliberately not reproduced: they would change the trajectories, not the
 schedule.)
@@ -22,27 +24,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from searchr1.core.advantage import assign_group_advantages
-from searchr1.data.dataset import SearchExample
-from searchr1.core.protocol import (
-    initial_messages,
-    stop_sequences,
-    template_boundaries,
-)
+from searchr1.core.types import AssistantTurn, SearchBackend, SearchExample, Trajectory
+from searchr1.core.protocol import stop_sequences, template_boundaries
 from searchr1.core.rollout import (
-    MalformedSampleError,
     PendingSearch,
     RolloutConfig,
     SampleRequest,
     consume_assistant,
     finish_search,
-    make_request,
+    next_request,
     read_sequence,
-    sampling_seed,
-    score_trajectory,
+    send_request,
+    start_group,
 )
-from searchr1.search.types import SearchBackend
-from searchr1.core.types import AssistantTurn, Trajectory
 
 DEFAULT_SEARCH_CONCURRENCY = 16  # the seed's RolloutConfig.search_concurrency
 
@@ -73,21 +67,7 @@ class LockstepRollout:
 
     async def _sample(self, request: SampleRequest) -> list[Any]:
         """One request, no retry, no semaphore (as the seed)."""
-        import pytrio as trio
-
-        params = trio.SamplingParams(
-            max_tokens=request.max_tokens, seed=request.seed, stop=self.stop or None,
-            temperature=self.config.temperature, top_p=self.config.top_p,
-        )
-        response = await self.sampler.sample_async(
-            prompt=trio.ModelInput.from_ints(request.prompt_tokens), num_samples=request.num_samples,
-            sampling_params=params, return_text=True,
-        )
-        sequences = list(response.sequences)
-        if len(sequences) != request.num_samples:
-            raise MalformedSampleError(
-                f"sampler returned {len(sequences)} sequences for num_samples={request.num_samples}"
-            )
+        sequences = await send_request(self.sampler, request, self.config, self.stop)
         self.stats.sample_requests += 1
         return sequences
 
@@ -116,21 +96,13 @@ class LockstepRollout:
     async def run(self, examples: Sequence[SearchExample]) -> list[Trajectory]:
         config = self.config
         template_boundaries(self.tokenizer)
-        budget = config.max_search_calls if config.state_search_budget else None
         groups: list[list[Trajectory]] = []
         first: list[tuple[list[Trajectory], SampleRequest]] = []
         for index, example in enumerate(examples):
-            messages = initial_messages(example.question, max_search_calls=budget)
-            branches = [Trajectory(example, index, g, [dict(m) for m in messages])
-                        for g in range(config.group_size)]
+            branches, request = start_group(self.tokenizer, example, index, self.step, config)
             groups.append(branches)
-            seed = sampling_seed(config.seed, self.step, index, 0, 0)
-            request = make_request(self.tokenizer, branches[0], 0, config.group_size, seed, config)
-            if request is None:
-                for branch in branches[1:]:
-                    branch.finish(branches[0].termination or "prompt_too_long")
-                continue
-            first.append((branches, request))
+            if request is not None:
+                first.append((branches, request))
         # Round 1: one request per question, num_samples = group_size.
         self.stats.rounds += 1
         responses = await asyncio.gather(*(self._sample(request) for _, request in first))
@@ -147,9 +119,7 @@ class LockstepRollout:
             for trajectory in trajectories:
                 if trajectory.done:
                     continue
-                seed = sampling_seed(config.seed, self.step, trajectory.question_index,
-                                     trajectory.group_index, len(trajectory.turns))
-                request = make_request(self.tokenizer, trajectory, 0, 1, seed, config)
+                request = next_request(self.tokenizer, trajectory, self.step, config)
                 if request is not None:
                     requests.append((trajectory, request))
             if not requests:
@@ -161,10 +131,6 @@ class LockstepRollout:
                 for (trajectory, request), sequences in zip(requests, responses)
             ]
             await self._resolve([p for p in pending if p is not None])
-        for trajectory in trajectories:
-            if not trajectory.sampler_error:
-                score_trajectory(trajectory)
-        assign_group_advantages(trajectories)
         return trajectories
 
 

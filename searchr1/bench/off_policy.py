@@ -50,7 +50,7 @@ def _world_search(seed: int, *, latency_tail: bool = True) -> Any:
     import hashlib
 
     from searchr1.twin.scripted_search import ScriptedSearch
-    from searchr1.search.types import SearchItem, SearchResult
+    from searchr1.core.types import SearchItem, SearchResult
     from searchr1.twin.offline_world import load_world, passages_by_query
 
     results = {query: SearchResult(True, (SearchItem(hop.title, hop.text, "offline"),))
@@ -78,11 +78,11 @@ def _config(steps: int, *, k: int = 0, accumulation: str = "sdk", questions: int
 def _train(service: Any, config: Any, tokenizer: Any, search: Any, home: Path) -> list[dict[str, Any]]:
     from searchr1.data.dataset import shuffled_examples
     from searchr1.run.directory import RunDir
-    from searchr1.core.trainer import Trainer
+    from searchr1.training.loop import TrainingRun
 
     run = RunDir(home / f"run-k{config.max_steps_off_policy}-{config.accumulation}-{time.monotonic_ns()}")
     run.create(config.to_json())
-    trainer = Trainer(config, run, service=service, tokenizer=tokenizer, search=search,
+    trainer = TrainingRun(config, run, service=service, tokenizer=tokenizer, search=search,
                       examples=shuffled_examples(config.data, config.seed))
     asyncio.run(trainer.run_steps(None))
     return run.metrics()
@@ -92,7 +92,8 @@ async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any
     """The sequential step as it was before the pipeline, for the K=0 identity check."""
     import pytrio as trio
 
-    from searchr1.core.advantage import summarize_groups
+    from searchr1.core.advantage import assign_group_advantages, summarize_groups
+    from searchr1.core.reward import score_trajectories
     from searchr1.data.dataset import shuffled_examples, take_batch
     from searchr1.core.datum import build_training_datums
     from searchr1.health.metrics import rollout_metrics
@@ -106,6 +107,8 @@ async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any
         batch = take_batch(examples, step * config.questions_per_batch, config.questions_per_batch)
         sampler = await client.save_weights_and_get_sampling_client_async()
         trajectories = await rollout_batch_async(sampler, tokenizer, search, batch, config.rollout, step=step)
+        score_trajectories(trajectories)
+        assign_group_advantages(trajectories)
         datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
         line = {"reward/mean": rollout_metrics(trajectories, summarize_groups(trajectories))["reward/mean"]}
         if datums:

@@ -4,25 +4,25 @@ The seed built the next prompt once per candidate item with four chat-template r
 (canonical prompt, the same with an empty assistant turn to learn the closing tokens, the
 conversation ending with the assistant turn, and the next prompt), so a result of three items
 cost twelve renders (the seed's ``build_next_prompt`` and ``fit_tool_content``). Ours sizes the items with the tokenizer and
-renders twice, once, for the chosen content (:func:`searchr1.core.rollout.fit_tool_content`).
+renders twice, once, for the chosen content (:func:`searchr1.core.observation.fit.fit_tool_content`).
 
 The tool turns are those of a real step: a zero-latency rollout of 8 questions x 8 samples with
 up to 4 searches of 3 items each, through the real engine and the real tokenizer. Each tool
 turn is then fitted both ways, passes interleaved, and must give the same content and the same
-next prompt as the engine used. Reported: renders per tool turn (``RENDERS.count``) and process
+next prompt as the engine used. Reported: renders per tool turn (:func:`counted_renders`) and process
 CPU per tool turn (``time.thread_time``: this thread only), medians over passes with their spread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from searchr1.core.protocol import (
-    RENDERS,
     TemplateDriftError,
     assistant_message,
     build_prompt,
@@ -30,10 +30,11 @@ from searchr1.core.protocol import (
     suffix_prefix_overlap,
     tool_message,
 )
-from searchr1.core.rollout import RolloutConfig, fit_tool_content, rollout_batch_async
+from searchr1.core.observation.fit import fit_tool_content
+from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.search.types import SearchResult, observation_candidates
-from searchr1.core.types import Trajectory
+from searchr1.core.types import SearchResult, Trajectory
+from searchr1.core.observation.text import observation_candidates
 from searchr1.bench.report import Figure, Measure
 from searchr1.bench.workload import WorkloadSpec, build_workload, quick_spec
 
@@ -132,13 +133,31 @@ def _fit_seed(tokenizer: Any, turn: ToolTurn, config: RolloutConfig) -> tuple[st
 FITTERS = {"ours": _fit_ours, "seed": _fit_seed}
 
 
+@contextlib.contextmanager
+def counted_renders(tokenizer: Any) -> Iterator[list[int]]:
+    """Count the tokenizer's chat-template renders while the block runs (one entry per render)."""
+    renders: list[int] = []
+    original = tokenizer.apply_chat_template
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        renders.append(1)
+        return original(*args, **kwargs)
+
+    tokenizer.apply_chat_template = counting
+    try:
+        yield renders
+    finally:
+        del tokenizer.apply_chat_template  # the class's method again
+
+
 def measure_pass(kind: str, tokenizer: Any, turns: Sequence[ToolTurn], config: RolloutConfig) -> tuple[float, int, list[Any]]:
     """CPU seconds and renders to fit every turn once; and the fits."""
     fit = FITTERS[kind]
-    renders = RENDERS.count
-    cpu = time.thread_time()  # this thread only: nothing else in the process counts
-    fits = [fit(tokenizer, turn, config) for turn in turns]
-    return time.thread_time() - cpu, RENDERS.count - renders, fits
+    with counted_renders(tokenizer) as renders:
+        cpu = time.thread_time()  # this thread only: nothing else in the process counts
+        fits = [fit(tokenizer, turn, config) for turn in turns]
+        spent = time.thread_time() - cpu
+    return spent, len(renders), fits
 
 
 def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,

@@ -214,7 +214,7 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
     from searchr1.core import trainer as trainer_module
     from searchr1.run.directory import RunDir
     from searchr1.core.config import TrainConfig
-    from searchr1.core.trainer import Trainer
+    from searchr1.training.loop import TrainingRun
 
     rollout = pipeline_module.rollout_batch_async
 
@@ -276,12 +276,12 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
     def timed_step(trainer: Any) -> Any:
         original = trainer.step
 
-        async def step(number: int) -> Any:
+        async def step(number: int, batches: Any) -> Any:
             if probe.meter is None:
                 probe.attach(trainer.service)
             probe.current = StepRecord()
             start = probe.meter.snapshot()  # type: ignore[union-attr]
-            metrics = await original(number)
+            metrics = await original(number, batches)
             spent = probe.interval(start)
             probe.current.roles = dict(spent.roles)
             probe.current.local += spent.total(LOCAL_ROLES)
@@ -305,10 +305,10 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
                              save_every=0, rollout=workload.config, offline=True)
         run = RunDir(Path(home) / "run")
         run.create(config.to_json())
-        trainer = Trainer(config, run, service=service, tokenizer=tokenizer,
+        training = TrainingRun(config, run, service=service, tokenizer=tokenizer,
                           search=ScriptedSearch(workload.results), examples=workload.examples)
-        trainer.step = timed_step(trainer)  # type: ignore[method-assign]
-        asyncio.run(trainer.run_steps(None))
+        training.trainer.step = timed_step(training.trainer)  # type: ignore[method-assign]
+        asyncio.run(training.run_steps(None))
 
 
 def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,

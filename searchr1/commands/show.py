@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from searchr1.core.loss_options import algorithm_of, describe_algorithm
+from searchr1.run.algorithm import algorithm_of, describe_algorithm
 
 DEFAULT_LIMIT = 20
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import click
 
+from searchr1 import __version__
 from searchr1.run.loggers import LOGGER_NAMES, SWANLAB_MODES
-from searchr1.core.loss_options import parse_loss_fn_config
+from searchr1.run.algorithm import parse_loss_fn_config
 from searchr1.core.rollout import RolloutConfig
 from searchr1.commands.search_options import search_options
 from searchr1.search.options import SearchOptions
@@ -150,8 +151,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     from searchr1.offline import TRAIN
     from searchr1.run.directory import TWIN_HOME, RunDir, recorded_checkpoints
     from searchr1.runtime.services import check_base_model, check_search_setup, load_tokenizer, open_search, start_service
-    from searchr1.core.config import new_run_id
-    from searchr1.core.trainer import CollapseDetected, Trainer, TrainingStopped
+    from searchr1.training.checkpoints import checkpoint_prefix, new_run_id
+    from searchr1.training.loop import CollapseDetected, TrainingRun, TrainingStopped
     from searchr1.run.costs import BudgetReached
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
@@ -270,15 +271,15 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         config = TrainConfig(
             data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data),
             search=_search_record(search, offline),
-            run_id=new_run_id(), **settings,
+            run_id=new_run_id(), code_version=__version__, **settings,
         )
         run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name)
         run = RunDir(run_dir)
         taken = sorted(name for name in recorded_checkpoints(run.path.parent)
-                       if name.startswith(config.checkpoint_prefix))
+                       if name.startswith(checkpoint_prefix(config)))
         if taken:
             raise click.ClickException(
-                f"checkpoint names starting with {config.checkpoint_prefix!r} are already recorded in "
+                f"checkpoint names starting with {checkpoint_prefix(config)!r} are already recorded in "
                 f"{recorded_checkpoints(run.path.parent)[taken[0]]}; saving under them would overwrite "
                 "that run's checkpoints on PyTRIO")
     # Everything bad input can break, before PyTRIO is contacted and before a new run
@@ -342,8 +343,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
 
     async def main() -> int:
         async with open_search(search, offline=offline) as backend:
-            trainer = Trainer(config, run, service=service, tokenizer=tokenizer, search=backend,
-                              examples=examples, reporter=reporter, logger=loggers, account=account)
+            trainer = TrainingRun(config, run, service=service, tokenizer=tokenizer, search=backend,
+                                  examples=examples, reporter=reporter, logger=loggers, account=account)
             first = trainer.connect(resume)
             if preflight_only:
                 click.echo(f"preflight passed: the service's tokenizer matches; the run would start at step "

@@ -1,13 +1,14 @@
 """The core of Search-R1 on PyTRIO, readable top to bottom in one sitting.
 
-protocol (the search tool, rendering, parsing, token stitching) -> rollout (one state machine
-per trajectory) -> reward -> advantage (group-relative) -> datum (one PyTRIO Datum per
-trajectory) -> packing (micro-batches, n_k/N) -> trainer (the loop) -> update (one
-forward_backward and optim_step). What they share: trajectory (what a rollout records),
-train_config (a run's settings), pipeline and off_policy (which weights sample which batch),
-loss_options, kl and dynamic_sampling (the algorithm options), metrics, diagnostics and health
-(what every step reports and the collapse guard), failures and reporting.
+Start with reference (one whole step written plainly, the algorithm the rest is held to), then
+the production pieces in the order a step runs them: types (the question, the search result,
+the trajectory) -> protocol (what the model is told, how its turns are parsed, how tokens are
+stitched) -> rollout (one state machine per trajectory; observation/ fits each search result
+into the budget) -> reward -> advantage (group-relative) -> datum (one PyTRIO Datum per
+trajectory) -> kl (the optional penalty) -> update (forward_backward, optim_step) -> trainer (one
+step in that order); config and settings declare a run's settings.
 
-Nothing here imports the offline twin, the benchmarks, the commands or a search transport
-(tests/core/test_core_imports.py holds it to that).
+The core imports only itself, the standard library, numpy, pytrio and the tokenizer libraries
+(tests/core/test_core_imports.py holds it to that); what it needs from the run around it (where
+batches come from, the micro-batching, the base model's logprobs) it is given.
 """

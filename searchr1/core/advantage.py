@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from searchr1.core.types import Trajectory
+from searchr1.core.types import Exclusion, Trajectory
 
 AdvantageMode = Literal["mean", "zscore", "rloo", "none"]
 ADVANTAGE_MODES: tuple[str, ...] = ("mean", "zscore", "rloo", "none")
@@ -41,10 +41,6 @@ ADVANTAGE_MODES: tuple[str, ...] = ("mean", "zscore", "rloo", "none")
 # Added to the standard deviation (not the variance), as in verl's GRPO estimator.
 ZSCORE_EPSILON = 1e-6
 
-# Values of ``Trajectory.excluded`` set here.
-DEGENERATE_GROUP = "degenerate_group"
-ENV_FAILURE_GROUP = "env_failure_group"
-SAMPLER_ERROR = "sampler_error"  # only with keep_env_failures=True
 
 
 @dataclass(frozen=True)
@@ -70,37 +66,38 @@ def group_by_question(trajectories: Iterable[Trajectory]) -> dict[int, list[Traj
     return dict(groups)
 
 
-def _has_env_failure(trajectory: Trajectory) -> bool:
-    return trajectory.env_error or trajectory.sampler_error
-
-
 def _scored_members(group: Sequence[Trajectory]) -> list[Trajectory]:
     """The trajectories whose rewards enter the group statistics (with kept env failures)."""
     return [t for t in group if not t.sampler_error]
 
 
-def classify_group(group: Sequence[Trajectory], *, keep_env_failures: bool = False) -> str | None:
-    """``ENV_FAILURE_GROUP``, ``DEGENERATE_GROUP`` or ``None`` (the group trains)."""
-    if not keep_env_failures and any(_has_env_failure(t) for t in group):
-        return ENV_FAILURE_GROUP
+def classify_group(group: Sequence[Trajectory], *, keep_env_failures: bool = False) -> Exclusion | None:
+    """``Exclusion.ENV_FAILURE_GROUP``, ``Exclusion.DEGENERATE_GROUP`` or ``None`` (the group trains)."""
+    if not keep_env_failures and any(t.env_error or t.sampler_error for t in group):
+        return Exclusion.ENV_FAILURE_GROUP
     rewards = {t.reward for t in _scored_members(group)}
     if len(rewards) <= 1:  # all equal (or nothing scored): no signal
-        return DEGENERATE_GROUP
+        return Exclusion.DEGENERATE_GROUP
     return None
+
+
+def classified_groups(trajectories: Iterable[Trajectory], *,
+                      keep_env_failures: bool = False) -> list[tuple[int, list[Trajectory], Exclusion | None]]:
+    """Every group as ``(question index, trajectories, classification)``, in first-seen order:
+    the one loop that decides which groups train (pure)."""
+    return [(question, group, classify_group(group, keep_env_failures=keep_env_failures))
+            for question, group in group_by_question(trajectories).items()]
 
 
 def summarize_groups(
     trajectories: Iterable[Trajectory], *, keep_env_failures: bool = False
 ) -> GroupSummary:
     """Pure: what :func:`assign_group_advantages` would decide, without touching anything."""
-    kinds = [
-        classify_group(group, keep_env_failures=keep_env_failures)
-        for group in group_by_question(trajectories).values()
-    ]
+    kinds = [kind for _, _, kind in classified_groups(trajectories, keep_env_failures=keep_env_failures)]
     return GroupSummary(
         groups=len(kinds),
-        degenerate=kinds.count(DEGENERATE_GROUP),
-        env_failure=kinds.count(ENV_FAILURE_GROUP),
+        degenerate=kinds.count(Exclusion.DEGENERATE_GROUP),
+        env_failure=kinds.count(Exclusion.ENV_FAILURE_GROUP),
     )
 
 
@@ -129,19 +126,23 @@ def assign_group_advantages(
     *,
     mode: AdvantageMode = "mean",
     keep_env_failures: bool = False,
+    surplus: Collection[int] = (),
 ) -> int:
     """Set ``advantage`` and ``excluded`` on every trajectory; return the number of
-    degenerate groups (as the seed did). Use :func:`summarize_groups` for all counts."""
+    degenerate groups (as the seed did). Use :func:`summarize_groups` for all counts.
+    ``surplus``: question indices of groups with a signal that dynamic sampling leaves out
+    (``Exclusion.SURPLUS_GROUP``, advantage 0; :mod:`searchr1.training.dynamic_sampling`)."""
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"unknown advantage mode {mode!r}; expected one of {ADVANTAGE_MODES}")
     degenerate = 0
-    for group in group_by_question(trajectories).values():
+    for question, group, kind in classified_groups(trajectories, keep_env_failures=keep_env_failures):
         for trajectory in group:
             trajectory.advantage = 0.0
             trajectory.excluded = None
-        kind = classify_group(group, keep_env_failures=keep_env_failures)
+        if kind is None and question in surplus:
+            kind = Exclusion.SURPLUS_GROUP
         if kind is not None:
-            degenerate += kind == DEGENERATE_GROUP
+            degenerate += kind == Exclusion.DEGENERATE_GROUP
             for trajectory in group:
                 trajectory.excluded = kind
             continue
@@ -152,5 +153,5 @@ def assign_group_advantages(
             trajectory.advantage = advantage
         for trajectory in group:
             if trajectory.sampler_error:
-                trajectory.excluded = SAMPLER_ERROR
+                trajectory.excluded = Exclusion.SAMPLER_ERROR
     return degenerate

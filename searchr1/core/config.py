@@ -12,13 +12,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchr1 import __version__
 from searchr1.core.advantage import ADVANTAGE_MODES
-from searchr1.health.rules import configured_rules
-from searchr1.core.loss_options import KL_ESTIMATORS, POLICY_LOSS_FNS
+from searchr1.core.kl import KL_ESTIMATORS
 from searchr1.core.reward import REWARD_KINDS
+from searchr1.core.types import FORMAT_PENALTY
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.settings import SettingError, check_settings, setting
+from searchr1.core.update import POLICY_LOSS_FNS
 
 ACCUMULATION_MODES = ("sdk", "manual")
 CHECKPOINT_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?$"
@@ -74,7 +74,7 @@ class TrainConfig:
     search: dict[str, Any] = field(default_factory=dict)  # backend settings, recorded as given
     offline: bool = False
     data_sha256: str = ""
-    code_version: str = __version__
+    code_version: str = ""  # the package version that started the run (the train command sets it)
     # A random id drawn when the run starts and kept by --resume: it is part of every
     # checkpoint name, so two runs with the same --run-name never save under the same name.
     run_id: str = ""
@@ -97,7 +97,7 @@ class TrainConfig:
         help="Stop (exit code 3) after N consecutive unhealthy steps, saving a checkpoint and printing the "
              "last healthy one and the command that restarts from it; 0: only warn.")
     health_rules: dict[str, float | None] = field(default_factory=dict)
-    # The algorithm (defaults: the seed's recipe): searchr1.core.loss_options, searchr1.core.kl, searchr1.core.reward,
+    # The algorithm (defaults: the seed's recipe): searchr1.core.update, searchr1.core.kl, searchr1.core.reward,
     # searchr1.training.dynamic_sampling; README "Choosing an algorithm".
     loss_fn: str = setting("importance_sampling", choices=POLICY_LOSS_FNS,
                            help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
@@ -112,7 +112,7 @@ class TrainConfig:
                                 help="Per-token KL estimate: k1 = logp - logp_base; k3 = exp(-d) + d - 1.")
     reward: str = setting("em", choices=REWARD_KINDS,
                           help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
-                               "inside the answer); a format failure is -0.1 for all three.")
+                               f"inside the answer); a format failure is {FORMAT_PENALTY:g} for all three.")
     dynamic_sampling: bool = setting(False, help="Keep drawing questions until --questions-per-batch groups have "
                                                  "unequal rewards (DAPO); needs --max-steps-off-policy 0.")
     max_oversample_batches: int = setting(2, at_least=0, help="With --dynamic-sampling: at most this many extra "
@@ -134,7 +134,6 @@ class TrainConfig:
             raise SettingError("--group-size", f"{self.rollout.group_size}: group advantages compare a question's "
                                "samples with each other, so a group of one always has advantage 0 and no step "
                                "could ever update; use at least 2")
-        configured_rules(self.health_rules)  # names a rule that does not exist
         if self.dynamic_sampling and self.max_steps_off_policy:
             raise SettingError("--dynamic-sampling", "needs --max-steps-off-policy 0: how many questions a step "
                                "draws is known only when it has finished, so the next step's batch cannot start "
@@ -142,19 +141,6 @@ class TrainConfig:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @property
-    def checkpoint_prefix(self) -> str:
-        """What every checkpoint name of this run starts with: ``<run-name>-<run-id>-``."""
-        return f"{self.run_name}-{self.run_id}-" if self.run_id else f"{self.run_name}-"
-
-    def checkpoint_name(self, completed_steps: int, session: int = 0) -> str:
-        """The name of the checkpoint taken after ``completed_steps`` steps in the run's
-        ``session``-th start (0 fresh, 1 after the first ``--resume``...). One start saves at
-        most once per step count, and the session tells apart a save that a crash left half
-        written from its retry after the resume, so no name is ever reused (no ``overwrite``)."""
-        name = f"{self.checkpoint_prefix}step-{completed_steps:06d}"
-        return f"{name}-resume{session}" if session else name
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> TrainConfig:
@@ -166,10 +152,3 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"config.json holds unknown fields {unknown}; written by another version?")
         return cls(**values)
-
-
-def new_run_id() -> str:
-    """Eight random hex digits: the part of checkpoint names that tells runs apart."""
-    import secrets
-
-    return secrets.token_hex(4)

@@ -30,16 +30,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from searchr1.core.types import Trajectory
+from searchr1.core.types import DEFAULT_MAX_TRAJECTORY_TOKENS, Trajectory
 
 if TYPE_CHECKING:
     from pytrio.types import Datum
 
-DEFAULT_MAX_TOKENS = 8192
 
 
 class DatumError(ValueError):
     """A trajectory cannot become a datum. The message names it (question/group, turn)."""
+
+
+class NonFiniteValues(RuntimeError):
+    """A NaN or infinity in what a step sends or gets back (a sampler logprob, an advantage, a
+    loss); the step stops before ``optim_step``."""
 
 
 class PrefixViolation(DatumError):
@@ -58,10 +62,6 @@ class TrainingDatum:
     question_index: int
     group_index: int
 
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.question_index, self.group_index)
-
 
 def _name(trajectory: Trajectory) -> str:
     return f"trajectory q{trajectory.question_index}/g{trajectory.group_index}"
@@ -71,8 +71,9 @@ def trajectory_arrays(trajectory: Trajectory) -> tuple[list[int], list[float], l
     """The unshifted ``(tokens, logprobs, advantages)`` of a trajectory, checked.
 
     Raises :class:`DatumError` (naming the trajectory and turn) when there are no turns, the
-    first prompt is empty, a turn's logprobs do not match its completion, a logprob is not
-    finite, a turn's prompt does not extend the sequence so far, or nothing was sampled.
+    first prompt is empty, a turn's logprobs do not match its completion, a turn's prompt does
+    not extend the sequence so far, or nothing was sampled; :class:`NonFiniteValues` when a
+    logprob is not finite.
     """
     name = _name(trajectory)
     if not trajectory.turns:
@@ -105,11 +106,9 @@ def trajectory_arrays(trajectory: Trajectory) -> tuple[list[int], list[float], l
                 f"{len(turn.logprobs)} logprobs"
             )
         for position, value in enumerate(turn.logprobs):
-            if not math.isfinite(value):
-                raise DatumError(
-                    f"{name} turn {index}: logprob {value!r} of completion token {position} "
-                    "is not finite"
-                )
+            if not math.isfinite(value):  # the one check of the sampler's logprobs
+                raise NonFiniteValues(f"{name} turn {index}: the sampler's logprob of token {position} is "
+                                      f"{value!r} (nothing was sent to forward_backward)")
         tokens += list(turn.completion_tokens)
         logprobs += [float(v) for v in turn.logprobs]
         advantages += [advantage] * len(turn.completion_tokens)
@@ -125,7 +124,7 @@ def _tensor(tensor_type: Any, array: np.ndarray, dtype: str) -> Any:
     return tensor_type.model_construct(data=array.tolist(), dtype=dtype, shape=[int(array.shape[0])])
 
 
-def build_datum(trajectory: Trajectory, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> TrainingDatum:
+def build_datum(trajectory: Trajectory, *, max_tokens: int = DEFAULT_MAX_TRAJECTORY_TOKENS) -> TrainingDatum:
     tokens, logprobs, advantages = trajectory_arrays(trajectory)
     model_input = tokens[:-1]
     if len(model_input) > max_tokens:
@@ -169,7 +168,7 @@ def sends_datum(trajectory: Trajectory) -> bool:
 
 
 def build_training_datums(
-    trajectories: Iterable[Trajectory], *, max_tokens: int = DEFAULT_MAX_TOKENS
+    trajectories: Iterable[Trajectory], *, max_tokens: int = DEFAULT_MAX_TRAJECTORY_TOKENS
 ) -> list[TrainingDatum]:
     """Datums of the trajectories that carry signal, in input order. Skips excluded,
     zero-advantage and sampler-error trajectories and those without completion tokens; a

@@ -13,8 +13,8 @@ and the advantage becomes ``A_t - beta * (kl_t - mean_kl)``, where ``mean_kl`` i
 penalty moves probability between tokens instead of shifting the whole batch's advantages.
 
 ``logp_base`` comes from a sampler of the *base* weights (created once per run, and again on
-resume) asked for prompt logprobs: one request per datum, ``max_tokens=1``, whose prompt is
-the datum's whole sequence; ``prompt_logprobs[i]`` is the base model's logprob of token ``i``
+resume, by :mod:`searchr1.training.base_model`) asked for prompt logprobs: one request per datum,
+``max_tokens=1``, whose prompt is the datum's whole sequence (:func:`base_prompt`); ``prompt_logprobs[i]`` is the base model's logprob of token ``i``
 given the tokens before it. ``logp_sampler`` is the datum's own ``logprobs`` (what the sampler
 returned), so no extra request is paid for it.
 
@@ -24,18 +24,14 @@ advantage 0 (prompt, observations) stay 0.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
-import time
 from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 
 from searchr1.core.datum import TrainingDatum
-from searchr1.core.loss_options import KL_ESTIMATORS
-from searchr1.run.usage import MeteredSampler, Usage
+
+KL_ESTIMATORS = ("k1", "k3")
 
 
 def kl_estimate(sampler_logprobs: np.ndarray, base_logprobs: np.ndarray, estimator: str) -> np.ndarray:
@@ -120,48 +116,3 @@ def aligned_base_logprobs(prompt_logprobs: Sequence[float | None], positions: in
         raise ValueError(f"the base sampler returned {len(prompt_logprobs)} prompt logprobs for a sequence of "
                          f"{positions + 1} tokens")
     return np.asarray([0.0 if v is None else float(v) for v in prompt_logprobs[1: positions + 1]], dtype=np.float64)
-
-
-async def base_logprobs_async(base_sampler: Any, datums: Sequence[TrainingDatum],
-                              slots: asyncio.Semaphore | None = None) -> list[np.ndarray]:
-    """One prompt-logprob request per datum to the base sampler, concurrently (``slots`` caps
-    how many are in flight)."""
-    from pytrio.types import ModelInput, SamplingParams
-
-    params = SamplingParams(max_tokens=1, temperature=1.0)
-
-    async def one(item: TrainingDatum) -> np.ndarray:
-        request = {"prompt": ModelInput.from_ints(base_prompt(item)), "num_samples": 1, "sampling_params": params,
-                   "include_prompt_logprobs": True}
-        if slots is None:
-            response = await base_sampler.sample_async(**request)
-        else:
-            async with slots:
-                response = await base_sampler.sample_async(**request)
-        return aligned_base_logprobs(list(response.prompt_logprobs), item.num_tokens)
-
-    return list(await asyncio.gather(*(one(item) for item in datums)))
-
-
-class BaseModelPenalty:
-    """The KL penalty of a run: a sampler of the *base* weights, made on first use (once per run
-    and per resume), asked for the prompt logprobs of every datum a step sends."""
-
-    def __init__(self, service: Any, config: Any) -> None:
-        self.service = service
-        self.config = config
-        self._sampler: Any = None
-        self._slots: asyncio.Semaphore | None = None
-
-    async def apply(self, datums: list[TrainingDatum],
-                    usage: Usage | None = None) -> tuple[list[TrainingDatum], dict[str, float]]:
-        """The datums with the penalty in their advantages, and the step's kl/ metrics; the
-        base model's requests are counted into ``usage`` (:mod:`searchr1.run.usage`)."""
-        started = time.perf_counter()
-        if self._sampler is None:
-            self._sampler = await self.service.create_sampling_client_async(base_model=self.config.base_model)
-            self._slots = asyncio.Semaphore(self.config.rollout.sampling_concurrency)
-        sampler = self._sampler if usage is None else MeteredSampler(self._sampler, usage, kl=True)
-        base = await base_logprobs_async(sampler, datums, self._slots)
-        datums, metrics = penalize(datums, base, coef=self.config.kl_coef, estimator=self.config.kl_estimator)
-        return datums, {**metrics, "kl/base_requests": float(len(base)), "time/kl_seconds": time.perf_counter() - started}

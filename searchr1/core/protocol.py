@@ -11,12 +11,14 @@ those environment tokens, and checked for not rewriting history while doing so.
 from __future__ import annotations
 
 import re
-import threading
-import unicodedata
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
+
+from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
+from searchr1.core.types import Tokenizer
 
 DEFAULT_TOOL_DESCRIPTION = "Look up evidence on the web. Pass one short English query."
 BUDGET_PLACEHOLDER = "{max_search_calls}"
@@ -98,28 +100,13 @@ def tool_message(call_id: str, content: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "name": "search", "content": content}
 
 
-def stop_sequences(tokenizer: Any) -> list[str]:
+def stop_sequences(tokenizer: Tokenizer) -> list[str]:
     """Stop strings for sampling: the tokenizer's eos (``<|im_end|>`` for Qwen3.5)."""
     eos = getattr(tokenizer, "eos_token", None)
     return [eos] if eos else []
 
 
 # --------------------------------------------------------------------------- rendering
-
-
-class _RenderCounter:
-    """Counts chat-template renders (the benchmark reports renders per tool turn)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-
-    def bump(self) -> None:
-        with self._lock:
-            self.count += 1
-
-
-RENDERS = _RenderCounter()
 
 
 def _as_token_list(rendered: Any) -> list[int]:
@@ -137,11 +124,10 @@ def _as_token_list(rendered: Any) -> list[int]:
     return [int(token) for token in rendered]
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool,
            tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Token ids of ``messages`` under the model's chat template, with the search tool (or
     ``tools``) and thinking disabled (the generation prompt then ends with an empty think block)."""
-    RENDERS.bump()
     rendered = tokenizer.apply_chat_template(
         messages,
         tools=tools or [SEARCH_TOOL],
@@ -153,9 +139,8 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt
     return _as_token_list(rendered)
 
 
-def render_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+def render_text(tokenizer: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None = None) -> str:
-    RENDERS.bump()
     return tokenizer.apply_chat_template(
         messages,
         tools=tools or [SEARCH_TOOL],
@@ -165,7 +150,7 @@ def render_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_p
     )
 
 
-def build_prompt(tokenizer: Any, messages: list[dict[str, Any]],
+def build_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]],
                  tools: list[dict[str, Any]] | None = None) -> list[int]:
     return render(tokenizer, messages, add_generation_prompt=True, tools=tools)
 
@@ -180,15 +165,22 @@ _STOP = r"(?:<\|im_end\|>|<\|endoftext\|>)"
 _TRAILING_STOP = re.compile(_STOP + r"(?:\s*" + _STOP + r")*\s*\Z")
 
 
+class TurnKind(StrEnum):
+    """What an assistant turn is (see :func:`parse_assistant`)."""
+
+    TOOL = "tool"
+    ANSWER = "answer"
+    INVALID = "invalid"
+
+
 @dataclass(frozen=True)
 class ParsedAssistant:
-    kind: str  # "tool" | "answer" | "invalid"
-    content: str
-    query: str | None = None
+    kind: TurnKind
     # The turn's text as classified: the sampled text without a trailing stop string. Whether
     # the sampler returns ``<|im_end|>`` in ``text`` is the service's convention; everything
     # downstream (messages, transcripts, the reward) uses this text, so it does not matter.
-    text: str = ""
+    text: str
+    query: str | None = None
 
 
 def without_stop_strings(text: str) -> str:
@@ -203,7 +195,7 @@ def parse_assistant(text: str) -> ParsedAssistant:
 
     * ``tool``: exactly one well-formed Qwen3.5 XML call to ``search`` with a single non-empty
       ``query`` free of ``<``/``>``, and nothing but whitespace (or a trailing ``<|im_end|>``)
-      after it. Planning text before the call is kept as ``content``.
+      after it (planning text may come before the call).
     * ``invalid``: any other use of ``<tool_call>`` (JSON bodies, other functions, extra
       parameters, two calls, text after the call, an unclosed call, an empty or bad query).
     * ``answer``: no ``<tool_call>`` at all (whether it holds an ``Answer:`` line is the
@@ -213,9 +205,9 @@ def parse_assistant(text: str) -> ParsedAssistant:
         text = "" if text is None else str(text)
     body = without_stop_strings(text)
     if "<tool_call>" not in body:
-        return ParsedAssistant("answer", body.strip(), text=body)
+        return ParsedAssistant(TurnKind.ANSWER, body)
     matches = list(TOOL_CALL_PATTERN.finditer(body))
-    invalid = ParsedAssistant("invalid", body.strip(), text=body)
+    invalid = ParsedAssistant(TurnKind.INVALID, body)
     if len(matches) != 1 or body.count("<tool_call>") != 1 or body.count("</tool_call>") != 1:
         return invalid
     match = matches[0]
@@ -224,7 +216,7 @@ def parse_assistant(text: str) -> ParsedAssistant:
     query = match.group(1).strip()
     if not query or "<" in query or ">" in query:
         return invalid
-    return ParsedAssistant("tool", body[: match.start()].strip(), query, text=body)
+    return ParsedAssistant(TurnKind.TOOL, body, query)
 
 
 # --------------------------------------------------------------------------- stitching
@@ -258,7 +250,7 @@ _PROBE_MESSAGES = [
 ]
 
 
-def template_boundaries(tokenizer: Any) -> TemplateBoundaries:
+def template_boundaries(tokenizer: Tokenizer) -> TemplateBoundaries:
     """Closing tokens and observation wrapper of this tokenizer's template (cached)."""
     template = str(getattr(tokenizer, "chat_template", ""))
     cached = _BOUNDARIES.get(tokenizer)
@@ -294,76 +286,13 @@ def template_boundaries(tokenizer: Any) -> TemplateBoundaries:
     return boundaries
 
 
-def observation_text(tokenizer: Any, content: str) -> str:
+def observation_text(tokenizer: Tokenizer, content: str) -> str:
     """The observation as text: wrapper plus the content trimmed as the template trims it."""
     boundaries = template_boundaries(tokenizer)
     return boundaries.observation_prefix + content.strip() + boundaries.observation_suffix
 
 
-_PLAIN_ENCODERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-
-
-def _plain_encoder(tokenizer: Any) -> Any:
-    """The tokenizer's normaliser, pre-tokeniser and BPE model without its added tokens
-    (shares the model, costs nothing to build), cached per tokenizer."""
-    encoder = _PLAIN_ENCODERS.get(tokenizer)
-    if encoder is None:
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise TypeError(
-                f"{type(tokenizer).__name__} has no backend_tokenizer: observations need a fast "
-                "(tokenizers-backed) tokenizer to keep special-token strings as plain text"
-            )
-        from tokenizers import Tokenizer
-
-        encoder = Tokenizer(backend.model)
-        encoder.normalizer = backend.normalizer
-        encoder.pre_tokenizer = backend.pre_tokenizer
-        _PLAIN_ENCODERS[tokenizer] = encoder
-    return encoder
-
-
-def plain_tokens(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of ``text`` read as plain text: a string such as ``<|im_end|>`` or
-    ``</tool_response>`` is spelled with ordinary vocabulary tokens, never turned into the
-    control token of that name. For text holding no such string this equals
-    ``tokenizer.encode(text, add_special_tokens=False)``."""
-    return list(_plain_encoder(tokenizer).encode(text, add_special_tokens=False).ids)
-
-
-@dataclass(frozen=True)
-class _Wrapper:
-    """The observation wrapper cut where plain text meets the template's own tokens."""
-
-    head: tuple[int, ...]  # tokens up to and including the prefix's last added token
-    head_text: str  # prefix text after that token (joins the content's tokenisation)
-    tail_text: str  # suffix text before its first added token (joins the content's too)
-    tail: tuple[int, ...]  # tokens from the suffix's first added token on
-
-
-_WRAPPERS: "weakref.WeakKeyDictionary[Any, tuple[TemplateBoundaries, _Wrapper]]" = weakref.WeakKeyDictionary()
-
-
-def _observation_wrapper(tokenizer: Any) -> _Wrapper:
-    boundaries = template_boundaries(tokenizer)
-    cached = _WRAPPERS.get(tokenizer)
-    if cached is not None and cached[0] is boundaries:
-        return cached[1]
-    added = [token for token in tokenizer.get_added_vocab() if token]
-    prefix, suffix = boundaries.observation_prefix, boundaries.observation_suffix
-    cut = max((prefix.rfind(t) + len(t) for t in added if t in prefix), default=0)
-    start = min((suffix.find(t) for t in added if t in suffix), default=len(suffix))
-    wrapper = _Wrapper(
-        head=tuple(tokenizer.encode(prefix[:cut], add_special_tokens=False)),
-        head_text=prefix[cut:],
-        tail_text=suffix[:start],
-        tail=tuple(tokenizer.encode(suffix[start:], add_special_tokens=False)),
-    )
-    _WRAPPERS[tokenizer] = (boundaries, wrapper)
-    return wrapper
-
-
-def observation_tokens(tokenizer: Any, content: str) -> list[int]:
+def observation_tokens(tokenizer: Tokenizer, content: str) -> list[int]:
     """Observation tokens for ``content`` without rendering the conversation.
 
     The wrapper keeps the template's real control tokens; the content (with the plain text
@@ -374,7 +303,7 @@ def observation_tokens(tokenizer: Any, content: str) -> list[int]:
     starts right after ``<|im_end|>``, so nothing merges across the boundary), which
     ``build_next_prompt`` checks against the template on every turn.
     """
-    wrapper = _observation_wrapper(tokenizer)
+    wrapper = observation_wrapper(tokenizer, template_boundaries(tokenizer))
     body = plain_tokens(tokenizer, wrapper.head_text + content.strip() + wrapper.tail_text)
     return list(wrapper.head) + body + list(wrapper.tail)
 
@@ -387,14 +316,14 @@ def suffix_prefix_overlap(tokens: Sequence[int], suffix: Sequence[int]) -> int:
     return 0
 
 
-def missing_closing(tokenizer: Any, completion_tokens: Sequence[int]) -> list[int]:
+def missing_closing(tokenizer: Tokenizer, completion_tokens: Sequence[int]) -> list[int]:
     """The part of the assistant closing the sampler did not already return."""
     closing = template_boundaries(tokenizer).closing
     return list(closing[suffix_prefix_overlap(completion_tokens, closing):])
 
 
 def build_next_prompt(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     messages_before_assistant: list[dict[str, Any]],
     assistant_text: str,
     previous_prompt_tokens: Sequence[int],
@@ -442,42 +371,3 @@ def build_next_prompt(
         + missing_closing(tokenizer, completion_tokens)
         + (list(observation) if observation is not None else observation_tokens(tokenizer, content))
     )
-
-
-def check_template(tokenizer: Any) -> TemplateBoundaries:
-    """Start-up self-check of the stitching invariants on a probe conversation.
-
-    A live run with an unexpected template fails here in seconds, with the failing check
-    named, instead of after a paid training step.
-    """
-    messages = initial_messages("Which country was the author of The Little Prince from?")
-    prompt = build_prompt(tokenizer, messages)
-    generation_prompt = tokenizer.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)
-    if prompt[-len(generation_prompt):] != generation_prompt:
-        raise TemplateDriftError(
-            "the generation prompt does not end with an empty think block; was enable_thinking=False ignored?"
-        )
-    boundaries = template_boundaries(tokenizer)
-    turns = [
-        "<tool_call>\n<function=search>\n<parameter=query>\nThe Little Prince author\n</parameter>\n</function>\n</tool_call>",
-        "Now his nationality.\n\n<tool_call>\n<function=search>\n<parameter=query>\nAntoine de Saint-Exupery nationality\n</parameter>\n</function>\n</tool_call>",
-    ]
-    observations = ["[1] Title: The Little Prince\n    Content: A novella by Antoine de Saint-Exupery.", "He was a French writer."]
-    tokens = prompt
-    for index, (text, observation) in enumerate(zip(turns, observations), start=1):
-        if parse_assistant(text).kind != "tool":
-            raise TemplateDriftError(f"probe tool call {index} does not parse as a search call")
-        completion = tokenizer.encode(text, add_special_tokens=False) + list(boundaries.closing[:1])
-        tool = tool_message(f"probe-{index}", observation)
-        tokens = build_next_prompt(tokenizer, messages, text, tokens, completion, tool)
-        messages = messages + [assistant_message(text), tool]
-    if tokens != build_prompt(tokenizer, messages):
-        raise TemplateDriftError(
-            "stitched tokens differ from a full render of the same two-search conversation"
-        )
-    return boundaries
-
-
-def nfc(text: str) -> str:
-    """The tokenizer normalises text to NFC; decoded text compares equal only after this."""
-    return unicodedata.normalize("NFC", text)

@@ -1,7 +1,7 @@
 """Outcome reward: a single ``Answer:`` line scored against the references.
 
-A format failure (no single non-empty ``Answer:`` line) is exactly -0.1 whatever the reward
-kind. Otherwise the reward is one of three scores of the normalised answer, each the best over
+A format failure (no single non-empty ``Answer:`` line) is exactly ``FORMAT_PENALTY`` (-0.1)
+whatever the reward kind. Otherwise the reward is one of three scores of the normalised answer, each the best over
 the references (``--reward``):
 
 * ``em`` (default, the seed): 1.0 for an exact match after normalisation, else 0.0;
@@ -22,25 +22,15 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from searchr1.core.types import FORMAT_PENALTY, NOT_ANSWERED, RewardResult, Termination, Trajectory
 
 ANSWER_PATTERN = re.compile(r"^\s*Answer:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 ARTICLE_PATTERN = re.compile(r"\b(a|an|the)\b", re.IGNORECASE)
 
-FORMAT_PENALTY = -0.1
 NORMALIZATIONS = ("unicode", "official")
 REWARD_KINDS = ("em", "f1", "cover_em")
 _ASCII_PUNCTUATION = str.maketrans("", "", string.punctuation)
-
-
-@dataclass(frozen=True)
-class RewardResult:
-    reward: float
-    valid_format: bool
-    exact_match: bool
-    answer: str | None
-    f1: float = 0.0
-    cover_em: bool = False
 
 
 def extract_answer(text: str) -> str | None:
@@ -110,3 +100,19 @@ def score_answer(
     cover = any(covers(predicted, gold) for gold in golds)
     value = {"em": 1.0 if matched else 0.0, "f1": f1, "cover_em": 1.0 if cover else 0.0}[reward]
     return RewardResult(value, True, matched, answer, f1=f1, cover_em=cover)
+
+
+def score_trajectories(trajectories: Iterable[Trajectory], *, reward: str = "em") -> None:
+    """Set ``score`` on every trajectory whose sampling did not fail (``reward``: em, f1 or
+    cover_em; every score is recorded whichever is the reward). Only an ``answer`` termination
+    is scored; any other ending earns the format penalty.
+
+    The seed scored the text of whatever turn came last, so a malformed or over-budget tool
+    call that also carried an ``Answer:`` line could earn 1.0: a reward for breaking the
+    protocol.
+    """
+    for trajectory in trajectories:
+        if trajectory.sampler_error:
+            continue
+        trajectory.score = (score_answer(trajectory.final_text, trajectory.example.answers, reward=reward)
+                            if trajectory.termination == Termination.ANSWER else NOT_ANSWERED)

@@ -24,34 +24,40 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from searchr1.core.advantage import assign_group_advantages
-from searchr1.data.dataset import SearchExample
 from searchr1.core.protocol import (
+    TurnKind,
     assistant_message,
-    build_next_prompt,
     build_prompt,
     initial_messages,
     missing_closing,
     observation_tokens,
     parse_assistant,
-    plain_tokens,
     search_tool,
     stop_sequences,
     system_prompt,
     template_boundaries,
     tool_message,
 )
-from searchr1.core.piecewise_tokens import JoinedObservation
-from searchr1.core.reward import FORMAT_PENALTY, score_answer
-from searchr1.search.types import SearchBackend, SearchResult, observation_candidates
+from searchr1.core.observation.fit import fit_tool_content
 from searchr1.core.settings import check_settings, setting
-from searchr1.core.types import AssistantTurn, SearchRecord, Trajectory
+from searchr1.core.types import (
+    DEFAULT_MAX_TRAJECTORY_TOKENS,
+    AssistantTurn,
+    SampledSequence,
+    SamplingClient,
+    SearchBackend,
+    SearchExample,
+    SearchRecord,
+    SearchResult,
+    Termination,
+    Tokenizer,
+    Trajectory,
+)
 
 log = logging.getLogger("searchr1.core.rollout")
 T = TypeVar("T")
 
 TOOL_OVERFLOW_MODES = ("truncate", "end")
-TRUNCATION_MARKER = " [... truncated to fit the budget]"
 
 
 MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger
@@ -66,7 +72,7 @@ class RolloutConfig:
     group_size: int = setting(8, at_least=1, at_most=256, help="Trajectories per question.")
     max_search_calls: int = setting(4, at_least=0, at_most=100, help="Searches per trajectory.")
     max_assistant_turns: int = setting(6, at_least=1, at_most=100, help="Assistant turns per trajectory.")
-    max_trajectory_tokens: int = setting(8192, at_least=1, at_most=MAX_TOKENS,
+    max_trajectory_tokens: int = setting(DEFAULT_MAX_TRAJECTORY_TOKENS, at_least=1, at_most=MAX_TOKENS,
                                          help="Whole-sequence budget (also the training datum limit).")
     max_assistant_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS, help="Generation cap per assistant turn.")
     max_tool_response_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS,
@@ -129,14 +135,8 @@ def sampling_seed(base: int, step: int, question_index: int, group_index: int, t
     return int.from_bytes(hashlib.blake2b(material, digest_size=4).digest(), "big") & 0x7FFFFFFF
 
 
-def make_request(
-    tokenizer: Any,
-    trajectory: Trajectory,
-    trajectory_index: int,
-    num_samples: int,
-    seed: int,
-    config: RolloutConfig,
-) -> SampleRequest | None:
+def make_request(tokenizer: Tokenizer, trajectory: Trajectory, num_samples: int, seed: int,
+                 config: RolloutConfig) -> SampleRequest | None:
     """The next sampling request, or ``None`` (and the trajectory ends on ``token_budget``)
     when the trajectory has no room left for even one generated token."""
     if trajectory.next_prompt_tokens is not None:
@@ -145,16 +145,53 @@ def make_request(
         prompt = build_prompt(tokenizer, trajectory.messages, tools=config.tools)
     max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))
     if max_tokens <= 0:
-        trajectory.finish("prompt_too_long" if not trajectory.turns else "token_budget")
+        trajectory.finish(Termination.TOKEN_BUDGET if trajectory.turns else Termination.PROMPT_TOO_LONG)
         return None
     return SampleRequest(list(prompt), num_samples, max_tokens, seed)
+
+
+def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: int, step: int,
+                config: RolloutConfig) -> tuple[list[Trajectory], SampleRequest | None]:
+    """The ``group_size`` trajectories of one question and their shared first request
+    (``num_samples = group_size``); ``None``, every trajectory ended, when the prompt alone is
+    over the budget."""
+    budget = config.max_search_calls if config.state_search_budget else None
+    messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
+    branches = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(config.group_size)]
+    seed = sampling_seed(config.seed, step, question_index, 0, 0)
+    request = make_request(tokenizer, branches[0], config.group_size, seed, config)
+    if request is None:
+        for branch in branches[1:]:
+            branch.finish(branches[0].termination or Termination.PROMPT_TOO_LONG)
+    return branches, request
+
+
+def next_request(tokenizer: Tokenizer, trajectory: Trajectory, step: int, config: RolloutConfig) -> SampleRequest | None:
+    """The request of the trajectory's next turn (seeded by step, question, sample and turn)."""
+    seed = sampling_seed(config.seed, step, trajectory.question_index, trajectory.group_index, len(trajectory.turns))
+    return make_request(tokenizer, trajectory, 1, seed, config)
 
 
 class MalformedSampleError(ValueError):
     """The sampler answered, but not with what was asked for."""
 
 
-def read_sequence(sequence: Any, tokenizer: Any) -> tuple[list[int], list[float], str, str]:
+async def send_request(sampler: SamplingClient, request: SampleRequest, config: RolloutConfig,
+                       stop: list[str]) -> list[SampledSequence]:
+    """One sampling call; exactly ``num_samples`` sequences, or :class:`MalformedSampleError`."""
+    import pytrio as trio
+
+    params = trio.SamplingParams(max_tokens=request.max_tokens, seed=request.seed, stop=stop or None,
+                                 temperature=config.temperature, top_p=config.top_p)
+    response = await sampler.sample_async(prompt=trio.ModelInput.from_ints(request.prompt_tokens),
+                                          num_samples=request.num_samples, sampling_params=params, return_text=True)
+    sequences = list(response.sequences)
+    if len(sequences) != request.num_samples:
+        raise MalformedSampleError(f"sampler returned {len(sequences)} sequences for num_samples={request.num_samples}")
+    return sequences
+
+
+def read_sequence(sequence: SampledSequence, tokenizer: Tokenizer) -> tuple[list[int], list[float], str, str]:
     """Tokens, logprobs, text and stop reason of one sampled sequence."""
     tokens = [int(t) for t in sequence.tokens]
     logprobs = [float(x) for x in sequence.logprobs]
@@ -183,108 +220,6 @@ def is_retryable(error: BaseException) -> bool:
 
 
 @dataclass(frozen=True)
-class FittedObservation:
-    content: str
-    next_prompt: list[int]
-    truncated: bool
-
-
-def _truncate_to_fit(tokenizer: Any, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
-    """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``.
-    Counted with :func:`plain_tokens`, as the observation will be tokenised."""
-    ids = plain_tokens(tokenizer, text)
-    keep = min(len(ids), limit)
-    while keep > 0:
-        head = tokenizer.decode(ids[:keep], skip_special_tokens=False).rstrip("\ufffd")
-        candidate = head.rstrip() + TRUNCATION_MARKER
-        if head.strip() and budget(candidate):
-            return candidate
-        keep = keep - max(1, keep // 8) if keep > 64 else keep - 1
-    return None
-
-
-def fit_tool_content(
-    tokenizer: Any,
-    messages_before_assistant: list[dict[str, Any]],
-    assistant_text: str,
-    previous_prompt_tokens: Sequence[int],
-    completion_tokens: Sequence[int],
-    call_id: str,
-    result: SearchResult,
-    config: RolloutConfig,
-) -> FittedObservation | None:
-    """The tool message content and the next prompt, or ``None`` when nothing fits.
-
-    Whole items are added greedily in rank order while the joined content stays within
-    ``max_tool_response_tokens`` and the next prompt leaves room for at least one generated
-    token; the first item that does not fit stops the loop (as the seed). Sizes come from the
-    tokenizer directly; the template is rendered twice, and only for the chosen content. If not
-    even the first item fits, ``tool_overflow="truncate"`` cuts it at a token boundary with a
-    visible marker; ``"end"`` returns ``None`` (the seed).
-    """
-    base = len(previous_prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
-    room = config.max_trajectory_tokens - 1 - base  # leave one token for the next turn
-
-    def fits(content: str) -> bool:
-        if len(plain_tokens(tokenizer, content)) > config.max_tool_response_tokens:
-            return False
-        return len(observation_tokens(tokenizer, content)) <= room
-
-    candidates = observation_candidates(result)
-    sizes = JoinedObservation(tokenizer, candidates)  # each item tokenised once, not once per try
-    accepted = 0
-    observation: list[int] | None = None  # the accepted content's observation tokens
-    for count in range(1, len(candidates) + 1):
-        if len(sizes.content_tokens(count)) > config.max_tool_response_tokens:
-            break
-        tokens = sizes.observation_tokens(count)
-        if len(tokens) > room:
-            break
-        accepted, observation = count, tokens
-    truncated = False
-    if accepted:
-        content = sizes.joined(accepted)
-    elif config.tool_overflow == "truncate":
-        cut = _truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
-        if cut is None:
-            return None
-        content, truncated = cut, True
-    else:
-        return None
-    next_prompt = build_next_prompt(
-        tokenizer,
-        messages_before_assistant,
-        assistant_text,
-        previous_prompt_tokens,
-        completion_tokens,
-        tool_message(call_id, content),
-        tools=config.tools,
-        observation=observation,
-    )
-    return FittedObservation(content, next_prompt, truncated)
-
-
-def score_trajectory(trajectory: Trajectory, *, reward: str = "em") -> None:
-    """Score the final answer (``reward``: em, f1 or cover_em, :mod:`searchr1.core.reward`; every
-    score is recorded whichever is the reward); a trajectory that did not end by answering
-    gets the format penalty.
-
-    The seed scored the text of whatever turn came last, so a malformed or over-budget tool
-    call that also carried an ``Answer:`` line could earn 1.0: a reward for breaking the
-    protocol. Here only an ``answer`` termination is scored.
-    """
-    if trajectory.termination != "answer":
-        trajectory.reward, trajectory.valid_format, trajectory.exact_match = FORMAT_PENALTY, False, False
-        trajectory.f1, trajectory.cover_em = 0.0, False
-        return
-    result = score_answer(trajectory.final_text, trajectory.example.answers, reward=reward)
-    trajectory.reward = result.reward
-    trajectory.valid_format = result.valid_format
-    trajectory.exact_match = result.exact_match
-    trajectory.f1, trajectory.cover_em = result.f1, result.cover_em
-
-
-@dataclass(frozen=True)
 class PendingSearch:
     """A valid tool call within budget, waiting for its search result."""
 
@@ -297,7 +232,7 @@ class PendingSearch:
     query: str
 
 
-def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Any,
+def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
                       config: RolloutConfig) -> PendingSearch | None:
     """Record one assistant turn; end the trajectory (answer, invalid call, a budget spent) or
     return the search it asks for."""
@@ -307,29 +242,29 @@ def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: An
     text = parsed.text  # the one place that decides what the turn said (no stop string)
     messages_before = list(trajectory.messages)
     trajectory.messages.append(assistant_message(text))
-    if parsed.kind == "answer":
-        trajectory.finish("answer", text)
+    if parsed.kind == TurnKind.ANSWER:
+        trajectory.finish(Termination.ANSWER, text)
         return None
-    if parsed.kind == "invalid":
-        trajectory.finish("invalid", text)
+    if parsed.kind == TurnKind.INVALID:
+        trajectory.finish(Termination.INVALID, text)
         return None
     if trajectory.search_calls >= config.max_search_calls:
-        trajectory.finish("search_budget", text)
+        trajectory.finish(Termination.SEARCH_BUDGET, text)
         return None
     if len(trajectory.turns) >= config.max_assistant_turns:
-        trajectory.finish("turn_budget", text)
+        trajectory.finish(Termination.TURN_BUDGET, text)
         return None
     assert parsed.query is not None
     base = len(prompt) + len(tokens) + len(missing_closing(tokenizer, tokens))
     overhead = len(observation_tokens(tokenizer, "x"))
     if base + overhead + 1 > config.max_trajectory_tokens:
-        trajectory.finish("token_budget", text)  # no observation could fit: skip the search
+        trajectory.finish(Termination.TOKEN_BUDGET, text)  # no observation could fit: skip the search
         return None
     call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
     return PendingSearch(trajectory, messages_before, text, list(prompt), list(tokens), call_id, parsed.query)
 
 
-def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Any, config: RolloutConfig) -> None:
+def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Tokenizer, config: RolloutConfig) -> None:
     """Fit the result into the trajectory and stitch its next prompt, or end it on overflow.
 
     A result is outside text: if turning it into an observation raises anything at all, the
@@ -345,12 +280,10 @@ def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Any, 
         log.warning("query %r: %s; the trajectory ends as a search failure", pending.query[:80], reason)
         trajectory.searches.append(SearchRecord(query=pending.query, ok=False, observation="",
                                                 items=len(result.items), error=reason, cached=result.cached))
-        trajectory.search_calls += 1
-        trajectory.env_error = True
-        trajectory.finish("search_error", pending.assistant_text)
+        trajectory.finish(Termination.SEARCH_ERROR, pending.assistant_text)
         return
     if fitted is None:
-        trajectory.finish("tool_overflow", pending.assistant_text)
+        trajectory.finish(Termination.TOOL_OVERFLOW, pending.assistant_text)
         return
     trajectory.messages.append(tool_message(pending.call_id, fitted.content))
     trajectory.searches.append(SearchRecord(
@@ -358,8 +291,6 @@ def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Any, 
         error=result.error, cached=result.cached, truncated=fitted.truncated,
     ))
     trajectory.next_prompt_tokens = fitted.next_prompt
-    trajectory.search_calls += 1
-    trajectory.env_error = trajectory.env_error or not result.ok
 
 
 async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
@@ -378,7 +309,7 @@ async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
 class _Engine:
     """State shared by the tasks of one batch."""
 
-    def __init__(self, sampling_client: Any, tokenizer: Any, search_backend: SearchBackend,
+    def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, search_backend: SearchBackend,
                  config: RolloutConfig, step: int, progress: Callable[[int], None] | None,
                  sampling_slots: asyncio.Semaphore | None = None) -> None:
         self.sampler = sampling_client
@@ -391,37 +322,18 @@ class _Engine:
         self.stop = stop_sequences(tokenizer)
         self.first_failure: str | None = None
 
-    def finished(self, trajectory: Trajectory) -> None:
+    def finished(self) -> None:
         if self.progress is not None:
             self.progress(1)
 
-    async def sample(self, request: SampleRequest) -> list[Any]:
+    async def sample(self, request: SampleRequest) -> list[SampledSequence]:
         """One request with retries; returns exactly ``num_samples`` sequences or raises."""
-        import pytrio as trio
-
-        params = trio.SamplingParams(
-            max_tokens=request.max_tokens,
-            seed=request.seed,
-            stop=self.stop or None,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-        )
-        prompt = trio.ModelInput.from_ints(request.prompt_tokens)
         attempt = 0
         while True:
             try:
                 # asyncio.timeout, not wait_for: no extra task per request
                 async with self.semaphore, asyncio.timeout(self.config.sample_timeout):
-                    response = await self.sampler.sample_async(
-                        prompt=prompt, num_samples=request.num_samples,
-                        sampling_params=params, return_text=True,
-                    )
-                sequences = list(response.sequences)
-                if len(sequences) != request.num_samples:
-                    raise MalformedSampleError(
-                        f"sampler returned {len(sequences)} sequences for num_samples={request.num_samples}"
-                    )
-                return sequences
+                    return await send_request(self.sampler, request, self.config, self.stop)
             except Exception as error:  # noqa: BLE001 - classified below, never swallowed silently
                 if attempt >= self.config.sample_retries or not is_retryable(error):
                     raise
@@ -431,21 +343,11 @@ class _Engine:
                 await asyncio.sleep(self.config.sample_retry_backoff * 2 ** (attempt - 1))
 
     async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
-        config = self.config
-        budget = config.max_search_calls if config.state_search_budget else None
-        messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
-        branches = [
-            Trajectory(example, question_index, g, [dict(m) for m in messages])
-            for g in range(config.group_size)
-        ]
-        seed = sampling_seed(config.seed, self.step, question_index, 0, 0)
-        request = make_request(self.tokenizer, branches[0], 0, config.group_size, seed, config)
+        branches, request = start_group(self.tokenizer, example, question_index, self.step, self.config)
         if request is None:
-            for branch in branches[1:]:
-                branch.finish(branches[0].termination or "prompt_too_long")
             log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
-            for branch in branches:
-                self.finished(branch)
+            for _ in branches:
+                self.finished()
             return branches
         try:
             sequences = await self.sample(request)
@@ -465,11 +367,10 @@ class _Engine:
         self.first_failure = self.first_failure or summary
         log.warning("sampling failed for good (%s)", summary)
         for trajectory in trajectories:
-            trajectory.finish("sampler_error")
-            self.finished(trajectory)
+            trajectory.finish(Termination.SAMPLER_ERROR)
+            self.finished()
 
-    async def run_trajectory(self, trajectory: Trajectory, prompt: list[int], sequence: Any) -> None:
-        config = self.config
+    async def run_trajectory(self, trajectory: Trajectory, prompt: list[int], sequence: SampledSequence) -> None:
         while True:
             try:
                 tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
@@ -478,13 +379,11 @@ class _Engine:
                 return
             await self.advance(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason))
             if trajectory.done:
-                self.finished(trajectory)
+                self.finished()
                 return
-            seed = sampling_seed(config.seed, self.step, trajectory.question_index,
-                                 trajectory.group_index, len(trajectory.turns))
-            request = make_request(self.tokenizer, trajectory, 0, 1, seed, config)
+            request = next_request(self.tokenizer, trajectory, self.step, self.config)
             if request is None:
-                self.finished(trajectory)
+                self.finished()
                 return
             try:
                 (sequence,) = await self.sample(request)
@@ -503,25 +402,23 @@ class _Engine:
 
 
 async def rollout_batch_async(
-    sampling_client: Any,
-    tokenizer: Any,
+    sampling_client: SamplingClient,
+    tokenizer: Tokenizer,
     search_client: SearchBackend,
     examples: Sequence[SearchExample],
     config: RolloutConfig,
     progress_callback: Callable[[int], None] | None = None,
     *,
     step: int = 0,
-    advantage_mode: str = "mean",
-    keep_env_failures: bool = False,
     sampling_slots: asyncio.Semaphore | None = None,
-    reward: str = "em",
     first_question_index: int = 0,
 ) -> list[Trajectory]:
-    """Roll out ``group_size`` trajectories per example; score them and assign advantages.
+    """Roll out ``group_size`` trajectories per example (unscored: scoring and advantages are
+    the caller's next steps, :func:`searchr1.core.reward.score_trajectories` and
+    :func:`searchr1.core.advantage.assign_group_advantages`).
 
     ``sampling_slots`` caps sampling requests across several batches rolling out at once (the
     trainer's off-policy pipeline); by default the batch has ``sampling_concurrency`` of its own.
-    ``reward`` is the score that becomes the reward (:mod:`searchr1.core.reward`).
     ``first_question_index`` numbers the questions from there (question indices group the
     trajectories and seed the sampling: dynamic sampling's extra draws of one step use fresh ones).
 
@@ -542,17 +439,4 @@ async def rollout_batch_async(
             f"max_sampler_failure_fraction={config.max_sampler_failure_fraction}); "
             f"the sampling service looks unhealthy (first failure: {engine.first_failure})"
         )
-    for trajectory in trajectories:
-        if not trajectory.sampler_error:
-            score_trajectory(trajectory, reward=reward)
-    assign_group_advantages(trajectories, mode=advantage_mode, keep_env_failures=keep_env_failures)
     return trajectories
-
-
-def rollout_batch(sampling_client: Any, tokenizer: Any, search_client: SearchBackend,
-                  examples: Sequence[SearchExample], config: RolloutConfig,
-                  progress_callback: Callable[[int], None] | None = None, **kwargs: Any) -> list[Trajectory]:
-    """Synchronous wrapper of :func:`rollout_batch_async` (runs its own event loop)."""
-    return asyncio.run(rollout_batch_async(sampling_client, tokenizer, search_client, examples,
-                                           config, progress_callback, **kwargs))
-

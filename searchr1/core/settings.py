@@ -124,6 +124,16 @@ def settings_of(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Rule]]:
             yield field, rule
 
 
+def key_value(item: str, flag: str, expected: str) -> tuple[str, str]:
+    """One ``KEY=VALUE`` item of a repeatable flag, both sides stripped; a ValueError naming the
+    flag, the item and the ``expected`` form when a side is missing."""
+    key, sep, value = item.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or not key or not value:
+        raise ValueError(f"{flag} {item!r}: expected {expected}")
+    return key, value
+
+
 def check_settings(instance: Any) -> None:
     """Every rule of every setting of a configuration object (its ``__post_init__`` calls this)."""
     for field, rule in settings_of(type(instance)):

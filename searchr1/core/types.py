@@ -1,25 +1,118 @@
-"""The record of one multi-turn rollout: exactly the tokens that were sampled, plus what the
+"""What the core works on: a question (``SearchExample``), what a search returns
+(``SearchResult``) and the backend that returns it (``SearchBackend``), and the record of one
+multi-turn rollout (``Trajectory``): exactly the tokens that were sampled, plus what the
 environment said. Messages are kept only for logs and for the chat template."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from searchr1.data.dataset import SearchExample
+if TYPE_CHECKING:
+    from pytrio.types import AdamParams, Datum
 
-# Why a trajectory ended. Exactly one per finished trajectory.
-TERMINATIONS = (
-    "answer",          # the model answered (no tool call)
-    "invalid",         # malformed or disallowed tool call
-    "search_budget",   # a valid tool call after the search budget was spent
-    "turn_budget",     # a valid tool call on the last allowed assistant turn
-    "token_budget",    # no room left in the trajectory for another assistant turn
-    "tool_overflow",   # the observation could not be fitted (seed behaviour, opt-in)
-    "search_error",    # the search result could not be turned into an observation at all
-    "sampler_error",   # sampling failed after retries
-    "prompt_too_long", # the initial prompt alone exceeds the trajectory budget
-)
+
+@dataclass(frozen=True)
+class SearchExample:
+    """One question with its reference answers."""
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    data_source: str
+
+
+@dataclass(frozen=True)
+class SearchItem:
+    title: str
+    content: str
+    source: str | None = None
+    url: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Outcome of one ``search(query)`` call.
+
+    ``ok=False`` carries a short, sanitised ``error`` (failure class and status; never a
+    response body dump, never a secret). ``cached`` is true when no request was made.
+    ``attempts`` counts the requests sent to the service for this call (0: none was) and
+    ``usage`` what the service reported consuming (DeepSeek's tokens), failed attempts included.
+    """
+
+    ok: bool
+    items: tuple[SearchItem, ...] = ()
+    latency: float = 0.0
+    status: int | None = None
+    error: str | None = None
+    cached: bool = False
+    attempts: int = 0
+    usage: ReportedUsage | None = None
+
+
+@dataclass
+class ReportedUsage:
+    """Tokens and searches a search service reported for one call (summed over its attempts)."""
+
+    input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    output_tokens: int = 0
+    web_search_requests: int = 0
+
+    def add(self, other: ReportedUsage) -> None:
+        self.input_tokens += other.input_tokens
+        self.cache_read_input_tokens += other.cache_read_input_tokens
+        self.output_tokens += other.output_tokens
+        self.web_search_requests += other.web_search_requests
+
+
+@runtime_checkable
+class SearchBackend(Protocol):
+    name: str
+
+    async def search(self, query: str) -> SearchResult: ...
+
+
+class Termination(StrEnum):
+    """Why a trajectory ended; exactly one per finished trajectory (the values are what metrics
+    names and files hold)."""
+
+    ANSWER = "answer"                    # the model answered (no tool call)
+    INVALID = "invalid"                  # malformed or disallowed tool call
+    SEARCH_BUDGET = "search_budget"      # a valid tool call after the search budget was spent
+    TURN_BUDGET = "turn_budget"          # a valid tool call on the last allowed assistant turn
+    TOKEN_BUDGET = "token_budget"        # no room left in the trajectory for another assistant turn
+    TOOL_OVERFLOW = "tool_overflow"      # the observation could not be fitted (seed behaviour, opt-in)
+    SEARCH_ERROR = "search_error"        # the search result could not be turned into an observation at all
+    SAMPLER_ERROR = "sampler_error"      # sampling failed after retries
+    PROMPT_TOO_LONG = "prompt_too_long"  # the initial prompt alone exceeds the trajectory budget
+
+
+class Exclusion(StrEnum):
+    """Why a trajectory with completion tokens sends no datum (the values are what files hold)."""
+
+    DEGENERATE_GROUP = "degenerate_group"  # all rewards in its group are equal: no signal
+    ENV_FAILURE_GROUP = "env_failure_group"  # a search or sampler failure hit its group
+    SAMPLER_ERROR = "sampler_error"  # with kept env failures: its own sampling failed (out of the mean)
+    SURPLUS_GROUP = "dynamic_sampling_surplus"  # a group with a signal beyond dynamic sampling's batch
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """Every score of one answer (:mod:`searchr1.core.reward`); ``reward`` is the one trained on."""
+
+    reward: float
+    valid_format: bool
+    exact_match: bool
+    answer: str | None
+    f1: float = 0.0
+    cover_em: bool = False
+
+
+DEFAULT_MAX_TRAJECTORY_TOKENS = 8192  # the seed's whole-sequence budget, also the training datum limit
+FORMAT_PENALTY = -0.1  # the reward of a format failure, and of a trajectory that did not answer
+NOT_ANSWERED = RewardResult(FORMAT_PENALTY, False, False, None)
 
 
 @dataclass
@@ -53,21 +146,13 @@ class Trajectory:
     turns: list[AssistantTurn] = field(default_factory=list)
     searches: list[SearchRecord] = field(default_factory=list)
     next_prompt_tokens: list[int] | None = None
-    search_calls: int = 0
     final_text: str = ""
-    termination: str | None = None
-    env_error: bool = False        # a search failed (the policy is not to blame)
-    reward: float = -0.1
+    termination: Termination | None = None
+    # Set by scoring (:func:`searchr1.core.reward.score_trajectories`); None until then, and for
+    # a trajectory whose sampling failed (its reward is then the placeholder FORMAT_PENALTY).
+    score: RewardResult | None = None
     advantage: float = 0.0
-    # Why this trajectory sends no datum although it has completion tokens, if it doesn't:
-    # "degenerate_group" (all rewards in its group equal), "env_failure_group" (a trajectory
-    # of its group hit a search or sampler failure) or, when env failures are kept,
-    # "sampler_error" (this trajectory's own sampling failed; it is left out of the mean).
-    excluded: str | None = None
-    valid_format: bool = False
-    exact_match: bool = False
-    f1: float = 0.0  # token F1 of the answer (0 unless it ended by answering)
-    cover_em: bool = False  # a reference occurs inside the answer
+    excluded: Exclusion | None = None  # why it sends no datum although it has completion tokens
 
     @property
     def done(self) -> bool:
@@ -75,11 +160,41 @@ class Trajectory:
 
     @property
     def sampler_error(self) -> bool:
-        return self.termination == "sampler_error"
+        return self.termination == Termination.SAMPLER_ERROR
 
-    def finish(self, reason: str, final_text: str | None = None) -> None:
-        if reason not in TERMINATIONS:
-            raise ValueError(f"unknown termination reason {reason!r}")
+    @property
+    def search_calls(self) -> int:
+        return len(self.searches)
+
+    @property
+    def env_error(self) -> bool:
+        """A search failed (the policy is not to blame)."""
+        return any(not search.ok for search in self.searches)
+
+    @property
+    def reward(self) -> float:
+        return (self.score or NOT_ANSWERED).reward
+
+    @property
+    def valid_format(self) -> bool:
+        return (self.score or NOT_ANSWERED).valid_format
+
+    @property
+    def exact_match(self) -> bool:
+        return (self.score or NOT_ANSWERED).exact_match
+
+    @property
+    def f1(self) -> float:
+        """Token F1 of the answer (0 unless it ended by answering)."""
+        return (self.score or NOT_ANSWERED).f1
+
+    @property
+    def cover_em(self) -> bool:
+        """A reference occurs inside the answer."""
+        return (self.score or NOT_ANSWERED).cover_em
+
+    def finish(self, reason: Termination, final_text: str | None = None) -> None:
+        reason = Termination(reason)  # refuses an unknown reason
         if self.termination is not None:
             raise RuntimeError(
                 f"trajectory q{self.question_index}/g{self.group_index} already ended "
@@ -96,3 +211,51 @@ class Trajectory:
             return 0
         last = self.turns[-1]
         return len(last.prompt_tokens) + len(last.completion_tokens)
+
+
+# -- what the core asks of the outside world (a Hugging Face fast tokenizer, pytrio's clients) --
+
+
+class Tokenizer(Protocol):
+    """The tokenizer calls the core makes (``transformers``' fast tokenizers have them all)."""
+
+    eos_token: str | None
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **options: Any) -> Any: ...
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+    def get_added_vocab(self) -> dict[str, int]: ...
+    def __len__(self) -> int: ...
+
+
+class SampledSequence(Protocol):
+    """One sequence of a sampling response (pytrio's ``SampledSequence``)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    text: str | None
+
+
+class SamplingClient(Protocol):
+    """pytrio's ``SamplingClient`` as the rollout and the KL penalty use it."""
+
+    async def sample_async(self, **request: Any) -> Any: ...
+
+
+class TrainingClient(Protocol):
+    """pytrio's ``TrainingClient`` as the update, the checkpoints and the samplers use it."""
+
+    async def forward_backward_async(self, data: list[Datum], loss_fn: str, **options: Any) -> Any: ...
+    async def optim_step_async(self, adam_params: AdamParams) -> Any: ...
+    async def save_state_async(self, name: str, **options: Any) -> Any: ...
+    async def save_weights_for_sampler_async(self, name: str, **options: Any) -> Any: ...
+    async def save_weights_and_get_sampling_client_async(self) -> SamplingClient: ...
+    async def create_sampling_client_async(self, model_path: str) -> SamplingClient: ...
+
+
+class ServiceClient(Protocol):
+    """pytrio's ``ServiceClient``: where training and base-model sampling clients come from."""
+
+    def create_lora_training_client(self, *, base_model: str, rank: int, seed: int) -> TrainingClient: ...
+    def create_training_client_from_state_with_optimizer(self, path: str) -> TrainingClient: ...
+    async def create_sampling_client_async(self, *, base_model: str) -> SamplingClient: ...

@@ -1,42 +1,143 @@
-"""One weights update: ``forward_backward`` (one call, or one per micro-batch with n_k/N weights)
-and one ``optim_step``, refusing non-finite values before the optimiser sees them.
+"""One weights update: ``forward_backward`` (one call, or one per micro-batch) and one
+``optim_step``, refusing non-finite values before the optimiser sees them.
 
 The loss is the run's ``--loss-fn`` with its ``--loss-fn-config``, sent as they are. The
-learner's per-token logprobs that come back are compared with the sampler's
-(:mod:`searchr1.health.diagnostics`): the sampler-learner mismatch of every metrics line.
+learner's logprobs of the trained tokens come back in :class:`UpdateResult` (the health
+diagnostics compare them with the sampler's: the sampler-learner mismatch of every metrics line).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from searchr1.core.datum import TrainingDatum
-from searchr1.health.diagnostics import NonFiniteValues, learner_tokens, mismatch_metrics, non_finite_inputs, non_finite_outputs
-from searchr1.training.packing import weight_micro_batch_for_global_mean
+import numpy as np
+
+from searchr1.core.datum import NonFiniteValues, TrainingDatum
+from searchr1.core.types import TrainingClient
+
+if TYPE_CHECKING:
+    from pytrio.types import Datum
 
 
-async def apply_update(client: Any, datums: list[TrainingDatum], micro_batches: list[list[TrainingDatum]] | None,
-                       config: Any) -> tuple[list[dict[str, float]], dict[str, float], int]:
-    """Returns each call's metrics, the optimiser's and mismatch metrics, and the number of
-    forward_backward calls; a non-finite input or result raises :class:`NonFiniteValues`
-    before optim_step (the weights stay as they were)."""
+POLICY_LOSS_FNS = ("importance_sampling", "ppo", "cispo", "dro")  # what PyTRIO 0.2.9 accepts
+DEFAULT_LOSS_FN = "importance_sampling"  # the seed's
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """What one update needs of a run's settings."""
+
+    learning_rate: float
+    beta1: float
+    beta2: float
+    loss_fn: str = DEFAULT_LOSS_FN
+    loss_fn_config: Mapping[str, float | int | str | bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainedTokens:
+    """One datum's trained positions: the sampler's and the learner's logprobs and the advantages."""
+
+    sampled: np.ndarray
+    learned: np.ndarray
+    advantages: np.ndarray
+
+    @classmethod
+    def of_datum(cls, sampled: Sequence[float], learned: Sequence[float], advantages: Sequence[float]) -> TrainedTokens:
+        """Keep the positions with a non-zero advantage (the policy's own, trained tokens)."""
+        sampled_array = np.asarray(sampled, dtype=np.float64)
+        learned_array = np.asarray(learned, dtype=np.float64)
+        advantage_array = np.asarray(advantages, dtype=np.float64)
+        if not sampled_array.shape == learned_array.shape == advantage_array.shape:
+            raise ValueError(f"logprob and advantage arrays differ in shape: {sampled_array.shape}, "
+                             f"{learned_array.shape}, {advantage_array.shape}")
+        mask = advantage_array != 0
+        return cls(sampled_array[mask], learned_array[mask], advantage_array[mask])
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What the service said: each forward_backward call's metrics, the optimiser's, and the
+    trained tokens with the learner's logprobs."""
+
+    outputs: list[dict[str, float]]
+    optim_metrics: dict[str, float]
+    tokens: list[TrainedTokens]
+
+    @property
+    def calls(self) -> int:
+        return len(self.outputs)
+
+
+def learner_tokens(data: Sequence[Datum], outputs: Sequence[Any] | None) -> list[TrainedTokens]:
+    """Per datum sent, its trained positions with the sampler's logprobs and the learner's
+    (``loss_fn_outputs[i]["logprobs"]``, as pytrio returns them). Datums whose output has no
+    logprobs of the same length (a server that returns none) are left out."""
+    tokens = []
+    for datum, output in zip(data, outputs or ()):
+        learned = output.get("logprobs") if hasattr(output, "get") else None
+        if learned is None:
+            continue
+        values = list(getattr(learned, "data", learned))
+        sampled = datum.loss_fn_inputs["logprobs"].data
+        advantages = datum.loss_fn_inputs["advantages"].data
+        if len(values) == len(sampled) == len(advantages):
+            tokens.append(TrainedTokens.of_datum(sampled, values, advantages))
+    return tokens
+
+
+def _first_non_finite(values: Any) -> int | None:
+    bad = np.flatnonzero(~np.isfinite(np.asarray(values, dtype=np.float64)))
+    return int(bad[0]) if bad.size else None
+
+
+def non_finite_inputs(datums: Sequence[TrainingDatum]) -> str | None:
+    """An advantage that is NaN or infinite (the KL penalty changes them after the datums are
+    built, whose logprobs :func:`searchr1.core.datum.trajectory_arrays` checked), naming the
+    trajectory and the position; None when all is finite."""
+    for item in datums:
+        values = item.datum.loss_fn_inputs["advantages"].data
+        position = _first_non_finite(values)
+        if position is not None:
+            return f"trajectory q{item.question_index}/g{item.group_index}: advantages[{position}] is {values[position]!r}"
+    return None
+
+
+def non_finite_outputs(metrics: Sequence[Mapping[str, Any]], learned: Sequence[Sequence[float] | None]) -> str | None:
+    """What is wrong with the ``forward_backward`` results (a loss, or a learner logprob of a
+    trained position, that is NaN or infinite); None when all is finite."""
+    for call, values in enumerate(metrics):
+        for key in sorted(values):
+            value = values[key]
+            if isinstance(value, (int, float)) and not math.isfinite(value):
+                return f"forward_backward call {call + 1} returned {key} = {value!r}"
+    for index, logprobs in enumerate(learned):
+        position = None if logprobs is None else _first_non_finite(logprobs)
+        if position is not None:
+            return f"forward_backward returned logprobs[{position}] = {float(logprobs[position])!r} for datum {index}"
+    return None
+
+
+async def apply_update(client: TrainingClient, calls: Sequence[Sequence[TrainingDatum]],
+                       config: UpdateConfig) -> UpdateResult:
+    """One ``forward_backward`` per entry of ``calls`` (one call with every datum by default;
+    the seed's weighted micro-batches with ``--accumulation manual``), then one ``optim_step``.
+    A non-finite input or result raises :class:`NonFiniteValues` before optim_step (the weights
+    stay as they were)."""
     import pytrio as trio
 
-    loss_fn = getattr(config, "loss_fn", "importance_sampling")
-    loss_fn_config = getattr(config, "loss_fn_config", None) or None
-    problem = non_finite_inputs(datums)
+    loss_fn_config = dict(config.loss_fn_config) or None
+    problem = non_finite_inputs([item for call in calls for item in call])
     if problem:
         raise NonFiniteValues(f"{problem} (nothing was sent to forward_backward)")
-    if micro_batches is None:
-        calls = [[item.datum for item in datums]]
-    else:
-        calls = [[item.datum for item in weight_micro_batch_for_global_mean(batch, len(datums))]
-                 for batch in micro_batches]
     outputs, tokens = [], []
-    for data in calls:
+    for call in calls:
+        data = [item.datum for item in call]
         options = {"loss_fn_config": loss_fn_config} if loss_fn_config else {}
-        future = await client.forward_backward_async(data, loss_fn=loss_fn, **options)
-        result = await future
+        result = await (await client.forward_backward_async(data, loss_fn=config.loss_fn, **options))
         outputs.append(dict(result.metrics))
         tokens += learner_tokens(data, getattr(result, "loss_fn_outputs", None))
     problem = non_finite_outputs(outputs, [t.learned for t in tokens])
@@ -44,6 +145,4 @@ async def apply_update(client: Any, datums: list[TrainingDatum], micro_batches: 
         raise NonFiniteValues(f"{problem}; optim_step was not called, so the weights are unchanged")
     adam = trio.AdamParams(learning_rate=config.learning_rate, beta1=config.beta1, beta2=config.beta2)
     optim = await (await client.optim_step_async(adam))
-    metrics = {f"optim/{k}": float(v) for k, v in dict(optim.metrics).items()}
-    metrics.update(mismatch_metrics(tokens, loss_fn=loss_fn, loss_fn_config=loss_fn_config))
-    return outputs, metrics, len(calls)
+    return UpdateResult(outputs, {f"optim/{k}": float(v) for k, v in dict(optim.metrics).items()}, tokens)

@@ -31,16 +31,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from searchr1.core.errors import UserError
+from searchr1.core.types import SearchExample
 from searchr1.run.fileio import file_sha256, follow_umask, naming, removing_new_directories
 from searchr1.run.jsonl import iter_json_lines
-
-
-@dataclass(frozen=True)
-class SearchExample:
-    id: str
-    question: str
-    answers: tuple[str, ...]
-    data_source: str
 
 
 class DataError(UserError, ValueError):

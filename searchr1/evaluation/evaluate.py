@@ -46,7 +46,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from searchr1.core.errors import UserError
-from searchr1.data.dataset import DataError, SearchExample, spread_across_sources
+from searchr1.core.reward import score_trajectories
+from searchr1.core.types import SearchExample
+from searchr1.data.dataset import DataError, spread_across_sources
 from searchr1.evaluation.metrics import EvalFileError, summary_record, trajectory_record
 from searchr1.run.fileio import append_text, write_text_atomically
 from searchr1.run.jsonl import JsonLines, Surrogates, TornLines
@@ -306,6 +308,7 @@ async def evaluate(
                 question_config, step=index,
             )
             elapsed = clock() - started
+        score_trajectories(trajectories)
         attempted += 1
         if any(t.sampler_error for t in trajectories):
             outcome.failed.append(example.id)

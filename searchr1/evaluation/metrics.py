@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from searchr1.core.errors import UserError
+from searchr1.core.types import Termination, Trajectory
+from searchr1.health.diagnostics import mean
 from searchr1.run.jsonl import iter_json_lines
-from searchr1.core.types import TERMINATIONS, Trajectory
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -141,11 +142,6 @@ def stratified_macro_ci(
 # --- aggregate metrics (pure) ---------------------------------------------------------------
 
 
-def _mean(values: Iterable[float]) -> float:
-    values = list(values)
-    return math.fsum(values) / len(values) if values else 0.0  # exact sum: order cannot matter
-
-
 ANSWER_METRICS = ("em", "f1", "cover_em")
 JUDGE_METRIC = "judge"  # eval --judge: the judge's yes/no per question (searchr1.evaluation.judge)
 SCORED_METRICS = (*ANSWER_METRICS, JUDGE_METRIC)
@@ -185,20 +181,20 @@ def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Seque
         question_scores[(str(r["data_source"]), str(r["id"]))].append(answer_score(r, name))
     by_source: dict[str, list[float]] = defaultdict(list)
     for (source, _), scores in question_scores.items():
-        by_source[source].append(_mean(scores))
+        by_source[source].append(mean(scores))
     sources = sorted(by_source)
     for index, source in enumerate(sources):
         scores = by_source[source]
         low, high = bootstrap_ci(scores, resamples=resamples, seed=seed + offset + 1 + index)
-        metrics[f"{name}/{source}"] = _mean(scores)
+        metrics[f"{name}/{source}"] = mean(scores)
         metrics[f"{name}_ci95_low/{source}"] = low
         metrics[f"{name}_ci95_high/{source}"] = high
         metrics[f"questions/{source}"] = len(scores)
     all_scores = [score for source in sources for score in by_source[source]]
-    metrics[f"{name}/macro"] = _mean(metrics[f"{name}/{s}"] for s in sources)
+    metrics[f"{name}/macro"] = mean(metrics[f"{name}/{s}"] for s in sources)
     metrics[f"{name}/macro_ci95_low"], metrics[f"{name}/macro_ci95_high"] = stratified_macro_ci(
         by_source, resamples=resamples, seed=seed + offset)
-    metrics[f"{name}/micro"] = _mean(all_scores)
+    metrics[f"{name}/micro"] = mean(all_scores)
     metrics[f"{name}/micro_ci95_low"], metrics[f"{name}/micro_ci95_high"] = bootstrap_ci(
         all_scores, resamples=resamples, seed=seed + offset)
     return len(question_scores)
@@ -238,23 +234,23 @@ def evaluation_metrics(
     if all(judged(r) for r in trajectories):
         _add_answer_metric(metrics, JUDGE_METRIC, trajectories, resamples=resamples, seed=seed)
     for source in sources:
-        metrics[f"format/{source}"] = _mean(1.0 if r["valid_format"] else 0.0 for r in by_source_traj[source])
+        metrics[f"format/{source}"] = mean(1.0 if r["valid_format"] else 0.0 for r in by_source_traj[source])
 
     n = len(trajectories)
     searches = [s for r in trajectories for s in r.get("searches", [])]
-    metrics["format/rate"] = _mean(1.0 if r["valid_format"] else 0.0 for r in trajectories)
-    metrics["reward/mean"] = _mean(float(r["reward"]) for r in trajectories)
-    metrics["rollout/search_calls"] = _mean(float(r["search_calls"]) for r in trajectories)
-    metrics["rollout/no_search_rate"] = _mean(1.0 if r["search_calls"] == 0 else 0.0 for r in trajectories)
-    metrics["rollout/turns"] = _mean(float(r["assistant_turns"]) for r in trajectories)
-    metrics["rollout/env_error_rate"] = _mean(1.0 if r.get("env_error") else 0.0 for r in trajectories)
+    metrics["format/rate"] = mean(1.0 if r["valid_format"] else 0.0 for r in trajectories)
+    metrics["reward/mean"] = mean(float(r["reward"]) for r in trajectories)
+    metrics["rollout/search_calls"] = mean(float(r["search_calls"]) for r in trajectories)
+    metrics["rollout/no_search_rate"] = mean(1.0 if r["search_calls"] == 0 else 0.0 for r in trajectories)
+    metrics["rollout/turns"] = mean(float(r["assistant_turns"]) for r in trajectories)
+    metrics["rollout/env_error_rate"] = mean(1.0 if r.get("env_error") else 0.0 for r in trajectories)
     if searches:  # rates over searches; absent (not 0) when the model never searched
-        metrics["rollout/search_ok_rate"] = _mean(1.0 if s.get("ok") else 0.0 for s in searches)
-        metrics["rollout/search_cached_rate"] = _mean(1.0 if s.get("cached") else 0.0 for s in searches)
-        metrics["rollout/search_truncated_rate"] = _mean(1.0 if s.get("truncated") else 0.0 for s in searches)
+        metrics["rollout/search_ok_rate"] = mean(1.0 if s.get("ok") else 0.0 for s in searches)
+        metrics["rollout/search_cached_rate"] = mean(1.0 if s.get("cached") else 0.0 for s in searches)
+        metrics["rollout/search_truncated_rate"] = mean(1.0 if s.get("truncated") else 0.0 for s in searches)
 
     reasons = [r.get("termination") or "unfinished" for r in trajectories]
-    for reason in sorted(set(TERMINATIONS) | set(reasons)):
+    for reason in sorted(set(Termination) | set(reasons)):
         metrics[f"rollout/termination/{reason}"] = reasons.count(reason) / n
 
     metrics["eval/questions"] = question_count

@@ -26,28 +26,29 @@ with ``q`` the sampler's logprob and ``p`` the learner's (``loss_fn_outputs[i]["
   weight of every token outside the bounds. The bounds are ratio bounds, as Tinker documents
   them (``loss_fn_config``); without them :data:`DEFAULT_CLIP_BOUNDS` is assumed.
 
-Non-finite values never reach ``optim_step``: :func:`non_finite_inputs` checks what is sent,
-:func:`non_finite_outputs` what ``forward_backward`` returned, and each names the first bad
-value it finds.
+Non-finite values never reach ``optim_step``: :mod:`searchr1.core.datum` checks the sampler's
+logprobs and :mod:`searchr1.core.update` the advantages sent and what ``forward_backward`` returned.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from searchr1.core.kl import kl_estimate  # the same k1/k3 estimators as the KL penalty
+from searchr1.core.update import TrainedTokens
 from searchr1.core.types import Trajectory
 
 CLIPPING_LOSSES = ("ppo", "cispo")
 DEFAULT_CLIP_BOUNDS = (0.8, 1.2)  # Tinker's example ratio bounds; the live service's default is unknown
 
 
-def _mean(values: Sequence[float]) -> float:
+def mean(values: Iterable[float]) -> float:
+    """The exact mean (``math.fsum``: the order of the values cannot matter); 0 when empty."""
+    values = list(values)
     return math.fsum(values) / len(values) if values else 0.0
 
 
@@ -68,7 +69,7 @@ def action_tokens(trajectory: Trajectory) -> int:
 def entropy_estimate(trajectories: Iterable[Trajectory]) -> float:
     """Mean of ``-logprob`` over every sampled action token (0 when nothing was sampled)."""
     values = [-float(v) for t in trajectories for turn in t.turns for v in turn.logprobs]
-    return _mean(values)
+    return mean(values)
 
 
 def repeated_turn_share(trajectories: Iterable[Trajectory]) -> float:
@@ -89,7 +90,7 @@ def policy_diagnostics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     counts = [action_tokens(t) for t in trajectories]
     return {
         "health/entropy": entropy_estimate(trajectories),
-        "health/action_tokens_mean": _mean([float(c) for c in counts]),
+        "health/action_tokens_mean": mean([float(c) for c in counts]),
         "health/action_tokens_p95": nearest_rank_percentile(counts, 95),
         "health/repeated_turn_share": repeated_turn_share(trajectories),
     }
@@ -103,27 +104,6 @@ def clip_bounds(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) -> tuple
     low = float(config.get("clip_low_threshold", DEFAULT_CLIP_BOUNDS[0]))
     high = float(config.get("clip_high_threshold", DEFAULT_CLIP_BOUNDS[1]))
     return low, high
-
-
-@dataclass(frozen=True)
-class TrainedTokens:
-    """One datum's trained positions: the sampler's and the learner's logprobs and the advantages."""
-
-    sampled: np.ndarray
-    learned: np.ndarray
-    advantages: np.ndarray
-
-    @classmethod
-    def of_datum(cls, sampled: Sequence[float], learned: Sequence[float], advantages: Sequence[float]) -> TrainedTokens:
-        """Keep the positions with a non-zero advantage (the policy's own, trained tokens)."""
-        sampled_array = np.asarray(sampled, dtype=np.float64)
-        learned_array = np.asarray(learned, dtype=np.float64)
-        advantage_array = np.asarray(advantages, dtype=np.float64)
-        if not sampled_array.shape == learned_array.shape == advantage_array.shape:
-            raise ValueError(f"logprob and advantage arrays differ in shape: {sampled_array.shape}, "
-                             f"{learned_array.shape}, {advantage_array.shape}")
-        mask = advantage_array != 0
-        return cls(sampled_array[mask], learned_array[mask], advantage_array[mask])
 
 
 def mismatch_metrics(
@@ -154,79 +134,3 @@ def mismatch_metrics(
             clipped = (ratio < low) | (ratio > high)
         metrics["health/clipped_fraction"] = float(np.count_nonzero(clipped) / sampled.size)
     return metrics
-
-
-def _first_non_finite(values: Any) -> int | None:
-    array = np.asarray(values, dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(array))
-    return int(bad[0]) if bad.size else None
-
-
-def non_finite_sampled(trajectories: Iterable[Trajectory]) -> str | None:
-    """A sampler logprob that is NaN or infinite in a trajectory that will be trained on,
-    naming the trajectory, turn and token; None when all is finite."""
-    from searchr1.core.datum import sends_datum
-
-    for trajectory in trajectories:
-        if not sends_datum(trajectory):
-            continue
-        for index, turn in enumerate(trajectory.turns):
-            position = _first_non_finite(turn.logprobs) if turn.logprobs else None
-            if position is not None:
-                return (f"trajectory q{trajectory.question_index}/g{trajectory.group_index} turn {index}: the "
-                        f"sampler's logprob of token {position} is {turn.logprobs[position]!r}")
-    return None
-
-
-def non_finite_inputs(datums: Sequence[Any]) -> str | None:
-    """What is wrong with the step's datums (a sampler logprob or an advantage that is NaN or
-    infinite), naming the trajectory and the position; None when all is finite."""
-    for item in datums:
-        for key in ("logprobs", "advantages"):
-            tensor = item.datum.loss_fn_inputs.get(key)
-            if tensor is None:
-                continue
-            position = _first_non_finite(tensor.data)
-            if position is not None:
-                return (f"trajectory q{item.question_index}/g{item.group_index}: {key}[{position}] is "
-                        f"{tensor.data[position]!r}")
-    return None
-
-
-def non_finite_outputs(metrics: Sequence[Mapping[str, Any]], learned: Sequence[Sequence[float] | None]) -> str | None:
-    """What is wrong with the ``forward_backward`` results (a loss, or a learner logprob of a
-    trained position, that is NaN or infinite); None when all is finite."""
-    for call, values in enumerate(metrics):
-        for key in sorted(values):
-            value = values[key]
-            if isinstance(value, (int, float)) and not math.isfinite(value):
-                return f"forward_backward call {call + 1} returned {key} = {value!r}"
-    for index, logprobs in enumerate(learned):
-        if logprobs is None:
-            continue
-        position = _first_non_finite(logprobs)
-        if position is not None:
-            return f"forward_backward returned logprobs[{position}] = {float(logprobs[position])!r} for datum {index}"
-    return None
-
-
-class NonFiniteValues(RuntimeError):
-    """A NaN or infinity in what a step sends or gets back; the trainer stops the step before
-    optim_step."""
-
-
-def learner_tokens(data: Sequence[Any], outputs: Sequence[Any] | None) -> list[TrainedTokens]:
-    """Per datum sent, its trained positions with the sampler's logprobs and the learner's
-    (``loss_fn_outputs[i]["logprobs"]``, as pytrio returns them). Datums whose output has no
-    logprobs of the same length (a server that returns none) are left out."""
-    tokens = []
-    for datum, output in zip(data, outputs or ()):
-        learned = output.get("logprobs") if hasattr(output, "get") else None
-        if learned is None:
-            continue
-        values = list(getattr(learned, "data", learned))
-        sampled = datum.loss_fn_inputs["logprobs"].data
-        advantages = datum.loss_fn_inputs["advantages"].data
-        if len(values) == len(sampled) == len(advantages):
-            tokens.append(TrainedTokens.of_datum(sampled, values, advantages))
-    return tokens

@@ -13,12 +13,40 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 
 from searchr1.core.advantage import GroupSummary
+from searchr1.core.config import TrainConfig
 from searchr1.core.datum import TrainingDatum
-from searchr1.core.types import TERMINATIONS, Trajectory
+from searchr1.core.trainer import StepRecord
+from searchr1.core.types import Termination, Trajectory
+from searchr1.health.diagnostics import mean as _mean
+from searchr1.health.diagnostics import mismatch_metrics, policy_diagnostics
 
 
-def _mean(values: Sequence[float]) -> float:
-    return float(fmean(values)) if values else 0.0
+def step_metrics(record: StepRecord, config: TrainConfig) -> dict[str, float]:
+    """The metrics line of one step, from what it produced (the run loop adds the pipeline's and
+    the search backend's counters and the health verdict)."""
+    metrics: dict[str, float] = {}
+    metrics.update(rollout_metrics(record.trajectories, record.groups))
+    metrics.update(policy_diagnostics(record.trajectories))
+    metrics.update(datum_metrics(record.datums, record.micro_batches))
+    metrics["train/datums_dropped_out_of_vocab"] = float(record.dropped_out_of_vocab)
+    metrics.update(record.batch.metrics)
+    metrics.update(record.kl_metrics)
+    if config.dynamic_sampling:
+        metrics["train/groups_trained"] = record.batch.metrics["dynamic/groups_kept"]
+    update = record.update
+    if update is not None:
+        metrics.update(trainer_metrics(update.outputs))
+        metrics.update(update.optim_metrics)
+        metrics.update(mismatch_metrics(update.tokens, loss_fn=config.loss_fn,
+                                        loss_fn_config=config.loss_fn_config or None))
+    metrics["train/forward_backward_calls"] = float(update.calls if update is not None else 0)
+    metrics["train/tokens_sent"] = float(sum(d.num_tokens for d in record.datums))
+    metrics["train/update_skipped"] = float(not record.datums)
+    metrics["time/rollout_seconds"] = record.batch.seconds
+    metrics["time/rollout_wait_seconds"] = record.waited_seconds
+    metrics["time/train_seconds"] = record.train_seconds
+    metrics["time/step_seconds"] = record.step_seconds
+    return metrics
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary) -> dict[str, float]:
@@ -44,7 +72,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary) ->
     for source, rewards in sorted(by_source.items()):
         metrics[f"reward/{source}"] = _mean(rewards)
     reasons = Counter(t.termination for t in trajectories)
-    for reason in TERMINATIONS:
+    for reason in Termination:
         metrics[f"rollout/termination/{reason}"] = reasons.get(reason, 0) / max(len(trajectories), 1)
     denominator = max(groups.groups, 1)
     metrics["rollout/degenerate_group_rate"] = groups.degenerate / denominator

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from searchr1.core.settings import key_value
+
 REWARD_WINDOW = 5  # steps in the rolling mean the reward_drop rule compares against
 
 
@@ -66,10 +68,7 @@ def configured_rules(overrides: Mapping[str, float | None]) -> tuple[HealthRule,
 
 def parse_rule_override(text: str) -> tuple[str, float | None]:
     """``NAME=VALUE`` or ``NAME=off`` (the ``--health-rule`` flag)."""
-    name, sep, value = text.partition("=")
-    name, value = name.strip(), value.strip()
-    if not sep or not name or not value:
-        raise ValueError(f"--health-rule {text!r}: expected NAME=VALUE or NAME=off")
+    name, value = key_value(text, "--health-rule", "NAME=VALUE or NAME=off")
     if name not in RULE_NAMES:
         raise ValueError(f"--health-rule {text!r}: unknown rule {name!r}; the rules are {', '.join(RULE_NAMES)}")
     if value.lower() == "off":

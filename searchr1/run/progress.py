@@ -83,7 +83,7 @@ def nothing_to_do(total_steps: int, first_step: int) -> str | None:
 
 
 class LineReporter:
-    """The trainer's :class:`~searchr1.core.reporting.Reporter` for logs and ``--quiet``: one plain
+    """The trainer's :class:`~searchr1.run.reporting.Reporter` for logs and ``--quiet``: one plain
     line per step and the notes; no bars. ``width`` cuts step lines (a terminal's width), None
     keeps them whole."""
 
@@ -115,7 +115,7 @@ class LineReporter:
 
 
 class RichReporter:
-    """The trainer's :class:`~searchr1.core.reporting.Reporter` on a terminal."""
+    """The trainer's :class:`~searchr1.run.reporting.Reporter` on a terminal."""
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)

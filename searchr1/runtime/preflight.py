@@ -19,6 +19,19 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from searchr1.core.errors import UserError
 
+from searchr1.core.protocol import (
+    TemplateBoundaries,
+    TemplateDriftError,
+    TurnKind,
+    assistant_message,
+    build_next_prompt,
+    build_prompt,
+    initial_messages,
+    parse_assistant,
+    template_boundaries,
+    tool_message,
+)
+
 # Special tokens the protocol and the stitching rely on, looked up by name on both sides.
 PROTOCOL_TOKENS = (
     "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>",
@@ -175,3 +188,38 @@ def describe(limits: ServerLimits) -> Sequence[str]:
 
     return [f"model {limits.model}: context length {limits.max_context_length}",
             f"  training: {fmt(limits.training)}", f"  sampling: {fmt(limits.sampling)}"]
+
+
+def check_template(tokenizer: Any) -> TemplateBoundaries:
+    """Start-up self-check of the stitching invariants on a probe conversation.
+
+    A live run with an unexpected template fails here in seconds, with the failing check
+    named, instead of after a paid training step.
+    """
+    messages = initial_messages("Which country was the author of The Little Prince from?")
+    prompt = build_prompt(tokenizer, messages)
+    generation_prompt = tokenizer.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)
+    if prompt[-len(generation_prompt):] != generation_prompt:
+        raise TemplateDriftError(
+            "the generation prompt does not end with an empty think block; was enable_thinking=False ignored?"
+        )
+    boundaries = template_boundaries(tokenizer)
+    turns = [
+        "<tool_call>\n<function=search>\n<parameter=query>\nThe Little Prince author\n</parameter>\n</function>\n</tool_call>",
+        "Now his nationality.\n\n<tool_call>\n<function=search>\n<parameter=query>\nAntoine de Saint-Exupery nationality\n</parameter>\n</function>\n</tool_call>",
+    ]
+    observations = ["[1] Title: The Little Prince\n    Content: A novella by Antoine de Saint-Exupery.", "He was a French writer."]
+    tokens = prompt
+    for index, (text, observation) in enumerate(zip(turns, observations), start=1):
+        if parse_assistant(text).kind != TurnKind.TOOL:
+            raise TemplateDriftError(f"probe tool call {index} does not parse as a search call")
+        completion = tokenizer.encode(text, add_special_tokens=False) + list(boundaries.closing[:1])
+        tool = tool_message(f"probe-{index}", observation)
+        tokens = build_next_prompt(tokenizer, messages, text, tokens, completion, tool)
+        messages = messages + [assistant_message(text), tool]
+    if tokens != build_prompt(tokenizer, messages):
+        raise TemplateDriftError(
+            "stitched tokens differ from a full render of the same two-search conversation"
+        )
+    return boundaries
+

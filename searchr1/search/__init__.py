@@ -14,7 +14,7 @@ Typical use::
 """
 
 # Each name is imported from its module on first use (PEP 562), so importing one part of the
-# search layer (say searchr1.search.types, as the rollout engine does) loads no transport,
+# search layer (say searchr1.search.cache) loads no transport,
 # vcrpy or yaml.
 from __future__ import annotations
 
@@ -39,12 +39,6 @@ _WHERE = {
     "ReplayBackend": "searchr1.search.replay",
     "open_replay_backend": "searchr1.search.replay",
     "SearchStats": "searchr1.search.stats",
-    "NO_RESULTS_TEXT": "searchr1.search.types",
-    "SearchBackend": "searchr1.search.types",
-    "SearchItem": "searchr1.search.types",
-    "SearchResult": "searchr1.search.types",
-    "format_observation": "searchr1.search.types",
-    "observation_candidates": "searchr1.search.types",
     "WikipediaRefusedError": "searchr1.search.wikipedia",
 }
 
@@ -66,7 +60,6 @@ __all__ = [
     "DEFAULT_CONCURRENCY",
     "DEFAULT_TIMEOUT",
     "HTTP_BACKEND_NAMES",
-    "NO_RESULTS_TEXT",
     "CassetteMissError",
     "HttpSearchBackend",
     "LocalSearchBackend",
@@ -74,16 +67,11 @@ __all__ = [
     "QueryCache",
     "RealClock",
     "ReplayBackend",
-    "SearchBackend",
-    "SearchItem",
     "SearchRefusedError",
-    "SearchResult",
     "SearchStats",
     "VirtualClock",
     "WikipediaRefusedError",
     "create_search_backend",
-    "format_observation",
     "normalise_query",
-    "observation_candidates",
     "open_replay_backend",
 ]

@@ -27,8 +27,8 @@ from searchr1.search.clock import Clock, RealClock
 from searchr1.search.limits import Backoff, parse_retry_after
 from searchr1.search.secrets import Secret, redact, redact_known, redact_url, sanitise_error
 from searchr1.search.singleflight import SingleFlight
-from searchr1.search.stats import CallRecord, SearchStats, Usage
-from searchr1.search.types import SearchItem, SearchResult
+from searchr1.search.stats import CallRecord, SearchStats
+from searchr1.core.types import ReportedUsage, SearchItem, SearchResult
 from searchr1.search.unicode import valid_text
 
 log = logging.getLogger("searchr1.search")
@@ -98,7 +98,7 @@ class CallContext:
     rate_limited: bool = False
     timed_out: bool = False
     searched: bool = True  # False: the service answered without running a search (DeepSeek)
-    usage: Usage = field(default_factory=Usage)
+    usage: ReportedUsage = field(default_factory=ReportedUsage)
 
 
 def check_url(url: str, what: str) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from searchr1.search.types import SearchItem, SearchResult
+from searchr1.core.types import SearchItem, SearchResult
 
 SCHEMA_VERSION = 1
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from searchr1.search.base import truncate
-from searchr1.search.stats import Usage
-from searchr1.search.types import SearchItem
+from searchr1.core.types import ReportedUsage
+from searchr1.core.types import SearchItem
 
 # The search model's instructions. Evidence, not answers: the policy must still decide what the
 # facts mean, so the rules forbid everything that would do that work for it.
@@ -242,10 +242,10 @@ class EvidenceStream:
                     {"title": str(entry.get("title") or ""), "url": str(entry.get("url") or "")}
                 )
 
-    def usage_record(self) -> Usage:
+    def usage_record(self) -> ReportedUsage:
         """Token and search counts for the stats (the number of result blocks seen counts as
         searches unless the service reported a larger number)."""
-        return Usage(
+        return ReportedUsage(
             input_tokens=self.usage.get("input_tokens", 0),
             cache_read_input_tokens=self.usage.get("cache_read_input_tokens", 0),
             output_tokens=self.usage.get("output_tokens", 0),

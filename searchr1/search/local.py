@@ -16,7 +16,7 @@ from typing import Any
 
 from searchr1.search.base import CallContext, HttpSearchBackend, Outcome, truncate
 from searchr1.search.retriever import DEFAULT_SOURCE, split_contents
-from searchr1.search.types import SearchItem
+from searchr1.core.types import SearchItem
 
 INDEX_ENV = "SEARCHR1_INDEX"
 

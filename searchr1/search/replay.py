@@ -48,7 +48,7 @@ from searchr1.search.factory import check_backend_name, create_search_backend
 from searchr1.search.limits import Backoff
 from searchr1.search.retriever import DEFAULT_URL as DEFAULT_RETRIEVER_URL
 from searchr1.search.secrets import redact, redact_url
-from searchr1.search.types import SearchResult
+from searchr1.core.types import SearchResult
 
 MATCH_ON = (
     matchers.method,

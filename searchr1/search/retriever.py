@@ -22,7 +22,7 @@ from searchr1.search.base import (
     truncate,
 )
 from searchr1.search.secrets import Secret, redact_url, url_secrets
-from searchr1.search.types import SearchItem
+from searchr1.core.types import SearchItem
 
 DEFAULT_URL = "http://127.0.0.1:8000/retrieve"
 DEFAULT_SOURCE = "wiki-18"

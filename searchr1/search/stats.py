@@ -34,25 +34,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
+from searchr1.core.types import ReportedUsage
+
 Origin = Literal["network", "cache", "shared", "local"]
 
 TOKEN_FIELDS = ("input_tokens", "cache_read_input_tokens", "output_tokens")
-
-
-@dataclass
-class Usage:
-    """Tokens and searches a DeepSeek call consumed (summed over its attempts)."""
-
-    input_tokens: int = 0
-    cache_read_input_tokens: int = 0
-    output_tokens: int = 0
-    web_search_requests: int = 0
-
-    def add(self, other: Usage) -> None:
-        self.input_tokens += other.input_tokens
-        self.cache_read_input_tokens += other.cache_read_input_tokens
-        self.output_tokens += other.output_tokens
-        self.web_search_requests += other.web_search_requests
 
 
 @dataclass
@@ -67,7 +53,7 @@ class CallRecord:
     timed_out: bool = False
     failovers: int = 0
     attempts: int = 0
-    usage: Usage = field(default_factory=Usage)
+    usage: ReportedUsage = field(default_factory=ReportedUsage)
     searched: bool = True  # False: a successful answer that ran no web search (DeepSeek)
 
 
@@ -123,7 +109,7 @@ class SearchStats:
             "search/deduplicated": float(sum(r.origin == "shared" for r in records)),
         }
         if self.token_metrics:
-            total = Usage()
+            total = ReportedUsage()
             for r in records:
                 total.add(r.usage)
             metrics["search/input_tokens"] = float(total.input_tokens)

@@ -23,6 +23,8 @@ from typing import Any
 
 from searchr1.core.datum import build_training_datums
 from searchr1.offline import REPO_ROOT
+from searchr1.core.advantage import assign_group_advantages
+from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.twin.scenario import Scenario, ScenarioError, load_scenario
 from searchr1.core.types import Trajectory
@@ -87,6 +89,8 @@ async def _run(scenario: Scenario, tokenizer: Any, sampler: Any) -> tuple[Rollou
     backend = open_replay_backend(scenario.backend, REPO_ROOT / scenario.cassette)  # type: ignore[arg-type]
     try:
         trajectories = await rollout_batch_async(sampler, tokenizer, backend, scenario.examples, config)
+        score_trajectories(trajectories)
+        assign_group_advantages(trajectories)
     finally:
         await backend.aclose()
     return config, trajectories

@@ -24,33 +24,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from searchr1.core.advantage import classify_group, group_by_question
+from searchr1.core.advantage import classified_groups
 from searchr1.core.types import Trajectory
-
-SURPLUS_GROUP = "dynamic_sampling_surplus"  # a Trajectory.excluded value
 
 
 def signal_groups(trajectories: Sequence[Trajectory], *, keep_env_failures: bool = False) -> int:
-    """How many groups of ``trajectories`` would send datums (pure)."""
-    return sum(classify_group(group, keep_env_failures=keep_env_failures) is None
-               for group in group_by_question(trajectories).values())
+    """How many groups of (scored) ``trajectories`` would send datums (pure)."""
+    return sum(kind is None for _, _, kind in classified_groups(trajectories, keep_env_failures=keep_env_failures))
 
 
-def keep_first_groups(trajectories: Sequence[Trajectory], wanted: int, *,
-                      keep_env_failures: bool = False) -> dict[str, float]:
-    """Leave the first ``wanted`` groups with a signal (in question-index order) as they are;
-    mark the later ones ``SURPLUS_GROUP`` with advantage 0. Returns the step's counters."""
-    groups = sorted(group_by_question(trajectories).items())
-    kept = dropped = surplus = 0
-    for _, group in groups:
-        if classify_group(group, keep_env_failures=keep_env_failures) is not None:
+def surplus_groups(trajectories: Sequence[Trajectory], wanted: int, *,
+                   keep_env_failures: bool = False) -> tuple[frozenset[int], dict[str, float]]:
+    """The question indices of the groups with a signal beyond the first ``wanted`` (in
+    question-index order; the step leaves them out as ``Exclusion.SURPLUS_GROUP``), and the step's
+    counters (pure)."""
+    kept = dropped = 0
+    surplus: set[int] = set()
+    groups = sorted(classified_groups(trajectories, keep_env_failures=keep_env_failures), key=lambda g: g[0])
+    for question, _, kind in groups:
+        if kind is not None:
             dropped += 1
         elif kept < wanted:
             kept += 1
         else:
-            surplus += 1
-            for trajectory in group:
-                trajectory.advantage = 0.0
-                trajectory.excluded = SURPLUS_GROUP
-    return {"dynamic/questions_drawn": float(len(groups)), "dynamic/groups_kept": float(kept),
-            "dynamic/groups_dropped": float(dropped), "dynamic/groups_surplus": float(surplus)}
+            surplus.add(question)
+    return frozenset(surplus), {
+        "dynamic/questions_drawn": float(len(groups)), "dynamic/groups_kept": float(kept),
+        "dynamic/groups_dropped": float(dropped), "dynamic/groups_surplus": float(len(surplus))}

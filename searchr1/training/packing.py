@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from searchr1.core.datum import TrainingDatum
+from searchr1.core.types import DEFAULT_MAX_TRAJECTORY_TOKENS
 
 if TYPE_CHECKING:
     from pytrio.types import Datum
 
-MAX_DATUM_TOKENS = 8192
+MAX_DATUM_TOKENS = DEFAULT_MAX_TRAJECTORY_TOKENS
 MAX_MICRO_BATCH_ITEMS = 32
 MAX_MICRO_BATCH_PADDED_TOKENS = 64_000
 
@@ -37,10 +38,6 @@ class PackingError(ValueError):
 
 def datum_size(item: TrainingDatum) -> int:
     return item.num_tokens
-
-
-def datum_loss_token_count(item: TrainingDatum) -> int:
-    return int(np.count_nonzero(item.datum.loss_fn_inputs["advantages"].to_numpy()))
 
 
 def padded_tokens(micro_batch: Sequence[TrainingDatum]) -> int:

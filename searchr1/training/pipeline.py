@@ -15,31 +15,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from searchr1.data.dataset import SearchExample, take_batch
+from searchr1.data.dataset import take_batch
+from searchr1.core.types import (
+    SamplingClient,
+    SearchBackend,
+    SearchExample,
+    Tokenizer,
+    TrainingClient,
+    Trajectory,
+)
+from searchr1.training.checkpoints import checkpoint_name
 from searchr1.training.off_policy import batches_in_flight, sampler_version, step_batch
-from searchr1.core.reporting import Reporter
+from searchr1.run.reporting import Reporter
+from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import rollout_batch_async
-from searchr1.search.types import SearchBackend
+from searchr1.core.trainer import RolloutBatch
 from searchr1.core.config import TrainConfig
-from searchr1.core.types import Trajectory
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage
 
 SAMPLER_TTL_SECONDS = 24 * 3600  # named samplers of off-policy runs (resume reuses them)
-
-
-@dataclass(frozen=True)
-class BatchRollout:
-    """One step's batch, rolled out (possibly while earlier steps trained)."""
-
-    batch_index: int
-    sampler_version: int
-    trajectories: list[Trajectory]
-    seconds: float
-    metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's counters
-    usage: Usage = field(default_factory=Usage)  # the batch's sampling and searches
 
 
 class BatchProgress:
@@ -70,7 +65,7 @@ class BatchProgress:
 class RolloutPipeline:
     """Samplers (a task per weights version) and rollouts (a task per batch index) of one run."""
 
-    def __init__(self, config: TrainConfig, *, training_client: Any, tokenizer: Any, search: SearchBackend,
+    def __init__(self, config: TrainConfig, *, training_client: TrainingClient, tokenizer: Tokenizer, search: SearchBackend,
                  examples: Sequence[SearchExample], reporter: Reporter, session: int,
                  sampler_paths: dict[int, str], weights_version: int, cursor: int = 0) -> None:
         self.config = config
@@ -84,15 +79,16 @@ class RolloutPipeline:
         self.weights_version = weights_version  # finished steps of the training client's current weights
         self.cursor = cursor  # data cursor after the rolled-out batches (moved only by dynamic sampling)
         self.progress = BatchProgress(reporter)
-        self._samplers: dict[int, asyncio.Future[tuple[Any, int]]] = {}
-        self._rollouts: dict[int, asyncio.Future[BatchRollout]] = {}
+        self._samplers: dict[int, asyncio.Future[tuple[SamplingClient, int]]] = {}
+        self._rollouts: dict[int, asyncio.Future[RolloutBatch]] = {}
+        self._usage: dict[int, Usage] = {}  # each rolled-out batch's usage, until its step takes it
         self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
 
     @property
     def in_flight(self) -> int:
         return len(self._rollouts)
 
-    async def batch(self, step: int) -> BatchRollout:
+    async def batch(self, step: int) -> RolloutBatch:
         """Launch the batches the schedule allows while ``step`` waits, and wait for its own."""
         self.progress.focus(step)
         for index in batches_in_flight(step, self.config.max_steps, self.config.max_steps_off_policy):
@@ -125,7 +121,7 @@ class RolloutPipeline:
 
     # -- samplers (one per weights version) ------------------------------------------------------
 
-    def _sampler(self, version: int) -> asyncio.Future[tuple[Any, int]]:
+    def _sampler(self, version: int) -> asyncio.Future[tuple[SamplingClient, int]]:
         """The sampling client on the weights after ``version`` finished steps (a task, made
         once per version). On-policy (K=0) it is PyTRIO's temporary sampler; with K >= 1 the
         weights are saved under a name of this run, so that a resumed run can roll out its
@@ -134,7 +130,7 @@ class RolloutPipeline:
             self._samplers[version] = asyncio.ensure_future(self._make_sampler(version))
         return self._samplers[version]
 
-    async def _make_sampler(self, version: int) -> tuple[Any, int]:
+    async def _make_sampler(self, version: int) -> tuple[SamplingClient, int]:
         """The sampler and the version it really holds: a version older than the current
         weights that was not recorded (a finished run resumed with a larger --max-steps)
         is no longer available, and the current weights stand in for it."""
@@ -147,14 +143,14 @@ class RolloutPipeline:
             version = self.weights_version
         if self.config.max_steps_off_policy == 0:
             return await client.save_weights_and_get_sampling_client_async(), version
-        name = f"{self.config.checkpoint_name(version, self.session)}-sampler"
+        name = f"{checkpoint_name(self.config, version, self.session)}-sampler"
         saved = await (await client.save_weights_for_sampler_async(name=name, ttl_seconds=SAMPLER_TTL_SECONDS))
         self.sampler_paths[version] = saved.path
         return await client.create_sampling_client_async(saved.path), version
 
     # -- rollouts ------------------------------------------------------------------------------
 
-    async def _roll_out(self, batch_index: int) -> BatchRollout:
+    async def _roll_out(self, batch_index: int) -> RolloutBatch:
         """Roll out the batch trained in step ``batch_index``, on the sampler of
         ``sampler_version(batch_index, K)``: seeds, questions and weights are fixed by the
         step index alone, whenever the rollout actually runs."""
@@ -167,22 +163,31 @@ class RolloutPipeline:
         sampler, search = MeteredSampler(sampler, usage), MeteredSearch(self.search, usage)
         started = time.perf_counter()
         if config.dynamic_sampling:
-            trajectories, metrics = await self._roll_out_until_signal(sampler, search, batch_index)
-            return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, metrics, usage)
-        batch = step_batch(self.examples, batch_index, config.questions_per_batch)
+            trajectories, surplus, metrics = await self._roll_out_until_signal(sampler, search, batch_index)
+            batch = RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started, metrics, surplus)
+            self._usage[batch_index] = usage
+            return batch
+        questions = step_batch(self.examples, batch_index, config.questions_per_batch)
         trajectories = await rollout_batch_async(
-            sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
-            step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
-            sampling_slots=self._sampling_slots, reward=config.reward,
+            sampler, self.tokenizer, search, questions, config.rollout, self.progress.callback(batch_index),
+            step=batch_index, sampling_slots=self._sampling_slots,
         )
-        return BatchRollout(batch_index, version, trajectories, time.perf_counter() - started, usage=usage)
+        self._usage[batch_index] = usage
+        return RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started)
 
-    async def _roll_out_until_signal(self, sampler: Any, search: SearchBackend,
-                                     batch_index: int) -> tuple[list[Trajectory], dict[str, float]]:
+    def take_usage(self, batch_index: int) -> Usage:
+        """What rolling out batch ``batch_index`` used (its sampling, searches and the save of its
+        sampler), once: the step that trains the batch counts it (:mod:`searchr1.run.usage`)."""
+        return self._usage.pop(batch_index, Usage())
+
+    async def _roll_out_until_signal(self, sampler: SamplingClient, search: SearchBackend,
+                                     batch_index: int) -> tuple[list[Trajectory], frozenset[int], dict[str, float]]:
         """--dynamic-sampling (searchr1.training.dynamic_sampling): draw batches at the data cursor until
         ``questions_per_batch`` groups carry a signal or the oversampling budget is spent. The
-        cursor moves by every batch drawn (on-policy only, so batches never overlap)."""
-        from searchr1.training.dynamic_sampling import keep_first_groups, signal_groups
+        cursor moves by every batch drawn (on-policy only, so batches never overlap). Each draw
+        is scored here to decide whether to draw again (scoring is pure: the step scores the
+        batch again before its advantages)."""
+        from searchr1.training.dynamic_sampling import signal_groups, surplus_groups
 
         config = self.config
         size = config.questions_per_batch
@@ -190,14 +195,15 @@ class RolloutPipeline:
         draws = 0
         while draws <= config.max_oversample_batches:
             batch = take_batch(self.examples, self.cursor, size)
-            trajectories += await rollout_batch_async(
+            drawn = await rollout_batch_async(
                 sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
-                step=batch_index, advantage_mode=config.advantage_mode, keep_env_failures=config.keep_env_failures,
-                sampling_slots=self._sampling_slots, reward=config.reward, first_question_index=draws * size,
+                step=batch_index, sampling_slots=self._sampling_slots, first_question_index=draws * size,
             )
+            score_trajectories(drawn, reward=config.reward)
+            trajectories += drawn
             self.cursor += size
             draws += 1
             if signal_groups(trajectories, keep_env_failures=config.keep_env_failures) >= size:
                 break
-        metrics = keep_first_groups(trajectories, size, keep_env_failures=config.keep_env_failures)
-        return trajectories, {**metrics, "dynamic/draws": float(draws)}
+        surplus, metrics = surplus_groups(trajectories, size, keep_env_failures=config.keep_env_failures)
+        return trajectories, surplus, {**metrics, "dynamic/draws": float(draws)}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.errors import UserError
-from searchr1.data.dataset import SearchExample
+from searchr1.core.types import SearchExample
 from searchr1.run.jsonl import read_json_object
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from searchr1.search.types import SearchResult
+from searchr1.core.types import SearchResult
 
 
 @dataclass

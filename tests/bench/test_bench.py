@@ -20,7 +20,7 @@ from searchr1.cli import main
 from searchr1.training.packing import MAX_DATUM_TOKENS, pack_micro_batches
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.search.types import SearchItem, SearchResult
+from searchr1.core.types import SearchItem, SearchResult
 from searchr1.runtime.services import scripted_sampling_client
 from searchr1.twin import Latencies
 from searchr1.twin.scenario import parse_scenario

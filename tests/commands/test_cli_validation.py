@@ -199,8 +199,9 @@ def test_eval_of_a_missing_run_directory_says_it_does_not_exist(tmp_path):
 def test_eval_help_names_checkpoints_the_way_train_names_them():
     from searchr1.core.rollout import RolloutConfig
     from searchr1.core.config import TrainConfig
+    from searchr1.training.checkpoints import checkpoint_name
 
-    name = TrainConfig(data="d", rollout=RolloutConfig(), max_steps=20, run_id="0a1b2c3d").checkpoint_name(20)
+    name = checkpoint_name(TrainConfig(data="d", rollout=RolloutConfig(), max_steps=20, run_id="0a1b2c3d"), 20)
     code, output = invoke("eval", "--help")
     assert f"{name.rsplit('-', 2)[-2]}-{name.rsplit('-', 2)[-1]}-weights" in output  # step-000020-weights
     assert "step-20-" not in output

@@ -8,16 +8,14 @@ import numpy as np
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from training_strategies import plain_trajectory
+from training_strategies import fail_search, plain_trajectory
 
 from searchr1.core.advantage import (
-    DEGENERATE_GROUP,
-    ENV_FAILURE_GROUP,
-    SAMPLER_ERROR,
     ZSCORE_EPSILON,
     assign_group_advantages,
     summarize_groups,
 )
+from searchr1.core.types import Exclusion
 
 rewards = st.sampled_from([-0.1, 0.0, 1.0]) | st.floats(-3, 3, allow_nan=False)
 groups = st.lists(st.lists(rewards, min_size=1, max_size=16), min_size=1, max_size=6)
@@ -59,7 +57,7 @@ def test_group_isolation(reward_groups, data):
 def test_degenerate_detection_for_all_equal_groups_of_any_size_and_value(size, value):
     trajectories = make([[value] * size])
     assert assign_group_advantages(trajectories) == 1
-    assert all(t.advantage == 0.0 and t.excluded == DEGENERATE_GROUP for t in trajectories)
+    assert all(t.advantage == 0.0 and t.excluded == Exclusion.DEGENERATE_GROUP for t in trajectories)
 
 
 @pytest.mark.parametrize("size", [3, 6, 7, 8, 16])
@@ -115,12 +113,12 @@ def test_a_group_with_an_env_failure_is_left_out_by_default(reward_groups, data)
     failed_question = data.draw(st.integers(0, len(reward_groups) - 1))
     victim = data.draw(st.sampled_from(by_question(trajectories, failed_question)))
     if data.draw(st.booleans()):
-        victim.env_error = True
+        fail_search(victim)
     else:
         victim.termination = "sampler_error"
     degenerate = assign_group_advantages(trajectories)
     for t in by_question(trajectories, failed_question):
-        assert t.advantage == 0.0 and t.excluded == ENV_FAILURE_GROUP
+        assert t.advantage == 0.0 and t.excluded == Exclusion.ENV_FAILURE_GROUP
     others = [g for q, g in enumerate(reward_groups) if q != failed_question]
     assert degenerate == sum(len(set(g)) == 1 for g in others)
     summary = summarize_groups(trajectories)
@@ -134,21 +132,21 @@ def test_a_group_with_an_env_failure_is_left_out_by_default(reward_groups, data)
 
 def test_keep_env_failures_scores_search_errors_and_drops_sampler_errors():
     trajectories = make([[1.0, 0.0, -0.1, 0.5]])
-    trajectories[1].env_error = True  # search failed: still scored
+    fail_search(trajectories[1])  # search failed: still scored
     trajectories[2].termination = "sampler_error"  # no real reward: not scored
     assign_group_advantages(trajectories, keep_env_failures=True)
     scored_mean = (1.0 + 0.0 + 0.5) / 3
     assert [t.advantage for t in trajectories] == pytest.approx(
         [1.0 - scored_mean, -scored_mean, 0.0, 0.5 - scored_mean]
     )
-    assert [t.excluded for t in trajectories] == [None, None, SAMPLER_ERROR, None]
+    assert [t.excluded for t in trajectories] == [None, None, Exclusion.SAMPLER_ERROR, None]
     assert summarize_groups(trajectories, keep_env_failures=True).env_failure == 0
 
 
 def test_assignment_resets_previous_marks():
     trajectories = make([[0.0, 1.0]])
     for t in trajectories:
-        t.excluded, t.advantage = DEGENERATE_GROUP, 5.0
+        t.excluded, t.advantage = Exclusion.DEGENERATE_GROUP, 5.0
     assign_group_advantages(trajectories)
     assert [t.excluded for t in trajectories] == [None, None]
     assert [t.advantage for t in trajectories] == [-0.5, 0.5]
@@ -188,7 +186,7 @@ def test_group_isolation_holds_in_every_mode(mode, reward_groups, data):
 def test_degenerate_groups_get_exactly_zero_in_every_mode(mode, size, value):
     trajectories = make([[value] * size])
     assign_group_advantages(trajectories, mode=mode)
-    assert all(t.advantage == 0.0 and t.excluded == DEGENERATE_GROUP for t in trajectories)
+    assert all(t.advantage == 0.0 and t.excluded == Exclusion.DEGENERATE_GROUP for t in trajectories)
 
 
 @pytest.mark.parametrize("mode", ["mean", "rloo"])

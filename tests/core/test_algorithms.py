@@ -14,12 +14,13 @@ from hypothesis import strategies as st
 from pytrio.types import Datum, ModelInput, TensorData
 from training_strategies import plain_trajectory
 
-from searchr1.core.advantage import DEGENERATE_GROUP, assign_group_advantages
+from searchr1.core.advantage import assign_group_advantages
+from searchr1.core.types import Exclusion
 from searchr1.cli import main
 from searchr1.core.datum import TrainingDatum
-from searchr1.training.dynamic_sampling import SURPLUS_GROUP, keep_first_groups, signal_groups
+from searchr1.training.dynamic_sampling import signal_groups, surplus_groups
 from searchr1.core.kl import aligned_base_logprobs, base_prompt, kl_estimate, penalize
-from searchr1.core.loss_options import parse_loss_fn_config
+from searchr1.run.algorithm import parse_loss_fn_config
 
 # --- --loss-fn-config ----------------------------------------------------------------------
 
@@ -96,22 +97,21 @@ def test_base_logprobs_are_read_one_position_later_than_the_datum_position():
 
 
 def trajectories(groups):
-    out = [plain_trajectory(q, g, reward) for q, rewards in enumerate(groups) for g, reward in enumerate(rewards)]
-    assign_group_advantages(out)
-    return out
+    return [plain_trajectory(q, g, reward) for q, rewards in enumerate(groups) for g, reward in enumerate(rewards)]
 
 
 @given(st.lists(st.sampled_from([(1.0, 1.0), (0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (-0.1, 1.0)]),
                 min_size=1, max_size=12), st.integers(1, 8))
 def test_dynamic_sampling_trains_on_the_first_groups_with_signal_and_no_others(groups, wanted):
     drawn = trajectories(groups)
-    counters = keep_first_groups(drawn, wanted)
+    surplus, counters = surplus_groups(drawn, wanted)
+    assign_group_advantages(drawn, surplus=surplus)  # as the step does with its batch's surplus
     signal = [q for q, rewards in enumerate(groups) if len(set(rewards)) > 1]
     kept = {t.question_index for t in drawn if t.excluded is None and t.advantage != 0.0}
     assert kept == set(signal[:wanted])
-    assert all(t.excluded == SURPLUS_GROUP and t.advantage == 0.0 for t in drawn
+    assert all(t.excluded == Exclusion.SURPLUS_GROUP and t.advantage == 0.0 for t in drawn
                if t.question_index in signal[wanted:])
-    assert all(t.excluded == DEGENERATE_GROUP for t in drawn if t.question_index not in signal)
+    assert all(t.excluded == Exclusion.DEGENERATE_GROUP for t in drawn if t.question_index not in signal)
     assert counters["dynamic/groups_kept"] + counters["dynamic/groups_dropped"] + \
         counters["dynamic/groups_surplus"] == counters["dynamic/questions_drawn"] == len(groups)
     assert signal_groups(drawn) == len(signal)  # counted on the rewards, before the selection
@@ -133,7 +133,7 @@ def test_algorithm_flags_that_cannot_run_are_refused_in_one_line_before_anything
 
 
 def test_a_run_config_written_before_the_options_existed_reads_as_the_seeds_recipe():
-    from searchr1.core.loss_options import algorithm_of, describe_algorithm
+    from searchr1.run.algorithm import algorithm_of, describe_algorithm
 
     assert describe_algorithm(algorithm_of({"max_steps": 3})) == "importance_sampling, advantage mean, reward em"
     changed = algorithm_of({"loss_fn": "ppo", "loss_fn_config": {"clip_high_threshold": 1.28}, "kl_coef": 0.05,

@@ -4,6 +4,8 @@ control tokens; sizing and truncation count tokens the same way."""
 
 from __future__ import annotations
 
+import unicodedata
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -12,15 +14,15 @@ from searchr1.core.protocol import (
     build_prompt,
     initial_messages,
     missing_closing,
-    nfc,
     observation_text,
     observation_tokens,
-    plain_tokens,
     render_text,
     tool_message,
 )
-from searchr1.core.rollout import RolloutConfig, fit_tool_content
-from searchr1.search.types import SearchItem, SearchResult
+from searchr1.core.observation.fit import fit_tool_content
+from searchr1.core.observation.tokens import plain_tokens
+from searchr1.core.rollout import RolloutConfig
+from searchr1.core.types import SearchItem, SearchResult
 from searchr1.runtime.tokenizer import ADDED_TOKENS
 
 CONTROL_STRINGS = [content for content, _special in ADDED_TOKENS]
@@ -54,7 +56,7 @@ def control_tokens(tokenizer, ids):
 @given(result_text)
 def test_any_result_text_decodes_back_and_adds_only_the_templates_control_tokens(tokenizer, text):
     tokens = observation_tokens(tokenizer, text)
-    assert tokenizer.decode(tokens, skip_special_tokens=False) == nfc(observation_text(tokenizer, text))
+    assert tokenizer.decode(tokens, skip_special_tokens=False) == unicodedata.normalize("NFC", observation_text(tokenizer, text))
     # The template's wrapper, measured on harmless content, fixes which control tokens appear.
     assert control_tokens(tokenizer, tokens) == control_tokens(tokenizer, observation_tokens(tokenizer, "x"))
 

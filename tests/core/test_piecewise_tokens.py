@@ -3,8 +3,9 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchr1.core.piecewise_tokens import JoinedObservation, certain_cut, splits_predictably
-from searchr1.core.protocol import observation_tokens, plain_tokens
+from searchr1.core.observation.piecewise import JoinedObservation, certain_cut, splits_predictably
+from searchr1.core.observation.tokens import plain_tokens
+from searchr1.core.protocol import observation_tokens
 
 # Letters, digits, spaces, newlines, punctuation, contractions, combining marks, CJK, emoji and
 # control-token strings: everything the pre-tokenizer's alternatives and NFC treat specially.
@@ -44,7 +45,7 @@ def test_a_certain_cut_splits_the_tokens_of_any_text_into_the_tokens_of_its_two_
 
 
 def test_search_result_items_are_cut_piecewise_and_tokenised_once(tokenizer, monkeypatch):
-    import searchr1.core.piecewise_tokens as module
+    import searchr1.core.observation.piecewise as module
 
     items = [f"[{i}] Title: Paris\n    Content: Paris is the capital and largest city of France, on the Seine."
              for i in (1, 2, 3)]

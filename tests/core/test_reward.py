@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from searchr1.core.reward import FORMAT_PENALTY, REWARD_KINDS, extract_answer, normalize_answer, score_answer
+from searchr1.core.reward import REWARD_KINDS, extract_answer, normalize_answer, score_answer
+from searchr1.core.types import FORMAT_PENALTY
 
 
 @pytest.mark.parametrize(

@@ -4,24 +4,26 @@ in-memory search backend."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twin_support import MODEL
 
+from searchr1.core.advantage import assign_group_advantages
+from searchr1.core.reward import score_trajectories
 from searchr1.core.protocol import missing_closing, observation_tokens, template_boundaries
+from searchr1.core.observation.fit import TRUNCATION_MARKER
 from searchr1.core.rollout import (
-    TRUNCATION_MARKER,
     RolloutConfig,
     SamplerFailureError,
     make_request,
-    rollout_batch,
     rollout_batch_async,
     sampling_seed,
 )
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.search.types import SearchItem, SearchResult
-from searchr1.core.types import Trajectory
+from searchr1.core.types import SearchItem, SearchResult, Trajectory
 from searchr1.twin import Latencies, TwinFaults, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.scenario import parse_scenario
@@ -84,6 +86,14 @@ def serve(tmp_path_factory, tokenizer):
     yield start
     for served in started:
         served.twin.close()
+
+
+def rollout_batch(sampler, tokenizer, search, examples, config, **kw):
+    """The engine's batch, then scored and ranked as the trainer's step does."""
+    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, search, examples, config, **kw))
+    score_trajectories(trajectories)
+    assign_group_advantages(trajectories)
+    return trajectories
 
 
 def run(served, tokenizer, questions, config=None, search=None, **kw):
@@ -186,16 +196,16 @@ def test_the_seed_overflow_mode_ends_the_trajectory_instead(served, tokenizer):
 
 
 def test_make_request_caps_max_tokens_by_the_remaining_budget(tokenizer):
-    from searchr1.data.dataset import SearchExample
+    from searchr1.core.types import SearchExample
     from searchr1.core.protocol import initial_messages
 
     t = Trajectory(SearchExample("i", "Q?", ("a",), "nq"), 0, 0, initial_messages("Q?"))
     t.next_prompt_tokens = [1] * 1000
-    request = make_request(tokenizer, t, 0, 1, 7, RolloutConfig(max_trajectory_tokens=1500))
+    request = make_request(tokenizer, t, 1, 7, RolloutConfig(max_trajectory_tokens=1500))
     assert request.max_tokens == 500 and request.seed == 7
-    assert make_request(tokenizer, t, 0, 1, 7, RolloutConfig(max_assistant_tokens=300)).max_tokens == 300
+    assert make_request(tokenizer, t, 1, 7, RolloutConfig(max_assistant_tokens=300)).max_tokens == 300
     t.turns.append(object())
-    assert make_request(tokenizer, t, 0, 1, 7, RolloutConfig(max_trajectory_tokens=1000)) is None
+    assert make_request(tokenizer, t, 1, 7, RolloutConfig(max_trajectory_tokens=1000)) is None
     assert t.termination == "token_budget"
 
 
@@ -417,6 +427,8 @@ async def test_rollout_runs_inside_an_existing_event_loop(served, tokenizer):
     served.twin.policy = ScriptedPolicy(sc, tokenizer)
     trajectories = await rollout_batch_async(served.sampler, tokenizer, ScriptedSearch({}),
                                              sc.examples, RolloutConfig(group_size=1, **FAST))
+    assert trajectories[0].score is None  # the rollout samples; scoring is the caller's next step
+    score_trajectories(trajectories)
     assert trajectories[0].reward == 1.0
 
 
@@ -430,7 +442,7 @@ def test_observation_tokens_in_the_prompt_are_those_the_template_renders(served,
 
 
 def test_a_question_the_scenario_does_not_know_is_named_with_its_turn(served, tokenizer):
-    from searchr1.data.dataset import SearchExample
+    from searchr1.core.types import SearchExample
 
     sc = scenario([question("q", [["Answer: France"]])])
     served.twin.policy = ScriptedPolicy(sc, tokenizer)

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from searchr1.data import dataset as data
 from searchr1.cli import main
+from searchr1.core.types import SearchExample
 from searchr1.data.dataset import (
     DataError,
-    SearchExample,
     clean_answers,
     extract_answers,
     load_examples,

@@ -14,7 +14,8 @@ from pytrio.types import AdamParams
 from twin_support import MODEL, PROMPT, datum_from, running_twin, sample_once, without_timing_metrics
 
 from searchr1.cli import main
-from searchr1.health.diagnostics import learner_tokens, mismatch_metrics
+from searchr1.core.update import learner_tokens
+from searchr1.health.diagnostics import mismatch_metrics
 from searchr1.run.directory import RunDir
 from searchr1.twin import Strictness, TwinFaults
 from searchr1.twin.collapse import is_collapsed

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from searchr1.cli import main
-from searchr1.data.dataset import DataError, SearchExample, load_examples
+from searchr1.core.types import SearchExample
+from searchr1.data.dataset import DataError, load_examples
 from searchr1.run.fileio import file_sha256
 from searchr1.evaluation.metrics import (
     COMPARABLE_CONFIG_FIELDS,

@@ -51,7 +51,7 @@ from searchr1.search.fake_service import FakeSearchService, wikipedia_query
 from searchr1.search.testing import mock_backend
 from searchr1.runtime.services import offline_scenario
 from searchr1.core.config import TrainConfig
-from searchr1.core.trainer import StepResult, Trainer, TrainingStopped
+from searchr1.training.loop import TrainingRun, TrainingStopped
 from searchr1.twin import TwinFaults, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.config import SampleRequestInfo
@@ -162,34 +162,42 @@ class SamplerChaos:
         return 503
 
 
-class RecordingTrainer(Trainer):
+class RecordingRun(TrainingRun):
     """Keeps, per finished step, the trajectories, the datums built from them and the datums
     that reached ``forward_backward``."""
 
     def __init__(self, *args: Any, built: list, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.built = built
+        self.sent: list[int] = []
         self.steps: dict[int, dict[str, Any]] = {}
+        step = self.trainer.step
 
-    async def step(self, step: int) -> StepResult:
-        self.built.clear()
-        sent: list[int] = []
-        client = self.training_client
-        original = client.forward_backward_async
+        async def recorded_step(number, batches):
+            self.built.clear()
+            self.sent.clear()
+            client = self.trainer.training_client
+            original = client.forward_backward_async
 
-        async def forward_backward_async(data, *args, **kwargs):
-            sent.append(len(data))
-            return await original(data, *args, **kwargs)
+            async def forward_backward_async(data, *args, **kwargs):
+                self.sent.append(len(data))
+                return await original(data, *args, **kwargs)
 
-        client.forward_backward_async = forward_backward_async
-        try:
-            result = await super().step(step)
-        finally:
-            del client.forward_backward_async
+            client.forward_backward_async = forward_backward_async
+            try:
+                return await step(number, batches)
+            finally:
+                del client.forward_backward_async
+
+        self.trainer.step = recorded_step
+
+    def metrics(self, record):
+        metrics = super().metrics(record)
         (trajectories, datums), = self.built
-        assert result.trajectories == list(trajectories)  # what the step returns is what it trained on
-        self.steps[step] = {"trajectories": trajectories, "datums": datums, "sent": sent, "metrics": result.metrics}
-        return result
+        assert record.trajectories == list(trajectories)  # what the step records is what it trained on
+        self.steps[record.step] = {"trajectories": trajectories, "datums": datums, "sent": list(self.sent),
+                                   "metrics": metrics}
+        return metrics
 
 
 @pytest.fixture
@@ -222,7 +230,7 @@ async def chaos_phase(run: RunDir, config: TrainConfig, tokenizer, examples, pol
     with start_twin(home=run.path / "twin", tokenizer=tokenizer, policy=policy, faults=faults) as twin:
         service = twin.service_client(sdk_options=CHAOS_SDK)
         backend = mock_backend("wikipedia", search, max_retries=2)
-        trainer = RecordingTrainer(config, run, service=service, tokenizer=tokenizer, search=backend,
+        trainer = RecordingRun(config, run, service=service, tokenizer=tokenizer, search=backend,
                                    examples=examples, built=built)
         try:
             try:
@@ -303,7 +311,7 @@ async def test_a_chaos_run_stops_cleanly_resumes_and_ends_with_every_step_record
     #    starts a new run from the last checkpoint.
     async def refused_after_the_break(trainer):
         with pytest.raises(PyTrioError) as broken:
-            await (await trainer.training_client.save_state_async(name="after-the-break"))
+            await (await trainer.trainer.training_client.save_state_async(name="after-the-break"))
         assert broken.value.code == "training.run_broken"
 
     _, outcome = await phase(TwinFaults(broken_runs={"forward_backward": {2}}), resume=True,

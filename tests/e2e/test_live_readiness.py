@@ -8,10 +8,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchr1.data.dataset import SearchExample
+from searchr1.core.types import AssistantTurn, SearchExample, Trajectory
 from searchr1.core.protocol import parse_assistant
-from searchr1.core.rollout import RolloutConfig, consume_assistant, score_trajectory
-from searchr1.core.types import AssistantTurn, Trajectory
+from searchr1.core.reward import score_trajectories
+from searchr1.core.rollout import RolloutConfig, consume_assistant
 
 EXAMPLE = SearchExample(id="q1", question="Which country?", answers=("France",), data_source="nq")
 STOP_STRINGS = ("<|im_end|>", "<|endoftext|>", "<|im_end|>\n", "<|im_end|><|endoftext|>")
@@ -21,7 +21,7 @@ def _scored(tokenizer, text: str) -> Trajectory:
     trajectory = Trajectory(EXAMPLE, 0, 0, [{"role": "user", "content": EXAMPLE.question}])
     turn = AssistantTurn(prompt_tokens=[1, 2, 3], completion_tokens=[4, 5], logprobs=[-0.1, -0.2], text=text)
     assert consume_assistant(trajectory, turn, tokenizer, RolloutConfig()) is None
-    score_trajectory(trajectory)
+    score_trajectories([trajectory])
     return trajectory
 
 
@@ -68,12 +68,12 @@ def test_a_custom_system_prompt_and_tool_description_reach_the_first_prompt(toke
     config = RolloutConfig(system_prompt=CUSTOM_PROMPT, tool_description="Find passages in the archive.",
                            max_search_calls=3)
     messages = initial_messages(EXAMPLE.question, max_search_calls=3, system_template=config.system_prompt)
-    request = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, messages), 0, 1, 7, config)
+    request = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, messages), 1, 7, config)
     text = tokenizer.decode(request.prompt_tokens, skip_special_tokens=False)
     assert "You may search 3 times; {braces} stay as written." in text
     assert "Find passages in the archive." in text
     assert effective_system_prompt(config) == CUSTOM_PROMPT.replace("{max_search_calls}", "3")
-    default = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, initial_messages(EXAMPLE.question)), 0, 1, 7,
+    default = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, initial_messages(EXAMPLE.question)), 1, 7,
                            RolloutConfig())
     assert "Find passages in the archive." not in tokenizer.decode(default.prompt_tokens)
 
@@ -142,7 +142,7 @@ from searchr1.runtime.preflight import (  # noqa: E402
     load_service_tokenizer,
     tokenizer_differences,
 )
-from searchr1.core.failures import describe_failure, is_service_failure  # noqa: E402
+from searchr1.runtime.failures import describe_failure, is_service_failure  # noqa: E402
 
 
 def limits(train_seq=None, train_request=None, sample_seq=None, context=None, available=True, batch=None):
@@ -298,7 +298,7 @@ from searchr1.run.directory import RunDir  # noqa: E402
 from searchr1.search.options import SearchOptions  # noqa: E402
 from searchr1.runtime.services import search_backend  # noqa: E402
 from searchr1.core.config import TrainConfig
-from searchr1.core.trainer import Trainer, TrainingStopped  # noqa: E402
+from searchr1.training.loop import TrainingRun, TrainingStopped  # noqa: E402
 
 
 def _train_in_process(tmp_path, tokenizer, *, steps=2, reduction="per_token", **config_overrides):
@@ -314,8 +314,8 @@ def _train_in_process(tmp_path, tokenizer, *, steps=2, reduction="per_token", **
     async def go():
         with start_twin(home=run.path / "twin", tokenizer=tokenizer, policy="learning", reduction=reduction) as twin:
             backend = search_backend(SearchOptions(backend="wikipedia", cache="off"), offline=True)
-            trainer = Trainer(config, run, service=twin.service_client(), tokenizer=tokenizer, search=backend,
-                              examples=shuffled_examples(config.data, config.seed))
+            trainer = TrainingRun(config, run, service=twin.service_client(), tokenizer=tokenizer, search=backend,
+                                  examples=shuffled_examples(config.data, config.seed))
             try:
                 return await trainer.run_steps(None)
             except TrainingStopped as stopped:
@@ -347,16 +347,6 @@ def test_sampling_a_step_on_the_previous_steps_sampler_is_refused(tmp_path, toke
     assert [m["step"] for m in metrics] == [0]  # step 1 sampled on step 0's weights: refused
     violations = untaken_violations()
     assert violations and all("stale" in v for v in violations)
-
-
-def test_a_batch_sampled_on_weights_older_than_allowed_is_discarded_and_counted(tmp_path, tokenizer, monkeypatch):
-    from searchr1.training import pipeline
-
-    monkeypatch.setattr(pipeline, "sampler_version", lambda batch, k: max(0, batch - 1))
-    metrics, outcome = _train_in_process(tmp_path, tokenizer, steps=3)
-    assert outcome == 3
-    assert [m["train/update_skipped"] for m in metrics] == [0.0, 1.0, 1.0]
-    assert [m.get("async/discarded_stale_trajectories", 0) for m in metrics] == [0, 16, 16]
 
 
 def test_the_optimizer_receives_exactly_the_configured_adam_parameters(tmp_path, tokenizer, monkeypatch):
@@ -409,8 +399,8 @@ def test_without_network_the_sdks_tokenizer_load_stops_the_run_before_any_sample
     config = TrainConfig(max_steps=1, data=str(TRAIN), offline=True, offline_policy="learning")
     run = RunDir(tmp_path / "run")
     with start_twin(home=tmp_path / "twin", tokenizer=tokenizer, policy="learning", serve_tokenizer=False) as twin:
-        trainer = Trainer(config, run, service=twin.service_client(), tokenizer=tokenizer, search=None,
-                          examples=shuffled_examples(config.data, config.seed))
+        trainer = TrainingRun(config, run, service=twin.service_client(), tokenizer=tokenizer, search=None,
+                              examples=shuffled_examples(config.data, config.seed))
         with pytest.raises(PreflightError) as refused:
             trainer.connect(None)
         assert twin.calls("sample") == 0 and twin.calls("sampling_run_create") == 0

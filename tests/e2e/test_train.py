@@ -110,7 +110,7 @@ def test_two_fresh_runs_never_share_a_checkpoint_name_and_a_resume_keeps_its_run
 
 
 def test_a_fresh_run_whose_checkpoint_names_are_already_recorded_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr("searchr1.core.config.new_run_id", lambda: "cafe0001")
+    monkeypatch.setattr("searchr1.training.checkpoints.new_run_id", lambda: "cafe0001")
     assert train("--max-steps", "1", "--run-dir", str(tmp_path / "first"))[0] == 0
     code, output = train("--max-steps", "1", "--run-dir", str(tmp_path / "second"))
     assert code == 1 and "cafe0001" in output and "first" in output

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchr1.data.dataset import SearchExample
+from searchr1.core.types import (
+    AssistantTurn,
+    RewardResult,
+    SearchExample,
+    SearchRecord,
+    Termination,
+    Trajectory,
+)
 from searchr1.evaluation.metrics import (
     EvalFileError,
     bootstrap_ci,
@@ -20,7 +27,6 @@ from searchr1.evaluation.metrics import (
     summary_record,
     trajectory_record,
 )
-from searchr1.core.types import TERMINATIONS, AssistantTurn, SearchRecord, Trajectory
 
 
 def record(
@@ -92,9 +98,8 @@ def test_trajectory_record_keeps_the_whole_transcript():
             truncated=True,
         )
     ]
-    trajectory.search_calls = 1
     trajectory.finish("answer", "Answer: Röntgen")
-    trajectory.reward, trajectory.exact_match, trajectory.valid_format = 1.0, True, True
+    trajectory.score = RewardResult(1.0, True, True, "Röntgen")
 
     rec = json.loads(json.dumps(trajectory_record(trajectory), ensure_ascii=False))
     assert rec["type"] == "trajectory"
@@ -124,7 +129,6 @@ def test_trajectory_record_keeps_the_whole_transcript():
 def test_trajectory_record_of_a_failed_search_keeps_the_error():
     trajectory = Trajectory(SearchExample("a", "q?", ("x",), "nq"), 0, 0, [])
     trajectory.searches = [SearchRecord("q", ok=False, observation="Search error: timeout", error="timeout")]
-    trajectory.env_error = True
     rec = trajectory_record(trajectory)
     assert rec["searches"][0]["ok"] is False and rec["searches"][0]["error"] == "timeout"
     assert rec["env_error"] is True and rec["termination"] is None
@@ -172,7 +176,7 @@ def test_rollout_rates_and_terminations():
     assert m["rollout/termination/answer"] == 0.25
     assert m["rollout/termination/search_budget"] == 0.25
     assert m["rollout/termination/unfinished"] == 0.25
-    assert all(f"rollout/termination/{r}" in m for r in TERMINATIONS)
+    assert all(f"rollout/termination/{r}" in m for r in tuple(Termination))
     assert sum(v for k, v in m.items() if k.startswith("rollout/termination/")) == pytest.approx(1.0)
 
 

@@ -14,19 +14,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pytrio.types import Datum, ModelInput, TensorData
 
-from searchr1.data.dataset import SearchExample
-from searchr1.core.datum import TrainingDatum
-from searchr1.health.diagnostics import (
-    NonFiniteValues,
+from searchr1.core.types import AssistantTurn, SearchExample, Trajectory
+from searchr1.core.datum import NonFiniteValues, TrainingDatum, build_training_datums
+from searchr1.core.update import (
     TrainedTokens,
-    clip_bounds,
-    entropy_estimate,
+    UpdateConfig,
+    apply_update,
     learner_tokens,
-    mismatch_metrics,
-    nearest_rank_percentile,
     non_finite_inputs,
     non_finite_outputs,
-    non_finite_sampled,
+)
+from searchr1.health.diagnostics import (
+    clip_bounds,
+    entropy_estimate,
+    mismatch_metrics,
+    nearest_rank_percentile,
     policy_diagnostics,
     repeated_turn_share,
 )
@@ -40,8 +42,6 @@ from searchr1.health.rules import (
     parse_rule_override,
     reward_drop,
 )
-from searchr1.core.trainer import TrainConfig
-from searchr1.core.types import AssistantTurn, Trajectory
 
 EXAMPLE = SearchExample("q", "Who?", ("x",), "nq")
 
@@ -166,10 +166,11 @@ def test_non_finite_values_are_named_where_they_are():
 def test_a_non_finite_sampler_logprob_is_named_only_where_it_would_be_trained():
     trained = trajectory(([5, 6], [-0.5, float("-inf")]))
     trained.advantage, trained.group_index = 0.5, 3
-    found = non_finite_sampled([trajectory(([1], [0.0])), trained])
-    assert found is not None and "q0/g3 turn 0" in found and "token 1" in found
+    with pytest.raises(NonFiniteValues, match="q0/g3 turn 0: the sampler's logprob of token 1") as caught:
+        build_training_datums([trajectory(([1], [0.0])), trained])
+    assert "nothing was sent to forward_backward" in str(caught.value)
     trained.advantage = 0.0  # sends no datum: nothing to stop for
-    assert non_finite_sampled([trained]) is None
+    assert build_training_datums([trained]) == []
 
 
 class StubTrainingClient:
@@ -189,36 +190,35 @@ class StubTrainingClient:
         return asyncio.sleep(0, SimpleNamespace(metrics={"grad_norm": 1.0}))
 
 
-def update(client: StubTrainingClient, config: object) -> tuple:
-    from searchr1.core.trainer import Trainer
+def update(client: StubTrainingClient, config: UpdateConfig):
+    return asyncio.run(apply_update(client, [[datum([0.0, -1.0], [0.0, 1.0])]], config))
 
-    trainer = Trainer.__new__(Trainer)
-    trainer.training_client, trainer.config = client, config
-    return asyncio.run(trainer._update([datum([0.0, -1.0], [0.0, 1.0])], None))
+
+ADAM = dict(learning_rate=4e-5, beta1=0.9, beta2=0.95)
 
 
 def test_a_non_finite_loss_stops_the_update_before_optim_step():
     client = StubTrainingClient(float("nan"), [0.0, -1.0])
     with pytest.raises(NonFiniteValues, match="loss_mean = nan; optim_step was not called"):
-        update(client, TrainConfig(max_steps=1, data="x"))
+        update(client, UpdateConfig(**ADAM))
     assert client.optim_steps == 0
     nan_logprob = StubTrainingClient(0.5, [0.0, float("inf")])
     with pytest.raises(NonFiniteValues, match="logprobs"):
-        update(nan_logprob, TrainConfig(max_steps=1, data="x"))
+        update(nan_logprob, UpdateConfig(**ADAM))
     assert nan_logprob.optim_steps == 0
 
 
 def test_the_update_reports_mismatch_and_sends_the_configured_loss():
     client = StubTrainingClient(0.5, [-7.0, -0.5])
-    _, metrics, calls = update(client, TrainConfig(max_steps=1, data="x"))
-    assert client.optim_steps == 1 and calls == 1
-    assert metrics["health/mismatch_k1"] == pytest.approx(-0.5)  # sampled -1.0, learned -0.5
+    result = update(client, UpdateConfig(**ADAM))
+    assert client.optim_steps == 1 and result.calls == 1
+    assert mismatch_metrics(result.tokens)["health/mismatch_k1"] == pytest.approx(-0.5)  # sampled -1.0, learned -0.5
     assert client.loss_fns == [("importance_sampling", {})]
-    clipping = SimpleNamespace(**{**TrainConfig(max_steps=1, data="x").__dict__, "loss_fn": "cispo",
-                                  "loss_fn_config": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}})
+    bounds = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
     client = StubTrainingClient(0.5, [-7.0, -0.5])
-    _, metrics, _ = update(client, clipping)
-    assert client.loss_fns == [("cispo", {"loss_fn_config": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}})]
+    result = update(client, UpdateConfig(**ADAM, loss_fn="cispo", loss_fn_config=bounds))
+    assert client.loss_fns == [("cispo", {"loss_fn_config": bounds})]
+    metrics = mismatch_metrics(result.tokens, loss_fn="cispo", loss_fn_config=bounds)
     assert metrics["health/clipped_fraction"] == 1.0  # ratio exp(0.5) = 1.65 > 1.1
 
 
@@ -247,7 +247,7 @@ def test_thresholds_can_be_changed_or_turned_off_by_name():
         with pytest.raises(ValueError, match="--health-rule"):
             parse_rule_override(bad)
     with pytest.raises(ValueError, match="unknown health rule"):
-        TrainConfig(max_steps=1, data="x", health_rules={"nope": 1.0})
+        configured_rules({"nope": 1.0})  # the training run checks its config's rules so
 
 
 def test_reward_drop_is_measured_against_the_best_rolling_mean_of_earlier_steps():

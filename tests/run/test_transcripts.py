@@ -11,14 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from searchr1.data.dataset import SearchExample
+from searchr1.core.types import RewardResult, SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.offline import SCENARIO
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.runtime.services import scripted_sampling_client
 from searchr1.twin.scenario import load_scenario
-from searchr1.search.types import SearchItem, SearchResult
-from searchr1.core.types import Trajectory
 from searchr1.run.transcripts import (
     TRANSCRIPTS_FILE,
     append_transcripts,
@@ -33,7 +31,7 @@ REWARDS = (-0.1, 0.0, 1.0)
 
 def make(question: int, sample: int, reward: float) -> Trajectory:
     example = SearchExample(f"nq/q{question}", f"question {question}?", ("a",), "nq")
-    return Trajectory(example, question, sample, messages=[], reward=reward)
+    return Trajectory(example, question, sample, messages=[], score=RewardResult(reward, reward >= 0, reward == 1.0, None))
 
 
 @st.composite

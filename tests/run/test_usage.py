@@ -19,8 +19,8 @@ from searchr1.run.usage import (
     totals_before,
     usage_metrics,
 )
-from searchr1.search.stats import Usage as DeepSeekUsage
-from searchr1.search.types import SearchResult
+from searchr1.core.types import ReportedUsage as DeepSeekUsage
+from searchr1.core.types import SearchResult
 
 counts = st.integers(min_value=0, max_value=10**9)
 

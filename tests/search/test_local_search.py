@@ -16,7 +16,7 @@ from searchr1.bm25.index import BM25IndexError, Hit, build_index
 from searchr1.cli import main
 from searchr1.search.cache import QueryCache
 from searchr1.search.factory import create_search_backend
-from searchr1.search.types import format_item
+from searchr1.core.observation.text import format_item
 
 PASSAGES = [("Hamlet", "Hamlet is a tragedy written by William Shakespeare."),
             ("Paris", "Paris is the capital of France."),

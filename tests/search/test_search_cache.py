@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from searchr1.search.cache import QueryCache, cache_key, normalise_query
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.singleflight import SingleFlight
-from searchr1.search.stats import CallRecord, SearchStats, Usage, percentile
+from searchr1.core.types import ReportedUsage
+from searchr1.search.stats import CallRecord, SearchStats, percentile
 from searchr1.search.testing import mock_backend
-from searchr1.search.types import SearchItem, SearchResult
+from searchr1.core.types import SearchItem, SearchResult
 
 RESULTS = {"results": [{"title": "Canberra", "text": "Canberra is the capital of Australia."}]}
 
@@ -214,8 +215,8 @@ async def test_metric_names_per_backend(name, extra):
 
 def test_drain_reports_the_window_and_resets_it():
     stats = SearchStats("deepseek", token_metrics=True)
-    stats.record(CallRecord(ok=True, items=3, latency=1.0, usage=Usage(100, 20, 30, 1)))
-    stats.record(CallRecord(ok=False, latency=3.0, rate_limited=True, usage=Usage(50, 0, 0, 0)))
+    stats.record(CallRecord(ok=True, items=3, latency=1.0, usage=ReportedUsage(100, 20, 30, 1)))
+    stats.record(CallRecord(ok=False, latency=3.0, rate_limited=True, usage=ReportedUsage(50, 0, 0, 0)))
     stats.record(CallRecord(ok=True, items=2, origin="cache"))
     stats.record(CallRecord(ok=True, items=2, origin="shared"))
     first = stats.drain()

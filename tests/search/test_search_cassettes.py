@@ -23,7 +23,7 @@ from searchr1.search.clock import RealClock
 from searchr1.search.fake_service import DEFAULT_DEEPSEEK_USAGE
 from searchr1.search.recording import recording
 from searchr1.search.replay import CassetteFormatError, CassetteMissError, open_replay_backend
-from searchr1.search.types import format_observation
+from searchr1.core.observation.text import format_observation
 
 SPECS = discover_specs()
 CASES = [(spec, backend) for spec in SPECS for backend in spec.backends]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from searchr1.search.clock import RealClock
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.testing import mock_backend
-from searchr1.search.types import format_observation
+from searchr1.core.observation.text import format_observation
 from searchr1.search.wikipedia import WikipediaRefusedError
 
 BACKENDS = ["wikipedia", "zhihu", "deepseek", "retriever"]

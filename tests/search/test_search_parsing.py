@@ -15,7 +15,8 @@ from searchr1.search.evidence import (
     parse_evidence,
 )
 from searchr1.search.retriever import parse_retriever_payload, split_contents
-from searchr1.search.types import SearchResult, format_observation
+from searchr1.core.types import SearchResult
+from searchr1.core.observation.text import format_observation
 from searchr1.search.wikipedia import (
     api_error,
     mediawiki_params,

@@ -20,7 +20,7 @@ from searchr1.runtime.services import scripted_sampling_client
 from searchr1.twin.scenario import parse_scenario
 from searchr1.search.cache import QueryCache
 from searchr1.search.clock import RealClock
-from searchr1.search.types import NO_RESULTS_TEXT, format_observation
+from searchr1.core.observation.text import NO_RESULTS_TEXT, format_observation
 from searchr1.search.testing import mock_backend
 from searchr1.search.wikipedia import CONTACT_ENV, WikipediaRefusedError
 

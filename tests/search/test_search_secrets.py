@@ -17,7 +17,7 @@ from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.recording import SecretLeakError, recording
 from searchr1.search.secrets import Secret, redact, sanitise_error
 from searchr1.search.testing import mock_backend
-from searchr1.search.types import format_observation
+from searchr1.core.observation.text import format_observation
 
 DEEPSEEK_KEY = "sk-CANARYdeepseek0123456789abcdef"
 ZHIHU_KEYS = ("zh-CANARY-key-one-7f3a", "zh-CANARY-key-two-9b1c")

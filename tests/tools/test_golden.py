@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from searchr1.cli import main
 from searchr1.tools.golden import differences, generate, golden_path, scenario_paths
 from searchr1.core.rollout import RolloutConfig
-from searchr1.core.types import TERMINATIONS
+from searchr1.core.types import Termination
 
 SCENARIOS = scenario_paths()
 
@@ -52,7 +52,7 @@ def test_golden_datums_keep_the_shift_and_the_action_mask(scenario):
             expected = float(np.float32(trajectory["advantage"])) if actions[i + 1] else 0.0  # sent as float32
             assert advantage == expected
     for trajectory in golden["trajectories"]:
-        assert trajectory["termination"] in TERMINATIONS
+        assert trajectory["termination"] in set(Termination)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.stem)

@@ -12,7 +12,6 @@ from training_strategies import generated_trajectories
 from searchr1.core.datum import TrainingDatum, build_datum
 from searchr1.training.packing import (
     PackingError,
-    datum_loss_token_count,
     datum_size,
     pack_micro_batches,
     padded_tokens,
@@ -94,7 +93,7 @@ def test_nk_over_n_weights_sum_to_one_and_leave_inputs_untouched(items, max_item
     factors = []
     for batch in batches:
         weighted = weight_micro_batch_for_global_mean(batch, total_samples=len(datums))
-        assert [w.key for w in weighted] == [b.key for b in batch]
+        assert [(w.question_index, w.group_index) for w in weighted] == [(b.question_index, b.group_index) for b in batch]
         for before, after in zip(batch, weighted):
             a = before.datum.loss_fn_inputs["advantages"].to_numpy()
             b = after.datum.loss_fn_inputs["advantages"].to_numpy()
@@ -124,5 +123,6 @@ def test_weighting_validates_like_the_seed():
 @given(generated_trajectories())
 def test_loss_token_count_reads_the_datum(generated):
     item = build_datum(generated.trajectory)
-    assert datum_loss_token_count(item) == sum(generated.is_action) == item.loss_tokens
+    loss_tokens = int(np.count_nonzero(item.datum.loss_fn_inputs["advantages"].to_numpy()))
+    assert loss_tokens == sum(generated.is_action) == item.loss_tokens
     assert datum_size(item) == len(generated.tokens) - 1

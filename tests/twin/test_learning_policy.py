@@ -1,10 +1,9 @@
 """The twin's learning policy: exact token logprobs, exact gradients, and a closed loop that
 shows it learns from the project's own RL update (and does not from broken signals).
 
-The closed loop here drives the rollout engine's own per-turn transitions
-(``make_request`` -> policy ``sample`` -> ``consume_assistant`` -> search -> ``finish_search``),
-scores with the real reward, assigns group advantages, builds the real datums and applies
-``loss_and_grad`` plus AdamW; no PyTRIO client is imitated.
+The closed loop here is the reference step (:mod:`searchr1.core.reference`: sample, parse,
+search, stitch, score, advantage, datum) with the policy sampling in process, then
+``loss_and_grad`` plus AdamW; the reference is held equal to the production engine elsewhere.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,24 +24,17 @@ from hypothesis import strategies as st
 from pytrio.types import AdamParams
 
 from searchr1.commands.train import OFFLINE_DEFAULT_STEPS, OFFLINE_LEARNING_RATE
-from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.config import TrainConfig
-from searchr1.data.dataset import SearchExample
-from searchr1.core.datum import build_datum, build_training_datums
+from searchr1.core.types import AssistantTurn, SearchExample, SearchItem, SearchResult, Trajectory
+from searchr1.core.datum import build_datum
 from searchr1.offline import QUESTIONS
 from searchr1.core.protocol import assistant_message, build_prompt, initial_messages, parse_assistant, tool_message
-from searchr1.core.reward import FORMAT_PENALTY, score_answer
-from searchr1.core.rollout import (
-    RolloutConfig,
-    consume_assistant,
-    finish_search,
-    make_request,
-    sampling_seed,
-    score_trajectory,
-)
-from searchr1.search.types import SearchItem, SearchResult, format_observation
+from searchr1.core.reward import score_answer, score_trajectories
+from searchr1.core.types import FORMAT_PENALTY
+from searchr1.core.reference import reference_datums, reference_rollout, score_and_rank
+from searchr1.core.rollout import RolloutConfig, consume_assistant, finish_search, make_request
+from searchr1.core.observation.text import format_observation
 from searchr1.twin.optimizer import AdamState, adam_step
-from searchr1.core.types import AssistantTurn, Trajectory
 from searchr1.twin.learning_policy import (
     BASE_LOGITS,
     ENVIRONMENT_LOGPROB,
@@ -395,7 +388,7 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
     config = RolloutConfig(group_size=1)
     trajectory = Trajectory(example_of(question), 0, 0, initial_messages(question.question, max_search_calls=4))
     for kind in kinds:
-        request = make_request(tokenizer, trajectory, 0, 1, 0, config)
+        request = make_request(tokenizer, trajectory, 1, 0, config)
         assert request is not None
         state = policy.state(request.prompt_tokens)
         index = [KINDS[k] for k in state.kinds].index(kind)
@@ -409,7 +402,7 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
             hop = passages_by_query([question])[pending.query]
             finish_search(pending, SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),)),
                           tokenizer, config)
-    score_trajectory(trajectory)
+    score_trajectories([trajectory])
     trajectory.advantage = 1.0
     return trajectory
 
@@ -477,46 +470,35 @@ def example_of(question: WorldQuestion) -> SearchExample:
     return SearchExample(question.id, question.question, question.answers, question.data_source)
 
 
+class InProcessSampler:
+    """``SamplingClient.sample`` as the reference step calls it, answered in process by the learning
+    policy at ``params`` (no PyTRIO client in between)."""
+
+    def __init__(self, policy: LearningPolicy, params: np.ndarray) -> None:
+        self.policy, self.params = policy, params
+
+    def sample(self, *, prompt, num_samples, sampling_params, return_text=True):
+        drawn = self.policy.sample(self.params, prompt.to_ints(), num_samples, max_tokens=sampling_params.max_tokens,
+                                   seed=sampling_params.seed, temperature=sampling_params.temperature)
+        sequences = [SimpleNamespace(tokens=list(s.tokens), logprobs=list(s.logprobs), text=None,
+                                     stop_reason="stop" if s.stopped else "length") for s in drawn]
+        return SimpleNamespace(result=lambda: SimpleNamespace(sequences=sequences))
+
+
+def world_search(world: Sequence[WorldQuestion]):
+    """Each hop query answered with its passage (an unknown query is a bug of the policy)."""
+    passages = passages_by_query(world)
+    return lambda query: SearchResult(ok=True, items=(SearchItem(passages[query].title, passages[query].text,
+                                                                 source="Wikipedia"),))
+
+
 def roll_out(policy: LearningPolicy, params: np.ndarray, tokenizer, examples: Sequence[SearchExample],
              config: RolloutConfig, step: int, world: Sequence[WorldQuestion]) -> list[Trajectory]:
-    """One batch through the rollout engine's own per-turn transitions, scored, with group
-    advantages. The first turn of a question is one request for the whole group, as in the
-    engine; every seed comes from ``sampling_seed`` (step, question, sample, turn)."""
-    passages = passages_by_query(world)
-    budget = config.max_search_calls if config.state_search_budget else None
-    trajectories: list[Trajectory] = []
-    for question_index, example in enumerate(examples):
-        messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
-        group = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(config.group_size)]
-        first = make_request(tokenizer, group[0], 0, config.group_size,
-                             sampling_seed(config.seed, step, question_index, 0, 0), config)
-        assert first is not None
-        drawn = policy.sample(params, first.prompt_tokens, config.group_size, max_tokens=first.max_tokens,
-                              seed=first.seed, temperature=config.temperature)
-        for trajectory, sequence in zip(group, drawn):
-            prompt = first.prompt_tokens
-            while True:
-                text = tokenizer.decode(sequence.tokens, skip_special_tokens=True)
-                turn = AssistantTurn(prompt, list(sequence.tokens), list(sequence.logprobs), text,
-                                     "stop" if sequence.stopped else "length")
-                pending = consume_assistant(trajectory, turn, tokenizer, config)
-                if pending is not None:
-                    hop = passages[pending.query]
-                    result = SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),))
-                    finish_search(pending, result, tokenizer, config)
-                if trajectory.done:
-                    break
-                seed = sampling_seed(config.seed, step, question_index, trajectory.group_index, len(trajectory.turns))
-                request = make_request(tokenizer, trajectory, 0, 1, seed, config)
-                if request is None:
-                    break
-                (sequence,) = policy.sample(params, request.prompt_tokens, 1, max_tokens=request.max_tokens,
-                                            seed=request.seed, temperature=config.temperature)
-                prompt = request.prompt_tokens
-        trajectories += group
-    for trajectory in trajectories:
-        score_trajectory(trajectory)
-    assign_group_advantages(trajectories)
+    """One batch through the reference step (:mod:`searchr1.core.reference`), scored, with group
+    advantages."""
+    trajectories = reference_rollout(InProcessSampler(policy, params), tokenizer, world_search(world), examples,
+                                     config, step=step)
+    score_and_rank(trajectories)
     return trajectories
 
 
@@ -552,7 +534,7 @@ def train(policy: LearningPolicy, tokenizer, world: Sequence[WorldQuestion], *, 
         rewards.append(float(np.mean([t.reward for t in trajectories])))
         if tamper is not None:
             tamper(trajectories, rng)
-        samples = [PolicySample.from_datum(d.datum) for d in build_training_datums(trajectories)]
+        samples = [PolicySample.from_datum(d) for d in reference_datums(trajectories, len(tokenizer))]
         if not samples:
             losses.append(0.0)
             continue

@@ -11,8 +11,10 @@ from pytrio.types import AdamParams
 from twin_support import MODEL
 
 from searchr1.core.datum import build_training_datums
+from searchr1.core.advantage import assign_group_advantages
+from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
-from searchr1.search.types import SearchItem, SearchResult
+from searchr1.core.types import SearchItem, SearchResult
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.twin import StopConvention, start_twin
 from searchr1.twin.client import FAST_RETRIES
@@ -42,6 +44,8 @@ def rollout_and_train(tmp_path, tokenizer, convention):
         config = RolloutConfig(group_size=4, sample_retry_backoff=0.0)
         trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS),
                                                        SCENARIO.examples, config))
+        score_trajectories(trajectories)
+        assign_group_advantages(trajectories)
         datums = build_training_datums(trajectories, max_tokens=config.max_trajectory_tokens)
         trainer = service.create_lora_training_client(MODEL, rank=8)
         trainer.forward_backward([d.datum for d in datums], loss_fn="importance_sampling").result()

@@ -1,11 +1,13 @@
-"""Which policy loss a run asks the service for, and the ``--loss-fn-config`` it sends.
+"""A run's algorithm as its ``config.json`` records it (for ``show`` and ``eval``), and the
+``--loss-fn-config`` flag's parser.
 
 PyTRIO 0.2.9 accepts ``importance_sampling`` (the seed's), ``ppo``, ``cispo`` and ``dro`` with
 the same three inputs (target tokens, the sampler's logprobs, advantages) and sends
 ``loss_fn_config`` to the server unchanged. The keys a server reads are its own (Tinker
 documents ``clip_low_threshold`` / ``clip_high_threshold`` for ``ppo`` and ``cispo`` and
 ``beta`` for ``dro``); this module only parses them, so a live run passes whatever the user
-wrote and the offline twin (:mod:`searchr1.twin.losses`) is where unknown keys are refused.
+wrote and the offline twin (:mod:`searchr1.twin.losses`) is where unknown keys are refused. The
+choices themselves are declared with the settings (:mod:`searchr1.core.update`, :mod:`searchr1.core.kl`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-POLICY_LOSS_FNS = ("importance_sampling", "ppo", "cispo", "dro")
-DEFAULT_LOSS_FN = "importance_sampling"
-KL_ESTIMATORS = ("k1", "k3")  # searchr1.core.kl
+from searchr1.core.settings import key_value
+from searchr1.core.update import DEFAULT_LOSS_FN
 
 
 def parse_loss_fn_config(items: Iterable[str]) -> dict[str, float | int | str | bool]:
@@ -25,10 +26,7 @@ def parse_loss_fn_config(items: Iterable[str]) -> dict[str, float | int | str | 
     ValueError naming the item."""
     config: dict[str, float | int | str | bool] = {}
     for item in items:
-        key, sep, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not sep or not key or not raw:
-            raise ValueError(f"--loss-fn-config {item!r}: expected KEY=VALUE, e.g. clip_high_threshold=1.28")
+        key, raw = key_value(item, "--loss-fn-config", "KEY=VALUE, e.g. clip_high_threshold=1.28")
         if key in config:
             raise ValueError(f"--loss-fn-config {key} is given twice")
         config[key] = _value(item, raw)

@@ -1,6 +1,6 @@
 """Token ids of a joined observation, computed piece by piece, each piece tokenised once.
 
-Fitting a search result (``rollout.fit_tool_content``) tries the items joined one, two, three
+Fitting a search result (:func:`searchr1.core.observation.fit.fit_tool_content`) tries the items joined one, two, three
 at a time, and sizes each try twice (the content alone, and wrapped as the observation): the
 first item was tokenised seven times per tool turn, and tokenisation is most of a step's
 local CPU. The tokenizer's pre-tokenizer cuts text into pieces that BPE then encodes one by
@@ -16,7 +16,7 @@ look-behind, then byte-level mapping; NFC normalisation) a cut is certain at pos
   composes with nothing).
 
 Any other tokenizer, or a text with no such cut, is tokenised whole, as before: the result is
-the same ids either way (``tests/core/test_piecewise_tokens.py`` checks it on arbitrary text).
+the same ids either way (the piecewise-token tests check it on arbitrary text).
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from searchr1.core.protocol import _observation_wrapper, plain_tokens
+from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
 from searchr1.core.protocol import observation_tokens as whole_observation_tokens
+from searchr1.core.protocol import template_boundaries
+from searchr1.core.types import Tokenizer
 
 QWEN_SPLIT = (
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
@@ -49,7 +51,7 @@ def _component(part: Any) -> dict[str, Any] | None:
         return {"type": "unknown"}
 
 
-def splits_predictably(tokenizer: Any) -> bool:
+def splits_predictably(tokenizer: Tokenizer) -> bool:
     """Whether this tokenizer pre-tokenises exactly as the cut rules above assume (cached)."""
     cached = _SUPPORTED.get(tokenizer)
     if cached is not None:
@@ -97,10 +99,10 @@ class JoinedObservation:
     joined)``; the bulk of each item is tokenised once whatever ``k`` is asked for.
     """
 
-    def __init__(self, tokenizer: Any, items: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, items: Sequence[str]) -> None:
         self.tokenizer = tokenizer
         self.items = list(items)
-        self.wrapper = _observation_wrapper(tokenizer)
+        self.wrapper = observation_wrapper(tokenizer, template_boundaries(tokenizer))
         self.piecewise = splits_predictably(tokenizer) and self._joins_are_cuts()
         self._bodies: dict[int, list[int]] = {}
         self._cuts: dict[int, int] = {}

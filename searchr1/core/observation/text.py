@@ -1,46 +1,8 @@
-"""What every search backend returns, and how a result becomes the tool message text."""
+"""How a search result becomes the text of the tool message (the seed's layout)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
-
-from searchr1.search.stats import Usage
-
-
-@dataclass(frozen=True)
-class SearchItem:
-    title: str
-    content: str
-    source: str | None = None
-    url: str | None = None
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """Outcome of one ``search(query)`` call.
-
-    ``ok=False`` carries a short, sanitised ``error`` (failure class and status; never a
-    response body dump, never a secret). ``cached`` is true when no request was made.
-    ``attempts`` counts the requests sent to the service for this call (0: none was) and
-    ``usage`` what the service reported consuming (DeepSeek's tokens), failed attempts included.
-    """
-
-    ok: bool
-    items: tuple[SearchItem, ...] = ()
-    latency: float = 0.0
-    status: int | None = None
-    error: str | None = None
-    cached: bool = False
-    attempts: int = 0
-    usage: Usage | None = None
-
-
-@runtime_checkable
-class SearchBackend(Protocol):
-    name: str
-
-    async def search(self, query: str) -> SearchResult: ...
+from searchr1.core.types import SearchItem, SearchResult
 
 
 def format_item(item: SearchItem, index: int) -> str:

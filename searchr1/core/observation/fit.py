@@ -1,0 +1,102 @@
+"""How much of a search result fits the trajectory: whole items in rank order while the content
+and the next prompt stay within their budgets, or the first item cut (and marked) when not even
+it fits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from searchr1.core.observation.piecewise import JoinedObservation
+from searchr1.core.observation.text import observation_candidates
+from searchr1.core.observation.tokens import plain_tokens
+from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, tool_message
+from searchr1.core.types import SearchResult, Tokenizer
+
+if TYPE_CHECKING:
+    from searchr1.core.rollout import RolloutConfig
+
+TRUNCATION_MARKER = " [... truncated to fit the budget]"
+
+
+@dataclass(frozen=True)
+class FittedObservation:
+    content: str
+    next_prompt: list[int]
+    truncated: bool
+
+
+def truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
+    """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``.
+    Counted with :func:`plain_tokens`, as the observation will be tokenised."""
+    ids = plain_tokens(tokenizer, text)
+    keep = min(len(ids), limit)
+    while keep > 0:
+        head = tokenizer.decode(ids[:keep], skip_special_tokens=False).rstrip("\ufffd")
+        candidate = head.rstrip() + TRUNCATION_MARKER
+        if head.strip() and budget(candidate):
+            return candidate
+        keep = keep - max(1, keep // 8) if keep > 64 else keep - 1
+    return None
+
+
+def fit_tool_content(
+    tokenizer: Tokenizer,
+    messages_before_assistant: list[dict[str, Any]],
+    assistant_text: str,
+    previous_prompt_tokens: Sequence[int],
+    completion_tokens: Sequence[int],
+    call_id: str,
+    result: SearchResult,
+    config: RolloutConfig,
+) -> FittedObservation | None:
+    """The tool message content and the next prompt, or ``None`` when nothing fits.
+
+    Whole items are added greedily in rank order while the joined content stays within
+    ``max_tool_response_tokens`` and the next prompt leaves room for at least one generated
+    token; the first item that does not fit stops the loop (as the seed). Sizes come from the
+    tokenizer directly; the template is rendered twice, and only for the chosen content. If not
+    even the first item fits, ``tool_overflow="truncate"`` cuts it at a token boundary with a
+    visible marker; ``"end"`` returns ``None`` (the seed).
+    """
+    base = len(previous_prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
+    room = config.max_trajectory_tokens - 1 - base  # leave one token for the next turn
+
+    def fits(content: str) -> bool:
+        if len(plain_tokens(tokenizer, content)) > config.max_tool_response_tokens:
+            return False
+        return len(observation_tokens(tokenizer, content)) <= room
+
+    candidates = observation_candidates(result)
+    sizes = JoinedObservation(tokenizer, candidates)  # each item tokenised once, not once per try
+    accepted = 0
+    observation: list[int] | None = None  # the accepted content's observation tokens
+    for count in range(1, len(candidates) + 1):
+        if len(sizes.content_tokens(count)) > config.max_tool_response_tokens:
+            break
+        tokens = sizes.observation_tokens(count)
+        if len(tokens) > room:
+            break
+        accepted, observation = count, tokens
+    truncated = False
+    if accepted:
+        content = sizes.joined(accepted)
+    elif config.tool_overflow == "truncate":
+        cut = truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
+        if cut is None:
+            return None
+        content, truncated = cut, True
+    else:
+        return None
+    next_prompt = build_next_prompt(
+        tokenizer,
+        messages_before_assistant,
+        assistant_text,
+        previous_prompt_tokens,
+        completion_tokens,
+        tool_message(call_id, content),
+        tools=config.tools,
+        observation=observation,
+    )
+    return FittedObservation(content, next_prompt, truncated)

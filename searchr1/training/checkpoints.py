@@ -1,0 +1,27 @@
+"""The names a run's checkpoints and samplers are saved under on PyTRIO: never reused, so no save
+needs ``overwrite``."""
+
+from __future__ import annotations
+
+import secrets
+
+from searchr1.core.config import TrainConfig
+
+
+def new_run_id() -> str:
+    """Eight random hex digits: the part of checkpoint names that tells runs apart."""
+    return secrets.token_hex(4)
+
+
+def checkpoint_prefix(config: TrainConfig) -> str:
+    """What every checkpoint name of this run starts with: ``<run-name>-<run-id>-``."""
+    return f"{config.run_name}-{config.run_id}-" if config.run_id else f"{config.run_name}-"
+
+
+def checkpoint_name(config: TrainConfig, completed_steps: int, session: int = 0) -> str:
+    """The name of the checkpoint taken after ``completed_steps`` steps in the run's
+    ``session``-th start (0 fresh, 1 after the first ``--resume``...). One start saves at
+    most once per step count, and the session tells apart a save that a crash left half
+    written from its retry after the resume, so no name is ever reused (no ``overwrite``)."""
+    name = f"{checkpoint_prefix(config)}step-{completed_steps:06d}"
+    return f"{name}-resume{session}" if session else name

@@ -1,0 +1,312 @@
+"""The run loop around the core's step: steps ``[start, max_steps)`` of one run, each one on disk
+before the next starts.
+
+Per step: the core's :meth:`~searchr1.core.trainer.Trainer.step` (its batch from the rollout
+pipeline, :mod:`searchr1.training.pipeline`), then its metrics line
+(:func:`searchr1.health.metrics.step_metrics`), the collapse guard's verdict
+(:mod:`searchr1.health.rules`), the transcripts, a checkpoint when one is due, and the run state.
+
+Before the first step, :meth:`TrainingRun.connect` checks the chat template, creates the training
+client and checks the service's tokenizer (:mod:`searchr1.runtime.preflight`): nothing is sampled
+before the run can finish a step.
+
+Failures. A finished step is on disk before the next one starts. A broken training client,
+a failed event, too many sampler failures or Ctrl-C stop the run with :class:`TrainingStopped`,
+whose message says how to resume; ``--resume`` restarts at the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from searchr1.core.config import TrainConfig
+from searchr1.core.datum import NonFiniteValues, TrainingDatum
+from searchr1.runtime.failures import describe_failure, is_service_failure
+from searchr1.run.reporting import MetricsLogger, Reporter, SilentReporter
+from searchr1.core.rollout import SamplerFailureError
+from searchr1.core.trainer import MicroBatcher, StepRecord, Trainer
+from searchr1.core.types import SearchBackend, SearchExample, ServiceClient, Tokenizer
+from searchr1.health.metrics import step_metrics
+from searchr1.health.rules import CollapseGuard, collapse_report, configured_rules, last_healthy_checkpoint
+from searchr1.run.directory import ResumePoint, RunDir
+from searchr1.run.transcripts import append_transcripts, select_transcripts, transcript_record
+from searchr1.runtime.preflight import PreflightError, check_service_tokenizer, check_template
+from searchr1.training.base_model import BaseModelPenalty
+from searchr1.training.checkpoints import checkpoint_name
+from searchr1.training.off_policy import off_policy_metrics, versions_to_record
+from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for_global_mean
+from searchr1.training.pipeline import RolloutPipeline
+from searchr1.run.costs import BudgetReached, RunAccount
+from searchr1.run.usage import Usage, count_update
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped before ``max_steps``; every finished step is saved."""
+
+    def __init__(self, message: str, *, step: int, run_dir: str) -> None:
+        super().__init__(f"{message}\nFinished steps are saved in {run_dir}; resume with: "
+                         f"python cli.py train --resume {run_dir}")
+        self.step = step
+        self.run_dir = run_dir
+
+
+class CollapseDetected(RuntimeError):
+    """``--stop-on-collapse``: the run stopped after that many unhealthy steps in a row; what it
+    had is saved, and the message names the last healthy checkpoint and how to restart there."""
+
+    def __init__(self, message: str, *, step: int, run_dir: str, restart_step: int | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.run_dir = run_dir
+        self.restart_step = restart_step
+
+
+def manual_micro_batches(config: TrainConfig) -> MicroBatcher:
+    """``--accumulation manual``: the seed's first-fit-decreasing micro-batches, each datum's
+    advantages scaled by n_k/N (N: the datums sent)."""
+
+    def cut(datums: list[TrainingDatum]) -> list[list[TrainingDatum]]:
+        batches = pack_micro_batches(datums, max_datum_tokens=config.rollout.max_trajectory_tokens,
+                                     max_items=config.max_micro_batch_items,
+                                     max_padded_tokens=config.max_micro_batch_padded_tokens)
+        return [weight_micro_batch_for_global_mean(batch, len(datums)) for batch in batches]
+
+    return cut
+
+
+class TrainingRun:
+    """Runs steps ``[start_step, max_steps)`` of one run against any PyTRIO-shaped service."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        run: RunDir,
+        *,
+        service: ServiceClient,
+        tokenizer: Tokenizer,
+        search: SearchBackend,
+        examples: Sequence[SearchExample],
+        reporter: Reporter | None = None,
+        logger: MetricsLogger | None = None,
+        account: RunAccount | None = None,
+    ) -> None:
+        if not examples:
+            raise ValueError(f"no training examples in {config.data}")
+        configured_rules(config.health_rules)  # names a rule that does not exist, before any work
+        self.config = config
+        self.run = run
+        self.search = search
+        self.examples = list(examples)
+        self.reporter = reporter or SilentReporter()
+        self.logger = logger
+        self.account = account or RunAccount()  # usage totals, prices and budget (searchr1.run.costs)
+        self.base_model = BaseModelPenalty(service, config) if config.kl_coef else None
+        self.trainer = Trainer(config, service=service, tokenizer=tokenizer,
+                               micro_batcher=manual_micro_batches(config) if config.accumulation == "manual" else None,
+                               kl_penalty=self.base_model.apply if self.base_model is not None else None)
+        self.first_step = 0
+        self.last_saved_step: int | None = None
+        self.session = 0  # how many times this run was resumed (part of checkpoint names)
+        self.stop_requested = False
+        self.sampler_paths: dict[int, str] = {}  # recorded samplers of in-flight batches (K >= 1)
+        self.pipeline: RolloutPipeline | None = None  # made by run_steps, inside the event loop
+        self.first_cursor = 0  # the data cursor at the first step (a resume point's)
+        self._connected = False
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def connect(self, resume: ResumePoint | None) -> int:
+        """Create the training client (fresh or from the resume point) and check, before any
+        sample is paid for, that the service's tokenizer is the one the protocol was built
+        with (:mod:`searchr1.runtime.preflight`). Returns the first step; idempotent."""
+        if self._connected:
+            return self.first_step
+        check_template(self.trainer.tokenizer)  # before anything that costs money
+        try:
+            client = self.trainer.connect(None if resume is None else resume.state_path)
+        except Exception as error:
+            if not is_service_failure(error):
+                raise
+            raise PreflightError(f"cannot create the training run: {describe_failure(error)}") from None
+        check_service_tokenizer(self.trainer.tokenizer, client)
+        self._connected = True
+        self.last_saved_step = None if resume is None else resume.step
+        self.first_step = 0 if resume is None else resume.step
+        self.first_cursor = 0 if resume is None else resume.cursor
+        self.sampler_paths = {} if resume is None else dict(resume.sampler_paths)
+        return self.first_step
+
+    def request_stop(self) -> None:
+        """Finish the current step, save a checkpoint and stop (the first Ctrl-C)."""
+        self.stop_requested = True
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _cursor_after(self, completed: int) -> int:
+        """The data cursor once ``completed`` steps are done (dynamic sampling moves it by each draw)."""
+        if self.config.dynamic_sampling:
+            return self.pipeline.cursor if self.pipeline is not None else self.first_cursor
+        return completed * self.config.questions_per_batch
+
+    def _write_state(self, completed: int) -> None:
+        """``run_state.json``: where the run stands (the one place it is written)."""
+        self.run.write_state({
+            "step": completed,
+            "cursor": self._cursor_after(completed),
+            "seed": self.config.seed,
+            "last_checkpoint": self.last_saved_step,
+            "max_steps": self.config.max_steps,
+            "session": self.session,
+        })
+
+    async def save(self, completed: int, *, final: bool = False) -> dict[str, Any]:
+        name = checkpoint_name(self.config, completed, self.session)
+        state_path, weights_path = await self.trainer.save(name)
+        entry = {
+            "name": name,
+            "final": final,
+            "step": completed,
+            "cursor": self._cursor_after(completed),
+            "state_path": state_path,
+            "weights_path": weights_path,
+            # samplers of the batches in flight (off-policy runs): a resume redoes them exactly
+            "sampler_paths": {str(v): self.sampler_paths[v] for v in sorted(
+                versions_to_record(completed, self.config.max_steps, self.config.max_steps_off_policy))
+                if v in self.sampler_paths},
+            "time": time.time(),
+        }
+        self.run.record_checkpoint(entry)
+        self.last_saved_step = completed
+        self.reporter.note(f"checkpoint {name}: state {state_path}  weights {weights_path}")
+        return entry
+
+    def metrics(self, record: StepRecord) -> dict[str, float]:
+        """The step's metrics line: what it produced, the pipeline's state and the search counters."""
+        config = self.config
+        assert self.pipeline is not None
+        metrics = step_metrics(record, config)
+        if config.max_steps_off_policy:
+            metrics.update(off_policy_metrics(record.step - record.batch.sampler_version, config.max_steps_off_policy,
+                                              len(record.trajectories), discarded=0, in_flight=self.pipeline.in_flight))
+        stats = getattr(self.search, "stats", None)
+        if stats is not None and hasattr(stats, "drain"):
+            metrics.update(stats.drain())
+        return metrics
+
+    def usage(self, record: StepRecord) -> Usage:
+        """What the step used: its batch's rollout (sampling, searches, its sampler's save), the
+        base model's KL requests and its update (:mod:`searchr1.run.usage`)."""
+        assert self.pipeline is not None
+        usage = self.pipeline.take_usage(record.step)
+        if self.base_model is not None:
+            usage.add(self.base_model.take_usage())
+        count_update(usage, record.datums, record.update.calls if record.update is not None else 0)
+        return usage
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run_steps(self, resume: ResumePoint | None) -> int:
+        """Run to ``max_steps`` (or, after :meth:`request_stop`, to the end of the current step,
+        then checkpoint); returns the number of completed steps."""
+        config = self.config
+        first = self.connect(resume)
+        if resume is not None:
+            self.session = int(self.run.state().get("session", 0)) + 1
+            self._write_state(first)
+        rewound = self.run.rewind_to(first)
+        if rewound:
+            self.reporter.note(f"resuming at step {first}: {rewound} later metrics line(s) moved to metrics.rewound.jsonl")
+        assert self.trainer.training_client is not None
+        self.pipeline = RolloutPipeline(
+            config, training_client=self.trainer.training_client, tokenizer=self.trainer.tokenizer,
+            search=self.search, examples=self.examples, reporter=self.reporter, session=self.session,
+            sampler_paths=self.sampler_paths, weights_version=first, cursor=self.first_cursor)
+        guard = CollapseGuard(configured_rules(config.health_rules), stop_after=config.stop_on_collapse,
+                              history=self.run.metrics())
+        self.account.start(self.run.metrics(), first)
+        budget = self.account.verdict()
+        if budget.stop and first < config.max_steps:  # a resume whose budget is already spent
+            self.pipeline.close()
+            raise BudgetReached(self.account.stop_message(budget, completed=first, run_dir=str(self.run.path)),
+                                step=first, run_dir=str(self.run.path))
+        self.reporter.start(config.max_steps, first)
+        completed = first
+        try:
+            for step in range(first, config.max_steps):
+                self.reporter.start_step(step, config.questions_per_batch * config.rollout.group_size)
+                record = await self.trainer.step(step, self.pipeline)
+                metrics = self.metrics(record)
+                completed = step + 1
+                verdict = guard.observe(metrics)
+                metrics.update(verdict.metrics())
+                usage = self.usage(record)
+                self.account.add_step(usage)
+                budget = self.account.verdict()  # before a step projected to pass the budget, stop
+                stopping = (self.stop_requested or budget.stop) and completed < config.max_steps
+                due = bool(config.save_every and completed % config.save_every == 0) or stopping or verdict.stop
+                metrics.update(self.account.step_metrics(usage, checkpoint=due or completed >= config.max_steps))
+                if verdict.unhealthy:  # texts: in metrics.jsonl, not on the dashboards (numbers only)
+                    metrics["health/warnings"] = verdict.warnings()  # type: ignore[assignment]
+                    self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
+                                       f"What the model did: python cli.py show {self.run.path} --step {step}")
+                self._record(record, metrics)
+                stopping = stopping or (self.stop_requested and completed < config.max_steps)  # Ctrl-C meanwhile
+                if stopping:
+                    self.pipeline.drop_from(completed)  # in flight; redone exactly on resume
+                if (config.save_every and completed % config.save_every == 0) or stopping:
+                    await self.save(completed)
+                self._write_state(completed)
+                if verdict.stop:
+                    await self._stop_on_collapse(completed, verdict.streak)
+                if stopping:
+                    break
+            if self.last_saved_step != completed:
+                await self.save(completed, final=completed >= config.max_steps)
+                self._write_state(completed)
+            if budget.stop and completed < config.max_steps and not self.stop_requested:
+                raise BudgetReached(self.account.stop_message(budget, completed=completed, run_dir=str(self.run.path)),
+                                    step=completed, run_dir=str(self.run.path))
+        except SamplerFailureError as error:
+            raise TrainingStopped(f"stopped in step {completed}: {error}", step=completed,
+                                  run_dir=str(self.run.path)) from error
+        except NonFiniteValues as error:
+            raise TrainingStopped(f"stopped in step {completed}: a non-finite value: {error}", step=completed,
+                                  run_dir=str(self.run.path)) from error
+        except Exception as error:
+            if not is_service_failure(error):
+                raise
+            raise TrainingStopped(
+                f"stopped in step {completed}: the training service failed ({describe_failure(error)})",
+                step=completed, run_dir=str(self.run.path),
+            ) from error
+        finally:
+            self.pipeline.close()
+            self.reporter.close()
+        return completed
+
+    def _record(self, record: StepRecord, metrics: dict[str, float]) -> None:
+        """A finished step on disk (metrics line, transcripts), then in the dashboards and on screen."""
+        step = record.step
+        self.run.append_metrics({"step": step, **metrics})
+        if self.config.transcripts_per_step:
+            chosen = select_transcripts(record.trajectories, self.config.transcripts_per_step)
+            append_transcripts(self.run.path, step, [transcript_record(t, step) for t in chosen])
+        if self.logger is not None:
+            self.logger.log(step, metrics)
+        self.reporter.end_step(step, metrics)
+
+    async def _stop_on_collapse(self, completed: int, streak: int) -> None:
+        """Save what the run has, then raise :class:`CollapseDetected` naming the last healthy
+        checkpoint and the command that restarts from it."""
+        assert self.pipeline is not None
+        self.pipeline.drop_from(completed)
+        if self.last_saved_step != completed:
+            await self.save(completed)
+        self._write_state(completed)
+        healthy = last_healthy_checkpoint(self.run.checkpoints(), self.run.metrics(), before_step=completed - streak,
+                                          max_steps_off_policy=self.config.max_steps_off_policy)
+        message, restart = collapse_report(self.run.path, completed=completed, streak=streak,
+                                           stop_on_collapse=self.config.stop_on_collapse, healthy=healthy)
+        raise CollapseDetected(message, step=completed, run_dir=str(self.run.path), restart_step=restart)
