@@ -200,7 +200,7 @@ def seed_fit(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], as
              result: Any, config: Any) -> Any:
     """:func:`searchr1.core.rollout.fit_tool_content` done the seed's way (figure 2's
     :func:`seed_fit_tool_content`), in the engine's own return type."""
-    from searchr1.core.rollout import FittedObservation
+    from searchr1.core.observation.fit import FittedObservation
 
     fitted = seed_fit_tool_content(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
                                    completion_tokens, call_id, result, config)

@@ -157,7 +157,7 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
             finally:
                 await backend.aclose()
 
-        from searchr1.core.failures import describe_failure, is_service_failure
+        from searchr1.runtime.failures import describe_failure, is_service_failure
         from searchr1.core.rollout import SamplerFailureError
 
         try:

@@ -197,7 +197,7 @@ def model_card(adapter: Adapter, *, checkpoint: str, run_config: Mapping[str, An
               f"| checkpoint | `{checkpoint}` |", f"| training steps | {step if step is not None else 'unknown'} |",
               f"| tensors | {len(adapter.shapes)} (shapes checked against {adapter.shape_source}) |", ""]
     if run_config:
-        from searchr1.core.loss_options import algorithm_of, describe_algorithm
+        from searchr1.run.algorithm import algorithm_of, describe_algorithm
 
         rollout = run_config.get("rollout") if isinstance(run_config.get("rollout"), Mapping) else {}
         lines += ["## Training run", "",

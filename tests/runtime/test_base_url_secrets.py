@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import searchr1.runtime.connect as connect
-from searchr1.core.failures import describe_failure
+from searchr1.runtime.failures import describe_failure
 from searchr1.runtime.services import ServiceSetupError, live_service
 from searchr1.search.secrets import strip_userinfo
 
