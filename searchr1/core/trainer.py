@@ -196,6 +196,7 @@ class Trainer:
             metrics["train/groups_trained"] = algorithm_metrics["dynamic/groups_kept"]
         train_started = time.perf_counter()
         calls = 0
+        await self.pipeline.before_update(step)  # later batches' sampler holds the weights before this update
         if datums:
             outputs, optim_metrics, calls = await self._update(datums, micro_batches)
             metrics.update(trainer_metrics(outputs))
@@ -250,7 +251,7 @@ class Trainer:
             "weights_path": weights.path,
             # samplers of the batches in flight (off-policy runs): a resume redoes them exactly
             "sampler_paths": {str(v): self.sampler_paths[v] for v in sorted(
-                versions_to_record(completed, self.config.max_steps, self.config.max_steps_off_policy))
+                versions_to_record(completed, self.config.max_steps_off_policy))
                 if v in self.sampler_paths},
             "time": time.time(),
         }
