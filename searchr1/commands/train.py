@@ -68,7 +68,8 @@ COLLAPSE_EXIT_CODE = 3
                    "(--learning-rate, --advantage, ...) may change; config.json records them as a new segment.")
 @click.option("--health-rule", "health_rules", multiple=True, metavar="NAME=VALUE",
               help="Change a health rule's threshold (NAME=off turns it off); repeatable. Rules and defaults: "
-                   "format_valid_rate<0.1, answer_rate<0.1, entropy<0.0001, mismatch_k3>0.1, repeated_turns>0.5, "
+                   "format_valid_rate<0.1, answer_rate<0.1, entropy<0.0001 (only while reward or format falls), "
+                   "mismatch_k3>0.1, repeated_turns>0.5, "
                    "reward_drop>0.5 (README: When training goes wrong).")
 @offline_fault_option()
 @click.option("--loss-fn-config", multiple=True, metavar="KEY=VALUE",
