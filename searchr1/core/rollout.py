@@ -42,7 +42,7 @@ from searchr1.core.protocol import (
     tool_message,
 )
 from searchr1.core.piecewise_tokens import JoinedObservation
-from searchr1.core.reward import FORMAT_PENALTY, score_answer
+from searchr1.core.reward import FORMAT_PENALTY, extract_answer, score_answer
 from searchr1.search.types import SearchBackend, SearchResult, observation_candidates
 from searchr1.core.settings import check_settings, setting
 from searchr1.core.types import AssistantTurn, SearchRecord, Trajectory
@@ -303,8 +303,8 @@ def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: An
     text = parsed.text  # the one place that decides what the turn said (no stop string)
     messages_before = list(trajectory.messages)
     trajectory.messages.append(assistant_message(text))
-    if parsed.kind == "answer":
-        trajectory.finish("answer", text)
+    if parsed.kind == "answer":  # a reply without a tool call: an answer only if it can be scored
+        trajectory.finish("answer" if extract_answer(text) is not None else "no_answer", text)
         return None
     if parsed.kind == "invalid":
         trajectory.finish("invalid", text)

@@ -10,7 +10,8 @@ from searchr1.data.dataset import SearchExample
 
 # Why a trajectory ended. Exactly one per finished trajectory.
 TERMINATIONS = (
-    "answer",          # the model answered (no tool call)
+    "answer",          # the model answered: no tool call, exactly one non-empty Answer: line
+    "no_answer",       # a reply with no tool call and no scorable Answer: line
     "invalid",         # malformed or disallowed tool call
     "search_budget",   # a valid tool call after the search budget was spent
     "turn_budget",     # a valid tool call on the last allowed assistant turn

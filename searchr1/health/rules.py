@@ -55,7 +55,8 @@ DEFAULT_RULES: tuple[HealthRule, ...] = (
     HealthRule("format_valid_rate", "reward/format", "below", 0.1,
                "share of trajectories whose final reply has one Answer: line"),
     HealthRule("answer_rate", "rollout/termination/answer", "below", 0.1,
-               "share of trajectories that ended with a reply rather than a budget or an invalid call"),
+               "share of trajectories that ended with a scorable answer (not a reply without one, a budget or an "
+               "invalid call)"),
     HealthRule("entropy", "health/entropy", "below", 1e-4,
                "mean -logprob of the sampled action tokens, nats per token; counts only while reward or "
                f"format falls more than {FALL_MARGIN:g} below its best {REWARD_WINDOW}-step mean",

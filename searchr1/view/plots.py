@@ -50,6 +50,7 @@ HEALTH_RUN_METRICS = (
     "health/action_tokens_p95",
     "reward/format",
     "rollout/termination/answer",
+    "rollout/termination/no_answer",
 )
 UNHEALTHY_COLOR = "tab:red"
 RATE_REWARDS = ("reward/correct", "reward/format")  # shares of trajectories, not mean rewards
@@ -71,6 +72,7 @@ METRIC_LABELS = {
     "health/action_tokens_mean": ("Sampled tokens per trajectory", "tokens (mean)"),
     "health/action_tokens_p95": ("Sampled tokens per trajectory, p95", "tokens"),
     "rollout/termination/answer": ("Trajectories that answered", "share of trajectories"),
+    "rollout/termination/no_answer": ("Replies without an answer", "share of trajectories"),
 }
 RUN_METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.json"

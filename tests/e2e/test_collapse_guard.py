@@ -42,6 +42,9 @@ def test_the_guard_stops_within_n_steps_of_a_collapse_and_its_command_restarts_f
     assert [m["step"] for m in metrics] == [0, 1, 2, 3, 4]  # stopped 2 steps after the collapse at 3
     assert [m["health/unhealthy"] for m in metrics] == [0, 0, 0, 1, 1]
     assert metrics[3]["reward/format"] == 0 and metrics[3]["health/entropy"] == 0
+    # the collapsed replies carry no answer: the answer rate sees the collapse too
+    assert metrics[3]["rollout/termination/answer"] == 0 and metrics[3]["rollout/termination/no_answer"] == 1
+    assert any(w.startswith("answer_rate 0 < 0.1") for w in metrics[3]["health/warnings"])
     assert any(w.startswith("format_valid_rate 0 < 0.1") for w in metrics[3]["health/warnings"])
     warnings = [line for line in result.output.splitlines() if line.startswith("warning: step")]
     assert len(warnings) == 2 and f"python cli.py show {run_dir} --step 3" in warnings[0]
@@ -61,6 +64,18 @@ def test_the_guard_stops_within_n_steps_of_a_collapse_and_its_command_restarts_f
     assert config["learning_rate"] == 0.1
     assert [(s["from_step"], s["changed"]) for s in config["segments"]] == [
         (2, {"learning_rate": {"from": 0.2, "to": 0.1}})]
+
+
+def test_a_converged_run_whose_entropy_vanishes_is_not_stopped(tmp_path):
+    """The default offline run becomes certain and right (entropy below 1e-4, reward 1): the
+    guard lets it finish."""
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--max-steps", "40", "--stop-on-collapse", "2",
+                                       "--run-dir", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    metrics = RunDir(run_dir).metrics()
+    assert len(metrics) == 40 and not any(m["health/unhealthy"] for m in metrics)
+    assert min(m["health/entropy"] for m in metrics) < 1e-4  # the rule's threshold was reached
 
 
 def test_without_the_flag_a_collapse_warns_every_unhealthy_step_and_the_run_continues(tmp_path):
