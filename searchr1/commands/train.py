@@ -174,7 +174,13 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             guard["stop_on_collapse"] = ctx.params["stop_on_collapse"]
         if "health_rules" in explicit:  # the rules named now change; the others stay as recorded
             guard["health_rules"] = {**stored.get("health_rules", {}), **health_rules}
-        guard = {name: value for name, value in guard.items() if stored.get(name, _MISSING) != value}
+        if offline_fault is not None:  # "none" clears the recorded fault
+            guard["offline_fault"] = None if offline_fault == "none" else offline_fault
+        elif stored.get("offline_fault"):
+            click.echo(f"offline fault {stored['offline_fault']} kept from {resume_dir / 'config.json'} "
+                       "(--offline-fault none clears it)", err=True)
+        guard = {name: value for name, value in guard.items()
+                 if stored.get(name, None if name == "offline_fault" else _MISSING) != value}
         if from_step is not None or guard:
             fields = setting_params(TrainConfig)  # flag -> config.json field
             changes = {fields.get(name, name): {"from": _stored_value(stored, name),
@@ -194,6 +200,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             raise click.UsageError("--offline-policy only applies with --offline")
         settings = take_settings(TrainConfig, kwargs)
         settings["offline_policy"] = policy if offline else None
+        if offline and offline_fault not in (None, "none"):
+            settings["offline_fault"] = offline_fault
         if settings["max_steps"] is None:
             if not offline:
                 raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
@@ -270,10 +278,11 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         # --preflight-only writes nothing, not even the twin's home, for a new run
         home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
         from searchr1.twin import TwinFaults
+        from searchr1.twin.config import parse_offline_fault
 
         service = offline_service(home, tokenizer, offline_scenario(), policy=config.offline_policy or "scripted",
                                   max_staleness=config.max_steps_off_policy,
-                                  faults=TwinFaults(**(offline_fault or {})))
+                                  faults=TwinFaults(**parse_offline_fault(config.offline_fault or "none")))
     else:
         if offline_fault is not None:
             raise click.UsageError("--offline-fault only applies to offline runs")

@@ -84,6 +84,8 @@ class TrainConfig:
         4, at_least=0, help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
     # Offline runs: the policy the twin serves ("learning" or "scripted"); None for live runs.
     offline_policy: str | None = None
+    # Offline runs: the twin's --offline-fault ("collapse@N"), kept by --resume unless cleared; None: no fault.
+    offline_fault: str | None = None
     # The collapse guard (searchr1.health.rules): stop after N consecutive unhealthy steps (0: only
     # warn), and thresholds that replace the defaults (None turns a rule off).
     stop_on_collapse: int = setting(
