@@ -118,8 +118,14 @@ def code_version() -> dict[str, Any]:
     return version
 
 
-def default_output(base_model: str, model_path: str | None, backend: str, offline: bool) -> Path:
-    label = (model_path.rstrip("/").rsplit("/", 1)[-1] if model_path else base_model.rsplit("/", 1)[-1])
+def default_output(base_model: str, model_path: str | None, backend: str, offline: bool,
+                   offline_policy: str | None = None) -> Path:
+    """``eval_result/eval_[offline_]<what>_<backend>.jsonl``: the checkpoint's name, else the base
+    model, or offline the twin's policy (``twin-learning``)."""
+    if model_path:
+        label = model_path.rstrip("/").rsplit("/", 1)[-1]
+    else:
+        label = f"twin-{offline_policy or 'scripted'}" if offline else base_model.rsplit("/", 1)[-1]
     label = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or "model"
     return RESULT_DIR / f"eval_{'offline_' if offline else ''}{label}_{backend}.jsonl"
 
@@ -320,7 +326,12 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     examples = load_examples(data)
     if not examples:
         raise click.ClickException(f"eval data {data} holds no questions")
-    output = kwargs.pop("output") or default_output(base_model, model_path, search.backend, offline)
+    output = kwargs.pop("output") or default_output(base_model, model_path, search.backend, offline, offline_policy)
+    sampled = model_path or base_model  # what the output names as the policy evaluated
+    if offline:
+        from searchr1.twin.policies import offline_policy_label
+
+        sampled = offline_policy_label(offline_policy) + (f" at {model_path}" if model_path else " (untrained)")
     _claim_output(output, held)
     run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
                                   rollout=rollout, data=data, limit=limit, chat_template=chat_template,
@@ -347,7 +358,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
                 await backend.aclose()
 
         click.echo(f"eval: {data} -> {output}  ({'offline twin' if offline else 'live PyTRIO'}, "
-                   f"{model_path or base_model}, backend {search.backend})", err=True)
+                   f"{sampled}, backend {search.backend})", err=True)
         try:
             outcome = asyncio.run(main())
         except (EvalFileError, EvalResumeError) as error:
@@ -374,8 +385,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
 
             retriever = (f"BM25 over {run_config.get('search_index')}" if search.backend == "local"
                          else f"the retrieval server at {search.retriever_url or 'the default URL'}")
-            click.echo(comparison_table(outcome.summary["metrics"], model=model_path or base_model,
-                                        retriever=retriever))
+            click.echo(comparison_table(outcome.summary["metrics"], model=sampled, retriever=retriever,
+                                        offline=offline))
     click.echo(f"results: {output}")
     if outcome.failed:
         click.secho(f"sampling failed for {len(outcome.failed)} question(s) ({', '.join(outcome.failed[:5])}"
