@@ -53,7 +53,7 @@ RESULT_DIR = Path("eval_result")
               help="Sampler-weights URI of a checkpoint (trio://…, printed by train) [default: the base model].")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Eval JSONL to write or resume [default: eval_result/eval_[offline_]<checkpoint or "
-                   "model name>_<backend>.jsonl].")
+                   "model name, offline twin-<policy>>_<backend>.jsonl].")
 @click.option("--overwrite", is_flag=True,
               help="Start the output afresh; without it an existing output is resumed (and refused if it "
                    "was produced with another configuration).")
