@@ -108,7 +108,8 @@ class TrainConfig:
                                 help="Per-token KL estimate: k1 = logp - logp_base; k3 = exp(-d) + d - 1.")
     reward: str = setting("em", choices=REWARD_KINDS,
                           help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
-                               "inside the answer); a format failure is -0.1 for all three.")
+                               "anywhere inside the answer, Search-R1's subem); a format failure is -0.1 for "
+                               "all three.")
     dynamic_sampling: bool = setting(False, help="Keep drawing questions until --questions-per-batch groups have "
                                                  "unequal rewards (DAPO); needs --max-steps-off-policy 0.")
     max_oversample_batches: int = setting(2, at_least=0, help="With --dynamic-sampling: at most this many extra "

@@ -68,7 +68,7 @@ class Trajectory:
     valid_format: bool = False
     exact_match: bool = False
     f1: float = 0.0  # token F1 of the answer (0 unless it ended by answering)
-    cover_em: bool = False  # a reference occurs inside the answer
+    cover_em: bool = False  # a reference is a substring of the answer (Search-R1's subem)
 
     @property
     def done(self) -> bool:
