@@ -41,7 +41,8 @@ GUARD_FLAGS = {"stop_on_collapse", "health_rules"}
 # change is recorded as a new segment of config.json.
 SEGMENT_FLAGS = {"learning_rate", "beta1", "beta2", "advantage", "keep_env_failures", "accumulation",
                  "save_every", "transcripts_per_step", "max_steps_off_policy",
-                 "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches"}
+                 "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches",
+                 "num_substeps"}
 # Exit code of a run stopped by --stop-on-collapse.
 COLLAPSE_EXIT_CODE = 3
 
@@ -281,7 +282,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         from searchr1.twin.config import parse_offline_fault
 
         service = offline_service(home, tokenizer, offline_scenario(), policy=config.offline_policy or "scripted",
-                                  max_staleness=config.max_steps_off_policy,
+                                  max_staleness=twin_staleness(config),
                                   faults=TwinFaults(**parse_offline_fault(config.offline_fault or "none")))
     else:
         if offline_fault is not None:
@@ -369,6 +370,13 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         click.echo(f"last checkpoint: {last.name}  weights: {last.weights_path}")
         click.echo(f"evaluate it with: python cli.py eval --checkpoint {run.path}"
                    + (f" --backend {search.backend}" if not offline else ""))
+
+
+def twin_staleness(config: Any) -> int:
+    """Weight-changing optimiser steps a sampler of this run may lag behind the training run:
+    every step makes ``num_substeps`` of them and a batch samples on weights up to K steps old,
+    so the last mini-batch of a step trains ``(K + 1) * N - 1`` updates after its sampler."""
+    return (config.max_steps_off_policy + 1) * config.num_substeps - 1
 
 
 def _fit_server_limits(service: Any, config: Any, *, clamp: bool, resuming: bool) -> Any:

@@ -63,6 +63,11 @@ class TrainConfig:
                                        "leave-one-out (reward minus the mean of the other rewards), or raw reward.")
     keep_env_failures: bool = setting(False, help="Train on groups hit by search or sampler failures (default: "
                                                   "leave them out and count them).")
+    num_substeps: int = setting(
+        1, at_least=1, metavar="N",
+        help="Split each step's datums into N mini-batches (a seeded order), each its own forward_backward and "
+             "optim_step; later mini-batches train on moved weights, so the importance ratio leaves 1 and ppo/cispo "
+             "clip. 1 = one update per step (the seed).")
     max_micro_batch_items: int = setting(32, at_least=1, cli=False)
     max_micro_batch_padded_tokens: int = setting(64_000, at_least=1, cli=False)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -8,7 +8,8 @@ Per step ``b``::
     trajectories <- rollout (score, group advantages); with K >= 1 the batches of steps
                   b+1..b+K are already rolling out meanwhile (searchr1.training.off_policy)
     datums     <- one Datum per trajectory that carries signal
-    forward_backward(importance_sampling) -> optim_step(AdamParams)
+    forward_backward(importance_sampling) -> optim_step(AdamParams), once per --num-substeps
+                  mini-batch (searchr1.core.update)
     metrics line, transcripts, checkpoint when due, run state
 
 Before the first step, :meth:`Trainer.connect` creates the training client and checks the
@@ -198,9 +199,10 @@ class Trainer:
         calls = 0
         await self.pipeline.before_update(step)  # later batches' sampler holds the weights before this update
         if datums:
-            outputs, optim_metrics, calls = await self._update(datums, micro_batches)
+            outputs, optim_metrics, calls = await self._update(datums, micro_batches, step=step)
             metrics.update(trainer_metrics(outputs))
             metrics.update(optim_metrics)
+        metrics.setdefault("train/optimizer_steps", 0.0)
         self.pipeline.weights_updated(step)  # saving the new weights overlaps with the bookkeeping
         metrics["train/forward_backward_calls"] = float(calls)
         metrics["train/tokens_sent"] = float(sum(d.num_tokens for d in datums))
@@ -218,10 +220,11 @@ class Trainer:
         metrics["time/step_seconds"] = time.perf_counter() - started
         return StepResult(metrics, trajectories)
 
-    async def _update(self, datums: list[TrainingDatum],
-                      micro_batches: list[list[TrainingDatum]] | None) -> tuple[list[dict[str, float]], dict[str, float], int]:
-        """forward_backward and optim_step on the training client (:func:`searchr1.core.update.apply_update`)."""
-        return await apply_update(self.training_client, datums, micro_batches, self.config)
+    async def _update(self, datums: list[TrainingDatum], micro_batches: list[list[TrainingDatum]] | None, *,
+                      step: int = 0) -> tuple[list[dict[str, float]], dict[str, float], int]:
+        """forward_backward and optim_step per substep on the training client
+        (:func:`searchr1.core.update.apply_update`)."""
+        return await apply_update(self.training_client, datums, micro_batches, self.config, step=step)
 
     async def _kl_penalty(self, datums: list[TrainingDatum]) -> tuple[list[TrainingDatum], dict[str, float]]:
         """--kl-coef: the base model's logprobs of every datum, the penalty in its advantages (searchr1.core.kl)."""
