@@ -8,9 +8,9 @@ resumed run redoes its in-flight batches exactly (the samplers of K >= 1 are sav
 of the run and recorded with each checkpoint). The sampler of version ``v`` is saved before step
 ``v`` updates the weights (:meth:`RolloutPipeline.before_update` waits for it), so it holds the
 weights after ``v`` steps however the steps and rollouts interleave; a step that skips its
-update (every group degenerate) changes nothing about that. With ``--dynamic-sampling`` (on-policy only) a
-batch draws questions at the data cursor until enough groups carry a signal, and the cursor,
-recorded with each checkpoint, says where the next batch starts.
+update (every group degenerate) changes nothing about that. With ``--dynamic-sampling``
+(on-policy only) a batch draws questions at the data cursor until enough groups carry a signal,
+and the cursor, recorded with each checkpoint, says where the next batch starts.
 """
 
 from __future__ import annotations
@@ -89,6 +89,12 @@ class RolloutPipeline:
         self._samplers: dict[int, asyncio.Future[tuple[Any, int]]] = {}
         self._rollouts: dict[int, asyncio.Future[BatchRollout]] = {}
         self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
+        moved = [b for b in batches_in_flight(weights_version, config.max_steps, config.max_steps_off_policy)
+                 if self.version_for(b) != sampler_version(b, config.max_steps_off_policy)]
+        if moved:
+            reporter.note(f"the checkpoint of step {weights_version} records no sampler for the weights batches "
+                          f"{moved[0]}..{moved[-1]} would sample on (a restart with a larger "
+                          "--max-steps-off-policy): they sample on the checkpoint's weights")
 
     @property
     def in_flight(self) -> int:

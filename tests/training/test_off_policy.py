@@ -102,8 +102,16 @@ class _FakeTrainingClient:
         self.applied += (step,)
 
 
+class _Notes(SilentReporter):
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
 def _drive_pipeline(config: TrainConfig, client: _FakeTrainingClient, turns: _Yields, skipped: set[int], *,
-                    first: int = 0, sampler_paths: dict[int, str] | None = None) -> list:
+                    first: int = 0, sampler_paths: dict[int, str] | None = None, reporter=None) -> list:
     """Steps first..max_steps in the trainer's order of calls, with rollouts that return the
     weights their sampler holds."""
 
@@ -113,7 +121,7 @@ def _drive_pipeline(config: TrainConfig, client: _FakeTrainingClient, turns: _Yi
 
     async def drive() -> list:
         pipe = RolloutPipeline(config, training_client=client, tokenizer=None, search=None, examples=[None],
-                               reporter=SilentReporter(), session=first, sampler_paths={} if sampler_paths is None else sampler_paths,
+                               reporter=reporter or SilentReporter(), session=first, sampler_paths={} if sampler_paths is None else sampler_paths,
                                weights_version=first)
         batches = []
         try:
@@ -171,6 +179,18 @@ def test_a_finished_off_policy_run_resumed_with_more_steps_samples_like_the_long
         version = sampler_version(index, k)
         assert batch.sampler_version == version
         assert batch.trajectories == [tuple(s for s in range(version) if s not in skipped)]
+
+
+def test_a_restart_with_a_larger_k_samples_the_unrecorded_batches_on_the_checkpoints_weights_and_says_so():
+    turns = _Yields([1])
+    client = _FakeTrainingClient(turns)
+    client.applied = (0, 1, 2, 3)  # the checkpoint of step 4, saved by a run with K = 0 (no samplers recorded)
+    notes = _Notes()
+    config = TrainConfig(max_steps=8, data="train.jsonl", max_steps_off_policy=2)
+    batches = _drive_pipeline(config, client, turns, set(), first=4, reporter=notes)
+    assert [b.sampler_version for b in batches] == [4, 4, 4, 5]  # batches 4, 5 would want versions 2, 3
+    assert [b.trajectories for b in batches][:3] == [[(0, 1, 2, 3)]] * 3
+    assert len(notes.notes) == 1 and "batches 4..5" in notes.notes[0]
 
 
 @pytest.mark.slow
