@@ -6,6 +6,13 @@ three consecutive steps reaches 0.8, for today's defaults (importance_sampling, 
 dynamic sampling) next to ``--loss-fn ppo``, ``cispo``, ``dro``, ``--kl-coef 0.05`` (k3) and
 ``--dynamic-sampling``. A run that never reaches the target counts as one step past the end.
 
+Substeps. With one update per batch the on-policy ratio is 1, so ppo, cispo and dro have the
+gradient of importance_sampling and their rows above can differ only through the sampler-learner
+mismatch. The substep rows run ``--num-substeps 4`` at Adam lr 3.0, a learning rate where
+importance sampling overshoots (its updates drive the policy into replies without an answer),
+with the mean clipped fraction of the clipping losses beside them: later mini-batches train on
+weights the earlier ones moved, their ratio leaves 1, and the losses part.
+
 KL cost. On a twin that plays back figure 6's modelled service times (per sampling request and
 token, per trained token, optimiser step, weight save), a few steps with ``--kl-coef 0.05``
 and with ``--kl-coef 0``, interleaved: sampling requests per step (the extra ones are the base
@@ -57,6 +64,18 @@ LABELS = {
     "kl": f"--kl-coef {KL_COEF} (k3)",
     "dynamic": "--dynamic-sampling (at most 2 extra batches)",
 }
+SUBSTEPS, SUBSTEP_LEARNING_RATE = 4, 3.0
+SUBSTEP_VARIANTS: dict[str, dict[str, Any]] = {
+    f"substeps_{name}": {"loss_fn": loss, "num_substeps": SUBSTEPS, "learning_rate": SUBSTEP_LEARNING_RATE}
+    for name, loss in (("is", "importance_sampling"), ("ppo", "ppo"), ("cispo", "cispo"))
+}
+SUBSTEP_VARIANTS["one_step_is"] = {"loss_fn": "importance_sampling", "learning_rate": SUBSTEP_LEARNING_RATE}
+SUBSTEP_LABELS = {  # the loss first: the report's table cuts long labels
+    "substeps_is": f"is, {SUBSTEPS} substeps, lr {SUBSTEP_LEARNING_RATE:g} (importance_sampling)",
+    "substeps_ppo": f"ppo, {SUBSTEPS} substeps, lr {SUBSTEP_LEARNING_RATE:g} (clip 0.8-1.2)",
+    "substeps_cispo": f"cispo, {SUBSTEPS} substeps, lr {SUBSTEP_LEARNING_RATE:g} (clip 0.8-1.2)",
+    "one_step_is": f"is, 1 update per step, lr {SUBSTEP_LEARNING_RATE:g} (ratio 1: every loss alike)",
+}
 COST_STEPS, QUICK_COST_STEPS = 4, 2
 # The bench's own target: one extra round of prompt-logprob requests (sent concurrently) should
 # cost well under half a step.
@@ -82,6 +101,13 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
                         strictness=Strictness()) as twin:
             service = twin.service_client()
             for name, changes in VARIANTS.items():
+                runs[name] = _train(service, _variant(_config(steps, **size), **changes), tokenizer,
+                                    _world_search(seed, latency_tail=False), home)
+        # a step's last mini-batch trains SUBSTEPS - 1 updates after its sampler
+        with start_twin(home=home / "twin-substeps", tokenizer=tokenizer, policy="learning",
+                        strictness=Strictness(max_staleness=SUBSTEPS - 1)) as twin:
+            service = twin.service_client()
+            for name, changes in SUBSTEP_VARIANTS.items():
                 runs[name] = _train(service, _variant(_config(steps, **size), **changes), tokenizer,
                                     _world_search(seed, latency_tail=False), home)
         latencies = Latencies(sample_request=SAMPLE_REQUEST, sampled_token=SAMPLED_TOKEN,
@@ -116,6 +142,15 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
     for name in VARIANTS:
         measures.append(Measure(f"steps_{name}", f"  steps to reward {REWARD_TARGET}: {LABELS[name]}", value(name),
                                 unit="steps", digits=0))
+    for name in SUBSTEP_VARIANTS:
+        measures.append(Measure(f"steps_{name}", f"  steps to reward {REWARD_TARGET}: {SUBSTEP_LABELS[name]}",
+                                value(name), unit="steps", digits=0))
+        measures.append(Measure(f"final_reward_{name}", f"    mean reward of its last {REWARD_WINDOW} steps",
+                                final_reward(runs[name]), unit="reward", digits=3))
+        clipped = clipped_fraction(runs[name])
+        if clipped is not None:
+            measures.append(Measure(f"clipped_{name}", "    clipped fraction of its trained tokens (mean over steps)",
+                                    clipped, unit="share", digits=3))
     figure = Figure(
         number=10, name="algorithms", title="Algorithm options on the offline world; the KL penalty's cost",
         measures=measures,
@@ -127,7 +162,22 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
         notes=[f"{steps} steps of {size.get('questions', 8)} questions x {size.get('group', 8)} samples, Adam lr 0.2, "
                f"reward window {REWARD_WINDOW}; a run that never reaches the target counts as {never} steps",
                "on-policy the importance ratio is 1, where ppo, cispo and dro have the gradient of "
-               "importance_sampling: their rows can only differ through the sampler-learner mismatch"],
+               "importance_sampling: their rows can only differ through the sampler-learner mismatch",
+               f"substep rows: --num-substeps {SUBSTEPS} at Adam lr {SUBSTEP_LEARNING_RATE:g}; later mini-batches "
+               "train on moved weights, so the ratio leaves 1 and the clipping losses part from importance sampling"],
     )
     figure.seconds = time.perf_counter() - started
     return figure
+
+
+def final_reward(lines: list[dict[str, Any]], window: int = REWARD_WINDOW) -> float:
+    """The mean reward of a run's last ``window`` steps (all of them when it is shorter)."""
+    rewards = [float(m["reward/mean"]) for m in lines]
+    return statistics.fmean(rewards[-window:])
+
+
+def clipped_fraction(lines: list[dict[str, Any]]) -> float | None:
+    """The mean ``health/clipped_fraction`` over the steps that trained (None for a loss that
+    does not clip)."""
+    values = [float(m["health/clipped_fraction"]) for m in lines if "health/clipped_fraction" in m]
+    return statistics.fmean(values) if values else None

@@ -55,7 +55,7 @@ RESULT_DIR = Path("eval_result")
               help="Sampler-weights URI of a checkpoint (trio://…, printed by train) [default: the base model].")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Eval JSONL to write or resume [default: eval_result/eval_[offline_]<checkpoint or "
-                   "model name>_<backend>.jsonl].")
+                   "model name, offline twin-<policy>>_<backend>.jsonl].")
 @click.option("--overwrite", is_flag=True,
               help="Start the output afresh; without it an existing output is resumed (and refused if it "
                    "was produced with another configuration).")
@@ -131,8 +131,14 @@ def code_version() -> dict[str, Any]:
     return version
 
 
-def default_output(base_model: str, model_path: str | None, backend: str, offline: bool) -> Path:
-    label = (model_path.rstrip("/").rsplit("/", 1)[-1] if model_path else base_model.rsplit("/", 1)[-1])
+def default_output(base_model: str, model_path: str | None, backend: str, offline: bool,
+                   offline_policy: str | None = None) -> Path:
+    """``eval_result/eval_[offline_]<what>_<backend>.jsonl``: the checkpoint's name, else the base
+    model, or offline the twin's policy (``twin-learning``)."""
+    if model_path:
+        label = model_path.rstrip("/").rsplit("/", 1)[-1]
+    else:
+        label = f"twin-{offline_policy or 'scripted'}" if offline else base_model.rsplit("/", 1)[-1]
     label = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or "model"
     return RESULT_DIR / f"eval_{'offline_' if offline else ''}{label}_{backend}.jsonl"
 
@@ -338,7 +344,12 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     examples = load_examples(data)
     if not examples:
         raise click.ClickException(f"eval data {data} holds no questions")
-    output = kwargs.pop("output") or default_output(base_model, model_path, search.backend, offline)
+    output = kwargs.pop("output") or default_output(base_model, model_path, search.backend, offline, offline_policy)
+    sampled = model_path or base_model  # what the output names as the policy evaluated
+    if offline:
+        from searchr1.twin.policies import offline_policy_label
+
+        sampled = offline_policy_label(offline_policy) + (f" at {model_path}" if model_path else " (untrained)")
     _claim_output(output, held)
     run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
                                   rollout=rollout, data=data, limit=limit, chat_template=chat_template,
@@ -374,7 +385,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
                     await judge.backend.aclose()
 
         click.echo(f"eval: {data} -> {output}  ({'offline twin' if offline else 'live PyTRIO'}, "
-                   f"{model_path or base_model}, backend {search.backend})", err=True)
+                   f"{sampled}, backend {search.backend})", err=True)
         try:
             outcome = asyncio.run(main())
         except (EvalFileError, EvalResumeError) as error:
@@ -409,8 +420,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
             shown_url = redact_url(search.retriever_url) if search.retriever_url else "the default URL"
             retriever = (f"BM25 over {run_config.get('search_index')}" if search.backend == "local"
                          else f"the retrieval server at {shown_url}")
-            click.echo(comparison_table(outcome.summary["metrics"], model=model_path or base_model,
-                                        retriever=retriever))
+            click.echo(comparison_table(outcome.summary["metrics"], model=sampled, retriever=retriever,
+                                        offline=offline))
             from searchr1.evaluation.card import format_card
 
             click.echo(format_card(outcome.summary["card"]))

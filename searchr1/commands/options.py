@@ -29,19 +29,21 @@ def _offline_fault(ctx: click.Context, param: click.Parameter, value: Any) -> An
     from searchr1.twin.config import parse_offline_fault
 
     try:
-        return parse_offline_fault(value)
+        parsed = parse_offline_fault(value)
     except ValueError as error:
         raise click.BadParameter(str(error).split(": ", 1)[-1], ctx=ctx, param=param) from None
+    return f"collapse@{parsed['collapse_from']}" if parsed else "none"  # one spelling, as recorded
 
 
 def offline_fault_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--offline-fault collapse@N`` (train --offline and twin serve): from the N-th weight
-    update on, the twin's sampler degenerates (searchr1.twin.collapse)."""
+    """``--offline-fault collapse@N|none`` (train --offline and twin serve): from the N-th weight
+    update on, the twin's sampler degenerates (searchr1.twin.collapse). The value is the
+    canonical text (``collapse@N`` or ``none``), or None when the flag is not given."""
     return click.option(
-        "--offline-fault", "offline_fault", default=None, metavar="collapse@N", callback=_offline_fault,
+        "--offline-fault", "offline_fault", default=None, metavar="collapse@N|none", callback=_offline_fault,
         help="A fault of the offline twin: collapse@N makes samplers on weights with N or more updates "
              "(from step N on) reply with one repetitive turn without an Answer: line, to try the "
-             "collapse guard.")
+             "collapse guard. train records it in config.json and --resume keeps it; none clears it.")
 
 
 def rollout_options(*, group_size: int = 8, temperature: float = 1.0,

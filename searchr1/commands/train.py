@@ -54,7 +54,8 @@ GUARD_FLAGS = {"stop_on_collapse", "health_rules"}
 # change is recorded as a new segment of config.json.
 SEGMENT_FLAGS = {"learning_rate", "beta1", "beta2", "advantage", "keep_env_failures", "accumulation",
                  "save_every", "transcripts_per_step", "max_steps_off_policy",
-                 "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches"}
+                 "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches",
+                 "num_substeps"}
 # The --help heading of each flag not declared with a setting (those name their own).
 TRAIN_SECTIONS = {
     **dict.fromkeys(("config", "run_dir", "resume", "from_step"), "run"),
@@ -94,7 +95,8 @@ BUDGET_EXIT_CODE = 4
                    "(--learning-rate, --advantage, ...) may change; config.json records them as a new segment.")
 @click.option("--health-rule", "health_rules", multiple=True, metavar="NAME=VALUE",
               help="Change a health rule's threshold (NAME=off turns it off); repeatable. Rules and defaults: "
-                   "format_valid_rate<0.1, answer_rate<0.1, entropy<0.0001, mismatch_k3>0.1, repeated_turns>0.5, "
+                   "format_valid_rate<0.1, answer_rate<0.1, entropy<0.0001 (only while reward or format falls), "
+                   "mismatch_k3>0.1, repeated_turns>0.5, "
                    "reward_drop>0.5 (README: When training goes wrong).")
 @offline_fault_option()
 @click.option("--loss-fn-config", multiple=True, metavar="KEY=VALUE",
@@ -209,7 +211,13 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             guard["stop_on_collapse"] = ctx.params["stop_on_collapse"]
         if "health_rules" in explicit:  # the rules named now change; the others stay as recorded
             guard["health_rules"] = {**stored.get("health_rules", {}), **health_rules}
-        guard = {name: value for name, value in guard.items() if stored.get(name, _MISSING) != value}
+        if offline_fault is not None:  # "none" clears the recorded fault
+            guard["offline_fault"] = None if offline_fault == "none" else offline_fault
+        elif stored.get("offline_fault"):
+            click.echo(f"offline fault {stored['offline_fault']} kept from {resume_dir / 'config.json'} "
+                       "(--offline-fault none clears it)", err=True)
+        guard = {name: value for name, value in guard.items()
+                 if stored.get(name, None if name == "offline_fault" else _MISSING) != value}
         if from_step is not None or guard:
             fields = setting_params(TrainConfig)  # flag -> config.json field
             changes = {fields.get(name, name): {"from": _stored_value(stored, name),
@@ -229,6 +237,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             raise click.UsageError("--offline-policy only applies with --offline")
         settings = take_settings(TrainConfig, kwargs)
         settings["offline_policy"] = policy if offline else None
+        if offline and offline_fault not in (None, "none"):
+            settings["offline_fault"] = offline_fault
         if settings["max_steps"] is None:
             if not offline:
                 raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
@@ -320,10 +330,11 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         # --preflight-only writes nothing, not even the twin's home, for a new run
         home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
         from searchr1.twin import TwinFaults
+        from searchr1.twin.config import parse_offline_fault
 
         service = start_service(tokenizer, offline=True, home=home, policy=config.offline_policy,
-                                max_staleness=config.max_steps_off_policy,
-                                faults=TwinFaults(**(offline_fault or {})))
+                                max_staleness=twin_staleness(config),
+                                faults=TwinFaults(**parse_offline_fault(config.offline_fault or "none")))
     else:
         if offline_fault is not None:
             raise click.UsageError("--offline-fault only applies to offline runs")
@@ -431,6 +442,13 @@ def _run_account(config: Any) -> Any:
                                "(--budget-tokens counts tokens without prices)")
     prices = load_prices(config.prices) if config.prices else None
     return RunAccount(prices, Budget(config.budget, config.budget_tokens))
+
+
+def twin_staleness(config: Any) -> int:
+    """Weight-changing optimiser steps a sampler of this run may lag behind the training run:
+    every step makes ``num_substeps`` of them and a batch samples on weights up to K steps old,
+    so the last mini-batch of a step trains ``(K + 1) * N - 1`` updates after its sampler."""
+    return (config.max_steps_off_policy + 1) * config.num_substeps - 1
 
 
 def _fit_server_limits(service: Any, config: Any, *, clamp: bool, resuming: bool) -> Any:

@@ -71,10 +71,11 @@ def _serve(port: int, home: Path, policy: str, scenario: Path | None, api_key: s
            accumulation: str, max_seq_len: int | None, max_tokens_per_request: int | None,
            max_batch_size: int | None, stop_token_in_tokens: bool, stop_string_in_text: bool,
            sample_latency: float, token_latency: float, train_token_latency: float, optim_latency: float,
-           save_latency: float, strict: bool, max_staleness: int, offline_fault: dict[str, Any] | None) -> None:
+           save_latency: float, strict: bool, max_staleness: int, offline_fault: str | None) -> None:
     from searchr1.runtime.tokenizer import shared_tokenizer
     from searchr1.twin import Latencies, OperationLimits, StopConvention, Strictness, TwinFaults, TwinLimits, start_twin
     from searchr1.twin.client import TWIN_API_KEY
+    from searchr1.twin.config import parse_offline_fault
 
     if scenario is not None and policy != "scripted":
         raise click.UsageError("--scenario only applies with --policy scripted")
@@ -90,7 +91,7 @@ def _serve(port: int, home: Path, policy: str, scenario: Path | None, api_key: s
                 convention=StopConvention(stop_token_in_tokens, stop_string_in_text),
                 latencies=Latencies(sample_latency, token_latency, train_token_latency, optim_latency, save_latency),
                 strictness=Strictness(enabled=strict, max_staleness=max_staleness),
-                faults=TwinFaults(**(offline_fault or {})),
+                faults=TwinFaults(**parse_offline_fault(offline_fault or "none")),
             )
         except OSError as error:
             if error.errno != errno.EADDRINUSE:

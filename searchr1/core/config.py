@@ -68,6 +68,11 @@ class TrainConfig:
                                        "leave-one-out (reward minus the mean of the other rewards), or raw reward.")
     keep_env_failures: bool = setting(False, help="Train on groups hit by search or sampler failures (default: "
                                                   "leave them out and count them).")
+    num_substeps: int = setting(
+        1, at_least=1, metavar="N",
+        help="Split each step's datums into N mini-batches (a seeded order), each its own forward_backward and "
+             "optim_step; later mini-batches train on moved weights, so the importance ratio leaves 1 and ppo/cispo "
+             "clip. 1 = one update per step (the seed).")
     max_micro_batch_items: int = setting(32, at_least=1, cli=False)
     max_micro_batch_padded_tokens: int = setting(64_000, at_least=1, cli=False)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -90,6 +95,8 @@ class TrainConfig:
         help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
     # Offline runs: the policy the twin serves ("learning" or "scripted"); None for live runs.
     offline_policy: str | None = None
+    # Offline runs: the twin's --offline-fault ("collapse@N"), kept by --resume unless cleared; None: no fault.
+    offline_fault: str | None = None
     # The collapse guard (searchr1.health.rules): stop after N consecutive unhealthy steps (0: only
     # warn), and thresholds that replace the defaults (None turns a rule off).
     stop_on_collapse: int = setting(
@@ -112,7 +119,8 @@ class TrainConfig:
                                 help="Per-token KL estimate: k1 = logp - logp_base; k3 = exp(-d) + d - 1.")
     reward: str = setting("em", choices=REWARD_KINDS,
                           help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
-                               f"inside the answer); a format failure is {FORMAT_PENALTY:g} for all three.")
+                               f"anywhere inside the answer, Search-R1's subem); a format failure is {FORMAT_PENALTY:g} "
+                               "for all three.")
     dynamic_sampling: bool = setting(False, help="Keep drawing questions until --questions-per-batch groups have "
                                                  "unequal rewards (DAPO); needs --max-steps-off-policy 0.")
     max_oversample_batches: int = setting(2, at_least=0, help="With --dynamic-sampling: at most this many extra "

@@ -7,8 +7,17 @@ the references (``--reward``):
 * ``em`` (default, the seed): 1.0 for an exact match after normalisation, else 0.0;
 * ``f1``: token F1, the harmonic mean of token precision and recall (tokens counted with
   multiplicity, as SQuAD's scorer; 0.0 with no common token);
-* ``cover_em``: 1.0 when a normalised reference occurs inside the normalised answer (Search-R1's
-  substring EM), on whole-token boundaries, else 0.0.
+* ``cover_em``: 1.0 when a normalised reference is a substring of the normalised answer, else
+  0.0: exactly Search-R1's ``subem`` (``subem_check`` in ``verl/utils/reward_score/qa_em.py`` of
+  github.com/PeterGriffinJin/Search-R1), so "Parisian" covers "Paris" and "in 1990" covers "1".
+  With ``normalization="official"`` it is that function to the character.
+
+An answer or a reference that normalises to the empty string ("The", "a") is scored the way
+Search-R1's ``em_check`` and ``subem_check`` score it, and F1 follows (SQuAD 2.0's rule for
+empty token lists): two empty strings match (EM, F1 and cover EM all 1); an empty reference is a
+substring of every answer (cover EM 1 whatever the answer, EM and F1 0 unless the answer is
+empty too); an empty answer against a non-empty reference scores 0 in all three. So EM 1 always
+comes with F1 1 and cover EM 1.
 
 There is no reward for searching, for format alone, or for intermediate steps. Every
 :class:`RewardResult` carries all three scores, so evaluation reports them whatever the
@@ -67,8 +76,11 @@ def normalize_answer(text: str, *, normalization: str = "unicode") -> str:
 
 
 def token_f1(prediction: str, reference: str) -> float:
-    """Token F1 of two *normalised* strings (whitespace tokens, counted with multiplicity)."""
+    """Token F1 of two *normalised* strings (whitespace tokens, counted with multiplicity); when
+    either has no token, 1.0 if both have none, else 0.0 (as exact match decides it)."""
     predicted, gold = prediction.split(), reference.split()
+    if not predicted or not gold:
+        return float(predicted == gold)
     common = sum((Counter(predicted) & Counter(gold)).values())
     if common == 0:
         return 0.0
@@ -77,11 +89,10 @@ def token_f1(prediction: str, reference: str) -> float:
 
 
 def covers(prediction: str, reference: str) -> bool:
-    """Whether the *normalised* ``reference`` occurs in the normalised ``prediction`` as a run
-    of whole tokens (an empty reference covers nothing)."""
-    if not reference:
-        return False
-    return f" {reference} " in f" {prediction} "
+    """Search-R1's ``subem``: whether the *normalised* ``reference`` is a substring of the
+    normalised ``prediction`` (not only on word boundaries; an empty reference is in every
+    prediction)."""
+    return reference in prediction
 
 
 def score_answer(

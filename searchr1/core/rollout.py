@@ -39,6 +39,7 @@ from searchr1.core.protocol import (
     tool_message,
 )
 from searchr1.core.observation.fit import fit_tool_content
+from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
 from searchr1.core.types import (
     DEFAULT_MAX_TRAJECTORY_TOKENS,
@@ -242,8 +243,8 @@ def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: To
     text = parsed.text  # the one place that decides what the turn said (no stop string)
     messages_before = list(trajectory.messages)
     trajectory.messages.append(assistant_message(text))
-    if parsed.kind == TurnKind.ANSWER:
-        trajectory.finish(Termination.ANSWER, text)
+    if parsed.kind == TurnKind.ANSWER:  # a reply without a tool call: an answer only if it can be scored
+        trajectory.finish(Termination.ANSWER if extract_answer(text) is not None else Termination.NO_ANSWER, text)
         return None
     if parsed.kind == TurnKind.INVALID:
         trajectory.finish(Termination.INVALID, text)

@@ -5,7 +5,8 @@
     advantage    <- reward minus its group's mean; groups without a signal are left out (core.advantage)
     datums       <- one Datum per trajectory that carries signal (core.datum)
     (kl)         <- --kl-coef: the base model's penalty in the advantages (core.kl)
-    update       <- forward_backward(importance_sampling) -> optim_step(AdamParams) (core.update)
+    update       <- forward_backward(importance_sampling) -> optim_step(AdamParams), once per
+                    --num-substeps mini-batch (core.update)
 
 The trainer is given where its batches come from (a :class:`BatchSource`: the run's pipeline,
 which picks the sampler of each batch, :mod:`searchr1.training.pipeline`), with
@@ -35,7 +36,7 @@ from searchr1.core.config import TrainConfig
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
 from searchr1.core.reward import score_trajectories
 from searchr1.core.types import ServiceClient, Tokenizer, TrainingClient, Trajectory
-from searchr1.core.update import UpdateConfig, UpdateResult, apply_update
+from searchr1.core.update import UpdateConfig, UpdateResult, apply_substeps
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class BatchSource(Protocol):
     """Where each step's batch comes from (:class:`searchr1.training.pipeline.RolloutPipeline`)."""
 
     async def batch(self, step: int) -> RolloutBatch: ...
+
+    async def before_update(self, step: int) -> None: ...
 
     def weights_updated(self, step: int) -> None: ...
 
@@ -131,9 +134,10 @@ class Trainer:
         micro_batches = self.micro_batcher(datums) if self.micro_batcher is not None else None
         train_started = time.perf_counter()
         update = None
+        await batches.before_update(step)  # a later batch's sampler holds the weights before this update
         if datums:
-            update = await apply_update(client, micro_batches if micro_batches is not None else [datums],
-                                        self.update_config)
+            update = await apply_substeps(client, datums, self.micro_batcher, self.update_config,
+                                          num_substeps=config.num_substeps, seed=config.seed, step=step)
         batches.weights_updated(step)  # saving the new weights overlaps with the bookkeeping
         return StepRecord(step, batch, groups, datums, dropped, micro_batches, kl_metrics, update,
                           waited_seconds=waited, train_seconds=time.perf_counter() - train_started,

@@ -78,7 +78,8 @@ class Termination(StrEnum):
     """Why a trajectory ended; exactly one per finished trajectory (the values are what metrics
     names and files hold)."""
 
-    ANSWER = "answer"                    # the model answered (no tool call)
+    ANSWER = "answer"                    # the model answered: no tool call, one non-empty Answer: line
+    NO_ANSWER = "no_answer"              # a reply with no tool call and no scorable Answer: line
     INVALID = "invalid"                  # malformed or disallowed tool call
     SEARCH_BUDGET = "search_budget"      # a valid tool call after the search budget was spent
     TURN_BUDGET = "turn_budget"          # a valid tool call on the last allowed assistant turn

@@ -1,5 +1,13 @@
-"""One weights update: ``forward_backward`` (one call, or one per micro-batch) and one
-``optim_step``, refusing non-finite values before the optimiser sees them.
+"""One step's weights update: ``--num-substeps N`` mini-batches (default 1), each its own
+``forward_backward`` (one call, or one per micro-batch) and ``optim_step``, refusing non-finite
+values before the optimiser sees them.
+
+Substeps. The step's datums are put in an order drawn from the run's seed and the step index
+(a resumed run repeats it) and cut into N mini-batches of near-equal size. Each is one update,
+normalised by its own totals (``sdk``) or packed into its own weighted micro-batches
+(``manual``). The first trains on the weights that sampled it (ratio 1 on-policy); every later
+one on weights the earlier updates moved, so the ratio leaves 1 and ppo's and cispo's clipping
+engages, as with Search-R1's mini-batch updates and tinker-cookbook's ``num_substeps``.
 
 The loss is the run's ``--loss-fn`` with its ``--loss-fn-config``, sent as they are. The
 learner's logprobs of the trained tokens come back in :class:`UpdateResult` (the health
@@ -9,7 +17,9 @@ diagnostics compare them with the sampler's: the sampler-learner mismatch of eve
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import random
+from statistics import fmean
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +76,7 @@ class UpdateResult:
     outputs: list[dict[str, float]]
     optim_metrics: dict[str, float]
     tokens: list[TrainedTokens]
+    substep_tokens: list[list[TrainedTokens]] = field(default_factory=list)  # with N > 1, per mini-batch
 
     @property
     def calls(self) -> int:
@@ -146,3 +157,39 @@ async def apply_update(client: TrainingClient, calls: Sequence[Sequence[Training
     adam = trio.AdamParams(learning_rate=config.learning_rate, beta1=config.beta1, beta2=config.beta2)
     optim = await (await client.optim_step_async(adam))
     return UpdateResult(outputs, {f"optim/{k}": float(v) for k, v in dict(optim.metrics).items()}, tokens)
+
+
+def substep_batches(num_datums: int, num_substeps: int, *, seed: int, step: int) -> list[list[int]]:
+    """The datum indices of each mini-batch of step ``step``: with one substep all datums in
+    order; otherwise a permutation drawn from ``(seed, step)`` cut into ``num_substeps`` parts
+    whose sizes differ by at most one (empty parts left out)."""
+    if num_substeps == 1:
+        return [list(range(num_datums))] if num_datums else []
+    order = list(range(num_datums))
+    random.Random(f"substeps:{seed}:{step}").shuffle(order)
+    size, extra = divmod(num_datums, num_substeps)
+    bounds = [index * size + min(index, extra) for index in range(num_substeps + 1)]
+    return [order[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+async def apply_substeps(client: TrainingClient, datums: list[TrainingDatum],
+                         cut: Callable[[list[TrainingDatum]], list[list[TrainingDatum]]] | None,
+                         config: UpdateConfig, *, num_substeps: int, seed: int, step: int) -> UpdateResult:
+    """One :func:`apply_update` per mini-batch (``cut``: the manual micro-batches of one); the
+    calls' metrics and trained tokens together, the optimiser's metrics averaged."""
+    parts = substep_batches(len(datums), num_substeps, seed=seed, step=step)
+    results: list[UpdateResult] = []
+    for index, part in enumerate(parts):
+        mini_batch = [datums[i] for i in part]
+        try:
+            results.append(await apply_update(client, cut(mini_batch) if cut else [mini_batch], config))
+        except NonFiniteValues as error:
+            if index == 0:
+                raise
+            raise NonFiniteValues(f"{error} (in mini-batch {index + 1} of {len(parts)}; the weights hold the "
+                                  f"updates of the first {index})") from None
+    keys = sorted({key for result in results for key in result.optim_metrics})
+    optim = {key: fmean(r.optim_metrics[key] for r in results if key in r.optim_metrics) for key in keys}
+    return UpdateResult([o for r in results for o in r.outputs], {**optim, "train/optimizer_steps": float(len(results))},
+                        [t for r in results for t in r.tokens],
+                        [r.tokens for r in results] if len(results) > 1 else [])

@@ -1,6 +1,7 @@
 """Published exact-match numbers of Search-R1 and of independent reproductions, printed beside
 ours by ``eval --protocol search-r1``. Every row names its model and its source; none is this
-project's model (Qwen3.5), so each is marked as another model.
+project's model (Qwen3.5), so each is marked as another model. An offline evaluation's row (the
+twin's policy) is marked not comparable with them.
 
 Numbers are as each row's source quotes them: the paper's (Jin et al., "Search-R1: Training
 LLMs to Reason and Leverage Search Engines with Reinforcement Learning", arXiv 2503.09516; its
@@ -79,9 +80,10 @@ PUBLISHED: tuple[PublishedRow, ...] = (
 )
 
 
-def comparison_table(metrics: Mapping[str, float], *, model: str, retriever: str) -> str:
+def comparison_table(metrics: Mapping[str, float], *, model: str, retriever: str, offline: bool = False) -> str:
     """Our EM per benchmark and its macro average, then each published row (marked as another
-    model) in the same columns; a benchmark we did not evaluate shows ``-``."""
+    model) in the same columns; a benchmark we did not evaluate shows ``-``. An ``offline`` row
+    (the twin's policy, ``model`` names it) is marked not comparable with the published rows."""
     head = f"  {'':<34}" + "".join(f"{LABELS[b]:>10}" for b in BENCHMARKS) + f"{'Avg':>8}"
     ours = [metrics.get(f"em/{b}") for b in BENCHMARKS]
     evaluated = [v for v in ours if v is not None]
@@ -91,8 +93,9 @@ def comparison_table(metrics: Mapping[str, float], *, model: str, retriever: str
         return "".join(f"{v:>10.3f}" if v is not None else f"{'-':>10}" for v in values) + (
             f"{avg:>8.3f}" if avg is not None else f"{'-':>8}")
 
+    ours_label = "ours (offline, not comparable)" if offline else "ours"
     lines = [f"EM under the Search-R1 protocol (top-3, greedy), ours: {model} with {retriever}", head,
-             f"  {'ours':<34}" + cells(ours, average)]
+             f"  {ours_label:<34}" + cells(ours, average)]
     for row in PUBLISHED:
         lines.append(f"  {row.label + ' *':<34}" + cells([row.em.get(b) for b in BENCHMARKS], row.average))
     lines.append("  * another model (and E5 dense retrieval over wiki-18), as published:")
@@ -102,6 +105,9 @@ def comparison_table(metrics: Mapping[str, float], *, model: str, retriever: str
         lines.append(f"      card: {card['corpus']['name']}, {card['retriever']}, top-{card['top_k']}, "
                      f"{card['budgets']['max_search_calls']} searches, {card['budgets']['max_assistant_tokens']}-token "
                      f"turns, greedy, intervals {card['interval']}")
+    if offline:
+        lines.append(f"  ours is {model} on the offline twin: it tests the pipeline, not a language model, "
+                     "and is not comparable with the published rows")
     if len(evaluated) < len(BENCHMARKS):
         lines.append(f"  our average is over the {len(evaluated)} benchmarks evaluated, not all {len(BENCHMARKS)}")
     return "\n".join(lines)

@@ -39,6 +39,11 @@ def step_metrics(record: StepRecord, config: TrainConfig) -> dict[str, float]:
         metrics.update(update.optim_metrics)
         metrics.update(mismatch_metrics(update.tokens, loss_fn=config.loss_fn,
                                         loss_fn_config=config.loss_fn_config or None))
+        for index, tokens in enumerate(update.substep_tokens):  # --num-substeps N > 1: per mini-batch
+            clipped = mismatch_metrics(tokens, loss_fn=config.loss_fn, loss_fn_config=config.loss_fn_config or None)
+            if "health/clipped_fraction" in clipped:
+                metrics[f"health/clipped_fraction/substep_{index}"] = clipped["health/clipped_fraction"]
+    metrics.setdefault("train/optimizer_steps", 0.0)
     metrics["train/forward_backward_calls"] = float(update.calls if update is not None else 0)
     metrics["train/tokens_sent"] = float(sum(d.num_tokens for d in record.datums))
     metrics["train/update_skipped"] = float(not record.datums)

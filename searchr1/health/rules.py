@@ -6,10 +6,19 @@ Every step's metrics line is judged by :data:`DEFAULT_RULES` (thresholds overrid
 ``health/warnings``, and the trainer prints one warning line. ``--stop-on-collapse N`` stops
 the run after N consecutive unhealthy steps (:class:`CollapseGuard`), and
 :func:`last_healthy_checkpoint` says where to restart from.
+
+Low entropy alone is not collapse: a policy that is certain and right samples with entropy
+near 0 too. The ``entropy`` rule therefore counts only on a *falling* step, one whose
+``reward/mean`` or ``reward/format`` lies more than :data:`FALL_MARGIN` below the best
+``REWARD_WINDOW``-step rolling mean of the steps before it (``health/reward_drop``,
+``health/format_drop``). The collapse reports behind the rules (reward rises, then falls;
+format validity drops first; entropy collapses toward 0) describe entropy falling *with* the
+reward, never on its own. A non-finite entropy counts on any step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +27,8 @@ from typing import Any
 from searchr1.core.settings import key_value
 
 REWARD_WINDOW = 5  # steps in the rolling mean the reward_drop rule compares against
+FALL_MARGIN = 0.1  # a step falls when its reward or format is this far below the best rolling mean
+FALLING_METRICS = ("health/reward_drop", "health/format_drop")
 
 
 @dataclass(frozen=True)
@@ -27,6 +38,7 @@ class HealthRule:
     direction: str  # "below": unhealthy when value < threshold; "above": when value > threshold
     threshold: float
     meaning: str
+    only_when_falling: bool = False  # counts only on a step whose reward or format falls (FALL_MARGIN)
 
     def broken_by(self, value: float) -> bool:
         if not math.isfinite(value):
@@ -34,13 +46,23 @@ class HealthRule:
         return value < self.threshold if self.direction == "below" else value > self.threshold
 
 
+def is_falling(metrics: Mapping[str, Any]) -> bool:
+    """Whether the step's reward or format lies more than :data:`FALL_MARGIN` below the best
+    rolling mean of the steps before it (False before there are ``REWARD_WINDOW`` of them)."""
+    return any(isinstance(metrics.get(name), (int, float)) and float(metrics[name]) > FALL_MARGIN
+               for name in FALLING_METRICS)
+
+
 DEFAULT_RULES: tuple[HealthRule, ...] = (
     HealthRule("format_valid_rate", "reward/format", "below", 0.1,
                "share of trajectories whose final reply has one Answer: line"),
     HealthRule("answer_rate", "rollout/termination/answer", "below", 0.1,
-               "share of trajectories that ended with a reply rather than a budget or an invalid call"),
+               "share of trajectories that ended with a scorable answer (not a reply without one, a budget or an "
+               "invalid call)"),
     HealthRule("entropy", "health/entropy", "below", 1e-4,
-               "mean -logprob of the sampled action tokens, nats per token"),
+               "mean -logprob of the sampled action tokens, nats per token; counts only while reward or "
+               f"format falls more than {FALL_MARGIN:g} below its best {REWARD_WINDOW}-step mean",
+               only_when_falling=True),
     HealthRule("mismatch_k3", "health/mismatch_k3", "above", 0.1,
                "k3 estimate of KL(sampler || learner) over the trained tokens"),
     HealthRule("repeated_turns", "health/repeated_turn_share", "above", 0.5,
@@ -61,8 +83,7 @@ def configured_rules(overrides: Mapping[str, float | None]) -> tuple[HealthRule,
         if rule.name not in overrides:
             rules.append(rule)
         elif overrides[rule.name] is not None:
-            rules.append(HealthRule(rule.name, rule.metric, rule.direction, float(overrides[rule.name]),  # type: ignore[arg-type]
-                                    rule.meaning))
+            rules.append(dataclasses.replace(rule, threshold=float(overrides[rule.name])))  # type: ignore[arg-type]
     return tuple(rules)
 
 
@@ -104,17 +125,24 @@ class Violation:
 
     def describe(self) -> str:
         sign = "<" if self.rule.direction == "below" else ">"
-        return f"{self.rule.name} {self.value:.4g} {sign} {self.rule.threshold:g} ({self.rule.metric})"
+        text = f"{self.rule.name} {self.value:.4g} {sign} {self.rule.threshold:g} ({self.rule.metric})"
+        return text + (" while reward or format falls" if self.rule.only_when_falling and math.isfinite(self.value)
+                       else "")
 
 
 def check_health(metrics: Mapping[str, Any], rules: Sequence[HealthRule]) -> list[Violation]:
     """The rules the metrics break; a rule whose metric is absent (e.g. no update ran, so no
-    mismatch was measured) is not evaluated."""
+    mismatch was measured) is not evaluated, and a finite value of an ``only_when_falling`` rule
+    counts only on a falling step (:func:`is_falling`)."""
     found = []
+    falling = is_falling(metrics)
     for rule in rules:
         value = metrics.get(rule.metric)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and rule.broken_by(float(value)):
-            found.append(Violation(rule, float(value)))
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not rule.broken_by(float(value)):
+            continue
+        if rule.only_when_falling and math.isfinite(value) and not falling:
+            continue
+        found.append(Violation(rule, float(value)))
     return found
 
 
@@ -153,18 +181,23 @@ class CollapseGuard:
         self.stop_after = stop_after
         self.rewards = [float(line["reward/mean"]) for line in history
                         if isinstance(line.get("reward/mean"), (int, float))]
+        self.formats = [float(line["reward/format"]) for line in history
+                        if isinstance(line.get("reward/format"), (int, float))]
         self.streak = 0
         for line in history:
             self.streak = self.streak + 1 if is_unhealthy(line) else 0
 
     def observe(self, metrics: dict[str, Any]) -> HealthVerdict:
-        """Judge one step; adds ``health/reward_drop`` to ``metrics`` once there is history."""
-        reward = metrics.get("reward/mean")
-        if isinstance(reward, (int, float)):
-            drop = reward_drop(self.rewards, float(reward))
-            if drop is not None:
-                metrics["health/reward_drop"] = drop
-            self.rewards.append(float(reward))
+        """Judge one step; adds ``health/reward_drop`` and ``health/format_drop`` to ``metrics``
+        once there is history."""
+        for source, drop_name, seen in (("reward/mean", "health/reward_drop", self.rewards),
+                                        ("reward/format", "health/format_drop", self.formats)):
+            value = metrics.get(source)
+            if isinstance(value, (int, float)):
+                drop = reward_drop(seen, float(value))
+                if drop is not None:
+                    metrics[drop_name] = drop
+                seen.append(float(value))
         violations = check_health(metrics, self.rules)
         self.streak = self.streak + 1 if violations else 0
         return HealthVerdict(violations, self.streak, bool(self.stop_after) and self.streak >= self.stop_after)

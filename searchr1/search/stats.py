@@ -24,10 +24,19 @@ previous drain into metrics and starts a new window. Definitions (all over the w
 - Zhihu only: ``search/credential_failover_rate``: switches to another key caused by a rate
   limit, quota or rejected key, per call.
 
-An empty window reports ``search/requests = 0`` and 0.0 for everything else.
+An empty window reports ``search/requests = 0`` and leaves out every per-call share (success,
+error, 429, timeout, results, cache hits, and the backend's own shares): with nothing asked,
+nothing succeeded or failed, and a plot leaves a gap there instead of drawing an outage.
+The other metrics are 0.0.
 """
 
 from __future__ import annotations
+
+# Metrics that are shares of the window's calls: undefined (left out) when it has none.
+PER_CALL_SHARES = frozenset({
+    "search/success_rate", "search/error_rate", "search/429_rate", "search/timeout_rate", "search/results",
+    "search/cache_hit_rate", "search/no_web_search_rate", "search/credential_failover_rate",
+})
 
 import math
 import threading
@@ -119,6 +128,8 @@ class SearchStats:
             metrics["search/no_web_search_rate"] = sum(not r.searched for r in records) * per_call
         if self.failover_metric:
             metrics["search/credential_failover_rate"] = sum(r.failovers for r in records) * per_call
+        if not n:  # shares of no calls: absent, not 0
+            metrics = {k: v for k, v in metrics.items() if k not in PER_CALL_SHARES}
         return metrics
 
     def __repr__(self) -> str:

@@ -173,7 +173,7 @@ class TrainingRun:
             "weights_path": weights_path,
             # samplers of the batches in flight (off-policy runs): a resume redoes them exactly
             "sampler_paths": {str(v): self.sampler_paths[v] for v in sorted(
-                versions_to_record(completed, self.config.max_steps, self.config.max_steps_off_policy))
+                versions_to_record(completed, self.config.max_steps_off_policy))
                 if v in self.sampler_paths},
             "time": time.time(),
         }

@@ -44,11 +44,13 @@ def batches_in_flight(step: int, max_steps: int, max_steps_off_policy: int) -> r
     return range(step, min(step + max_steps_off_policy + 1, max_steps))
 
 
-def versions_to_record(completed: int, max_steps: int, max_steps_off_policy: int) -> set[int]:
+def versions_to_record(completed: int, max_steps_off_policy: int) -> set[int]:
     """Weights versions that the batches still to be trained after ``completed`` steps were
     sampled on and that a resumed run cannot rebuild from its checkpoint (which holds version
-    ``completed`` only): the trainer records these samplers' paths with the checkpoint."""
-    pending = range(completed, min(completed + max_steps_off_policy, max_steps))
+    ``completed`` only): the trainer records these samplers' paths with the checkpoint. The
+    next K batches count even past the run's ``max_steps``, so a finished run resumed with a larger
+    --max-steps samples them exactly as a longer run would have."""
+    pending = range(completed, completed + max_steps_off_policy)
     return {sampler_version(batch, max_steps_off_policy) for batch in pending} - {completed}
 
 

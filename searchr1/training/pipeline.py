@@ -5,9 +5,12 @@ With ``--max-steps-off-policy K`` the batches of steps ``b .. b + K`` may be rol
 step ``b`` waits for its own; each batch samples on the weights after ``sampler_version(b, K)``
 finished steps. Which questions, seeds and weights a batch uses depend on its index alone, so a
 resumed run redoes its in-flight batches exactly (the samplers of K >= 1 are saved under a name
-of the run and recorded with each checkpoint). With ``--dynamic-sampling`` (on-policy only) a
-batch draws questions at the data cursor until enough groups carry a signal, and the cursor,
-recorded with each checkpoint, says where the next batch starts.
+of the run and recorded with each checkpoint). The sampler of version ``v`` is saved before step
+``v`` updates the weights (:meth:`RolloutPipeline.before_update` waits for it), so it holds the
+weights after ``v`` steps however the steps and rollouts interleave; a step that skips its
+update (every group degenerate) changes nothing about that. With ``--dynamic-sampling``
+(on-policy only) a batch draws questions at the data cursor until enough groups carry a signal,
+and the cursor, recorded with each checkpoint, says where the next batch starts.
 """
 
 from __future__ import annotations
@@ -77,12 +80,19 @@ class RolloutPipeline:
         self.session = session  # part of the samplers' names (checkpoint naming)
         self.sampler_paths = sampler_paths  # version -> saved sampler path (K >= 1; recorded with checkpoints)
         self.weights_version = weights_version  # finished steps of the training client's current weights
+        self.first_version = weights_version  # the checkpoint's (or the base) weights: nothing older can be saved
         self.cursor = cursor  # data cursor after the rolled-out batches (moved only by dynamic sampling)
         self.progress = BatchProgress(reporter)
         self._samplers: dict[int, asyncio.Future[tuple[SamplingClient, int]]] = {}
         self._rollouts: dict[int, asyncio.Future[RolloutBatch]] = {}
         self._usage: dict[int, Usage] = {}  # each rolled-out batch's usage, until its step takes it
         self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
+        moved = [b for b in batches_in_flight(weights_version, config.max_steps, config.max_steps_off_policy)
+                 if self.version_for(b) != sampler_version(b, config.max_steps_off_policy)]
+        if moved:
+            reporter.note(f"the checkpoint of step {weights_version} records no sampler for the weights batches "
+                          f"{moved[0]}..{moved[-1]} would sample on (a restart with a larger "
+                          "--max-steps-off-policy): they sample on the checkpoint's weights")
 
     @property
     def in_flight(self) -> int:
@@ -96,12 +106,33 @@ class RolloutPipeline:
                 self._rollouts[index] = asyncio.ensure_future(self._roll_out(index))
         return await self._rollouts.pop(step)
 
+    async def before_update(self, step: int) -> None:
+        """Step ``step`` is about to change the weights (or to skip its update): with K >= 1
+        the sampler of version ``step`` is saved first and waited for. Later batches, and the
+        batches a resume from any checkpoint up to ``max_steps`` redoes, sample on it, so it
+        is saved even when this run's own batches no longer need it."""
+        if step != self.weights_version:
+            raise RuntimeError(f"step {step} updates the weights after {self.weights_version} steps")
+        if self.config.max_steps_off_policy and step not in self.sampler_paths:
+            await self._sampler(step)
+
     def weights_updated(self, step: int) -> None:
         """Step ``step`` updated the weights: start saving the sampler a later batch will need
-        (it overlaps with the step's bookkeeping)."""
+        (it overlaps with the step's bookkeeping; :meth:`before_update` of the next step waits
+        for it)."""
         self.weights_version = step + 1
-        if step + 1 + self.config.max_steps_off_policy < self.config.max_steps:
+        if step + 1 < self.config.max_steps:
             self._sampler(step + 1)
+
+    def version_for(self, batch_index: int) -> int:
+        """The weights version batch ``batch_index`` samples on: ``sampler_version(b, K)``,
+        except for the batches of a resumed run whose version lies before the checkpoint and
+        was not recorded with it (a restart with a larger --max-steps-off-policy): those sample
+        on the checkpoint's weights. Both depend on the step index and the checkpoint alone."""
+        version = sampler_version(batch_index, self.config.max_steps_off_policy)
+        if version < self.first_version and version not in self.sampler_paths:
+            return self.first_version
+        return version
 
     def drop_from(self, first_batch: int) -> int:
         """Cancel rollouts of batches ``>= first_batch`` (a stop or the end of the run); returns
@@ -131,16 +162,16 @@ class RolloutPipeline:
         return self._samplers[version]
 
     async def _make_sampler(self, version: int) -> tuple[SamplingClient, int]:
-        """The sampler and the version it really holds: a version older than the current
-        weights that was not recorded (a finished run resumed with a larger --max-steps)
-        is no longer available, and the current weights stand in for it."""
+        """The sampler of version ``version`` and that version. A version saved by this run or
+        recorded with the checkpoint is opened by its path; otherwise it is the current
+        weights, which by construction hold exactly ``version`` steps (the task starts no later
+        than the step that would change them, :meth:`before_update`)."""
         client = self.training_client
         if version in self.sampler_paths:  # recorded before a resume
             return await client.create_sampling_client_async(self.sampler_paths[version]), version
-        if version < self.weights_version:
-            self.reporter.note(f"the sampler of the weights after {version} steps was not recorded; "
-                               f"sampling on the current weights (after {self.weights_version} steps)")
-            version = self.weights_version
+        if version != self.weights_version:
+            raise RuntimeError(f"the sampler of version {version} is made while the weights hold "
+                               f"{self.weights_version} steps")
         if self.config.max_steps_off_policy == 0:
             return await client.save_weights_and_get_sampling_client_async(), version
         name = f"{checkpoint_name(self.config, version, self.session)}-sampler"
@@ -156,7 +187,7 @@ class RolloutPipeline:
         step index alone, whenever the rollout actually runs."""
         config = self.config
         wanted = sampler_version(batch_index, config.max_steps_off_policy)
-        sampler, version = await self._sampler(wanted)
+        sampler, version = await self._sampler(self.version_for(batch_index))
         usage = Usage()
         # the save of a sampler counts with the first batch that samples on it (however many resumes lie between)
         usage.weight_saves = int(batch_index == (0 if wanted == 0 else wanted + config.max_steps_off_policy))

@@ -211,12 +211,15 @@ class TwinFaults:
         object.__setattr__(self, "sample_timeouts", _numbers("sample_timeouts", self.sample_timeouts))
 
 
-OFFLINE_FAULTS = ("collapse@N",)
+OFFLINE_FAULTS = ("collapse@N", "none")
 
 
 def parse_offline_fault(text: str) -> dict[str, Any]:
     """``--offline-fault`` of ``train`` and ``twin serve``: ``collapse@N`` (from the N-th weight
-    update on, the served policy degenerates) as :class:`TwinFaults` keyword arguments."""
+    update on, the served policy degenerates) or ``none`` (no fault; on ``train --resume`` it
+    clears the recorded one) as :class:`TwinFaults` keyword arguments."""
+    if text.strip() == "none":
+        return {}
     kind, sep, number = text.strip().partition("@")
     if kind != "collapse" or not sep:
         raise ValueError(f"--offline-fault {text!r}: expected one of {', '.join(OFFLINE_FAULTS)}")

@@ -11,6 +11,12 @@ from searchr1.twin.policy import TwinPolicy
 POLICY_NAMES = ("scripted", "toy", "learning")
 
 
+def offline_policy_label(policy: str | None) -> str:
+    """How every output of an offline run names what produced it: the twin's policy, never the
+    model the run would train live (``None``: the scripted one, the twin's default)."""
+    return f"twin {policy or 'scripted'} policy"
+
+
 def make_policy(name: str, tokenizer: Any, *, scenario: Any = None) -> TwinPolicy:
     """Build the named policy. ``scenario`` (a :class:`~searchr1.twin.scenario.Scenario` or a
     path) is what ``scripted`` replies from; default: the shipped offline world."""

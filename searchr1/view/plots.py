@@ -28,6 +28,7 @@ from searchr1.data.dataset import EVAL_SOURCES
 from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary
 from searchr1.run.fileio import replacing
 from searchr1.run.jsonl import Surrogates, iter_json_lines, read_json_document
+from searchr1.twin.policies import offline_policy_label
 
 DPI = 100
 EVAL_FIGSIZE = (11.0, 9.0)  # inches -> 1100 x 900 px at DPI
@@ -56,6 +57,7 @@ HEALTH_RUN_METRICS = (
     "health/action_tokens_p95",
     "reward/format",
     "rollout/termination/answer",
+    "rollout/termination/no_answer",
 )
 UNHEALTHY_COLOR = "tab:red"
 RATE_REWARDS = ("reward/correct", "reward/format")  # shares of trajectories, not mean rewards
@@ -79,6 +81,7 @@ METRIC_LABELS = {
     "rollout/termination/answer": ("Trajectories that answered", "share of trajectories"),
     "usage/total_model_tokens": ("Model tokens used so far", "tokens (sampled, trained, KL; cumulative)"),
     "cost/total": ("Spent so far", "cost in the price table's currency (cumulative)"),
+    "rollout/termination/no_answer": ("Replies without an answer", "share of trajectories"),
 }
 RUN_METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "config.json"
@@ -132,12 +135,20 @@ class EvalRun:
 def default_label(path: Path, summary: Mapping[str, Any]) -> str:
     """What was evaluated, by name: the checkpoint named by the config's model_path (the last
     segment of a sampler-weights URI, without ``-weights``: ``<run-name>-...-step-000050``),
-    else the base model (``Qwen3.5-4B (base)``), else the file stem."""
+    else the base model (``Qwen3.5-4B (base)``), else the file stem. Offline evaluations name
+    the twin's policy instead of the model (``twin learning policy (base)``), and after a
+    checkpoint's name."""
     config = summary.get("config") if isinstance(summary.get("config"), Mapping) else summary
+    backend = str(config.get("sampling_backend") or "")
+    offline = bool(config.get("offline")) or backend.startswith("offline-")
+    policy = offline_policy_label(backend.removeprefix("offline-") if backend.startswith("offline-") else None)
     model_path = config.get("model_path")
     if isinstance(model_path, str) and model_path.strip("/ "):
         name = model_path.rstrip("/").rsplit("/", 1)[-1]
-        return name.removesuffix("-weights") or name
+        name = name.removesuffix("-weights") or name
+        return f"{name} ({policy})" if offline else name
+    if offline:  # the twin's policy, not the model a live run would sample
+        return f"{policy} (base)"
     base_model = config.get("base_model")
     if isinstance(base_model, str) and base_model.strip("/ "):
         return f"{base_model.rstrip('/').rsplit('/', 1)[-1]} (base)"
@@ -487,7 +498,9 @@ def run_title(config: Mapping[str, Any] | None, fallback: str) -> str:
     rollout = config.get("rollout") if isinstance(config.get("rollout"), Mapping) else {}
     search = config.get("search") if isinstance(config.get("search"), Mapping) else {}
     parts = [str(config.get("run_name") or fallback)]
-    if config.get("base_model"):
+    if config.get("offline"):  # the twin's policy was trained, not the model
+        parts.append(offline_policy_label(config.get("offline_policy")))
+    elif config.get("base_model"):
         model = str(config["base_model"]).rsplit("/", 1)[-1]
         parts.append(f"{model} LoRA r{config['lora_rank']}" if config.get("lora_rank") else model)
     if search.get("backend"):

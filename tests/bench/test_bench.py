@@ -154,6 +154,10 @@ def test_the_algorithm_figure_reports_steps_to_reward_for_every_option_and_the_k
     figure = json.loads(output.read_text())["figures"]["algorithms"]
     assert figure["figure"] == 10 and figure["target"] is not None and isinstance(figure["met"], bool)
     assert {f"steps_{name}" for name in ("defaults", "ppo", "cispo", "dro", "kl", "dynamic")} <= set(figure["measures"])
+    substeps = ("substeps_is", "substeps_ppo", "substeps_cispo", "one_step_is")
+    assert {f"{kind}_{name}" for kind in ("steps", "final_reward") for name in substeps} <= set(figure["measures"])
+    assert {"clipped_substeps_ppo", "clipped_substeps_cispo"} <= set(figure["measures"])
+    assert "clipped_substeps_is" not in figure["measures"]  # importance sampling clips nothing
     details = figure["details"]
     # one prompt-logprob request per datum: more requests with the penalty, and KL 0 on the base weights
     assert details["requests_per_step"]["on"] > details["requests_per_step"]["off"]

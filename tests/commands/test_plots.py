@@ -391,7 +391,18 @@ def test_the_run_title_names_the_run_and_its_settings_and_marks_the_offline_twin
     for part in ("zhihu-200", "Qwen3.5-4B LoRA r32", "search zhihu", "8 questions x 8 samples", "lr 4e-05"):
         assert part in title
     assert "OFFLINE" not in title
-    assert "OFFLINE" in plots.run_title({**config, "offline": True}, "fallback")
+    offline = plots.run_title({**config, "offline": True, "offline_policy": "learning"}, "fallback")
+    assert "OFFLINE" in offline and "twin learning policy" in offline and "Qwen3.5" not in offline
+
+
+def test_offline_evaluations_are_labelled_with_the_twins_policy_not_the_model(tmp_path):
+    base = write_eval_file(tmp_path / "base.jsonl", {"nq": 1}, offline=True, sampling_backend="offline-learning")
+    trained = write_eval_file(tmp_path / "trained.jsonl", {"nq": 2}, offline=True, sampling_backend="offline-learning",
+                              model_path="trio://twin/run-0001/weights/demo-step-000020-weights")
+    fig = plots.eval_figure(plots.load_eval_runs([base, trained]))
+    labels = [t.get_text() for t in fig.axes[1].get_xticklabels()]
+    assert labels == ["twin learning policy (base)", "demo-step-000020 (twin learning policy)"]
+    assert not any("Qwen" in text.get_text() for text in fig.texts)
     assert plots.run_title(None, "runs/x/metrics.jsonl") == "runs/x/metrics.jsonl"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import string
 
 import pytest
@@ -118,9 +119,60 @@ def test_f1_counts_tokens_with_multiplicity_and_takes_the_best_reference():
     assert score_answer("Answer: x x", ["x"], reward="f1").reward == pytest.approx(2 * 0.5 / 1.5)
 
 
-def test_cover_em_needs_a_whole_token_run_not_a_substring_of_a_word():
+def _search_r1_normalize(s: str) -> str:
+    """Search-R1's normalize_answer (verl/utils/reward_score/qa_em.py), restated."""
+    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def _search_r1_subem(prediction: str, golden_answers: list[str]) -> int:
+    """Search-R1's subem_check, restated: a normalised gold answer inside the normalised prediction."""
+    return int(any(_search_r1_normalize(g) in _search_r1_normalize(prediction) for g in golden_answers))
+
+
+def _search_r1_em(prediction: str, golden_answers: list[str]) -> int:
+    return int(any(_search_r1_normalize(g) == _search_r1_normalize(prediction) for g in golden_answers))
+
+
+pieces = st.sampled_from(["paris", "Paris", "parisian", "1", "1990", "in", "the", "a", "an", "The", ",", ".", "-",
+                          "'s", "x", "france", "’"])
+phrases = st.lists(pieces, min_size=1, max_size=5).map(" ".join)
+
+
+@given(phrases, st.lists(phrases, min_size=1, max_size=3))
+def test_cover_em_is_search_r1s_subem_and_em_its_em_check_under_the_official_normalisation(answer, golds):
+    """Invariant: with normalization="official", cover EM equals Search-R1's subem_check and EM its
+    em_check, on answers and gold answers full of articles, punctuation and word fragments."""
+    result = score_answer("Answer: " + answer, golds, normalization="official")
+    assert result.valid_format
+    assert result.cover_em == bool(_search_r1_subem(answer, golds))
+    assert result.exact_match == bool(_search_r1_em(answer, golds))
+
+
+def test_cover_em_is_a_substring_match_as_search_r1_scores_it():
     assert score_answer("Answer: it was Paris, France", ["Paris"], reward="cover_em").reward == 1.0
-    assert score_answer("Answer: Parisian", ["Paris"], reward="cover_em").reward == 0.0
+    assert score_answer("Answer: Parisian", ["Paris"], reward="cover_em").reward == 1.0
+    assert score_answer("Answer: in 1990", ["1"], reward="cover_em").reward == 1.0
+    assert score_answer("Answer: Lyon", ["Paris"], reward="cover_em").reward == 0.0
+
+
+@given(phrases, st.lists(phrases, min_size=1, max_size=3))
+def test_an_exact_match_is_also_a_perfect_f1_and_a_cover_even_when_both_normalise_to_nothing(answer, golds):
+    """Invariant: EM 1 implies F1 1 and cover EM 1, including answers and references that
+    normalise to the empty string."""
+    result = score_answer("Answer: " + answer, golds)
+    if result.exact_match:
+        assert result.f1 == 1.0 and result.cover_em
+
+
+def test_the_empty_after_normalisation_case_is_a_match_in_all_three_scores():
+    both_empty = score_answer("Answer: The", ["a"])
+    assert (both_empty.exact_match, both_empty.f1, both_empty.cover_em) == (True, 1.0, True)
+    empty_answer = score_answer("Answer: The", ["Paris"])
+    assert (empty_answer.exact_match, empty_answer.f1, empty_answer.cover_em) == (False, 0.0, False)
+    empty_reference = score_answer("Answer: Paris", ["the"])  # as Search-R1: "" is in every answer
+    assert (empty_reference.exact_match, empty_reference.f1, empty_reference.cover_em) == (False, 0.0, True)
 
 
 @pytest.mark.parametrize("kind", REWARD_KINDS)

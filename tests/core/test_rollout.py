@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twin_support import MODEL
 
-from searchr1.core.advantage import assign_group_advantages
+from searchr1.core.advantage import assign_group_advantages, summarize_groups
 from searchr1.core.reward import score_trajectories
+from searchr1.health.metrics import rollout_metrics
 from searchr1.core.protocol import missing_closing, observation_tokens, template_boundaries
 from searchr1.core.observation.fit import TRUNCATION_MARKER
 from searchr1.core.rollout import (
@@ -120,6 +121,22 @@ def test_answer_invalid_and_search_terminations(served, tokenizer):
     assert [t.search_calls for t in trajectories] == [1, 0, 0, 1]
     mean = sum(t.reward for t in trajectories) / 4
     assert [t.advantage for t in trajectories] == pytest.approx([r - mean for r in (1.0, 0.0, -0.1, 0.0)])
+
+
+def test_a_reply_without_a_tool_call_or_a_scorable_answer_ends_as_no_answer(served, tokenizer):
+    samples = [
+        ["Answer: France"],
+        ["I think it is France."],  # no Answer: line
+        ["Answer: France\nAnswer: Spain"],  # two answers: none can be scored
+        [call("alpha"), "Answer:   "],  # an empty answer after a search
+    ]
+    trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
+    assert [t.termination for t in trajectories] == ["answer", "no_answer", "no_answer", "no_answer"]
+    assert [t.valid_format for t in trajectories] == [True, False, False, False]
+    assert [t.reward for t in trajectories] == [1.0, -0.1, -0.1, -0.1]
+    metrics = rollout_metrics(trajectories, summarize_groups(trajectories))
+    assert metrics["rollout/termination/answer"] == metrics["reward/format"] == 0.25
+    assert metrics["rollout/termination/no_answer"] == 0.75
 
 
 def test_a_tool_call_after_the_search_budget_ends_the_trajectory(served, tokenizer):

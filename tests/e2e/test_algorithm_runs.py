@@ -70,3 +70,35 @@ def test_a_dynamic_sampling_run_resumes_exactly_where_it_stopped(tmp_path):
     lines = [comparable(line) for line in RunDir(straight).metrics()]
     assert [comparable(line) for line in RunDir(stopped).metrics()] == lines
     assert cursor == 6 * lines[0]["dynamic/draws"] and cursor > 6
+
+
+@pytest.mark.parametrize("loss", ["importance_sampling", "ppo", "cispo", "dro"])
+def test_with_substeps_every_loss_trains_later_mini_batches_on_moved_weights(tmp_path, loss):
+    """The twin computes each loss on mini-batches whose ratio has left 1: the first mini-batch
+    of a step trains on its sampler's weights, the later ones on weights the earlier moved."""
+    run_dir = tmp_path / "run"
+    train("--run-dir", str(run_dir), "--max-steps", "3", "--questions-per-batch", "4", "--group-size", "4",
+          "--learning-rate", "0.5", "--loss-fn", loss, "--num-substeps", "3")
+    lines = [line for line in RunDir(run_dir).metrics() if not line["train/update_skipped"]]
+    assert lines and all(line["train/optimizer_steps"] == 3 for line in lines)
+    assert all(line["train/forward_backward_calls"] == 3 for line in lines)
+    assert all(line["health/ratio_max_deviation"] > 1e-3 for line in lines)
+    if loss in ("ppo", "cispo"):
+        assert all(line["health/clipped_fraction/substep_0"] == 0.0 for line in lines)  # ratio 1: nothing clips
+        assert any(line["health/clipped_fraction/substep_2"] > 0.0 for line in lines)
+    assert json.loads((run_dir / "config.json").read_text())["num_substeps"] == 3
+
+
+def test_substeps_come_from_a_preset_and_a_resumed_run_repeats_them_exactly(tmp_path):
+    preset = tmp_path / "preset.toml"
+    preset.write_text("num_substeps = 2\nloss_fn = \"ppo\"\n")
+    args = ["--config", str(preset), "--questions-per-batch", "4", "--group-size", "4", "--save-every", "2"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train("--run-dir", str(straight), "--max-steps", "4", *args)
+    train("--run-dir", str(stopped), "--max-steps", "2", *args)
+    train("--resume", str(stopped), "--max-steps", "4")
+    assert json.loads((stopped / "config.json").read_text())["num_substeps"] == 2
+    resumed = [without_timing_metrics(m) for m in RunDir(stopped).metrics()]
+    expected = [without_timing_metrics(m) for m in RunDir(straight).metrics()]
+    assert [m["step"] for m in resumed] == [0, 1, 2, 3] and resumed == expected
+    assert all(m["train/optimizer_steps"] == 2 for m in expected if not m["train/update_skipped"])

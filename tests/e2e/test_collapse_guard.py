@@ -43,6 +43,9 @@ def test_the_guard_stops_within_n_steps_of_a_collapse_and_its_command_restarts_f
     assert [m["step"] for m in metrics] == [0, 1, 2, 3, 4]  # stopped 2 steps after the collapse at 3
     assert [m["health/unhealthy"] for m in metrics] == [0, 0, 0, 1, 1]
     assert metrics[3]["reward/format"] == 0 and metrics[3]["health/entropy"] == 0
+    # the collapsed replies carry no answer: the answer rate sees the collapse too
+    assert metrics[3]["rollout/termination/answer"] == 0 and metrics[3]["rollout/termination/no_answer"] == 1
+    assert any(w.startswith("answer_rate 0 < 0.1") for w in metrics[3]["health/warnings"])
     assert any(w.startswith("format_valid_rate 0 < 0.1") for w in metrics[3]["health/warnings"])
     warnings = [line for line in result.output.splitlines() if line.startswith("warning: step")]
     assert len(warnings) == 2 and f"python cli.py show {run_dir} --step 3" in warnings[0]
@@ -50,18 +53,45 @@ def test_the_guard_stops_within_n_steps_of_a_collapse_and_its_command_restarts_f
     command = re.search(r"python cli\.py (train --resume \S+ --from-step (\d+))", result.output)
     assert command is not None and command.group(2) == "2", result.output  # weights after step 2 sampled healthy step 2
 
-    # the printed command, with an algorithm flag changed, continues from step 2 (the fault is not recorded)
-    restarted = CliRunner().invoke(main, [*command.group(1).split(), "--quiet", "--learning-rate", "0.1"])
+    # the printed command, with an algorithm flag changed and the recorded fault cleared, continues from step 2
+    restarted = CliRunner().invoke(main, [*command.group(1).split(), "--quiet", "--learning-rate", "0.1",
+                                          "--offline-fault", "none"])
     assert restarted.exit_code == 0, restarted.output
+    assert "offline_fault collapse@3 -> None" in restarted.output
     metrics = run.metrics()
     assert [m["step"] for m in metrics] == list(range(6)) and not any(m["health/unhealthy"] for m in metrics)
     assert [c["step"] for c in lines(run_dir / "checkpoints.rewound.jsonl")] == [3, 4, 5]
     assert [m["step"] for m in lines(run_dir / "metrics.rewound.jsonl")] == [2, 3, 4]
     assert {t["step"] for t in lines(run_dir / "transcripts.rewound.jsonl")} == {2, 3, 4}
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["learning_rate"] == 0.1
+    assert config["learning_rate"] == 0.1 and config["offline_fault"] is None
     assert [(s["from_step"], s["changed"]) for s in config["segments"]] == [
-        (2, {"learning_rate": {"from": 0.2, "to": 0.1}})]
+        (2, {"learning_rate": {"from": 0.2, "to": 0.1}, "offline_fault": {"from": "collapse@3", "to": None}})]
+
+
+def test_the_offline_fault_is_recorded_and_a_resume_keeps_it_and_says_so(tmp_path):
+    run_dir = tmp_path / "run"
+    assert train("--max-steps", "3", "--save-every", "1", "--offline-fault", "collapse@3",
+                 "--run-dir", str(run_dir)).exit_code == 0
+    assert json.loads((run_dir / "config.json").read_text())["offline_fault"] == "collapse@3"
+    resumed = CliRunner().invoke(main, ["train", "--resume", str(run_dir), "--quiet", "--max-steps", "5"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "offline fault collapse@3 kept" in resumed.output and "--offline-fault none clears it" in resumed.output
+    metrics = RunDir(run_dir).metrics()
+    assert [m["health/unhealthy"] for m in metrics] == [0, 0, 0, 1, 1]  # the fault still applies from step 3
+    assert json.loads((run_dir / "config.json").read_text())["offline_fault"] == "collapse@3"
+
+
+def test_a_converged_run_whose_entropy_vanishes_is_not_stopped(tmp_path):
+    """The default offline run becomes certain and right (entropy below 1e-4, reward 1): the
+    guard lets it finish."""
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--max-steps", "40", "--stop-on-collapse", "2",
+                                       "--run-dir", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    metrics = RunDir(run_dir).metrics()
+    assert len(metrics) == 40 and not any(m["health/unhealthy"] for m in metrics)
+    assert min(m["health/entropy"] for m in metrics) < 1e-4  # the rule's threshold was reached
 
 
 def test_without_the_flag_a_collapse_warns_every_unhealthy_step_and_the_run_continues(tmp_path):

@@ -163,7 +163,8 @@ def test_offline_eval_writes_one_record_per_question_and_one_summary(offline_run
         for key in ("id", "question", "answers", "data_source", "turns", "searches", "final_text",
                     "termination", "reward", "exact_match", "valid_format", "search_calls", "assistant_turns"):
             assert key in record, key
-        assert record["termination"] in {"answer", "invalid"}
+        assert record["termination"] in {"answer", "no_answer", "invalid"}
+        assert record["valid_format"] == (record["termination"] == "answer")  # only an answer can be scored
     summary = load_summary(offline_run)
     assert summary["partial"] is False and summary["evaluated_examples"] == 14
     assert summary["questions_planned"] == 14 and summary["questions_missing"] == 0

@@ -24,3 +24,13 @@ def test_the_table_puts_ours_first_and_marks_every_published_row_as_another_mode
     for row in PUBLISHED:
         assert f"{row.label} *" in table and row.model in table
     assert "over the 3 benchmarks evaluated" in table
+
+
+def test_an_offline_row_names_the_twins_policy_and_is_marked_not_comparable():
+    metrics = {f"em/{b}": 1.0 for b in BENCHMARKS}
+    table = comparison_table(metrics, model="twin learning policy at trio://x", retriever="BM25", offline=True)
+    ours = next(line for line in table.splitlines() if line.strip().startswith("ours"))
+    assert "not comparable" in ours
+    assert "ours: twin learning policy at trio://x" in table and "Qwen3.5" not in table
+    live = comparison_table(metrics, model="Qwen/Qwen3.5-4B", retriever="BM25")
+    assert "not comparable" not in live

@@ -277,6 +277,36 @@ def test_the_guard_adds_the_reward_drop_once_it_has_a_window_of_history():
     assert [v.rule.name for v in verdict.violations] == ["reward_drop"]
 
 
+@given(steps=st.lists(st.tuples(st.floats(0.9, 1.0), st.floats(0.9, 1.0), st.floats(0.0, 9.9e-5)),
+                      min_size=1, max_size=40))
+def test_a_certain_policy_whose_reward_and_format_hold_is_never_unhealthy(steps):
+    """Invariant: entropy below its threshold does not count on any step whose reward and format
+    stay within FALL_MARGIN of their best rolling means (a converged run)."""
+    guard = CollapseGuard(DEFAULT_RULES, stop_after=1)
+    for reward, format_rate, entropy in steps:
+        line = {"reward/mean": reward, "reward/format": format_rate, "rollout/termination/answer": 1.0,
+                "health/entropy": entropy}
+        verdict = guard.observe(line)
+        assert not verdict.unhealthy and not verdict.stop, verdict.warnings()
+
+
+def test_low_entropy_counts_once_the_reward_or_the_format_falls():
+    converged = [{"reward/mean": 1.0, "reward/format": 1.0, "health/entropy": 5e-5}] * 5
+    rules = configured_rules({"reward_drop": None})  # the entropy rule on its own
+    falling_reward = CollapseGuard(rules, history=converged).observe(
+        {"reward/mean": 0.8, "reward/format": 1.0, "health/entropy": 5e-5})
+    assert [v.rule.name for v in falling_reward.violations] == ["entropy"]
+    assert falling_reward.warnings() == ["entropy 5e-05 < 0.0001 (health/entropy) while reward or format falls"]
+    falling_format = {"reward/mean": 1.0, "reward/format": 0.85, "health/entropy": 5e-5}
+    verdict = CollapseGuard(rules, history=converged).observe(falling_format)
+    assert falling_format["health/format_drop"] == pytest.approx(0.15)
+    assert [v.rule.name for v in verdict.violations] == ["entropy"]
+    holding = CollapseGuard(rules, history=converged).observe(
+        {"reward/mean": 0.95, "reward/format": 0.95, "health/entropy": 5e-5})
+    assert not holding.unhealthy  # 0.05 below the best: within FALL_MARGIN
+    assert check_health({"health/entropy": float("nan")}, rules)  # a non-finite entropy counts on any step
+
+
 def checkpoint(step: int) -> dict:
     return {"step": step, "name": f"c{step}", "state_path": f"trio://c{step}"}
 

@@ -131,6 +131,9 @@ def test_eval_offline_local_under_the_search_r1_protocol_prints_published_number
     assert searched, "no question searched"
     assert "Search-R1 paper, GRPO *" in result.output and "0.336" in result.output
     assert "Qwen2.5-3B-Instruct" in result.output and "another model" in result.output
+    # the offline row is the twin's policy, never the model a live run samples
+    assert "ours: twin scripted policy (untrained)" in result.output and "Qwen3.5" not in result.output
+    assert "ours (offline, not comparable)" in result.output
 
 
 @pytest.mark.slow

@@ -231,6 +231,10 @@ def test_drain_reports_the_window_and_resets_it():
     second = stats.drain()
     assert second["search/requests"] == 0
     assert all(value == 0.0 for value in second.values())
+    # shares of no calls are absent, not 0 (a plot would draw an outage)
+    assert set(first) - set(second) == {"search/success_rate", "search/error_rate", "search/429_rate",
+                                        "search/timeout_rate", "search/results", "search/cache_hit_rate",
+                                        "search/no_web_search_rate"}
 
 
 def test_peek_does_not_reset():
