@@ -152,13 +152,15 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
             backend = search_backend(search, offline=offline)
             try:
                 (trajectory,) = await rollout_batch_async(sampler, tokenizer, _PrintingSearch(backend), [example],
-                                                          rollout, reward="em")
+                                                          rollout)
+                score_trajectories([trajectory], reward="em")
                 return trajectory
             finally:
                 await backend.aclose()
 
-        from searchr1.runtime.failures import describe_failure, is_service_failure
+        from searchr1.core.reward import score_trajectories
         from searchr1.core.rollout import SamplerFailureError
+        from searchr1.runtime.failures import describe_failure, is_service_failure
 
         try:
             trajectory = asyncio.run(main())

@@ -19,7 +19,7 @@ from searchr1.core.observation.text import observation_candidates
 from searchr1.core.observation.tokens import plain_tokens
 from searchr1.core.protocol import (TurnKind, assistant_message, build_next_prompt, build_prompt, initial_messages,
                                     missing_closing, observation_tokens, parse_assistant, stop_sequences, tool_message)
-from searchr1.core.reward import score_answer
+from searchr1.core.reward import extract_answer, score_answer
 from searchr1.core.rollout import RolloutConfig, sampling_seed
 from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, SearchExample, SearchRecord, SearchResult,
                                  Termination, Tokenizer, Trajectory)
@@ -53,8 +53,10 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     parsed = parse_assistant(turn.text)  # ALGORITHM: exactly one well-formed search call, or an answer
     before = list(t.messages)
     t.messages.append(assistant_message(parsed.text))
-    if parsed.kind != TurnKind.TOOL:  # an answer (scored later) or a malformed call (format penalty)
-        return t.finish(Termination.ANSWER if parsed.kind == TurnKind.ANSWER else Termination.INVALID, parsed.text)
+    if parsed.kind == TurnKind.ANSWER:  # ALGORITHM: an answer (scored later) only with a scorable Answer: line
+        return t.finish(Termination.ANSWER if extract_answer(parsed.text) is not None else Termination.NO_ANSWER, parsed.text)
+    if parsed.kind != TurnKind.TOOL:  # a malformed call (format penalty)
+        return t.finish(Termination.INVALID, parsed.text)
     if len(t.searches) >= config.max_search_calls:  # ALGORITHM: a tool call over budget ends the trajectory
         return t.finish(Termination.SEARCH_BUDGET, parsed.text)
     if len(t.turns) >= config.max_assistant_turns:

@@ -186,10 +186,10 @@ class RolloutPipeline:
         ``sampler_version(batch_index, K)``: seeds, questions and weights are fixed by the
         step index alone, whenever the rollout actually runs."""
         config = self.config
-        wanted = sampler_version(batch_index, config.max_steps_off_policy)
         sampler, version = await self._sampler(self.version_for(batch_index))
         usage = Usage()
-        # the save of a sampler counts with the first batch that samples on it (however many resumes lie between)
+        wanted = sampler_version(batch_index, config.max_steps_off_policy)
+        # a sampler's save counts with the first batch that samples on it (however many resumes lie between)
         usage.weight_saves = int(batch_index == (0 if wanted == 0 else wanted + config.max_steps_off_policy))
         sampler, search = MeteredSampler(sampler, usage), MeteredSearch(self.search, usage)
         started = time.perf_counter()
@@ -209,7 +209,12 @@ class RolloutPipeline:
     def take_usage(self, batch_index: int) -> Usage:
         """What rolling out batch ``batch_index`` used (its sampling, searches and the save of its
         sampler), once: the step that trains the batch counts it (:mod:`searchr1.run.usage`)."""
-        return self._usage.pop(batch_index, Usage())
+        usage = self._usage.pop(batch_index, Usage())
+        config = self.config
+        if batch_index == config.max_steps - 1 and config.max_steps_off_policy:
+            # the samplers saved for versions no batch of the run samples on (a longer resume could)
+            usage.weight_saves += len(range(max(1, config.max_steps - config.max_steps_off_policy), config.max_steps))
+        return usage
 
     async def _roll_out_until_signal(self, sampler: SamplingClient, search: SearchBackend,
                                      batch_index: int) -> tuple[list[Trajectory], frozenset[int], dict[str, float]]:

@@ -94,3 +94,11 @@ def test_the_check_sees_a_forbidden_import():
     """The same probe does see the harness when it is imported (the test above can fail)."""
     loaded = loaded_after_importing(["searchr1.core.trainer", "searchr1.search.replay"])
     assert "vcr" in loaded and "searchr1.search.replay" in loaded
+
+
+def test_the_core_proper_reads_in_one_sitting():
+    """The .py files directly in searchr1/core/ (protocol, rollout, reward, advantage, datum,
+    update, kl, trainer, reference, types, config) stay at most 2,400 lines together."""
+    core = Path(searchr1.core.__file__).parent
+    lines = sum(len(path.read_text("utf-8").splitlines()) for path in core.glob("*.py"))
+    assert lines <= 2400, f"the core proper is {lines} lines"

@@ -15,7 +15,7 @@ from pytrio.types import Datum, ModelInput, TensorData
 from searchr1.core.config import TrainConfig
 from searchr1.core.datum import TrainingDatum
 from searchr1.core.settings import SettingError
-from searchr1.core.update import apply_update, substep_batches
+from searchr1.core.update import UpdateConfig, apply_substeps, substep_batches
 
 
 @given(n=st.integers(0, 60), substeps=st.integers(1, 8), seed=st.integers(-5, 5), step=st.integers(0, 50))
@@ -65,9 +65,18 @@ class RecordingClient:
 
 
 def run_update(config: TrainConfig, datums: list[TrainingDatum], micro_batches=None, step: int = 3):
+    """The core's update of ``datums`` under ``config`` (``micro_batches`` given: the run loop's
+    manual micro-batching of each mini-batch); its events, metrics and forward_backward calls."""
+    from searchr1.training.loop import manual_micro_batches
+
     client = RecordingClient()
-    outputs, metrics, calls = asyncio.run(apply_update(client, datums, micro_batches, config, step=step))
-    return client.events, metrics, calls
+    update_config = UpdateConfig(config.learning_rate, config.beta1, config.beta2, config.loss_fn,
+                                 config.loss_fn_config)
+    cut = manual_micro_batches(config) if micro_batches is not None else None
+    result = asyncio.run(apply_substeps(client, datums, cut, update_config, num_substeps=config.num_substeps,
+                                        seed=config.seed, step=step))
+    metrics = {**result.optim_metrics}
+    return client.events, metrics, result.calls
 
 
 def test_sdk_substeps_send_each_mini_batch_in_one_call_then_step_the_optimiser():
