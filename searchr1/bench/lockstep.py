@@ -4,7 +4,7 @@ Round 1 sends one request per question with ``num_samples = group_size``. Every 
 sends one request for every unfinished trajectory, waits for ALL of them, then runs every
 pending search of the batch in a pool ``search_concurrency`` wide and waits for ALL of those,
 before the next round may start. So each round lasts as long as its slowest sample plus its
-slowest search (head-of-line blocking, ``seed-system.md`` §2.4 and §15 item 2).
+slowest search (head-of-line blocking, the seed's rollout loop).
 
 Only the scheduling is the seed's. Everything else is the engine's own pieces of
 :mod:`searchr1.core.rollout`: the group and its first request (``start_group``), each later

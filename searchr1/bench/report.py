@@ -4,7 +4,7 @@ Every figure has one or more measures; a measure is a value, optionally a target
 direction (``<=`` or ``>=``) and whether the target is met. The figure's headline is its first
 measure; the figure is met when every measure with a target is. Targets come from the project's
 requirements (``target_source: "project"``) or, where those set none, from the benchmark itself
-(``"bench"``, documented in CONTRIBUTING.md). A measure without a target shows "-".
+(``"bench"``, documented in docs/benchmarks.md). A measure without a target shows "-".
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Measure:
     low: float | None = None
     high: float | None = None
     samples: int = 1
-    # The documented bound on (high - low) / value (CONTRIBUTING.md); a wider spread is reported.
+    # The documented bound on (high - low) / value (docs/benchmarks.md); a wider spread is reported.
     spread_bound: float | None = None
 
     def __post_init__(self) -> None:
@@ -224,7 +224,7 @@ def print_report(figures: list[Figure], *, console: Any = None, output: str | Pa
             console = Console(width=110)
     title = "searchr1 bench" + (" (--quick: smoke sizes, not for quoting)" if quick else "")
     console.print(render_table(figures, title=title))
-    console.print("[dim]* target set by the benchmark (no requirement of the project names one); see CONTRIBUTING.md[/dim]")
+    console.print("[dim]* target set by the benchmark (no requirement of the project names one); see docs/benchmarks.md[/dim]")
     for figure in sorted(figures, key=lambda f: f.number):
         for note in figure.notes:
             console.print(f"[dim]({figure.number}) {note}[/dim]")

@@ -61,11 +61,11 @@ from searchr1.bench.served import served_twin
 from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
 from searchr1.bench.workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
 
-SPREAD_BOUND = 0.15  # (highest - lowest) / median of the runs, documented in CONTRIBUTING.md
+SPREAD_BOUND = 0.15  # (highest - lowest) / median of the runs, documented in docs/benchmarks.md
 # Our step's local CPU at most this share of the same step done the seed's way: the former
 # absolute targets restated (1.5 s against the seed's 7.8 s of local CPU per step, and 0.035x
 # against its 0.17x of the modelled service time, are both 0.2 on the machine that measured
-# them); documented in CONTRIBUTING.md.
+# them); documented in docs/benchmarks.md.
 SEED_RATIO_TARGET = 0.2
 LOCAL_ROLES = ("main", "client")  # threads whose CPU is the step's local CPU
 MAIN_PIECES = {

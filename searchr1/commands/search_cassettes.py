@@ -21,7 +21,7 @@ def _root_option(function):
         "--root",
         type=click.Path(file_okay=False, path_type=Path),
         default=CASSETTE_ROOT,
-        show_default=True,
+        show_default="the project's cassettes/",
         help="Cassette directory (holds specs/).",
     )(function)
 

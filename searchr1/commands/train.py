@@ -97,7 +97,7 @@ BUDGET_EXIT_CODE = 4
               help="Change a health rule's threshold (NAME=off turns it off); repeatable. Rules and defaults: "
                    "format_valid_rate<0.1, answer_rate<0.1, entropy<0.0001 (only while reward or format falls), "
                    "mismatch_k3>0.1, repeated_turns>0.5, "
-                   "reward_drop>0.5 (README: When training goes wrong).")
+                   "reward_drop>0.5 (docs/health.md).")
 @offline_fault_option()
 @click.option("--loss-fn-config", multiple=True, metavar="KEY=VALUE",
               help="Sent to forward_backward as loss_fn_config (repeatable; numbers parsed), e.g. "

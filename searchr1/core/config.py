@@ -105,7 +105,7 @@ class TrainConfig:
              "last healthy one and the command that restarts from it; 0: only warn.")
     health_rules: dict[str, float | None] = field(default_factory=dict)
     # The algorithm (defaults: the seed's recipe): searchr1.core.update, searchr1.core.kl, searchr1.core.reward,
-    # searchr1.training.dynamic_sampling; README "Choosing an algorithm".
+    # searchr1.training.dynamic_sampling; docs/algorithms.md.
     loss_fn: str = setting("importance_sampling", choices=POLICY_LOSS_FNS,
                            help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
                                 "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
