@@ -18,6 +18,7 @@ from searchr1.bm25.corpus import passage_row
 from searchr1.bm25.index import BM25Index, build_index
 from searchr1.bm25.server import MAX_BODY_BYTES, RequestError, parse_request, start_in_thread
 from searchr1.cli import main
+from slow_clients import seconds_until_dropped
 
 DEADLINE = 1.0  # the request deadline these servers run with (seconds)
 
@@ -100,29 +101,6 @@ def test_an_upload_without_a_length_is_refused_once_it_passes_the_cap_not_after_
     assert sent < MAX_BODY_BYTES + (8 << 20), sent
 
 
-def dropped_after(server, first: bytes, then: bytes | None, every: float = 0.2, limit: float = 10.0) -> float:
-    """Seconds until the server closes a connection that sends ``first`` and then ``then``
-    every ``every`` seconds (nothing more when ``then`` is None)."""
-    with socket.create_connection(address(server)) as connection:
-        started = time.monotonic()
-        if first:
-            connection.sendall(first)
-        connection.settimeout(every)
-        while time.monotonic() - started < limit:
-            try:
-                if connection.recv(4096) == b"":
-                    return time.monotonic() - started
-            except TimeoutError:
-                if then is not None:
-                    try:
-                        connection.sendall(then)
-                    except OSError:
-                        return time.monotonic() - started
-            except OSError:
-                return time.monotonic() - started
-    return float("inf")
-
-
 @pytest.mark.parametrize("first, then", [
     (b"", None),
     (b"POST /retrieve HTTP/1.1\r\n", b"X-Slow: 1\r\n"),
@@ -130,7 +108,7 @@ def dropped_after(server, first: bytes, then: bytes | None, every: float = 0.2, 
     (b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{", b" "),
 ], ids=["silent", "one-header-line-at-a-time", "short-body", "trickled-body"])
 def test_a_slow_or_silent_client_is_dropped_within_the_request_deadline(served, first, then):
-    assert dropped_after(served, first, then) < DEADLINE + 1.0
+    assert seconds_until_dropped(address(served), first, then, limit=10.0) < DEADLINE + 1.0
 
 
 def test_a_prompt_request_on_a_kept_alive_connection_is_answered(served):

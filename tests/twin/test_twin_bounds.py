@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchr1.twin import start_twin
+from slow_clients import seconds_until_dropped
 
 CONTROL = "/api/openapi/v1"
 DEADLINE = 1.0  # request_timeout of the twins below (seconds)
@@ -82,27 +83,6 @@ def test_a_body_waits_while_others_hold_the_whole_budget(twin):
     assert waited > DEADLINE * 0.5  # it was not read beside the stalled one
 
 
-def dropped_after(twin, first: bytes, then: bytes | None, every: float = 0.2, limit: float = 8.0) -> float:
-    with socket.create_connection(("127.0.0.1", port(twin))) as connection:
-        started = time.monotonic()
-        if first:
-            connection.sendall(first)
-        connection.settimeout(every)
-        while time.monotonic() - started < limit:
-            try:
-                if connection.recv(4096) == b"":
-                    return time.monotonic() - started
-            except TimeoutError:
-                if then is not None:
-                    try:
-                        connection.sendall(then)
-                    except OSError:
-                        return time.monotonic() - started
-            except OSError:
-                return time.monotonic() - started
-    return float("inf")
-
-
 @pytest.mark.parametrize("first, then", [
     (b"POST /api/telemetry/event HTTP/1.1\r\n", b"X-Slow: 1\r\n"),
     (b"POST /api/telemetry/event HTTP/1.1\r\nHost: x\r\nX-API-Key: twin-local-key\r\nContent-Length: 100\r\n\r\n{",
@@ -111,7 +91,7 @@ def dropped_after(twin, first: bytes, then: bytes | None, every: float = 0.2, li
      b" "),
 ], ids=["one-header-line-at-a-time", "short-body", "trickled-body"])
 def test_a_slow_client_is_dropped_within_the_request_deadline(twin, first, then):
-    assert dropped_after(twin, first, then) < DEADLINE + 1.0
+    assert seconds_until_dropped(("127.0.0.1", port(twin)), first, then, limit=8.0) < DEADLINE + 1.0
 
 
 def test_connections_past_the_cap_get_no_thread_and_are_closed_at_once(twin):
