@@ -507,8 +507,10 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     vocabulary = _field(manifest, where, "vocabulary", kind=int)
     shards = _field(manifest, where, "shards", kind=list)
     files = _field(manifest, where, "files", kind=dict)
-    if rows < 1 or vocabulary < 0:
+    if rows < 1:
         raise BM25IndexError(f"{path}: 'corpus.rows' must be at least 1")
+    if vocabulary < 0:
+        raise BM25IndexError(f"{path}: 'vocabulary' must not be negative")
     first = 0
     for number, shard in enumerate(shards):
         if not isinstance(shard, dict):
