@@ -1,10 +1,10 @@
 """One Search-R1 step as plainly as possible: sample, parse, search, stitch, score, advantage,
 datum, update. Synchronous, one trajectory after another, no metrics, no retries, the seed's
 recipe only (mean-centred advantages, exact match, env-failure groups left out, one
-``forward_backward``, no KL). The production engine (:mod:`~searchr1.core.rollout`, concurrent and
-fault-tolerant, and :mod:`~searchr1.core.trainer`) is held to it: same sampler, search and seeds,
-same trajectories and datums (a property test checks it). ``# ALGORITHM`` marks a decision of
-Search-R1; ``# PLUMBING`` what only moves data."""
+``forward_backward``, no KL). The production engine (:mod:`~searchr1.core.rollout` and
+:mod:`~searchr1.core.trainer`) is held to it by a property test: same sampler, search and seeds,
+same trajectories and datums. ``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` what
+only moves data."""
 
 from __future__ import annotations
 
@@ -20,31 +20,29 @@ from searchr1.core.observation.tokens import plain_tokens
 from searchr1.core.protocol import (TurnKind, assistant_message, build_next_prompt, build_prompt, initial_messages,
                                     missing_closing, observation_tokens, parse_assistant, stop_sequences, tool_message)
 from searchr1.core.reward import extract_answer, score_answer
-from searchr1.core.rollout import RolloutConfig, sampling_seed
+from searchr1.core.rollout import RolloutConfig, read_sequence, sampling_seed
 from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, SearchExample, SearchRecord, SearchResult,
                                  Termination, Tokenizer, Trajectory)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pytrio is loaded when first used, as everywhere in the core
     from pytrio import SamplingClient, TrainingClient
     from pytrio.types import Datum
 
 Search = Callable[[str], SearchResult]  # one query in, one result out (synchronous)
 
 
-def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: int, seed: int, config: RolloutConfig) -> list[AssistantTurn] | None:
+def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: int, seed: int,
+           config: RolloutConfig) -> list[AssistantTurn] | None:
     """``n`` completions of ``prompt``, or None when the trajectory has no room left to generate."""
-    import pytrio as trio
-
+    from pytrio import ModelInput, SamplingParams
     max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))  # ALGORITHM: budgets
     if max_tokens <= 0:
         return None
-    params = trio.SamplingParams(max_tokens=max_tokens, seed=seed, stop=stop_sequences(tokenizer) or None,
-                                 temperature=config.temperature, top_p=config.top_p)
-    response = sampler.sample(prompt=trio.ModelInput.from_ints(prompt), num_samples=n, sampling_params=params,
+    params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=stop_sequences(tokenizer) or None,
+                            temperature=config.temperature, top_p=config.top_p)
+    response = sampler.sample(prompt=ModelInput.from_ints(prompt), num_samples=n, sampling_params=params,
                               return_text=True).result()
-    return [AssistantTurn(list(prompt), [int(t) for t in s.tokens], [float(x) for x in s.logprobs], s.text if s.text
-                          is not None else tokenizer.decode(list(s.tokens), skip_special_tokens=True),
-                          str(getattr(s, "stop_reason", "") or "")) for s in response.sequences]  # PLUMBING
+    return [AssistantTurn(list(prompt), *read_sequence(s, tokenizer)) for s in response.sequences]  # PLUMBING
 
 
 def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, search: Search, config: RolloutConfig) -> None:
@@ -74,14 +72,13 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
         return (len(plain_tokens(tokenizer, content)) <= config.max_tool_response_tokens
                 and len(observation_tokens(tokenizer, content)) <= room)
 
-    content, count = None, 0
-    while count < len(candidates) and fits("\n\n".join(candidates[: count + 1])):  # ALGORITHM: whole items
+    count = 0  # ALGORITHM: as many whole items as fit; if not even the first does, cut it (marked) or stop
+    while count < len(candidates) and fits("\n\n".join(candidates[: count + 1])):
         count += 1
-        content = "\n\n".join(candidates[:count])
-    truncated = False
-    if content is None and config.tool_overflow == "truncate":  # not even the first item fits: cut it, marked
+    content = "\n\n".join(candidates[:count]) if count else None
+    truncated = content is None and config.tool_overflow == "truncate"
+    if truncated:
         content = truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
-        truncated = content is not None
     if content is None:
         return t.finish(Termination.TOOL_OVERFLOW, parsed.text)
     call_id = f"search-{t.question_index}-{t.group_index}-{len(t.searches) + 1}"
@@ -101,31 +98,23 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
         messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
         group = [Trajectory(example, q, g, [dict(m) for m in messages]) for g in range(config.group_size)]
         trajectories += group
-        prompt = build_prompt(tokenizer, messages, tools=config.tools)
         # ALGORITHM: the first turn is ONE request with num_samples = group_size on the shared prompt;
         # every seed is a hash of (step, question, sample, turn), never a counter.
+        prompt = build_prompt(tokenizer, messages, tools=config.tools)
         first = sample(sampler, tokenizer, prompt, config.group_size, sampling_seed(config.seed, step, q, 0, 0), config)
-        if first is None:  # the prompt alone is over the budget
-            for t in group:
-                t.finish(Termination.PROMPT_TOO_LONG)
-            continue
-        for t, turn in zip(group, first):
-            step_trajectory(t, turn, tokenizer, search, config)
-            while not t.done:
-                assert t.next_prompt_tokens is not None
+        for t, turn in zip(group, first or [None] * len(group)):
+            while turn is not None and not t.done:  # one turn, then the next on the stitched prompt
+                step_trajectory(t, turn, tokenizer, search, config)
                 seed = sampling_seed(config.seed, step, q, t.group_index, len(t.turns))
-                turns = sample(sampler, tokenizer, t.next_prompt_tokens, 1, seed, config)
-                if turns is None:  # no room left to generate
-                    t.finish(Termination.TOKEN_BUDGET)
-                else:
-                    step_trajectory(t, turns[0], tokenizer, search, config)
+                turn = None if t.done else (sample(sampler, tokenizer, t.next_prompt_tokens or [], 1, seed, config) or [None])[0]
+            if not t.done:  # no room left to generate
+                t.finish(Termination.TOKEN_BUDGET if t.turns else Termination.PROMPT_TOO_LONG)
     return trajectories
 
 
 def score_and_rank(trajectories: list[Trajectory]) -> None:
-    """ALGORITHM: reward (exact match of an ``answer`` ending, else -0.1), then group-relative
-    advantages: reward minus the group mean; a group whose rewards are all equal, or that holds a
-    failed search, trains on nothing."""
+    """ALGORITHM: reward (exact match of an ``answer`` ending, else -0.1), then advantage = reward minus
+    the group mean; a group whose rewards are all equal, or with a failed search, trains on nothing."""
     for t in trajectories:
         t.score = score_answer(t.final_text, t.example.answers) if t.termination == Termination.ANSWER else NOT_ANSWERED
     for q in dict.fromkeys(t.question_index for t in trajectories):
@@ -143,7 +132,6 @@ def reference_datums(trajectories: list[Trajectory], vocab_size: int) -> list[Da
     one; the loss sees the policy's own tokens only (their advantage and sampler logprob; prompt and
     observation tokens carry 0)."""
     from pytrio.types import Datum, ModelInput, TensorData
-
     datums = []
     for t in trajectories:
         if t.excluded or t.advantage == 0.0 or not any(turn.completion_tokens for turn in t.turns):
@@ -164,18 +152,16 @@ def reference_datums(trajectories: list[Trajectory], vocab_size: int) -> list[Da
     return datums
 
 
-def reference_step(sampler: SamplingClient, training_client: TrainingClient, tokenizer: Tokenizer, search: Search, examples: Sequence[SearchExample],
-                   config: RolloutConfig, *, step: int, learning_rate: float,
+def reference_step(sampler: SamplingClient, training_client: TrainingClient, tokenizer: Tokenizer, search: Search,
+                   examples: Sequence[SearchExample], config: RolloutConfig, *, step: int, learning_rate: float,
                    betas: tuple[float, float] = (0.9, 0.95)) -> tuple[list[Trajectory], list[Datum], dict[str, float] | None]:
-    """One whole step; returns its trajectories, datums and the service's loss metrics (None when
-    no datum carried a signal and nothing was sent)."""
-    import pytrio as trio
-
+    """One whole step: its trajectories, datums and loss metrics (None when nothing was sent)."""
+    from pytrio import AdamParams
     trajectories = reference_rollout(sampler, tokenizer, search, examples, config, step=step)
     score_and_rank(trajectories)
     datums = reference_datums(trajectories, len(tokenizer))
-    if not datums:  # no group carried a signal: nothing to send
+    if not datums:
         return trajectories, datums, None
     output = training_client.forward_backward(datums, loss_fn="importance_sampling").result()  # ALGORITHM
-    training_client.optim_step(trio.AdamParams(learning_rate=learning_rate, beta1=betas[0], beta2=betas[1])).result()
+    training_client.optim_step(AdamParams(learning_rate=learning_rate, beta1=betas[0], beta2=betas[1])).result()
     return trajectories, datums, dict(output.metrics)
