@@ -222,12 +222,14 @@ def check_sampled_actions(samples: Sequence[PolicySample], ledger: SampleLedger,
                 e for e in matching
                 if (e.lineage == lineage or e.lineage == BASE_LINEAGE) and version - e.version <= max_staleness
             ]
-            if not fresh:
-                e = matching[0]
+            if not fresh:  # name this run's own newest sampler of the token when it has one
+                own = [e for e in matching if e.lineage in (lineage, BASE_LINEAGE)]
+                e = max(own, key=lambda entry: entry.version) if own else matching[0]
                 raise ProtocolViolation(
                     "stale_sampler",
                     f"{where} was sampled from weights version {e.version} of {e.lineage}; the run "
-                    f"({lineage}) is at version {version} and allows {max_staleness} step(s) of staleness",
+                    f"({lineage}) is at version {version} and allows {max_staleness} weight-changing "
+                    "optimiser step(s) of staleness",
                 )
 
 

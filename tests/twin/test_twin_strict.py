@@ -92,6 +92,24 @@ def test_samples_from_weights_older_than_allowed_fail_the_step(tmp_path, tokeniz
             assert twin.violations == []
 
 
+def test_a_stale_sample_is_named_by_its_own_runs_sampler_when_another_run_drew_it_too():
+    """A token whose logprob is the same under every weights (one the policy cannot but take) is
+    in the ledger from several runs; a run's stale datum is reported against that run's own
+    sampler, never against another run's newer one."""
+    from searchr1.twin.policy import PolicySample
+    from searchr1.twin.strict import ProtocolViolation, SampleLedger, check_sampled_actions
+
+    prompt, tokens, logprobs = [1, 2, 3], [4, 5], [-0.5, 0.0]
+    ledger = SampleLedger()
+    ledger.record(prompt, [(tokens, logprobs)], lineage="run-0001", version=12)
+    ledger.record(prompt, [(tokens, logprobs)], lineage="run-0002", version=0)
+    sample = PolicySample.from_arrays(prompt + tokens[:-1], [-100, -100] + tokens, logprobs=[0, 0] + logprobs,
+                                      advantages=[0, 0, 1.0, 1.0])
+    with pytest.raises(ProtocolViolation) as failed:
+        check_sampled_actions([sample], ledger, lineage="run-0002", version=4, max_staleness=3)
+    assert "version 0 of run-0002; the run (run-0002)" in str(failed.value)
+
+
 def test_a_step_that_leaves_the_weights_unchanged_does_not_age_a_sampler(tmp_path, tokenizer):
     with running_twin(tmp_path, tokenizer) as (twin, service):
         trainer = service.create_lora_training_client(MODEL, rank=8)
