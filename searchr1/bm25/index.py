@@ -720,9 +720,11 @@ class BM25Index:
 _BOUND_MARGIN = 1 + 1e-12
 # The floor comes from lists of at most this many entries (a partition of each).
 _FLOOR_POSTINGS = 4096
-# When the lists a top passage may come from hold more postings than a shard's rows over this,
-# they are summed into one array of the shard's rows rather than gathered into a sorted union.
-_DENSE_SHARE = 16
+# Looking the passages of the essential lists up in every list costs about this many times as much
+# per posting as summing all the lists into an array of the shard's rows (measured with numpy 2)...
+_LOOKUP_COST = 7
+# ...which costs besides about as much as looking up one posting per this many rows (allocating it).
+_ROWS_PER_LOOKUP = 250
 
 
 class Postings(NamedTuple):
@@ -742,10 +744,18 @@ def shard_query_top(shard: _Shard, ids: Sequence[int], k: int) -> list[tuple[int
     if not lists:
         return []
     essential = essential_lists(lists, score_floor(lists, k))
-    if sum(len(lists[j].rows) for j in essential) * _DENSE_SHARE > shard.rows:
+    if summing_is_cheaper(lists, essential, shard.rows):
         return dense_top(lists, shard.rows, k)
     candidates = union([lists[j].rows for j in essential])
     return ranked(candidates, scores_of(shard, lists, candidates), k)
+
+
+def summing_is_cheaper(lists: Sequence[Postings], essential: Sequence[int], shard_rows: int) -> bool:
+    """Whether summing every posting into an array of the shard's rows costs less than looking the
+    essential lists' passages up in every list (when the essential lists are long)."""
+    looked_up = sum(len(lists[j].rows) for j in essential)
+    summed = sum(len(postings.rows) for postings in lists)
+    return looked_up * _LOOKUP_COST > summed + shard_rows / _ROWS_PER_LOOKUP * _LOOKUP_COST
 
 
 def query_postings(shard: _Shard, ids: Sequence[int]) -> list[Postings]:
