@@ -713,18 +713,19 @@ class BM25Index:
 # entry of a list exceeds its largest, so a passage found only in lists whose largest entries sum
 # below a score k passages are known to reach cannot be among the k best (MaxScore, Turtle and
 # Flood 1995). The long lists of common terms are then only looked up (binary search) for the few
-# passages of the rarer terms' lists, never summed whole.
+# passages of the rarer terms' lists, never summed whole; each list's largest entry is one pass of
+# ``max`` over it, far cheaper.
 
 # A passage's bound adds a few float64 numbers in another order than its score does: this
 # relative margin covers that rounding many times over.
 _BOUND_MARGIN = 1 + 1e-12
 # The floor comes from lists of at most this many entries (a partition of each).
 _FLOOR_POSTINGS = 4096
-# Looking the passages of the essential lists up in every list costs about this many times as much
-# per posting as summing all the lists into an array of the shard's rows (measured with numpy 2)...
+# Looking a passage of the essential lists up in every list costs about this many times as much as
+# summing one posting into an array of the shard's rows (measured with numpy 2)...
 _LOOKUP_COST = 7
-# ...which costs besides about as much as looking up one posting per this many rows (allocating it).
-_ROWS_PER_LOOKUP = 250
+# ...and making that array costs about as much as summing one posting per this many of its rows.
+_ROWS_PER_POSTING = 32
 
 
 class Postings(NamedTuple):
@@ -755,7 +756,7 @@ def summing_is_cheaper(lists: Sequence[Postings], essential: Sequence[int], shar
     essential lists' passages up in every list (when the essential lists are long)."""
     looked_up = sum(len(lists[j].rows) for j in essential)
     summed = sum(len(postings.rows) for postings in lists)
-    return looked_up * _LOOKUP_COST > summed + shard_rows / _ROWS_PER_LOOKUP * _LOOKUP_COST
+    return looked_up * _LOOKUP_COST > summed + shard_rows / _ROWS_PER_POSTING
 
 
 def query_postings(shard: _Shard, ids: Sequence[int]) -> list[Postings]:
@@ -782,10 +783,10 @@ def score_floor(lists: Sequence[Postings], k: int) -> float:
 
 
 def essential_lists(lists: Sequence[Postings], floor: float) -> list[int]:
-    """The positions of the lists a top-``k`` passage must appear in at least one of: all but the
+    """The positions of the lists every passage that can rank is in at least one of: all but the
     most lists, taken by ascending largest entry, whose largest entries sum below the float32
-    number just under ``floor`` (a passage only in those scores below ``floor``, which ``k``
-    passages reach, so it can neither rank above them nor tie them)."""
+    number just under ``floor``. A passage only in those scores below ``floor``, which ``k``
+    passages reach, so it can neither rank above them nor tie them."""
     below = float(np.nextafter(np.float32(floor), np.float32(-np.inf)))
     bounds = [float(postings.weights.max()) for postings in lists]
     order = sorted(range(len(lists)), key=bounds.__getitem__)
