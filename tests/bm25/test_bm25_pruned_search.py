@@ -98,3 +98,18 @@ def test_a_whole_batch_and_one_query_at_a_time_give_the_same_hits(tmp_path, k):
     index = built(tmp_path, docs, shard=70)
     queries = [" ".join(rng.choice(COMMON + MIDDLE + RARE, size=int(rng.integers(1, 5)))) for _ in range(50)]
     assert index.search(queries, k) == [index.search([q], k)[0] for q in queries]
+
+
+def test_concurrent_readers_get_what_one_reader_gets(tmp_path):
+    """The search keeps no state between calls, so threads sharing one index (as `retriever serve`'s
+    do) each get the hits a lone caller gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(7)
+    docs = [list(rng.choice(POOL, size=int(rng.integers(1, 12)))) for _ in range(500)]
+    index = built(tmp_path, docs, shard=90)
+    batches = [[" ".join(rng.choice(COMMON + MIDDLE + RARE, size=int(rng.integers(1, 5)))) for _ in range(20)]
+               for _ in range(16)]
+    alone = [index.search(batch, 3) for batch in batches]
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda batch: index.search(batch, 3), batches * 4)) == alone * 4
