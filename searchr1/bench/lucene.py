@@ -30,6 +30,8 @@ from typing import Any
 from searchr1.bench.report import Figure, Measure
 
 PYSERINI = "pyserini==0.22.1"
+# Ours must answer a whole batch at least this much faster than Lucene (one query at a time: faster).
+BATCHED_SPEEDUP_TARGET = 1.2
 
 
 def bench_home() -> Path:
@@ -137,9 +139,12 @@ def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, 
         Measure("single_speedup", "queries/s one per call, ours / Lucene", lucene["single_seconds"] / ours_single,
                 target=1.0, comparator=">=", unit="x"),
         Measure("batched_speedup", "queries/s whole batch, ours / Lucene", lucene["batched_seconds"] / ours_batched,
-                target=1.0, comparator=">=", unit="x"),
+                target=BATCHED_SPEEDUP_TARGET, comparator=">=", unit="x", target_source="issue"),
         Measure("ours_single_qps", "ours, queries/s one per call", n / ours_single, unit="/s", digits=0),
         Measure("lucene_single_qps", "Lucene, queries/s one per call", n / lucene["single_seconds"], unit="/s", digits=0),
+        Measure("ours_batched_qps", "ours, queries/s whole batch", n / ours_batched, unit="/s", digits=0),
+        Measure("lucene_batched_qps", "Lucene, queries/s whole batch", n / lucene["batched_seconds"], unit="/s",
+                digits=0),
         Measure("lucene_build_passages_per_second", "Lucene index build, passages/s (1 thread)", count / lucene_build,
                 unit="/s", digits=0),
     ]

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -663,7 +663,9 @@ class BM25Index:
         _check_range(path["indices.npy"], indices, rows)
         docs = _Strings(path["docs.bin"], path["docs.offsets.npy"], rows)
         ids = _Strings(path["ids.bin"], path["ids.offsets.npy"], rows)
-        return _Shard(shard["first_row"], rows, data, indices, indptr, docs, ids)
+        # Plain arrays over the same mapped pages: a search slices them many times, and a memmap's
+        # slices cost more to make and to compute on.
+        return _Shard(shard["first_row"], rows, np.asarray(data), np.asarray(indices), np.asarray(indptr), docs, ids)
 
     def __len__(self) -> int:
         return self.rows
@@ -698,30 +700,152 @@ class BM25Index:
 
     @staticmethod
     def _shard_top(shard: _Shard, term_ids: Sequence[Sequence[int]], k: int) -> list[list[tuple[int, float]]]:
-        """The ``k`` best passages of ``shard`` for each query (its term ids): a passage's score is
-        the sum of its score-matrix entries for the query's terms (summed in float64, stored as
-        float32). Only passages that hold a query term are candidates: a passage appears at most
-        once per query term among the postings, so the best ``k * terms`` postings by their
-        passage's score hold the best ``k`` passages (ties at the threshold all kept)."""
-        best: list[list[tuple[int, float]]] = []
-        for ids in term_ids:
-            spans = [(int(shard.indptr[i]), int(shard.indptr[i + 1])) for i in ids]
-            spans = [(a, b) for a, b in spans if b > a]
-            if not spans:
-                best.append([])
-                continue
-            rows = np.concatenate([shard.indices[a:b] for a, b in spans])
-            weights = np.concatenate([shard.data[a:b] for a, b in spans])
-            dense = np.bincount(rows, weights=weights, minlength=shard.rows)
-            scores = dense[rows]
-            keep = k * len(spans)
-            if len(scores) > keep:
-                threshold = np.partition(scores, len(scores) - keep)[len(scores) - keep]
-                rows = rows[scores >= threshold]
-            touched = np.unique(rows)
-            best.append([(int(touched[i]), score)
-                         for i, score in top_rows(dense[touched].astype(np.float32), k)])
-        return best
+        """The ``k`` best passages of ``shard`` for each query (its term ids), best first (ties by
+        lower row): see :func:`shard_query_top`."""
+        return [shard_query_top(shard, ids, k) for ids in term_ids]
+
+
+# -- searching one shard ---------------------------------------------------------------------
+#
+# A passage's score is the sum of its score-matrix entries for the query's terms, added in float64
+# in the query's term order (a repeated term twice) and stored as float32; passages rank by that
+# float32 score, then lower row. The search scores only the passages that can reach the top k: no
+# entry of a list exceeds its largest, so a passage found only in lists whose largest entries sum
+# below a score k passages are known to reach cannot be among the k best (MaxScore, Turtle and
+# Flood 1995). The long lists of common terms are then only looked up (binary search) for the few
+# passages of the rarer terms' lists, never summed whole; each list's largest entry is one pass of
+# ``max`` over it, far cheaper.
+
+# A passage's bound adds a few float64 numbers in another order than its score does: this
+# relative margin covers that rounding many times over.
+_BOUND_MARGIN = 1 + 1e-12
+# The floor comes from lists of at most this many entries (a partition of each).
+_FLOOR_POSTINGS = 4096
+# Looking a passage of the essential lists up in every list costs about this many times as much as
+# summing one posting into an array of the shard's rows (measured with numpy 2)...
+_LOOKUP_COST = 7
+# ...and making that array costs about as much as summing one posting per this many of its rows.
+_ROWS_PER_POSTING = 32
+
+
+class Postings(NamedTuple):
+    """One query term's posting list in a shard: entries ``start`` onwards of the shard's arrays,
+    ``rows`` ascending (each once) and their float32 ``weights``."""
+
+    start: int
+    rows: np.ndarray
+    weights: np.ndarray
+
+
+def shard_query_top(shard: _Shard, ids: Sequence[int], k: int) -> list[tuple[int, float]]:
+    """The ``k`` best ``(row, score)`` of ``shard`` for one query's term ids, best first (equal
+    scores: lower row first); only passages that hold a query term. The same hits and scores as
+    summing every posting (:func:`dense_top`), with only the passages that can rank summed."""
+    lists = query_postings(shard, ids)
+    if not lists:
+        return []
+    essential = essential_lists(lists, score_floor(lists, k))
+    if summing_is_cheaper(lists, essential, shard.rows):
+        return dense_top(lists, shard.rows, k)
+    candidates = union([lists[j].rows for j in essential])
+    return ranked(candidates, scores_of(shard, lists, candidates), k)
+
+
+def summing_is_cheaper(lists: Sequence[Postings], essential: Sequence[int], shard_rows: int) -> bool:
+    """Whether summing every posting into an array of the shard's rows costs less than looking the
+    essential lists' passages up in every list (when the essential lists are long)."""
+    looked_up = sum(len(lists[j].rows) for j in essential)
+    summed = sum(len(postings.rows) for postings in lists)
+    return looked_up * _LOOKUP_COST > summed + shard_rows / _ROWS_PER_POSTING
+
+
+def query_postings(shard: _Shard, ids: Sequence[int]) -> list[Postings]:
+    """The posting lists of a query's terms in ``shard``, in the query's order (a repeated term
+    once per occurrence); terms no passage of the shard holds are left out."""
+    lists = []
+    for term in ids:
+        start, end = int(shard.indptr[term]), int(shard.indptr[term + 1])
+        if end > start:
+            lists.append(Postings(start, shard.indices[start:end], shard.data[start:end]))
+    return lists
+
+
+def score_floor(lists: Sequence[Postings], k: int) -> float:
+    """A float32 score that ``k`` passages are known to reach, 0.0 if none is known: the largest
+    ``k``-th best entry of a list (of at most ``_FLOOR_POSTINGS``). A passage's score is at least
+    any one of its entries (the others add to it, and rounding keeps the order)."""
+    floor = 0.0
+    for postings in lists:
+        size = len(postings.weights)
+        if k <= size <= _FLOOR_POSTINGS:
+            floor = max(floor, float(np.partition(postings.weights, size - k)[size - k]))
+    return floor
+
+
+def essential_lists(lists: Sequence[Postings], floor: float) -> list[int]:
+    """The positions of the lists every passage that can rank is in at least one of: all but the
+    most lists, taken by ascending largest entry, whose largest entries sum below the float32
+    number just under ``floor``. A passage only in those scores below ``floor``, which ``k``
+    passages reach, so it can neither rank above them nor tie them."""
+    below = float(np.nextafter(np.float32(floor), np.float32(-np.inf)))
+    bounds = [float(postings.weights.max()) for postings in lists]
+    order = sorted(range(len(lists)), key=bounds.__getitem__)
+    total, skipped = 0.0, 0
+    for position in order:
+        total += bounds[position]
+        if not total * _BOUND_MARGIN < below:  # written so that a NaN keeps the list
+            break
+        skipped += 1
+    return sorted(order[skipped:])
+
+
+def union(row_lists: Sequence[np.ndarray]) -> np.ndarray:
+    """The rows in any of ``row_lists`` (each ascending, no repeats), ascending, each once."""
+    return row_lists[0] if len(row_lists) == 1 else distinct(np.concatenate(row_lists))
+
+
+def distinct(rows: np.ndarray) -> np.ndarray:
+    """``rows`` ascending, each once (a sort: ``np.unique`` hashes first, many times slower on a
+    few thousand rows)."""
+    rows = np.sort(rows)
+    return rows[np.concatenate(([True], rows[1:] != rows[:-1]))]
+
+
+def scores_of(shard: _Shard, lists: Sequence[Postings], rows: np.ndarray) -> np.ndarray:
+    """The float64 scores of ``rows`` (ascending) over ``lists``: each list's entry for a row, 0.0
+    where it has none, added to 0.0 in the lists' order, the very additions (and so the very
+    roundings) that summing every posting into an array of the shard's rows makes."""
+    at = np.empty((len(lists), len(rows)), dtype=np.int64)
+    for number, postings in enumerate(lists):
+        at[number] = np.searchsorted(postings.rows, rows)
+    at += np.array([[p.start] for p in lists])
+    np.minimum(at, np.array([[p.start + len(p.rows) - 1] for p in lists]), out=at)
+    entries = np.where(shard.indices[at] == rows, shard.data[at], np.float32(0))
+    total = np.zeros(len(rows))
+    for row_of_entries in entries:
+        total += row_of_entries
+    return total
+
+
+def dense_top(lists: Sequence[Postings], shard_rows: int, k: int) -> list[tuple[int, float]]:
+    """The ``k`` best ``(row, score)`` by summing every posting into an array of the shard's rows.
+    A passage appears at most once per list, so the best ``k * lists`` postings by their
+    passage's score hold the best ``k`` passages (ties at the threshold all kept)."""
+    rows = np.concatenate([postings.rows for postings in lists])
+    weights = np.concatenate([postings.weights for postings in lists])
+    dense = np.bincount(rows, weights=weights, minlength=shard_rows)
+    scores = dense[rows]
+    keep = k * len(lists)
+    if len(scores) > keep:
+        threshold = np.partition(scores, len(scores) - keep)[len(scores) - keep]
+        rows = rows[scores >= threshold]
+    touched = distinct(rows)
+    return ranked(touched, dense[touched], k)
+
+
+def ranked(rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The ``k`` best of ``rows`` (ascending) by their float64 ``scores`` stored as float32."""
+    return [(int(rows[i]), score) for i, score in top_rows(scores.astype(np.float32), k)]
 
 
 def top_rows(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
