@@ -8,8 +8,8 @@ concurrent load on loopback (a child process; 16 clients each sending one query 
 its start-up time, its resident memory beyond the page cache (anonymous pages, bounded at 4 GB),
 p50 and p95 latency and requests per second. The corpus comes from :mod:`searchr1.bm25.synthetic` (Zipf-distributed
 pseudo-words, ~100 words per passage as wiki-18's), so the numbers are about the engine, not
-about Wikipedia's vocabulary. Run it with ``python cli.py bench --only 8`` (minutes, not part
-of the default run).
+about Wikipedia's vocabulary. Run it with ``python cli.py bench --only 8`` (not part of the
+default run; about 40 minutes on two cores at full size, most of it the corpus and the build).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     5  local CPU of one offline training step, ours and with the seed's observation fitting, by phase
     6  steps per hour with rollouts overlapping training
     7  steps to reward 0.8 on the offline world
-    8  BM25 of our own over 1M generated passages: build rate and memory, queries/s, serve latency
+    8  BM25 of our own over 21M generated passages (wiki-18's size): build rate and memory, queries/s, serve
     9  top-3 agreement and speed against Lucene BM25 (pyserini's Anserini; own set-up step)
     10 steps to reward 0.8 for each loss, KL penalty and dynamic sampling, and the KL's cost per step
     11 pytrio's CPU per sampling request with our loop idle and busy (why 5's wire costs 2x)
