@@ -139,6 +139,7 @@ class StepRecord:
     seed_client: float = 0.0
     seed_pieces: dict[str, float] = field(default_factory=dict)
     datums: float = 0.0
+    bench_main: float = 0.0  # the bench's own main-thread work inside the step (collections, checks)
     requests: int = 0
     turns: int = 0
 
@@ -224,7 +225,9 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         ``trajectories`` again."""
         cleared = time.thread_time()
         gc.collect()  # each replay starts on a collected heap: the garbage of the one before is not its cost
-        probe.current.local -= time.thread_time() - cleared  # the bench's own, no part of the step
+        own = time.thread_time() - cleared  # the bench's own, no part of the step
+        probe.current.local -= own
+        probe.current.bench_main += own
         probe.replaying = mode
         start = probe.meter.snapshot()  # type: ignore[union-attr]
         try:
@@ -235,7 +238,9 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         checked = time.thread_time()
         if fingerprint(again) != fingerprint(trajectories):
             raise AssertionError(f"figure 5: the {mode} replay rolled out different trajectories")
-        probe.current.local -= time.thread_time() - checked  # the bench's own check is no part of the step
+        own = time.thread_time() - checked  # the bench's own check is no part of the step
+        probe.current.local -= own
+        probe.current.bench_main += own
         return spent
 
     async def timed_rollout(sampler: Any, *args: Any, **kwargs: Any) -> Any:
@@ -359,7 +364,8 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
         return max(0.0, r.rollout_main - sum(r.pieces.values()))
 
     def main_outside(r: StepRecord) -> float:  # the trainer's bookkeeping and its pytrio calls
-        return max(0.0, r.roles.get("main", 0.0) - r.rollout_main - r.replay_main - r.seed_main - r.datums)
+        return max(0.0, r.roles.get("main", 0.0) - r.rollout_main - r.replay_main - r.seed_main - r.datums
+                   - r.bench_main)
 
     def client_outside(r: StepRecord) -> float:  # training calls and the sampler checkpoint
         return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client - r.seed_client)
