@@ -11,26 +11,28 @@ gradient of importance_sampling and their rows above can differ only through the
 mismatch. The substep rows train with ``--num-substeps 4`` at Adam lr 1.0 and beta1 0 (no
 momentum), 10 steps on each of 8 training seeds (the bench's seed and the 7 after it), and
 report the runs that reach the target, their mean steps to it, the mean reward of their last
-three steps and, beside ppo and cispo, the clipped fraction of their trained tokens. One row
-trains importance_sampling at the same settings with one update per step: all 8 of its runs
-learn, so what traps the others is the four updates per batch, not the learning rate.
+three steps and, beside ppo and cispo, the clipped fraction of their trained tokens (over all
+steps, and on the first step's later mini-batches, where the clip acts). One row trains
+importance_sampling at the same settings with one update per step: all 8 of its runs learn, so
+what traps the others is the four updates per batch, not the learning rate.
 
 What the rows show. In the first steps, in groups where no sample found both passages of a
 two-hop question, a wrong answer after the first hop (reward 0) beats a format failure (-0.1),
 so the advantages raise "answer after one hop" (0.44 at the base). Importance sampling raises it
-on each of the four mini-batches of a step; in the trapped runs it is at 0.98 or more within two
+on each of the four mini-batches of a step; in the trapped runs it is at 0.97 or more within two
 steps, the two-hop groups then all answer alike, their advantages are 0, and the run stays at
 the one-hop share of its batches (rewards 0.62-0.75). ppo zeroes the gradient of a token whose
 ratio has passed 1.2 in its advantage's direction: once the first update has raised that answer,
 the later mini-batches stop pushing it, the second search keeps some probability and most runs
 find it, a step later than importance sampling where that one is not trapped (the clip holds
 back right moves too: on the seeds importance sampling is trapped on, after the first step ppo
-searches the first hop with 0.46-0.74, importance sampling with 0.95-0.97). cispo caps the weight at 1.2 but never zeroes it, so it keeps pushing,
-less hard than importance sampling does. beta1 0 is what lets the clip act: with Adam's default
-0.9 a parameter whose gradient the clip zeroes still moves about 0.7 lr on the next update,
-carried by the momentum of the first, unclipped one; at lr 1 the three losses are then trapped
-on the same seeds. One seed is not enough: a run's course is settled by a few Adam steps on
-mini-batches of two questions, and single seeds show the losses in every order.
+searches the first hop with 0.46-0.74, importance sampling with 0.95-0.97). cispo caps the
+weight at 1.2 but never zeroes it, so it keeps pushing, less hard than importance sampling does.
+beta1 0 is what lets the clip act: with Adam's default 0.9 a parameter whose gradient the clip
+zeroes still moves about 0.7 lr on the next update, carried by the momentum of the first,
+unclipped one; at lr 1 the three losses are then trapped on the same seeds. One seed is not
+enough: a run's course is settled by a few Adam steps on mini-batches of two questions, and
+single seeds show the losses in every order.
 
 KL cost. On a twin that plays back figure 6's modelled service times (per sampling request and
 token, per trained token, optimiser step, weight save), a few steps with ``--kl-coef 0.05``
@@ -94,6 +96,7 @@ SUBSTEP_VARIANTS: dict[str, dict[str, Any]] = {
     for name, loss in (("is", "importance_sampling"), ("ppo", "ppo"), ("cispo", "cispo"))
 }
 SUBSTEP_VARIANTS["one_step_is"] = {"loss_fn": "importance_sampling", **SUBSTEP_ADAM}
+CLIPPING_ROWS = ("substeps_ppo", "substeps_cispo")
 _SUBSTEP_SETTING = f"lr {SUBSTEP_LEARNING_RATE:g}, beta1 {SUBSTEP_BETA1:g}"
 SUBSTEP_LABELS = {  # the loss first: the report's table cuts long labels
     "substeps_is": f"is, {SUBSTEPS} substeps, {_SUBSTEP_SETTING} (importance_sampling)",
@@ -187,6 +190,10 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
         if clipped:
             measures.append(Measure(f"clipped_{name}", "    clipped fraction of the trained tokens (mean over steps)",
                                     statistics.fmean(clipped), unit="share", digits=3))
+        first = [c for run in lines for c in first_step_clipped(run)[1:] if c is not None]
+        if first:  # where the clip acts: substep 0 is on-policy and clips nothing
+            measures.append(Measure(f"clipped_first_step_{name}", "    the same on the first step's later mini-batches",
+                                    statistics.fmean(first), unit="share", digits=3))
     figure = Figure(
         number=10, name="algorithms", title="Algorithm options on the offline world; the KL penalty's cost",
         measures=measures,
@@ -197,9 +204,8 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
                  "substep_reached": {name: [steps_to_reward(run) for run in lines] for name, lines in seeded.items()},
                  "substep_reward_curves": {name: [[m["reward/mean"] for m in run] for run in lines]
                                            for name, lines in seeded.items()},
-                 "substep_first_step_clipped": {
-                     name: [[run[0].get(f"health/clipped_fraction/substep_{index}") for index in range(SUBSTEPS)]
-                            for run in lines] for name, lines in seeded.items() if name != "one_step_is"},
+                 "substep_first_step_clipped": {name: [first_step_clipped(run) for run in lines]
+                                                for name, lines in seeded.items() if name in CLIPPING_ROWS},
                  "kl_policy_base": [m.get("kl/policy_base") for m in runs["kl"]],
                  "dynamic_questions_drawn": [m.get("dynamic/questions_drawn") for m in runs["dynamic"]]},
         notes=[f"{steps} steps of {size.get('questions', 8)} questions x {size.get('group', 8)} samples, Adam lr 0.2, "
@@ -226,3 +232,10 @@ def clipped_fraction(lines: list[dict[str, Any]]) -> float | None:
     does not clip)."""
     values = [float(m["health/clipped_fraction"]) for m in lines if "health/clipped_fraction" in m]
     return statistics.fmean(values) if values else None
+
+
+def first_step_clipped(lines: list[dict[str, Any]]) -> list[float | None]:
+    """The clipped fraction of each mini-batch of a run's first step (None where not logged)."""
+    if not lines:
+        return []
+    return [lines[0].get(f"health/clipped_fraction/substep_{index}") for index in range(SUBSTEPS)]
