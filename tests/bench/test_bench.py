@@ -155,7 +155,11 @@ def test_the_algorithm_figure_reports_steps_to_reward_for_every_option_and_the_k
     assert figure["figure"] == 10 and figure["target"] is not None and isinstance(figure["met"], bool)
     assert {f"steps_{name}" for name in ("defaults", "ppo", "cispo", "dro", "kl", "dynamic")} <= set(figure["measures"])
     substeps = ("substeps_is", "substeps_ppo", "substeps_cispo", "one_step_is")
-    assert {f"{kind}_{name}" for kind in ("steps", "final_reward") for name in substeps} <= set(figure["measures"])
+    kinds = ("reached", "steps", "final_reward")
+    assert {f"{kind}_{name}" for kind in kinds for name in substeps} <= set(figure["measures"])
+    seeds = figure["details"]["substep_seeds"]  # one run per training seed (--quick: one)
+    assert all(0 <= figure["measures"][f"reached_{name}"]["value"] <= len(seeds) for name in substeps)
+    assert all(len(figure["details"]["substep_reward_curves"][name]) == len(seeds) for name in substeps)
     assert {"clipped_substeps_ppo", "clipped_substeps_cispo"} <= set(figure["measures"])
     assert "clipped_substeps_is" not in figure["measures"]  # importance sampling clips nothing
     details = figure["details"]
