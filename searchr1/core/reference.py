@@ -105,8 +105,11 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
         for t, turn in zip(group, first or [None] * len(group)):
             while turn is not None and not t.done:  # one turn, then the next on the stitched prompt
                 step_trajectory(t, turn, tokenizer, search, config)
+                if t.done:
+                    break
+                assert t.next_prompt_tokens is not None  # a search stitched the next prompt
                 seed = sampling_seed(config.seed, step, q, t.group_index, len(t.turns))
-                turn = None if t.done else (sample(sampler, tokenizer, t.next_prompt_tokens or [], 1, seed, config) or [None])[0]
+                turn = (sample(sampler, tokenizer, t.next_prompt_tokens, 1, seed, config) or [None])[0]
             if not t.done:  # no room left to generate
                 t.finish(Termination.TOKEN_BUDGET if t.turns else Termination.PROMPT_TOO_LONG)
     return trajectories
