@@ -103,7 +103,7 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
         prompt = build_prompt(tokenizer, messages, tools=config.tools)
         first = sample(sampler, tokenizer, prompt, config.group_size, sampling_seed(config.seed, step, q, 0, 0), config)
         for t, turn in zip(group, first or [None] * len(group)):
-            while turn is not None and not t.done:  # one turn, then the next on the stitched prompt
+            while turn is not None:  # one turn, then the next on the stitched prompt
                 step_trajectory(t, turn, tokenizer, search, config)
                 if t.done:
                     break
