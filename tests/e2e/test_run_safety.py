@@ -372,11 +372,13 @@ def test_a_refused_pytrio_port_is_said_at_once_not_after_the_connect_timeout(tmp
 
 INTERRUPT_START = textwrap.dedent(
     """
-    import os, signal, sys
+    import signal, sys
     from searchr1.runtime import services
     def load_tokenizer(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the run is starting
-        signal.pause()
+        # Ctrl-C while the run is starting: raise_signal runs the handler before it returns
+        # (os.kill then pause could miss it: the signal may be handled only after pause began).
+        signal.raise_signal(signal.SIGINT)
+        raise AssertionError("the Ctrl-C was not delivered")
     services.load_tokenizer = load_tokenizer
     from searchr1.cli import main
     main(sys.argv[1:])
