@@ -374,6 +374,8 @@ INTERRUPT_START = textwrap.dedent(
     """
     import signal, sys
     from searchr1.runtime import services
+    # Python's own Ctrl-C handler, as in a terminal (a shell starts background jobs with SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     def load_tokenizer(*args, **kwargs):
         # Ctrl-C while the run is starting: raise_signal runs the handler before it returns
         # (os.kill then pause could miss it: the signal may be handled only after pause began).
