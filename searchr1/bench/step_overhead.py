@@ -143,6 +143,11 @@ class StepRecord:
     requests: int = 0
     turns: int = 0
 
+    def leave_out(self, seconds: float) -> None:
+        """Main-thread seconds the bench itself spent inside the step: no part of the step."""
+        self.local -= seconds
+        self.bench_main += seconds
+
     @property
     def in_memory(self) -> float:
         """The same step with the replayed rollout in place of the wire's."""
@@ -225,9 +230,7 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         ``trajectories`` again."""
         cleared = time.thread_time()
         gc.collect()  # each replay starts on a collected heap: the garbage of the one before is not its cost
-        own = time.thread_time() - cleared  # the bench's own, no part of the step
-        probe.current.local -= own
-        probe.current.bench_main += own
+        probe.current.leave_out(time.thread_time() - cleared)
         probe.replaying = mode
         start = probe.meter.snapshot()  # type: ignore[union-attr]
         try:
@@ -238,9 +241,7 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         checked = time.thread_time()
         if fingerprint(again) != fingerprint(trajectories):
             raise AssertionError(f"figure 5: the {mode} replay rolled out different trajectories")
-        own = time.thread_time() - checked  # the bench's own check is no part of the step
-        probe.current.local -= own
-        probe.current.bench_main += own
+        probe.current.leave_out(time.thread_time() - checked)
         return spent
 
     async def timed_rollout(sampler: Any, *args: Any, **kwargs: Any) -> Any:

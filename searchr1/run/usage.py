@@ -57,6 +57,13 @@ class Billing(enum.Enum):
 BACKEND_BILLING = {"deepseek": Billing.TOKENS, "zhihu": Billing.QUOTA, "wikipedia": Billing.HTTP_REQUESTS}
 
 
+def add_counts(target: SearchUsage | Usage, other: SearchUsage | Usage, *, leave_out: tuple[str, ...] = ()) -> None:
+    """Add every count field of the dataclass ``other`` into ``target`` (same class), but ``leave_out``."""
+    for f in fields(target):
+        if f.name not in leave_out:
+            setattr(target, f.name, getattr(target, f.name) + getattr(other, f.name))
+
+
 @dataclass
 class SearchUsage:
     """One backend's searches."""
@@ -71,8 +78,7 @@ class SearchUsage:
     http_requests: int = 0
 
     def add(self, other: SearchUsage) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        add_counts(self, other)
 
     def kinds(self, backend: str) -> dict[str, int]:
         """``search_<backend>_<unit>`` -> count, the units ``backend`` bills by."""
@@ -107,9 +113,7 @@ class Usage:
 
     def add(self, other: Usage) -> Usage:
         """Add ``other`` into this one; returns self."""
-        for f in fields(self):
-            if f.name != "search":
-                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        add_counts(self, other, leave_out=("search",))
         for backend, searched in other.search.items():
             self.search.setdefault(backend, SearchUsage()).add(searched)
         return self
