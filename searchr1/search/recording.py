@@ -11,6 +11,10 @@ in-process fake services). Requests are recorded exactly as the client sends the
   (vcrpy's ``filter_sensitive_data``: bodies, URLs, echoes in responses), and personal values
   such as the Wikipedia contact (an e-mail in the User-Agent) by their own placeholder
   (``<CONTACT>``), the same way;
+- the version of every library named in the ``User-Agent`` (``httpx/0.28`` after the client's
+  own ``searchr1/<version>``) is stored as ``<version>``: the live request carries the installed
+  library's real version, as Wikimedia's policy asks, and the cassette stays the same whatever
+  release is installed;
 - ``Set-Cookie`` response headers are dropped; compressed bodies are stored decoded, unless
   the caller keeps them compressed (the cassette builder does, so that replay exercises the
   client's gzip handling; they are then stored as YAML ``!!binary``).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,6 +44,7 @@ from vcr.persisters.filesystem import CassetteNotFoundError
 from vcr.serialize import serialize
 from vcr.serializers import yamlserializer
 
+from searchr1.search.base import CLIENT_PRODUCT
 from searchr1.search.secrets import Secret, redact_url, secret_forms
 
 SECRET_REQUEST_HEADERS = (
@@ -51,6 +57,9 @@ SECRET_REQUEST_HEADERS = (
 SECRET_QUERY_PARAMETERS = ("key", "api_key", "apikey", "token", "access_token")
 DROPPED_RESPONSE_HEADERS = ("set-cookie",)
 RECORD_MATCH_ON = ("method", "scheme", "host", "port", "path", "query", "body")
+# A product token of RFC 9110's User-Agent grammar: ``name/version``, outside a comment.
+PRODUCT_TOKEN = re.compile(r"(?<![^\s])([!#$%&'*+.^_`|~0-9A-Za-z-]+)/([^\s()]+)")
+VERSION_PLACEHOLDER = "<version>"
 
 
 class SecretLeakError(RuntimeError):
@@ -99,10 +108,36 @@ def placeholders(secrets: Sequence[Secret], private: Mapping[str, Secret]) -> li
     return sorted(pairs, key=lambda pair: (-len(pair[1]), pair))
 
 
-def _strip_url_credentials(request: Any) -> Any:
+def unversioned_user_agent(agent: str) -> str:
+    """``agent`` with every library's version replaced by ``<version>``; the client's own product
+    token (``searchr1/<version>``, this checkout's version) and the comments in parentheses are
+    kept as sent."""
+    own_name = CLIENT_PRODUCT.split("/", 1)[0]
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return match.group(0) if name == own_name else f"{name}/{VERSION_PLACEHOLDER}"
+
+    parts, depth = [], 0
+    for part in re.split(r"([()])", agent):
+        if part == "(":
+            depth += 1
+        elif part == ")":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            part = PRODUCT_TOKEN.sub(replace, part)
+        parts.append(part)
+    return "".join(parts)
+
+
+def _normalise_request(request: Any) -> Any:
     """The request as recorded: its URI without userinfo or credential parameters (httpx sends
-    userinfo as an Authorization header, which is dropped too)."""
+    userinfo as an Authorization header, which is dropped too), and its User-Agent without the
+    installed libraries' versions (:func:`unversioned_user_agent`)."""
     request.uri = redact_url(request.uri)
+    agent = request.headers.get("User-Agent")
+    if isinstance(agent, str):
+        request.headers["User-Agent"] = unversioned_user_agent(agent)
     return request
 
 
@@ -140,7 +175,7 @@ def recorder(
     persister: _FreshFilePersister | None = None,
 ) -> vcr.VCR:
     tape = vcr.VCR(
-        before_record_request=_strip_url_credentials,
+        before_record_request=_normalise_request,
         serializer="yaml",
         record_mode="all",
         match_on=RECORD_MATCH_ON,

@@ -9,6 +9,8 @@ import time
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from click.testing import CliRunner
 
 from searchr1.cli import main
@@ -418,3 +420,49 @@ def test_record_command_records_a_dataset_through_the_real_client(tmp_path, monk
             return [await replayed.search(q) for q in questions[:2]]
 
     assert [r.items[0].content for r in asyncio.run(replay())] == questions[:2]
+
+
+# ----------------------------------------------------------------------------- installed versions
+
+library_versions = st.from_regex(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc|\.dev|\.post)[0-9]{1,3})?(\+[a-z0-9.]{1,8})?",
+                                 fullmatch=True)
+
+
+@pytest.mark.slow
+@settings(max_examples=3, deadline=None, phases=[Phase.generate],  # a failure is clear without shrinking
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(version=library_versions)
+def test_generated_files_do_not_depend_on_the_installed_httpx(version, monkeypatch):
+    """Whatever httpx release is installed (its reported version drawn at random), the live client
+    sends that version in its User-Agent and the shipped cassettes and offline files still check
+    clean: the version never reaches a generated file."""
+    from searchr1.search.wikipedia import user_agent
+
+    monkeypatch.setattr(httpx, "__version__", version)
+    assert user_agent(None).endswith(" httpx/" + ".".join(version.split(".")[:2]))
+    outcome = CliRunner().invoke(main, ["offline-data", "--check"])
+    assert outcome.exit_code == 0, outcome.output
+    report = build_cassettes(check=True)
+    assert report.clean, f"stale under httpx {version}: {report.differing}"
+
+
+product_names = st.from_regex(r"[A-Za-z][A-Za-z0-9._-]{0,11}", fullmatch=True).filter(lambda n: n != "searchr1")
+versions = st.from_regex(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,11}", fullmatch=True)
+comments = st.text(st.characters(blacklist_characters="()", blacklist_categories=("Cs",)), max_size=30)
+
+
+@given(products=st.lists(st.tuples(product_names, versions, versions), max_size=4), comment=comments,
+       own=versions)
+def test_a_recorded_user_agent_keeps_names_and_comment_and_drops_library_versions(products, comment, own):
+    """Two User-Agents that differ only in their libraries' versions are recorded alike; the
+    client's own version, every product name and the comment are recorded as sent."""
+    from searchr1.search.recording import VERSION_PLACEHOLDER, unversioned_user_agent
+
+    def agent(which: int) -> str:
+        tokens = " ".join(f"{name}/{pair[which]}" for name, *pair in products)
+        return f"searchr1/{own} ({comment}) {tokens}".rstrip()
+
+    first, second = unversioned_user_agent(agent(0)), unversioned_user_agent(agent(1))
+    assert first == second
+    assert first.startswith(f"searchr1/{own} ({comment})")
+    assert first.split(f"({comment})", 1)[1].split() == [f"{name}/{VERSION_PLACEHOLDER}" for name, *_ in products]
