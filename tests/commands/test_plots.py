@@ -553,6 +553,13 @@ def test_cli_plot_run_says_which_metric_it_left_out_for_being_constant(tmp_path)
     assert "note: search/success_rate is 1 at every step; left out" in result.output
 
 
+def span_centre(patch) -> float:
+    """The middle, in data x, of a patch drawn by ``axvspan`` (a ``Rectangle`` from matplotlib 3.9,
+    a ``Polygon`` before): its outline's x extent in the coordinates of its own transform."""
+    xs = patch.get_patch_transform().transform(patch.get_path().vertices)[:, 0]
+    return (xs.min() + xs.max()) / 2
+
+
 @pytest.mark.parametrize("points", [4, 12])  # drawn as a plain line, and as dots under a smoothed line
 def test_steps_without_a_value_are_shaded_and_no_line_crosses_them(points):
     rows = [{"step": s, "reward/mean": 0.5, "trainer/loss_mean": 0.01 * s} for s in range(points)]
@@ -562,7 +569,7 @@ def test_steps_without_a_value_are_shaded_and_no_line_crosses_them(points):
     fig, _ = plots.run_figure(rows, ["reward/mean", "trainer/loss_mean"])
     reward, loss = fig.axes
     assert reward.get_xlim() == loss.get_xlim() == (-0.5, points - 0.5)  # every panel over the same steps
-    shaded = sorted((p.get_x() + p.get_width() / 2) for p in loss.patches)
+    shaded = sorted(span_centre(p) for p in loss.patches)
     assert shaded == pytest.approx(sorted(gap))
     for line in loss.get_lines():
         if line.get_linestyle() == "None":
