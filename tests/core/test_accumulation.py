@@ -183,7 +183,10 @@ def test_chunks_reduced_with_global_totals_add_up_to_the_whole_call(datums, data
             loss_and_grad(weights, p, vocab_size=VOCAB_SIZE, reduction=reduction, totals=totals)
             for p in pieces
         ]
-        assert np.allclose(sum(p.grad for p in parts), whole.grad, rtol=1e-10, atol=1e-14)
+        # Terms of either sum can be far larger than the result (importance ratios of e^17); the
+        # order of additions then moves the result by rounding of the largest term, no more.
+        largest = max(float(np.abs(p.grad).max()) for p in parts)
+        assert np.allclose(sum(p.grad for p in parts), whole.grad, rtol=1e-10, atol=1e-14 + 1e-12 * largest)
         assert sum(p.loss for p in parts) == pytest.approx(whole.loss, rel=1e-10, abs=1e-14)
 
 
