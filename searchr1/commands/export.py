@@ -1,13 +1,16 @@
 """``python cli.py export CHECKPOINT --out DIR``: download a checkpoint's sampler weights with
 pytrio's ``RestClient.download_checkpoint`` (resumable: an interrupted download continues where
-it stopped when the command is run again), extract them safely (:mod:`searchr1.export.extract`)
-and, when they are a PEFT LoRA adapter, check it, write a model card and print how to serve it
-(:mod:`searchr1.export.adapter`)."""
+it stopped when the command is run again), or take an archive already downloaded
+(``--from-archive``); extract it safely (:mod:`searchr1.export.extract`); convert the Tinker-format
+LoRA inside into what PEFT or vLLM loads (:mod:`searchr1.export.convert`), check it against the
+base model's config (:mod:`searchr1.export.qwen35`), optionally merge it into a local base model
+(:mod:`searchr1.export.merge`); write a model card and print the commands that load it."""
 
 from __future__ import annotations
 
 import contextlib
 import re
+import shlex
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,8 +20,11 @@ from typing import Any
 import click
 
 from searchr1.commands.options import connect_timeout_option, run_guarded
+from searchr1.export.convert import ExportFormat, Layout, RawAdapter
+from searchr1.export.qwen35 import Qwen35Text
 
 DOWNLOADS = ".download"
+DEFAULT_BASE = "Qwen/Qwen3.5-4B"
 EVAL_RESULTS = Path("eval_result")
 
 
@@ -116,9 +122,20 @@ def _matching_evals(paths: tuple[Path, ...], weights_path: str) -> list[tuple[st
 
 
 @click.command("export")
-@click.argument("checkpoint", metavar="RUN_DIR|CHECKPOINT_PATH")
+@click.argument("checkpoint", metavar="[RUN_DIR|CHECKPOINT_PATH]", required=False)
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write the adapter, its model card and nothing else into.")
+@click.option("--from-archive", "from_archive", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Convert this downloaded checkpoint archive (a .tar from the trio/tinker CLI "
+                                 "or a browser) instead of downloading one; needs no service.")
+@click.option("--format", "export_format", type=click.Choice([f.value for f in ExportFormat]), default="peft",
+              show_default=True, help="peft: for transformers + PEFT (no tensor dropped); vllm: for vLLM's "
+                                      "Qwen3.5 loader (the published checkpoint's module names).")
+@click.option("--base", "base", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A local copy of the base model (its config.json gives the shapes and the layout) "
+                   "[default: the shipped Qwen3.5-4B config, loaded as Qwen3_5ForCausalLM].")
+@click.option("--merge", is_flag=True, help="Also write full merged weights into OUT/merged (needs --base "
+                                            "with the base model's safetensors).")
 @click.option("--offline", is_flag=True, help="A checkpoint path of the offline twin (with --offline-home).")
 @click.option("--offline-home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The twin's checkpoint store of an offline checkpoint path (runs/<run>/twin).")
@@ -129,34 +146,81 @@ def _matching_evals(paths: tuple[Path, ...], weights_path: str) -> list[tuple[st
               help="Refuse an archive whose members add up to more than this (and any one member over it) "
                    "[default: 64 GiB a member, 128 GiB in all].")
 @connect_timeout_option()
-def export(checkpoint: str, out: Path, offline: bool, offline_home: Path | None, evals: tuple[Path, ...],
-           max_bytes: int | None, connect_timeout: float | None) -> None:
-    """Download a checkpoint's sampler weights and take them home as a PEFT LoRA adapter.
+def export(checkpoint: str | None, out: Path, from_archive: Path | None, export_format: str, base: Path | None,
+           merge: bool, offline: bool, offline_home: Path | None, evals: tuple[Path, ...], max_bytes: int | None,
+           connect_timeout: float | None) -> None:
+    """Take a checkpoint's LoRA home: a PEFT adapter (or vLLM's), checked against the base model.
 
     \b
     python cli.py export runs/<run-name> --out exported/<run-name>
-    python cli.py export trio://…-weights --out exported/x
-    python cli.py export trio://twin/run-0001/weights/<name> --offline --offline-home runs/<run>/twin --out x
+    python cli.py export trio://…-weights --out exported/x --format vllm
+    python cli.py export --from-archive weights.tar --base ./Qwen3.5-4B --out exported/x --merge
 
     Rerun the same command after an interruption: the download resumes. An archive with any
     unsafe member (absolute path, .., a link out, a device, over the size cap) is not
-    extracted; each refusal is one line.
+    extracted; each refusal is one line. The Tinker-format archive is converted: split
+    linear-attention projections folded into in_proj_qkv, unembed_tokens as lm_head.
     """
-    run_guarded(lambda: _export(checkpoint, out, offline, offline_home, evals, max_bytes, connect_timeout))
+    run_guarded(lambda: _export(checkpoint, out, from_archive, ExportFormat(export_format), base, merge, offline,
+                                offline_home, evals, max_bytes, connect_timeout))
 
 
-def _export(checkpoint: str, out: Path, offline: bool, offline_home: Path | None, evals: tuple[Path, ...],
-            max_bytes: int | None, connect_timeout: float | None) -> None:
-    from searchr1.export.adapter import CARD_FILE, find_adapter, load_adapter, model_card, serve_commands
-    from searchr1.export.extract import ArchiveError, ExtractLimits, list_members, safe_extract
-    from searchr1.run.fileio import check_writable, write_text_atomically
+def _check_flags(checkpoint: str | None, from_archive: Path | None, base: Path | None, merge: bool,
+                 offline: bool, offline_home: Path | None) -> Qwen35Text | None:
+    """Every flag problem at once, before any download; the base model's dims when --base is given."""
+    from searchr1.export.qwen35 import ConfigError, read_config
 
-    source = resolve_source(checkpoint, offline=offline, offline_home=offline_home)
-    check_writable(out / CARD_FILE, "export folder", click.ClickException)
-    name = source.path.rstrip("/").rsplit("/", 1)[-1]
-    download = out / DOWNLOADS / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.tar"
+    problems: list[str] = []
+    if (checkpoint is None) == (from_archive is None):
+        problems.append("give a RUN_DIR or CHECKPOINT_PATH, or --from-archive FILE (one of them)")
+    if from_archive is not None and (offline or offline_home is not None):
+        problems.append("--offline and --offline-home name a twin checkpoint; --from-archive needs neither")
+    if merge and base is None:
+        problems.append("--merge needs --base DIR, the local base model to merge into")
+    dims = None
+    if base is not None:
+        try:
+            dims = read_config(base)
+        except ConfigError as error:
+            problems.append(f"--base: {error}")
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    return dims
+
+
+def _shapes_of(raw: RawAdapter, base_dims: Qwen35Text | None, base_model: str) -> tuple[Qwen35Text, str]:
+    """The dims the adapter's shapes are checked against, and where they come from."""
+    import json
+
+    from searchr1.export.qwen35 import QWEN35_4B, ConfigError, text_dims
+
+    if raw.metadata.get("stand_in") == "true":
+        try:
+            config = json.loads(raw.metadata["stand_in_config"])
+            return text_dims(config, "the offline twin's stand-in config"), "the offline twin's stand-in Qwen3.5 config"
+        except (KeyError, json.JSONDecodeError, ConfigError) as error:
+            raise click.ClickException(f"adapter_model.safetensors: stand-in metadata without a usable config "
+                                       f"({error})") from None
+    if base_dims is not None:
+        return base_dims, base_dims.source
+    if base_model == DEFAULT_BASE:
+        return QWEN35_4B, f"the shipped {DEFAULT_BASE} config ({QWEN35_4B.source.rsplit('/', 1)[-1]})"
+    raise click.ClickException(f"no shapes known for {base_model}: pass --base DIR, a folder with its config.json")
+
+
+def _layout(export_format: ExportFormat, base: Path | None) -> Layout:
+    from searchr1.export.qwen35 import is_vision_language
+
+    if export_format is ExportFormat.VLLM or (base is not None and is_vision_language(base)):
+        return Layout.VISION_LANGUAGE
+    return Layout.CAUSAL_LM
+
+
+def _download(source: Source, out: Path, connect_timeout: float | None) -> Path:
     from pytrio import PyTrioError
 
+    name = source.path.rstrip("/").rsplit("/", 1)[-1]
+    download = out / DOWNLOADS / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.tar"
     with _service(source, connect_timeout) as service:
         rest = service.create_rest_client()
         try:
@@ -169,51 +233,120 @@ def _export(checkpoint: str, out: Path, offline: bool, offline_home: Path | None
                                        "command to resume") from None
     resumed = f", resumed after {partial} bytes" if result.resumed and partial else ""
     click.echo(f"downloaded {source.path}: {result.file_size_bytes} bytes{resumed}", err=True)
+    return download
+
+
+def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export_format: ExportFormat,
+            base: Path | None, merge: bool, offline: bool, offline_home: Path | None, evals: tuple[Path, ...],
+            max_bytes: int | None, connect_timeout: float | None) -> None:
+    import shutil
+
+    from searchr1.export.adapter import CARD_FILE, check_adapter, find_adapter, model_card, use_commands
+    from searchr1.export.convert import ConversionError, convert, read_raw_adapter, write_converted
+    from searchr1.export.extract import ArchiveError, ExtractLimits, list_members, safe_extract
+    from searchr1.run.fileio import check_writable, write_text_atomically
+
+    base_dims = _check_flags(checkpoint, from_archive, base, merge, offline, offline_home)
+    if from_archive is not None:
+        source = Source(str(from_archive), False, None, "learning", None, _step_of(from_archive.name))
+    else:
+        assert checkpoint is not None
+        source = resolve_source(checkpoint, offline=offline, offline_home=offline_home)
+    check_writable(out / CARD_FILE, "export folder", click.ClickException)
+    out.mkdir(parents=True, exist_ok=True)
+    archive = from_archive if from_archive is not None else _download(source, out, connect_timeout)
     limits = ExtractLimits() if max_bytes is None else ExtractLimits(max_member_bytes=max_bytes, max_total_bytes=max_bytes)
     with tempfile.TemporaryDirectory(prefix=".extract-", dir=out) as temporary:
         scratch = Path(temporary) / "archive"
         try:
-            refused = safe_extract(download, scratch, limits)
+            refused = safe_extract(archive, scratch, limits)
         except ArchiveError as error:
             raise click.ClickException(str(error)) from None
         if refused:
             for line in refused:
                 click.echo(f"refused: {line}", err=True)
-            raise click.ClickException(f"{download}: {len(refused)} unsafe member(s); nothing extracted")
-        for item in sorted(scratch.iterdir()):
-            target = out / item.name
-            if target.is_dir() and not target.is_symlink():
-                import shutil
-
-                shutil.rmtree(target)
-            item.replace(target)
-    members = list_members(download)
-    download.unlink()
-    with contextlib.suppress(OSError):
-        download.parent.rmdir()  # only when empty
-    folder = find_adapter(out)
-    if folder is None:
-        click.echo(f"{out}: not a PEFT LoRA adapter (no {', '.join(('adapter_config.json', 'adapter_model.safetensors'))}); "
-                   "the archive holds:")
-        for member in members:
-            click.echo(f"  {member.kind:<5}{member.size:>12}  {member.name}")
-        return
-    run = source.run_config or {}
-    adapter = load_adapter(folder, expected_rank=run.get("lora_rank"), expected_base=run.get("base_model"))
+            raise click.ClickException(f"{archive}: {len(refused)} unsafe member(s); nothing extracted")
+        members = list_members(archive)
+        folder = find_adapter(scratch)
+        if folder is None:
+            for item in sorted(scratch.iterdir()):
+                target = out / item.name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                item.replace(target)
+            _drop_download(archive, from_archive)
+            click.echo(f"{out}: not a LoRA adapter (no adapter_config.json with adapter_model.safetensors); "
+                       "the archive holds:")
+            for member in members:
+                click.echo(f"  {member.kind:<5}{member.size:>12}  {member.name}")
+            return
+        run = source.run_config or {}
+        try:
+            raw = read_raw_adapter(folder)
+            if run.get("lora_rank") is not None and raw.rank != run["lora_rank"]:
+                raise ConversionError(f"adapter_config.json: r {raw.rank}, but the run trained LoRA rank "
+                                      f"{run['lora_rank']}")
+            named = raw.config.get("base_model_name_or_path")
+            if run.get("base_model") and isinstance(named, str) and named and named != run["base_model"]:
+                raise ConversionError(f"adapter_config.json: base model {named!r}, but the run trained "
+                                      f"{run['base_model']!r}")
+            base_model = str(run.get("base_model") or named or DEFAULT_BASE)
+            dims, shape_source = _shapes_of(raw, base_dims, base_model)
+            layout = _layout(export_format, base)
+            converted = convert(raw, dims, export_format=export_format, layout=layout, base_model=base_model)
+        except ConversionError as error:
+            raise click.ClickException(f"invalid adapter: {error}") from None
+        readme = folder / CARD_FILE
+        archive_readme = readme.read_text("utf-8", errors="replace") if readme.is_file() else None
+        write_converted(converted, out, {"format": "pt", "producer": "searchr1 export",
+                                         **{k: v for k, v in raw.metadata.items() if k in ("stand_in", "note")}})
+    _drop_download(archive, from_archive)
+    adapter = check_adapter(out, dims, converted.layout)
     if adapter.problems:
         for line in adapter.problems:
             click.echo(f"invalid adapter: {line}", err=True)
-        raise click.ClickException(f"{folder} is not a valid LoRA adapter ({len(adapter.problems)} problem(s))")
-    commands = serve_commands(folder, adapter)
+        raise click.ClickException(f"{out}: the converted adapter does not fit {base_model} "
+                                   f"({len(adapter.problems)} problem(s))")
+    reference = str(base) if base is not None else base_model
+    commands = use_commands(out, adapter, export_format, converted.layout, base=reference)
+    merged = None
+    if merge:
+        from searchr1.export.merge import merge_into
+
+        assert base is not None
+        try:
+            merged = merge_into(base, converted, out / "merged")
+        except ConversionError as error:
+            raise click.ClickException(f"--merge: {error}") from None
+        commands.append(f"vllm serve {shlex.quote(str(merged.folder))}")
+    stand_in = raw.metadata.get("note") if raw.metadata.get("stand_in") == "true" else None
     card = model_card(adapter, checkpoint=source.path, run_config=source.run_config, step=source.step,
-                      evals=_matching_evals(evals, source.path), commands=commands)
-    write_text_atomically(folder / CARD_FILE, card)
-    click.echo(f"LoRA adapter for {adapter.base_model}, rank {adapter.rank}, {len(adapter.shapes)} tensors on "
-               f"{', '.join(adapter.target_modules)} (shapes checked against {adapter.shape_source}) -> {folder}")
-    if adapter.stand_in:
-        click.secho(f"OFFLINE: {adapter.metadata.get('note')}", fg="yellow")
-    click.echo(f"model card: {folder / CARD_FILE}")
-    click.echo("serve with vLLM:")
+                      evals=_matching_evals(evals, source.path), commands=commands, shape_source=shape_source,
+                      stand_in_note=stand_in, archive_readme=archive_readme)
+    write_text_atomically(out / CARD_FILE, card)
+    folded = f", in_proj_q/k/v folded into in_proj_qkv in {converted.folded_layers} layers" if converted.folded_layers else ""
+    head = ", unembed_tokens as lm_head" if converted.has_unembed else ""
+    click.echo(f"{export_format.value} LoRA adapter for {base_model}, rank {adapter.rank}, {len(adapter.shapes)} tensors "
+               f"on {', '.join(adapter.target_modules)}{folded}{head} -> {out}")
+    click.echo(f"shapes checked against {shape_source}; module names for {converted.layout.value}"
+               + ("" if base is not None or export_format is ExportFormat.VLLM else
+                  " (assumed: what AutoModelForCausalLM builds; --base DIR follows a local model)"))
+    if stand_in:
+        click.secho(f"OFFLINE: {stand_in}", fg="yellow")
+    if merged is not None:
+        click.echo(f"merged weights ({merged.merged} modules{', lm_head untied from the embeddings' if merged.untied else ''})"
+                   f" -> {merged.folder}")
+    click.echo(f"model card: {out / CARD_FILE}")
+    click.echo("serve with vLLM:" if export_format is ExportFormat.VLLM else "load with transformers + PEFT:")
     click.echo(f"  {commands[0]}")
-    click.echo("load with transformers + PEFT:")
-    click.echo(f"  {commands[1]}")
+    if merged is not None:
+        click.echo("serve the merged weights:")
+        click.echo(f"  {commands[-1]}")
+
+
+def _drop_download(archive: Path, from_archive: Path | None) -> None:
+    """Remove a finished download (never the user's own archive)."""
+    if from_archive is None:
+        archive.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            archive.parent.rmdir()  # only when empty

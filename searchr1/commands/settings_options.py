@@ -129,7 +129,9 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
     elif value is not None:
         common["show_default"] = True
     if base is bool:
-        return click.option(*names, is_flag=True, default=bool(value), help=text, cls=SectionOption,
+        # A setting on by default can be turned off: --name/--no-name.
+        switch = (f"{flag}/--no-{flag.removeprefix('--')}", *rule.aliases, param_name(flag)) if value else names
+        return click.option(*switch, is_flag=True, default=bool(value), help=text, cls=SectionOption,
                             section=rule.group or section)
     if rule.choices is not None:
         kind: Any = click.Choice(rule.choices)

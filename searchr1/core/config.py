@@ -49,6 +49,8 @@ class TrainConfig:
                             help="Also the checkpoint name prefix.")
     base_model: str = setting("Qwen/Qwen3.5-4B", group="run", help="The model trained (LoRA on it) and sampled.")
     lora_rank: int = setting(32, at_least=4, at_most=64, help="LoRA rank.")
+    train_unembed: bool = setting(True, help="Train a LoRA on the output projection (unembedding) too, besides "
+                                             "the attention and MLP projections; export writes it as lm_head.")
     questions_per_batch: int = setting(8, at_least=1, at_most=4096,
                                        help="Questions per step (each sampled --group-size times).")
     max_train_samples: int = setting(0, group="run", at_least=0,

@@ -108,7 +108,8 @@ class Trainer:
         config = self.config
         if state_path is None:
             client = self.service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
-                                                              seed=config.seed)
+                                                              seed=config.seed, train_mlp=True, train_attn=True,
+                                                              train_unembed=config.train_unembed)
         else:
             client = self.service.create_training_client_from_state_with_optimizer(state_path)
         self.training_client = client

@@ -1,18 +1,24 @@
-"""The twin's checkpoint download: a sampler checkpoint served as a PEFT LoRA adapter archive.
+"""The twin's checkpoint download: a sampler checkpoint served as a Tinker-format Qwen3.5 LoRA
+archive, shaped like the real one at a scaled-down size.
 
 A tar (uncompressed, fixed member order and times, so the same checkpoint always gives the same
-bytes and a resumed download can continue any earlier one) holding::
+bytes and a resumed download can continue any earlier one) holding what the Tinker CLI's
+``checkpoint download`` finds in a real archive::
 
-    adapter_config.json        PEFT's LoRA config: base_model_name_or_path = the run's base
-                               model, r = the run's LoRA rank, target_modules from what the run
-                               trains (attention and/or MLP projections)
-    adapter_model.safetensors  lora_A (r x in) and lora_B (out x r) of every target module of
-                               STAND_IN layers, written with ``safetensors.numpy``
+    adapter_config.json        the raw LoRA config: peft_type, r, lora_alpha, target_modules
+                               "all-linear"; no base_model_name_or_path (a real one may lack it)
+    adapter_model.safetensors  lora_A (r x in) and lora_B (out x r), named as Tinker trains them
+                               (searchr1.export.convert: split in_proj_q/k/v in linear-attention
+                               layers, unembed_tokens when the run trains it), in bfloat16
+    checkpoint_complete        the marker of a finished upload (empty)
 
-The twin's policy is not a language model, so the tensors are small stand-ins (a hidden size of
-STAND_IN["hidden_size"], drawn from the checkpoint's own parameters); the safetensors metadata
-says so (``stand_in = "true"``) and gives the stand-in dimensions, which is what ``export``
-checks the shapes against.
+The structure is Qwen3.5's (:mod:`searchr1.export.qwen35`): three linear-attention layers then
+one full-attention layer with a gated ``q_proj``, the MLP, the unembedding when
+``train_unembed``. The twin's policy is not a language model, so the dimensions are those of
+:data:`STAND_IN_CONFIG`, a tiny Qwen3.5 text config, and the values are drawn from the
+checkpoint's own parameters. The safetensors metadata says so (``stand_in = "true"``) and carries
+that config, which is what ``export`` checks the shapes against; a real archive's metadata holds
+only ``format``.
 """
 
 from __future__ import annotations
@@ -24,57 +30,72 @@ import tarfile
 
 import numpy as np
 
+from searchr1.export.qwen35 import LayerType, text_dims
 from searchr1.twin.store import Checkpoint
 
-STAND_IN = {"hidden_size": 16, "intermediate_size": 32, "kv_size": 8, "num_hidden_layers": 2}
-ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+STAND_IN_CONFIG: dict[str, object] = {
+    "model_type": "qwen3_5_text", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 4,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "linear_num_key_heads": 1,
+    "linear_key_head_dim": 8, "linear_num_value_heads": 2, "linear_value_head_dim": 8, "vocab_size": 64,
+    "tie_word_embeddings": True,
+}
 LORA_ALPHA = 32
+# What Tinker trains in each kind of layer (the linear-attention gates in_proj_b/in_proj_a are not
+# adapted): attention, MLP, and the unembedding, each switched by the run's train_* flags.
+FULL_ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+LINEAR_ATTENTION_MODULES = ("in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "out_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 STAND_IN_NOTE = ("small stand-in tensors from the offline twin, not a trained language model's weights; "
                  "the twin's policy produced every offline answer")
 
 
-def module_shapes(dims: dict[str, int]) -> dict[str, tuple[int, int]]:
-    """``module -> (in_features, out_features)`` of a Qwen-style decoder layer of these dims."""
-    hidden, inter, kv = dims["hidden_size"], dims["intermediate_size"], dims["kv_size"]
-    return {"q_proj": (hidden, hidden), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (hidden, hidden),
-            "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
-
-
-def target_modules(train_attn: bool, train_mlp: bool) -> list[str]:
-    return [*(ATTENTION_MODULES if train_attn else ()), *(MLP_MODULES if train_mlp else ())] or list(ATTENTION_MODULES)
-
-
-def tensor_name(layer: int, module: str, part: str) -> str:
-    group = "self_attn" if module in ATTENTION_MODULES else "mlp"
-    return f"base_model.model.model.layers.{layer}.{group}.{module}.lora_{part}.weight"
+def trained_shapes(config: dict[str, object], *, train_attn: bool, train_mlp: bool,
+                   train_unembed: bool) -> dict[str, tuple[int, int]]:
+    """``raw tensor prefix -> (in, out)`` of every module a run with these flags trains, named
+    as in a Tinker archive."""
+    dims = text_dims(config, "the twin's stand-in config")
+    linear = dims.linear_modules()
+    split = dict(zip(("in_proj_q", "in_proj_k", "in_proj_v"), (size for _, size in dims.fused_qkv_split())))
+    shapes: dict[str, tuple[int, int]] = {}
+    for n, kind in enumerate(dims.layer_types):
+        if train_attn and kind is LayerType.FULL_ATTENTION:
+            for module in FULL_ATTENTION_MODULES:
+                shapes[f"layers.{n}.self_attn.{module}"] = linear[f"layers.{n}.self_attn.{module}"]
+        if train_attn and kind is LayerType.LINEAR_ATTENTION:
+            for module in LINEAR_ATTENTION_MODULES:
+                shapes[f"layers.{n}.linear_attn.{module}"] = (
+                    (dims.hidden_size, split[module]) if module in split else linear[f"layers.{n}.linear_attn.{module}"])
+        if train_mlp:
+            for module in MLP_MODULES:
+                shapes[f"layers.{n}.mlp.{module}"] = linear[f"layers.{n}.mlp.{module}"]
+    if train_unembed:
+        shapes["unembed_tokens"] = linear["lm_head"]
+    return shapes
 
 
 def adapter_files(checkpoint: Checkpoint) -> dict[str, bytes]:
-    """``file name -> bytes`` of the adapter of ``checkpoint``."""
+    """``file name -> bytes`` of the archive of ``checkpoint``."""
+    import ml_dtypes
     from safetensors.numpy import save
 
     config = checkpoint.config
-    modules = target_modules(config.train_attn, config.train_mlp)
     digest = hashlib.sha256(np.ascontiguousarray(checkpoint.params).tobytes()).digest()
     rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
-    shapes = module_shapes(STAND_IN)
     rank = config.lora_rank
+    shapes = trained_shapes(STAND_IN_CONFIG, train_attn=config.train_attn, train_mlp=config.train_mlp,
+                            train_unembed=config.train_unembed)
     tensors: dict[str, np.ndarray] = {}
-    for layer in range(STAND_IN["num_hidden_layers"]):
-        for module in modules:
-            fan_in, fan_out = shapes[module]
-            tensors[tensor_name(layer, module, "A")] = rng.standard_normal((rank, fan_in)).astype(np.float32) * 0.01
-            tensors[tensor_name(layer, module, "B")] = rng.standard_normal((fan_out, rank)).astype(np.float32) * 0.01
+    for module, (fan_in, fan_out) in shapes.items():
+        prefix = f"base_model.model.model.{module}"
+        tensors[f"{prefix}.lora_A.weight"] = (rng.standard_normal((rank, fan_in)) * 0.01).astype(ml_dtypes.bfloat16)
+        tensors[f"{prefix}.lora_B.weight"] = (rng.standard_normal((fan_out, rank)) * 0.01).astype(ml_dtypes.bfloat16)
     metadata = {"format": "pt", "producer": "searchr1 offline twin", "stand_in": "true", "note": STAND_IN_NOTE,
-                "checkpoint": checkpoint.path, **{k: str(v) for k, v in STAND_IN.items()}}
-    adapter_config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": config.base_model,
-        "r": rank, "lora_alpha": LORA_ALPHA, "lora_dropout": 0.0, "bias": "none",
-        "target_modules": modules, "inference_mode": True,
-    }
-    return {"adapter_config.json": (json.dumps(adapter_config, indent=2) + "\n").encode(),
-            "adapter_model.safetensors": save(tensors, metadata=metadata)}
+                "checkpoint": checkpoint.path, "stand_in_config": json.dumps(STAND_IN_CONFIG, sort_keys=True)}
+    adapter_config = {"peft_type": "LORA", "r": rank, "lora_alpha": LORA_ALPHA, "target_modules": "all-linear",
+                      "lora_dropout": 0.0, "use_rslora": False, "use_dora": False}
+    return {"adapter_config.json": (json.dumps(adapter_config, indent=2, sort_keys=True) + "\n").encode(),
+            "adapter_model.safetensors": save(tensors, metadata=metadata),
+            "checkpoint_complete": b""}
 
 
 def tar_bytes(files: dict[str, bytes]) -> bytes:

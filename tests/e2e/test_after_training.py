@@ -134,11 +134,30 @@ def test_export_a_run_writes_a_checked_adapter_a_model_card_and_the_serve_comman
 
     with safe_open(str(out / "adapter_model.safetensors"), framework="numpy") as weights:
         assert weights.metadata()["stand_in"] == "true"
-        assert all(weights.get_slice(k).get_shape()[0 if ".lora_A." in k else 1] == config["r"] for k in weights.keys())
+        ranks = {k: weights.get_slice(k).get_shape()[0 if ".lora_A." in k else 1] for k in weights.keys()}
+    assert {r for k, r in ranks.items() if ".in_proj_qkv." not in k} == {config["r"]}
+    assert {r for k, r in ranks.items() if ".in_proj_qkv." in k} == {config["rank_pattern"]["in_proj_qkv"]}
+    assert any(k.startswith("base_model.model.lm_head.") for k in ranks)  # the run trained the unembedding
     card = (out / "README.md").read_text()
-    assert run_config["base_model"] in card and "step6.jsonl" in card and "Offline twin export" in card
-    assert "vllm serve" in result.output and "PeftModel.from_pretrained" in result.output
-    assert not (out / ".download").exists()
+    assert card.startswith(f'---\nbase_model: "{run_config["base_model"]}"\nlibrary_name: peft\n')
+    assert "step6.jsonl" in card and "Offline twin export" in card
+    assert "PeftModel.from_pretrained" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+
+
+def test_export_from_a_downloaded_archive_needs_no_service_and_keeps_its_readme(trained, tmp_path):
+    from searchr1.twin.archive import adapter_files, tar_bytes
+    from searchr1.twin.store import CheckpointStore
+
+    weights = json.loads((trained["run"] / "checkpoints.jsonl").read_text().splitlines()[-1])["weights_path"]
+    files = adapter_files(CheckpointStore(trained["run"] / "twin").load(weights))
+    archive = tmp_path / "weights.tar"
+    archive.write_bytes(tar_bytes({**files, "README.md": b"# Tinker LoRA Adapter\n\nfrom the archive\n"}))
+    out = tmp_path / "exported"
+    result = invoke("export", "--from-archive", str(archive), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "from the archive" in (out / "README.md").read_text() and archive.is_file()
+    assert not (out / "checkpoint_complete").exists()
 
 
 def test_export_resumes_an_interrupted_download(trained, tmp_path):
@@ -198,7 +217,7 @@ def test_export_of_something_else_lists_what_it_holds(trained, tmp_path, monkeyp
     monkeypatch.setattr(archive, "checkpoint_archive", lambda checkpoint: _tar(("file", "weights.bin", b"1234")))
     result = invoke("export", str(trained["run"]), "--out", str(tmp_path / "x"))
     assert result.exit_code == 0, result.output
-    assert "not a PEFT LoRA adapter" in result.output and re.search(r"file\s+4\s+weights\.bin", result.output)
+    assert "not a LoRA adapter" in result.output and re.search(r"file\s+4\s+weights\.bin", result.output)
 
 
 def test_export_refuses_an_adapter_of_another_rank(trained, tmp_path, monkeypatch):

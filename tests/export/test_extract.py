@@ -1,4 +1,4 @@
-"""Safe extraction of downloaded archives and the PEFT adapter checks, on hand-made files."""
+"""Safe extraction of downloaded archives, on hand-made files."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchr1.export.adapter import find_adapter, load_adapter
 from searchr1.export.extract import ExtractLimits, safe_extract
-from searchr1.twin.archive import STAND_IN, module_shapes, tar_bytes, tensor_name
+from searchr1.twin.archive import tar_bytes
 
 
 def hostile_tar(path: Path, *members: tuple[str, str, object]) -> Path:
@@ -89,46 +88,7 @@ def test_no_member_name_writes_outside_the_folder(tmp_path_factory, names):
         assert not any(p.is_file() for p in written)
 
 
-# --- the adapter checks --------------------------------------------------------------------
-
-
-def adapter_folder(tmp_path: Path, *, rank: int = 4, modules=("q_proj", "v_proj"), shapes=None,
-                   base="Qwen/Qwen3.5-4B", drop=None) -> Path:
-    from safetensors.numpy import save_file
-
-    expected = module_shapes(STAND_IN)
-    tensors = {}
-    for module in modules:
-        fan_in, fan_out = (shapes or expected)[module]
-        tensors[tensor_name(0, module, "A")] = np.zeros((rank, fan_in), dtype=np.float32)
-        tensors[tensor_name(0, module, "B")] = np.zeros((fan_out, rank), dtype=np.float32)
-    if drop:
-        tensors.pop(drop)
-    folder = tmp_path / "adapter"
-    folder.mkdir()
-    save_file(tensors, str(folder / "adapter_model.safetensors"),
-              metadata={"stand_in": "true", **{k: str(v) for k, v in STAND_IN.items()}})
-    (folder / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": rank, "target_modules": list(modules), "base_model_name_or_path": base}))
-    return folder
-
-
-def test_a_consistent_adapter_has_no_problems(tmp_path):
-    folder = adapter_folder(tmp_path)
-    assert find_adapter(tmp_path) == folder
-    assert load_adapter(folder, expected_rank=4, expected_base="Qwen/Qwen3.5-4B").problems == []
-
-
-@pytest.mark.parametrize("change, says", [
-    ({"rank": 8}, "the run trained LoRA rank 4"),
-    ({"base": "Qwen/Qwen3.5-9B"}, "but the run trained 'Qwen/Qwen3.5-4B'"),
-    ({"shapes": {**module_shapes(STAND_IN), "q_proj": (17, 16)}}, "in features 17"),
-    ({"drop": tensor_name(0, "v_proj", "B")}, "lora_B is missing"),
-])
-def test_an_adapter_that_does_not_fit_the_run_or_the_base_model_is_named(tmp_path, change, says):
-    folder = adapter_folder(tmp_path, **change)
-    problems = load_adapter(folder, expected_rank=4, expected_base="Qwen/Qwen3.5-4B").problems
-    assert any(says in p for p in problems), problems
+# --- the twin's archive -----------------------------------------------------------------------
 
 
 def test_the_twin_archive_is_deterministic_plain_files():
