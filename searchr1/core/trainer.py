@@ -132,7 +132,6 @@ class Trainer:
         kl_metrics: dict[str, float] = {}
         if datums and self.kl_penalty is not None:
             datums, kl_metrics = await self.kl_penalty(datums)
-        micro_batches = self.micro_batcher(datums) if self.micro_batcher is not None else None
         train_started = time.perf_counter()
         update = None
         await batches.before_update(step)  # a later batch's sampler holds the weights before this update
@@ -140,6 +139,8 @@ class Trainer:
             update = await apply_substeps(client, datums, self.micro_batcher, self.update_config,
                                           num_substeps=config.num_substeps, seed=config.seed, step=step)
         batches.weights_updated(step)  # saving the new weights overlaps with the bookkeeping
+        # The micro-batches recorded are the forward_backward calls sent (manual accumulation only).
+        micro_batches = (update.sent if update is not None else []) if self.micro_batcher is not None else None
         return StepRecord(step, batch, groups, datums, dropped, micro_batches, kl_metrics, update,
                           waited_seconds=waited, train_seconds=time.perf_counter() - train_started,
                           step_seconds=time.perf_counter() - started)

@@ -77,6 +77,7 @@ class UpdateResult:
     optim_metrics: dict[str, float]
     tokens: list[TrainedTokens]
     substep_tokens: list[list[TrainedTokens]] = field(default_factory=list)  # with N > 1, per mini-batch
+    sent: list[list[TrainingDatum]] = field(default_factory=list)  # the datums of each forward_backward call
 
     @property
     def calls(self) -> int:
@@ -156,7 +157,8 @@ async def apply_update(client: TrainingClient, calls: Sequence[Sequence[Training
         raise NonFiniteValues(f"{problem}; optim_step was not called, so the weights are unchanged")
     adam = trio.AdamParams(learning_rate=config.learning_rate, beta1=config.beta1, beta2=config.beta2)
     optim = await (await client.optim_step_async(adam))
-    return UpdateResult(outputs, {f"optim/{k}": float(v) for k, v in dict(optim.metrics).items()}, tokens)
+    return UpdateResult(outputs, {f"optim/{k}": float(v) for k, v in dict(optim.metrics).items()}, tokens,
+                        sent=[list(call) for call in calls])
 
 
 def substep_batches(num_datums: int, num_substeps: int, *, seed: int, step: int) -> list[list[int]]:
@@ -192,4 +194,5 @@ async def apply_substeps(client: TrainingClient, datums: list[TrainingDatum],
     optim = {key: fmean(r.optim_metrics[key] for r in results if key in r.optim_metrics) for key in keys}
     return UpdateResult([o for r in results for o in r.outputs], {**optim, "train/optimizer_steps": float(len(results))},
                         [t for r in results for t in r.tokens],
-                        [r.tokens for r in results] if len(results) > 1 else [])
+                        [r.tokens for r in results] if len(results) > 1 else [],
+                        sent=[call for r in results for call in r.sent])

@@ -76,6 +76,8 @@ def run_update(config: TrainConfig, datums: list[TrainingDatum], micro_batches=N
     result = asyncio.run(apply_substeps(client, datums, cut, update_config, num_substeps=config.num_substeps,
                                         seed=config.seed, step=step))
     metrics = {**result.optim_metrics}
+    sent = [[float(d.datum.loss_fn_inputs["advantages"].to_numpy()[0]) for d in call] for call in result.sent]
+    assert sent == [advantages for name, advantages in client.events if name == "forward_backward"]
     return client.events, metrics, result.calls
 
 

@@ -54,13 +54,19 @@ def test_the_final_save_does_not_duplicate_the_last_periodic_one(tmp_path):
     assert [c["step"] for c in RunDir(run_dir).checkpoints()] == [2]
 
 
-def test_both_accumulation_modes_train(tmp_path):
+@pytest.mark.parametrize("substeps", [1, 3])
+def test_both_accumulation_modes_train_and_record_the_calls_they_sent(tmp_path, substeps):
+    """The micro-batches a step records are the forward_backward calls it sent, substeps included."""
     for mode in ("sdk", "manual"):
-        code, output = train("--max-steps", "1", "--accumulation", mode, "--run-dir", str(tmp_path / mode))
+        run_dir = tmp_path / mode
+        code, output = train("--max-steps", "1", "--accumulation", mode, "--num-substeps", str(substeps),
+                             "--run-dir", str(run_dir))
         assert code == 0, output
-        line = RunDir(tmp_path / mode).metrics()[0]
-        expected_calls = 1 if mode == "sdk" else line["train/micro_batches_per_step"]
+        line = RunDir(run_dir).metrics()[0]
+        expected_calls = substeps if mode == "sdk" else line["train/micro_batches_per_step"]
         assert line["train/forward_backward_calls"] == expected_calls
+        if mode == "manual":
+            assert line["train/micro_batches_per_step"] >= substeps
 
 
 def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path):
