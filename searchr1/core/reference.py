@@ -1,34 +1,71 @@
 """One Search-R1 step as plainly as possible: sample, parse, search, stitch, score, advantage,
 datum, update. Synchronous, one trajectory after another, no metrics, no retries, the seed's
-recipe only (mean-centred advantages, exact match, env-failure groups left out, one
+recipe only (exact match, mean-centred advantages, env-failure groups left out, one
 ``forward_backward``, no KL). The production engine (:mod:`~searchr1.core.rollout` and
 :mod:`~searchr1.core.trainer`) is held to it by a property test: same sampler, search and seeds,
-same trajectories and datums. ``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` what
-only moves data."""
+same trajectories and datums. Independent of the engine's helpers (protocol, observation, reward,
+advantage, datum): its parser, prompts, stitching, observations, truncation, seeds, reward,
+advantages and datums are its own code, so a bug in one of them shows as a difference. Shared:
+the tokenizer and its chat template, the data types (:mod:`~searchr1.core.types`), the
+``RolloutConfig`` dataclass, numpy, pytrio. Search results holding special-token strings are out
+of its scope (the engine keeps them plain text). ``# ALGORITHM`` marks a decision of Search-R1;
+``# PLUMBING`` what only moves data."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
+import unicodedata
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from searchr1.core.observation.fit import truncate_to_fit
-from searchr1.core.observation.text import observation_candidates
-from searchr1.core.observation.tokens import plain_tokens
-from searchr1.core.protocol import (TurnKind, assistant_message, build_next_prompt, build_prompt, initial_messages,
-                                    missing_closing, observation_tokens, parse_assistant, stop_sequences, tool_message)
-from searchr1.core.reward import extract_answer, score_answer
-from searchr1.core.rollout import RolloutConfig, read_sequence, sampling_seed
-from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, SearchExample, SearchRecord, SearchResult,
-                                 Termination, Tokenizer, Trajectory)
+from searchr1.core.rollout import RolloutConfig
+from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, RewardResult, SearchExample, SearchItem,
+                                 SearchRecord, SearchResult, Termination, Tokenizer, Trajectory)
 
 if TYPE_CHECKING:  # pytrio is loaded when first used, as everywhere in the core
     from pytrio import SamplingClient, TrainingClient
     from pytrio.types import Datum
 
 Search = Callable[[str], SearchResult]  # one query in, one result out (synchronous)
+SYSTEM = """You answer factual questions. A `search` tool returns short passages from the web.
+
+How to work:
+- Search whenever you are not sure of a fact. You may search several times, one short English query per turn.
+- Make at most one tool call in a turn, then wait for its result before going on.
+- Never make a tool call and give the final answer in the same turn.
+- When you know the answer, end your reply with exactly one line `Answer: <short answer>`.{budget}
+
+Example. Question: Which country was the author of The Little Prince from?
+- First turn: call search with the query "The Little Prince author".
+- The result names Antoine de Saint-Exupery. Second turn: call search with the query "Antoine de Saint-Exupery nationality".
+- The result says he was a French writer. Third turn, no tool call:
+Answer: France"""
+
+
+def system_message(config: RolloutConfig) -> dict[str, Any]:
+    """The instructions, stating the search budget (unless told not to); ``system_prompt`` replaces them."""
+    budget = str(config.max_search_calls) if config.state_search_budget else ""
+    if config.system_prompt is not None:
+        return {"role": "system", "content": config.system_prompt.replace("{max_search_calls}", budget)}
+    line = f"\n- You can search at most {budget} times in total; after that, answer with what you have." * bool(budget)
+    return {"role": "system", "content": SYSTEM.format(budget=line)}
+
+
+def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], config: RolloutConfig, *, generate: bool,
+           tokenize: bool = True) -> Any:
+    """PLUMBING: the conversation under the model's chat template, the one search tool declared, thinking off."""
+    about = ("Look up evidence on the web. Pass one short English query." if config.tool_description is None
+             else config.tool_description)
+    query = {"type": "string", "description": "A short English search query."}
+    tool = {"type": "function", "function": {"name": "search", "description": about, "parameters": {
+        "type": "object", "properties": {"query": query}, "required": ["query"]}}}
+    out = tokenizer.apply_chat_template(messages, tools=[tool], tokenize=tokenize, add_generation_prompt=generate,
+                                        enable_thinking=False, return_dict=False)
+    return [int(token) for token in out] if tokenize else out
 
 
 def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: int, seed: int,
@@ -38,55 +75,113 @@ def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: 
     max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))  # ALGORITHM: budgets
     if max_tokens <= 0:
         return None
-    params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=stop_sequences(tokenizer) or None,
+    params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=[tokenizer.eos_token] if tokenizer.eos_token else None,
                             temperature=config.temperature, top_p=config.top_p)
     response = sampler.sample(prompt=ModelInput.from_ints(prompt), num_samples=n, sampling_params=params,
                               return_text=True).result()
-    return [AssistantTurn(list(prompt), *read_sequence(s, tokenizer)) for s in response.sequences]  # PLUMBING
+    return [AssistantTurn(list(prompt), [int(x) for x in s.tokens], [float(x) for x in s.logprobs],  # PLUMBING
+                          s.text if s.text is not None else tokenizer.decode(list(s.tokens), skip_special_tokens=True),
+                          str(getattr(s, "stop_reason", "") or "")) for s in response.sequences]
 
 
-def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, search: Search, config: RolloutConfig) -> None:
+STOPS = re.compile(r"(<\|im_end\|>|<\|endoftext\|>)(\s*(<\|im_end\|>|<\|endoftext\|>))*\s*\Z")
+CALL = re.compile(r"\s*<function=search>\s*<parameter=query>\s*(.*?)\s*</parameter>\s*</function>\s*</tool_call>\s*",
+                  re.DOTALL)
+
+
+def parse(text: str) -> tuple[str, str, str | None]:
+    """ALGORITHM: ``(text, kind, query)``, the text without its trailing stop strings. ``answer``: no
+    ``<tool_call>``; ``tool``: it ends with exactly one well-formed call of ``search`` whose one query is
+    not empty and free of ``<``/``>`` (text may come before the call); ``invalid``: anything else."""
+    text = STOPS.sub("", text)
+    if "<tool_call>" not in text:
+        return text, "answer", None
+    before, _, call = text.partition("<tool_call>")
+    match = CALL.fullmatch(call)
+    query = match.group(1).strip() if match and "</tool_call>" not in before else ""
+    return (text, "tool", query) if query and "<" not in query and ">" not in query else (text, "invalid", None)
+
+
+def observation_items(result: SearchResult) -> list[str]:
+    """PLUMBING: the result as the model reads it: its items numbered in rank order, or one line
+    saying there are none, or the error."""
+    def item(i: int, it: SearchItem) -> str:
+        if it.source is None and it.url is None:
+            return f"[{i}] Source: {it.title}\n    Evidence: {it.content}"
+        return "\n".join([f"[{i}] Title: {it.title}", f"    Content: {it.content}"]
+                         + [f"    Source: {it.source}"] * bool(it.source) + [f"    URL: {it.url}"] * bool(it.url))
+    if not result.ok:
+        return [f"Search error: {result.error or 'unknown error'}"]
+    return [item(i, it) for i, it in enumerate(result.items, 1)] or ["Search returned no results."]
+
+
+def fit(tokenizer: Tokenizer, items: list[str], observation: Callable[[str], list[int]], room: int,
+        config: RolloutConfig) -> tuple[str | None, bool]:
+    """ALGORITHM: ``(content, truncated)``: as many whole items as fit, in rank order; when not even the
+    first does, its longest prefix (cut at a token, marked) that fits, or None (``tool_overflow="end"``)."""
+    def fits(content: str) -> bool:
+        return (len(tokenizer.encode(content, add_special_tokens=False)) <= config.max_tool_response_tokens
+                and len(observation(content)) <= room)
+    count = 0
+    while count < len(items) and fits("\n\n".join(items[: count + 1])):
+        count += 1
+    if count or config.tool_overflow != "truncate":
+        return ("\n\n".join(items[:count]) if count else None), False
+    ids = tokenizer.encode(items[0], add_special_tokens=False)
+    keep = min(len(ids), config.max_tool_response_tokens)
+    while keep > 0:  # one token at a time, an eighth of what is left while more than 64 are
+        head = tokenizer.decode(ids[:keep]).rstrip("\ufffd")  # no half character at the cut
+        if head.strip() and fits(head.rstrip() + " [... truncated to fit the budget]"):
+            return head.rstrip() + " [... truncated to fit the budget]", True
+        keep -= max(1, keep // 8) if keep > 64 else 1
+    return None, False
+
+
+def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, search: Search, config: RolloutConfig,
+                    closing: list[int]) -> None:
     """Record one assistant turn; end the trajectory or search and stitch its next prompt."""
     t.turns.append(turn)
-    parsed = parse_assistant(turn.text)  # ALGORITHM: exactly one well-formed search call, or an answer
-    before = list(t.messages)
-    t.messages.append(assistant_message(parsed.text))
-    if parsed.kind == TurnKind.ANSWER:  # ALGORITHM: an answer (scored later) only with a scorable Answer: line
-        return t.finish(Termination.ANSWER if extract_answer(parsed.text) is not None else Termination.NO_ANSWER, parsed.text)
-    if parsed.kind != TurnKind.TOOL:  # a malformed call (format penalty)
-        return t.finish(Termination.INVALID, parsed.text)
+    text, kind, query = parse(turn.text)
+    before, reply = list(t.messages), {"role": "assistant", "content": text}
+    t.messages.append(reply)
+    if kind == "answer":  # ALGORITHM: an answer (scored later) only with a scorable Answer: line
+        return t.finish(Termination.ANSWER if answer_of(text) is not None else Termination.NO_ANSWER, text)
+    if kind == "invalid":  # a malformed call (format penalty)
+        return t.finish(Termination.INVALID, text)
     if len(t.searches) >= config.max_search_calls:  # ALGORITHM: a tool call over budget ends the trajectory
-        return t.finish(Termination.SEARCH_BUDGET, parsed.text)
+        return t.finish(Termination.SEARCH_BUDGET, text)
     if len(t.turns) >= config.max_assistant_turns:
-        return t.finish(Termination.TURN_BUDGET, parsed.text)
-    # ALGORITHM: the next prompt is this prompt + the sampled tokens as they are + the closing the
-    # sampler did not return + the observation; there must be room for one more generated token.
-    base = len(turn.prompt_tokens) + len(turn.completion_tokens) + len(missing_closing(tokenizer, turn.completion_tokens))
-    if base + len(observation_tokens(tokenizer, "x")) + 1 > config.max_trajectory_tokens:
-        return t.finish(Termination.TOKEN_BUDGET, parsed.text)  # not even an empty observation fits
-    assert parsed.query is not None  # a tool turn always carries its query
-    result, room = search(parsed.query), config.max_trajectory_tokens - 1 - base
-    candidates = observation_candidates(result)  # the items, numbered, in rank order (or the error)
-
-    def fits(content: str) -> bool:
-        return (len(plain_tokens(tokenizer, content)) <= config.max_tool_response_tokens
-                and len(observation_tokens(tokenizer, content)) <= room)
-
-    count = 0  # ALGORITHM: as many whole items as fit; if not even the first does, cut it (marked) or stop
-    while count < len(candidates) and fits("\n\n".join(candidates[: count + 1])):
-        count += 1
-    content = "\n\n".join(candidates[:count]) if count else None
-    truncated = content is None and config.tool_overflow == "truncate"
-    if truncated:
-        content = truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
-    if content is None:
-        return t.finish(Termination.TOOL_OVERFLOW, parsed.text)
+        return t.finish(Termination.TURN_BUDGET, text)
+    # ALGORITHM: the next prompt is this prompt + the sampled tokens as they are + the part of the
+    # template's closing the sampler did not return + the observation (what the template puts
+    # between that closing and the next generation prompt); one token must stay free to generate.
+    said = max((k for k in range(1, len(closing) + 1) if turn.completion_tokens[-k:] == closing[:k]), default=0)
+    stitched = turn.prompt_tokens + turn.completion_tokens + closing[said:]
     call_id = f"search-{t.question_index}-{t.group_index}-{len(t.searches) + 1}"
-    t.next_prompt_tokens = build_next_prompt(tokenizer, before, parsed.text, turn.prompt_tokens,
-                                             turn.completion_tokens, tool_message(call_id, content), tools=config.tools)
-    t.messages.append(tool_message(call_id, content))
-    t.searches.append(SearchRecord(parsed.query, result.ok, content, len(result.items), result.error,
-                                   result.cached, truncated))
+    tool = {"role": "tool", "tool_call_id": call_id, "name": "search"}
+    ended = render(tokenizer, before + [reply], config, generate=False, tokenize=False)
+
+    def observation(content: str) -> list[int]:
+        rendered = render(tokenizer, before + [reply, {**tool, "content": content}], config, generate=True, tokenize=False)
+        return tokenizer.encode(rendered[len(ended):], add_special_tokens=False)
+    room = config.max_trajectory_tokens - 1 - len(stitched)
+    if len(observation("x")) > room:  # not even a one-letter observation fits: no search
+        return t.finish(Termination.TOKEN_BUDGET, text)
+    assert query is not None  # a tool turn always carries its query
+    result = search(query)
+    content, truncated = fit(tokenizer, observation_items(result), observation, room, config)
+    if content is None:
+        return t.finish(Termination.TOOL_OVERFLOW, text)
+    t.messages.append({**tool, "content": content})
+    t.next_prompt_tokens = stitched + observation(content)
+    t.searches.append(SearchRecord(query, result.ok, content, len(result.items), result.error, result.cached, truncated))
+
+
+def seed_of(config: RolloutConfig, step: int, question: int, sample: int, turn: int) -> int:
+    """ALGORITHM: every sampling seed is a hash of (seed, step, question, sample, turn), never a
+    counter: the first 4 bytes of its BLAKE2b digest, big-endian, below 2**31."""
+    digest = hashlib.blake2b(f"{config.seed}/{step}/{question}/{sample}/{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") % 2**31
 
 
 def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Search, examples: Sequence[SearchExample],
@@ -94,36 +189,53 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
     """``group_size`` trajectories per question, in question then sample order."""
     trajectories = []
     for q, example in enumerate(examples):
-        budget = config.max_search_calls if config.state_search_budget else None
-        messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
+        messages = [system_message(config), {"role": "user", "content": example.question}]
         group = [Trajectory(example, q, g, [dict(m) for m in messages]) for g in range(config.group_size)]
         trajectories += group
-        # ALGORITHM: the first turn is ONE request with num_samples = group_size on the shared prompt;
-        # every seed is a hash of (step, question, sample, turn), never a counter.
-        prompt = build_prompt(tokenizer, messages, tools=config.tools)
-        first = sample(sampler, tokenizer, prompt, config.group_size, sampling_seed(config.seed, step, q, 0, 0), config)
+        prompt = render(tokenizer, messages, config, generate=True)
+        # PLUMBING: the template's closing of an assistant turn, what an empty reply adds to the prompt
+        closing = render(tokenizer, messages + [{"role": "assistant", "content": ""}], config, generate=False)[len(prompt):]
+        # ALGORITHM: the first turn is ONE request with num_samples = group_size on the shared prompt
+        first = sample(sampler, tokenizer, prompt, config.group_size, seed_of(config, step, q, 0, 0), config)
         for t, turn in zip(group, first or [None] * len(group)):
             while turn is not None:  # one turn, then the next on the stitched prompt
-                step_trajectory(t, turn, tokenizer, search, config)
+                step_trajectory(t, turn, tokenizer, search, config, closing)
                 if t.done:
                     break
                 assert t.next_prompt_tokens is not None  # a search stitched the next prompt
-                seed = sampling_seed(config.seed, step, q, t.group_index, len(t.turns))
+                seed = seed_of(config, step, q, t.group_index, len(t.turns))
                 turn = (sample(sampler, tokenizer, t.next_prompt_tokens, 1, seed, config) or [None])[0]
             if not t.done:  # no room left to generate
                 t.finish(Termination.TOKEN_BUDGET if t.turns else Termination.PROMPT_TOO_LONG)
     return trajectories
 
 
+def answer_of(text: str) -> str | None:
+    """ALGORITHM: the answer is the rest of the one line that starts with ``Answer:`` (any case; it may
+    go on on the next line); None when no line or several do, or it is empty."""
+    found = re.findall(r"^\s*answer:\s*(.*?)\s*$", text, re.IGNORECASE | re.MULTILINE)
+    return (found[0].strip() or None) if len(found) == 1 else None
+
+
+def normalise(text: str) -> str:
+    """SQuAD's rule: lowercase, drop punctuation (Unicode category P*), then the articles, one space."""
+    text = "".join(c for c in text.lower() if not unicodedata.category(c).startswith("P"))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
 def score_and_rank(trajectories: list[Trajectory]) -> None:
     """ALGORITHM: reward (exact match of an ``answer`` ending, else -0.1), then advantage = reward minus
     the group mean; a group whose rewards are all equal, or with a failed search, trains on nothing."""
     for t in trajectories:
-        t.score = score_answer(t.final_text, t.example.answers) if t.termination == Termination.ANSWER else NOT_ANSWERED
-    for q in dict.fromkeys(t.question_index for t in trajectories):
-        group = [t for t in trajectories if t.question_index == q]
+        answer = answer_of(t.final_text) if t.termination == Termination.ANSWER else None
+        right = answer is not None and normalise(answer) in {normalise(a) for a in t.example.answers}
+        t.score = NOT_ANSWERED if answer is None else RewardResult(1.0 if right else 0.0, True, right, answer)
+    groups: dict[int, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.question_index, []).append(t)
+    for group in groups.values():
         rewards = [t.reward for t in group]
-        excluded = (Exclusion.ENV_FAILURE_GROUP if any(t.env_error for t in group) else
+        excluded = (Exclusion.ENV_FAILURE_GROUP if any(not s.ok for t in group for s in t.searches) else
                     Exclusion.DEGENERATE_GROUP if len(set(rewards)) == 1 else None)
         for t in group:
             t.excluded = excluded
