@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "prepare-data": "searchr1.commands.prepare_data:prepare_data",
     "plot": "searchr1.commands.plot:plot",
     "bench": "searchr1.commands.bench:bench",
+    "mutants": "searchr1.commands.mutants:mutants",
     "eval": "searchr1.commands.eval:eval_command",
     "show": "searchr1.commands.show:show",
     "compare": "searchr1.commands.compare:compare",
