@@ -127,22 +127,23 @@ def assign_group_advantages(
     mode: AdvantageMode = "mean",
     keep_env_failures: bool = False,
     surplus: Collection[int] = (),
-) -> int:
-    """Set ``advantage`` and ``excluded`` on every trajectory; return the number of
-    degenerate groups (as the seed did). Use :func:`summarize_groups` for all counts.
-    ``surplus``: question indices of groups with a signal that dynamic sampling leaves out
-    (``Exclusion.SURPLUS_GROUP``, advantage 0; :mod:`searchr1.training.dynamic_sampling`)."""
+) -> GroupSummary:
+    """Set ``advantage`` and ``excluded`` on every trajectory; return the groups' summary (each
+    group classified once, here). ``surplus``: question indices of groups with a signal that
+    dynamic sampling leaves out (``Exclusion.SURPLUS_GROUP``, advantage 0;
+    :mod:`searchr1.training.dynamic_sampling`); they count as trained groups in the summary, as
+    :func:`summarize_groups` counts them."""
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"unknown advantage mode {mode!r}; expected one of {ADVANTAGE_MODES}")
-    degenerate = 0
+    kinds: list[Exclusion | None] = []
     for question, group, kind in classified_groups(trajectories, keep_env_failures=keep_env_failures):
+        kinds.append(kind)
         for trajectory in group:
             trajectory.advantage = 0.0
             trajectory.excluded = None
         if kind is None and question in surplus:
             kind = Exclusion.SURPLUS_GROUP
         if kind is not None:
-            degenerate += kind == Exclusion.DEGENERATE_GROUP
             for trajectory in group:
                 trajectory.excluded = kind
             continue
@@ -154,4 +155,5 @@ def assign_group_advantages(
         for trajectory in group:
             if trajectory.sampler_error:
                 trajectory.excluded = Exclusion.SAMPLER_ERROR
-    return degenerate
+    return GroupSummary(groups=len(kinds), degenerate=kinds.count(Exclusion.DEGENERATE_GROUP),
+                        env_failure=kinds.count(Exclusion.ENV_FAILURE_GROUP))

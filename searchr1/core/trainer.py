@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from searchr1.core.advantage import GroupSummary, assign_group_advantages, summarize_groups
+from searchr1.core.advantage import GroupSummary, assign_group_advantages
 from searchr1.core.config import TrainConfig
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
 from searchr1.core.reward import score_trajectories
@@ -124,9 +124,9 @@ class Trainer:
         waited = time.perf_counter() - started
         trajectories = batch.trajectories
         score_trajectories(trajectories, reward=config.reward)
-        assign_group_advantages(trajectories, mode=config.advantage_mode,  # type: ignore[arg-type]
-                                keep_env_failures=config.keep_env_failures, surplus=batch.surplus_questions)
-        groups = summarize_groups(trajectories, keep_env_failures=config.keep_env_failures)
+        groups = assign_group_advantages(trajectories, mode=config.advantage_mode,  # type: ignore[arg-type]
+                                         keep_env_failures=config.keep_env_failures,
+                                         surplus=batch.surplus_questions)
         datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
         kl_metrics: dict[str, float] = {}

@@ -33,6 +33,14 @@ if TYPE_CHECKING:
 
 
 POLICY_LOSS_FNS = ("importance_sampling", "ppo", "cispo", "dro")  # what PyTRIO 0.2.9 accepts
+# What forward_backward optimises, per trained token (advantage A != 0), as Tinker documents each
+# loss and PyTRIO mirrors it, with r = exp(logp - logp_sampler), logp the learner's log-probability
+# of the target token, sg() a stop-gradient, lo/hi the loss_fn_config ratio bounds (default 0.8, 1.2):
+#   importance_sampling  loss = -(r * A)
+#   ppo                  loss = -min(r * A, clip(r, lo, hi) * A)
+#   cispo                loss = -(sg(clip(r, lo, hi)) * A * logp)
+#   dro                  loss = -(logp * A - beta / 2 * (logp - logp_sampler) ** 2)
+# summed over the call's tokens and normalised by the whole batch's totals (docs/algorithms.md).
 DEFAULT_LOSS_FN = "importance_sampling"  # the seed's
 
 
@@ -149,6 +157,7 @@ async def apply_update(client: TrainingClient, calls: Sequence[Sequence[Training
     for call in calls:
         data = [item.datum for item in call]
         options = {"loss_fn_config": loss_fn_config} if loss_fn_config else {}
+        # config.loss_fn's objective is written beside POLICY_LOSS_FNS above; the service computes it.
         result = await (await client.forward_backward_async(data, loss_fn=config.loss_fn, **options))
         outputs.append(dict(result.metrics))
         tokens += learner_tokens(data, getattr(result, "loss_fn_outputs", None))

@@ -56,7 +56,7 @@ def test_group_isolation(reward_groups, data):
 )
 def test_degenerate_detection_for_all_equal_groups_of_any_size_and_value(size, value):
     trajectories = make([[value] * size])
-    assert assign_group_advantages(trajectories) == 1
+    assert assign_group_advantages(trajectories).degenerate == 1
     assert all(t.advantage == 0.0 and t.excluded == Exclusion.DEGENERATE_GROUP for t in trajectories)
 
 
@@ -66,7 +66,7 @@ def test_minus_point_one_groups_are_degenerate_although_naive_centring_is_not_ze
     naive = [-0.1 - sum([-0.1] * size) / size for _ in range(size)]
     assert any(a != 0.0 for a in naive)
     trajectories = make([[-0.1] * size, [0.0, 1.0]])
-    assert assign_group_advantages(trajectories) == 1
+    assert assign_group_advantages(trajectories).degenerate == 1
     assert [t.advantage for t in by_question(trajectories, 0)] == [0.0] * size
     assert summarize_groups(trajectories).degenerate == 1
 
@@ -74,7 +74,7 @@ def test_minus_point_one_groups_are_degenerate_although_naive_centring_is_not_ze
 @given(groups)
 def test_mean_mode_centres_each_non_degenerate_group(reward_groups):
     trajectories = make(reward_groups)
-    degenerate = assign_group_advantages(trajectories)
+    degenerate = assign_group_advantages(trajectories).degenerate
     assert degenerate == sum(len(set(g)) == 1 for g in reward_groups)
     for q, group in enumerate(reward_groups):
         advantages = [t.advantage for t in by_question(trajectories, q)]
@@ -116,7 +116,7 @@ def test_a_group_with_an_env_failure_is_left_out_by_default(reward_groups, data)
         fail_search(victim)
     else:
         victim.termination = "sampler_error"
-    degenerate = assign_group_advantages(trajectories)
+    degenerate = assign_group_advantages(trajectories).degenerate
     for t in by_question(trajectories, failed_question):
         assert t.advantage == 0.0 and t.excluded == Exclusion.ENV_FAILURE_GROUP
     others = [g for q, g in enumerate(reward_groups) if q != failed_question]
@@ -158,7 +158,7 @@ def test_summarize_groups_is_pure_and_agrees_with_assignment(reward_groups):
     before = [(t.advantage, t.excluded) for t in trajectories]
     summary = summarize_groups(trajectories)
     assert [(t.advantage, t.excluded) for t in trajectories] == before
-    assert summary.degenerate == assign_group_advantages(trajectories)
+    assert summary == assign_group_advantages(trajectories)
     assert summary.groups == len(reward_groups)
     assert not math.isnan(sum(t.advantage for t in trajectories))
 
