@@ -7,10 +7,9 @@ influence another (a property the tests check).
 Three decisions matter more than the formula:
 
 * **Degenerate groups are decided on the rewards.** If every reward in a group is equal, the
-  group carries no learning signal. The seed compared the *advantages* with ``== 0.0`` and
-  missed e.g. eight rewards of ``-0.1`` (their mean is not exactly ``-0.1`` in floating point,
-  so each advantage is about ``-1.39e-17``) and trained on that noise. Here equality of the
-  rewards themselves decides, and such a group gets advantage exactly ``0.0``.
+  group carries no learning signal, and it gets advantage exactly ``0.0``. Equality of the
+  rewards decides, not ``advantage == 0.0``: eight rewards of ``-0.1`` have a mean that is not
+  exactly ``-0.1`` in floating point, so their advantages would be about ``-1.39e-17`` of noise.
 * **Environment failures are not the policy's fault.** When a search failed (``env_error``)
   or sampling failed (``sampler_error``) anywhere in a group, the whole group is left out of
   the update by default: its siblings' advantages would be measured against a reward the

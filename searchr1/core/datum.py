@@ -16,9 +16,8 @@ Then ONE shift turns the sequence into next-token prediction: ``input = tokens[:
 position ``i`` predicts token ``i + 1`` and carries *that token's* logprob and advantage.
 All four arrays have length ``len(input)``, which pytrio requires with ``auto_shift=False``.
 
-``max_tokens`` bounds ``len(input)``. The trainer must pass its configured trajectory cap
-here (the seed hard-coded 8192 independently of ``--max-trajectory-tokens`` and crashed when
-the two disagreed).
+``max_tokens`` bounds ``len(input)``: the trainer passes its configured trajectory cap
+(``--max-trajectory-tokens``), the same cap the rollout kept every trajectory under.
 """
 
 from __future__ import annotations

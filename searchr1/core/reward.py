@@ -116,11 +116,8 @@ def score_answer(
 def score_trajectories(trajectories: Iterable[Trajectory], *, reward: str = "em") -> None:
     """Set ``score`` on every trajectory whose sampling did not fail (``reward``: em, f1 or
     cover_em; every score is recorded whichever is the reward). Only an ``answer`` termination
-    is scored; any other ending earns the format penalty.
-
-    The seed scored the text of whatever turn came last, so a malformed or over-budget tool
-    call that also carried an ``Answer:`` line could earn 1.0: a reward for breaking the
-    protocol.
+    is scored; any other ending earns the format penalty, even when its text carries an
+    ``Answer:`` line (breaking the protocol is never rewarded).
     """
     for trajectory in trajectories:
         if trajectory.sampler_error:

@@ -127,11 +127,8 @@ class SampleRequest:
 
 
 def sampling_seed(base: int, step: int, question_index: int, group_index: int, turn: int) -> int:
-    """A 31-bit seed that differs for every step, question, sample and turn.
-
-    The seed reused ``seed + index`` every training step, so sampling noise was the same
-    each step; hashing the step in removes that correlation.
-    """
+    """A 31-bit seed that differs for every step, question, sample and turn: a hash of all five,
+    so no two samples share their noise, within a step or across steps."""
     material = f"{base}/{step}/{question_index}/{group_index}/{turn}".encode()
     return int.from_bytes(hashlib.blake2b(material, digest_size=4).digest(), "big") & 0x7FFFFFFF
 
