@@ -30,12 +30,12 @@ import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from searchr1.core.types import Exclusion, Trajectory
 
 AdvantageMode = Literal["mean", "zscore", "rloo", "none"]
-ADVANTAGE_MODES: tuple[str, ...] = ("mean", "zscore", "rloo", "none")
+ADVANTAGE_MODES: tuple[AdvantageMode, ...] = get_args(AdvantageMode)
 
 # Added to the standard deviation (not the variance), as in verl's GRPO estimator.
 ZSCORE_EPSILON = 1e-6

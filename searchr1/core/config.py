@@ -10,17 +10,18 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-from searchr1.core.advantage import ADVANTAGE_MODES
-from searchr1.core.kl import KL_ESTIMATORS
-from searchr1.core.reward import REWARD_KINDS
+from searchr1.core.advantage import ADVANTAGE_MODES, AdvantageMode
+from searchr1.core.kl import KL_ESTIMATORS, KlEstimator
+from searchr1.core.reward import REWARD_KINDS, RewardKind
 from searchr1.core.types import FORMAT_PENALTY
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.settings import SettingError, check_settings, setting
-from searchr1.core.update import POLICY_LOSS_FNS
+from searchr1.core.update import POLICY_LOSS_FNS, LossFn
 
-ACCUMULATION_MODES = ("sdk", "manual")
+Accumulation = Literal["sdk", "manual"]
+ACCUMULATION_MODES: tuple[Accumulation, ...] = get_args(Accumulation)
 CHECKPOINT_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?$"
 
 
@@ -62,10 +63,10 @@ class TrainConfig:
     save_every: int = setting(50, group="run", at_least=0, help="Checkpoint every N steps (0 = only the final save).")
     seed: int = setting(42, group="run", at_least=0, at_most=2**31 - 1,
                         help="Data order, LoRA init and sampling seeds.")
-    accumulation: str = setting("sdk", choices=ACCUMULATION_MODES,
+    accumulation: Accumulation = setting("sdk", choices=ACCUMULATION_MODES,
                                 help="sdk: one forward_backward per step (exact whatever the server's reduction); "
                                      "manual: the seed's micro-batches with n_k/N weights.")
-    advantage_mode: str = setting("mean", flag="--advantage", choices=ADVANTAGE_MODES,
+    advantage_mode: AdvantageMode = setting("mean", flag="--advantage", choices=ADVANTAGE_MODES,
                                   help="Group-relative advantage: reward minus group mean (seed), z-score, "
                                        "leave-one-out (reward minus the mean of the other rewards), or raw reward.")
     keep_env_failures: bool = setting(False, help="Train on groups hit by search or sampler failures (default: "
@@ -108,7 +109,7 @@ class TrainConfig:
     health_rules: dict[str, float | None] = field(default_factory=dict)
     # The algorithm (defaults: the seed's recipe): searchr1.core.update, searchr1.core.kl, searchr1.core.reward,
     # searchr1.training.dynamic_sampling; docs/algorithms.md.
-    loss_fn: str = setting("importance_sampling", choices=POLICY_LOSS_FNS,
+    loss_fn: LossFn = setting("importance_sampling", choices=POLICY_LOSS_FNS,
                            help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
                                 "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
     # --loss-fn-config KEY=VALUE (repeatable) is its own flag: a dict is no single value
@@ -117,9 +118,9 @@ class TrainConfig:
                              help="KL penalty toward the base model, subtracted from each action token's advantage "
                                   "(0 = off, the seed); one prompt-logprob request per datum to a base-weights "
                                   "sampler.")
-    kl_estimator: str = setting("k3", choices=KL_ESTIMATORS,
+    kl_estimator: KlEstimator = setting("k3", choices=KL_ESTIMATORS,
                                 help="Per-token KL estimate: k1 = logp - logp_base; k3 = exp(-d) + d - 1.")
-    reward: str = setting("em", choices=REWARD_KINDS,
+    reward: RewardKind = setting("em", choices=REWARD_KINDS,
                           help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
                                f"anywhere inside the answer, Search-R1's subem); a format failure is {FORMAT_PENALTY:g} "
                                "for all three.")

@@ -27,11 +27,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Literal, get_args
+
 import numpy as np
 
 from searchr1.core.datum import TrainingDatum
 
-KL_ESTIMATORS = ("k1", "k3")
+KlEstimator = Literal["k1", "k3"]
+KL_ESTIMATORS: tuple[KlEstimator, ...] = get_args(KlEstimator)
 
 
 def kl_estimate(sampler_logprobs: np.ndarray, base_logprobs: np.ndarray, estimator: str) -> np.ndarray:

@@ -31,6 +31,7 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable
+from typing import Literal, get_args
 
 from searchr1.core.types import FORMAT_PENALTY, NOT_ANSWERED, RewardResult, Termination, Trajectory
 
@@ -38,7 +39,8 @@ ANSWER_PATTERN = re.compile(r"^\s*Answer:\s*(.*?)\s*$", re.IGNORECASE | re.MULTI
 ARTICLE_PATTERN = re.compile(r"\b(a|an|the)\b", re.IGNORECASE)
 
 NORMALIZATIONS = ("unicode", "official")
-REWARD_KINDS = ("em", "f1", "cover_em")
+RewardKind = Literal["em", "f1", "cover_em"]
+REWARD_KINDS: tuple[RewardKind, ...] = get_args(RewardKind)
 _ASCII_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 

@@ -22,7 +22,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from searchr1.core.protocol import (
     TurnKind,
@@ -58,7 +58,8 @@ from searchr1.core.types import (
 log = logging.getLogger("searchr1.core.rollout")
 T = TypeVar("T")
 
-TOOL_OVERFLOW_MODES = ("truncate", "end")
+ToolOverflow = Literal["truncate", "end"]
+TOOL_OVERFLOW_MODES: tuple[ToolOverflow, ...] = get_args(ToolOverflow)
 
 
 MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger
@@ -90,7 +91,7 @@ class RolloutConfig:
     max_sampler_failure_fraction: float = setting(0.25, at_least=0.0, at_most=1.0, cli=False)
     # "truncate": when not even the first item fits, cut it at a token boundary and say so;
     # "end": the seed's behaviour, the trajectory ends on its tool call.
-    tool_overflow: str = setting(
+    tool_overflow: ToolOverflow = setting(
         "truncate", choices=TOOL_OVERFLOW_MODES,
         help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
     # Tell the model its search budget in the system prompt (the seed did not).

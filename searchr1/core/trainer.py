@@ -124,7 +124,7 @@ class Trainer:
         waited = time.perf_counter() - started
         trajectories = batch.trajectories
         score_trajectories(trajectories, reward=config.reward)
-        groups = assign_group_advantages(trajectories, mode=config.advantage_mode,  # type: ignore[arg-type]
+        groups = assign_group_advantages(trajectories, mode=config.advantage_mode,
                                          keep_env_failures=config.keep_env_failures,
                                          surplus=batch.surplus_questions)
         datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)

@@ -21,7 +21,7 @@ import random
 from statistics import fmean
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -32,15 +32,12 @@ if TYPE_CHECKING:
     from pytrio.types import Datum
 
 
-POLICY_LOSS_FNS = ("importance_sampling", "ppo", "cispo", "dro")  # what PyTRIO 0.2.9 accepts
-# What forward_backward optimises, per trained token (advantage A != 0), as Tinker documents each
-# loss and PyTRIO mirrors it, with r = exp(logp - logp_sampler), logp the learner's log-probability
-# of the target token, sg() a stop-gradient, lo/hi the loss_fn_config ratio bounds (default 0.8, 1.2):
-#   importance_sampling  loss = -(r * A)
-#   ppo                  loss = -min(r * A, clip(r, lo, hi) * A)
-#   cispo                loss = -(sg(clip(r, lo, hi)) * A * logp)
-#   dro                  loss = -(logp * A - beta / 2 * (logp - logp_sampler) ** 2)
-# summed over the call's tokens and normalised by the whole batch's totals (docs/algorithms.md).
+LossFn = Literal["importance_sampling", "ppo", "cispo", "dro"]  # what PyTRIO 0.2.9 accepts
+POLICY_LOSS_FNS: tuple[LossFn, ...] = get_args(LossFn)
+# What forward_backward optimises per trained token (Tinker's definitions, which PyTRIO mirrors;
+# docs/algorithms.md), r = exp(logp - logp_sampler), lo/hi the loss_fn_config bounds (0.8, 1.2):
+# importance_sampling -(r*A) | ppo -min(r*A, clip(r, lo, hi)*A) | cispo -(sg(clip(r, lo, hi))*A*logp)
+# | dro -(logp*A - beta/2*(logp - logp_sampler)**2); summed, normalised by the batch's totals.
 DEFAULT_LOSS_FN = "importance_sampling"  # the seed's
 
 
@@ -157,7 +154,6 @@ async def apply_update(client: TrainingClient, calls: Sequence[Sequence[Training
     for call in calls:
         data = [item.datum for item in call]
         options = {"loss_fn_config": loss_fn_config} if loss_fn_config else {}
-        # config.loss_fn's objective is written beside POLICY_LOSS_FNS above; the service computes it.
         result = await (await client.forward_backward_async(data, loss_fn=config.loss_fn, **options))
         outputs.append(dict(result.metrics))
         tokens += learner_tokens(data, getattr(result, "loss_fn_outputs", None))
