@@ -3,13 +3,12 @@ datum, update. Synchronous, one trajectory after another, no metrics, no retries
 recipe only (exact match, mean-centred advantages, env-failure groups left out, one
 ``forward_backward``, no KL). The production engine (:mod:`~searchr1.core.rollout` and
 :mod:`~searchr1.core.trainer`) is held to it by a property test: same sampler, search and seeds,
-same trajectories and datums. Independent of the engine's helpers (protocol, observation, reward,
-advantage, datum): its parser, prompts, stitching, observations, truncation, seeds, reward,
-advantages and datums are its own code, so a bug in one of them shows as a difference. Shared:
-the tokenizer and its chat template, the data types (:mod:`~searchr1.core.types`), the
-``RolloutConfig`` dataclass, numpy, pytrio. Search results holding special-token strings are out
-of its scope (the engine keeps them plain text). ``# ALGORITHM`` marks a decision of Search-R1;
-``# PLUMBING`` what only moves data."""
+same trajectories and datums. It uses none of the engine's helpers: its prompts, parser, stitching,
+observations, truncation, seeds, reward, advantages and datums are its own code, so a bug in one of
+the engine's shows as a difference. Shared with the engine: the tokenizer and its chat template,
+the data types (:mod:`~searchr1.core.types`), the ``RolloutConfig`` dataclass, numpy and pytrio.
+(Search results holding special-token strings are outside it: the engine keeps those plain text.)
+``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` what only moves data."""
 
 from __future__ import annotations
 
@@ -51,8 +50,8 @@ def system_message(config: RolloutConfig) -> dict[str, Any]:
     budget = str(config.max_search_calls) if config.state_search_budget else ""
     if config.system_prompt is not None:
         return {"role": "system", "content": config.system_prompt.replace("{max_search_calls}", budget)}
-    line = f"\n- You can search at most {budget} times in total; after that, answer with what you have." * bool(budget)
-    return {"role": "system", "content": SYSTEM.format(budget=line)}
+    line = f"\n- You can search at most {budget} times in total; after that, answer with what you have."
+    return {"role": "system", "content": SYSTEM.format(budget=line if budget else "")}
 
 
 def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], config: RolloutConfig, *, generate: bool,
@@ -75,8 +74,9 @@ def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: 
     max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))  # ALGORITHM: budgets
     if max_tokens <= 0:
         return None
-    params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=[tokenizer.eos_token] if tokenizer.eos_token else None,
-                            temperature=config.temperature, top_p=config.top_p)
+    stop = [tokenizer.eos_token] if tokenizer.eos_token else None  # the sampler stops at <|im_end|>
+    params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=stop, temperature=config.temperature,
+                            top_p=config.top_p)
     response = sampler.sample(prompt=ModelInput.from_ints(prompt), num_samples=n, sampling_params=params,
                               return_text=True).result()
     return [AssistantTurn(list(prompt), [int(x) for x in s.tokens], [float(x) for x in s.logprobs],  # PLUMBING
@@ -85,6 +85,7 @@ def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: 
 
 
 STOPS = re.compile(r"(<\|im_end\|>|<\|endoftext\|>)(\s*(<\|im_end\|>|<\|endoftext\|>))*\s*\Z")
+MARKER = " [... truncated to fit the budget]"
 CALL = re.compile(r"\s*<function=search>\s*<parameter=query>\s*(.*?)\s*</parameter>\s*</function>\s*</tool_call>\s*",
                   re.DOTALL)
 
@@ -130,9 +131,9 @@ def fit(tokenizer: Tokenizer, items: list[str], observation: Callable[[str], lis
     ids = tokenizer.encode(items[0], add_special_tokens=False)
     keep = min(len(ids), config.max_tool_response_tokens)
     while keep > 0:  # one token at a time, an eighth of what is left while more than 64 are
-        head = tokenizer.decode(ids[:keep]).rstrip("\ufffd")  # no half character at the cut
-        if head.strip() and fits(head.rstrip() + " [... truncated to fit the budget]"):
-            return head.rstrip() + " [... truncated to fit the budget]", True
+        cut = tokenizer.decode(ids[:keep]).rstrip("\ufffd")  # no half character at the cut
+        if cut.strip() and fits(cut.rstrip() + MARKER):
+            return cut.rstrip() + MARKER, True
         keep -= max(1, keep // 8) if keep > 64 else 1
     return None, False
 
@@ -162,8 +163,8 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     ended = render(tokenizer, before + [reply], config, generate=False, tokenize=False)
 
     def observation(content: str) -> list[int]:
-        rendered = render(tokenizer, before + [reply, {**tool, "content": content}], config, generate=True, tokenize=False)
-        return tokenizer.encode(rendered[len(ended):], add_special_tokens=False)
+        full = render(tokenizer, before + [reply, {**tool, "content": content}], config, generate=True, tokenize=False)
+        return tokenizer.encode(full[len(ended):], add_special_tokens=False)
     room = config.max_trajectory_tokens - 1 - len(stitched)
     if len(observation("x")) > room:  # not even a one-letter observation fits: no search
         return t.finish(Termination.TOKEN_BUDGET, text)
@@ -174,7 +175,8 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
         return t.finish(Termination.TOOL_OVERFLOW, text)
     t.messages.append({**tool, "content": content})
     t.next_prompt_tokens = stitched + observation(content)
-    t.searches.append(SearchRecord(query, result.ok, content, len(result.items), result.error, result.cached, truncated))
+    t.searches.append(SearchRecord(query, result.ok, content, len(result.items), result.error, result.cached,
+                                   truncated))
 
 
 def seed_of(config: RolloutConfig, step: int, question: int, sample: int, turn: int) -> int:
@@ -194,7 +196,8 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
         trajectories += group
         prompt = render(tokenizer, messages, config, generate=True)
         # PLUMBING: the template's closing of an assistant turn, what an empty reply adds to the prompt
-        closing = render(tokenizer, messages + [{"role": "assistant", "content": ""}], config, generate=False)[len(prompt):]
+        empty_reply = render(tokenizer, messages + [{"role": "assistant", "content": ""}], config, generate=False)
+        closing = empty_reply[len(prompt):]
         # ALGORITHM: the first turn is ONE request with num_samples = group_size on the shared prompt
         first = sample(sampler, tokenizer, prompt, config.group_size, seed_of(config, step, q, 0, 0), config)
         for t, turn in zip(group, first or [None] * len(group)):
