@@ -59,8 +59,9 @@ def _mutmut(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def mutants(jobs: int, report: Path, fresh: bool) -> None:
     """Plant single-point bugs in searchr1/core/ and count how many the core's tests catch.
 
-    Needs a checkout and the mutation extra (pip install -e ".[mutation]"). Takes about 20
-    minutes on two cores; an interrupted run continues where it stopped.
+    Needs a checkout and the mutation extra (pip install -e ".[mutation]"). The whole core is
+    about 2,700 mutants, several hours on two cores (docs/mutants.md); an interrupted run
+    continues where it stopped.
     """
     root = Path.cwd()
     if not (root / "pyproject.toml").is_file() or "[tool.mutmut]" not in (root / "pyproject.toml").read_text("utf-8"):
