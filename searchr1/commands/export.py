@@ -208,10 +208,10 @@ def _shapes_of(raw: RawAdapter, base_dims: Qwen35Text | None, base_model: str) -
     raise click.ClickException(f"no shapes known for {base_model}: pass --base DIR, a folder with its config.json")
 
 
-def _layout(export_format: ExportFormat, base: Path | None) -> Layout:
-    from searchr1.export.qwen35 import is_vision_language
-
-    if export_format is ExportFormat.VLLM or (base is not None and is_vision_language(base)):
+def _layout(export_format: ExportFormat, base_dims: Qwen35Text | None) -> Layout:
+    """vLLM's names, or those of the local base model's class (``--base``): its config nests the
+    text model for ``Qwen3_5ForConditionalGeneration``; ``Qwen3_5ForCausalLM`` otherwise."""
+    if export_format is ExportFormat.VLLM or (base_dims is not None and base_dims.nested):
         return Layout.VISION_LANGUAGE
     return Layout.CAUSAL_LM
 
@@ -292,7 +292,7 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
                                       f"{run['base_model']!r}")
             base_model = str(run.get("base_model") or named or DEFAULT_BASE)
             dims, shape_source = _shapes_of(raw, base_dims, base_model)
-            layout = _layout(export_format, base)
+            layout = _layout(export_format, base_dims)
             converted = convert(raw, dims, export_format=export_format, layout=layout, base_model=base_model)
         except ConversionError as error:
             raise click.ClickException(f"invalid adapter: {error}") from None

@@ -139,15 +139,10 @@ def read_raw_adapter(folder: Path) -> RawAdapter:
     import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy, which safetensors then reads
     from safetensors import SafetensorError, safe_open
 
-    config_path, weights_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
-    try:
-        config = json.loads(config_path.read_text("utf-8"))
-    except OSError as error:
-        raise ConversionError(f"{config_path}: cannot read ({error.strerror or error})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConversionError(f"{config_path}: not JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise ConversionError(f"{config_path}: not a JSON object")
+    from searchr1.run.jsonl import read_json_object
+
+    weights_path = folder / "adapter_model.safetensors"
+    config = read_json_object(folder / "adapter_config.json", ConversionError, "the adapter config")
     try:
         with safe_open(str(weights_path), framework="numpy") as weights:
             metadata = dict(weights.metadata() or {})

@@ -29,7 +29,6 @@ key/value heads of 256, linear attention with 16 key heads and 32 value heads of
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -65,6 +64,7 @@ class Qwen35Text:
     linear_value_head_dim: int
     tie_word_embeddings: bool
     source: str
+    nested: bool = False  # the config nests it as text_config, as the published image-text checkpoints do
 
     @property
     def key_dim(self) -> int:
@@ -149,29 +149,16 @@ def text_dims(config: Mapping[str, object], source: str) -> Qwen35Text:
         linear_value_head_dim=_whole(text, "linear_value_head_dim", source, default=128),
         tie_word_embeddings=tied,
         source=source,
+        nested=text is not config,
     )
 
 
 def read_config(path: Path) -> Qwen35Text:
     """The text dimensions of the ``config.json`` at ``path`` (a file, or a model folder holding one)."""
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        config = json.loads(file.read_text("utf-8"))
-    except OSError as error:
-        raise ConfigError(f"{file}: cannot read ({error.strerror or error})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{file}: not JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{file}: not a JSON object")
-    return text_dims(config, str(file))
+    from searchr1.run.jsonl import read_json_object
 
-
-def is_vision_language(path: Path) -> bool:
-    """Whether the base model's checkpoint nests its text model (``text_config``), as the published
-    ``Qwen3_5ForConditionalGeneration`` checkpoints do."""
     file = path / "config.json" if path.is_dir() else path
-    config = json.loads(file.read_text("utf-8"))
-    return isinstance(config, dict) and isinstance(config.get("text_config"), dict)
+    return text_dims(read_json_object(file, ConfigError, "the model config"), str(file))
 
 
 QWEN35_4B = read_config(SHIPPED_CONFIG)
