@@ -10,6 +10,8 @@ subprocess or the CLI) is marked ``slow``, like any other test marked so by hand
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -22,10 +24,18 @@ from searchr1.runtime.tokenizer import shared_tokenizer
 UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("untimed", **UNTIMED)
 settings.register_profile("quick", max_examples=20, **UNTIMED)
+# Mutation testing (docs/mutants.md) runs a property once per planted bug: its explicit @examples
+# (the boundary cases) and a few drawn ones.
+settings.register_profile("mutation", max_examples=4, **UNTIMED)
 settings.load_profile("untimed")
 
 
 END_TO_END = ("twin", "commands", "bench", "e2e")
+
+
+# The tests that take seconds each, run last under mutmut: it stops at the first failing test, so
+# a planted bug a quick test catches never waits for them.
+RUN_LAST_UNDER_MUTMUT = ("tests/core/test_reference.py", "tests/core/test_accumulation.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,6 +43,8 @@ def pytest_collection_modifyitems(config, items):
         parts = item.path.parts
         if "tests" in parts and parts[parts.index("tests") + 1] in END_TO_END:
             item.add_marker(pytest.mark.slow)
+    if os.environ.get("MUTANT_UNDER_TEST"):
+        items.sort(key=lambda item: item.nodeid.split("::")[0].endswith(RUN_LAST_UNDER_MUTMUT))
 
 
 @pytest.fixture(scope="session")
