@@ -33,6 +33,13 @@ settings.load_profile("untimed")
 END_TO_END = ("twin", "commands", "bench", "e2e")
 
 
+# mutmut forks one process per mutant from a server that has collected the tests: load the
+# tokenizer (seconds) and the SDK's tokenizer loader there once, not in every mutant's process.
+if "MUTANT_UNDER_TEST" in os.environ:
+    import modelscope  # noqa: F401
+
+    shared_tokenizer()
+
 # The tests that take seconds each, run last under mutmut: it stops at the first failing test, so
 # a planted bug a quick test catches never waits for them.
 RUN_LAST_UNDER_MUTMUT = ("tests/core/test_reference.py", "tests/core/test_accumulation.py")

@@ -84,6 +84,42 @@ def test_the_penalty_is_centred_touches_only_action_tokens_and_vanishes_with_bet
         assert np.array_equal(new, old)
 
 
+def test_the_penalty_over_several_datums_is_centred_on_the_steps_mean_and_its_metrics_add_up():
+    """Worked by hand: two datums, three action tokens, k1 with d = (0.5, -0.5, 1.0); the mean
+    is 1/3, the penalties 0.2 * (d - 1/3)."""
+    first = TrainingDatum(**{**vars(datum([0.0, 1.0, -2.0], [0.0, -0.5, -1.5])), "question_index": 3,
+                             "group_index": 1})
+    second = datum([1.0, 0.0], [-1.0, -9.0])
+    base = [np.array([-7.0, -1.0, -1.0]), np.array([-2.0, -9.0])]
+    (one, two), metrics = penalize([first, second], base, coef=0.2, estimator="k1")
+    d = np.array([0.5, -0.5, 1.0])
+    penalty = 0.2 * (d - d.mean())
+    np.testing.assert_allclose(one.datum.loss_fn_inputs["advantages"].to_numpy(),
+                               [0.0, 1.0 - penalty[0], -2.0 - penalty[1]], rtol=1e-6)
+    np.testing.assert_allclose(two.datum.loss_fn_inputs["advantages"].to_numpy(), [1.0 - penalty[2], 0.0], rtol=1e-6)
+    k3 = np.expm1(-d) + d
+    assert metrics == pytest.approx({"kl/policy_base": d.mean(), "kl/policy_base_k1": d.mean(),
+                                     "kl/policy_base_k3": k3.mean(), "kl/action_tokens": 3.0,
+                                     "kl/penalty_share": np.abs(penalty).sum() / 4.0})
+    assert penalize([first, second], base, coef=0.2, estimator="k3")[1]["kl/policy_base"] == pytest.approx(k3.mean())
+    assert (one.question_index, one.group_index, one.num_tokens, one.loss_tokens) == (3, 1, 3, 2)
+    assert two.loss_tokens == 1 and two.datum.model_input.to_ints() == second.datum.model_input.to_ints()
+    assert one.datum.loss_fn_inputs["target_tokens"].data == first.datum.loss_fn_inputs["target_tokens"].data
+    assert one.datum.loss_fn_inputs["advantages"].dtype == "float32"
+
+
+def test_the_penalty_refuses_misaligned_inputs_and_leaves_datums_without_action_tokens_alone():
+    item = datum([0.0, 1.0], [0.0, -1.0])
+    with pytest.raises(ValueError, match=r"^1 datums but 2 base logprob arrays$"):
+        penalize([item], [np.zeros(2), np.zeros(2)], coef=0.1, estimator="k1")
+    with pytest.raises(ValueError, match=r"^datum q0/g0: 3 base logprobs for 2 positions$"):
+        penalize([item], [np.zeros(3)], coef=0.1, estimator="k1")
+    silent = datum([0.0, 0.0], [0.0, -1.0])
+    assert penalize([silent], [np.zeros(2)], coef=0.5, estimator="k3") == ([silent], {})
+    with pytest.raises(ValueError, match="unknown KL estimator 'k2'"):
+        penalize([item], [np.zeros(2)], coef=0.1, estimator="k2")
+
+
 def test_base_logprobs_are_read_one_position_later_than_the_datum_position():
     item = datum([0.0, 1.0, 1.0], [0.0, -0.5, -0.7])
     assert base_prompt(item) == [10, 11, 12, 13]
