@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.run import fileio
+from searchr1.runtime import invocation
 
 SCHEMA_VERSION = 1
 
@@ -191,10 +192,11 @@ def _figure_verdict(figure: "Figure") -> str | None:
     return "straddles" if "missed" not in verdicts else "missed"
 
 
-def render_table(figures: list[Figure], *, title: str = "searchr1 bench") -> Any:
+def render_table(figures: list[Figure], *, title: str | None = None) -> Any:
+    """The figures as one rich table, titled by the command that measured them unless ``title`` is given."""
     from rich.table import Table
 
-    table = Table(title=title, header_style="bold")
+    table = Table(title=title or invocation.command("bench"), header_style="bold")
     table.add_column("#", justify="right")
     table.add_column("Figure / measure")
     table.add_column("Value", justify="right")
@@ -222,7 +224,7 @@ def print_report(figures: list[Figure], *, console: Any = None, output: str | Pa
         console = Console()
         if not console.is_terminal:
             console = Console(width=110)
-    title = "searchr1 bench" + (" (--quick: smoke sizes, not for quoting)" if quick else "")
+    title = invocation.command("bench") + (" (--quick: smoke sizes, not for quoting)" if quick else "")
     console.print(render_table(figures, title=title))
     console.print("[dim]* target set by the benchmark (no requirement of the project names one); see docs/benchmarks.md[/dim]")
     for figure in sorted(figures, key=lambda f: f.number):

@@ -49,6 +49,7 @@ from searchr1.bm25.corpus import CorpusError, CorpusReader
 from searchr1.core.errors import UserError
 from searchr1.run.fileio import WRITE_FAILURES, exclusive_lock, file_sha256, write_json_atomically
 from searchr1.run.jsonl import read_json_document
+from searchr1.runtime import invocation
 
 FORMAT = "searchr1-bm25-index"
 FORMAT_VERSION = 2
@@ -484,11 +485,11 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     directory = Path(directory)
     if not directory.is_dir():
         raise BM25IndexError(f"index {directory} does not exist; build one with "
-                             f"`python cli.py index build CORPUS.jsonl --out {directory}`")
+                             f"`{invocation.command(f'index build CORPUS.jsonl --out {directory}')}`")
     path = directory / MANIFEST_NAME
     if path.is_symlink() or not path.is_file():
         raise BM25IndexError(f"index {directory} has no {MANIFEST_NAME}: not a finished index "
-                             "(an interrupted build?); build it again with `python cli.py index build`")
+                             f"(an interrupted build?); build it again with `{invocation.command('index build')}`")
     try:
         manifest = read_json_document(path, error=BM25IndexError)
     except OSError as error:
@@ -497,7 +498,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise BM25IndexError(f"{path}: not a searchr1 BM25 index manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise BM25IndexError(f"{path}: format version {str(manifest.get('format_version'))[:20]!r}, this "
-                             f"searchr1 reads {FORMAT_VERSION}; rebuild it with `python cli.py index build`")
+                             f"searchr1 reads {FORMAT_VERSION}; rebuild it with `{invocation.command('index build')}`")
     where = str(path)
     rows = _field(manifest, where, "corpus", "rows", kind=int)
     _field(manifest, where, "corpus", "sha256", kind=str)

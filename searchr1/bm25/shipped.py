@@ -23,6 +23,7 @@ from searchr1.offline import CASSETTE_SPEC, OFFLINE_DIR, REPO_ROOT
 from searchr1.bm25.corpus import passage_row
 from searchr1.bm25.synthetic import synthetic_passages, vocabulary
 from searchr1.run.fileio import file_sha256
+from searchr1.runtime import invocation
 
 CORPUS = OFFLINE_DIR / "corpus.jsonl"
 SPEC_SOURCES = (CASSETTE_SPEC, REPO_ROOT / "cassettes" / "specs" / "demo.json")
@@ -76,7 +77,7 @@ def offline_index(corpus: Path = CORPUS) -> Path:
 
     if not corpus.is_file():
         raise BM25IndexError(f"the shipped corpus {corpus} is missing; regenerate it with "
-                             "`python cli.py index offline-corpus` (or reinstall the package)")
+                             f"`{invocation.command('index offline-corpus')}` (or reinstall the package)")
     sha = file_sha256(corpus)
     directory = cache_root() / "indexes" / f"offline-{sha[:16]}"
     directory.parent.mkdir(parents=True, exist_ok=True)

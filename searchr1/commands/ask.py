@@ -1,4 +1,4 @@
-"""``python cli.py ask "QUESTION"``: run the agent on one question and watch it work.
+"""``ask "QUESTION"``: run the agent on one question and watch it work.
 
 The rollout is the training and evaluation engine's (:func:`searchr1.core.rollout.rollout_batch_async`,
 one question, one sample); the sampler and the search backend are wrapped so that each turn is
@@ -91,9 +91,9 @@ def ask(search: SearchOptions, question: str, **kwargs: Any) -> None:
     """Ask the agent one question and print each turn as it happens.
 
     \b
-    python cli.py ask "Who is the father of the director of film Jurassic Park?" --offline \\
+    %(prog)s ask "Who is the father of the director of film Jurassic Park?" --offline \\
         --checkpoint runs/<run-name> --answer "Arnold Spielberg"
-    python cli.py ask "Who wrote Dune?" --backend zhihu --checkpoint runs/<run-name>
+    %(prog)s ask "Who wrote Dune?" --backend zhihu --checkpoint runs/<run-name>
     """
     run_guarded(lambda: _ask(search, question, kwargs))
 

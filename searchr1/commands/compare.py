@@ -1,4 +1,4 @@
-"""``python cli.py compare EVAL_A EVAL_B``: is B really better than A on the same questions?
+"""``compare EVAL_A EVAL_B``: is B really better than A on the same questions?
 Paired bootstrap intervals of the EM, F1 and cover-EM differences per source and macro, exact
 McNemar tests, the flipped questions, a plot (:mod:`searchr1.evaluation.compare`)."""
 
@@ -26,8 +26,8 @@ def compare(eval_a: Path, eval_b: Path, as_json: bool, plot_path: Path | None, s
     changes the numbers.
 
     \b
-    python cli.py compare eval_result/base.jsonl eval_result/step20.jsonl --plot cmp.png
-    python cli.py compare A.jsonl B.jsonl --json | jq .macro.em.difference
+    %(prog)s compare eval_result/base.jsonl eval_result/step20.jsonl --plot cmp.png
+    %(prog)s compare A.jsonl B.jsonl --json | jq .macro.em.difference
     """
     from searchr1.evaluation.compare import IncomparableEvals, compare_evals, format_comparison, load_eval
     from searchr1.evaluation.metrics import EvalFileError

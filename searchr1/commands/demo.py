@@ -1,4 +1,4 @@
-"""``python cli.py demo``: render and parse a two-search conversation with the real tokenizer."""
+"""``demo``: render and parse a two-search conversation with the real tokenizer."""
 
 from __future__ import annotations
 

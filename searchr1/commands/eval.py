@@ -1,4 +1,4 @@
-"""``python cli.py eval``: evaluate a base model or a checkpoint on the dev set (live PyTRIO, or
+"""``eval``: evaluate a base model or a checkpoint on the dev set (live PyTRIO, or
 offline: the scripted sampler and the search cassettes). The runner is
 :mod:`searchr1.evaluation.evaluate`; this module turns flags into its inputs and prints the result."""
 
@@ -27,6 +27,7 @@ from searchr1.commands.options import (
     run_guarded,
 )
 from searchr1.commands.settings_options import config_file_option
+from searchr1.runtime import invocation
 
 LIVE_DATA = Path("datasets/dev.jsonl")
 PROTOCOL_DATA = Path("datasets/test.jsonl")
@@ -96,11 +97,11 @@ def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> N
     bootstrap 95% intervals, format rate, rollout and search metrics.
 
     \b
-    Offline:     python cli.py eval --offline --output eval_result/offline.jsonl
-    Base model:  python cli.py eval --backend zhihu
-    Checkpoint:  python cli.py eval --backend zhihu --checkpoint runs/<run-name>
-                 python cli.py eval --backend zhihu --model-path trio://…/<run-name>-<id>-step-000020-weights
-    Plot:        python cli.py plot eval eval_result/*.jsonl -o eval_result/em.png
+    Offline:     %(prog)s eval --offline --output eval_result/offline.jsonl
+    Base model:  %(prog)s eval --backend zhihu
+    Checkpoint:  %(prog)s eval --backend zhihu --checkpoint runs/<run-name>
+                 %(prog)s eval --backend zhihu --model-path trio://…/<run-name>-<id>-step-000020-weights
+    Plot:        %(prog)s plot eval eval_result/*.jsonl -o eval_result/em.png
 
     The output holds one record per question (the whole transcript: turn texts, queries,
     observations, termination reason, reward, EM, format) and a closing summary with the exact
@@ -333,7 +334,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     given = kwargs.pop("data")
     data = given or (DEV if offline else PROTOCOL_DATA if protocol else LIVE_DATA)
     if not data.is_file():
-        hint = ("" if given else "; run `python cli.py prepare-data` first, or pass --data" if not offline
+        hint = ("" if given
+                else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not offline
                 else "; reinstall the package")
         raise click.ClickException(f"eval data {data} does not exist{hint}")
     if offline_home is not None and not offline:

@@ -1,4 +1,4 @@
-"""``python cli.py export CHECKPOINT --out DIR``: download a checkpoint's sampler weights with
+"""``export CHECKPOINT --out DIR``: download a checkpoint's sampler weights with
 pytrio's ``RestClient.download_checkpoint`` (resumable: an interrupted download continues where
 it stopped when the command is run again), or take an archive already downloaded
 (``--from-archive``); extract it safely (:mod:`searchr1.export.extract`); convert the Tinker-format
@@ -152,9 +152,9 @@ def export(checkpoint: str | None, out: Path, from_archive: Path | None, export_
     """Take a checkpoint's LoRA home: a PEFT adapter (or vLLM's), checked against the base model.
 
     \b
-    python cli.py export runs/<run-name> --out exported/<run-name>
-    python cli.py export trio://…-weights --out exported/x --format vllm
-    python cli.py export --from-archive weights.tar --base ./Qwen3.5-4B --out exported/x --merge
+    %(prog)s export runs/<run-name> --out exported/<run-name>
+    %(prog)s export trio://…-weights --out exported/x --format vllm
+    %(prog)s export --from-archive weights.tar --base ./Qwen3.5-4B --out exported/x --merge
 
     Rerun the same command after an interruption: the download resumes. An archive with any
     unsafe member (absolute path, .., a link out, a device, over the size cap) is not

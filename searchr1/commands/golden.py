@@ -1,10 +1,12 @@
-"""``python cli.py golden``: check (default) or regenerate the golden trajectories."""
+"""``golden``: check (default) or regenerate the golden trajectories."""
 
 from __future__ import annotations
 
 import json
 
 import click
+
+from searchr1.runtime import invocation
 
 
 @click.command()
@@ -46,7 +48,8 @@ def _golden(update: bool, only: str | None) -> None:
     finally:
         search_log.setLevel(level)
     if stale:
-        raise click.ClickException(f"{stale} golden file(s) differ; inspect, then `python cli.py golden --update`")
+        raise click.ClickException(f"{stale} golden file(s) differ; inspect, "
+                                   f"then `{invocation.command('golden --update')}`")
     if not update:
         click.echo(f"{len(paths)} golden file(s) match")
 
@@ -66,7 +69,7 @@ def _compare_or_write(paths: list, tokenizer: object, twin: object, update: bool
                 click.echo(f"wrote     {target}")
             continue
         if not target.is_file():
-            click.echo(f"MISSING   {target} (run `python cli.py golden --update`)")
+            click.echo(f"MISSING   {target} (run `{invocation.command('golden --update')}`)")
             stale += 1
             continue
         found = differences(json.loads(target.read_text("utf-8")), fresh)

@@ -1,4 +1,4 @@
-"""``python cli.py index``: build a BM25 index from a corpus JSONL, and generate the shipped
+"""``index``: build a BM25 index from a corpus JSONL, and generate the shipped
 offline corpus."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from searchr1.commands.options import run_guarded
+from searchr1.runtime import invocation
 
 
 @click.group("index")
@@ -35,8 +36,8 @@ def build(corpus: Path, out: Path, shard_passages: int | None, workers: int | No
     one bm25s index over the whole corpus).
 
     \b
-    python cli.py index build wiki-18.jsonl --out indexes/wiki-18
-    python cli.py train --backend local --index indexes/wiki-18 ...
+    %(prog)s index build wiki-18.jsonl --out indexes/wiki-18
+    %(prog)s train --backend local --index indexes/wiki-18 ...
 
     The corpus is read as a stream and indexed in shards, each scored with the corpus-wide
     statistics, so memory stays bounded whatever its size. The build happens in a hidden
@@ -113,7 +114,7 @@ def _offline_corpus(check: bool) -> None:
     if check:
         current = CORPUS.read_text("utf-8") if CORPUS.is_file() else None
         if current != text:
-            raise click.ClickException(f"{CORPUS} differs from what `python cli.py index offline-corpus` "
+            raise click.ClickException(f"{CORPUS} differs from what `{invocation.command('index offline-corpus')}` "
                                        "produces; regenerate it")
         click.echo(f"{CORPUS} is up to date")
         return

@@ -1,14 +1,21 @@
-"""The ``searchr1`` command group (``searchr1.cli:main``, also ``python cli.py``).
+"""The ``searchr1`` command group (``searchr1.cli:main``, also run by ``cli.py`` in a checkout).
 
 Commands are loaded lazily so that ``--help`` answers instantly and a command only imports
-what it needs (the tokenizer and the SDK are heavy).
+what it needs (the tokenizer and the SDK are heavy). The group records the name it was invoked
+under, so that every command line printed during the run starts the same way
+(:mod:`searchr1.runtime.invocation`), and shows every help text with that name in place of
+:data:`~searchr1.runtime.invocation.PROGRAM`.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
+from typing import Any
 
 import click
+
+from searchr1.runtime import invocation
 
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
@@ -36,7 +43,63 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class InvokedHelpFormatter(click.HelpFormatter):
+    """Help with the program as invoked in place of ``PROGRAM``, replaced before wrapping."""
+
+    def write_usage(self, prog: str, args: str = "", prefix: str | None = None) -> None:
+        super().write_usage(prog, invocation.fill(args), prefix)
+
+    def write_heading(self, heading: str) -> None:
+        super().write_heading(invocation.fill(heading))
+
+    def write_text(self, text: str) -> None:
+        super().write_text(invocation.fill(text))
+
+    def write_dl(self, rows: Sequence[tuple[str, str]], col_max: int = 30, col_spacing: int = 2) -> None:
+        super().write_dl([(invocation.fill(term), invocation.fill(text)) for term, text in rows],
+                         col_max, col_spacing)
+
+
+class InvokedContext(click.Context):
+    """The context of every command of the group: its help goes through
+    :class:`InvokedHelpFormatter`."""
+
+    formatter_class = InvokedHelpFormatter
+
+
+def with_invoked_help(command: click.Command) -> click.Command:
+    """``command``, and each subcommand of a group, with :class:`InvokedContext` for contexts
+    (a command with a context class of its own keeps it)."""
+    if command.context_class is click.Context:
+        command.context_class = InvokedContext
+    if isinstance(command, click.Group):
+        for subcommand in command.commands.values():
+            with_invoked_help(subcommand)
+    return command
+
+
 class LazyGroup(click.Group):
+    context_class = InvokedContext
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Click's ``main``; the program recorded while it runs is forgotten when it returns."""
+        before = invocation.recorded()
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            invocation.record(before)
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        """Click's context; the group's own is named as the program runs
+        (:func:`~searchr1.runtime.invocation.program_for`: a script file runs with python, also in
+        click's usage lines and its "Try ... -h" hints), and that program is recorded for the
+        command lines the run prints."""
+        if parent is None and info_name:  # the program's name, as click detected it or was given it
+            info_name = invocation.program_for(info_name)
+            invocation.record(info_name)
+        return super().make_context(info_name, args, parent, **extra)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
@@ -45,10 +108,10 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attribute = target.split(":")
-        return getattr(importlib.import_module(module_name), attribute)
+        return with_invoked_help(getattr(importlib.import_module(module_name), attribute))
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(invocation.INSTALLED, cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="searchr1")
 def main() -> None:
     """Search-R1 on PyTRIO: teach an LLM when to search, what to search for, and when to answer.

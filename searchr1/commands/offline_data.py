@@ -1,8 +1,10 @@
-"""``python cli.py offline-data``: regenerate the shipped offline question set and its cassettes."""
+"""``offline-data``: regenerate the shipped offline question set and its cassettes."""
 
 from __future__ import annotations
 
 import click
+
+from searchr1.runtime import invocation
 
 
 @click.command("offline-data")
@@ -29,7 +31,7 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
         for path in report.differing:
             click.echo(f"STALE     {path}")
         if stale or report.differing:
-            raise click.ClickException("offline files are stale; run `python cli.py offline-data`")
+            raise click.ClickException(f"offline files are stale; run `{invocation.command('offline-data')}`")
         click.echo("offline files and cassettes are up to date")
         return
     for path in stale:

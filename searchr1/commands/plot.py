@@ -65,7 +65,7 @@ def plot() -> None:
               help="Which answer score to plot: exact match, token F1 or cover EM (every summary reports all "
                    "three), or the judge's verdicts (summaries of `eval --judge`).")
 def plot_eval(files: tuple[Path, ...], output: Path, labels: tuple[str, ...], allow_mixed: bool, metric: str) -> None:
-    """Several evaluations side by side (python cli.py plot eval A B C -o evals.png): the score
+    """Several evaluations side by side (%(prog)s plot eval A B C -o evals.png): the score
     per benchmark and the macro score / format rate, one colour per eval JSONL FILE (one per
     checkpoint; each file's last summary record is used)."""
     try:

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from searchr1.data import dataset as data
+from searchr1.runtime import invocation
 
 
 def _local_sources(
@@ -77,7 +78,7 @@ def _describe(counts: dict[str, int]) -> str:
 )
 @click.option("--corpus", is_flag=True,
               help="Fetch the wiki-18 retrieval corpus (Search-R1's wiki-18.jsonl.gz, ~21M passages) into "
-                   "OUTPUT_DIR/wiki-18.jsonl instead of the QA dataset; then `python cli.py index build`.")
+                   "OUTPUT_DIR/wiki-18.jsonl instead of the QA dataset; then `%(prog)s index build`.")
 @click.option("--corpus-source", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="With --corpus, offline: a wiki-18.jsonl or .jsonl.gz already downloaded.")
 @click.option("--corpus-url", default=None,
@@ -164,4 +165,4 @@ def _prepare_corpus(output_dir: Path, source: Path | None, url: str | None, sha2
     resumed = f", resumed after {fetched['resumed_from']:,} bytes" if fetched.get("resumed_from") else ""
     checked = f", sha256 {fetched['sha256']}" if fetched.get("sha256") else ""
     click.echo(f"wrote {dest}: {fetched['rows']} passages, {fetched['bytes']} bytes{resumed}{checked}")
-    click.echo(f"next: python cli.py index build {dest} --out indexes/wiki-18")
+    click.echo(f"next: {invocation.command(f'index build {dest} --out indexes/wiki-18')}")

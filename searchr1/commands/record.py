@@ -1,4 +1,4 @@
-"""``python cli.py record``: record live search traffic into a vcrpy cassette."""
+"""``record``: record live search traffic into a vcrpy cassette."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
 from searchr1.search.factory import create_search_backend
 from searchr1.search.recording import SecretLeakError, recording
 from searchr1.commands.settings_options import FiniteFloatRange
+from searchr1.runtime import invocation
 
 
 class RecordingFailed(click.ClickException):
@@ -82,9 +83,9 @@ Keys: DEEPSEEK_API_KEY / ZHIHU_SEARCH_KEYS from the environment or the .env file
 
 \b
 Examples:
-  python cli.py record --backend wikipedia --query "The Little Prince author" \\
+  %(prog)s record --backend wikipedia --query "The Little Prince author" \\
       --cassette cassettes/wikipedia/live-demo.yaml
-  python cli.py record --backend deepseek --from-dataset datasets/dev.jsonl --limit 20 \\
+  %(prog)s record --backend deepseek --from-dataset datasets/dev.jsonl --limit 20 \\
       --cassette cassettes/deepseek/dev20.yaml
 """,
 )
@@ -228,7 +229,7 @@ async def _record(
     (inside the recording, so nothing is written) when the recording is not worth keeping."""
     metadata: dict[str, Any] = {
         "backend": client.name,
-        "generator": "python cli.py record",
+        "generator": invocation.command("record"),
         "provenance": "live",
         "recorded_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "options": client.replay_options(),

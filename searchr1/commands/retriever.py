@@ -1,4 +1,4 @@
-"""``python cli.py retriever serve``: the official Search-R1 ``/retrieve`` API over a local index."""
+"""``retriever serve``: the official Search-R1 ``/retrieve`` API over a local index."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def retriever() -> None:
 
 @retriever.command("serve")
 @click.option("--index", "index_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Index directory built by `python cli.py index build`.")
+              help="Index directory built by `%(prog)s index build`.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 to share the index with other machines).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)

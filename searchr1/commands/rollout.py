@@ -1,4 +1,4 @@
-"""``python cli.py rollout --offline``: one scripted batch through the engine (sampled with the
+"""``rollout --offline``: one scripted batch through the engine (sampled with the
 real PyTRIO client from the offline twin), outcome per trajectory."""
 
 from __future__ import annotations

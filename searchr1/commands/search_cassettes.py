@@ -1,4 +1,4 @@
-"""``python cli.py cassettes …``: regenerate, check and extend the shipped search cassettes."""
+"""``cassettes …``: regenerate, check and extend the shipped search cassettes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import click
 
 from searchr1.search.cache import normalise_query
 from searchr1.search.cassette_specs import CASSETTE_ROOT, SpecError, build_cassettes, discover_specs
+from searchr1.runtime import invocation
 
 
 @click.group(help="Shipped search cassettes: generated from cassettes/specs/ (see cassettes/README.md).")
@@ -31,7 +32,7 @@ def _root_option(function):
 
 Each spec is served by an in-process fake of the service (its documented wire format) and
 recorded THROUGH THE REAL CLIENT with vcrpy, in virtual time, with placeholder keys. Live
-recordings (made by `cli.py record`) are left alone. Also refreshes the table in
+recordings (made by `%(prog)s record`) are left alone. Also refreshes the table in
 cassettes/README.md. With --check nothing is written: the command fails if any shipped
 cassette (or the README table) differs from what the specs produce."""
 )
@@ -46,7 +47,7 @@ def build(check: bool, only: str | None, root: Path) -> None:
     for path in report.written:
         click.echo(f"wrote     {path}")
     for path in report.skipped_live:
-        click.echo(f"live      {path} (recorded by `cli.py record`; left alone)")
+        click.echo(f"live      {path} (recorded by `{invocation.command('record')}`; left alone)")
     for path in report.differing:
         click.echo(f"STALE     {path}")
     for path in report.orphans:
@@ -55,7 +56,7 @@ def build(check: bool, only: str | None, root: Path) -> None:
         click.echo(f"STALE     {root / 'README.md'} (generated table)")
     click.echo(f"{len(report.unchanged)} cassette(s) up to date")
     if check and not report.clean:
-        raise click.ClickException("cassettes differ from their specs; run `python cli.py cassettes build`")
+        raise click.ClickException(f"cassettes differ from their specs; run `{invocation.command('cassettes build')}`")
     if report.orphans and not check:
         raise click.ClickException("orphan cassettes found (see above)")
 
@@ -73,7 +74,7 @@ def parse_result(text: str) -> dict[str, str]:
 
 \b
 Example (all four demo cassettes get the query):
-  python cli.py cassettes add demo --query "Who wrote Hamlet" \\
+  %(prog)s cassettes add demo --query "Who wrote Hamlet" \\
       --result "Hamlet::Hamlet is a tragedy written by William Shakespeare around 1600." \\
       --result "William Shakespeare::William Shakespeare was an English playwright and poet."
 

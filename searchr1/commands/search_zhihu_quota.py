@@ -1,4 +1,4 @@
-"""``python cli.py zhihu-quota``: the remaining Zhihu search quota of every configured key."""
+"""``zhihu-quota``: the remaining Zhihu search quota of every configured key."""
 
 from __future__ import annotations
 

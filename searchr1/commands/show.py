@@ -1,4 +1,4 @@
-"""``python cli.py show``: read transcripts in the terminal, or write them as one HTML page.
+"""``show``: read transcripts in the terminal, or write them as one HTML page.
 
 The source is a run directory (its ``transcripts.jsonl``: a sample of every training step), a
 ``transcripts.jsonl`` itself, or an eval JSONL file (one transcript per question).
@@ -195,10 +195,10 @@ def show(source: Path, step: int | str | None, limit: int | None, html_path: Pat
     trajectory ended.
 
     \b
-    python cli.py show runs/offline-demo                  the last step's sample
-    python cli.py show runs/offline-demo --step all --html run.html
-    python cli.py show eval_result/offline_base.jsonl --limit 5
-    python cli.py show eval_result/offline_base.jsonl --id off-dev-03
+    %(prog)s show runs/offline-demo                  the last step's sample
+    %(prog)s show runs/offline-demo --step all --html run.html
+    %(prog)s show eval_result/offline_base.jsonl --limit 5
+    %(prog)s show eval_result/offline_base.jsonl --id off-dev-03
     """
     from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line, write_text_atomically
 

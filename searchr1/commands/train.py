@@ -1,4 +1,4 @@
-"""``python cli.py train``: Search-R1 training on PyTRIO, or on its offline twin."""
+"""``train``: Search-R1 training on PyTRIO, or on its offline twin."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from searchr1 import __version__
 from searchr1.run.loggers import LOGGER_NAMES, SWANLAB_MODES
 from searchr1.run.algorithm import parse_loss_fn_config
 from searchr1.core.rollout import RolloutConfig
+from searchr1.runtime import invocation
 from searchr1.commands.search_options import search_options
 from searchr1.search.options import SearchOptions
 from searchr1.core.config import TrainConfig
@@ -135,10 +136,10 @@ def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
     """Train a search policy with GRPO-style group advantages and importance sampling.
 
     \b
-    Live:     python cli.py train --backend zhihu --max-steps 200
+    Live:     %(prog)s train --backend zhihu --max-steps 200
               (needs PYTRIO_API_KEY, and ZHIHU_SEARCH_KEYS / DEEPSEEK_API_KEY for those backends)
-    Offline:  python cli.py train --offline
-    Resume:   python cli.py train --resume runs/<run-name> [--max-steps N]
+    Offline:  %(prog)s train --offline
+    Resume:   %(prog)s train --resume runs/<run-name> [--max-steps N]
 
     Each step writes one line to <run-dir>/metrics.jsonl; checkpoints go to checkpoints.jsonl
     (their weights URI is what `eval --model-path` takes).
@@ -252,7 +253,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         given_data = settings.pop("data")
         data = Path(given_data or (TRAIN if offline else "datasets/train.jsonl"))
         if not data.is_file():  # the package's own offline file missing is a broken install; the user's, not
-            hint = ("" if given_data else "; run `python cli.py prepare-data` first, or pass --data" if not offline
+            hint = ("" if given_data
+                    else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not offline
                     else "; the package's offline data is missing: reinstall the package")
             raise click.ClickException(f"training data {data} does not exist{hint}")
         if not offline:
@@ -418,7 +420,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     last = run.resume_point()
     if stop.requested and completed < config.max_steps:
         click.secho(f"stopped on Ctrl-C after step {completed - 1}; checkpoint {last.name if last else '-'} saved "
-                    f"(step {completed} starts from it). Continue with: python cli.py train --resume {run.path}",
+                    f"(step {completed} starts from it). "
+                    f"Continue with: {invocation.command(f'train --resume {run.path}')}",
                     fg="yellow", err=True)
         sys.exit(130)
     click.echo(f"done: {completed} steps. metrics: {run.file('metrics.jsonl')}")
@@ -429,7 +432,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                    f"last {n} steps {sum(rewards[-n:]) / n:+.3f}")
     if last is not None:
         click.echo(f"last checkpoint: {last.name}  weights: {last.weights_path}")
-        click.echo(f"evaluate it with: python cli.py eval --checkpoint {run.path}"
+        click.echo(f"evaluate it with: {invocation.command(f'eval --checkpoint {run.path}')}"
                    + (f" --backend {search.backend}" if not offline else ""))
 
 
@@ -507,15 +510,16 @@ def _interrupted_at_once(run: Any, stop: _StopOnInterrupt, *, resuming: bool) ->
     if stop.trainer is None or not run.file("config.json").is_file():
         if resuming:
             return (f"interrupted during start-up; {run.path} is as it was (continue with: "
-                    f"python cli.py train --resume {run.path})")
+                    f"{invocation.command(f'train --resume {run.path}')})")
         return "interrupted during start-up, before the first step; nothing to resume"
     last = run.resume_point()
     if last is None:
         return (f"interrupted at once, before the first checkpoint: {run.finished_steps()} finished step(s) are in "
-                f"{run.path}, but no checkpoint to resume from; `python cli.py train --resume {run.path}` "
+                f"{run.path}, but no checkpoint to resume from; "
+                f"`{invocation.command(f'train --resume {run.path}')}` "
                 "starts it over from step 0 (their metrics are kept in metrics.rewound.jsonl)")
     return (f"interrupted at once. Finished steps are in {run.path}; resume from checkpoint {last.name} "
-            f"(step {last.step}) with: python cli.py train --resume {run.path}")
+            f"(step {last.step}) with: {invocation.command(f'train --resume {run.path}')}")
 
 
 _MISSING = object()

@@ -1,4 +1,4 @@
-"""``python cli.py twin serve``: the offline PyTRIO twin as a server for other programs."""
+"""``twin serve``: the offline PyTRIO twin as a server for other programs."""
 
 from __future__ import annotations
 

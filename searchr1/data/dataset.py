@@ -34,6 +34,7 @@ from searchr1.core.errors import UserError
 from searchr1.core.types import SearchExample
 from searchr1.run.fileio import file_sha256, follow_umask, naming, removing_new_directories
 from searchr1.run.jsonl import iter_json_lines
+from searchr1.runtime import invocation
 
 
 class DataError(UserError, ValueError):
@@ -235,7 +236,7 @@ def _require(record: Mapping[str, Any], field: str, where: str) -> Any:
     hint = ""
     if field == "answers" and "golden_answers" in record:
         hint = ("; 'golden_answers' is the raw release's column: convert the release with "
-                "`python cli.py prepare-data --source DIR`")
+                f"`{invocation.command('prepare-data --source DIR')}`")
     raise DataError(f"{where}: missing field {field!r} (the line has {present}){hint}")
 
 

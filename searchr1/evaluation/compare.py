@@ -44,6 +44,7 @@ from searchr1.evaluation.metrics import (
     read_eval_records,
     stratified_macro_ci,
 )
+from searchr1.runtime import invocation
 
 SCORES = ("em", "f1", "cover_em")
 BINARY_SCORES = ("em", "cover_em")
@@ -163,7 +164,7 @@ def _producer(config: Mapping[str, Any]) -> str:
 
 
 def _show_command(path: Path, question_id: str) -> str:
-    return f"python cli.py show {shlex.quote(str(path))} --id {shlex.quote(question_id)}"
+    return invocation.command(f"show {shlex.quote(str(path))} --id {shlex.quote(question_id)}")
 
 
 def compare_evals(a: LoadedEval, b: LoadedEval, *, seed: int = BOOTSTRAP_SEED,

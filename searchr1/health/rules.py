@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from searchr1.core.settings import key_value
+from searchr1.runtime import invocation
 
 REWARD_WINDOW = 5  # steps in the rolling mean the reward_drop rule compares against
 FALL_MARGIN = 0.1  # a step falls when its reward or format is this far below the best rolling mean
@@ -234,11 +235,11 @@ def collapse_report(run_path: Any, *, completed: int, streak: int, stop_on_colla
     message = (f"collapse guard: steps {first_bad}..{completed - 1} were unhealthy ({streak} in a row, "
                f"--stop-on-collapse {stop_on_collapse}); stopped after step {completed - 1} and saved "
                f"a checkpoint of step {completed} in {run_path}.\n"
-               f"What the model did: python cli.py show {run_path} --step {first_bad}\n")
+               f"What the model did: {invocation.command(f'show {run_path} --step {first_bad}')}\n")
     if healthy is None:
         return message + ("no checkpoint before the unhealthy steps was saved (a smaller --save-every keeps more); "
                           "start a new run with other settings"), None
     restart = int(healthy["step"])
     return message + (f"last healthy checkpoint: {healthy['name']} (step {restart}); continue from it "
                       f"(add flags to change, e.g. --learning-rate) with:\n"
-                      f"python cli.py train --resume {run_path} --from-step {restart}"), restart
+                      + invocation.command(f"train --resume {run_path} --from-step {restart}")), restart

@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from searchr1.runtime import invocation
+
 OFFLINE_DIR = Path(__file__).resolve().parent
 _CHECKOUT = OFFLINE_DIR.parents[1]
 # The folder holding cassettes/ and golden/: the checkout the package runs from, or the copy an
@@ -131,7 +133,7 @@ def build_offline_files(source: dict[str, Any], *, samples: int = 8) -> dict[Pat
     scenario = {
         "name": "offline",
         "description": "Scripted policy for the shipped offline question set (generated from "
-                       "searchr1/offline/questions.json by `python cli.py offline-data`).",
+                       f"searchr1/offline/questions.json by `{invocation.command('offline-data', checkout=True)}`).",
         "backend": "wikipedia",
         "cassette": f"cassettes/wikipedia/{CASSETTE_NAME}.yaml",
         "questions": _question_entries(train, 0, samples) + _question_entries(dev, len(train), samples),
@@ -154,7 +156,7 @@ def build_offline_files(source: dict[str, Any], *, samples: int = 8) -> dict[Pat
         queries[extra["query"]] = _expand_repeats(extra)
     spec = {
         "description": "Offline question set (generated from searchr1/offline/questions.json by "
-                       "`python cli.py offline-data`; do not edit by hand).",
+                       f"`{invocation.command('offline-data', checkout=True)}`; do not edit by hand).",
         "backends": list(BACKENDS),
         "options": {"max_retries": 2},
         "queries": list(queries.values()),

@@ -34,6 +34,7 @@ from typing import Any
 
 from searchr1.core.errors import UserError
 from searchr1.run.usage import SearchUsage, Usage, count_checkpoint, step_means, totals_before, usage_metrics
+from searchr1.runtime import invocation
 
 COST = "cost/"
 TOKEN_KINDS = ("sample_prompt_tokens", "sample_generated_tokens", "train_tokens", "kl_prompt_tokens",
@@ -237,7 +238,7 @@ def budget_stop_message(verdict: BudgetVerdict, prices: PriceTable | None, *, co
                    f"the next step would take about {verdict.projected_step:.0f}")
         flag = f"--budget-tokens {int(larger)}"
     return (f"budget reached after {completed} steps: {figures}; checkpoint saved. Continue with: "
-            f"python cli.py train --resume {run_dir} {flag}")
+            + invocation.command(f"train --resume {run_dir} {flag}"))
 
 
 def _larger(limit: float, spent: float, step: float) -> float:

@@ -52,18 +52,19 @@ from searchr1.search.limits import Backoff
 from searchr1.search.recording import recording
 from searchr1.search.replay import read_cassette_metadata
 from searchr1.search.secrets import Secret
+from searchr1.runtime import invocation
 
 CASSETTE_ROOT = Path(__file__).resolve().parents[2] / "cassettes"
-GENERATOR = "python cli.py cassettes build"
+GENERATOR = invocation.command("cassettes build", checkout=True)  # generated files read the same whoever ran it
 SYNTHETIC = (
     "synthetic: served by the in-process fake service to the documented wire format "
-    "(not a capture of the live service); regenerate with `python cli.py cassettes build`"
+    f"(not a capture of the live service); regenerate with `{GENERATOR}`"
 )
 BUILD_CONTACT = "cassette-builder@searchr1.invalid"
 EXPECT_KEYS = {"ok", "error", "status", "rate_limited", "min_latency", "titles"}
 SPEC_KEYS = {"description", "backends", "options", "keys", "queries"}
 QUERY_KEYS = {"query", "scenario", "results", "responses", "expect"}
-README_BEGIN = "<!-- BEGIN GENERATED: python cli.py cassettes build -->"
+README_BEGIN = f"<!-- BEGIN GENERATED: {GENERATOR} -->"
 README_END = "<!-- END GENERATED -->"
 
 
@@ -353,7 +354,7 @@ def render_readme(current: str, specs: list[CassetteSpec], root: Path = CASSETTE
         for backend in spec.backends:
             target = spec.cassette_path(backend, root)
             provenance = (
-                "live recording (`cli.py record`)"
+                f"live recording (`{invocation.command('record', checkout=True)}`)"
                 if is_live_recording(target)
                 else ("synthetic: fake service, documented wire format; not a live capture")
             )

@@ -23,6 +23,7 @@ from searchr1.search.local import INDEX_ENV, LocalSearchBackend
 from searchr1.search.retriever import RetrieverSearchBackend
 from searchr1.search.wikipedia import WikipediaSearchBackend
 from searchr1.search.zhihu import ZhihuSearchBackend
+from searchr1.runtime import invocation
 
 BACKENDS: dict[str, type[HttpSearchBackend]] = {
     "deepseek": DeepSeekSearchBackend,
@@ -113,7 +114,7 @@ def create_search_backend(
             from searchr1.bm25.index import BM25IndexError
 
             raise BM25IndexError(f"the local backend needs an index: pass --index DIR (or set {INDEX_ENV}); "
-                                 "build one with `python cli.py index build CORPUS.jsonl --out DIR`")
+                                 f"build one with `{invocation.command('index build CORPUS.jsonl --out DIR')}`")
         options["index"] = directory
     return cls(
         concurrency=resolve_concurrency(name, concurrency),

@@ -14,6 +14,7 @@ from searchr1.search.base import HttpSearchBackend
 from searchr1.search.cache import QueryCache
 from searchr1.search.factory import BACKEND_NAMES, create_search_backend
 from searchr1.search.replay import ReplayBackend, open_replay_backend
+from searchr1.runtime import invocation
 
 DEFAULT_CACHE_PATH = Path("runs/search-cache.sqlite")
 log = logging.getLogger("searchr1.search")
@@ -58,7 +59,7 @@ class SearchOptions:
 
     index: str | None = setting(
         None, flag="--index", metavar="DIR",
-        help="With --backend local: the BM25 index directory (`python cli.py index build`).",
+        help=f"With --backend local: the BM25 index directory (`{invocation.PROGRAM} index build`).",
         default_text="$SEARCHR1_INDEX; offline: the shipped corpus's index")
     topk: int | None = setting(None, flag="--search-topk", at_least=1, at_most=100,
                                help="Passages per search for the local and retriever backends.", default_text="3")

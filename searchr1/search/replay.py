@@ -49,6 +49,7 @@ from searchr1.search.limits import Backoff
 from searchr1.search.retriever import DEFAULT_URL as DEFAULT_RETRIEVER_URL
 from searchr1.search.secrets import redact, redact_url
 from searchr1.core.types import SearchResult
+from searchr1.runtime import invocation
 
 MATCH_ON = (
     matchers.method,
@@ -83,8 +84,8 @@ class CassetteMissError(UserError, LookupError):
         self.query = query
         self.differs_in = differs_in
         self.hint = hint or (
-            "Add the query to the cassette's spec and run `python cli.py cassettes build` "
-            "(generated cassettes), or record it with `python cli.py record` (live ones)."
+            f"Add the query to the cassette's spec and run `{invocation.command('cassettes build')}` "
+            f"(generated cassettes), or record it with `{invocation.command('record')}` (live ones)."
         )
         subject = f"query {query!r}" if query is not None else "a request"
         super().__init__(
@@ -121,7 +122,8 @@ class _LeastPlayedCassette(Cassette):
 def _not_a_cassette(path: Path, why: str) -> CassetteFormatError:
     return CassetteFormatError(
         f"{path} is not a search cassette ({why}); expected a vcrpy YAML file with "
-        "'interactions' (make one with `python cli.py record` or `python cli.py cassettes build`)"
+        f"'interactions' (make one with `{invocation.command('record')}` or "
+        f"`{invocation.command('cassettes build')}`)"
     )
 
 
@@ -315,18 +317,18 @@ class ReplayBackend:
         if self.metadata.get("provenance") == "live":
             return (
                 f"This cassette was recorded live: record it again with the query included "
-                f"(`python cli.py record --backend {self.name} --query ... --cassette "
+                f"(`{invocation.command('record')} --backend {self.name} --query ... --cassette "
                 f"{self.cassette_path} --overwrite`)."
             )
         spec = self.metadata.get("spec")
         if spec:
             return (
-                f"Add the query to cassettes/{spec} and run `python cli.py cassettes build` "
+                f"Add the query to cassettes/{spec} and run `{invocation.command('cassettes build')}` "
                 "(this cassette is generated from that spec)."
             )
         return (
-            "Record the query into a cassette with `python cli.py record`, or add it to a "
-            "spec under cassettes/specs/ and run `python cli.py cassettes build`."
+            f"Record the query into a cassette with `{invocation.command('record')}`, or add it to a "
+            f"spec under cassettes/specs/ and run `{invocation.command('cassettes build')}`."
         )
 
     async def aclose(self) -> None:

@@ -40,6 +40,7 @@ from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for
 from searchr1.training.pipeline import RolloutPipeline
 from searchr1.run.costs import BudgetReached, RunAccount
 from searchr1.run.usage import Usage, count_update
+from searchr1.runtime import invocation
 
 
 class TrainingStopped(RuntimeError):
@@ -47,7 +48,7 @@ class TrainingStopped(RuntimeError):
 
     def __init__(self, message: str, *, step: int, run_dir: str) -> None:
         super().__init__(f"{message}\nFinished steps are saved in {run_dir}; resume with: "
-                         f"python cli.py train --resume {run_dir}")
+                         + invocation.command(f"train --resume {run_dir}"))
         self.step = step
         self.run_dir = run_dir
 
@@ -250,7 +251,8 @@ class TrainingRun:
                 if verdict.unhealthy:  # texts: in metrics.jsonl, not on the dashboards (numbers only)
                     metrics["health/warnings"] = verdict.warnings()  # type: ignore[assignment]
                     self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
-                                       f"What the model did: python cli.py show {self.run.path} --step {step}")
+                                       "What the model did: "
+                                       + invocation.command(f"show {self.run.path} --step {step}"))
                 self._record(record, metrics)
                 stopping = stopping or (self.stop_requested and completed < config.max_steps)  # Ctrl-C meanwhile
                 if stopping:

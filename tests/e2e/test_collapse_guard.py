@@ -48,9 +48,9 @@ def test_the_guard_stops_within_n_steps_of_a_collapse_and_its_command_restarts_f
     assert any(w.startswith("answer_rate 0 < 0.1") for w in metrics[3]["health/warnings"])
     assert any(w.startswith("format_valid_rate 0 < 0.1") for w in metrics[3]["health/warnings"])
     warnings = [line for line in result.output.splitlines() if line.startswith("warning: step")]
-    assert len(warnings) == 2 and f"python cli.py show {run_dir} --step 3" in warnings[0]
+    assert len(warnings) == 2 and f"searchr1 show {run_dir} --step 3" in warnings[0]
     assert run.resume_point().step == 5  # what it had is saved
-    command = re.search(r"python cli\.py (train --resume \S+ --from-step (\d+))", result.output)
+    command = re.search(r"searchr1 (train --resume \S+ --from-step (\d+))", result.output)
     assert command is not None and command.group(2) == "2", result.output  # weights after step 2 sampled healthy step 2
 
     # the printed command, with an algorithm flag changed and the recorded fault cleared, continues from step 2

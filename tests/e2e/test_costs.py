@@ -83,7 +83,7 @@ def test_a_budget_stops_before_passing_it_and_a_larger_budget_resumes_to_an_unin
     assert result.exit_code == 4, result.output
     message = [line for line in result.output.splitlines() if line.startswith("budget reached")]
     assert len(message) == 1 and "spent" in message[0] and "left" in message[0]
-    assert f"python cli.py train --resume {stopped} --budget " in message[0]
+    assert f"searchr1 train --resume {stopped} --budget " in message[0]
     lines = RunDir(stopped).metrics()
     assert [line["step"] for line in lines] == [0, 1]
     assert lines[-1]["cost/total"] <= budget  # stopped before passing it

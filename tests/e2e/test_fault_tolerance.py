@@ -59,7 +59,7 @@ from searchr1.twin.scripted_policy import ScriptedPolicy
 from twin_support import without_timing_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-RESUME_HINT = "python cli.py train --resume"
+RESUME_HINT = "searchr1 train --resume"  # outside a command-line run, hints name the installed script
 BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4"]
 
 

@@ -91,7 +91,7 @@ def test_a_miss_in_a_live_cassette_says_to_record_again_not_to_edit_a_spec(tmp_p
     with pytest.raises(CassetteMissError) as caught:
         replay("retriever", target, "Who wrote Hamlet")
     message = str(caught.value)
-    assert "Who wrote Hamlet" in message and "python cli.py record" in message and "--overwrite" in message
+    assert "Who wrote Hamlet" in message and "searchr1 record --backend retriever" in message and "--overwrite" in message
     assert "spec" not in message and "cassettes build" not in message
 
 
