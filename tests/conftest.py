@@ -36,8 +36,9 @@ END_TO_END = ("twin", "commands", "bench", "e2e")
 # mutmut forks one process per mutant from a server that has collected the tests: load the
 # tokenizer (seconds) and the SDK's tokenizer loader there once, not in every mutant's process.
 if "MUTANT_UNDER_TEST" in os.environ:
-    import modelscope  # noqa: F401
+    import modelscope
 
+    modelscope.AutoTokenizer  # noqa: B018 (a lazy attribute: the first read imports transformers' loader)
     shared_tokenizer()
 
 # The tests that take seconds each, run last under mutmut: it stops at the first failing test, so
