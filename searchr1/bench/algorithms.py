@@ -67,6 +67,7 @@ from searchr1.bench.off_policy import (
     steps_to_reward,
 )
 from searchr1.bench.report import Figure, Measure
+from searchr1.view.wording import plural
 
 KL_COEF = 0.05
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -213,7 +214,7 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
                "on-policy the importance ratio is 1, where ppo, cispo and dro have the gradient of "
                "importance_sampling: their rows can only differ through the sampler-learner mismatch",
                f"substep rows: --num-substeps {SUBSTEPS} at Adam {_SUBSTEP_SETTING}, {substep_steps} steps, "
-               f"{len(seeds)} training seed(s) from {seeds[0]}; later mini-batches train on moved weights, so the "
+               f"{plural(len(seeds), 'training seed')} from {seeds[0]}; later mini-batches train on moved weights, so the "
                "ratio leaves 1 and ppo's clip stops pushing what the first update already raised (without "
                "momentum nothing carries it on)"],
     )

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from searchr1.bench.report import Figure, Measure
+from searchr1.view.wording import plural
 from searchr1.bench.served import BASE_MODEL, served_twin
 from searchr1.bench.thread_cpu import ThreadCpuMeter, client_thread_roles
 
@@ -127,7 +128,7 @@ def client_contention_figure(tokenizer: Any, *, seed: int = 0, quick: bool = Fal
                  "prompt_tokens": len(prompt), "reply_tokens": REPLY_TOKENS, "pinned_variant": pin,
                  "samples": {name: [{"client_ms": c, "main_ms": m} for c, m in values]
                              for name, values in samples.items()}},
-        notes=[f"{repetitions} interleaved run(s) of {requests} requests per variant, {IN_FLIGHT} in flight, a "
+        notes=[f"{plural(repetitions, 'interleaved run')} of {requests} requests per variant, {IN_FLIGHT} in flight, a "
                f"{len(prompt)}-token prompt, {REPLY_TOKENS} tokens back; CPU per thread; the twin served from "
                f"{'this process (--quick: not for quoting)' if quick else 'another process'}"],
     )

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench.report import Figure, Measure
+from searchr1.view.wording import plural
 from searchr1.bench.served import served_twin
 
 BASE_STEPS, QUICK_STEPS = 7, 2
@@ -201,7 +202,7 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
                f"K=0 stages: rollout {rollout:.2f} s, training {train:.2f} s, weight save {save:.2f} s",
                "rollout is latency-bound (the twin models no sampler capacity beyond the sampling cap), so a "
                "deeper pipeline hides more of it; the training run's own queue (training + weight save) is the "
-               f"limit no K passes; K=0 and K=1 run {repetitions} time(s), interleaved (the K=1 / K=0 spread), K=2 once"],
+               f"limit no K passes; K=0 and K=1 run {plural(repetitions, 'time')}, interleaved (the K=1 / K=0 spread), K=2 once"],
     )
     figure.seconds = time.perf_counter() - started
     return figure

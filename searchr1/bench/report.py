@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.run import fileio
+from searchr1.view.wording import plural
 from searchr1.runtime import invocation
 
 SCHEMA_VERSION = 1
@@ -241,10 +242,11 @@ def print_report(figures: list[Figure], *, console: Any = None, output: str | Pa
     missed = [f for f in figures if not f.met]
     if missed and quick:  # smoke sizes: too small for the ratios the targets are about
         console.print("[yellow]--quick is a smoke run and is not held to the targets[/yellow] "
-                      f"({len(missed)} figure(s) below target at smoke sizes: "
+                      f"({plural(len(missed), 'figure')} below target at smoke sizes: "
                       + ", ".join(f"{f.number} {f.title}" for f in missed) + "); run without --quick to measure")
     elif missed:
-        console.print(f"[bold red]{len(missed)} figure(s) miss a target:[/bold red] "
+        console.print(f"[bold red]{plural(len(missed), 'figure')} {'misses' if len(missed) == 1 else 'miss'} "
+                      "a target:[/bold red] "
                       + ", ".join(f"{f.number} {f.title}" for f in missed))
     else:
         console.print("[green]every target met[/green]")

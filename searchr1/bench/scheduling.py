@@ -30,6 +30,7 @@ from searchr1.core.rollout import rollout_batch_async
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout
 from searchr1.bench.report import Figure, Measure
+from searchr1.view.wording import plural
 from searchr1.bench.served import BASE_MODEL, served_twin
 from searchr1.bench.workload import (
     LatencyModel,
@@ -131,7 +132,7 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
         },
         notes=[
             (f"step of {len(ours)} trajectories, latencies x{scale:g} (1 model s = {scale * 1000:g} ms); "
-            f"lower bound {bound.value:.1f} model s ({bound.binding}); medians of {repetitions} interleaved run(s); "
+            f"lower bound {bound.value:.1f} model s ({bound.binding}); medians of {plural(repetitions, 'interleaved run')}; "
             "both schedulers produced identical trajectories"),
         ],
     )

@@ -57,6 +57,7 @@ from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY
 from searchr1.bench.protocol_cpu import seed_fit_tool_content
 from searchr1.bench.report import Figure, Measure
+from searchr1.view.wording import plural
 from searchr1.bench.served import served_twin
 from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
 from searchr1.bench.workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
@@ -439,7 +440,7 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
                               "search_median": model.search_median, "search_sigma": model.search_sigma},
             "cpu_clock": "per-thread schedstat" if runs and runs[0].meter and runs[0].meter.proc else "process_time",
         },
-        notes=[(f"{repetitions} run(s) x {steps} steps, the first step of each run left out (a sample is a run's mean "
+        notes=[(f"{plural(repetitions, 'run')} x {plural(steps, 'step')}, the first step of each run left out (a sample is a run's mean "
                 f"over the same steps), each step's rollout replayed from memory right after it, ours and the seed's "
                 f"observation fitting; {len(trajectories)} trajectories, {requests:.0f} sampling requests and "
                 f"{turns:.0f} assistant turns per step; CPU per thread (waiting adds nothing); the twin served from "

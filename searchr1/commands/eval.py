@@ -429,7 +429,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
             click.echo(format_card(outcome.summary["card"]))
     click.echo(f"results: {output}")
     if outcome.failed:
-        click.secho(f"sampling failed for {len(outcome.failed)} question(s) ({', '.join(outcome.failed[:5])}"
+        click.secho(f"sampling failed for {plural(len(outcome.failed), 'question')} ({', '.join(outcome.failed[:5])}"
                     f"{', …' if len(outcome.failed) > 5 else ''}); the summary is partial. Rerun the same "
                     "command to retry them.", fg="yellow", err=True)
         sys.exit(1)
@@ -544,7 +544,9 @@ def _report_interrupted(output: Path, error: BaseException) -> None:
     summary = "a partial summary" if existing.summary is not None else "no summary (nothing finished)"
     then = ("rerun the same command to resume" if transient
             else "fix the error below, then rerun the same command to resume")
-    click.secho(f"{what}: {len(existing.records)} records kept in {output} with {summary}; {then}",
+    from searchr1.view.wording import plural
+
+    click.secho(f"{what}: {plural(len(existing.records), 'record')} kept in {output} with {summary}; {then}",
                 fg="yellow", err=True)
 
 
@@ -564,9 +566,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     sources = sorted(key.split("/", 1)[1] for key in m if key.startswith("questions/"))
     names = [(n, label) for n, label in (("em", "EM"), ("f1", "F1"), ("cover_em", "cover EM"), ("judge", "judge"))
              if f"{n}/macro" in m]
+    from searchr1.view.wording import plural
+
     head = "PARTIAL " if summary.get("partial") else ""
+    evaluated = summary.get("evaluated_examples")
     lines = [
-        (f"{head}summary over {summary.get('evaluated_examples')} questions "
+        (f"{head}summary over {plural(evaluated, 'question') if isinstance(evaluated, int) else f'{evaluated} questions'} "
          f"({summary.get('questions_missing', 0)} of {summary.get('questions_planned', '?')} planned missing)"),
     ]
     trained_with = (summary.get("config") or {}).get("trained_with")

@@ -265,7 +265,9 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
         if refused:
             for line in refused:
                 click.echo(f"refused: {line}", err=True)
-            raise click.ClickException(f"{archive}: {len(refused)} unsafe member(s); nothing extracted")
+            from searchr1.view.wording import plural
+
+            raise click.ClickException(f"{archive}: {plural(len(refused), 'unsafe member')}; nothing extracted")
         members = list_members(archive)
         folder = find_adapter(scratch)
         if folder is None:
@@ -302,11 +304,13 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
                                          **{k: v for k, v in raw.metadata.items() if k in ("stand_in", "note")}})
     _drop_download(archive, from_archive)
     adapter = check_adapter(out, dims, converted.layout)
+    from searchr1.view.wording import plural
+
     if adapter.problems:
         for line in adapter.problems:
             click.echo(f"invalid adapter: {line}", err=True)
         raise click.ClickException(f"{out}: the converted adapter does not fit {base_model} "
-                                   f"({len(adapter.problems)} problem(s))")
+                                   f"({plural(len(adapter.problems), 'problem')})")
     reference = str(base) if base is not None else base_model
     commands = use_commands(out, adapter, export_format, converted.layout, base=reference)
     merged = None

@@ -47,11 +47,13 @@ def _golden(update: bool, only: str | None) -> None:
             stale = _compare_or_write(paths, tokenizer, twin, update)
     finally:
         search_log.setLevel(level)
+    from searchr1.view.wording import plural
+
     if stale:
-        raise click.ClickException(f"{stale} golden file(s) differ; inspect, "
+        raise click.ClickException(f"{plural(stale, 'golden file')} {'differs' if stale == 1 else 'differ'}; inspect, "
                                    f"then `{invocation.command('golden --update')}`")
     if not update:
-        click.echo(f"{len(paths)} golden file(s) match")
+        click.echo(f"{plural(len(paths), 'golden file')} {'matches' if len(paths) == 1 else 'match'}")
 
 
 def _compare_or_write(paths: list, tokenizer: object, twin: object, update: bool) -> int:

@@ -73,13 +73,15 @@ class _BuildProgress:
 
 def _build(corpus: Path, out: Path, shard_passages: int | None, workers: int, overwrite: bool, quiet: bool) -> None:
     from searchr1.bm25.index import DEFAULT_SHARD_PASSAGES, build_index
+    from searchr1.view.wording import plural
 
     manifest = build_index(corpus, out, overwrite=overwrite, shard_passages=shard_passages or DEFAULT_SHARD_PASSAGES,
                            workers=workers, progress=_BuildProgress(quiet))
     rows = manifest["corpus"]["rows"]
     seconds = manifest["build_seconds"]
-    resumed = f", {manifest['resumed_shards']} shard(s) resumed" if manifest["resumed_shards"] else ""
-    click.echo(f"indexed {rows} passages ({manifest['vocabulary']} terms, {len(manifest['shards'])} shard(s)"
+    resumed = f", {plural(manifest['resumed_shards'], 'shard')} resumed" if manifest["resumed_shards"] else ""
+    click.echo(f"indexed {plural(rows, 'passage')} ({plural(manifest['vocabulary'], 'term')}, "
+               f"{plural(len(manifest['shards']), 'shard')}"
                f"{resumed}) in {seconds:.1f} s ({rows / max(seconds, 1e-9):,.0f} passages/s) -> {out}")
 
 

@@ -41,4 +41,7 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
         report = build_cassettes(only="offline")
         for path in report.written:
             click.echo(f"wrote     {path}")
-    click.echo(f"{len(files) - len(stale)} generated file(s) were already up to date")
+    from searchr1.view.wording import plural
+
+    kept = len(files) - len(stale)
+    click.echo(f"{plural(kept, 'generated file')} {'was' if kept == 1 else 'were'} already up to date")

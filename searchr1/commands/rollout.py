@@ -48,6 +48,7 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
     from searchr1.offline import SCENARIO
     from searchr1.runtime.services import check_search_setup, load_tokenizer, scripted_sampling_client, search_backend
     from searchr1.twin.scenario import load_scenario
+    from searchr1.view.wording import plural
 
     config = rollout_config_from(kwargs, seed=seed)
     scenario = load_scenario(scenario_path or SCENARIO)
@@ -55,7 +56,7 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
     if questions is None:
         questions = min(4, len(scenario.questions))
     elif questions > len(scenario.questions):
-        raise click.BadParameter(f"{questions} is more than the {len(scenario.questions)} question(s) "
+        raise click.BadParameter(f"{questions} is more than the {plural(len(scenario.questions), 'question')} "
                                  f"scripted in {name}", param_hint="--questions")
     scripted = min(len(q.samples) for q in scenario.questions[:questions])
     if config.group_size > scripted:
@@ -91,4 +92,4 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
         click.echo(f"{t.example.id:<16} {t.group_index:>2}  {t.termination:<14} {len(t.turns):>5} "
                    f"{t.search_calls:>6} {t.reward:>6.1f} {t.advantage:>+7.3f}  {queries}")
     mean = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
-    click.echo(f"{len(trajectories)} trajectories, mean reward {mean:+.3f}")
+    click.echo(f"{plural(len(trajectories), 'trajectory', 'trajectories')}, mean reward {mean:+.3f}")

@@ -54,7 +54,9 @@ def build(check: bool, only: str | None, root: Path) -> None:
         click.echo(f"ORPHAN    {path} (no spec makes it; delete it or add a spec)")
     if report.readme_stale:
         click.echo(f"STALE     {root / 'README.md'} (generated table)")
-    click.echo(f"{len(report.unchanged)} cassette(s) up to date")
+    from searchr1.view.wording import plural
+
+    click.echo(f"{plural(len(report.unchanged), 'cassette')} up to date")
     if check and not report.clean:
         raise click.ClickException(f"cassettes differ from their specs; run `{invocation.command('cassettes build')}`")
     if report.orphans and not check:

@@ -157,6 +157,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     from searchr1.training.checkpoints import checkpoint_prefix, new_run_id
     from searchr1.training.loop import CollapseDetected, TrainingRun, TrainingStopped
     from searchr1.run.costs import BudgetReached
+    from searchr1.view.wording import plural
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
     resume_dir: Path | None = kwargs.pop("resume")
@@ -374,9 +375,10 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                     run.write_config(recorded)
                 else:
                     moved = run.restart_at(first, recorded)
-                    click.echo(f"restarting {run.path} at step {first}: {moved['checkpoints.jsonl']} later "
-                               f"checkpoint(s) and {moved['transcripts.jsonl']} transcript line(s) moved to "
-                               "*.rewound.jsonl", err=True)
+                    click.echo(f"restarting {run.path} at step {first}: "
+                               f"{plural(moved['checkpoints.jsonl'], 'later checkpoint')} and "
+                               f"{plural(moved['transcripts.jsonl'], 'transcript line')} moved to *.rewound.jsonl",
+                               err=True)
                 if segment["changed"]:
                     click.echo(f"changed from step {first}: " + ", ".join(
                         f"{name} {change['from']} -> {change['to']}" for name, change in segment["changed"].items()),
@@ -387,7 +389,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             return await trainer.run_steps(resume)
 
     click.echo(f"{'preflight only, nothing is written; ' if preflight_only else ''}run directory: {run.path}  "
-               f"({'offline twin' if offline else 'live PyTRIO'}, backend {search.backend}, {config.max_steps} steps)",
+               f"({'offline twin' if offline else 'live PyTRIO'}, backend {search.backend}, {plural(config.max_steps, 'step')})",
                err=True)
     try:
         with stop:
@@ -424,12 +426,12 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                     f"Continue with: {invocation.command(f'train --resume {run.path}')}",
                     fg="yellow", err=True)
         sys.exit(130)
-    click.echo(f"done: {completed} steps. metrics: {run.file('metrics.jsonl')}")
+    click.echo(f"done: {plural(completed, 'step')}. metrics: {run.file('metrics.jsonl')}")
     rewards = [line["reward/mean"] for line in run.metrics() if "reward/mean" in line]
     if len(rewards) >= 2:
         n = min(5, len(rewards) // 2)
-        click.echo(f"mean reward: first {n} steps {sum(rewards[:n]) / n:+.3f}, "
-                   f"last {n} steps {sum(rewards[-n:]) / n:+.3f}")
+        click.echo(f"mean reward: first {plural(n, 'step')} {sum(rewards[:n]) / n:+.3f}, "
+                   f"last {plural(n, 'step')} {sum(rewards[-n:]) / n:+.3f}")
     if last is not None:
         click.echo(f"last checkpoint: {last.name}  weights: {last.weights_path}")
         click.echo(f"evaluate it with: {invocation.command(f'eval --checkpoint {run.path}')}"
@@ -512,9 +514,11 @@ def _interrupted_at_once(run: Any, stop: _StopOnInterrupt, *, resuming: bool) ->
             return (f"interrupted during start-up; {run.path} is as it was (continue with: "
                     f"{invocation.command(f'train --resume {run.path}')})")
         return "interrupted during start-up, before the first step; nothing to resume"
+    from searchr1.view.wording import plural
+
     last = run.resume_point()
     if last is None:
-        return (f"interrupted at once, before the first checkpoint: {run.finished_steps()} finished step(s) are in "
+        return (f"interrupted at once, before the first checkpoint: {plural(run.finished_steps(), 'finished step')} in "
                 f"{run.path}, but no checkpoint to resume from; "
                 f"`{invocation.command(f'train --resume {run.path}')}` "
                 "starts it over from step 0 (their metrics are kept in metrics.rewound.jsonl)")

@@ -34,6 +34,7 @@ from typing import Any
 
 
 from searchr1.evaluation.card import card_differences, eval_card
+from searchr1.view.wording import plural
 from searchr1.evaluation.metrics import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -238,7 +239,7 @@ def format_comparison(result: Mapping[str, Any], *, flips_shown: int = 10) -> st
     labels = {"em": "EM", "f1": "F1", "cover_em": "cover EM", JUDGE_SCORE: "judge"}
     lines = [f"A: {result['a']}  ({result['model_a']}; answers by {result['produced_by_a']})",
              f"B: {result['b']}  ({result['model_b']}; answers by {result['produced_by_b']})",
-             f"{result['paired_questions']} questions answered in both"
+             f"{plural(result['paired_questions'], 'question')} answered in both"
              + (f" ({result['only_in_a']} only in A, {result['only_in_b']} only in B, left out)"
                 if result["only_in_a"] or result["only_in_b"] else ""),
              f"B - A, {result['interval']}; p: {result['test']}"]

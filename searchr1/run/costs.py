@@ -34,6 +34,7 @@ from typing import Any
 
 from searchr1.core.errors import UserError
 from searchr1.run.usage import SearchUsage, Usage, count_checkpoint, step_means, totals_before, usage_metrics
+from searchr1.view.wording import plural
 from searchr1.runtime import invocation
 
 COST = "cost/"
@@ -237,7 +238,7 @@ def budget_stop_message(verdict: BudgetVerdict, prices: PriceTable | None, *, co
         figures = (f"spent {verdict.spent:.0f} tokens, {verdict.left:.0f} left of --budget-tokens {budget.tokens}, "
                    f"the next step would take about {verdict.projected_step:.0f}")
         flag = f"--budget-tokens {int(larger)}"
-    return (f"budget reached after {completed} steps: {figures}; checkpoint saved. Continue with: "
+    return (f"budget reached after {plural(completed, 'step')}: {figures}; checkpoint saved. Continue with: "
             + invocation.command(f"train --resume {run_dir} {flag}"))
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from searchr1.core.errors import UserError
 from searchr1.run.jsonl import JsonLines, Surrogates, TornLines, read_json_document
+from searchr1.view.wording import plural
 from searchr1.run.fileio import (
     append_json_line,
     append_text,
@@ -124,7 +125,7 @@ class RunDir:
         if not self.can_start_over():
             raise RunDirError(
                 f"run directory {self.path} already exists and holds "
-                + (f"{self.finished_steps()} finished step(s)" if (self.path / CONFIG).is_file() else "other files")
+                + (plural(self.finished_steps(), "finished step") if (self.path / CONFIG).is_file() else "other files")
                 + "; pick another --run-dir or --run-name, or continue it with --resume"
             )
         ancestor = self.path

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from searchr1.run.usage import SearchUsage, Usage
+from searchr1.view.wording import plural
 
 PROMPT_SAMPLE = 256  # first prompts measured with the tokenizer (the run's first questions)
 TWIN_NOTE = ("measured on the offline twin: its reply lengths and searches are the twin's, not the real "
@@ -100,7 +101,7 @@ def configured_estimate(config: Any, tokenizer: Any, examples: Sequence[Any]) ->
     checkpoints = checkpoints_of(config.max_steps, config.save_every)
     estimate = Estimate(config.max_steps, low, high, _with_saves(low, config.max_steps, checkpoints),
                         _with_saves(high, config.max_steps, checkpoints))
-    estimate.notes.append(f"first prompts {shortest}-{longest} tokens (measured on {len(drawn)} question(s)); "
+    estimate.notes.append(f"first prompts {shortest}-{longest} tokens (measured on {plural(len(drawn), 'question')}); "
                           "later prompts and replies bounded by the token budgets")
     if backend == "deepseek":
         estimate.notes.append("DeepSeek's search tokens cannot be bounded from sizes: add --estimate-measure")
@@ -147,7 +148,7 @@ def render_estimate(estimate: Estimate, prices: Any = None) -> str:
     """The estimate as a table: per step and for the run, low-high (and measured / projected)."""
     kinds = sorted(set(estimate.step_high.kinds()) | set(estimate.step_low.kinds())
                    | set((estimate.step_measured or Usage()).kinds()), key=_kind_order)
-    rows = [("kind", "per step", "measured", f"run ({estimate.steps} steps)", "projected")]
+    rows = [("kind", "per step", "measured", f"run ({plural(estimate.steps, 'step')})", "projected")]
 
     def pick(usage: Usage | None, kind: str) -> float:
         return 0.0 if usage is None else float(usage.kinds().get(kind, 0))

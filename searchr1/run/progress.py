@@ -16,6 +16,8 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from searchr1.view.wording import plural
+
 FIELD_SEPARATOR = "  "
 
 
@@ -78,7 +80,7 @@ def nothing_to_do(total_steps: int, first_step: int) -> str | None:
     """What to say when a resumed run has already reached ``--max-steps``."""
     if first_step < total_steps:
         return None
-    return (f"nothing to run: {first_step} step(s) already finished and --max-steps is {total_steps}; "
+    return (f"nothing to run: {plural(first_step, 'step')} already finished and --max-steps is {total_steps}; "
             "raise --max-steps to train further")
 
 

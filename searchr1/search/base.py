@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import httpx
 
 from searchr1 import __version__
+from searchr1.view.wording import plural
 from searchr1.core.errors import UserError
 from searchr1.run.jsonl import JsonInputError, Surrogates, decode_json
 from searchr1.search.cache import QueryCache, cache_key, normalise_query
@@ -324,7 +325,7 @@ class HttpSearchBackend:
             )
         )
         if not result.ok:
-            log.warning("%s search failed after %d attempt(s): %s", self.name, ctx.attempts, result.error)
+            log.warning("%s search failed after %s: %s", self.name, plural(ctx.attempts, "attempt"), result.error)
         elif self.cache is not None:
             try:
                 self.cache.put(

@@ -40,6 +40,7 @@ from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for
 from searchr1.training.pipeline import RolloutPipeline
 from searchr1.run.costs import BudgetReached, RunAccount
 from searchr1.run.usage import Usage, count_update
+from searchr1.view.wording import plural
 from searchr1.runtime import invocation
 
 
@@ -218,7 +219,7 @@ class TrainingRun:
             self._write_state(first)
         rewound = self.run.rewind_to(first)
         if rewound:
-            self.reporter.note(f"resuming at step {first}: {rewound} later metrics line(s) moved to metrics.rewound.jsonl")
+            self.reporter.note(f"resuming at step {first}: {plural(rewound, 'later metrics line')} moved to metrics.rewound.jsonl")
         assert self.trainer.training_client is not None
         self.pipeline = RolloutPipeline(
             config, training_client=self.trainer.training_client, tokenizer=self.trainer.tokenizer,

@@ -28,6 +28,7 @@ import numpy as np
 from searchr1.twin.policy import LossResult, PolicySample, Reduction, SampledSequence, Totals
 from searchr1.twin.scenario import Scenario, ScenarioError, ScriptedQuestion, normalise
 from searchr1.twin.toy_policy import ToyPolicy
+from searchr1.view.wording import plural
 
 _ASSISTANT_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 _USER_HEADER = "<|im_start|>user\n"
@@ -116,8 +117,8 @@ class ScriptedPolicy:
         continuing = [j for j in matching if len(scripted.samples[j]) > turn]
         if not continuing:
             raise ScenarioError(
-                f"question {qid!r} turn {turn + 1}: sample {matching[0]} has only {turn} scripted "
-                "turn(s) but the engine asked for another"
+                f"question {qid!r} turn {turn + 1}: sample {matching[0]} has only "
+                f"{plural(turn, 'scripted turn')} but the engine asked for another"
             )
         replies = {scripted.samples[j][turn] for j in continuing}
         if len(replies) > 1:

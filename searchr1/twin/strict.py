@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from searchr1.twin.policy import IGNORE_INDEX, PolicySample
+from searchr1.view.wording import plural
 
 VIOLATION_CODE = "twin.protocol_violation"
 RULES = ("event_order", "accumulation_totals", "token_range", "sampled_action", "sampled_logprob",
@@ -208,7 +209,7 @@ def check_sampled_actions(samples: Sequence[PolicySample], ledger: SampleLedger,
                     "sampled_action",
                     f"{where} is trained with advantage {sample.advantages[position]:g} but the twin "
                     "never sampled that token after that prefix (or did so from weights more than "
-                    f"{max_staleness + 1} step(s) older than the run's, which it no longer remembers)",
+                    f"{plural(max_staleness + 1, 'step')} older than the run's, which it no longer remembers)",
                 )
             logprob = float(np.float32(sample.old_logprobs[position]))
             matching = [e for e in found if e.logprob == logprob]
@@ -228,8 +229,8 @@ def check_sampled_actions(samples: Sequence[PolicySample], ledger: SampleLedger,
                 raise ProtocolViolation(
                     "stale_sampler",
                     f"{where} was sampled from weights version {e.version} of {e.lineage}; the run "
-                    f"({lineage}) is at version {version} and allows {max_staleness} weight-changing "
-                    "optimiser step(s) of staleness",
+                    f"({lineage}) is at version {version} and allows "
+                    f"{plural(max_staleness, 'weight-changing optimiser step')} of staleness",
                 )
 
 
@@ -304,8 +305,8 @@ class RunProtocol:
             )
         if not continuing and step != self.completed_calls:
             raise ProtocolViolation(
-                "event_order", f"{event_type} carries step {step}, but {self.completed_calls} "
-                "forward_backward call(s) came before it"
+                "event_order", f"{event_type} carries step {step}, but "
+                f"{plural(self.completed_calls, 'forward_backward call')} came before it"
             )
 
     def receive_chunk(self, event_type: str, step: int, totals: tuple[int, int, int],

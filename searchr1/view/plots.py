@@ -29,6 +29,7 @@ from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_numb
 from searchr1.run.fileio import replacing
 from searchr1.run.jsonl import Surrogates, iter_json_lines, read_json_document
 from searchr1.twin.policies import offline_policy_label
+from searchr1.view.wording import plural
 from searchr1.runtime import invocation
 
 DPI = 100
@@ -688,7 +689,7 @@ def run_figure(
     if windows:
         footer.append(f"dots: each step; line: centred mean over {'/'.join(map(str, sorted(windows)))} steps")
     if flagged:
-        footer.append(f"red lines: {len(flagged)} unhealthy step(s) ({invocation.command('show RUN --step K')})")
+        footer.append(f"red lines: {plural(len(flagged), 'unhealthy step')} ({invocation.command('show RUN --step K')})")
     if gaps:
         footer.append("grey: steps that logged no value (a step with nothing to train logs no loss)")
     if constant:

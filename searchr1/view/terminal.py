@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from searchr1.view.wording import plural
+
 REPLACEMENT = "\ufffd"
 TURN_CHARS, TURN_LINES = 1200, 30
 OBSERVATION_CHARS, OBSERVATION_LINES = 400, 8
@@ -171,7 +173,7 @@ def token_counts(record: Mapping[str, Any]) -> str:
         return ""
     generated = sum(t["generated_tokens"] for t in counted)
     last = counted[-1]["prompt_tokens"] + counted[-1]["generated_tokens"]
-    return f"{generated} generated over {len(counted)} turn(s), sequence {last}"
+    return f"{generated} generated over {plural(len(counted), 'turn')}, sequence {last}"
 
 
 def verdict(record: Mapping[str, Any]) -> str:

@@ -449,7 +449,7 @@ def test_unhealthy_steps_are_marked_on_every_panel_and_health_draws_the_health_p
     for ax in fig.axes:
         vertical = [line for line in ax.get_lines()[1:] if line.get_color() == plots.UNHEALTHY_COLOR]
         assert sorted(line.get_xdata()[0] for line in vertical) == [3.0, 4.0]
-    assert any("2 unhealthy step(s)" in text.get_text() for text in fig.texts)
+    assert any("2 unhealthy steps" in text.get_text() for text in fig.texts)
     out = tmp_path / "health.png"
     result = CliRunner().invoke(main, ["plot", "run", str(run_dir), "-o", str(out), "--health"])
     assert result.exit_code == 0, result.output

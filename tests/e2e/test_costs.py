@@ -194,5 +194,6 @@ def test_show_prints_a_trajectorys_tokens_and_searches(tmp_path):
     generated = sum(turn["generated_tokens"] for turn in record["turns"])
     result = CliRunner().invoke(main, ["show", str(run_dir), "--limit", "1"])
     assert result.exit_code == 0, result.output
-    assert f"tokens {generated} generated over {len(record['turns'])} turn(s)" in result.output
+    turns = len(record["turns"])
+    assert f"tokens {generated} generated over {turns} turn{'' if turns == 1 else 's'}" in result.output
     assert f"searches {record['search_calls']}" in result.output

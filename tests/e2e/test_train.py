@@ -62,6 +62,7 @@ def test_both_accumulation_modes_train_and_record_the_calls_they_sent(tmp_path, 
         code, output = train("--max-steps", "1", "--accumulation", mode, "--num-substeps", str(substeps),
                              "--run-dir", str(run_dir))
         assert code == 0, output
+        assert ", 1 step)" in output and "done: 1 step. metrics" in output  # not "1 steps"
         line = RunDir(run_dir).metrics()[0]
         expected_calls = substeps if mode == "sdk" else line["train/micro_batches_per_step"]
         assert line["train/forward_backward_calls"] == expected_calls

@@ -144,7 +144,7 @@ def test_resuming_a_finished_run_with_fewer_steps_never_shows_more_done_than_pla
     reporter.close()
     output = buffer.getvalue()
     assert "3/2" not in output and "2/2" in output
-    assert "nothing to run: 3 step(s) already finished and --max-steps is 2" in output
+    assert "nothing to run: 3 steps already finished and --max-steps is 2" in output
     console, buffer = log_file()
     make_reporter(console=console).start(2, 3)
     assert "nothing to run" in buffer.getvalue() and "3/2" not in buffer.getvalue()
@@ -200,7 +200,7 @@ def test_resuming_a_three_step_run_with_max_steps_two_runs_nothing_and_says_so(t
     code, output = train_resume(run_dir, "--max-steps", "2")
     assert code == 0, output
     assert "3/2" not in output
-    assert "nothing to run: 3 step(s) already finished and --max-steps is 2" in output
+    assert "nothing to run: 3 steps already finished and --max-steps is 2" in output
     assert step_lines(output) == []
 
 

@@ -91,7 +91,7 @@ def test_the_golden_command_says_only_that_the_files_match_when_they_do(caplog):
     caplog.set_level(logging.DEBUG, logger="searchr1.search")
     result = CliRunner().invoke(main, ["golden", "--only", "search_error"])  # a search fails on purpose
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == "1 golden file(s) match"
+    assert result.output.strip() == "1 golden file matches"
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warned == []  # printed to stderr when no test captures it
 

@@ -166,7 +166,7 @@ def test_a_step_number_that_does_not_count_the_calls_before_it_fails(tmp_path, t
         assert run.forward_backward([_datum()], index=2, step=0)["status"] == "succeeded"
         answer = run.optim_step(index=3, step=0)  # one forward_backward call came before: step 1
         assert [v.rule for v in twin.take_violations()] == ["event_order"]
-    assert "carries step 0, but 1 forward_backward call(s) came before it" in answer["error"]["message"]
+    assert "carries step 0, but 1 forward_backward call came before it" in answer["error"]["message"]
 
 
 def test_a_call_whose_chunks_fall_short_of_its_totals_fails_the_next_event(tmp_path, tokenizer):
