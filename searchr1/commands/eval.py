@@ -411,7 +411,11 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
                 bar.close()
     for note in outcome.notes:
         click.echo(f"note: {note}", err=True)
-    click.echo(f"{outcome.evaluated} questions evaluated, {outcome.skipped} already in {output}", err=True)
+    from searchr1.view.wording import plural
+
+    judged = f", {outcome.judged} judged" if judge_model is not None else ""  # kept questions are judged too
+    click.echo(f"{plural(outcome.evaluated, 'question')} evaluated{judged}, {outcome.skipped} already in {output}",
+               err=True)
     if outcome.summary is not None:
         click.echo(format_summary(outcome.summary))
         if protocol == "search-r1":

@@ -93,6 +93,7 @@ class EvalOutcome:
     planned: int                      # questions chosen for this evaluation (after --limit)
     skipped: int                      # of those, already recorded before this session
     evaluated: int = 0                # questions recorded in this session
+    judged: int = 0                   # questions given a judgement in this session (kept ones included)
     failed: list[str] = field(default_factory=list)  # ids whose sampling failed for good
     notes: list[str] = field(default_factory=list)
     summary: dict[str, Any] | None = None
@@ -283,11 +284,14 @@ async def evaluate(
     elif path.exists():
         notes.append(f"{path}: --overwrite: previous contents replaced")
 
+    judged_kept = 0  # questions kept from an earlier session that get their judgement now
     if judge is not None and records:
+        judged_kept = len({str(r.get("id")) for r in records if not judge.judged(r)})
         await judge.annotate(records)
     done_ids = {str(r.get("id")) for r in records}
     todo = [(i, e) for i, e in planned if e.id not in done_ids]
-    outcome = EvalOutcome(path=path, planned=len(planned), skipped=len(planned) - len(todo), notes=notes)
+    outcome = EvalOutcome(path=path, planned=len(planned), skipped=len(planned) - len(todo), notes=notes,
+                          judged=judged_kept)
     # Start from a clean file: header, the kept records, no stale summary.
     rewrite_file(path, [header, *sorted(records, key=_record_order(position))])
     if progress is not None:
@@ -322,8 +326,8 @@ async def evaluate(
             return
         new = [{**trajectory_record(t), "index": index, "elapsed_seconds": round(elapsed, 6)}
                for t in trajectories]
-        if judge is not None:
-            await judge.annotate(new)
+        if judge is not None and await judge.annotate(new):
+            outcome.judged += 1
         if new:
             new[0]["usage"] = usage.kinds()  # the question's requests, shared by its samples
         append_records(path, new)

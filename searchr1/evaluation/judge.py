@@ -152,8 +152,9 @@ class Judge:
         return (isinstance(held, Mapping) and held.get("model") == self.model
                 and held.get("prompt_version") == JUDGE_PROMPT_VERSION)
 
-    async def annotate(self, records: Sequence[dict[str, Any]]) -> None:
-        """Add ``record["judge"]`` to every record that lacks this judge's judgement."""
+    async def annotate(self, records: Sequence[dict[str, Any]]) -> int:
+        """Add ``record["judge"]`` to every record that lacks this judge's judgement; returns
+        how many records that was."""
         todo = [r for r in records if not self.judged(r)]
 
         async def one(record: dict[str, Any]) -> None:
@@ -162,6 +163,7 @@ class Judge:
             record["judge"] = asdict(judgement)
 
         await asyncio.gather(*(one(r) for r in todo))
+        return len(todo)
 
 
 # --- backends -----------------------------------------------------------------------------

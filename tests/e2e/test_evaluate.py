@@ -363,6 +363,18 @@ def test_rerunning_a_finished_eval_rewrites_one_summary(offline_run, tmp_path):
     assert load_summary(output)["metrics"] == load_summary(offline_run)["metrics"]
 
 
+def test_judging_a_finished_eval_counts_the_questions_it_judged(offline_run, tmp_path):
+    output = tmp_path / "eval.jsonl"
+    output.write_bytes(offline_run.read_bytes())
+    judged = ("--output", str(output), "--judge", "twin", "--judge-cache", str(tmp_path / "judge.jsonl"))
+    result = cli(*judged)
+    assert result.exit_code == 0, result.output
+    assert "0 questions evaluated, 14 judged, 14 already in" in result.output
+    assert all("judge" in r for r in trajectories(output))
+    again = cli(*judged)  # every record holds this judge's judgement already
+    assert again.exit_code == 0 and "0 questions evaluated, 0 judged, 14 already in" in again.output
+
+
 # --- errors ----------------------------------------------------------------------------------------
 
 
