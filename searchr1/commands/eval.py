@@ -295,7 +295,10 @@ def _claim_output(output: Path, held: contextlib.ExitStack) -> None:
     except OSError as error:
         raise click.ClickException(f"cannot create the folder of eval output {output}: "
                                    f"{error.strerror or error}") from None
-    held.enter_context(exclusive_lock(output_lock_path(output), f"eval output {output}"))
+    try:
+        held.enter_context(exclusive_lock(output_lock_path(output), f"eval output {output}"))
+    except OSError as error:  # a full or read-only disk: name the output, not its hidden lock
+        raise click.ClickException(f"cannot write eval output {output}: {error.strerror or error}") from None
 
 
 def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:

@@ -146,8 +146,11 @@ def exclusive_lock(path: str | os.PathLike[str], what: str, *, wait: bool = Fals
             holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()
             raise FileInUseError(f"{what} is in use by another process (pid {holder or 'unknown'}); "
                                  "wait for it to finish, or stop it first") from None
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        try:  # on a full disk this is the command's first write: it names the file, as every write does
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError as error:
+            raise _naming(error, path) from None
         yield
     finally:
         os.close(descriptor)

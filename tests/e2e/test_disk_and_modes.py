@@ -175,3 +175,19 @@ def test_record_on_a_full_disk_names_the_cassette(tmp_path, full_under, monkeypa
     assert code == 1, output
     assert only_error_line(output) == f"Error: cannot write {target}: No space left on device; nothing was written"
     assert not target.exists()
+
+
+def test_eval_onto_a_full_disk_is_one_line_naming_the_output(tmp_path, monkeypatch):
+    """A full disk lets eval create its files but not put a byte in them: the first write is the
+    pid in the output's lock, which names no file unless the writer names it."""
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    monkeypatch.setattr(os, "write", full)
+    output = tmp_path / "results" / "eval.jsonl"
+    code, text = run_cli(*EVAL, "--output", output)
+    assert code == 1, text
+    assert only_error_line(text) == f"Error: cannot write eval output {output}: No space left on device"
+    assert not output.exists()

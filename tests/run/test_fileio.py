@@ -102,3 +102,20 @@ def test_a_block_that_succeeds_keeps_what_it_made(tmp_path):
     with removing_new_directories(target):
         target.mkdir(parents=True)
     assert target.is_dir()
+
+
+def test_a_lock_that_cannot_write_its_pid_names_the_lock_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from searchr1.run.fileio import exclusive_lock
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    path = tmp_path / ".out.lock"
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError) as raised:
+        with exclusive_lock(path, "the output"):
+            pass
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
