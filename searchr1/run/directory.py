@@ -8,7 +8,8 @@
                          resume cut off (kept, not deleted)
     checkpoints.rewound.jsonl, transcripts.rewound.jsonl
                          what a restart from an earlier step (``--from-step K``) set aside
-    .lock                the pid of the process training in it (an flock the kernel drops on exit)
+    .lock                the pid of the process training in it, while one is (an flock the kernel
+                         drops on exit; the file is removed when the command ends)
 
 Order inside a step: metrics line, then checkpoint line, then run state. A resume restarts at
 the last checkpoint, so steps finished after it are run again; their old metrics lines move

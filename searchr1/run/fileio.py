@@ -128,24 +128,50 @@ def check_writable(path: str | os.PathLike[str], what: str, error: type[Exceptio
         os.unlink(name)
 
 
-@contextmanager
-def exclusive_lock(path: str | os.PathLike[str], what: str, *, wait: bool = False) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing, never removed) for the
-    block. The kernel drops it when the process ends, however it ends, so a killed run never
-    leaves a stale lock. A second holder is refused at once with :class:`FileInUseError`
-    naming ``what`` and the holder's pid (written into the file), or with ``wait`` waits for
-    the first to finish."""
+def _names_file(path: str | os.PathLike[str], descriptor: int) -> bool:
+    """Whether ``path`` still names the file open as ``descriptor`` (not removed, not replaced)."""
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except OSError as error:
-        raise _naming(error, path) from None
-    try:
+        named, held = os.stat(path), os.fstat(descriptor)
+    except FileNotFoundError:
+        return False
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _locked_descriptor(path: str | os.PathLike[str], what: str, wait: bool) -> int:
+    """A descriptor of the file ``path`` names, holding its exclusive ``flock``."""
+    while True:
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as error:
+            raise _naming(error, path) from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()
+            os.close(descriptor)
             raise FileInUseError(f"{what} is in use by another process (pid {holder or 'unknown'}); "
                                  "wait for it to finish, or stop it first") from None
+        except BaseException:
+            os.close(descriptor)
+            raise
+        if _names_file(path, descriptor):
+            return descriptor
+        os.close(descriptor)  # its holder removed it after we opened it: lock the file the path names now
+
+
+@contextmanager
+def exclusive_lock(path: str | os.PathLike[str], what: str, *, wait: bool = False) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing, removed again when the block
+    ends) for the block. The kernel drops it when the process ends, however it ends, so a killed
+    run never leaves a stale lock, only its file, which the next holder removes. A second holder
+    is refused at once with :class:`FileInUseError` naming ``what`` and the holder's pid (written
+    into the file), or with ``wait`` waits for the first to finish.
+
+    Removing the file keeps the lock sound: the holder removes it while it still holds the lock,
+    and a process that opened the file before that finds, once it holds the lock, that ``path``
+    no longer names it, and starts over on the file ``path`` names then."""
+    descriptor = _locked_descriptor(path, what, wait)
+    try:
         try:  # on a full disk this is the command's first write: it names the file, as every write does
             os.ftruncate(descriptor, 0)
             os.pwrite(descriptor, f"{os.getpid()}\n".encode("ascii"), 0)
@@ -153,6 +179,11 @@ def exclusive_lock(path: str | os.PathLike[str], what: str, *, wait: bool = Fals
             raise _naming(error, path) from None
         yield
     finally:
+        try:
+            if _names_file(path, descriptor):
+                os.unlink(path)
+        except OSError:
+            pass  # best effort: a lock file left behind is harmless
         os.close(descriptor)
 
 

@@ -159,6 +159,7 @@ def test_offline_eval_writes_one_record_per_question_and_one_summary(offline_run
     assert kinds == {HEADER_TYPE: 1, "trajectory": 14, "summary": 1}
     assert records[0]["type"] == HEADER_TYPE and records[-1]["type"] == "summary"
     assert [r["id"] for r in trajectories(offline_run)] == [e.id for e in DEV_EXAMPLES]  # dataset order
+    assert sorted(p.name for p in offline_run.parent.iterdir()) == [offline_run.name]  # its lock file is gone
     for record in trajectories(offline_run):
         for key in ("id", "question", "answers", "data_source", "turns", "searches", "final_text",
                     "termination", "reward", "exact_match", "valid_format", "search_calls", "assistant_turns"):

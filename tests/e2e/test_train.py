@@ -45,6 +45,7 @@ def test_offline_training_writes_a_line_per_step_and_checkpoints(tmp_path):
         (prefix + "step-000002", False), (prefix + "step-000003", True)]
     assert run.state()["step"] == 3 and run.state()["cursor"] == 12
     assert config["offline"] is True and config["rollout"]["group_size"] == 4
+    assert not (run_dir / ".lock").exists()  # removed as train exits; the flock was the lock
 
 
 def test_the_final_save_does_not_duplicate_the_last_periodic_one(tmp_path):

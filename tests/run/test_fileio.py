@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import hashlib
+import os
 
 from searchr1.run.fileio import append_json_line, file_sha256, removing_new_directories, replacing, write_text_atomically
 from searchr1.run.jsonl import iter_json_lines
@@ -119,3 +120,48 @@ def test_a_lock_that_cannot_write_its_pid_names_the_lock_file(tmp_path, monkeypa
         with exclusive_lock(path, "the output"):
             pass
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+
+
+def test_a_lock_file_is_removed_when_its_holder_is_done_and_refuses_a_second_holder_meanwhile(tmp_path):
+    from searchr1.run.fileio import FileInUseError, exclusive_lock
+
+    path = tmp_path / ".run.lock"
+    with exclusive_lock(path, "the run"):
+        assert path.read_text() == f"{os.getpid()}\n"
+        with pytest.raises(FileInUseError, match=rf"the run is in use by another process \(pid {os.getpid()}\)"):
+            with exclusive_lock(path, "the run"):
+                pass
+        assert path.is_file()  # the refused attempt leaves the holder's file alone
+    assert not path.exists()
+    with pytest.raises(RuntimeError):
+        with exclusive_lock(path, "the run"):
+            raise RuntimeError("the command failed")
+    assert not path.exists()
+
+
+def test_a_process_that_opened_a_lock_file_before_its_holder_removed_it_locks_the_new_one(tmp_path, monkeypatch):
+    """The race that removing lock files opens: B opens the file, A finishes (removing it), B
+    gets the flock of a file no path names, while C locks a new one. B must notice and start
+    over, or B and C would both hold "the" lock."""
+    import searchr1.run.fileio as fileio
+
+    path = tmp_path / ".run.lock"
+    path.write_text("1\n")
+    stale = os.open(path, os.O_RDWR)
+    path.unlink()  # what the earlier holder does as it finishes
+    real_open, opened = os.open, []
+
+    def open_stale_first(*args, **kwargs):
+        opened.append(args[0])
+        return os.dup(stale) if len(opened) == 1 else real_open(*args, **kwargs)
+
+    monkeypatch.setattr(fileio.os, "open", open_stale_first)
+    with fileio.exclusive_lock(path, "the run"):
+        monkeypatch.undo()
+        assert len(opened) == 2  # the removed file was given up, the path's own file locked
+        assert os.fstat(stale).st_nlink == 0 and path.read_text() == f"{os.getpid()}\n"
+        with pytest.raises(fileio.FileInUseError):
+            with fileio.exclusive_lock(path, "the run"):
+                pass
+    os.close(stale)
+    assert not path.exists()
