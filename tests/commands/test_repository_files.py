@@ -27,3 +27,21 @@ WRITTEN_BY_DEFAULT = [
 def test_what_the_commands_write_by_default_is_ignored_by_git(path):
     checked = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "-q", path], timeout=30)
     assert checked.returncode == 0, f"{path} is not ignored by {REPO / '.gitignore'}"
+
+
+# Files CONTRIBUTING names that a run writes, not the repository.
+WRITTEN_BY_A_RUN = {"config.json", "datasets/manifest.json"}
+
+
+def test_every_file_contributing_names_exists():
+    text = (REPO / "CONTRIBUTING.md").read_text("utf-8")
+    named = {span.split("::")[0] for span in re.findall(r"`([^`\n]+)`", text)
+             if re.fullmatch(r"[\w./-]+\.(?:py|md|json|toml|yaml)(?:::\w+)?", span)}
+    assert len(named) > 20  # the probe reads the page's paths
+
+    def exists(name: str) -> bool:
+        if "/" not in name:  # a file named again after its path: somewhere in the repository
+            return any(REPO.glob(f"searchr1/**/{name}")) or (REPO / name).exists()
+        return (REPO / name).exists() or (REPO / "searchr1" / name).exists()
+
+    assert sorted(name for name in named - WRITTEN_BY_A_RUN if not exists(name)) == []
