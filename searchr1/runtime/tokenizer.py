@@ -13,7 +13,8 @@ Recipe:
 
 The build takes a few seconds, so the result is cached on disk (``$SEARCHR1_CACHE_DIR``
 or ``~/.cache/searchr1``) under a key derived from every input. A cache whose manifest or
-files do not match is rebuilt, never trusted.
+files do not match is rebuilt, never trusted. The copy of the vocabulary that tiktoken keeps
+while the converter reads it goes there too (``tiktoken/``), not to the system temp directory.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import importlib.util
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -185,12 +188,41 @@ def _cache_key(vocab_sha: str, template: str) -> str:
     return hashlib.sha256(material.encode("utf-8")).hexdigest()[:20]
 
 
+# Where tiktoken copies a file it reads (tiktoken.load.read_file_cached): the first of these set,
+# else <temp dir>/data-gym-cache; an empty value turns the copy off.
+TIKTOKEN_CACHE_ENVS = ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR")
+
+
+@contextmanager
+def tiktoken_cache_inside_ours() -> Iterator[None]:
+    """For the block, point tiktoken's cache at ``cache_root()/tiktoken`` unless the user chose
+    one: the converter reads the vocabulary through tiktoken, which would otherwise leave a copy
+    in the system temp directory. Where that folder cannot be made writable the copy is turned
+    off instead (tiktoken raises when a cache it was given cannot be written). The environment
+    is restored afterwards."""
+    if any(name in os.environ for name in TIKTOKEN_CACHE_ENVS):
+        yield
+        return
+    target = cache_root() / "tiktoken"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        chosen = str(target) if os.access(target, os.W_OK | os.X_OK) else ""
+    except OSError:
+        chosen = ""
+    os.environ[TIKTOKEN_CACHE_ENVS[0]] = chosen
+    try:
+        yield
+    finally:
+        os.environ.pop(TIKTOKEN_CACHE_ENVS[0], None)
+
+
 def _build(vocab: Path, template: str) -> Any:
     from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    backend = TikTokenConverter(vocab_file=str(vocab), pattern=QWEN35_PRETOKENIZE_REGEX).converted()
+    with tiktoken_cache_inside_ours():
+        backend = TikTokenConverter(vocab_file=str(vocab), pattern=QWEN35_PRETOKENIZE_REGEX).converted()
     backend.normalizer = normalizers.NFC()
     if backend.get_vocab_size(with_added_tokens=False) != BPE_VOCAB_SIZE:
         raise TokenizerSetupError(

@@ -135,3 +135,30 @@ def test_cache_key_changes_with_the_template(tmp_path, monkeypatch):
     first = tok_module._cache_key("v", "template one")
     second = tok_module._cache_key("v", "template two")
     assert first != second
+
+
+def test_the_build_keeps_tiktokens_copy_of_the_vocabulary_inside_our_cache(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    ours, system_temp = tmp_path / "cache", tmp_path / "tmp"
+    system_temp.mkdir()
+    monkeypatch.setenv("SEARCHR1_CACHE_DIR", str(ours))
+    for name in tok_module.TIKTOKEN_CACHE_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(system_temp))  # what tiktoken's default is under
+    tok_module._build(tok_module.vocab_path(), read_chat_template())
+    assert list(system_temp.iterdir()) == []  # no data-gym-cache in the system temp directory
+    assert [p.stat().st_size for p in (ours / "tiktoken").iterdir()] == [tok_module.vocab_path().stat().st_size]
+    assert not any(name in os.environ for name in tok_module.TIKTOKEN_CACHE_ENVS)  # the environment is restored
+
+
+def test_a_tiktoken_cache_the_user_chose_is_left_alone(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("SEARCHR1_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DATA_GYM_CACHE_DIR", str(tmp_path / "theirs"))
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    with tok_module.tiktoken_cache_inside_ours():
+        assert "TIKTOKEN_CACHE_DIR" not in os.environ and os.environ["DATA_GYM_CACHE_DIR"] == str(tmp_path / "theirs")
+    assert not (tmp_path / "cache").exists()
