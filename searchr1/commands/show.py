@@ -211,6 +211,11 @@ def show(source: Path, step: int | str | None, limit: int | None, html_path: Pat
     counted = f"{selection.shown} of {selection.available} transcripts" if cut > 0 else f"{selection.shown} transcripts"
     if cut > 0:
         selection.notes.append(f"showing {counted} (--limit {limit}; raise it to see more)")
+    from searchr1.view.terminal import legend
+
+    explained = legend([record for _, records in selection.sections for record in records])
+    if explained:
+        selection.notes.append(explained)
     if html_path is not None:
         from searchr1.view.html import transcript_page
 

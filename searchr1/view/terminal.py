@@ -164,6 +164,30 @@ def outcome(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     return pairs
 
 
+# What each name in :func:`outcome` means, for the one-line legend above the transcripts.
+OUTCOME_MEANINGS: dict[str, str] = {
+    "reward": "the outcome reward (the EM, F1 or cover EM that --reward names; -0.1 for a bad format)",
+    "EM": "exact match with a gold answer",
+    "format": "one non-empty Answer: line",
+    "ended": "why the trajectory stopped",
+    "searches": "search calls",
+    "tokens": "generated over the turns, and the last prompt+reply",
+    "advantage": "the reward against its group's, the weight of its tokens in the update",
+    "not trained": "why no datum was sent",
+    "search error": "a search failed (its group is left out of the update by default)",
+    "judge": "the judge's verdict on the answer",
+}
+
+
+def legend(records: Sequence[Mapping[str, Any]]) -> str:
+    """``outcome: reward = …; EM = …; …``: what the outcome line's names mean, for those that
+    ``records`` show ("" when there are none)."""
+    shown: list[str] = []
+    for record in records:
+        shown += [name for name, _ in outcome(record) if name not in shown]
+    return ("outcome: " + "; ".join(f"{name} = {OUTCOME_MEANINGS[name]}" for name in shown)) if shown else ""
+
+
 def token_counts(record: Mapping[str, Any]) -> str:
     """``N generated over T turns, S in the last prompt+reply`` from the turns' counts ("" when
     the record has none: files written before they were recorded)."""

@@ -175,6 +175,22 @@ def test_a_run_directory_shows_its_last_step_by_default(run_dir):
     assert "advantage +0.500" in output
 
 
+def test_a_legend_says_what_each_outcome_name_means_before_the_transcripts(run_dir, eval_file):
+    from searchr1.view.terminal import OUTCOME_MEANINGS, outcome
+
+    _, output = show(run_dir)
+    (line,) = [line for line in output.splitlines() if line.startswith("outcome: ")]
+    assert output.index(line) < output.index("nq/s2-a")
+    for name in ("reward", "EM", "format", "ended", "searches", "advantage"):
+        assert f"{name} = {OUTCOME_MEANINGS[name]}" in line
+    _, output = show(eval_file)  # an eval record has no advantage: the legend does not explain one
+    assert "reward = " in output and "advantage = " not in output
+    judged = {**TWO_HOP, "advantage": 0.1, "excluded": "degenerate group", "env_error": True,
+              "turns": [{"text": "Answer: Gold answer", "generated_tokens": 5, "prompt_tokens": 40}],
+              "judge": {"correct": True, "model": "twin", "prompt_version": 1, "reply": "yes"}}
+    assert {name for name, _ in outcome(judged)} == set(OUTCOME_MEANINGS)  # every name has its meaning
+
+
 def test_a_chosen_step_and_the_limit_are_honoured(run_dir):
     _, output = show(run_dir, "--step", "1", "--limit", "1")
     assert "nq/s1-a" in output and "nq/s1-b" not in output and "nq/s2-a" not in output
