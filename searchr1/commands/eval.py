@@ -22,6 +22,7 @@ from searchr1.search.options import SearchOptions
 from searchr1.commands.options import (
     check_offline_group_size,
     connect_timeout_option,
+    on_interrupt,
     rollout_config_from,
     rollout_options,
     run_guarded,
@@ -356,6 +357,9 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
 
         sampled = offline_policy_label(offline_policy) + (f" at {model_path}" if model_path else " (untrained)")
     _claim_output(output, held)
+    on_interrupt(f"eval interrupted (Ctrl-C) during start-up, before any question was evaluated; {output} is "
+                 f"as it was, nothing in it lost: run the same command again to "
+                 f"{'resume' if output.exists() else 'start'}")
     run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
                                   rollout=rollout, data=data, limit=limit, chat_template=chat_template,
                                   offline_home=offline_home, offline_policy=offline_policy)
@@ -391,6 +395,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
 
         click.echo(f"eval: {data} -> {output}  ({'offline twin' if offline else 'live PyTRIO'}, "
                    f"{sampled}, backend {search.backend})", err=True)
+        on_interrupt(f"eval interrupted (Ctrl-C); the records already in {output} are kept: run the same command "
+                     "again to resume")
         try:
             outcome = asyncio.run(main())
         except (EvalFileError, EvalResumeError) as error:
@@ -403,7 +409,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         except BaseException as error:
             if bar is not None:
                 bar.close()
-            _report_interrupted(output, error)
+            if _report_interrupted(output, error) and isinstance(error, KeyboardInterrupt):
+                sys.exit(130)  # it said what is kept and how to resume; the shell's code for SIGINT
             from searchr1.runtime.failures import describe_failure, is_service_failure
 
             if isinstance(error, Exception) and is_service_failure(error):
@@ -536,18 +543,19 @@ def apply_search_r1_protocol(kwargs: dict[str, Any], search: SearchOptions, *, g
     return replace(search, topk=SEARCH_R1_TOPK)
 
 
-def _report_interrupted(output: Path, error: BaseException) -> None:
-    """Say what survived (records and a partial summary) and how to continue."""
+def _report_interrupted(output: Path, error: BaseException) -> bool:
+    """Say what survived (records and a partial summary) and how to continue; False when the
+    output could not be read to say it."""
     from searchr1.evaluation.evaluate import read_existing
 
     try:
         existing = read_existing(output)
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
-        return
+        return False
     from searchr1.runtime.failures import is_service_failure
 
     transient = isinstance(error, KeyboardInterrupt) or (isinstance(error, Exception) and is_service_failure(error))
-    what = "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped by an error"
+    what = "eval interrupted (Ctrl-C)" if isinstance(error, KeyboardInterrupt) else "eval stopped by an error"
     summary = "a partial summary" if existing.summary is not None else "no summary (nothing finished)"
     then = ("rerun the same command to resume" if transient
             else "fix the error below, then rerun the same command to resume")
@@ -555,6 +563,7 @@ def _report_interrupted(output: Path, error: BaseException) -> None:
 
     click.secho(f"{what}: {plural(len(existing.records), 'record')} kept in {output} with {summary}; {then}",
                 fg="yellow", err=True)
+    return True
 
 
 def _search_success(metrics: dict[str, Any]) -> str:

@@ -99,6 +99,28 @@ def check_offline_group_size(policy: str | None, group_size: int) -> None:
                                  param_hint="--group-size")
 
 
+INTERRUPTED_NOTE = "searchr1.interrupted"  # click's ctx.meta key of what a Ctrl-C would interrupt
+
+
+def on_interrupt(message: str) -> None:
+    """From here on, a Ctrl-C that reaches :func:`run_guarded` prints ``message``: what it
+    interrupted, what is kept, how to go on (a command says so as its state changes)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[INTERRUPTED_NOTE] = message
+
+
+def interrupted_message(ctx: click.Context | None) -> str:
+    """What a Ctrl-C says: the command's own words (:func:`on_interrupt`), else which command
+    was interrupted and that what it finished is kept (every file is written whole or not at
+    all, ``run/fileio.py``)."""
+    if ctx is not None and ctx.meta.get(INTERRUPTED_NOTE):
+        return str(ctx.meta[INTERRUPTED_NOTE])
+    name = " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+    return (f"{name or 'the command'} interrupted (Ctrl-C) before it finished; nothing it had finished "
+            "is lost: run the same command again to continue")
+
+
 def run_guarded(function: Callable[[], Any]) -> Any:
     """Turn expected failures (every :class:`UserError`, a missing file, a disk that cannot be
     written) into one clear line and a non-zero exit (no traceback). A line that names a flag set
@@ -122,7 +144,7 @@ def run_guarded(function: Callable[[], Any]) -> Any:
             raise click.ClickException(write_failure_line(error)) from None
         raise
     except KeyboardInterrupt:
-        click.secho("interrupted (Ctrl-C)", fg="yellow", err=True)
+        click.secho(interrupted_message(ctx), fg="yellow", err=True)
         sys.exit(130)  # the shell's code for SIGINT, as everywhere else
 
 

@@ -25,6 +25,7 @@ from searchr1.commands.options import (
     check_offline_group_size,
     connect_timeout_option,
     offline_fault_option,
+    on_interrupt,
     rollout_config_from,
     rollout_options,
     run_guarded,
@@ -299,6 +300,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     # directory is written: the data (a malformed line names file:line), the tokenizer and
     # chat template, the search keys; then the PyTRIO key and connection, the server's limits
     # and its tokenizer (searchr1.runtime.preflight). Only then is the run directory written.
+    on_interrupt(_interrupted_in_start_up(run, resuming=resume_dir is not None))
     offline = config.offline
     account = _run_account(config)
     tokenizer = load_tokenizer(chat_template)
@@ -510,10 +512,7 @@ class _StopOnInterrupt:
 def _interrupted_at_once(run: Any, stop: _StopOnInterrupt, *, resuming: bool) -> str:
     """What a second Ctrl-C (or one during start-up) leaves, and what can be done with it."""
     if stop.trainer is None or not run.file("config.json").is_file():
-        if resuming:
-            return (f"interrupted during start-up; {run.path} is as it was (continue with: "
-                    f"{invocation.command(f'train --resume {run.path}')})")
-        return "interrupted during start-up, before the first step; nothing to resume"
+        return _interrupted_in_start_up(run, resuming=resuming)
     from searchr1.view.wording import plural
 
     last = run.resume_point()
@@ -524,6 +523,15 @@ def _interrupted_at_once(run: Any, stop: _StopOnInterrupt, *, resuming: bool) ->
                 "starts it over from step 0 (their metrics are kept in metrics.rewound.jsonl)")
     return (f"interrupted at once. Finished steps are in {run.path}; resume from checkpoint {last.name} "
             f"(step {last.step}) with: {invocation.command(f'train --resume {run.path}')}")
+
+
+def _interrupted_in_start_up(run: Any, *, resuming: bool) -> str:
+    """What a Ctrl-C before the first step leaves: nothing trained, nothing lost."""
+    if resuming:
+        return (f"train interrupted (Ctrl-C) during start-up, before its next step; {run.path} is as it was, "
+                f"nothing in it lost (continue with: {invocation.command(f'train --resume {run.path}')})")
+    return ("train interrupted (Ctrl-C) during start-up, before the first step: nothing was trained, so "
+            "nothing is lost or to resume; run the same command again to start")
 
 
 _MISSING = object()

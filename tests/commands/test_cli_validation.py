@@ -227,3 +227,18 @@ def test_the_readme_quotes_one_starting_reward_for_the_offline_run():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text("utf-8")
     starts = set(re.findall(r"climbs from about (\S+?) ", " ".join(readme.split())))
     assert len(starts) == 1, f"the README gives different starting rewards: {sorted(starts)}"
+
+
+def test_a_ctrl_c_names_the_command_it_interrupted_and_says_what_is_kept(tmp_path, monkeypatch):
+    import searchr1.bm25.index as index_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(index_module, "build_index", interrupted)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "1", "contents": "\\"Title\\"\\ntext"}\n')
+    code, output = invoke("index", "build", corpus, "--out", tmp_path / "index", "--quiet")
+    assert code == 130, output
+    assert last_line(output) == ("index build interrupted (Ctrl-C) before it finished; nothing it had finished "
+                                 "is lost: run the same command again to continue")

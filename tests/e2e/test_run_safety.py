@@ -394,3 +394,30 @@ def test_ctrl_c_during_start_up_exits_130_like_everywhere_else(tmp_path):
     assert process.returncode == 130, process.stderr[-2000:]
     assert "interrupted" in process.stderr and "Traceback" not in process.stderr
     assert not (tmp_path / "r").exists()
+    assert process.stderr.strip().splitlines()[-1] == (
+        "train interrupted (Ctrl-C) during start-up, before the first step: nothing was trained, so nothing is "
+        "lost or to resume; run the same command again to start")
+
+
+def interrupt_start_up(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", INTERRUPT_START, *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_ctrl_c_while_a_resume_starts_says_the_run_is_as_it_was_and_how_to_continue(run_copy):
+    before = (run_copy / "metrics.jsonl").read_bytes()
+    process = interrupt_start_up("train", "--resume", run_copy, "--max-steps", "3")
+    assert process.returncode == 130, process.stderr[-2000:]
+    line = process.stderr.strip().splitlines()[-1]
+    assert line.startswith("train interrupted (Ctrl-C) during start-up") and "Traceback" not in process.stderr
+    assert f"{run_copy} is as it was, nothing in it lost" in line and f"train --resume {run_copy})" in line
+    assert (run_copy / "metrics.jsonl").read_bytes() == before
+
+
+def test_ctrl_c_while_an_eval_starts_names_the_output_and_says_nothing_is_lost(tmp_path):
+    output = tmp_path / "eval.jsonl"
+    process = interrupt_start_up("eval", "--offline", "--quiet", "--limit", "1", "--output", output)
+    assert process.returncode == 130, process.stderr[-2000:]
+    assert process.stderr.strip().splitlines()[-1] == (
+        f"eval interrupted (Ctrl-C) during start-up, before any question was evaluated; {output} is as it was, "
+        "nothing in it lost: run the same command again to start")
