@@ -18,6 +18,31 @@ from searchr1.commands.options import connect_timeout_option, rollout_config_fro
 from searchr1.commands.search_options import SearchOptions, search_options
 
 FOLDED_LINES = 3
+EXAMPLES_SHOWN = 3
+
+
+def check_offline_question(question: str, policy: str) -> None:
+    """Refuse, before anything starts, a question the offline twin's policies have no script or
+    knowledge for: they answer only the shipped offline questions (``searchr1/offline``), and the
+    sampler would fail on each turn. One line naming the file and showing a few of them."""
+    import os
+    import unicodedata
+
+    from searchr1.offline import QUESTIONS, load_source
+
+    def key(text: str) -> str:  # how the twin recognises a question (searchr1.twin.offline_world.question_key)
+        return unicodedata.normalize("NFC", text).strip()
+
+    source = load_source()
+    known = [item["question"] for split in ("dev", "train") for item in source.get(split, [])]
+    if key(question) in {key(q) for q in known}:
+        return
+    where = os.path.relpath(QUESTIONS)
+    where = where if not where.startswith("..") else str(QUESTIONS)
+    examples = ", ".join(f'"{q}"' for q in known[:EXAMPLES_SHOWN])
+    raise click.ClickException(
+        f"offline, the twin's {policy} policy answers only the {len(known)} questions in {where} (also in "
+        f"dev.jsonl and train.jsonl beside it), not {question.strip()!r}; for example {examples}")
 
 
 def _fold(text: str, lines: int = FOLDED_LINES) -> str:
@@ -135,6 +160,8 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
                                    "the run directory")
     if offline_home is not None and not offline:
         raise click.UsageError("--offline-home only applies with --offline")
+    if offline:
+        check_offline_question(question, policy)
     check_base_model(base_model)
     check_search_setup(search, offline=offline)
     tokenizer = load_tokenizer()

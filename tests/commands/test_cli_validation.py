@@ -242,3 +242,27 @@ def test_a_ctrl_c_names_the_command_it_interrupted_and_says_what_is_kept(tmp_pat
     assert code == 130, output
     assert last_line(output) == ("index build interrupted (Ctrl-C) before it finished; nothing it had finished "
                                  "is lost: run the same command again to continue")
+
+
+@pytest.mark.parametrize("policy", ["learning", "scripted"])
+def test_ask_offline_refuses_a_question_the_twin_does_not_know_in_one_line_before_starting(monkeypatch, policy):
+    import searchr1.runtime.services as services
+
+    def not_reached(*args, **kwargs):
+        raise AssertionError("started although the question cannot be answered")
+
+    monkeypatch.setattr(services, "load_tokenizer", not_reached)
+    code, output = invoke("ask", "Who wrote Dune?", "--offline", "--offline-policy", policy)
+    assert code == 1, output
+    (line,) = output.strip().splitlines()
+    assert line.startswith("Error: ") and "'Who wrote Dune?'" in line and "ActorAPIError" not in line
+    assert "searchr1/offline/questions.json" in line and '"who wrote pride and prejudice?"' in line
+
+
+def test_every_shipped_offline_question_passes_the_ask_check_as_the_twin_reads_it():
+    from searchr1.commands.ask import check_offline_question
+    from searchr1.offline import load_source
+
+    source = load_source()
+    for item in source["train"] + source["dev"]:
+        check_offline_question(f"  {item['question']}\n", "learning")  # the twin trims what it compares

@@ -251,7 +251,8 @@ def test_ask_prints_each_turn_and_the_reward(trained):
 def test_ask_an_unknown_question_offline_is_one_error_line(trained):
     result = invoke("ask", "What is love?", "--offline")
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "not one of the" in result.output.splitlines()[-1]
+    (line,) = result.output.strip().splitlines()  # up front: no sampler error, no second copy
+    assert "not 'What is love?'" in line and "searchr1/offline/questions.json" in line
 
 
 def test_the_protocol_output_and_summary_carry_the_card(tmp_path):
