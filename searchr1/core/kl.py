@@ -99,7 +99,7 @@ def penalize(
         "kl/policy_base": mean_kl,
         "kl/policy_base_k1": math.fsum(float(v) for e in k1s for v in e) / tokens,
         "kl/policy_base_k3": math.fsum(float(v) for e in k3s for v in e) / tokens,
-        "kl/penalty_share": penalty_sum / advantage_sum if advantage_sum else 0.0,
+        "kl/penalty_share": penalty_sum / advantage_sum,  # > 0: an action token's advantage is not 0
         "kl/action_tokens": float(tokens),
     }
     return out, metrics

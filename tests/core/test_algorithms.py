@@ -114,6 +114,8 @@ def test_the_penalty_refuses_misaligned_inputs_and_leaves_datums_without_action_
         penalize([item], [np.zeros(2), np.zeros(2)], coef=0.1, estimator="k1")
     with pytest.raises(ValueError, match=r"^datum q0/g0: 3 base logprobs for 2 positions$"):
         penalize([item], [np.zeros(3)], coef=0.1, estimator="k1")
+    cancelled, _ = penalize([datum([0.5, 1.0], [-0.5, -1.5])], [np.array([-1.0, -1.0])], coef=1.0, estimator="k1")
+    assert cancelled[0].loss_tokens == 1  # d = (0.5, -0.5): the first advantage is cancelled exactly
     silent = datum([0.0, 0.0], [0.0, -1.0])
     assert penalize([silent], [np.zeros(2)], coef=0.5, estimator="k3") == ([silent], {})
     with pytest.raises(ValueError, match="unknown KL estimator 'k2'"):
@@ -125,6 +127,7 @@ def test_base_logprobs_are_read_one_position_later_than_the_datum_position():
     assert base_prompt(item) == [10, 11, 12, 13]
     aligned = aligned_base_logprobs([None, -1.0, None, -3.0], 3)
     assert aligned.tolist() == [-1.0, 0.0, -3.0]
+    assert aligned_base_logprobs([None, -1.0, -2.0, -3.0, -4.0], 2).tolist() == [-1.0, -2.0]  # only what it needs
     with pytest.raises(ValueError, match="3 prompt logprobs for a sequence of 4 tokens"):
         aligned_base_logprobs([None, -1.0, -2.0], 3)
 

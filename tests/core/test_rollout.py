@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from pytrio import PyTrioError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twin_support import MODEL
@@ -24,7 +25,7 @@ from searchr1.core.rollout import (
     sampling_seed,
 )
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.core.types import SearchItem, SearchResult, Trajectory
+from searchr1.core.types import SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.twin import Latencies, TwinFaults, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.scenario import parse_scenario
@@ -466,3 +467,39 @@ def test_a_question_the_scenario_does_not_know_is_named_with_its_turn(served, to
     stranger = SearchExample("x", "Who painted Guernica?", ("Picasso",), "nq")
     with pytest.raises(SamplerFailureError, match=r"'Who painted Guernica\?' \(turn 1\)"):
         rollout_batch(served.sampler, tokenizer, ScriptedSearch({}), [stranger], RolloutConfig(group_size=1, **FAST))
+
+
+class FailingSampler:
+    """A sampling client whose every request raises ``error``; counts the requests."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error, self.requests = error, 0
+
+    async def sample_async(self, **request):
+        self.requests += 1
+        raise self.error
+
+
+def flagged(retryable: object) -> PyTrioError:
+    """An SDK error whose ``retryable`` flag is ``retryable`` (pytrio sets it per error)."""
+    error = PyTrioError("x" * 300)
+    error.retryable = retryable
+    return error
+
+
+@pytest.mark.parametrize(("error", "requests"), [
+    (flagged(True), 4),  # the SDK says it is worth another try: 1 + 3 retries
+    (flagged("yes"), 1),  # only True itself counts
+    (flagged(False), 1), (PyTrioError("x" * 300), 1), (OSError("x" * 300), 1),
+    (TimeoutError("x" * 300), 4), (ConnectionError("x" * 300), 4)])
+def test_only_retryable_failures_are_asked_again_and_the_first_failure_is_named_in_200_characters(
+        tokenizer, caplog, error, requests):
+    sampler = FailingSampler(error)
+    config = RolloutConfig(group_size=2, sample_retries=3, **FAST)
+    example = SearchExample("q", "Question q?", ("France",), "nq")
+    with caplog.at_level("WARNING", logger="searchr1.core.rollout"), pytest.raises(SamplerFailureError) as info:
+        asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch({}), [example], config, step=0))
+    summary = f"{type(error).__name__}: {'x' * 200}"
+    assert sampler.requests == requests
+    assert str(info.value).endswith(f"(first failure: {summary})")
+    assert caplog.messages[-1] == f"sampling failed for good ({summary})"

@@ -101,25 +101,33 @@ def test_choices_and_checks_are_rules_too():
     assert Rule(at_least=5).violation(False) is None and Rule().violation("text") is None
 
 
-@dataclasses.dataclass(frozen=True)
-class Declared:
-    count: int = setting(3, at_least=1, help="How many.")
-    named: str = setting("x", flag="--other-name", check=lambda v: None if v != "bad" else "is bad")
-    secret: str = setting("", repr=False)
-    items: list[int] = setting(default_factory=lambda: [1], cli=False)
-    plain: int = 0
+def declared() -> type:
+    """A configuration class declared when called: the declarations run inside the test (mutation
+    testing plants its bugs after the modules are imported)."""
 
-    def __post_init__(self):
-        check_settings(self)
+    @dataclasses.dataclass(frozen=True)
+    class Declared:
+        count: int = setting(3, at_least=1, help="How many.")
+        named: str = setting("x", flag="--other-name", check=lambda v: None if v != "bad" else "is bad")
+        secret: str = setting("", repr=False)
+        items: list[int] = setting(default_factory=lambda: [1], cli=False)
+        plain: int = 0
+
+        def __post_init__(self):
+            check_settings(self)
+
+    return Declared
 
 
 def test_a_declaration_is_a_field_with_its_default_its_rule_and_its_flag():
+    Declared = declared()
     fields = {f.name: f for f in dataclasses.fields(Declared)}
     assert [f.name for f, _ in settings_of(Declared)] == ["count", "named", "secret", "items"]
     assert rule_of(fields["plain"]) is None
     assert rule_of(fields["count"]) == Rule(help="How many.", at_least=1)
     assert rule_of(fields["items"]).cli is False
     assert flag_of(fields["count"]) == "--count" and flag_of(fields["named"]) == "--other-name"
+    assert flag_of(fields["plain"]) == "--plain" and flag_of(fields["secret"]) == "--secret"
     made = Declared()
     assert (made.count, made.named, made.secret, made.items) == (3, "x", "", [1])
     assert made.items is not Declared().items  # a fresh default per instance
@@ -127,6 +135,7 @@ def test_a_declaration_is_a_field_with_its_default_its_rule_and_its_flag():
 
 
 def test_a_broken_rule_raises_a_usage_error_naming_the_flag():
+    Declared = declared()
     with pytest.raises(SettingError) as info:
         Declared(count=0)
     assert str(info.value) == "--count must be >= 1, got 0"

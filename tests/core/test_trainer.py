@@ -16,7 +16,9 @@ from twin_support import MODEL
 from searchr1.core.config import TrainConfig
 from searchr1.core.reference import reference_step
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.core.datum import DatumError
 from searchr1.core.trainer import RolloutBatch, Trainer
+from searchr1.core.update import substep_batches
 from searchr1.core.types import Exclusion, SearchExample, SearchItem, SearchResult
 from searchr1.twin import Strictness, start_twin
 from searchr1.twin.client import FAST_RETRIES
@@ -212,6 +214,8 @@ def test_micro_batches_and_substeps_record_what_was_sent(twins, tokenizer):
     assert sorted(id(d) for m in record.micro_batches for d in m) == sorted(id(d) for d in record.datums)
     assert [c[0] for c in recorder.calls].count("optim_step") == 2
     assert record.update.optim_metrics["train/optimizer_steps"] == 2.0
+    order = [i for part in substep_batches(len(record.datums), 2, seed=config.seed, step=1) for i in part]
+    assert [id(m[0]) for m in record.micro_batches] == [id(record.datums[i]) for i in order]  # the run's own order
 
 
 def test_the_kl_penalty_sees_the_datums_and_its_result_is_sent(twins, tokenizer):
@@ -298,3 +302,24 @@ def test_save_writes_the_state_and_the_sampler_weights_under_new_names(twins, to
     assert recorder.calls == [("save_state", "step-000001-state", {"overwrite": False}),
                               ("save_weights", "step-000001-weights", {})]
     assert state.endswith("step-000001-state") and weights.endswith("step-000001-weights")
+
+
+def test_a_step_refuses_a_trajectory_longer_than_the_runs_token_budget(twins, tokenizer):
+    """The datum limit is the run's --max-trajectory-tokens, whoever rolled the batch out."""
+    learning, _ = twins
+    examples, results = world()
+    trajectories, _ = rolled_out(learning, tokenizer, examples[:4], results, train_config().rollout)
+    shortest = min(len(t.turns[-1].prompt_tokens) + len(t.turns[-1].completion_tokens) for t in trajectories)
+    # a datum's input is the whole sequence but its last token: every datum is one token too long
+    config = train_config(rollout=RolloutConfig(group_size=4, seed=3, max_trajectory_tokens=shortest - 2))
+    recorder = Recorder(trajectories)
+    with pytest.raises(DatumError):
+        asyncio.run(trainer_on(learning, config, tokenizer, recorder).step(0, recorder))
+
+
+def test_a_trainer_must_be_connected_first(tokenizer):
+    trainer = Trainer(train_config(), service=RecordingService(), tokenizer=tokenizer)
+    with pytest.raises(AssertionError, match=r"^connect\(\) first$"):
+        asyncio.run(trainer.step(0, Recorder([])))
+    with pytest.raises(AssertionError, match=r"^connect\(\) first$"):
+        asyncio.run(trainer.save("x"))

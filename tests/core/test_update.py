@@ -64,6 +64,11 @@ def test_trained_tokens_are_exactly_the_positions_with_an_advantage(rows):
     assert tokens.sampled.dtype == tokens.learned.dtype == tokens.advantages.dtype == np.float64
 
 
+def test_trained_tokens_hold_double_precision_whatever_they_were_given():
+    tokens = TrainedTokens.of_datum(np.array([-1.1], np.float32), np.array([-2.2], np.float32), np.array([1.5], np.float32))
+    assert tokens.sampled.dtype == tokens.learned.dtype == tokens.advantages.dtype == np.float64
+
+
 def test_trained_tokens_refuse_arrays_of_different_shapes():
     with pytest.raises(ValueError, match=r"^logprob and advantage arrays differ in shape: \(3,\), \(2,\), \(3,\)$"):
         TrainedTokens.of_datum([0.0] * 3, [0.0] * 2, [1.0] * 3)
@@ -73,16 +78,18 @@ def test_trained_tokens_refuse_arrays_of_different_shapes():
 
 def test_learner_tokens_pair_each_sent_datum_with_the_logprobs_the_learner_returned():
     data = [datum([0.0, 1.0, 2.0]).datum, datum([3.0, 0.0]).datum, datum([4.0]).datum, datum([5.0, 5.0]).datum]
-    outputs = [{"logprobs": TensorData.from_numpy(np.array([-9.0, -8.0, -7.0]))},  # pytrio's TensorData
+    data = [datum([9.0]).datum, *data]
+    outputs = [{"loss": 1.0},  # no logprobs: left out
+               {"logprobs": TensorData.from_numpy(np.array([-9.0, -8.0, -7.0]))},  # pytrio's TensorData
                {"logprobs": [-6.0, -5.0]},  # a plain list
-               {"loss": 1.0},  # no logprobs: left out
+               {"loss": 1.0},
                {"logprobs": [-1.0]}]  # of another length: left out
     tokens = learner_tokens(data, outputs)
     assert [t.learned.tolist() for t in tokens] == [[-8.0, -7.0], [-6.0]]
     assert [t.sampled.tolist() for t in tokens] == [[-2.0, -3.0], [-1.0]]
     assert [t.advantages.tolist() for t in tokens] == [[1.0, 2.0], [3.0]]
     assert learner_tokens(data, None) == [] and learner_tokens(data, [None, "text"]) == []
-    assert len(learner_tokens(data[:1], outputs)) == 1  # one per datum sent
+    assert len(learner_tokens(data[:2], outputs)) == 1  # one per datum sent
 
 
 def test_a_non_finite_advantage_is_named_by_trajectory_and_position():
@@ -122,6 +129,19 @@ def test_an_update_sends_the_loss_its_options_and_the_optimiser_settings():
     assert plain.calls[0] == ("forward_backward", [1.0], "importance_sampling", {})  # no empty loss_fn_config
 
 
+class WithoutOutputs(Client):
+    """A server that answers forward_backward with metrics only."""
+
+    async def forward_backward_async(self, data, loss_fn, **options):
+        await (await super().forward_backward_async(data, loss_fn, **options))
+        return asyncio.sleep(0, SimpleNamespace(metrics={"loss:sum": 1.0}))
+
+
+def test_an_update_without_the_learners_logprobs_reports_no_trained_tokens():
+    result = asyncio.run(apply_update(WithoutOutputs(), [[datum([1.0])]], CONFIG))
+    assert result.tokens == [] and result.outputs == [{"loss:sum": 1.0}]
+
+
 def test_an_update_refuses_non_finite_values_before_the_optimiser_sees_them():
     client = Client()
     with pytest.raises(NonFiniteValues, match=r"^trajectory q0/g0: advantages\[0\] is nan \(nothing was sent"):
@@ -143,6 +163,8 @@ def test_substeps_report_each_mini_batchs_tokens_and_where_a_non_finite_value_st
     assert [len(tokens) for tokens in result.substep_tokens] == [2, 2, 2]
     assert [t for tokens in result.substep_tokens for t in tokens] == result.tokens
     assert sorted(t.advantages[0] for t in result.tokens) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    two = asyncio.run(apply_substeps(Client(), datums, None, CONFIG, num_substeps=2, seed=1, step=2))
+    assert [len(tokens) for tokens in two.substep_tokens] == [3, 3]
     one = asyncio.run(apply_substeps(Client(), datums, None, CONFIG, num_substeps=1, seed=1, step=2))
     assert one.substep_tokens == [] and len(one.tokens) == 6
     assert asyncio.run(apply_substeps(Client(), [], None, CONFIG, num_substeps=2, seed=1, step=2)).outputs == []
