@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from searchr1.commands.help_layout import SectionedGroup
 from searchr1.runtime import invocation
 
 # command name -> "module:attribute" of a click.Command
@@ -78,7 +79,10 @@ def with_invoked_help(command: click.Command) -> click.Command:
     return command
 
 
-class LazyGroup(click.Group):
+class LazyGroup(SectionedGroup):
+    """The commands of :data:`COMMANDS`, each imported when it is first named; help laid out as
+    :class:`~searchr1.commands.help_layout.SectionedGroup` lays it out."""
+
     context_class = InvokedContext
 
     def main(self, *args: Any, **kwargs: Any) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from searchr1.commands.help_layout import SectionOption
 from searchr1.core.settings import LARGEST, Rule, flag_of, settings_of
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -72,42 +73,6 @@ def _default(field: dataclasses.Field[Any]) -> Any:
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
     return None if field.default is dataclasses.MISSING else field.default
-
-
-# The headings of a command's --help, in order; an option declares its own (``Rule.group``,
-# ``SectionOption(section=...)``) or takes its class's, and options with none come last.
-SECTIONS = ("run", "rollout", "algorithm", "search", "service", "health", "cost", "logging")
-
-
-class SectionOption(click.Option):
-    """An option that knows the heading :class:`SectionedCommand` lists it under."""
-
-    def __init__(self, *args: Any, section: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.section = section
-
-
-class SectionedCommand(click.Command):
-    """A command whose ``--help`` lists its options under the headings of :data:`SECTIONS`
-    (``sections`` names the heading of options that are not :class:`SectionOption`)."""
-
-    def __init__(self, *args: Any, sections: dict[str, str] | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sections = dict(sections or {})
-
-    def section_of(self, param: click.Parameter) -> str:
-        return getattr(param, "section", None) or self.sections.get(param.name or "") or "other"
-
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        grouped: dict[str, list[tuple[str, str]]] = {}
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is not None:
-                grouped.setdefault(self.section_of(param), []).append(record)
-        for heading in [*SECTIONS, *sorted(set(grouped) - set(SECTIONS))]:
-            if heading in grouped:
-                with formatter.section(f"{heading.capitalize()} options"):
-                    formatter.write_dl(grouped[heading])
 
 
 def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *,
@@ -340,6 +305,7 @@ def config_file_option(records: str = "config.json records the merged result") -
 
     return click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
                         is_eager=True, expose_value=True, callback=load, metavar="FILE.toml",
+                        cls=SectionOption, section="run",
                         help="Read settings from this TOML file (keys are the flag names, e.g. "
                              "group_size = 16; train and eval read the same file, each noting the other's "
                              f"keys it ignores); flags given on the command line override it, and {records}.")

@@ -30,8 +30,8 @@ from searchr1.commands.options import (
     rollout_options,
     run_guarded,
 )
+from searchr1.commands.help_layout import SectionedCommand
 from searchr1.commands.settings_options import (
-    SectionedCommand,
     config_file_option,
     given_params,
     setting_options,
