@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
 from searchr1.commands.search_options import SearchOptions, search_options
 
@@ -96,20 +97,23 @@ class _PrintingSearch:
         return result
 
 
-@click.command("ask")
+@click.command("ask", cls=SectionedCommand)
 @click.argument("question")
-@click.option("--answer", "answers", multiple=True, metavar="GOLD",
+@click.option("--answer", "answers", cls=SectionOption, section="run", multiple=True, metavar="GOLD",
               help="A gold answer (repeatable): print the reward, EM, F1 and cover EM of the agent's answer.")
-@click.option("--checkpoint", default=None, metavar="RUN_DIR|PATH",
+@click.option("--checkpoint", cls=SectionOption, section="run", default=None, metavar="RUN_DIR|PATH",
               help="A training run (its last checkpoint) or a sampler-weights path [default: the base model].")
-@click.option("--offline", is_flag=True, help="Against the offline twin (no key, no network); its policy answers.")
-@click.option("--offline-home", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--offline", cls=SectionOption, section="run", is_flag=True,
+              help="Against the offline twin (no key, no network); its policy answers.")
+@click.option("--offline-home", cls=SectionOption, section="service",
+              type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The twin's checkpoint store of an offline checkpoint path (runs/<run>/twin).")
-@click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
+@click.option("--offline-policy", cls=SectionOption, section="service",
+              type=click.Choice(["learning", "scripted"]), default="learning",
               help="With --offline: the policy the twin serves.")
-@click.option("--base-model", default="Qwen/Qwen3.5-4B")
+@click.option("--base-model", cls=SectionOption, section="run", default="Qwen/Qwen3.5-4B")
 @rollout_options(group_size=1, temperature=0.0)
-@click.option("--seed", type=int, default=42, help="Sampling seed.")
+@click.option("--seed", cls=SectionOption, section="run", type=int, default=42, help="Sampling seed.")
 @connect_timeout_option()
 @search_options(default_backend="deepseek")
 def ask(search: SearchOptions, question: str, **kwargs: Any) -> None:

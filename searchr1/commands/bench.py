@@ -7,6 +7,8 @@ import time
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
+
 TITLES = {
     1: "rollout scheduling",
     2: "protocol CPU",
@@ -22,7 +24,7 @@ TITLES = {
 }
 
 
-@click.command("bench")
+@click.command("bench", cls=SectionedCommand)
 @click.option("--output", "-o", default="bench.json", show_default=True,
               type=click.Path(dir_okay=False, writable=True), help="Where to write the JSON report.")
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
 
-@click.command("compare")
+
+@click.command("compare", cls=SectionedCommand)
 @click.argument("eval_a", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="EVAL_A")
 @click.argument("eval_b", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="EVAL_B")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole comparison as one JSON object.")

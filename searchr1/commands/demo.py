@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
 
-@click.command()
+
+@click.command(cls=SectionedCommand)
 @click.option("--question", default="Which country was the author of The Little Prince from?", show_default=True)
 @click.option("--answer", "references", multiple=True, default=["France"], show_default=True,
               help="Reference answer(s) used to score the final turn.")

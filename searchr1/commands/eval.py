@@ -27,6 +27,7 @@ from searchr1.commands.options import (
     rollout_options,
     run_guarded,
 )
+from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.settings_options import config_file_option
 from searchr1.runtime import invocation
 
@@ -42,54 +43,61 @@ SEARCH_R1_BACKENDS = ("local", "retriever")
 RESULT_DIR = Path("eval_result")
 
 
-@click.command("eval", context_settings={"show_default": True})
+@click.command("eval", cls=SectionedCommand, context_settings={"show_default": True})
 @config_file_option(records="the output's eval_config line records the merged result")
-@click.option("--offline", is_flag=True,
+@click.option("--offline", cls=SectionOption, section="run", is_flag=True,
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and the backend's offline search cassette.")
-@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--data", cls=SectionOption, section="run", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Eval JSONL [default: datasets/dev.jsonl; the shipped offline dev set with --offline].")
-@click.option("--limit", type=click.IntRange(min=1), default=None,
+@click.option("--limit", cls=SectionOption, section="run", type=click.IntRange(min=1), default=None,
               help="Evaluate N questions spread evenly across sources (round-robin), not the first N lines "
                    "[default: all].")
-@click.option("--base-model", default="Qwen/Qwen3.5-4B")
-@click.option("--model-path", default=None, metavar="URI",
+@click.option("--base-model", cls=SectionOption, section="run", default="Qwen/Qwen3.5-4B")
+@click.option("--model-path", cls=SectionOption, section="run", default=None, metavar="URI",
               help="Sampler-weights URI of a checkpoint (trio://…, printed by train) [default: the base model].")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--output", "-o", cls=SectionOption, section="run",
+              type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Eval JSONL to write or resume [default: eval_result/eval_[offline_]<checkpoint or "
                    "model name, offline twin-<policy>>_<backend>.jsonl].")
-@click.option("--overwrite", is_flag=True,
+@click.option("--overwrite", cls=SectionOption, section="run", is_flag=True,
               help="Start the output afresh; without it an existing output is resumed (and refused if it "
                    "was produced with another configuration).")
-@click.option("--checkpoint", "checkpoint_run", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--checkpoint", "checkpoint_run", cls=SectionOption, section="run",
+              type=click.Path(file_okay=False, path_type=Path), default=None,
               metavar="RUN_DIR",
               help="Evaluate the last checkpoint of this training run (offline or live; its weights and, "
                    "offline, the twin it trained on), instead of copying a URI into --model-path.")
-@click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
+@click.option("--offline-policy", cls=SectionOption, section="service",
+              type=click.Choice(["learning", "scripted"]), default="learning",
               help="With --offline: the policy the twin serves (learning: a small model that `train --offline` "
                    "improves; scripted: the fixed scenario of the golden tests).")
-@click.option("--offline-home", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--offline-home", cls=SectionOption, section="service",
+              type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Checkpoint store of the fake PyTRIO service, to evaluate a `train --offline` checkpoint "
                    "(runs/<run-name>/twin; or use --checkpoint RUN_DIR) [default: an empty temporary one].")
-@click.option("--protocol", type=click.Choice(["search-r1"]), default=None,
+@click.option("--protocol", cls=SectionOption, section="run", type=click.Choice(["search-r1"]), default=None,
               help="Fix the Search-R1 paper's evaluation settings (top-3 passages, greedy, one sample, a "
                    "budget of 4 searches, 500-token turns and observations; --backend local or retriever, "
                    "default data datasets/test.jsonl) and print its published EM beside ours.")
 @rollout_options(group_size=1, temperature=0.0)
-@click.option("--seed", type=int, default=42, help="Sampling seeds (with each question's position in the data).")
-@click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
+@click.option("--seed", cls=SectionOption, section="run", type=int, default=42,
+              help="Sampling seeds (with each question's position in the data).")
+@click.option("--chat-template", cls=SectionOption, section="service", type=click.Path(dir_okay=False), default=None,
               help="Another copy of the Qwen3.5 chat template (checked by sha256).")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--judge", "judge_model", default=None, metavar="MODEL",
+@click.option("--quiet", cls=SectionOption, section="logging", is_flag=True, help="No progress bar.")
+@click.option("--judge", "judge_model", cls=SectionOption, section="judge", default=None, metavar="MODEL",
               help="Also ask a judge whether each answer means the same as a gold answer (judge/... metrics): "
                    "'twin' offline (the twin's documented rule), a deepseek-* model (the DeepSeek chat API, "
                    "DEEPSEEK_API_KEY), or a PyTRIO model name. Not a training reward.")
-@click.option("--judge-cache", default=None, metavar="PATH|off",
+@click.option("--judge-cache", cls=SectionOption, section="judge", default=None, metavar="PATH|off",
               help="Judgements by (question, gold, prediction, judge, prompt version) [default: runs/judge-cache.jsonl].")
-@click.option("--judge-cassette", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--judge-cassette", cls=SectionOption, section="judge",
+              type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With a deepseek-* judge: replay its answers from this cassette (offline), or record them "
                    "into it (live; the key is never written).")
-@click.option("--prices", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+@click.option("--prices", cls=SectionOption, section="cost",
+              type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="TOML price table (docs/prices.example.toml): the summary's cost/... next to its usage/... counts.")
 @connect_timeout_option()
 @search_options(default_backend="deepseek")

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.options import connect_timeout_option, run_guarded
 from searchr1.export.convert import ExportFormat, Layout, RawAdapter
 from searchr1.export.qwen35 import Qwen35Text
@@ -121,28 +122,36 @@ def _matching_evals(paths: tuple[Path, ...], weights_path: str) -> list[tuple[st
     return found
 
 
-@click.command("export")
+@click.command("export", cls=SectionedCommand)
 @click.argument("checkpoint", metavar="[RUN_DIR|CHECKPOINT_PATH]", required=False)
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out", cls=SectionOption, section="run",
+              required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write the adapter, its model card and nothing else into.")
-@click.option("--from-archive", "from_archive", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("--from-archive", "from_archive", cls=SectionOption, section="archive",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Convert this downloaded checkpoint archive (a .tar from the trio/tinker CLI "
                                  "or a browser) instead of downloading one; needs no service.")
-@click.option("--format", "export_format", type=click.Choice([f.value for f in ExportFormat]), default="peft",
+@click.option("--format", "export_format", cls=SectionOption, section="run",
+              type=click.Choice([f.value for f in ExportFormat]), default="peft",
               show_default=True, help="peft: for transformers + PEFT (no tensor dropped); vllm: for vLLM's "
                                       "Qwen3.5 loader (the published checkpoint's module names).")
-@click.option("--base", "base", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+@click.option("--base", "base", cls=SectionOption, section="run",
+              type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="A local copy of the base model (its config.json gives the shapes and the layout) "
                    "[default: the shipped Qwen3.5-4B config, loaded as Qwen3_5ForCausalLM].")
-@click.option("--merge", is_flag=True, help="Also write full merged weights into OUT/merged (needs --base "
-                                            "with the base model's safetensors).")
-@click.option("--offline", is_flag=True, help="A checkpoint path of the offline twin (with --offline-home).")
-@click.option("--offline-home", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--merge", cls=SectionOption, section="run", is_flag=True,
+              help="Also write full merged weights into OUT/merged (needs --base with the base model's "
+                   "safetensors).")
+@click.option("--offline", cls=SectionOption, section="run", is_flag=True,
+              help="A checkpoint path of the offline twin (with --offline-home).")
+@click.option("--offline-home", cls=SectionOption, section="service",
+              type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The twin's checkpoint store of an offline checkpoint path (runs/<run>/twin).")
-@click.option("--eval", "evals", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("--eval", "evals", cls=SectionOption, section="run",
+              multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Eval file to summarise in the model card (repeatable) [default: those in eval_result/ "
                    "of this checkpoint].")
-@click.option("--max-bytes", type=click.IntRange(min=1), default=None,
+@click.option("--max-bytes", cls=SectionOption, section="archive", type=click.IntRange(min=1), default=None,
               help="Refuse an archive whose members add up to more than this (and any one member over it) "
                    "[default: 64 GiB a member, 128 GiB in all].")
 @connect_timeout_option()

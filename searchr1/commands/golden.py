@@ -6,10 +6,11 @@ import json
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
 from searchr1.runtime import invocation
 
 
-@click.command()
+@click.command(cls=SectionedCommand)
 @click.option("--update", is_flag=True, help="Rewrite golden/<name>.json from golden/scenarios/.")
 @click.option("--only", default=None, metavar="NAME", help="Only this scenario.")
 def golden(update: bool, only: str | None) -> None:

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import click
 
+from searchr1.commands.help_layout import SectionedGroup
 from searchr1.commands.options import run_guarded
 from searchr1.runtime import invocation
 
 
-@click.group("index")
+@click.group("index", cls=SectionedGroup)
 def index() -> None:
     """BM25 indexes for `--backend local` and `retriever serve`."""
 

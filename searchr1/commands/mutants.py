@@ -21,6 +21,8 @@ from pathlib import Path
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
+
 TARGET_KILL_RATE = 0.90
 SURVIVOR = re.compile(r"^\s*(?P<name>\S+): survived$")
 
@@ -50,7 +52,7 @@ def _mutmut(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, check=check)
 
 
-@click.command("mutants")
+@click.command("mutants", cls=SectionedCommand)
 @click.option("--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="every core",
               help="Mutants tested side by side.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=Path("mutants-report.md"),

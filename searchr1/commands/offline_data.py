@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
 from searchr1.runtime import invocation
 
 
-@click.command("offline-data")
+@click.command("offline-data", cls=SectionedCommand)
 @click.option("--check", is_flag=True, help="Compare only; exit 1 if a generated file is stale.")
 @click.option("--no-cassettes", is_flag=True, help="Write the generated files but do not re-record the cassettes.")
 def offline_data(check: bool, no_cassettes: bool) -> None:

@@ -12,13 +12,14 @@ import click
 from searchr1.core.errors import UserError
 from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.core.rollout import RolloutConfig
-from searchr1.commands.settings_options import FiniteFloatRange, SectionOption, preset_origin, setting_options, take_settings
+from searchr1.commands.help_layout import SectionOption
+from searchr1.commands.settings_options import FiniteFloatRange, preset_origin, setting_options, take_settings
 
 
 def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--connect-timeout``: how long to wait for PyTRIO to answer before naming the cause."""
     return click.option("--connect-timeout", type=FiniteFloatRange(min=0, min_open=True), default=30.0,
-                        show_default=True, metavar="SECONDS",
+                        show_default=True, metavar="SECONDS", cls=SectionOption, section="service",
                         help="Give up connecting to PyTRIO after this long and say why (no network, DNS, "
                              "refused); the run's own calls keep PyTRIO's retry windows.")
 
@@ -41,6 +42,7 @@ def offline_fault_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]
     canonical text (``collapse@N`` or ``none``), or None when the flag is not given."""
     return click.option(
         "--offline-fault", "offline_fault", default=None, metavar="collapse@N|none", callback=_offline_fault,
+        cls=SectionOption, section="service",
         help="A fault of the offline twin: collapse@N makes samplers on weights with N or more updates "
              "(from step N on) reply with one repetitive turn without an Answer: line, to try the "
              "collapse guard. train records it in config.json and --resume keeps it; none clears it.")

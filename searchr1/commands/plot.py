@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from searchr1.commands.help_layout import SectionedGroup
 from searchr1.view import plots
 from searchr1.evaluation.metrics import EvalFileError
 from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line
@@ -38,7 +39,7 @@ OUTPUT = click.option("--output", "-o", required=True, type=click.Path(dir_okay=
                       callback=_png, help="PNG to write.")
 
 
-@click.group("plot")
+@click.group("plot", cls=SectionedGroup)
 def plot() -> None:
     """Draw PNG figures from eval results or a training run (matplotlib, Agg, no display)."""
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
 from searchr1.data import dataset as data
 from searchr1.runtime import invocation
 
@@ -33,7 +34,7 @@ def _describe(counts: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in counts.items()) or "-"
 
 
-@click.command("prepare-data")
+@click.command("prepare-data", cls=SectionedCommand)
 @click.option(
     "--source",
     type=click.Path(exists=True, file_okay=False, path_type=Path),

@@ -7,44 +7,46 @@ import tempfile
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.tools.probe_loss import DEFAULT_BASE_MODEL
 from searchr1.commands.options import connect_timeout_option
 
 REDUCTION_CHOICES = ("per_token", "per_sample", "sum")
 
 
-@click.command("probe-loss")
+@click.command("probe-loss", cls=SectionedCommand)
 @click.option(
-    "--base-model",
+    "--base-model", cls=SectionOption, section="run",
     default=DEFAULT_BASE_MODEL,
     show_default=True,
     help="Model of the probe's training run.",
 )
 @click.option(
-    "--lora-rank",
+    "--lora-rank", cls=SectionOption, section="run",
     default=32,
     show_default=True,
     type=click.IntRange(4, 64),
     help="LoRA rank of that run.",
 )
-@click.option("--offline", is_flag=True,
+@click.option("--offline", cls=SectionOption, section="run", is_flag=True,
               help="Probe the offline twin (the real client against a PyTRIO server on 127.0.0.1) instead.")
 @click.option(
-    "--twin-reduction",
+    "--twin-reduction", cls=SectionOption, section="service",
     type=click.Choice(REDUCTION_CHOICES),
     default="per_token",
     show_default=True,
     help="With --offline: the twin's reduction within a call.",
 )
 @click.option(
-    "--twin-accumulation",
+    "--twin-accumulation", cls=SectionOption, section="service",
     type=click.Choice(("sum", "mean")),
     default="sum",
     show_default=True,
     help="With --offline: how the twin combines calls before one optim_step.",
 )
 @click.option(
-    "--yes", "-y", is_flag=True, help="Do not ask before creating the (billed) live training run."
+    "--yes", "-y", cls=SectionOption, section="run", is_flag=True,
+    help="Do not ask before creating the (billed) live training run."
 )
 @connect_timeout_option()
 def probe_loss(

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
 from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line
 from searchr1.search.base import SearchRefusedError
 from searchr1.search.cache import normalise_query
@@ -59,6 +60,7 @@ def unique(queries: list[str]) -> list[str]:
 
 
 @click.command(
+    cls=SectionedCommand,
     help="""Record real search requests into a vcrpy cassette, through the real client.
 
 Give the queries with --query (repeatable), --queries FILE (one per line, '#' comments) or

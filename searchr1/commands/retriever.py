@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
+from searchr1.commands.help_layout import SectionedGroup
 from searchr1.commands.options import run_guarded
 
 
-@click.group("retriever")
+@click.group("retriever", cls=SectionedGroup)
 def retriever() -> None:
     """A retrieval server of our own (the official Search-R1 API)."""
 

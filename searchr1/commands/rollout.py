@@ -10,19 +10,21 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.search_options import search_options
 from searchr1.search.options import SearchOptions
 from searchr1.commands.options import rollout_config_from, rollout_options, run_guarded
 
 
-@click.command()
-@click.option("--offline", is_flag=True, required=True,
+@click.command(cls=SectionedCommand)
+@click.option("--offline", cls=SectionOption, section="run", is_flag=True, required=True,
               help="Required: rollouts run against the scripted policy and search cassettes.")
-@click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--scenario", cls=SectionOption, section="run",
+              type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Scenario file [default: the shipped offline scenario]; golden/scenarios/*.json also work.")
-@click.option("--questions", type=click.IntRange(min=1), default=None,
+@click.option("--questions", cls=SectionOption, section="run", type=click.IntRange(min=1), default=None,
               help="How many of the scenario's questions to roll out [default: 4, or all if it has fewer].")
-@click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--seed", cls=SectionOption, section="run", type=int, default=42, show_default=True)
 @rollout_options(group_size=8)
 @search_options(default_backend="deepseek")
 def rollout(offline: bool, scenario: Path | None, questions: int | None, seed: int, search: SearchOptions,

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import click
 
+from searchr1.commands.help_layout import SectionedGroup
 from searchr1.search.cache import normalise_query
 from searchr1.search.cassette_specs import CASSETTE_ROOT, SpecError, build_cassettes, discover_specs
 from searchr1.runtime import invocation
 
 
-@click.group(help="Shipped search cassettes: generated from cassettes/specs/ (see cassettes/README.md).")
+@click.group(cls=SectionedGroup,
+             help="Shipped search cassettes: generated from cassettes/specs/ (see cassettes/README.md).")
 def cassettes() -> None:
     pass
 

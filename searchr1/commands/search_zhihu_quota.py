@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
 from searchr1.search.env import MissingApiKeyError
 from searchr1.search.factory import create_search_backend
 from searchr1.search.zhihu import DEFAULT_BASE_URL, KeyQuota
@@ -33,6 +34,7 @@ def format_quota_table(quotas: list[KeyQuota]) -> str:
 
 @click.command(
     name="zhihu-quota",
+    cls=SectionedCommand,
     help="""Show the remaining Zhihu quota of each key in ZHIHU_SEARCH_KEYS.
 
 Asks GET /api/v1/quota (free: it does not consume quota) once per key. Keys are shown by

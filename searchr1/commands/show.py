@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from searchr1.commands.help_layout import SectionedCommand
 from searchr1.run.algorithm import algorithm_of, describe_algorithm
 
 DEFAULT_LIMIT = 20
@@ -178,7 +179,7 @@ def load_selection(source: Path, step: int | str | None, limit: int | None, ids:
         raise click.ClickException(f"{source}: {error}" if isinstance(error, UnicodeDecodeError) else str(error))
 
 
-@click.command("show")
+@click.command("show", cls=SectionedCommand)
 @click.argument("source", type=click.Path(exists=True, path_type=Path), metavar="RUN_DIR|EVAL_FILE")
 @click.option("--step", type=StepType(), default=None,
               help="Training step to show, or 'all' [default: the last step with transcripts]. Run directories only.")

@@ -30,7 +30,7 @@ from searchr1.commands.options import (
     rollout_options,
     run_guarded,
 )
-from searchr1.commands.help_layout import SectionedCommand
+from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.settings_options import (
     config_file_option,
     given_params,
@@ -58,13 +58,12 @@ SEGMENT_FLAGS = {"learning_rate", "beta1", "beta2", "advantage", "keep_env_failu
                  "save_every", "transcripts_per_step", "max_steps_off_policy",
                  "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches",
                  "num_substeps"}
-# The --help heading of each flag not declared with a setting (those name their own).
+# The --help heading of each flag that names none where it is declared (settings and shared flags do).
 TRAIN_SECTIONS = {
-    **dict.fromkeys(("config", "run_dir", "resume", "from_step"), "run"),
+    **dict.fromkeys(("run_dir", "resume", "from_step"), "run"),
     "allow_tempered_sampling": "rollout",
     "loss_fn_config": "algorithm",
-    **dict.fromkeys(("offline", "offline_policy", "offline_fault", "connect_timeout", "preflight_only",
-                     "clamp_to_server_limits", "chat_template"), "service"),
+    **dict.fromkeys(("offline_policy", "preflight_only", "clamp_to_server_limits", "chat_template"), "service"),
     "health_rules": "health",
     **dict.fromkeys(("estimate", "estimate_measure"), "cost"),
     **dict.fromkeys(("logger", "logger_project", "swanlab_mode", "quiet"), "logging"),
@@ -81,7 +80,7 @@ BUDGET_EXIT_CODE = 4
               help="With --offline: the policy the twin serves. learning: a small model over whole assistant "
                    "turns that really improves from the updates; scripted: the fixed scenario of the golden "
                    "tests (8 samples per question, so --group-size at most 8).")
-@click.option("--offline", is_flag=True,
+@click.option("--offline", cls=SectionOption, section="run", is_flag=True,
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and search cassettes.")
 @setting_options(TrainConfig, defaults={"max_steps": None, "data": None}, section="algorithm")

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from searchr1.commands.help_layout import SectionedGroup, SectionOption
 from searchr1.twin.policies import POLICY_NAMES
 from searchr1.commands.options import offline_fault_option
 from searchr1.commands.settings_options import FiniteFloatRange
@@ -17,41 +18,52 @@ from searchr1.commands.settings_options import FiniteFloatRange
 REDUCTIONS = ("per_token", "per_sample", "sum")
 
 
-@click.group()
+@click.group(cls=SectionedGroup)
 def twin() -> None:
     """The offline twin of PyTRIO: a PyTRIO server on 127.0.0.1 that the real client talks to."""
 
 
 @twin.command("serve", context_settings={"show_default": True})
-@click.option("--port", type=click.IntRange(0, 65535), default=0, help="0: a free port.")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/twin"),
+@click.option("--port", cls=SectionOption, section="run",
+              type=click.IntRange(0, 65535), default=0, help="0: a free port.")
+@click.option("--home", cls=SectionOption, section="run",
+              type=click.Path(file_okay=False, path_type=Path), default=Path("runs/twin"),
               help="Where runs and checkpoints are kept (a later twin on the same home resumes them).")
-@click.option("--policy", type=click.Choice(POLICY_NAMES), default="scripted", help="The model the twin serves.")
-@click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--policy", cls=SectionOption, section="run",
+              type=click.Choice(POLICY_NAMES), default="scripted", help="The model the twin serves.")
+@click.option("--scenario", cls=SectionOption, section="run",
+              type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --policy scripted: the scenario file [default: the shipped offline world].")
-@click.option("--api-key", default=None, help="The key clients must send [default: twin-local-key].")
-@click.option("--reduction", type=click.Choice(REDUCTIONS), default="per_token",
+@click.option("--api-key", cls=SectionOption, section="run",
+              default=None, help="The key clients must send [default: twin-local-key].")
+@click.option("--reduction", cls=SectionOption, section="service", type=click.Choice(REDUCTIONS), default="per_token",
               help="How one forward_backward call's loss is reduced.")
-@click.option("--accumulation", type=click.Choice(("sum", "mean")), default="sum",
+@click.option("--accumulation", cls=SectionOption, section="service", type=click.Choice(("sum", "mean")), default="sum",
               help="How several forward_backward calls before one optim_step combine.")
-@click.option("--max-seq-len", type=click.IntRange(min=1), default=None, help="Training and sampling limit.")
-@click.option("--max-tokens-per-request", type=click.IntRange(min=1), default=None,
+@click.option("--max-seq-len", cls=SectionOption, section="service",
+              type=click.IntRange(min=1), default=None, help="Training and sampling limit.")
+@click.option("--max-tokens-per-request", cls=SectionOption, section="service",
+              type=click.IntRange(min=1), default=None,
               help="Training and sampling limit.")
-@click.option("--max-batch-size", type=click.IntRange(min=1), default=None, help="Training and sampling limit.")
-@click.option("--stop-token-in-tokens/--no-stop-token-in-tokens", default=True,
+@click.option("--max-batch-size", cls=SectionOption, section="service",
+              type=click.IntRange(min=1), default=None, help="Training and sampling limit.")
+@click.option("--stop-token-in-tokens/--no-stop-token-in-tokens", cls=SectionOption, section="service", default=True,
               help="Return the stop token (and its logprob) at the end of a stopped sequence.")
-@click.option("--stop-string-in-text/--no-stop-string-in-text", default=False,
+@click.option("--stop-string-in-text/--no-stop-string-in-text", cls=SectionOption, section="service", default=False,
               help="Keep the stop string at the end of the returned text.")
-@click.option("--sample-latency", type=FiniteFloatRange(min=0), default=0.0, help="Seconds per sampling request.")
-@click.option("--token-latency", type=FiniteFloatRange(min=0), default=0.0,
+@click.option("--sample-latency", cls=SectionOption, section="latency",
+              type=FiniteFloatRange(min=0), default=0.0, help="Seconds per sampling request.")
+@click.option("--token-latency", cls=SectionOption, section="latency", type=FiniteFloatRange(min=0), default=0.0,
               help="Seconds per token of a request's longest sampled sequence.")
-@click.option("--train-token-latency", type=FiniteFloatRange(min=0), default=0.0,
+@click.option("--train-token-latency", cls=SectionOption, section="latency", type=FiniteFloatRange(min=0), default=0.0,
               help="Seconds per trained (input) token.")
-@click.option("--optim-latency", type=FiniteFloatRange(min=0), default=0.0, help="Seconds per optimiser step.")
-@click.option("--save-latency", type=FiniteFloatRange(min=0), default=0.0, help="Seconds per checkpoint save.")
-@click.option("--strict/--no-strict", default=True,
+@click.option("--optim-latency", cls=SectionOption, section="latency",
+              type=FiniteFloatRange(min=0), default=0.0, help="Seconds per optimiser step.")
+@click.option("--save-latency", cls=SectionOption, section="latency",
+              type=FiniteFloatRange(min=0), default=0.0, help="Seconds per checkpoint save.")
+@click.option("--strict/--no-strict", cls=SectionOption, section="service", default=True,
               help="Fail training events that break the protocol (see searchr1/twin/strict.py).")
-@click.option("--max-staleness", type=click.IntRange(min=0), default=0,
+@click.option("--max-staleness", cls=SectionOption, section="service", type=click.IntRange(min=0), default=0,
               help="Optimiser steps a sampler may lag behind the run it trains (strict mode).")
 @offline_fault_option()
 def serve(**options: Any) -> None:

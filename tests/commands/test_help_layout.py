@@ -1,5 +1,6 @@
-"""Help that is easy to scan: a group lists each subcommand with its whole one-line description,
-and a misspelled command gets the nearest name suggested."""
+"""Help that is easy to scan: every command lists its options under headings taken from their
+declarations (``--offline`` under the first, "Run options"), a group lists each subcommand with
+its whole one-line description, and a misspelled command gets the nearest name suggested."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from searchr1.cli import main
+from searchr1.commands.help_layout import SECTIONS, SectionedCommand, heading
 from searchr1.runtime import invocation
+
+# More options than this under one heading is a flat list again (eval had 48 under "Options").
+MAX_PER_HEADING = 20
 
 
 def command_paths(group: click.Group, above: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
@@ -35,6 +40,65 @@ def help_of(words: tuple[str, ...]) -> str:
     return result.output
 
 
+def blocks(text: str) -> dict[str, list[str]]:
+    """``{heading: the first word of each row under it}`` of a help text (a row starts two spaces
+    in; a row's wrapped text and a long term's description are indented further)."""
+    found: dict[str, list[str]] = {}
+    rows: list[str] | None = None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":") and not line.startswith("Usage:"):
+            rows = found.setdefault(line[:-1], [])
+        elif rows is not None and line.startswith("  ") and not line.startswith("   "):
+            rows.append(line.split()[0].rstrip(","))
+        elif not line.strip():
+            continue
+        elif not line.startswith("   "):
+            rows = None  # text after the lists (an epilog)
+    return found
+
+
+def shown_options(command: click.Command) -> list[click.Parameter]:
+    """The options ``--help`` lists, --help itself aside (the last row, under whatever comes last)."""
+    ctx = click.Context(command)
+    helper = command.get_help_option(ctx)
+    return [param for param in command.get_params(ctx) if isinstance(param, click.Option)
+            and param.get_help_record(ctx) is not None and param is not helper]
+
+
+@pytest.mark.parametrize(("words", "command"), COMMANDS, ids=[" ".join(words) or "main" for words, _ in COMMANDS])
+def test_every_option_is_listed_under_the_heading_its_declaration_names(words, command):
+    assert isinstance(command, SectionedCommand), f"{' '.join(words)} is not laid out by its declarations"
+    listed = blocks(help_of(words))
+    params = shown_options(command)
+    sections = {param.name: command.section_of(param) for param in params}
+    named = {section for section in sections.values() if section is not None}
+    assert named <= set(SECTIONS), named - set(SECTIONS)
+    # nothing outside a group: once a command has headings, only --help and --version name none
+    if named:
+        assert {name for name, section in sections.items() if section is None} <= {"version"}
+    for param in params:
+        section = sections[param.name]
+        expected = heading(section) if section else ("Other options" if named else "Options")
+        row = param.get_help_record(click.Context(command))[0].split()[0].rstrip(",")  # "-o, --output FILE"
+        assert row in listed.get(expected, []), (row, expected, listed)
+    option_headings = [name for name in listed if name != "Commands"]
+    assert option_headings == [heading(section) for section in SECTIONS if section in named] + [
+        "Other options" if named else "Options"]  # the last holds --help
+    assert "-h" in listed[option_headings[-1]]
+    for name in option_headings:
+        assert len(listed[name]) <= MAX_PER_HEADING, f"{' '.join(words)}: {len(listed[name])} options under {name}"
+
+
+def test_offline_is_listed_first_wherever_a_command_takes_it():
+    taking = [(words, command) for words, command in COMMANDS
+              if any(param.name == "offline" for param in command.params)]
+    assert {" ".join(words) for words, _ in taking} >= {"train", "eval", "ask", "rollout", "export", "probe-loss"}
+    for words, _ in taking:
+        listed = blocks(help_of(words))
+        first = next(iter(listed))
+        assert first == "Run options" and "--offline" in listed[first], (words, list(listed))
+
+
 def described(text: str) -> dict[str, str]:
     """``{subcommand: its description}`` of a group's help, wrapped lines joined."""
     rows: dict[str, str] = {}
@@ -53,7 +117,8 @@ def described(text: str) -> dict[str, str]:
     return rows
 
 
-@pytest.mark.parametrize("words", [()], ids=["main"])
+@pytest.mark.parametrize("words", [words for words, command in COMMANDS if isinstance(command, click.Group)],
+                         ids=lambda words: " ".join(words) or "main")
 def test_a_group_lists_each_subcommand_with_its_whole_first_sentence(words):
     group = dict(COMMANDS)[words]
     assert isinstance(group, click.Group)
