@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from searchr1.runtime.tokenizer import shared_tokenizer
+from twin_support import SDK_TOKENIZERS, preload_sdk_tokenizer
 
 # Properties are checked, never timed: a loaded machine (CI, a benchmark beside the suite) makes
 # input generation and examples slow, which must not fail a property. The quick lane
@@ -34,16 +35,21 @@ END_TO_END = ("twin", "commands", "bench", "e2e")
 
 
 # mutmut forks one process per mutant from a server that has collected the tests: load the
-# tokenizer (seconds) and the SDK's tokenizer loader there once, not in every mutant's process.
+# tokenizer, and the twins' copy the SDK loads, there once (seconds), not in every mutant's process.
 if "MUTANT_UNDER_TEST" in os.environ:
-    import modelscope
+    preload_sdk_tokenizer(shared_tokenizer())
 
-    modelscope.AutoTokenizer  # noqa: B018 (a lazy attribute: the first read imports transformers' loader)
-    shared_tokenizer()
 
-# The tests that take seconds each, run last under mutmut: it stops at the first failing test, so
-# a planted bug a quick test catches never waits for them.
-RUN_LAST_UNDER_MUTMUT = ("tests/core/test_reference.py", "tests/core/test_accumulation.py")
+def _mutmut_durations() -> dict[str, float]:
+    """Each test's seconds in mutmut's clean run (``mutants/mutmut-stats.json``, the working
+    directory of a mutant's run); empty outside mutmut."""
+    import json
+
+    try:
+        with open("mutmut-stats.json", encoding="utf-8") as stats:
+            return {name: float(seconds) for name, seconds in json.load(stats)["duration_by_test"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -52,7 +58,16 @@ def pytest_collection_modifyitems(config, items):
         if "tests" in parts and parts[parts.index("tests") + 1] in END_TO_END:
             item.add_marker(pytest.mark.slow)
     if os.environ.get("MUTANT_UNDER_TEST"):
-        items.sort(key=lambda item: item.nodeid.split("::")[0].endswith(RUN_LAST_UNDER_MUTMUT))
+        # mutmut stops at a mutant's first failing test: the quickest modules (and in each, the
+        # quickest tests) first, so a planted bug a unit test catches never waits for the
+        # seconds-long properties; a module stays together, so its fixtures start once.
+        seconds = _mutmut_durations()
+        modules: dict[str, float] = {}
+        for item in items:
+            module = item.nodeid.split("::")[0]
+            modules[module] = modules.get(module, 0.0) + seconds.get(item.nodeid, 1.0)
+        items.sort(key=lambda item: (modules[item.nodeid.split("::")[0]], item.nodeid.split("::")[0],
+                                     seconds.get(item.nodeid, 1.0)))
 
 
 @pytest.fixture(scope="session")
@@ -65,12 +80,10 @@ def _sdk_loads_the_twins_tokenizer_once():
     """pytrio loads the model's tokenizer with ModelScope in the first forward_backward of every
     training client (about two seconds each). The twin serves it from a local directory; the
     suite loads each such directory once per session and hands the SDK that same object."""
-    import os
-
     import modelscope
 
     original = modelscope.AutoTokenizer
-    loaded: dict[str, object] = {}
+    loaded = SDK_TOKENIZERS
 
     class OncePerDirectory:
         @staticmethod

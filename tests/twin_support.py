@@ -15,6 +15,23 @@ from searchr1.twin.client import FAST_RETRIES
 
 MODEL = "Qwen/Qwen3.5-4B"
 PROMPT = "Question: what is the capital of France?\nAnswer:"
+# The tokenizers the SDK loaded for the twins, by directory (conftest's
+# _sdk_loads_the_twins_tokenizer_once). Kept here, in a module imported once per process, so that
+# a tokenizer loaded before a pytest session starts (mutmut's fork server) serves every session.
+SDK_TOKENIZERS: dict[str, object] = {}
+
+
+def preload_sdk_tokenizer(tokenizer: Any) -> None:
+    """Load, once per process, the tokenizer directory the twins serve to the SDK."""
+    import os
+
+    import modelscope
+
+    from searchr1.twin.served_tokenizer import served_tokenizer_dir
+
+    served = os.path.realpath(served_tokenizer_dir(tokenizer))
+    if served not in SDK_TOKENIZERS:
+        SDK_TOKENIZERS[served] = modelscope.AutoTokenizer.from_pretrained(served)
 
 
 @contextmanager

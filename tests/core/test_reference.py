@@ -133,6 +133,7 @@ def exact_match_only(trajectories: list[Trajectory]) -> list[Trajectory]:
 
 GENEROUS = 32_768  # no trajectory of these policies comes near it
 SIZES: dict[tuple[str, bool], int] = {}
+MEASURED: dict[tuple, dict[str, list[int]]] = {}  # the edges of one (policy, questions, config, step)
 
 
 def edges(trajectories: list[Trajectory], tokenizer, results) -> dict[str, list[int]]:
@@ -251,8 +252,12 @@ def test_the_engine_produces_the_reference_trajectories_and_datums_at_every_budg
                            max_tool_response_tokens=GENEROUS, tool_overflow=overflow, seed=seed,
                            state_search_budget=state_budget, sample_retry_backoff=0.0)
 
-    def measured(config):
-        return edges(production(samplers[policy], tokenizer, results, examples, config, step)[0], tokenizer, results)
+    def measured(config):  # the same rollout comes back in many examples: measured once
+        key = (policy, tuple(e.id for e in examples), config, step)
+        if key not in MEASURED:
+            MEASURED[key] = edges(production(samplers[policy], tokenizer, results, examples, config, step)[0],
+                                  tokenizer, results)
+        return MEASURED[key]
 
     found = measured(config)  # the counts first: the search budget is in the system prompt
     config = replace(config, max_search_calls=at_edge(found, search_edge, generous=searches, least=0, most=100),

@@ -10,6 +10,8 @@ the vocabulary, the optimiser) each change what is sent in a way checked here.
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import pytest
 from twin_support import MODEL
 
@@ -53,6 +55,23 @@ def twins(tmp_path_factory, tokenizer):
     yield learning, scripted
     learning.close()
     scripted.close()
+
+
+@pytest.fixture(scope="module")
+def learned_batch(twins, tokenizer):
+    """The learning policy's rollouts of four offline-world questions (rolled out once; each test
+    trains on its own copy), with the sampler and the search results they came from."""
+    examples, results = world()
+    trajectories, sampler = rolled_out(twins[0], tokenizer, examples[:4], results, train_config().rollout)
+    return trajectories, sampler, examples[:4], results
+
+
+@pytest.fixture(scope="module")
+def scripted_batch(twins, tokenizer):
+    """The scripted scenario's rollouts (rolled out once; each test scores its own copy)."""
+    trajectories, _ = rolled_out(twins[1], tokenizer, [q.example for q in SCENARIO.questions], RESULTS,
+                                 train_config().rollout)
+    return trajectories
 
 
 def world() -> tuple[list[SearchExample], dict[str, SearchResult]]:
@@ -108,14 +127,20 @@ class RecordedClient:
         return await self.client.save_weights_for_sampler_async(name, **options)
 
 
+@functools.cache
+def service_of(twin):
+    """One pytrio ServiceClient per twin for the whole module (each makes its own HTTP clients)."""
+    return twin.service_client(sdk_options=FAST_RETRIES)
+
+
 def rolled_out(twin, tokenizer, examples, results, config: RolloutConfig, step=0):
-    sampler = twin.service_client(sdk_options=FAST_RETRIES).create_sampling_client(base_model=MODEL)
+    sampler = service_of(twin).create_sampling_client(base_model=MODEL)
     return asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(results, default=NOTHING), examples,
                                            config, step=step)), sampler
 
 
 def trainer_on(twin, config, tokenizer, recorder, **options) -> Trainer:
-    trainer = Trainer(config, service=twin.service_client(sdk_options=FAST_RETRIES), tokenizer=tokenizer, **options)
+    trainer = Trainer(config, service=service_of(twin), tokenizer=tokenizer, **options)
     trainer.training_client = RecordedClient(trainer.connect(), recorder.calls)
     return trainer
 
@@ -125,21 +150,21 @@ def datum_values(datum):
     return (datum.model_input.to_ints(), *(list(inputs[k].data) for k in ("target_tokens", "logprobs", "advantages")))
 
 
-def test_a_step_sends_what_the_reference_step_sends_in_order(twins, tokenizer):
+def test_a_step_sends_what_the_reference_step_sends_in_order(twins, learned_batch, tokenizer):
     """Invariant: the trainer's step on the engine's rollouts sends the reference step's datums,
     in one forward_backward with the same loss, after ``before_update`` and before
     ``weights_updated``, then one optimiser step with the configured learning rate and betas."""
     learning, _ = twins
-    examples, results = world()
+    batch, sampler, examples, results = learned_batch
     config = train_config()
-    trajectories, sampler = rolled_out(learning, tokenizer, examples[:4], results, config.rollout)
+    trajectories = copy.deepcopy(batch)
     recorder = Recorder(trajectories)
     trainer = trainer_on(learning, config, tokenizer, recorder)
     record = asyncio.run(trainer.step(0, recorder))
 
-    theirs = learning.service_client(sdk_options=FAST_RETRIES).create_lora_training_client(
+    theirs = service_of(learning).create_lora_training_client(
         base_model=MODEL, rank=8, seed=5)
-    _, sent, loss = reference_step(sampler, theirs, tokenizer, lambda q: results.get(q, NOTHING), examples[:4],
+    _, sent, loss = reference_step(sampler, theirs, tokenizer, lambda q: results.get(q, NOTHING), examples,
                                    config.rollout, step=0, learning_rate=0.2)
     assert sent, "the batch carries a signal"
     assert [datum_values(d.datum) for d in record.datums] == [datum_values(d) for d in sent]
@@ -160,15 +185,14 @@ def expected_rewards(kind: str) -> list[list[float]]:
 
 @pytest.mark.parametrize(("reward", "advantage", "keep_env_failures"), [
     ("em", "mean", False), ("f1", "none", True), ("cover_em", "mean", True), ("f1", "mean", False)])
-def test_a_step_scores_ranks_and_leaves_out_groups_as_configured(twins, tokenizer, reward, advantage,
+def test_a_step_scores_ranks_and_leaves_out_groups_as_configured(twins, scripted_batch, tokenizer, reward, advantage,
                                                                 keep_env_failures):
     """Invariant: each trajectory's reward is its configured score, its advantage the configured
     one of its group's rewards, and only groups with a signal (and, unless kept, no environment
     failure) send datums."""
     _, scripted = twins
     config = train_config(reward=reward, advantage_mode=advantage, keep_env_failures=keep_env_failures)
-    trajectories, _ = rolled_out(scripted, tokenizer, [q.example for q in SCENARIO.questions], RESULTS,
-                                 config.rollout)
+    trajectories = copy.deepcopy(scripted_batch)
     recorder = Recorder(trajectories)
     record = asyncio.run(trainer_on(scripted, config, tokenizer, recorder).step(3, recorder))
     groups = [trajectories[i:i + 4] for i in range(0, 12, 4)]
@@ -187,24 +211,22 @@ def test_a_step_scores_ranks_and_leaves_out_groups_as_configured(twins, tokenize
     assert len(record.datums) == len(trained) and [c[0] for c in recorder.calls].count("forward_backward") == 1
 
 
-def test_surplus_groups_send_nothing(twins, tokenizer):
+def test_surplus_groups_send_nothing(twins, scripted_batch, tokenizer):
     _, scripted = twins
     config = train_config(keep_env_failures=True)
-    trajectories, _ = rolled_out(scripted, tokenizer, [q.example for q in SCENARIO.questions], RESULTS,
-                                 config.rollout)
+    trajectories = copy.deepcopy(scripted_batch)
     recorder = Recorder(trajectories, surplus={1})
     record = asyncio.run(trainer_on(scripted, config, tokenizer, recorder).step(0, recorder))
     assert {t.excluded for t in trajectories[4:8]} == {Exclusion.SURPLUS_GROUP}
     assert len(record.datums) == sum(t.advantage != 0.0 for t in trajectories[:4])
 
 
-def test_micro_batches_and_substeps_record_what_was_sent(twins, tokenizer):
+def test_micro_batches_and_substeps_record_what_was_sent(twins, learned_batch, tokenizer):
     """Invariant: with a micro-batcher and N substeps, the record's micro-batches are exactly the
     forward_backward calls made, N optimiser steps follow them, and every datum is sent once."""
     learning, _ = twins
-    examples, results = world()
     config = train_config(num_substeps=2)
-    trajectories, _ = rolled_out(learning, tokenizer, examples[:4], results, config.rollout)
+    trajectories = copy.deepcopy(learned_batch[0])
     recorder = Recorder(trajectories)
     record = asyncio.run(trainer_on(learning, config, tokenizer, recorder,
                                     micro_batcher=lambda datums: [[d] for d in datums]).step(1, recorder))
@@ -218,11 +240,10 @@ def test_micro_batches_and_substeps_record_what_was_sent(twins, tokenizer):
     assert [id(m[0]) for m in record.micro_batches] == [id(record.datums[i]) for i in order]  # the run's own order
 
 
-def test_the_kl_penalty_sees_the_datums_and_its_result_is_sent(twins, tokenizer):
+def test_the_kl_penalty_sees_the_datums_and_its_result_is_sent(twins, learned_batch, tokenizer):
     learning, _ = twins
-    examples, results = world()
     config = train_config()
-    trajectories, _ = rolled_out(learning, tokenizer, examples[:4], results, config.rollout)
+    trajectories = copy.deepcopy(learned_batch[0])
     seen = []
 
     async def penalty(datums):
@@ -243,13 +264,12 @@ class TinyVocabulary:
         return 1
 
 
-def test_a_step_without_datums_sends_nothing_and_asks_no_penalty(twins, tokenizer):
+def test_a_step_without_datums_sends_nothing_and_asks_no_penalty(twins, learned_batch, tokenizer):
     """Invariant: datums out of the vocabulary are dropped and counted; with none left, no
     penalty is asked, nothing is sent, the weights still count as updated for the batch source."""
     learning, _ = twins
-    examples, results = world()
     config = train_config()
-    trajectories, _ = rolled_out(learning, tokenizer, examples[:4], results, config.rollout)
+    trajectories = copy.deepcopy(learned_batch[0])
     asked = []
 
     async def penalty(datums):
@@ -257,7 +277,7 @@ def test_a_step_without_datums_sends_nothing_and_asks_no_penalty(twins, tokenize
         return datums, {}
 
     recorder = Recorder(trajectories)
-    trainer = Trainer(config, service=learning.service_client(sdk_options=FAST_RETRIES), tokenizer=TinyVocabulary(),
+    trainer = Trainer(config, service=service_of(learning), tokenizer=TinyVocabulary(),
                       micro_batcher=lambda datums: [datums], kl_penalty=penalty)
     trainer.training_client = RecordedClient(trainer.connect(), recorder.calls)
     record = asyncio.run(trainer.step(0, recorder))
@@ -304,11 +324,10 @@ def test_save_writes_the_state_and_the_sampler_weights_under_new_names(twins, to
     assert state.endswith("step-000001-state") and weights.endswith("step-000001-weights")
 
 
-def test_a_step_refuses_a_trajectory_longer_than_the_runs_token_budget(twins, tokenizer):
+def test_a_step_refuses_a_trajectory_longer_than_the_runs_token_budget(twins, learned_batch, tokenizer):
     """The datum limit is the run's --max-trajectory-tokens, whoever rolled the batch out."""
     learning, _ = twins
-    examples, results = world()
-    trajectories, _ = rolled_out(learning, tokenizer, examples[:4], results, train_config().rollout)
+    trajectories = copy.deepcopy(learned_batch[0])
     shortest = min(len(t.turns[-1].prompt_tokens) + len(t.turns[-1].completion_tokens) for t in trajectories)
     # a datum's input is the whole sequence but its last token: every datum is one token too long
     config = train_config(rollout=RolloutConfig(group_size=4, seed=3, max_trajectory_tokens=shortest - 2))
