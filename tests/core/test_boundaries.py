@@ -180,6 +180,42 @@ def test_a_cut_within_a_token_budget_is_the_longest_within_it(tokenizer, keep):
     assert truncate_to_fit(tokenizer, ONE, lambda c: size(tokenizer, c) <= budget - 1, 10_000) == shorter != longest
 
 
+def test_a_cut_never_ends_in_part_of_a_character(tokenizer):
+    """Byte-level tokens split a CJK character or an emoji: a cut that ends inside one drops the
+    partial character instead of keeping a replacement character, and is the longest that fits."""
+    text = "饕餮X🙂🙃 naïve 鳥X"  # an X: only the replacement character is stripped
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for budget in range(1, len(ids) + 12):
+        cut = truncate_to_fit(tokenizer, text, lambda c: size(tokenizer, c) <= budget, 10_000)
+        if cut is None:
+            continue
+        assert "\ufffd" not in cut and text.startswith(cut[:-len(MARKER)])
+        whole = [tokenizer.decode(ids[:k]) for k in range(1, len(ids) + 1)]
+        fitting = [h.rstrip() for h in whole if "\ufffd" not in h and h.strip()
+                   and size(tokenizer, h.rstrip() + MARKER) <= budget]
+        assert cut == max(fitting, key=len) + MARKER
+
+
+def test_a_long_cut_steps_down_an_eighth_at_a_time_until_64_tokens_remain(tokenizer):
+    """The prefixes tried, longest first: the limit (or the whole text), then an eighth fewer
+    tokens each time while more than 64 remain, then one token at a time."""
+    text = "river" + " river" * 199  # 200 tokens, each word one token
+    assert len(tokenizer.encode(text, add_special_tokens=False)) == 200
+    for limit in (500, 200, 150, 65, 64, 10):
+        tried = []
+
+        def refuse(candidate):
+            tried.append(candidate[:-len(MARKER)].count("river"))
+            return False
+
+        assert truncate_to_fit(tokenizer, text, refuse, limit) is None
+        expected, keep = [], min(200, limit)
+        while keep > 0:
+            expected.append(keep)
+            keep -= keep // 8 if keep > 64 else 1
+        assert tried == expected
+
+
 # ---------------------------------------------------------------- the content cap
 
 
