@@ -22,9 +22,10 @@ from pathlib import Path
 import click
 
 from searchr1.commands.help_layout import SectionedCommand
+from searchr1.view.wording import plural
 
 TARGET_KILL_RATE = 0.90
-SURVIVOR = re.compile(r"^\s*(?P<name>\S+): survived$")
+NOT_KILLED = re.compile(r"^\s*(?P<name>\S+): (?P<verdict>survived|no tests)$")
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,9 @@ class MutationStats:
 
     @property
     def kill_rate(self) -> float:
-        """Killed (a test failed, or it ran out of time) over the mutants some test runs."""
-        return (self.killed + self.timeout) / self.tested if self.tested else 0.0
+        """Killed (a test failed, or it ran out of time) over every mutant: one that no test
+        reaches counts as not killed."""
+        return (self.killed + self.timeout) / self.total if self.total else 0.0
 
 
 def _mutmut(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -73,7 +75,7 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
     if fresh:
         shutil.rmtree(root / "mutants", ignore_errors=True)
     started = time.monotonic()
-    click.echo(f"mutmut: testing the mutants of searchr1/core/ with {jobs} job(s) ...", err=True)
+    click.echo(f"mutmut: testing the mutants of searchr1/core/ with {plural(jobs, 'job')} ...", err=True)
     run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if run.returncode != 0:
@@ -82,17 +84,19 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
     _mutmut("export-cicd-stats")
     counts = json.loads((root / "mutants" / "mutmut-cicd-stats.json").read_text("utf-8"))
     stats = MutationStats(counts["killed"], counts["survived"], counts["timeout"], counts["no_tests"], counts["total"])
-    survivors = [m["name"] for line in _mutmut("results").stdout.splitlines() if (m := SURVIVOR.match(line))]
-    lines = ["# Surviving mutants of searchr1/core/", "",
-             f"{stats.killed + stats.timeout} of {stats.tested} mutants killed ({stats.kill_rate:.1%}); "
-             f"{stats.survived} survived; {stats.no_tests} reached by no test; target {TARGET_KILL_RATE:.0%}.",
-             "Each survivor is explained in docs/mutants.md: equivalent (no input can tell it apart) or a test to write.",
-             ""]
-    for name in survivors:
-        lines += [f"## {name}", "", "```diff", _mutmut("show", name).stdout.strip(), "```", ""]
-    report.write_text("\n".join(lines), "utf-8")
     minutes = (time.monotonic() - started) / 60
+    not_killed = [(m["name"], m["verdict"]) for line in _mutmut("results").stdout.splitlines()
+                  if (m := NOT_KILLED.match(line))]
+    lines = ["# Mutants of searchr1/core/ that no test killed", "",
+             f"{stats.killed + stats.timeout} of {stats.total} mutants killed ({stats.kill_rate:.1%}) in "
+             f"{minutes:.0f} min with {plural(jobs, 'job')}; {stats.survived} survived; {stats.no_tests} reached by "
+             f"no test; target {TARGET_KILL_RATE:.0%}.",
+             "docs/mutants.md says why each kind is left: equivalent (no input can tell it apart) or unreachable.",
+             ""]
+    for name, verdict in not_killed:
+        lines += [f"## {name} ({verdict})", "", "```diff", _mutmut("show", name).stdout.strip(), "```", ""]
+    report.write_text("\n".join(lines), "utf-8")
     verdict = "meets" if stats.kill_rate >= TARGET_KILL_RATE else "misses"
-    click.echo(f"killed {stats.killed + stats.timeout} of {stats.tested} mutants ({stats.kill_rate:.1%}, {verdict} the "
+    click.echo(f"killed {stats.killed + stats.timeout} of {stats.total} mutants ({stats.kill_rate:.1%}, {verdict} the "
                f"{TARGET_KILL_RATE:.0%} target), {stats.survived} survived, {stats.no_tests} reached by no test, "
                f"in {minutes:.1f} min; survivors: {report}")
