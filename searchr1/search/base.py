@@ -1,6 +1,9 @@
 """What every HTTP search backend shares: the call pipeline around one backend-specific attempt.
 
 ``search(query)`` = normalise → cache lookup → single-flight → retry loop → stats, cache.
+With ``remember=True`` (offline runs) the single-flight also keeps every answer it got, failures
+included, for the backend's lifetime: a query is sent once, and every other call of it is
+answered by that request, whether it is still in flight or has finished.
 Each retry-loop iteration takes a concurrency slot (the semaphore), runs the backend's
 ``_attempt`` under a wall-clock limit, and turns every network, HTTP, timeout, decoding and
 schema failure into an :class:`Outcome`. Nothing of that kind escapes ``search()``; only
@@ -185,6 +188,7 @@ class HttpSearchBackend:
         clock: Clock | None = None,
         cache: QueryCache | None = None,
         backoff: Backoff | None = None,
+        remember: bool = False,
     ) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"{self.name}: concurrency must be an integer >= 1, got {concurrency!r}")
@@ -218,7 +222,9 @@ class HttpSearchBackend:
             self.name, token_metrics=self.token_metrics, failover_metric=self.failover_metric
         )
         self._semaphore = asyncio.Semaphore(concurrency)
-        self._flights: SingleFlight[SearchResult] = SingleFlight()
+        # Remembering, how many calls are sent no longer depends on how they interleave.
+        self.remember = remember
+        self._flights: SingleFlight[SearchResult] = SingleFlight(remember=remember)
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
             transport=transport,
@@ -262,7 +268,9 @@ class HttpSearchBackend:
     async def search(self, query: str) -> SearchResult:
         """Search for ``query``. The request carries the query as typed (ends stripped): a
         search engine may care about full-width punctuation or spacing. The NFKC-normalised
-        form only keys the cache and the single-flight, so equivalent spellings share them."""
+        form only keys the cache and the single-flight, so equivalent spellings share them.
+        A call answered by another call's request (in flight, or remembered) is returned with
+        ``cached=True``, ``attempts=0`` and no usage: it sent nothing."""
         if not isinstance(query, str):
             raise TypeError(f"{self.name}.search: query must be str, got {type(query).__name__}")
         query = valid_text(query)
@@ -284,7 +292,7 @@ class HttpSearchBackend:
         result, shared = await self._flights.run(key, lambda: self._fetch(typed, text, key))
         if shared:
             self.stats.record(CallRecord(ok=result.ok, items=len(result.items), origin="shared"))
-            return replace(result, cached=True, attempts=0, usage=None)  # the first caller's request
+            return replace(result, cached=True, attempts=0, usage=None)  # another call's request
         return result
 
     async def aclose(self) -> None:

@@ -15,7 +15,8 @@ previous drain into metrics and starts a new window. Definitions (all over the w
   percentiles of the latency of calls that went to the network (waits and retries included;
   cache hits and shared calls excluded). Seconds, on the backend's clock.
 - ``search/cache_hit_rate``: calls answered by the persistent cache, per call.
-- ``search/deduplicated``: number of calls that shared another caller's in-flight request.
+- ``search/deduplicated``: number of calls answered by another call's request: one in flight,
+  or, on a backend that remembers its answers (offline runs), one that had finished.
 - DeepSeek only: ``search/input_tokens``, ``search/cache_read_input_tokens``,
   ``search/output_tokens``, ``search/web_search_requests``: sums over the window, failed
   attempts included (they are billed too). ``search/no_web_search_rate``: calls answered
