@@ -19,8 +19,9 @@ Kinds (``usage/...``):
   it, and each checkpoint's weights, counted with the step it follows), ``state_saves`` (each
   checkpoint's optimizer state).
 - Search, per backend ``<b>``: ``search_<b>_calls`` (calls the rollout made),
-  ``search_<b>_requests`` (calls sent to the service: neither the cache nor a shared
-  in-flight request answered them), and the backend's billing units:
+  ``search_<b>_requests`` (calls sent to the service: neither the cache nor another call's
+  request answered them; that request may be in flight, and offline, where the backend
+  remembers every answer of the run, it may also have finished), and the backend's billing units:
   DeepSeek ``search_deepseek_input_tokens``, ``..._cache_read_input_tokens``,
   ``..._output_tokens``, ``..._web_searches`` as its API reports them (failed attempts
   included); Zhihu ``search_zhihu_quota_units`` (one per answered request); Wikipedia
@@ -182,10 +183,13 @@ _SERVICE_SEARCH_KEY = re.compile(r"^(usage|cost)/(total_)?search_.+_(" + "|".joi
 
 
 def depends_on_timing(key: str) -> bool:
-    """Whether a ``usage/``/``cost/`` key depends on the order concurrent searches ran in: how
-    many calls reached the search service (single-flight merges identical queries only while
-    one is in flight) and what it billed, and the cost sums that include them. Everything
-    else of two runs with the same seed is equal."""
+    """Whether a ``usage/``/``cost/`` key counts what reached the search service (its requests
+    and what it billed, and the cost sums that include them): these depend on which answers
+    the backend already had. Live, that is the order concurrent searches ran in (single-flight
+    merges identical queries only while one is in flight) and the persistent cache; offline,
+    where the backend remembers every answer of the run, a resumed run starts remembering
+    afresh, so it may ask again what the stopped one had asked. Two offline runs with the same
+    seed agree on these keys too."""
     return bool(_SERVICE_SEARCH_KEY.match(key)) or key in ("cost/step", "cost/total")
 
 

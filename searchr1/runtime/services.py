@@ -212,7 +212,14 @@ def check_search_setup(options: SearchOptions, *, offline: bool) -> None:
 
 
 def search_backend(options: SearchOptions, *, offline: bool) -> Any:
-    return build_search_backend(offline_search_options(options) if offline else options)
+    """The backend the options make. Offline it remembers every answer for its lifetime (the
+    run), in memory: a query is searched once, and every repeat, whether the first is still in
+    flight or done, is answered without a request, so the run's search usage does not depend on
+    how its searches interleave. Live, a repeat that finds the first request finished is a new
+    request unless the persistent cache holds the answer."""
+    if offline:
+        return build_search_backend(offline_search_options(options), remember=True)
+    return build_search_backend(options)
 
 
 def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:

@@ -13,7 +13,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from searchr1.run.usage import MeteredSearch, Usage
+from searchr1.runtime.services import search_backend
 from searchr1.search.fake_service import FakeSearchService
+from searchr1.search.options import SearchOptions
+from searchr1.search.replay import ReplayBackend
 from searchr1.search.singleflight import SingleFlight
 from searchr1.search.testing import mock_backend
 
@@ -124,3 +127,19 @@ async def test_a_remembering_flight_keeps_values_but_not_exceptions():
         with pytest.raises(RuntimeError):
             await flights.run("e", boom)
     assert runs == [1, 2, 2]  # an exception is not an answer: the next call runs the work again
+
+
+async def test_offline_backends_remember_and_live_ones_do_not():
+    replayed = search_backend(SearchOptions(backend="deepseek"), offline=True)
+    local = search_backend(SearchOptions(backend="local"), offline=True)
+    live = search_backend(SearchOptions(backend="retriever", cache="off"), offline=False)
+    try:
+        assert isinstance(replayed, ReplayBackend) and replayed.backend.remember
+        assert local.remember and local.cache is None  # in memory only: a second run starts empty
+        assert not live.remember
+        first = await replayed.search("capital of Australia")
+        again = await replayed.search("capital of Australia")
+        assert first.ok and first.attempts >= 1 and again.cached and again.attempts == 0
+    finally:
+        for backend in (replayed, local, live):
+            await backend.aclose()
