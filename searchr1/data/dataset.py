@@ -279,6 +279,16 @@ def load_examples(path: str | os.PathLike[str]) -> list[SearchExample]:
             for number, record in iter_json_lines(path, error=DataError)]
 
 
+def first_example(path: str | os.PathLike[str]) -> SearchExample | None:
+    """The first row of a JSONL example file, validated as :func:`load_examples` validates
+    every row (None for a file without rows). It reads one line, not the whole file: a quick
+    check that the file is the right kind before anything slow starts."""
+    path = Path(path)
+    for number, record in iter_json_lines(path, error=DataError):
+        return example_from_dict(record, f"{path}:{number}")
+    return None
+
+
 # --- orders and batches (pure) ---------------------------------------------------------
 
 

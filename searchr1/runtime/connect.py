@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 DEFAULT_CONNECT_TIMEOUT = 30.0
 REFUSAL_CHECK_AFTER = 0.5  # seconds the client gets before one TCP connect checks for a refusal
+PROBE_TIMEOUT = 0.75  # seconds a start-up check waits for one TCP connect to PyTRIO
 
 
 class ConnectTimeout(RuntimeError):
@@ -58,6 +59,28 @@ def pytrio_base_url() -> str:
     from pytrio.config.config import configuration
 
     return str(configuration.base_url)
+
+
+def configured_base_url() -> str:
+    """The base URL the next ``ServiceClient`` will use, as cheaply as it can be known:
+    ``PYTRIO_BASE_URL`` when it is set (the SDK's own rule: the variable wins over any profile),
+    read without importing the SDK (a second of start-up); otherwise :func:`pytrio_base_url`."""
+    import os
+
+    given = os.environ.get("PYTRIO_BASE_URL", "").strip()
+    return given.rstrip("/") if given else pytrio_base_url()
+
+
+def refused_within(base_url: str, *, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """:func:`refusal` of ``base_url``, waited for at most ``timeout`` seconds in all (a name
+    lookup that hangs included): the reason when the host refused the connection, None when it
+    connected, failed otherwise, or did not tell in time."""
+    answer: list[str | None] = []
+    worker = threading.Thread(target=lambda: answer.append(refusal(base_url, timeout=timeout)),
+                              name="searchr1-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return answer[0] if answer else None
 
 
 def diagnose(base_url: str) -> str:
