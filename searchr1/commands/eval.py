@@ -311,6 +311,7 @@ def _claim_output(output: Path, held: contextlib.ExitStack) -> None:
 
 
 def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
+    from searchr1.commands.prerequisites import Prerequisites, check_examples_file, check_pytrio
     from searchr1.data.dataset import load_examples
     from searchr1.evaluation.metrics import EvalFileError
     from searchr1.evaluation.evaluate import EvalResumeError, evaluate
@@ -318,12 +319,13 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     from searchr1.offline import DEV
     from searchr1.runtime.services import check_base_model, check_search_setup, load_tokenizer, open_search, start_service
 
+    checks = Prerequisites()  # what is missing is said all at once, before the tokenizer loads
     offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
     prices_path = kwargs.pop("prices")
     if prices_path is not None:
         from searchr1.run.costs import load_prices
 
-        prices = load_prices(prices_path)  # a bad table is one line, before anything is sampled
+        prices = checks.check(load_prices, prices_path)  # a bad table is one line, before anything is sampled
     else:
         prices = None
     connect_timeout = kwargs.pop("connect_timeout")
@@ -345,29 +347,33 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
     given = kwargs.pop("data")
     data = given or (DEV if offline else PROTOCOL_DATA if protocol else LIVE_DATA)
-    if not data.is_file():
-        hint = ("" if given
-                else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not offline
-                else "; reinstall the package")
-        raise click.ClickException(f"eval data {data} does not exist{hint}")
     if offline_home is not None and not offline:
         raise click.UsageError("--offline-home only applies with --offline")
     if offline:
         check_offline_group_size(offline_policy, rollout.group_size)
     check_base_model(base_model)
-    examples = load_examples(data)
-    if not examples:
-        raise click.ClickException(f"eval data {data} holds no questions")
+    hint = ("" if given
+            else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not offline
+            else "; reinstall the package")
+    checks.check(check_examples_file, data, what="eval data", missing_hint=hint,
+                 empty=f"eval data {data} holds no questions")
     output = kwargs.pop("output") or default_output(base_model, model_path, search.backend, offline, offline_policy)
     sampled = model_path or base_model  # what the output names as the policy evaluated
     if offline:
         from searchr1.twin.policies import offline_policy_label
 
         sampled = offline_policy_label(offline_policy) + (f" at {model_path}" if model_path else " (untrained)")
-    _claim_output(output, held)
+    checks.check(_claim_output, output, held)
     on_interrupt(f"eval interrupted (Ctrl-C) during start-up, before any question was evaluated; {output} is "
                  f"as it was, nothing in it lost: run the same command again to "
                  f"{'resume' if output.exists() else 'start'}")
+    checks.check(check_search_setup, search, offline=offline)  # before PyTRIO is contacted or anything written
+    if judge_model is not None:
+        checks.check(check_judge, judge_model, offline=offline, cassette=judge_cassette, env_file=search.env_file)
+    if not offline:
+        check_pytrio(checks)
+    checks.raise_failures("the evaluation")
+    examples = load_examples(data)  # every row, now that the first one passed
     run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
                                   rollout=rollout, data=data, limit=limit, chat_template=chat_template,
                                   offline_home=offline_home, offline_policy=offline_policy)
@@ -375,9 +381,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         run_config["protocol"] = protocol
     if checkpoint_run is not None:
         run_config["trained_with"] = checkpoint.algorithm  # shown in the summary, not binding on resume
-    check_search_setup(search, offline=offline)  # before PyTRIO is contacted or anything written
     if judge_model is not None:
-        check_judge(judge_model, offline=offline, cassette=judge_cassette, env_file=search.env_file)
         from searchr1.evaluation.judge import JUDGE_PROMPT_VERSION
 
         run_config["judge"] = {"model": judge_model, "prompt_version": JUDGE_PROMPT_VERSION}

@@ -123,6 +123,12 @@ def interrupted_message(ctx: click.Context | None) -> str:
             "is lost: run the same command again to continue")
 
 
+def _preset_origins(ctx: click.Context | None, message: str) -> str:
+    """``message`` with each of its lines that names a flag set by the ``--config`` preset
+    naming the file and line too (a message may list several problems, a line each)."""
+    return "\n".join(preset_origin(ctx, line) for line in message.split("\n"))
+
+
 def run_guarded(function: Callable[[], Any]) -> Any:
     """Turn expected failures (every :class:`UserError`, a missing file, a disk that cannot be
     written) into one clear line and a non-zero exit (no traceback). A line that names a flag set
@@ -131,7 +137,7 @@ def run_guarded(function: Callable[[], Any]) -> Any:
     try:
         return function()
     except UserError as error:
-        message = preset_origin(ctx, str(error))
+        message = _preset_origins(ctx, str(error))
         if error.exit_code == 2:
             raise click.UsageError(message) from None
         raise click.ClickException(message) from None

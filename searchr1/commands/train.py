@@ -149,6 +149,7 @@ def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
 
 
 def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
+    from searchr1.commands.prerequisites import Prerequisites, check_examples_file, check_pytrio
     from searchr1.data.dataset import shuffled_examples
     from searchr1.run.fileio import file_sha256
     from searchr1.offline import TRAIN
@@ -160,6 +161,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     from searchr1.view.wording import plural
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
+    checks = Prerequisites()  # what is missing is said all at once, before the tokenizer loads
     resume_dir: Path | None = kwargs.pop("resume")
     quiet = kwargs.pop("quiet")
     swanlab_mode, logger_project = kwargs.pop("swanlab_mode"), kwargs.pop("logger_project")
@@ -229,9 +231,11 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             segment = {"from_step": from_step, "changed": changes}
             stored.update({name: change["to"] for name, change in changes.items()})
         config = TrainConfig.from_json(stored)
-        if Path(config.data).is_file() and file_sha256(config.data) != config.data_sha256:
-            raise click.ClickException(f"{config.data} changed since the run started (sha256 differs); "
-                                       "the data order could not be reproduced")
+        if checks.check(check_examples_file, Path(config.data), what="training data",
+                        empty=f"no training examples in {config.data}") is not None \
+                and file_sha256(config.data) != config.data_sha256:
+            checks.add(f"{config.data} changed since the run started (sha256 differs); "
+                       "the data order could not be reproduced")
         search = _resumed_search_options(search, config.search, explicit)
     else:
         offline, policy = kwargs.pop("offline"), kwargs.pop("offline_policy")
@@ -253,11 +257,12 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             settings["learning_rate"] = OFFLINE_LEARNING_RATE[policy]
         given_data = settings.pop("data")
         data = Path(given_data or (TRAIN if offline else "datasets/train.jsonl"))
-        if not data.is_file():  # the package's own offline file missing is a broken install; the user's, not
-            hint = ("" if given_data
-                    else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not offline
-                    else "; the package's offline data is missing: reinstall the package")
-            raise click.ClickException(f"training data {data} does not exist{hint}")
+        # the package's own offline file missing is a broken install; the user's, not
+        hint = ("" if given_data
+                else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not offline
+                else "; the package's offline data is missing: reinstall the package")
+        data_found = checks.check(check_examples_file, data, what="training data", missing_hint=hint,
+                                  empty=f"no training examples in {data}") is not None
         if not offline:
             check_base_model(settings["base_model"])
         allow_tempered = kwargs.pop("allow_tempered_sampling")
@@ -282,7 +287,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                         fg="yellow", err=True)
         run_dir = kwargs.pop("run_dir")
         config = TrainConfig(
-            data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data),
+            data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data) if data_found else "",
             search=_search_record(search, offline),
             run_id=new_run_id(), code_version=__version__, **settings,
         )
@@ -291,18 +296,42 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         taken = sorted(name for name in recorded_checkpoints(run.path.parent)
                        if name.startswith(checkpoint_prefix(config)))
         if taken:
-            raise click.ClickException(
+            checks.add(
                 f"checkpoint names starting with {checkpoint_prefix(config)!r} are already recorded in "
                 f"{recorded_checkpoints(run.path.parent)[taken[0]]}; saving under them would overwrite "
                 "that run's checkpoints on PyTRIO")
     # Everything bad input can break, before PyTRIO is contacted and before a new run
-    # directory is written: the data (a malformed line names file:line), the tokenizer and
-    # chat template, the search keys; then the PyTRIO key and connection, the server's limits
-    # and its tokenizer (searchr1.runtime.preflight). Only then is the run directory written.
+    # directory is written. First what needs no tokenizer, every failure said together: the
+    # data, the price table, the search setup and keys, the loggers, the run directory, the
+    # PyTRIO key and whether its host refuses connections. Then the whole data file (a
+    # malformed line names file:line), the tokenizer and chat template; then the PyTRIO
+    # connection, the server's limits and its tokenizer (searchr1.runtime.preflight). Only then
+    # is the run directory written.
     on_interrupt(_interrupted_in_start_up(run, resuming=resume_dir is not None))
     offline = config.offline
-    account = _run_account(config)
-    tokenizer = load_tokenizer(chat_template)
+    if not offline and offline_fault is not None:
+        raise click.UsageError("--offline-fault only applies to offline runs")
+    account = checks.check(_run_account, config)
+    if estimate and measure:
+        click.echo("estimate: measuring one step in a temporary directory", err=True)
+        run, measured_steps = RunDir(Path(held.enter_context(tempfile.TemporaryDirectory())) / "measure"), config.max_steps
+        config = dataclasses.replace(config, max_steps=1, save_every=0, transcripts_per_step=0, budget=None,
+                                     budget_tokens=None)
+        account = checks.check(_run_account, config)
+        requested_loggers, quiet = ("none",), True
+    loggers = None
+    if not estimate or measure:  # a configured estimate samples nothing: it needs no search, service or run dir
+        checks.check(check_search_setup, search, offline=offline)
+        if not preflight_only:
+            loggers = checks.check(_planned_loggers, requested_loggers, swanlab_mode, logger_project, config,
+                                   run.path)
+        if resume_dir is None:
+            if not preflight_only:  # a second process on this --run-dir is refused here
+                checks.check(held.enter_context, run.locked())
+            checks.check(run.check_creatable)
+        if not offline:
+            check_pytrio(checks)
+    checks.raise_failures("the run")
     examples = shuffled_examples(config.data, config.seed)
     if config.max_train_samples:
         examples = examples[: config.max_train_samples]
@@ -311,25 +340,12 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     if config.questions_per_batch > len(examples):
         click.secho(f"warning: --questions-per-batch {config.questions_per_batch} is more than the "
                     f"{len(examples)} training examples, so every step repeats questions", fg="yellow", err=True)
-    if estimate:
+    tokenizer = load_tokenizer(chat_template)
+    if estimate and not measure:
         from searchr1.run.estimate import configured_estimate, render_estimate
 
-        if not measure:
-            click.echo(render_estimate(configured_estimate(config, tokenizer, examples), account.prices))
-            return
-        click.echo("estimate: measuring one step in a temporary directory", err=True)
-        run, measured_steps = RunDir(Path(held.enter_context(tempfile.TemporaryDirectory())) / "measure"), config.max_steps
-        config = dataclasses.replace(config, max_steps=1, save_every=0, transcripts_per_step=0, budget=None,
-                                     budget_tokens=None)
-        account = _run_account(config)
-        requested_loggers, quiet = ("none",), True
-    check_search_setup(search, offline=offline)
-    loggers = None if preflight_only else _planned_loggers(requested_loggers, swanlab_mode, logger_project,
-                                                           config, run.path)
-    if resume_dir is None:
-        if not preflight_only:
-            held.enter_context(run.locked())  # a second process on this --run-dir is refused here
-        run.check_creatable()
+        click.echo(render_estimate(configured_estimate(config, tokenizer, examples), account.prices))
+        return
     if offline:
         # --preflight-only writes nothing, not even the twin's home, for a new run
         home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
@@ -340,8 +356,6 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                                 max_staleness=twin_staleness(config),
                                 faults=TwinFaults(**parse_offline_fault(config.offline_fault or "none")))
     else:
-        if offline_fault is not None:
-            raise click.UsageError("--offline-fault only applies to offline runs")
         service = start_service(tokenizer, offline=False, home=None, connect_timeout=connect_timeout)
     config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
     resume = run.resume_point(from_step) if resume_dir is not None else None
@@ -413,7 +427,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     if preflight_only:
         return
     if estimate:
-        from searchr1.run.estimate import measured_estimate, render_estimate
+        from searchr1.run.estimate import configured_estimate, measured_estimate, render_estimate
 
         click.echo(render_estimate(measured_estimate(run.metrics()[0], measured_steps, offline=offline,
                                                      bounds=configured_estimate(
