@@ -156,13 +156,13 @@ def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: in
     over the budget."""
     budget = config.max_search_calls if config.state_search_budget else None
     messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
-    branches = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(config.group_size)]
+    group = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(config.group_size)]
     seed = sampling_seed(config.seed, step, question_index, 0, 0)
-    request = make_request(tokenizer, branches[0], config.group_size, seed, config)
+    request = make_request(tokenizer, group[0], config.group_size, seed, config)
     if request is None:
-        for branch in branches[1:]:
-            branch.finish(branches[0].termination or Termination.PROMPT_TOO_LONG)
-    return branches, request
+        for trajectory in group[1:]:
+            trajectory.finish(group[0].termination or Termination.PROMPT_TOO_LONG)
+    return group, request
 
 
 def next_request(tokenizer: Tokenizer, trajectory: Trajectory, step: int, config: RolloutConfig) -> SampleRequest | None:
@@ -231,7 +231,7 @@ class PendingSearch:
     query: str
 
 
-def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
+def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
                       config: RolloutConfig) -> PendingSearch | None:
     """Record one assistant turn; end the trajectory (answer, invalid call, a budget spent) or
     return the search it asks for."""
@@ -263,7 +263,7 @@ def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: To
     return PendingSearch(trajectory, messages_before, text, list(prompt), list(tokens), call_id, parsed.query)
 
 
-def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Tokenizer, config: RolloutConfig) -> None:
+def add_observation(pending: PendingSearch, result: SearchResult, tokenizer: Tokenizer, config: RolloutConfig) -> None:
     """Fit the result into the trajectory and stitch its next prompt, or end it on overflow.
 
     A result is outside text: if turning it into an observation raises anything at all, the
@@ -305,8 +305,9 @@ async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
     return [task.result() for task in tasks]
 
 
-class _Engine:
-    """State shared by the tasks of one batch."""
+class BatchRollout:
+    """One batch being rolled out: what its trajectories share (the sampler and its slots, the
+    search backend, the budgets), one task per question and then per trajectory."""
 
     def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, search_backend: SearchBackend,
                  config: RolloutConfig, step: int, progress: Callable[[int], None] | None,
@@ -321,7 +322,8 @@ class _Engine:
         self.stop = stop_sequences(tokenizer)
         self.first_failure: str | None = None
 
-    def finished(self) -> None:
+    def report_finished(self) -> None:
+        """Tell the progress callback one more trajectory has ended."""
         if self.progress is not None:
             self.progress(1)
 
@@ -342,24 +344,24 @@ class _Engine:
                 await asyncio.sleep(self.config.sample_retry_backoff * 2 ** (attempt - 1))
 
     async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
-        branches, request = start_group(self.tokenizer, example, question_index, self.step, self.config)
+        group, request = start_group(self.tokenizer, example, question_index, self.step, self.config)
         if request is None:
             log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
-            for _ in branches:
-                self.finished()
-            return branches
+            for _ in group:
+                self.report_finished()
+            return group
         try:
             sequences = await self.sample(request)
         except Exception as error:  # noqa: BLE001
             if not is_sampler_failure(error):
                 raise
-            self._sampler_failed(branches, error)
-            return branches
+            self._sampler_failed(group, error)
+            return group
         await run_all(
-            self.run_trajectory(branch, request.prompt_tokens, sequence)
-            for branch, sequence in zip(branches, sequences)
+            self.run_trajectory(trajectory, request.prompt_tokens, sequence)
+            for trajectory, sequence in zip(group, sequences)
         )
-        return branches
+        return group
 
     def _sampler_failed(self, trajectories: list[Trajectory], error: BaseException) -> None:
         summary = f"{type(error).__name__}: {str(error)[:200]}"
@@ -367,7 +369,7 @@ class _Engine:
         log.warning("sampling failed for good (%s)", summary)
         for trajectory in trajectories:
             trajectory.finish(Termination.SAMPLER_ERROR)
-            self.finished()
+            self.report_finished()
 
     async def run_trajectory(self, trajectory: Trajectory, prompt: list[int], sequence: SampledSequence) -> None:
         while True:
@@ -378,11 +380,11 @@ class _Engine:
                 return
             await self.advance(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason))
             if trajectory.done:
-                self.finished()
+                self.report_finished()
                 return
             request = next_request(self.tokenizer, trajectory, self.step, self.config)
             if request is None:
-                self.finished()
+                self.report_finished()
                 return
             try:
                 (sequence,) = await self.sample(request)
@@ -395,9 +397,9 @@ class _Engine:
 
     async def advance(self, trajectory: Trajectory, turn: AssistantTurn) -> None:
         """Handle one assistant turn: end the trajectory, or search and stitch the next prompt."""
-        pending = consume_assistant(trajectory, turn, self.tokenizer, self.config)
+        pending = record_turn(trajectory, turn, self.tokenizer, self.config)
         if pending is not None:
-            finish_search(pending, await self.search.search(pending.query), self.tokenizer, self.config)
+            add_observation(pending, await self.search.search(pending.query), self.tokenizer, self.config)
 
 
 async def rollout_batch_async(
@@ -426,9 +428,9 @@ async def rollout_batch_async(
     not be sampled (a smaller share ends as ``sampler_error`` and is left out of the update).
     """
     template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
-    engine = _Engine(sampling_client, tokenizer, search_client, config, step, progress_callback, sampling_slots)
+    batch = BatchRollout(sampling_client, tokenizer, search_client, config, step, progress_callback, sampling_slots)
     groups = await run_all(
-        engine.run_question(index, example) for index, example in enumerate(examples, first_question_index)
+        batch.run_question(index, example) for index, example in enumerate(examples, first_question_index)
     )
     trajectories = [t for group in groups for t in group]
     failed = sum(t.sampler_error for t in trajectories)
@@ -436,6 +438,6 @@ async def rollout_batch_async(
         raise SamplerFailureError(
             f"{failed} of {len(trajectories)} trajectories could not be sampled (more than "
             f"max_sampler_failure_fraction={config.max_sampler_failure_fraction}); "
-            f"the sampling service looks unhealthy (first failure: {engine.first_failure})"
+            f"the sampling service looks unhealthy (first failure: {batch.first_failure})"
         )
     return trajectories

@@ -11,7 +11,7 @@ import pytest
 from searchr1.core.datum import build_training_datums, drop_out_of_vocab
 from searchr1.core.observation.fit import fit_tool_content, truncate_to_fit
 from searchr1.core.protocol import SEARCH_TOOL
-from searchr1.core.rollout import PendingSearch, RolloutConfig, consume_assistant, make_request
+from searchr1.core.rollout import PendingSearch, RolloutConfig, make_request, record_turn
 from searchr1.core.types import AssistantTurn, SearchExample, SearchItem, SearchResult, Termination, Trajectory
 
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\nSeine\n</parameter>\n</function>\n</tool_call>"
@@ -272,7 +272,7 @@ def consumed(tokenizer, **budgets) -> tuple[Trajectory, PendingSearch | None]:
     prompt, completion = tool_turn(tokenizer)
     t = trajectory()
     turn = AssistantTurn(prompt, completion, [-0.5] * len(completion), CALL)
-    return t, consume_assistant(t, turn, tokenizer, RolloutConfig(**budgets))
+    return t, record_turn(t, turn, tokenizer, RolloutConfig(**budgets))
 
 
 def test_a_search_is_made_only_when_a_one_letter_observation_fits_exactly(tokenizer):

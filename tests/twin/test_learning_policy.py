@@ -32,7 +32,7 @@ from searchr1.core.protocol import assistant_message, build_prompt, initial_mess
 from searchr1.core.reward import score_answer, score_trajectories
 from searchr1.core.types import FORMAT_PENALTY
 from searchr1.core.reference import reference_datums, reference_rollout, score_and_rank
-from searchr1.core.rollout import RolloutConfig, consume_assistant, finish_search, make_request
+from searchr1.core.rollout import RolloutConfig, add_observation, make_request, record_turn
 from searchr1.core.observation.text import format_observation
 from searchr1.twin.optimizer import AdamState, adam_step
 from searchr1.twin.learning_policy import (
@@ -397,10 +397,10 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
         if not include_stop:
             tokens, logprobs = tokens[:-1], logprobs[:-1]
         turn = AssistantTurn(request.prompt_tokens, tokens, logprobs, state.texts[index], "stop")
-        pending = consume_assistant(trajectory, turn, tokenizer, config)
+        pending = record_turn(trajectory, turn, tokenizer, config)
         if pending is not None:
             hop = passages_by_query([question])[pending.query]
-            finish_search(pending, SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),)),
+            add_observation(pending, SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),)),
                           tokenizer, config)
     score_trajectories([trajectory])
     trajectory.advantage = 1.0
