@@ -119,7 +119,7 @@ def observation_items(result: SearchResult) -> list[str]:
 def fit(tokenizer: Tokenizer, items: list[str], observation: Callable[[str], list[int]], room: int,
         config: RolloutConfig) -> tuple[str | None, bool]:
     """ALGORITHM: ``(content, truncated)``: as many whole items as fit, in rank order; when not even the
-    first does, its longest prefix (cut at a token, marked) that fits, or None (``tool_overflow="end"``)."""
+    first does, its longest prefix (ending at a token, marked) that fits, or None (``tool_overflow="end"``)."""
     def fits(content: str) -> bool:
         return (len(tokenizer.encode(content, add_special_tokens=False)) <= config.max_tool_response_tokens
                 and len(observation(content)) <= room)
@@ -131,9 +131,9 @@ def fit(tokenizer: Tokenizer, items: list[str], observation: Callable[[str], lis
     ids = tokenizer.encode(items[0], add_special_tokens=False)
     keep = min(len(ids), config.max_tool_response_tokens)
     while keep > 0:  # one token at a time, an eighth of what is left while more than 64 are
-        cut = tokenizer.decode(ids[:keep]).rstrip("\ufffd")  # no half character at the cut
-        if cut.strip() and fits(cut.rstrip() + MARKER):
-            return cut.rstrip() + MARKER, True
+        head = tokenizer.decode(ids[:keep]).rstrip("\ufffd")  # no half character at its end
+        if head.strip() and fits(head.rstrip() + MARKER):
+            return head.rstrip() + MARKER, True
         keep -= max(1, keep // 8) if keep > 64 else 1
     return None, False
 

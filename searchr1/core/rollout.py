@@ -89,7 +89,7 @@ class RolloutConfig:
     sample_retries: int = setting(2, at_least=0, at_most=100, help="Retries of a retryable sampling failure.")
     sample_retry_backoff: float = setting(1.0, at_least=0.0, cli=False)
     max_sampler_failure_fraction: float = setting(0.25, at_least=0.0, at_most=1.0, cli=False)
-    # "truncate": when not even the first item fits, cut it at a token boundary and say so;
+    # "truncate": when not even the first item fits, truncate it at a token boundary and say so;
     # "end": the seed's behaviour, the trajectory ends on its tool call.
     tool_overflow: ToolOverflow = setting(
         "truncate", choices=TOOL_OVERFLOW_MODES,

@@ -135,7 +135,7 @@ class SearchRecord:
     items: int = 0
     error: str | None = None
     cached: bool = False
-    truncated: bool = False        # the first item was cut to fit the budget
+    truncated: bool = False        # the first item was truncated to fit the budget
 
 
 @dataclass

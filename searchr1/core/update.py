@@ -3,7 +3,7 @@
 values before the optimiser sees them.
 
 Substeps. The step's datums are put in an order drawn from the run's seed and the step index
-(a resumed run repeats it) and cut into N mini-batches of near-equal size. Each is one update,
+(a resumed run repeats it) and divided into N mini-batches of near-equal size. Each is one update,
 normalised by its own totals (``sdk``) or packed into its own weighted micro-batches
 (``manual``). The first trains on the weights that sampled it (ratio 1 on-policy); every later
 one on weights the earlier updates moved, so the ratio leaves 1 and ppo's and cispo's clipping
@@ -38,6 +38,8 @@ POLICY_LOSS_FNS: tuple[LossFn, ...] = get_args(LossFn)
 # docs/algorithms.md), r = exp(logp - logp_sampler), lo/hi the loss_fn_config bounds (0.8, 1.2):
 # importance_sampling -(r*A) | ppo -min(r*A, clip(r, lo, hi)*A) | cispo -(sg(clip(r, lo, hi))*A*logp)
 # | dro -(logp*A - beta/2*(logp - logp_sampler)**2); summed, normalised by the batch's totals.
+# --accumulation manual: one mini-batch packed into the seed's weighted micro-batches, one call each
+MicroBatcher = Callable[[list[TrainingDatum]], list[list[TrainingDatum]]]
 DEFAULT_LOSS_FN = "importance_sampling"  # the seed's
 
 
@@ -168,7 +170,7 @@ async def apply_update(client: TrainingClient, calls: Sequence[Sequence[Training
 
 def substep_batches(num_datums: int, num_substeps: int, *, seed: int, step: int) -> list[list[int]]:
     """The datum indices of each mini-batch of step ``step``: with one substep all datums in
-    order; otherwise a permutation drawn from ``(seed, step)`` cut into ``num_substeps`` parts
+    order; otherwise a permutation drawn from ``(seed, step)`` divided into ``num_substeps`` parts
     whose sizes differ by at most one (empty parts left out)."""
     if num_substeps == 1:
         return [list(range(num_datums))] if num_datums else []
@@ -180,16 +182,16 @@ def substep_batches(num_datums: int, num_substeps: int, *, seed: int, step: int)
 
 
 async def apply_substeps(client: TrainingClient, datums: list[TrainingDatum],
-                         cut: Callable[[list[TrainingDatum]], list[list[TrainingDatum]]] | None,
+                         micro_batcher: MicroBatcher | None,
                          config: UpdateConfig, *, num_substeps: int, seed: int, step: int) -> UpdateResult:
-    """One :func:`apply_update` per mini-batch (``cut``: the manual micro-batches of one); the
+    """One :func:`apply_update` per mini-batch (``micro_batcher``: how ``--accumulation manual`` packs one into calls); the
     calls' metrics and trained tokens together, the optimiser's metrics averaged."""
     parts = substep_batches(len(datums), num_substeps, seed=seed, step=step)
     results: list[UpdateResult] = []
     for index, part in enumerate(parts):
         mini_batch = [datums[i] for i in part]
         try:
-            results.append(await apply_update(client, cut(mini_batch) if cut else [mini_batch], config))
+            results.append(await apply_update(client, micro_batcher(mini_batch) if micro_batcher else [mini_batch], config))
         except NonFiniteValues as error:
             if index == 0:
                 raise

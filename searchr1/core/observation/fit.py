@@ -1,5 +1,5 @@
 """How much of a search result fits the trajectory: whole items in rank order while the content
-and the next prompt stay within their budgets, or the first item cut (and marked) when not even
+and the next prompt stay within their budgets, or the first item truncated (and marked) when not even
 it fits."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def fit_tool_content(
     ``max_tool_response_tokens`` and the next prompt leaves room for at least one generated
     token; the first item that does not fit stops the loop (as the seed). Sizes come from the
     tokenizer directly; the template is rendered twice, and only for the chosen content. If not
-    even the first item fits, ``tool_overflow="truncate"`` cuts it at a token boundary with a
+    even the first item fits, ``tool_overflow="truncate"`` truncates it at a token boundary with a
     visible marker; ``"end"`` returns ``None`` (the seed).
     """
     base = len(previous_prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
@@ -83,10 +83,10 @@ def fit_tool_content(
     if accepted:
         content = sizes.joined(accepted)
     elif config.tool_overflow == "truncate":
-        cut = truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
-        if cut is None:
+        shortened = truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
+        if shortened is None:
             return None
-        content, truncated = cut, True
+        content, truncated = shortened, True
     else:
         return None
     next_prompt = build_next_prompt(
