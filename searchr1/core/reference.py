@@ -226,13 +226,13 @@ def normalise(text: str) -> str:
     return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
 
 
-def score_and_rank(trajectories: list[Trajectory]) -> None:
+def reference_rewards_and_advantages(trajectories: list[Trajectory]) -> None:
     """ALGORITHM: reward (exact match of an ``answer`` ending, else -0.1), then advantage = reward minus
     the group mean; a group whose rewards are all equal, or with a failed search, trains on nothing."""
     for t in trajectories:
         answer = answer_of(t.final_text) if t.termination == Termination.ANSWER else None
         right = answer is not None and normalise(answer) in {normalise(a) for a in t.example.answers}
-        t.score = NOT_ANSWERED if answer is None else RewardResult(1.0 if right else 0.0, True, right, answer)
+        t.reward_result = NOT_ANSWERED if answer is None else RewardResult(1.0 if right else 0.0, True, right, answer)
     groups: dict[int, list[Trajectory]] = {}
     for t in trajectories:
         groups.setdefault(t.question_index, []).append(t)
@@ -276,7 +276,7 @@ def reference_step(sampler: SamplingClient, training_client: TrainingClient, tok
     """One whole step: its trajectories, datums and loss metrics (None when nothing was sent)."""
     from pytrio import AdamParams
     trajectories = reference_rollout(sampler, tokenizer, search, examples, config, step=step)
-    score_and_rank(trajectories)
+    reference_rewards_and_advantages(trajectories)
     datums = reference_datums(trajectories, len(tokenizer))
     if not datums:
         return trajectories, datums, None

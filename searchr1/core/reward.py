@@ -116,7 +116,7 @@ def score_answer(
 
 
 def score_trajectories(trajectories: Iterable[Trajectory], *, reward: str = "em") -> None:
-    """Set ``score`` on every trajectory whose sampling did not fail (``reward``: em, f1 or
+    """Set ``reward_result`` on every trajectory whose sampling did not fail (``reward``: em, f1 or
     cover_em; every score is recorded whichever is the reward). Only an ``answer`` termination
     is scored; any other ending earns the format penalty, even when its text carries an
     ``Answer:`` line (breaking the protocol is never rewarded).
@@ -124,5 +124,5 @@ def score_trajectories(trajectories: Iterable[Trajectory], *, reward: str = "em"
     for trajectory in trajectories:
         if trajectory.sampler_error:
             continue
-        trajectory.score = (score_answer(trajectory.final_text, trajectory.example.answers, reward=reward)
+        trajectory.reward_result = (score_answer(trajectory.final_text, trajectory.example.answers, reward=reward)
                             if trajectory.termination == Termination.ANSWER else NOT_ANSWERED)

@@ -151,7 +151,7 @@ class Trajectory:
     termination: Termination | None = None
     # Set by scoring (:func:`searchr1.core.reward.score_trajectories`); None until then, and for
     # a trajectory whose sampling failed (its reward is then the placeholder FORMAT_PENALTY).
-    score: RewardResult | None = None
+    reward_result: RewardResult | None = None
     advantage: float = 0.0
     excluded: Exclusion | None = None  # why it sends no datum although it has completion tokens
 
@@ -174,25 +174,25 @@ class Trajectory:
 
     @property
     def reward(self) -> float:
-        return (self.score or NOT_ANSWERED).reward
+        return (self.reward_result or NOT_ANSWERED).reward
 
     @property
     def valid_format(self) -> bool:
-        return (self.score or NOT_ANSWERED).valid_format
+        return (self.reward_result or NOT_ANSWERED).valid_format
 
     @property
     def exact_match(self) -> bool:
-        return (self.score or NOT_ANSWERED).exact_match
+        return (self.reward_result or NOT_ANSWERED).exact_match
 
     @property
     def f1(self) -> float:
         """Token F1 of the answer (0 unless it ended by answering)."""
-        return (self.score or NOT_ANSWERED).f1
+        return (self.reward_result or NOT_ANSWERED).f1
 
     @property
     def cover_em(self) -> bool:
         """A reference occurs inside the answer."""
-        return (self.score or NOT_ANSWERED).cover_em
+        return (self.reward_result or NOT_ANSWERED).cover_em
 
     def finish(self, reason: Termination, final_text: str | None = None) -> None:
         reason = Termination(reason)  # refuses an unknown reason

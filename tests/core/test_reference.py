@@ -23,7 +23,7 @@ from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.datum import build_training_datums, drop_out_of_vocab
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.protocol import observation_tokens
-from searchr1.core.reference import reference_datums, reference_rollout, reference_step, score_and_rank
+from searchr1.core.reference import reference_datums, reference_rollout, reference_rewards_and_advantages, reference_step
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import MAX_TOKENS, TOOL_OVERFLOW_MODES, RolloutConfig, rollout_batch_async
 from searchr1.core.types import SearchExample, SearchItem, SearchResult, Trajectory
@@ -124,8 +124,8 @@ def exact_match_only(trajectories: list[Trajectory]) -> list[Trajectory]:
     """The engine also records token F1 and cover EM (tests/core/test_reward.py checks them); the
     reference scores what the step trains on, exact match."""
     for t in trajectories:
-        if t.score is not None:
-            t.score = replace(t.score, f1=0.0, cover_em=False)
+        if t.reward_result is not None:
+            t.reward_result = replace(t.reward_result, f1=0.0, cover_em=False)
     return trajectories
 
 
@@ -272,7 +272,7 @@ def test_the_engine_produces_the_reference_trajectories_and_datums_at_every_budg
     trajectories, datums = production(samplers[policy], tokenizer, results, examples, config, step)
     expected = reference_rollout(samplers[policy], tokenizer, lambda q: results.get(q, NOTHING), examples, config,
                                  step=step)
-    score_and_rank(expected)
+    reference_rewards_and_advantages(expected)
     assert exact_match_only(trajectories) == expected
     assert [datum_values(d.datum) for d in datums] == [datum_values(d) for d in
                                                          reference_datums(expected, len(tokenizer))]

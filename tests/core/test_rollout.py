@@ -445,7 +445,7 @@ async def test_rollout_runs_inside_an_existing_event_loop(served, tokenizer):
     served.twin.policy = ScriptedPolicy(sc, tokenizer)
     trajectories = await rollout_batch_async(served.sampler, tokenizer, ScriptedSearch({}),
                                              sc.examples, RolloutConfig(group_size=1, **FAST))
-    assert trajectories[0].score is None  # the rollout samples; scoring is the caller's next step
+    assert trajectories[0].reward_result is None  # the rollout samples; scoring is the caller's next step
     score_trajectories(trajectories)
     assert trajectories[0].reward == 1.0
 

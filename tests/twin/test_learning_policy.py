@@ -31,7 +31,7 @@ from searchr1.offline import QUESTIONS
 from searchr1.core.protocol import assistant_message, build_prompt, initial_messages, parse_assistant, tool_message
 from searchr1.core.reward import score_answer, score_trajectories
 from searchr1.core.types import FORMAT_PENALTY
-from searchr1.core.reference import reference_datums, reference_rollout, score_and_rank
+from searchr1.core.reference import reference_datums, reference_rewards_and_advantages, reference_rollout
 from searchr1.core.rollout import RolloutConfig, add_observation, make_request, record_turn
 from searchr1.core.observation.text import format_observation
 from searchr1.twin.optimizer import AdamState, adam_step
@@ -498,7 +498,7 @@ def roll_out(policy: LearningPolicy, params: np.ndarray, tokenizer, examples: Se
     advantages."""
     trajectories = reference_rollout(InProcessSampler(policy, params), tokenizer, world_search(world), examples,
                                      config, step=step)
-    score_and_rank(trajectories)
+    reference_rewards_and_advantages(trajectories)
     return trajectories
 
 
