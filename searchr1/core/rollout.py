@@ -22,7 +22,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, TypeVar
 
 from searchr1.core.protocol import (
     TurnKind,
@@ -42,8 +42,8 @@ from searchr1.core.observation.fit import fit_tool_content
 from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
 from searchr1.core.types import (
-    DEFAULT_MAX_TRAJECTORY_TOKENS,
     AssistantTurn,
+    RolloutBudgets,
     SampledSequence,
     SamplingClient,
     SearchBackend,
@@ -58,61 +58,38 @@ from searchr1.core.types import (
 log = logging.getLogger("searchr1.core.rollout")
 T = TypeVar("T")
 
-ToolOverflow = Literal["truncate", "end"]
-TOOL_OVERFLOW_MODES: tuple[ToolOverflow, ...] = get_args(ToolOverflow)
-
-
-MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger
-
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    """Budgets and sampling of one rollout (the seed's names and defaults). Each field is declared
-    once with its rule and help (:mod:`searchr1.core.settings`): the flags of train, eval and rollout
-    are made from these lines."""
+class SamplingRuntime:
+    """How the sampling service is driven: requests in flight, timeouts, retries (not in the seed).
+    None of it changes what a trajectory is, only how long it takes and whether a failing service
+    ends it. Declared as :class:`~searchr1.core.types.RolloutBudgets` is."""
 
-    group_size: int = setting(8, at_least=1, at_most=256, help="Trajectories per question.")
-    max_search_calls: int = setting(4, at_least=0, at_most=100, help="Searches per trajectory.")
-    max_assistant_turns: int = setting(6, at_least=1, at_most=100, help="Assistant turns per trajectory.")
-    max_trajectory_tokens: int = setting(DEFAULT_MAX_TRAJECTORY_TOKENS, at_least=1, at_most=MAX_TOKENS,
-                                         help="Whole-sequence budget (also the training datum limit).")
-    max_assistant_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS, help="Generation cap per assistant turn.")
-    max_tool_response_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS,
-                                            help="Cap on one observation's content.")
-    temperature: float = setting(1.0, at_least=0.0, help="Sampling temperature.")
-    top_p: float = setting(1.0, above=0.0, at_most=1.0, help="Nucleus sampling mass.")
-    seed: int = setting(42, cli=False)  # the command's --seed
-    # Scheduling and robustness (not in the seed).
     sampling_concurrency: int = setting(64, at_least=1, at_most=4096, help="Sampling requests in flight at once.")
     sample_timeout: float | None = setting(
         900.0, above=0.0, help="Seconds before one sampling request is abandoned (then retried).")
     sample_retries: int = setting(2, at_least=0, at_most=100, help="Retries of a retryable sampling failure.")
     sample_retry_backoff: float = setting(1.0, at_least=0.0, cli=False)
     max_sampler_failure_fraction: float = setting(0.25, at_least=0.0, at_most=1.0, cli=False)
-    # "truncate": when not even the first item fits, truncate it at a token boundary and say so;
-    # "end": the seed's behaviour, the trajectory ends on its tool call.
-    tool_overflow: ToolOverflow = setting(
-        "truncate", choices=TOOL_OVERFLOW_MODES,
-        help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
-    # Tell the model its search budget in the system prompt (the seed did not).
-    state_search_budget: bool = setting(True, cli=False)
-    # The user's own wording (--system-prompt-file, --tool-description); None = the default.
-    system_prompt: str | None = setting(None, cli=False)
-    tool_description: str | None = setting(
-        None, metavar="TEXT", default_text="the project's wording",
-        help="Description of the search tool shown to the model.")
 
     def __post_init__(self) -> None:
         check_settings(self)
+
+
+@dataclass(frozen=True)
+class RolloutConfig(SamplingRuntime, RolloutBudgets):
+    """A rollout's settings as the commands and ``config.json`` hold them, in one flat object: the
+    algorithm's budgets (:class:`~searchr1.core.types.RolloutBudgets`) and the sampling runtime
+    (:class:`SamplingRuntime`). The rollout's steps take the part they need."""
 
     @property
     def tools(self) -> list[dict[str, Any]]:
         return [search_tool(self.tool_description)]
 
 
-def effective_system_prompt(config: RolloutConfig) -> str:
-    """The system message every trajectory of ``config`` starts with."""
-    return system_prompt(config.max_search_calls if config.state_search_budget else None, config.system_prompt)
+def effective_system_prompt(budgets: RolloutBudgets) -> str:
+    """The system message every trajectory of ``budgets`` starts with."""
+    return system_prompt(budgets.max_search_calls if budgets.state_search_budget else None, budgets.system_prompt)
 
 
 class SamplerFailureError(RuntimeError):
@@ -135,14 +112,14 @@ def sampling_seed(base: int, step: int, question_index: int, group_index: int, t
 
 
 def make_request(tokenizer: Tokenizer, trajectory: Trajectory, num_samples: int, seed: int,
-                 config: RolloutConfig) -> SampleRequest | None:
+                 budgets: RolloutBudgets) -> SampleRequest | None:
     """The next sampling request, or ``None`` (and the trajectory ends on ``token_budget``)
     when the trajectory has no room left for even one generated token."""
     if trajectory.next_prompt_tokens is not None:
         prompt = trajectory.next_prompt_tokens
     else:
-        prompt = build_prompt(tokenizer, trajectory.messages, tools=config.tools)
-    max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))
+        prompt = build_prompt(tokenizer, trajectory.messages, tools=[search_tool(budgets.tool_description)])
+    max_tokens = min(budgets.max_assistant_tokens, budgets.max_trajectory_tokens - len(prompt))
     if max_tokens <= 0:
         trajectory.finish(Termination.TOKEN_BUDGET if trajectory.turns else Termination.PROMPT_TOO_LONG)
         return None
@@ -150,38 +127,39 @@ def make_request(tokenizer: Tokenizer, trajectory: Trajectory, num_samples: int,
 
 
 def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: int, step: int,
-                config: RolloutConfig) -> tuple[list[Trajectory], SampleRequest | None]:
+                budgets: RolloutBudgets) -> tuple[list[Trajectory], SampleRequest | None]:
     """The ``group_size`` trajectories of one question and their shared first request
     (``num_samples = group_size``); ``None``, every trajectory ended, when the prompt alone is
     over the budget."""
-    budget = config.max_search_calls if config.state_search_budget else None
-    messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
-    group = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(config.group_size)]
-    seed = sampling_seed(config.seed, step, question_index, 0, 0)
-    request = make_request(tokenizer, group[0], config.group_size, seed, config)
+    budget = budgets.max_search_calls if budgets.state_search_budget else None
+    messages = initial_messages(example.question, max_search_calls=budget, system_template=budgets.system_prompt)
+    group = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(budgets.group_size)]
+    seed = sampling_seed(budgets.seed, step, question_index, 0, 0)
+    request = make_request(tokenizer, group[0], budgets.group_size, seed, budgets)
     if request is None:
         for trajectory in group[1:]:
             trajectory.finish(group[0].termination or Termination.PROMPT_TOO_LONG)
     return group, request
 
 
-def next_request(tokenizer: Tokenizer, trajectory: Trajectory, step: int, config: RolloutConfig) -> SampleRequest | None:
+def next_request(tokenizer: Tokenizer, trajectory: Trajectory, step: int,
+                 budgets: RolloutBudgets) -> SampleRequest | None:
     """The request of the trajectory's next turn (seeded by step, question, sample and turn)."""
-    seed = sampling_seed(config.seed, step, trajectory.question_index, trajectory.group_index, len(trajectory.turns))
-    return make_request(tokenizer, trajectory, 1, seed, config)
+    seed = sampling_seed(budgets.seed, step, trajectory.question_index, trajectory.group_index, len(trajectory.turns))
+    return make_request(tokenizer, trajectory, 1, seed, budgets)
 
 
 class MalformedSampleError(ValueError):
     """The sampler answered, but not with what was asked for."""
 
 
-async def send_request(sampler: SamplingClient, request: SampleRequest, config: RolloutConfig,
+async def send_request(sampler: SamplingClient, request: SampleRequest, budgets: RolloutBudgets,
                        stop: list[str]) -> list[SampledSequence]:
     """One sampling call; exactly ``num_samples`` sequences, or :class:`MalformedSampleError`."""
     import pytrio as trio
 
     params = trio.SamplingParams(max_tokens=request.max_tokens, seed=request.seed, stop=stop or None,
-                                 temperature=config.temperature, top_p=config.top_p)
+                                 temperature=budgets.temperature, top_p=budgets.top_p)
     response = await sampler.sample_async(prompt=trio.ModelInput.from_ints(request.prompt_tokens),
                                           num_samples=request.num_samples, sampling_params=params, return_text=True)
     sequences = list(response.sequences)
@@ -232,7 +210,7 @@ class PendingSearch:
 
 
 def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
-                      config: RolloutConfig) -> PendingSearch | None:
+                budgets: RolloutBudgets) -> PendingSearch | None:
     """Record one assistant turn; end the trajectory (answer, invalid call, a budget spent) or
     return the search it asks for."""
     trajectory.turns.append(turn)
@@ -247,23 +225,24 @@ def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenize
     if parsed.kind == TurnKind.INVALID:
         trajectory.finish(Termination.INVALID, text)
         return None
-    if trajectory.search_calls >= config.max_search_calls:
+    if trajectory.search_calls >= budgets.max_search_calls:
         trajectory.finish(Termination.SEARCH_BUDGET, text)
         return None
-    if len(trajectory.turns) >= config.max_assistant_turns:
+    if len(trajectory.turns) >= budgets.max_assistant_turns:
         trajectory.finish(Termination.TURN_BUDGET, text)
         return None
     assert parsed.query is not None
     base = len(prompt) + len(tokens) + len(missing_closing(tokenizer, tokens))
     overhead = len(observation_tokens(tokenizer, "x"))
-    if base + overhead + 1 > config.max_trajectory_tokens:
+    if base + overhead + 1 > budgets.max_trajectory_tokens:
         trajectory.finish(Termination.TOKEN_BUDGET, text)  # no observation could fit: skip the search
         return None
     call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
     return PendingSearch(trajectory, messages_before, text, list(prompt), list(tokens), call_id, parsed.query)
 
 
-def add_observation(pending: PendingSearch, result: SearchResult, tokenizer: Tokenizer, config: RolloutConfig) -> None:
+def add_observation(pending: PendingSearch, result: SearchResult, tokenizer: Tokenizer,
+                    budgets: RolloutBudgets) -> None:
     """Fit the result into the trajectory and stitch its next prompt, or end it on overflow.
 
     A result is outside text: if turning it into an observation raises anything at all, the
@@ -273,7 +252,7 @@ def add_observation(pending: PendingSearch, result: SearchResult, tokenizer: Tok
     trajectory = pending.trajectory
     try:
         fitted = fit_tool_content(tokenizer, pending.messages_before_assistant, pending.assistant_text,
-                                  pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, config)
+                                  pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, budgets)
     except Exception as error:  # noqa: BLE001 - one bad search result must not end the run
         reason = f"the search result could not become an observation ({type(error).__name__})"
         log.warning("query %r: %s; the trajectory ends as a search failure", pending.query[:80], reason)
@@ -310,15 +289,16 @@ class BatchRollout:
     search backend, the budgets), one task per question and then per trajectory."""
 
     def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, search_backend: SearchBackend,
-                 config: RolloutConfig, step: int, progress: Callable[[int], None] | None,
-                 sampling_slots: asyncio.Semaphore | None = None) -> None:
+                 budgets: RolloutBudgets, runtime: SamplingRuntime, step: int,
+                 progress: Callable[[int], None] | None, sampling_slots: asyncio.Semaphore | None = None) -> None:
         self.sampler = sampling_client
         self.tokenizer = tokenizer
         self.search = search_backend
-        self.config = config
+        self.budgets = budgets
+        self.runtime = runtime
         self.step = step
         self.progress = progress
-        self.semaphore = sampling_slots or asyncio.Semaphore(config.sampling_concurrency)
+        self.semaphore = sampling_slots or asyncio.Semaphore(runtime.sampling_concurrency)
         self.stop = stop_sequences(tokenizer)
         self.first_failure: str | None = None
 
@@ -333,18 +313,18 @@ class BatchRollout:
         while True:
             try:
                 # asyncio.timeout, not wait_for: no extra task per request
-                async with self.semaphore, asyncio.timeout(self.config.sample_timeout):
-                    return await send_request(self.sampler, request, self.config, self.stop)
+                async with self.semaphore, asyncio.timeout(self.runtime.sample_timeout):
+                    return await send_request(self.sampler, request, self.budgets, self.stop)
             except Exception as error:  # noqa: BLE001 - classified below, never swallowed silently
-                if attempt >= self.config.sample_retries or not is_retryable(error):
+                if attempt >= self.runtime.sample_retries or not is_retryable(error):
                     raise
                 attempt += 1
                 log.warning("sampling failed (%s), retry %d/%d", type(error).__name__,
-                            attempt, self.config.sample_retries)
-                await asyncio.sleep(self.config.sample_retry_backoff * 2 ** (attempt - 1))
+                            attempt, self.runtime.sample_retries)
+                await asyncio.sleep(self.runtime.sample_retry_backoff * 2 ** (attempt - 1))
 
     async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
-        group, request = start_group(self.tokenizer, example, question_index, self.step, self.config)
+        group, request = start_group(self.tokenizer, example, question_index, self.step, self.budgets)
         if request is None:
             log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
             for _ in group:
@@ -382,7 +362,7 @@ class BatchRollout:
             if trajectory.done:
                 self.report_finished()
                 return
-            request = next_request(self.tokenizer, trajectory, self.step, self.config)
+            request = next_request(self.tokenizer, trajectory, self.step, self.budgets)
             if request is None:
                 self.report_finished()
                 return
@@ -397,9 +377,9 @@ class BatchRollout:
 
     async def advance(self, trajectory: Trajectory, turn: AssistantTurn) -> None:
         """Handle one assistant turn: end the trajectory, or search and stitch the next prompt."""
-        pending = record_turn(trajectory, turn, self.tokenizer, self.config)
+        pending = record_turn(trajectory, turn, self.tokenizer, self.budgets)
         if pending is not None:
-            add_observation(pending, await self.search.search(pending.query), self.tokenizer, self.config)
+            add_observation(pending, await self.search.search(pending.query), self.tokenizer, self.budgets)
 
 
 async def rollout_batch_async(
@@ -428,7 +408,8 @@ async def rollout_batch_async(
     not be sampled (a smaller share ends as ``sampler_error`` and is left out of the update).
     """
     template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
-    batch = BatchRollout(sampling_client, tokenizer, search_client, config, step, progress_callback, sampling_slots)
+    batch = BatchRollout(sampling_client, tokenizer, search_client, budgets=config, runtime=config, step=step,
+                         progress=progress_callback, sampling_slots=sampling_slots)
     groups = await run_all(
         batch.run_question(index, example) for index, example in enumerate(examples, first_question_index)
     )

@@ -1,13 +1,16 @@
 """What the core works on: a question (``SearchExample``), what a search returns
-(``SearchResult``) and the backend that returns it (``SearchBackend``), and the record of one
-multi-turn rollout (``Trajectory``): exactly the tokens that were sampled, plus what the
-environment said. Messages are kept only for logs and for the chat template."""
+(``SearchResult``) and the backend that returns it (``SearchBackend``), what the algorithm allows
+one rollout (``RolloutBudgets``), and the record of one multi-turn rollout (``Trajectory``):
+exactly the tokens that were sampled, plus what the environment said. Messages are kept only for
+logs and for the chat template."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
+
+from searchr1.core.settings import check_settings, setting
 
 if TYPE_CHECKING:
     from pytrio.types import AdamParams, Datum
@@ -114,6 +117,44 @@ class RewardResult:
 DEFAULT_MAX_TRAJECTORY_TOKENS = 8192  # the seed's whole-sequence budget, also the training datum limit
 FORMAT_PENALTY = -0.1  # the reward of a format failure, and of a trajectory that did not answer
 NOT_ANSWERED = RewardResult(FORMAT_PENALTY, False, False, None)
+MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger
+ToolOverflow = Literal["truncate", "end"]
+TOOL_OVERFLOW_MODES: tuple[ToolOverflow, ...] = get_args(ToolOverflow)
+
+
+@dataclass(frozen=True)
+class RolloutBudgets:
+    """What the algorithm allows one rollout and how it samples and prompts (the seed's names and
+    defaults). Each field is declared once with its rule and help (:mod:`searchr1.core.settings`):
+    the flags of train, eval and rollout are made from these lines. How the sampling service is
+    driven (concurrency, timeouts, retries) is apart: :class:`searchr1.core.rollout.SamplingRuntime`."""
+
+    group_size: int = setting(8, at_least=1, at_most=256, help="Trajectories per question.")
+    max_search_calls: int = setting(4, at_least=0, at_most=100, help="Searches per trajectory.")
+    max_assistant_turns: int = setting(6, at_least=1, at_most=100, help="Assistant turns per trajectory.")
+    max_trajectory_tokens: int = setting(DEFAULT_MAX_TRAJECTORY_TOKENS, at_least=1, at_most=MAX_TOKENS,
+                                         help="Whole-sequence budget (also the training datum limit).")
+    max_assistant_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS, help="Generation cap per assistant turn.")
+    max_tool_response_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS,
+                                            help="Cap on one observation's content.")
+    temperature: float = setting(1.0, at_least=0.0, help="Sampling temperature.")
+    top_p: float = setting(1.0, above=0.0, at_most=1.0, help="Nucleus sampling mass.")
+    seed: int = setting(42, cli=False)  # the command's --seed
+    # "truncate": when not even the first item fits, truncate it at a token boundary and say so;
+    # "end": the seed's behaviour, the trajectory ends on its tool call.
+    tool_overflow: ToolOverflow = setting(
+        "truncate", choices=TOOL_OVERFLOW_MODES,
+        help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
+    # Tell the model its search budget in the system prompt (the seed did not).
+    state_search_budget: bool = setting(True, cli=False)
+    # The user's own wording (--system-prompt-file, --tool-description); None = the default.
+    system_prompt: str | None = setting(None, cli=False)
+    tool_description: str | None = setting(
+        None, metavar="TEXT", default_text="the project's wording",
+        help="Description of the search tool shown to the model.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass

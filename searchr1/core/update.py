@@ -184,14 +184,16 @@ def substep_batches(num_datums: int, num_substeps: int, *, seed: int, step: int)
 async def apply_substeps(client: TrainingClient, datums: list[TrainingDatum],
                          micro_batcher: MicroBatcher | None,
                          config: UpdateConfig, *, num_substeps: int, seed: int, step: int) -> UpdateResult:
-    """One :func:`apply_update` per mini-batch (``micro_batcher``: how ``--accumulation manual`` packs one into calls); the
-    calls' metrics and trained tokens together, the optimiser's metrics averaged."""
+    """One :func:`apply_update` per mini-batch (``micro_batcher``: how ``--accumulation manual``
+    packs one into calls); the calls' metrics and trained tokens together, the optimiser's
+    metrics averaged."""
     parts = substep_batches(len(datums), num_substeps, seed=seed, step=step)
     results: list[UpdateResult] = []
     for index, part in enumerate(parts):
         mini_batch = [datums[i] for i in part]
+        calls = micro_batcher(mini_batch) if micro_batcher else [mini_batch]
         try:
-            results.append(await apply_update(client, micro_batcher(mini_batch) if micro_batcher else [mini_batch], config))
+            results.append(await apply_update(client, calls, config))
         except NonFiniteValues as error:
             if index == 0:
                 raise

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from searchr1.core.observation.piecewise import JoinedObservation
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.observation.tokens import plain_tokens
-from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, tool_message
-from searchr1.core.types import SearchResult, Tokenizer
-
-if TYPE_CHECKING:
-    from searchr1.core.rollout import RolloutConfig
+from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, search_tool, tool_message
+from searchr1.core.types import RolloutBudgets, SearchResult, Tokenizer
 
 TRUNCATION_MARKER = " [... truncated to fit the budget]"
 
@@ -49,7 +46,7 @@ def fit_tool_content(
     completion_tokens: Sequence[int],
     call_id: str,
     result: SearchResult,
-    config: RolloutConfig,
+    budgets: RolloutBudgets,
 ) -> FittedObservation | None:
     """The tool message content and the next prompt, or ``None`` when nothing fits.
 
@@ -61,10 +58,10 @@ def fit_tool_content(
     visible marker; ``"end"`` returns ``None`` (the seed).
     """
     base = len(previous_prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
-    room = config.max_trajectory_tokens - 1 - base  # leave one token for the next turn
+    room = budgets.max_trajectory_tokens - 1 - base  # leave one token for the next turn
 
     def fits(content: str) -> bool:
-        if len(plain_tokens(tokenizer, content)) > config.max_tool_response_tokens:
+        if len(plain_tokens(tokenizer, content)) > budgets.max_tool_response_tokens:
             return False
         return len(observation_tokens(tokenizer, content)) <= room
 
@@ -73,7 +70,7 @@ def fit_tool_content(
     accepted = 0
     observation: list[int] | None = None  # the accepted content's observation tokens
     for count in range(1, len(candidates) + 1):
-        if len(sizes.content_tokens(count)) > config.max_tool_response_tokens:
+        if len(sizes.content_tokens(count)) > budgets.max_tool_response_tokens:
             break
         tokens = sizes.observation_tokens(count)
         if len(tokens) > room:
@@ -82,8 +79,8 @@ def fit_tool_content(
     truncated = False
     if accepted:
         content = sizes.joined(accepted)
-    elif config.tool_overflow == "truncate":
-        shortened = truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
+    elif budgets.tool_overflow == "truncate":
+        shortened = truncate_to_fit(tokenizer, candidates[0], fits, budgets.max_tool_response_tokens)
         if shortened is None:
             return None
         content, truncated = shortened, True
@@ -96,7 +93,7 @@ def fit_tool_content(
         previous_prompt_tokens,
         completion_tokens,
         tool_message(call_id, content),
-        tools=config.tools,
+        tools=[search_tool(budgets.tool_description)],
         observation=observation,
     )
     return FittedObservation(content, next_prompt, truncated)
