@@ -29,7 +29,6 @@ from searchr1.core.protocol import (
     assistant_message,
     build_prompt,
     initial_messages,
-    missing_closing,
     observation_tokens,
     parse_assistant,
     search_tool,
@@ -38,7 +37,7 @@ from searchr1.core.protocol import (
     template_boundaries,
     tool_message,
 )
-from searchr1.core.observation.fit import fit_tool_content
+from searchr1.core.observation.fit import fit_tool_content, observation_room
 from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
 from searchr1.core.types import (
@@ -232,10 +231,8 @@ def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenize
         trajectory.finish(Termination.TURN_BUDGET, text)
         return None
     assert parsed.query is not None
-    base = len(prompt) + len(tokens) + len(missing_closing(tokenizer, tokens))
-    overhead = len(observation_tokens(tokenizer, "x"))
-    if base + overhead + 1 > budgets.max_trajectory_tokens:
-        trajectory.finish(Termination.TOKEN_BUDGET, text)  # no observation could fit: skip the search
+    if len(observation_tokens(tokenizer, "x")) > observation_room(tokenizer, prompt, tokens, budgets):
+        trajectory.finish(Termination.TOKEN_BUDGET, text)  # not even a one-letter observation fits: no search
         return None
     call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
     return PendingSearch(trajectory, messages_before, text, list(prompt), list(tokens), call_id, parsed.query)

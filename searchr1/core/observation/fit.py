@@ -24,6 +24,15 @@ class FittedObservation:
     truncated: bool
 
 
+def observation_room(tokenizer: Tokenizer, prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
+                     budgets: RolloutBudgets) -> int:
+    """How many observation tokens the next prompt can take after this turn: the trajectory budget
+    less the sequence so far (prompt, completion, the part of the closing the sampler did not
+    return) and less one token, kept for the next turn to generate."""
+    so_far = len(prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
+    return budgets.max_trajectory_tokens - so_far - 1
+
+
 def truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
     """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``.
     Counted with :func:`plain_tokens`, as the observation will be tokenised."""
@@ -57,8 +66,7 @@ def fit_tool_content(
     even the first item fits, ``tool_overflow="truncate"`` truncates it at a token boundary with a
     visible marker; ``"end"`` returns ``None`` (the seed).
     """
-    base = len(previous_prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
-    room = budgets.max_trajectory_tokens - 1 - base  # leave one token for the next turn
+    room = observation_room(tokenizer, previous_prompt_tokens, completion_tokens, budgets)
 
     def fits(content: str) -> bool:
         if len(plain_tokens(tokenizer, content)) > budgets.max_tool_response_tokens:
