@@ -1,7 +1,15 @@
-"""The rollout engine: every trajectory is its own small state machine.
+"""The rollout engine: every trajectory is its own small state machine, four phases in a loop.
+Each phase has one handler, the only code that ends a trajectory in that phase:
 
-    sample -> parse -> (answer | invalid | over budget: end)
-                    -> search -> fit the observation -> stitch tokens -> sample -> ...
+    REQUEST  make_request               the prompt, and how many tokens are left to generate
+             ends on: prompt_too_long, token_budget
+    SAMPLE   BatchRollout.sample_turns  the sampler's turn (timeouts and retries are the runtime's)
+             ends on: sampler_error
+    TURN     record_turn                the turn parsed, the budgets checked
+             ends on: answer, no_answer, invalid, search_budget, turn_budget, token_budget
+    SEARCH   add_observation            the search result fitted into the room left, tokens stitched
+             ends on: search_error, tool_overflow
+    ... then REQUEST again.
 
 The first turn of a question is one sampling request with ``num_samples = group_size`` on the
 shared prompt. From then on each trajectory runs as its own asyncio task, strictly
@@ -110,42 +118,40 @@ def sampling_seed(base: int, step: int, question_index: int, group_index: int, t
     return int.from_bytes(hashlib.blake2b(material, digest_size=4).digest(), "big") & 0x7FFFFFFF
 
 
-def make_request(tokenizer: Tokenizer, trajectory: Trajectory, num_samples: int, seed: int,
+def make_request(tokenizer: Tokenizer, group: Sequence[Trajectory], seed: int,
                  budgets: RolloutBudgets) -> SampleRequest | None:
-    """The next sampling request, or ``None`` (and the trajectory ends on ``token_budget``)
-    when the trajectory has no room left for even one generated token."""
-    if trajectory.next_prompt_tokens is not None:
-        prompt = trajectory.next_prompt_tokens
+    """REQUEST: the next sampling request of ``group``, one sample per trajectory (one trajectory,
+    or a question's whole group on their shared first prompt). ``None`` when not even one token
+    could be generated: every one of them ends, on ``token_budget`` (``prompt_too_long`` before
+    its first turn)."""
+    first = group[0]
+    if first.next_prompt_tokens is not None:
+        prompt = first.next_prompt_tokens
     else:
-        prompt = build_prompt(tokenizer, trajectory.messages, tools=[search_tool(budgets.tool_description)])
+        prompt = build_prompt(tokenizer, first.messages, tools=[search_tool(budgets.tool_description)])
     max_tokens = min(budgets.max_assistant_tokens, budgets.max_trajectory_tokens - len(prompt))
     if max_tokens <= 0:
-        trajectory.finish(Termination.TOKEN_BUDGET if trajectory.turns else Termination.PROMPT_TOO_LONG)
+        for trajectory in group:
+            trajectory.finish(Termination.TOKEN_BUDGET if trajectory.turns else Termination.PROMPT_TOO_LONG)
         return None
-    return SampleRequest(list(prompt), num_samples, max_tokens, seed)
+    return SampleRequest(list(prompt), len(group), max_tokens, seed)
 
 
 def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: int, step: int,
                 budgets: RolloutBudgets) -> tuple[list[Trajectory], SampleRequest | None]:
     """The ``group_size`` trajectories of one question and their shared first request
-    (``num_samples = group_size``); ``None``, every trajectory ended, when the prompt alone is
-    over the budget."""
+    (``num_samples = group_size``; ``None`` when the prompt alone is over the budget)."""
     budget = budgets.max_search_calls if budgets.state_search_budget else None
     messages = initial_messages(example.question, max_search_calls=budget, system_template=budgets.system_prompt)
     group = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(budgets.group_size)]
-    seed = sampling_seed(budgets.seed, step, question_index, 0, 0)
-    request = make_request(tokenizer, group[0], budgets.group_size, seed, budgets)
-    if request is None:
-        for trajectory in group[1:]:
-            trajectory.finish(group[0].termination or Termination.PROMPT_TOO_LONG)
-    return group, request
+    return group, make_request(tokenizer, group, sampling_seed(budgets.seed, step, question_index, 0, 0), budgets)
 
 
 def next_request(tokenizer: Tokenizer, trajectory: Trajectory, step: int,
                  budgets: RolloutBudgets) -> SampleRequest | None:
     """The request of the trajectory's next turn (seeded by step, question, sample and turn)."""
     seed = sampling_seed(budgets.seed, step, trajectory.question_index, trajectory.group_index, len(trajectory.turns))
-    return make_request(tokenizer, trajectory, 1, seed, budgets)
+    return make_request(tokenizer, [trajectory], seed, budgets)
 
 
 class MalformedSampleError(ValueError):
@@ -210,8 +216,8 @@ class PendingSearch:
 
 def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
                 budgets: RolloutBudgets) -> PendingSearch | None:
-    """Record one assistant turn; end the trajectory (answer, invalid call, a budget spent) or
-    return the search it asks for."""
+    """TURN: record one assistant turn; end the trajectory (an answer, an invalid call, a budget
+    spent) or return the search it asks for."""
     trajectory.turns.append(turn)
     tokens, prompt = turn.completion_tokens, turn.prompt_tokens
     parsed = parse_assistant(turn.text)
@@ -240,7 +246,7 @@ def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenize
 
 def add_observation(pending: PendingSearch, result: SearchResult, tokenizer: Tokenizer,
                     budgets: RolloutBudgets) -> None:
-    """Fit the result into the trajectory and stitch its next prompt, or end it on overflow.
+    """SEARCH: fit the result into the trajectory and stitch its next prompt, or end it.
 
     A result is outside text: if turning it into an observation raises anything at all, the
     trajectory ends as ``search_error`` (an environment failure: its group is left out like
@@ -304,7 +310,7 @@ class BatchRollout:
         if self.progress is not None:
             self.progress(1)
 
-    async def sample(self, request: SampleRequest) -> list[SampledSequence]:
+    async def send_with_retries(self, request: SampleRequest) -> list[SampledSequence]:
         """One request with retries; returns exactly ``num_samples`` sequences or raises."""
         attempt = 0
         while True:
@@ -320,63 +326,51 @@ class BatchRollout:
                             attempt, self.runtime.sample_retries)
                 await asyncio.sleep(self.runtime.sample_retry_backoff * 2 ** (attempt - 1))
 
-    async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
-        group, request = start_group(self.tokenizer, example, question_index, self.step, self.budgets)
-        if request is None:
-            log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
-            for _ in group:
-                self.report_finished()
-            return group
+    async def sample_turns(self, group: list[Trajectory], request: SampleRequest) -> list[AssistantTurn | None]:
+        """SAMPLE: one turn per trajectory of ``group``, or ``None`` for each that ends as
+        ``sampler_error`` (the service failed after its retries, or returned a malformed sequence)."""
         try:
-            sequences = await self.sample(request)
+            sequences = await self.send_with_retries(request)
         except Exception as error:  # noqa: BLE001
             if not is_sampler_failure(error):
                 raise
-            self._sampler_failed(group, error)
-            return group
-        await run_all(
-            self.run_trajectory(trajectory, request.prompt_tokens, sequence)
-            for trajectory, sequence in zip(group, sequences)
-        )
-        return group
+            return self.sampler_failed(group, error)
+        turns: list[AssistantTurn | None] = []
+        for trajectory, sequence in zip(group, sequences):
+            try:
+                turns.append(AssistantTurn(request.prompt_tokens, *read_sequence(sequence, self.tokenizer)))
+            except MalformedSampleError as error:
+                turns += self.sampler_failed([trajectory], error)
+        return turns
 
-    def _sampler_failed(self, trajectories: list[Trajectory], error: BaseException) -> None:
+    def sampler_failed(self, trajectories: list[Trajectory], error: BaseException) -> list[AssistantTurn | None]:
+        """End ``trajectories`` as ``sampler_error``; ``None`` in place of each one's turn."""
         summary = f"{type(error).__name__}: {str(error)[:200]}"
         self.first_failure = self.first_failure or summary
         log.warning("sampling failed for good (%s)", summary)
         for trajectory in trajectories:
             trajectory.finish(Termination.SAMPLER_ERROR)
-            self.report_finished()
+        return [None] * len(trajectories)
 
-    async def run_trajectory(self, trajectory: Trajectory, prompt: list[int], sequence: SampledSequence) -> None:
-        while True:
-            try:
-                tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
-            except MalformedSampleError as error:
-                self._sampler_failed([trajectory], error)
-                return
-            await self.advance(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason))
-            if trajectory.done:
-                self.report_finished()
-                return
-            request = next_request(self.tokenizer, trajectory, self.step, self.budgets)
-            if request is None:
-                self.report_finished()
-                return
-            try:
-                (sequence,) = await self.sample(request)
-            except Exception as error:  # noqa: BLE001
-                if not is_sampler_failure(error):
-                    raise
-                self._sampler_failed([trajectory], error)
-                return
-            prompt = request.prompt_tokens
+    async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
+        """One question: its group's shared first request, then one task per trajectory."""
+        group, request = start_group(self.tokenizer, example, question_index, self.step, self.budgets)
+        if request is None:
+            log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
+        turns = await self.sample_turns(group, request) if request is not None else [None] * len(group)
+        await run_all(self.run_trajectory(trajectory, turn) for trajectory, turn in zip(group, turns))
+        return group
 
-    async def advance(self, trajectory: Trajectory, turn: AssistantTurn) -> None:
-        """Handle one assistant turn: end the trajectory, or search and stitch the next prompt."""
-        pending = record_turn(trajectory, turn, self.tokenizer, self.budgets)
-        if pending is not None:
+    async def run_trajectory(self, trajectory: Trajectory, turn: AssistantTurn | None) -> None:
+        """From the first sampled turn: TURN, SEARCH, REQUEST, SAMPLE, TURN, ... until a phase ends it."""
+        while turn is not None:
+            pending = record_turn(trajectory, turn, self.tokenizer, self.budgets)
+            if pending is None:
+                break
             add_observation(pending, await self.search.search(pending.query), self.tokenizer, self.budgets)
+            request = None if trajectory.done else next_request(self.tokenizer, trajectory, self.step, self.budgets)
+            turn = None if request is None else (await self.sample_turns([trajectory], request))[0]
+        self.report_finished()
 
 
 async def rollout_batch_async(

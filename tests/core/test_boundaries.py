@@ -258,12 +258,12 @@ def test_a_request_asks_for_exactly_the_tokens_left(tokenizer, offset):
     too long); each token more is one more to sample."""
     prompt = len(rendered(tokenizer, MESSAGES))
     t = trajectory()
-    request = make_request(tokenizer, t, 1, 7, RolloutConfig(max_trajectory_tokens=prompt + offset))
+    request = make_request(tokenizer, [t], 7, RolloutConfig(max_trajectory_tokens=prompt + offset))
     if offset == 0:
         assert request is None and t.termination == Termination.PROMPT_TOO_LONG
     else:
         assert request is not None and request.max_tokens == offset
-    capped = make_request(tokenizer, trajectory(), 1, 7,
+    capped = make_request(tokenizer, [trajectory()], 7,
                           RolloutConfig(max_trajectory_tokens=prompt + 2, max_assistant_tokens=offset + 1))
     assert capped is not None and capped.max_tokens == min(offset + 1, 2)
 

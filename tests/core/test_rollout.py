@@ -219,11 +219,11 @@ def test_make_request_caps_max_tokens_by_the_remaining_budget(tokenizer):
 
     t = Trajectory(SearchExample("i", "Q?", ("a",), "nq"), 0, 0, initial_messages("Q?"))
     t.next_prompt_tokens = [1] * 1000
-    request = make_request(tokenizer, t, 1, 7, RolloutConfig(max_trajectory_tokens=1500))
+    request = make_request(tokenizer, [t], 7, RolloutConfig(max_trajectory_tokens=1500))
     assert request.max_tokens == 500 and request.seed == 7
-    assert make_request(tokenizer, t, 1, 7, RolloutConfig(max_assistant_tokens=300)).max_tokens == 300
+    assert make_request(tokenizer, [t], 7, RolloutConfig(max_assistant_tokens=300)).max_tokens == 300
     t.turns.append(object())
-    assert make_request(tokenizer, t, 1, 7, RolloutConfig(max_trajectory_tokens=1000)) is None
+    assert make_request(tokenizer, [t], 7, RolloutConfig(max_trajectory_tokens=1000)) is None
     assert t.termination == "token_budget"
 
 

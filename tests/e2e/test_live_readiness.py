@@ -68,12 +68,12 @@ def test_a_custom_system_prompt_and_tool_description_reach_the_first_prompt(toke
     config = RolloutConfig(system_prompt=CUSTOM_PROMPT, tool_description="Find passages in the archive.",
                            max_search_calls=3)
     messages = initial_messages(EXAMPLE.question, max_search_calls=3, system_template=config.system_prompt)
-    request = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, messages), 1, 7, config)
+    request = make_request(tokenizer, [Trajectory(EXAMPLE, 0, 0, messages)], 7, config)
     text = tokenizer.decode(request.prompt_tokens, skip_special_tokens=False)
     assert "You may search 3 times; {braces} stay as written." in text
     assert "Find passages in the archive." in text
     assert effective_system_prompt(config) == CUSTOM_PROMPT.replace("{max_search_calls}", "3")
-    default = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, initial_messages(EXAMPLE.question)), 1, 7,
+    default = make_request(tokenizer, [Trajectory(EXAMPLE, 0, 0, initial_messages(EXAMPLE.question))], 7,
                            RolloutConfig())
     assert "Find passages in the archive." not in tokenizer.decode(default.prompt_tokens)
 

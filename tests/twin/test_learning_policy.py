@@ -388,7 +388,7 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
     config = RolloutConfig(group_size=1)
     trajectory = Trajectory(example_of(question), 0, 0, initial_messages(question.question, max_search_calls=4))
     for kind in kinds:
-        request = make_request(tokenizer, trajectory, 1, 0, config)
+        request = make_request(tokenizer, [trajectory], 0, config)
         assert request is not None
         state = policy.state(request.prompt_tokens)
         index = [KINDS[k] for k in state.kinds].index(kind)
