@@ -25,14 +25,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from searchr1.core.types import DEFAULT_MAX_TRAJECTORY_TOKENS, Trajectory
 
 if TYPE_CHECKING:
-    from pytrio.types import Datum
+    from pytrio.types import Datum, TensorData
 
 
 
@@ -117,7 +117,7 @@ def trajectory_arrays(trajectory: Trajectory) -> tuple[list[int], list[float], l
     return tokens, logprobs, advantages
 
 
-def _tensor(tensor_type: Any, array: np.ndarray, dtype: str) -> Any:
+def _tensor(tensor_type: type[TensorData], array: np.ndarray, dtype: str) -> TensorData:
     """``TensorData.from_numpy(array)`` for a 1-D int64 or float32 array, without re-checking
     each element."""
     return tensor_type.model_construct(data=array.tolist(), dtype=dtype, shape=[int(array.shape[0])])

@@ -18,12 +18,12 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, RewardResult, RolloutBudgets, SearchExample,
-                                 SearchItem, SearchRecord, SearchResult, Termination, Tokenizer, Trajectory)
+from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, Message, RewardResult, RolloutBudgets,
+                                 SearchExample, SearchItem, SearchRecord, SearchResult, Termination, Tokenizer, Trajectory)
 
 if TYPE_CHECKING:  # pytrio is loaded when first used, as everywhere in the core
     from pytrio import SamplingClient, TrainingClient
@@ -45,7 +45,7 @@ Example. Question: Which country was the author of The Little Prince from?
 Answer: France"""
 
 
-def system_message(budgets: RolloutBudgets) -> dict[str, Any]:
+def system_message(budgets: RolloutBudgets) -> Message:
     """The instructions, stating the search budget (unless told not to); ``system_prompt`` replaces them."""
     budget = str(budgets.max_search_calls) if budgets.state_search_budget else ""
     if budgets.system_prompt is not None:
@@ -54,8 +54,8 @@ def system_message(budgets: RolloutBudgets) -> dict[str, Any]:
     return {"role": "system", "content": SYSTEM.format(budget=line if budget else "")}
 
 
-def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], budgets: RolloutBudgets, *, generate: bool,
-           tokenize: bool = True) -> Any:
+def render(tokenizer: Tokenizer, messages: list[Message], budgets: RolloutBudgets, *, generate: bool,
+           tokenize: bool = True) -> list[int] | str:
     """PLUMBING: the conversation under the model's chat template, the one search tool declared, thinking off."""
     about = ("Look up evidence on the web. Pass one short English query." if budgets.tool_description is None
              else budgets.tool_description)
@@ -192,7 +192,7 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
     trajectories = []
     for q, example in enumerate(examples):
         messages = [system_message(budgets), {"role": "user", "content": example.question}]
-        group = [Trajectory(example, q, g, [dict(m) for m in messages]) for g in range(budgets.group_size)]
+        group = [Trajectory(example, q, g, [m.copy() for m in messages]) for g in range(budgets.group_size)]
         trajectories += group
         prompt = render(tokenizer, messages, budgets, generate=True)
         # PLUMBING: the template's closing of an assistant turn, what an empty reply adds to the prompt

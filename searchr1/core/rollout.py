@@ -30,7 +30,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from searchr1.core.protocol import (
     TurnKind,
@@ -50,6 +50,8 @@ from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
 from searchr1.core.types import (
     AssistantTurn,
+    JsonObject,
+    Message,
     RolloutBudgets,
     SampledSequence,
     SamplingClient,
@@ -90,7 +92,7 @@ class RolloutConfig(SamplingRuntime, RolloutBudgets):
     (:class:`SamplingRuntime`). The rollout's steps take the part they need."""
 
     @property
-    def tools(self) -> list[dict[str, Any]]:
+    def tools(self) -> list[JsonObject]:
         return [search_tool(self.tool_description)]
 
 
@@ -143,7 +145,7 @@ def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: in
     (``num_samples = group_size``; ``None`` when the prompt alone is over the budget)."""
     budget = budgets.max_search_calls if budgets.state_search_budget else None
     messages = initial_messages(example.question, max_search_calls=budget, system_template=budgets.system_prompt)
-    group = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(budgets.group_size)]
+    group = [Trajectory(example, question_index, g, [m.copy() for m in messages]) for g in range(budgets.group_size)]
     return group, make_request(tokenizer, group, sampling_seed(budgets.seed, step, question_index, 0, 0), budgets)
 
 
@@ -206,7 +208,7 @@ class PendingSearch:
     """A valid tool call within budget, waiting for its search result."""
 
     trajectory: Trajectory
-    messages_before_assistant: list[dict[str, Any]]
+    messages_before_assistant: list[Message]
     assistant_text: str
     prompt_tokens: list[int]
     completion_tokens: list[int]

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict, get_args, runtime_checkable
 
 from searchr1.core.settings import check_settings, setting
 
 if TYPE_CHECKING:
-    from pytrio.types import AdamParams, Datum
+    from pytrio.types import (APIFuture, AdamParams, Datum, ForwardBackwardOutput, ModelInput, OptimStepResponse,
+                              SampleResponse, SamplingParams, SaveWeightsForSamplerResponse, SaveWeightsResponse)
+
+JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+JsonObject = dict[str, JsonValue]  # a JSON object: the search tool's schema, a record as written
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,15 @@ class RolloutBudgets:
         check_settings(self)
 
 
+class Message(TypedDict):
+    """One chat message as the chat template reads it; a tool message also names its call."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_call_id: NotRequired[str]
+    name: NotRequired[str]
+
+
 @dataclass
 class AssistantTurn:
     prompt_tokens: list[int]       # the whole model input before this turn
@@ -184,7 +197,7 @@ class Trajectory:
     example: SearchExample
     question_index: int
     group_index: int
-    messages: list[dict[str, Any]]
+    messages: list[Message]
     turns: list[AssistantTurn] = field(default_factory=list)
     searches: list[SearchRecord] = field(default_factory=list)
     next_prompt_tokens: list[int] | None = None
@@ -263,7 +276,9 @@ class Tokenizer(Protocol):
 
     eos_token: str | None
 
-    def apply_chat_template(self, conversation: list[dict[str, Any]], **options: Any) -> Any: ...
+    def apply_chat_template(self, conversation: list[Message], *, tools: list[JsonObject], tokenize: bool,
+                            add_generation_prompt: bool, enable_thinking: bool,
+                            return_dict: bool = ...) -> Any: ...  # the text, or token ids in some shape
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
     def get_added_vocab(self) -> dict[str, int]: ...
@@ -281,16 +296,20 @@ class SampledSequence(Protocol):
 class SamplingClient(Protocol):
     """pytrio's ``SamplingClient`` as the rollout and the KL penalty use it."""
 
-    async def sample_async(self, **request: Any) -> Any: ...
+    async def sample_async(self, prompt: ModelInput, num_samples: int = ..., sampling_params: SamplingParams = ...,
+                           include_prompt_logprobs: bool = ..., return_text: bool = ...) -> SampleResponse: ...
 
 
 class TrainingClient(Protocol):
     """pytrio's ``TrainingClient`` as the update, the checkpoints and the samplers use it."""
 
-    async def forward_backward_async(self, data: list[Datum], loss_fn: str, **options: Any) -> Any: ...
-    async def optim_step_async(self, adam_params: AdamParams) -> Any: ...
-    async def save_state_async(self, name: str, **options: Any) -> Any: ...
-    async def save_weights_for_sampler_async(self, name: str, **options: Any) -> Any: ...
+    async def forward_backward_async(self, data: list[Datum], loss_fn: str = ...,
+                                     loss_fn_config: dict[str, object] | None = ...) -> APIFuture[ForwardBackwardOutput]: ...
+    async def optim_step_async(self, adam_params: AdamParams) -> APIFuture[OptimStepResponse]: ...
+    async def save_state_async(self, name: str, ttl_seconds: int | None = ...,
+                               overwrite: bool = ...) -> APIFuture[SaveWeightsResponse]: ...
+    async def save_weights_for_sampler_async(self, name: str,
+                                             ttl_seconds: int | None = ...) -> APIFuture[SaveWeightsForSamplerResponse]: ...
     async def save_weights_and_get_sampling_client_async(self) -> SamplingClient: ...
     async def create_sampling_client_async(self, model_path: str) -> SamplingClient: ...
 
@@ -298,6 +317,7 @@ class TrainingClient(Protocol):
 class ServiceClient(Protocol):
     """pytrio's ``ServiceClient``: where training and base-model sampling clients come from."""
 
-    def create_lora_training_client(self, *, base_model: str, rank: int, seed: int) -> TrainingClient: ...
+    def create_lora_training_client(self, base_model: str, rank: int = ..., seed: int | None = ..., train_mlp: bool = ...,
+                                    train_attn: bool = ..., train_unembed: bool = ...) -> TrainingClient: ...
     def create_training_client_from_state_with_optimizer(self, path: str) -> TrainingClient: ...
     async def create_sampling_client_async(self, *, base_model: str) -> SamplingClient: ...

@@ -21,15 +21,16 @@ import random
 from statistics import fmean
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
+import numpy.typing as npt
 
 from searchr1.core.datum import NonFiniteValues, TrainingDatum
 from searchr1.core.types import TrainingClient
 
 if TYPE_CHECKING:
-    from pytrio.types import Datum
+    from pytrio.types import Datum, TensorData
 
 
 LossFn = Literal["importance_sampling", "ppo", "cispo", "dro"]  # what PyTRIO 0.2.9 accepts
@@ -40,7 +41,7 @@ POLICY_LOSS_FNS: tuple[LossFn, ...] = get_args(LossFn)
 # | dro -(logp*A - beta/2*(logp - logp_sampler)**2); summed, normalised by the batch's totals.
 # --accumulation manual: one mini-batch packed into the seed's weighted micro-batches, one call each
 MicroBatcher = Callable[[list[TrainingDatum]], list[list[TrainingDatum]]]
-DEFAULT_LOSS_FN = "importance_sampling"  # the seed's
+DEFAULT_LOSS_FN: LossFn = "importance_sampling"  # the seed's
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class UpdateConfig:
     learning_rate: float
     beta1: float
     beta2: float
-    loss_fn: str = DEFAULT_LOSS_FN
+    loss_fn: LossFn = DEFAULT_LOSS_FN
     loss_fn_config: Mapping[str, float | int | str | bool] = field(default_factory=dict)
 
 
@@ -91,7 +92,7 @@ class UpdateResult:
         return len(self.outputs)
 
 
-def learner_tokens(data: Sequence[Datum], outputs: Sequence[Any] | None) -> list[TrainedTokens]:
+def learner_tokens(data: Sequence[Datum], outputs: Sequence[Mapping[str, TensorData]] | None) -> list[TrainedTokens]:
     """Per datum sent, its trained positions with the sampler's logprobs and the learner's
     (``loss_fn_outputs[i]["logprobs"]``, as pytrio returns them). Datums whose output has no
     logprobs of the same length (a server that returns none) are left out."""
@@ -108,7 +109,7 @@ def learner_tokens(data: Sequence[Datum], outputs: Sequence[Any] | None) -> list
     return tokens
 
 
-def _first_non_finite(values: Any) -> int | None:
+def _first_non_finite(values: npt.ArrayLike) -> int | None:
     bad = np.flatnonzero(~np.isfinite(np.asarray(values, dtype=np.float64)))
     return int(bad[0]) if bad.size else None
 
@@ -125,7 +126,7 @@ def non_finite_inputs(datums: Sequence[TrainingDatum]) -> str | None:
     return None
 
 
-def non_finite_outputs(metrics: Sequence[Mapping[str, Any]], learned: Sequence[Sequence[float] | None]) -> str | None:
+def non_finite_outputs(metrics: Sequence[Mapping[str, float]], learned: Sequence[Sequence[float] | None]) -> str | None:
     """What is wrong with the ``forward_backward`` results (a loss, or a learner logprob of a
     trained position, that is NaN or infinite); None when all is finite."""
     for call, values in enumerate(metrics):

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from searchr1.core.observation.piecewise import JoinedObservation
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.observation.tokens import plain_tokens
 from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, search_tool, tool_message
-from searchr1.core.types import RolloutBudgets, SearchResult, Tokenizer
+from searchr1.core.types import Message, RolloutBudgets, SearchResult, Tokenizer
 
 TRUNCATION_MARKER = " [... truncated to fit the budget]"
 
@@ -49,7 +48,7 @@ def truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], boo
 
 def fit_tool_content(
     tokenizer: Tokenizer,
-    messages_before_assistant: list[dict[str, Any]],
+    messages_before_assistant: list[Message],
     assistant_text: str,
     previous_prompt_tokens: Sequence[int],
     completion_tokens: Sequence[int],

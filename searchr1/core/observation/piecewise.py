@@ -25,12 +25,11 @@ import json
 import unicodedata
 import weakref
 from collections.abc import Sequence
-from typing import Any
 
 from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
 from searchr1.core.protocol import observation_tokens as whole_observation_tokens
 from searchr1.core.protocol import template_boundaries
-from searchr1.core.types import Tokenizer
+from searchr1.core.types import JsonObject, Tokenizer
 
 QWEN_SPLIT = (
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
@@ -38,10 +37,10 @@ QWEN_SPLIT = (
 )
 SEPARATOR = "\n\n"  # how observation_candidates are joined into one tool message
 
-_SUPPORTED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_SUPPORTED: "weakref.WeakKeyDictionary[Tokenizer, bool]" = weakref.WeakKeyDictionary()
 
 
-def _component(part: Any) -> dict[str, Any] | None:
+def _component(part: object) -> JsonObject | None:
     """A tokenizer component as JSON (just that component: the whole tokenizer is megabytes)."""
     if part is None:
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from searchr1.core.types import Tokenizer
 
@@ -56,7 +56,7 @@ class Wrapper:
     tail: tuple[int, ...]  # tokens from the suffix's first added token on
 
 
-_WRAPPERS: "weakref.WeakKeyDictionary[Any, tuple[TemplateBoundaries, Wrapper]]" = weakref.WeakKeyDictionary()
+_WRAPPERS: "weakref.WeakKeyDictionary[Tokenizer, tuple[TemplateBoundaries, Wrapper]]" = weakref.WeakKeyDictionary()
 
 
 def observation_wrapper(tokenizer: Tokenizer, boundaries: TemplateBoundaries) -> Wrapper:
