@@ -8,8 +8,7 @@ message plus the next assistant header). Only completion tokens were chosen by t
 
 * completion tokens carry the trajectory advantage and the sampler's (old-policy) logprob;
 * prompt and observation tokens carry advantage 0 and logprob 0 and keep their real target
-  (masking by advantage, as the seed; ``-100`` targets, which PyTRIO also accepts, are a
-  possible later change).
+  (masking by advantage, as the seed; PyTRIO would also accept ``-100`` targets).
 
 Then ONE shift turns the sequence into next-token prediction: ``input = tokens[:-1]``,
 ``target = tokens[1:]``, and the logprob and advantage arrays are shifted the same way, so

@@ -119,7 +119,8 @@ def observation_items(result: SearchResult) -> list[str]:
 def fit(tokenizer: Tokenizer, items: list[str], observation: Callable[[str], list[int]], room: int,
         budgets: RolloutBudgets) -> tuple[str | None, bool]:
     """ALGORITHM: ``(content, truncated)``: as many whole items as fit, in rank order; when not even the
-    first does, its longest prefix (ending at a token, marked) that fits, or None (``tool_overflow="end"``)."""
+    first does, a prefix of it (ending at a token, marked) that fits, stepping down from the cap, or None
+    (``tool_overflow="end"``, or no prefix fits)."""
     def fits(content: str) -> bool:
         return (len(tokenizer.encode(content, add_special_tokens=False)) <= budgets.max_tool_response_tokens
                 and len(observation(content)) <= room)

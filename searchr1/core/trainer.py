@@ -19,9 +19,8 @@ Accumulation. ``sdk`` (default) sends every datum of the step in ONE ``forward_b
 call: PyTRIO splits it itself and normalises every chunk by batch-global totals, so the
 update is the full-batch one whatever the server's reduction. ``manual`` is the seed's way:
 first-fit-decreasing micro-batches, advantages scaled by n_k/N, one call per micro-batch.
-That is exact only if the server averages per sample (``python cli.py probe-loss`` tells);
-here N is the number of datums sent, so both modes agree under a per-sample mean (the seed
-used all trajectories, which rescales each step by datums/trajectories).
+That is exact only if the server averages per sample (the loss-reduction probe tells); N is
+the number of datums sent, so both modes agree under a per-sample mean.
 """
 
 from __future__ import annotations

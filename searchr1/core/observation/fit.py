@@ -33,8 +33,11 @@ def observation_room(tokenizer: Tokenizer, prompt_tokens: Sequence[int], complet
 
 
 def truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
-    """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``.
-    Counted with :func:`plain_tokens`, as the observation will be tokenised."""
+    """A prefix of ``text`` ending at a token boundary, plus the marker, that ``budget`` accepts;
+    ``None`` when no prefix with text in it does. Tries the first ``limit`` tokens, then fewer: an
+    eighth fewer at a time while more than 64 are left, one fewer at a time from there, so a prefix
+    of more than 64 tokens may fall short of the longest that fits by up to an eighth. Tokens are
+    counted with :func:`plain_tokens`, as the observation will be tokenised."""
     ids = plain_tokens(tokenizer, text)
     keep = min(len(ids), limit)
     while keep > 0:
