@@ -279,8 +279,8 @@ def add_observation(pending: PendingSearch, result: SearchResult, tokenizer: Tok
 async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
     """Run concurrently; if one fails, cancel the rest and raise that error itself."""
     try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(c) for c in coroutines]
+        async with asyncio.TaskGroup() as task_group:
+            tasks = [task_group.create_task(c) for c in coroutines]
     except BaseExceptionGroup as failure:
         first = failure.exceptions[0]
         while isinstance(first, BaseExceptionGroup):
@@ -298,13 +298,13 @@ class BatchRollout:
                  progress: Callable[[int], None] | None, sampling_slots: asyncio.Semaphore | None = None) -> None:
         self.sampler = sampling_client
         self.tokenizer = tokenizer
-        self.search = search_backend
+        self.search_backend = search_backend
         self.budgets = budgets
         self.runtime = runtime
         self.step = step
         self.progress = progress
-        self.semaphore = sampling_slots or asyncio.Semaphore(runtime.sampling_concurrency)
-        self.stop = stop_sequences(tokenizer)
+        self.sampling_slots = sampling_slots or asyncio.Semaphore(runtime.sampling_concurrency)
+        self.stop_sequences = stop_sequences(tokenizer)
         self.first_failure: str | None = None
 
     def report_finished(self) -> None:
@@ -318,8 +318,8 @@ class BatchRollout:
         while True:
             try:
                 # asyncio.timeout, not wait_for: no extra task per request
-                async with self.semaphore, asyncio.timeout(self.runtime.sample_timeout):
-                    return await send_request(self.sampler, request, self.budgets, self.stop)
+                async with self.sampling_slots, asyncio.timeout(self.runtime.sample_timeout):
+                    return await send_request(self.sampler, request, self.budgets, self.stop_sequences)
             except Exception as error:  # noqa: BLE001 - classified below, never swallowed silently
                 if attempt >= self.runtime.sample_retries or not is_retryable(error):
                     raise
@@ -369,7 +369,7 @@ class BatchRollout:
             pending = record_turn(trajectory, turn, self.tokenizer, self.budgets)
             if pending is None:
                 break
-            add_observation(pending, await self.search.search(pending.query), self.tokenizer, self.budgets)
+            add_observation(pending, await self.search_backend.search(pending.query), self.tokenizer, self.budgets)
             request = None if trajectory.done else next_request(self.tokenizer, trajectory, self.step, self.budgets)
             turn = None if request is None else (await self.sample_turns([trajectory], request))[0]
         self.report_finished()
