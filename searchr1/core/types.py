@@ -149,7 +149,7 @@ class RolloutBudgets:
     tool_overflow: ToolOverflow = setting(
         "truncate", choices=TOOL_OVERFLOW_MODES,
         help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
-    # Tell the model its search budget in the system prompt (the seed did not).
+    # Tell the model its search budget in the system prompt (docs/seed-differences.md).
     state_search_budget: bool = setting(True, cli=False)
     # The user's own wording (--system-prompt-file, --tool-description); None = the default.
     system_prompt: str | None = setting(None, cli=False)
