@@ -89,7 +89,7 @@ def plain_trajectory(question_index: int, group_index: int, reward: float, **fla
                 prompt_tokens=[1, 2, 3], completion_tokens=[4, 5], logprobs=[-1.0, -2.0], text=""
             )
         ],
-        score=RewardResult(reward, reward >= 0, reward == 1.0, None),
+        reward_result=RewardResult(reward, reward >= 0, reward == 1.0, None),
     )
     if flags.pop("env_error", False):
         fail_search(trajectory)

@@ -9,8 +9,8 @@ slowest search (head-of-line blocking, the seed's rollout loop).
 Only the scheduling is the seed's. Everything else is the engine's own pieces of
 :mod:`searchr1.core.rollout`: the group and its first request (``start_group``), each later
 request and its seed (``next_request``), the sampling call (``send_request``), the turn's
-parsing and budgets (``consume_assistant``) and the observation fitting and token stitching
-(``finish_search``), so for the same scenario both schedulers produce the same trajectories
+parsing and budgets (``record_turn``) and the observation fitting and token stitching
+(``add_observation``), so for the same scenario both schedulers produce the same trajectories
 token for token; the benchmark asserts that before it compares
 their timings. (The seed's other differences, such as its seeds and its ``tool_overflow="end"``
 behaviour, are deliberately not reproduced: they would change the trajectories, not the
@@ -30,10 +30,10 @@ from searchr1.core.rollout import (
     PendingSearch,
     RolloutConfig,
     SampleRequest,
-    consume_assistant,
-    finish_search,
+    add_observation,
     next_request,
     read_sequence,
+    record_turn,
     send_request,
     start_group,
 )
@@ -73,9 +73,9 @@ class LockstepRollout:
 
     def _consume(self, trajectory: Trajectory, prompt: list[int], sequence: Any) -> PendingSearch | None:
         """Record one assistant turn; end the trajectory or return its pending search (the
-        engine's own ``consume_assistant``: only the scheduling differs)."""
+        engine's own ``record_turn``: only the scheduling differs)."""
         tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
-        return consume_assistant(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason),
+        return record_turn(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason),
                                  self.tokenizer, self.config)
 
     async def _resolve(self, pending: list[PendingSearch]) -> None:
@@ -91,7 +91,7 @@ class LockstepRollout:
         results = await asyncio.gather(*(one(p.query) for p in pending))
         self.stats.searches += len(pending)
         for item, result in zip(pending, results):
-            finish_search(item, result, self.tokenizer, self.config)
+            add_observation(item, result, self.tokenizer, self.config)
 
     async def run(self, examples: Sequence[SearchExample]) -> list[Trajectory]:
         config = self.config
@@ -99,17 +99,17 @@ class LockstepRollout:
         groups: list[list[Trajectory]] = []
         first: list[tuple[list[Trajectory], SampleRequest]] = []
         for index, example in enumerate(examples):
-            branches, request = start_group(self.tokenizer, example, index, self.step, config)
-            groups.append(branches)
+            group, request = start_group(self.tokenizer, example, index, self.step, config)
+            groups.append(group)
             if request is not None:
-                first.append((branches, request))
+                first.append((group, request))
         # Round 1: one request per question, num_samples = group_size.
         self.stats.rounds += 1
         responses = await asyncio.gather(*(self._sample(request) for _, request in first))
         pending = [
-            self._consume(branch, request.prompt_tokens, sequence)
-            for (branches, request), sequences in zip(first, responses)
-            for branch, sequence in zip(branches, sequences)
+            self._consume(trajectory, request.prompt_tokens, sequence)
+            for (group, request), sequences in zip(first, responses)
+            for trajectory, sequence in zip(group, sequences)
         ]
         await self._resolve([p for p in pending if p is not None])
         trajectories = [t for group in groups for t in group]

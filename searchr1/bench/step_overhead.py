@@ -30,7 +30,7 @@ steps after the first (the same steps in every run), and figures print the media
 with the lowest and highest.
 
 Breakdown (seconds per step): on the main thread during rollout, fitting and stitching
-observations (``finish_search``: tokenizer, template), parsing turns (``consume_assistant``),
+observations (``add_observation``: tokenizer, template), parsing turns (``record_turn``),
 building requests and reading answers (``make_request``, ``read_sequence``, pytrio's request
 types), and the rest (asyncio, and pytrio's cross-thread futures on our loop); pytrio's thread
 during rollout (also per sampling request); datums (``build_training_datums``); outside the
@@ -300,10 +300,10 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as home, contextlib.ExitStack() as stack:
         stack.enter_context(patched(pipeline_module, "rollout_batch_async", timed_rollout))
         stack.enter_context(patched(trainer_module, "build_training_datums", timed_datums))
-        stack.enter_context(patched(rollout_module, "finish_search",
-                                    probe.piece("fit", rollout_module.finish_search)))
-        stack.enter_context(patched(rollout_module, "consume_assistant",
-                                    probe.piece("parse", rollout_module.consume_assistant)))
+        stack.enter_context(patched(rollout_module, "add_observation",
+                                    probe.piece("fit", rollout_module.add_observation)))
+        stack.enter_context(patched(rollout_module, "record_turn",
+                                    probe.piece("parse", rollout_module.record_turn)))
         stack.enter_context(patched(rollout_module, "make_request",
                                     probe.piece("requests", rollout_module.make_request)))
         stack.enter_context(patched(rollout_module, "read_sequence",

@@ -2,9 +2,9 @@
 
 Start with reference (one whole step written plainly, the algorithm the rest is held to), then
 the production pieces in the order a step runs them: types (the question, the search result,
-the trajectory) -> protocol (what the model is told, how its turns are parsed, how tokens are
-stitched) -> rollout (one state machine per trajectory; observation/ fits each search result
-into the budget) -> reward -> advantage (group-relative) -> datum (one PyTRIO Datum per
+the budgets, the trajectory) -> protocol (what the model is told, how its turns are parsed, how
+tokens are stitched) -> rollout (one state machine per trajectory; observation/ fits each search
+result into the budget) -> reward -> advantage (group-relative) -> datum (one PyTRIO Datum per
 trajectory) -> kl (the optional penalty) -> update (forward_backward, optim_step) -> trainer (one
 step in that order); config and settings declare a run's settings.
 

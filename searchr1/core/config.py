@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from searchr1.core.advantage import ADVANTAGE_MODES, AdvantageMode
 from searchr1.core.kl import KL_ESTIMATORS, KlEstimator
 from searchr1.core.reward import REWARD_KINDS, RewardKind
-from searchr1.core.types import FORMAT_PENALTY
+from searchr1.core.types import FORMAT_PENALTY, JsonValue
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.settings import SettingError, check_settings, setting
 from searchr1.core.update import POLICY_LOSS_FNS, LossFn
@@ -25,7 +25,7 @@ ACCUMULATION_MODES: tuple[Accumulation, ...] = get_args(Accumulation)
 CHECKPOINT_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?$"
 
 
-def _checkpoint_prefix_rule(name: str) -> str | None:
+def _checkpoint_prefix_rule(name: object) -> str | None:
     """pytrio's checkpoint-name rule, matched whole (``$`` alone would let a trailing newline
     through into a directory name), at most 150 characters."""
     if isinstance(name, str) and re.fullmatch(CHECKPOINT_NAME, name) and len(name) <= 150:
@@ -79,7 +79,7 @@ class TrainConfig:
     max_micro_batch_items: int = setting(32, at_least=1, cli=False)
     max_micro_batch_padded_tokens: int = setting(64_000, at_least=1, cli=False)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    search: dict[str, Any] = field(default_factory=dict)  # backend settings, recorded as given
+    search: dict[str, JsonValue] = field(default_factory=dict)  # backend settings, recorded as given
     offline: bool = False
     data_sha256: str = ""
     code_version: str = ""  # the package version that started the run (the train command sets it)
@@ -87,7 +87,7 @@ class TrainConfig:
     # checkpoint name, so two runs with the same --run-name never save under the same name.
     run_id: str = ""
     # What the service reported for base_model when the run started (searchr1.runtime.preflight).
-    server_limits: dict[str, Any] | None = None
+    server_limits: dict[str, JsonValue] | None = None
     # Rollouts for step b run on the weights after b - K steps (searchr1.training.off_policy); 0 = on-policy.
     max_steps_off_policy: int = setting(
         0, at_least=0, help="Roll out the batches of the next K steps while a step trains, on weights up to K "
@@ -113,7 +113,7 @@ class TrainConfig:
                            help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
                                 "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
     # --loss-fn-config KEY=VALUE (repeatable) is its own flag: a dict is no single value
-    loss_fn_config: dict[str, Any] = setting(default_factory=dict, cli=False)
+    loss_fn_config: dict[str, float | int | str | bool] = setting(default_factory=dict, cli=False)
     kl_coef: float = setting(0.0, at_least=0.0,
                              help="KL penalty toward the base model, subtracted from each action token's advantage "
                                   "(0 = off, the seed); one prompt-logprob request per datum to a base-weights "
@@ -150,11 +150,11 @@ class TrainConfig:
                                "draws is known only when it has finished, so the next step's batch cannot start "
                                "earlier")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, payload: dict[str, Any]) -> TrainConfig:
+    def from_json(cls, payload: dict[str, JsonValue]) -> TrainConfig:
         values = dict(payload)
         values.pop("segments", None)  # the run's history of flag changes (commands/train.py)
         values["rollout"] = RolloutConfig(**values.get("rollout", {}))

@@ -8,8 +8,7 @@ message plus the next assistant header). Only completion tokens were chosen by t
 
 * completion tokens carry the trajectory advantage and the sampler's (old-policy) logprob;
 * prompt and observation tokens carry advantage 0 and logprob 0 and keep their real target
-  (masking by advantage, as the seed; ``-100`` targets, which PyTRIO also accepts, are a
-  possible later change).
+  (masking by advantage, as the seed; PyTRIO would also accept ``-100`` targets).
 
 Then ONE shift turns the sequence into next-token prediction: ``input = tokens[:-1]``,
 ``target = tokens[1:]``, and the logprob and advantage arrays are shifted the same way, so
@@ -25,14 +24,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from searchr1.core.types import DEFAULT_MAX_TRAJECTORY_TOKENS, Trajectory
 
 if TYPE_CHECKING:
-    from pytrio.types import Datum
+    from pytrio.types import Datum, TensorData
 
 
 
@@ -117,7 +116,7 @@ def trajectory_arrays(trajectory: Trajectory) -> tuple[list[int], list[float], l
     return tokens, logprobs, advantages
 
 
-def _tensor(tensor_type: Any, array: np.ndarray, dtype: str) -> Any:
+def _tensor(tensor_type: type[TensorData], array: np.ndarray, dtype: str) -> TensorData:
     """``TensorData.from_numpy(array)`` for a 1-D int64 or float32 array, without re-checking
     each element."""
     return tensor_type.model_construct(data=array.tolist(), dtype=dtype, shape=[int(array.shape[0])])

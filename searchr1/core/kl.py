@@ -37,7 +37,7 @@ KlEstimator = Literal["k1", "k3"]
 KL_ESTIMATORS: tuple[KlEstimator, ...] = get_args(KlEstimator)
 
 
-def kl_estimate(sampler_logprobs: np.ndarray, base_logprobs: np.ndarray, estimator: str) -> np.ndarray:
+def kl_estimate(sampler_logprobs: np.ndarray, base_logprobs: np.ndarray, estimator: KlEstimator) -> np.ndarray:
     """Per-token estimate of ``KL(policy || base)`` from tokens the policy sampled (pure)."""
     d = np.asarray(sampler_logprobs, dtype=np.float64) - np.asarray(base_logprobs, dtype=np.float64)
     if estimator == "k1":
@@ -57,7 +57,7 @@ def penalize(
     base_logprobs: Sequence[np.ndarray],
     *,
     coef: float,
-    estimator: str,
+    estimator: KlEstimator,
 ) -> tuple[list[TrainingDatum], dict[str, float]]:
     """The datums with ``A_t - coef * (kl_t - mean_kl)`` on action tokens, and the metrics
     ``kl/policy_base`` (mean over action tokens, the chosen estimator), ``kl/policy_base_k1``,

@@ -18,13 +18,13 @@ from enum import StrEnum
 from typing import Any
 
 from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
-from searchr1.core.types import Tokenizer
+from searchr1.core.types import JsonObject, Message, Tokenizer
 
 DEFAULT_TOOL_DESCRIPTION = "Look up evidence on the web. Pass one short English query."
 BUDGET_PLACEHOLDER = "{max_search_calls}"
 
 
-def search_tool(description: str | None = None) -> dict[str, Any]:
+def search_tool(description: str | None = None) -> JsonObject:
     """The ``search`` function schema shown to the model (``--tool-description`` replaces its
     description; the name and the single required ``query`` string are the protocol)."""
     return {
@@ -43,7 +43,7 @@ def search_tool(description: str | None = None) -> dict[str, Any]:
     }
 
 
-SEARCH_TOOL: dict[str, Any] = search_tool()
+SEARCH_TOOL: JsonObject = search_tool()
 
 _PROMPT_HEAD = """\
 You answer factual questions. A `search` tool returns short passages from the web.
@@ -83,7 +83,7 @@ def system_prompt(max_search_calls: int | None = None, template: str | None = No
 
 
 def initial_messages(question: str, *, max_search_calls: int | None = None,
-                     system_template: str | None = None) -> list[dict[str, Any]]:
+                     system_template: str | None = None) -> list[Message]:
     """System prompt plus the question, passed as it is."""
     return [
         {"role": "system", "content": system_prompt(max_search_calls, system_template)},
@@ -91,12 +91,12 @@ def initial_messages(question: str, *, max_search_calls: int | None = None,
     ]
 
 
-def assistant_message(text: str) -> dict[str, Any]:
+def assistant_message(text: str) -> Message:
     """The raw generated text, tool-call XML included (structured ``tool_calls`` are never used)."""
     return {"role": "assistant", "content": text}
 
 
-def tool_message(call_id: str, content: str) -> dict[str, Any]:
+def tool_message(call_id: str, content: str) -> Message:
     return {"role": "tool", "tool_call_id": call_id, "name": "search", "content": content}
 
 
@@ -124,8 +124,8 @@ def _as_token_list(rendered: Any) -> list[int]:
     return [int(token) for token in rendered]
 
 
-def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool,
-           tools: list[dict[str, Any]] | None = None) -> list[int]:
+def render(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool,
+           tools: list[JsonObject] | None = None) -> list[int]:
     """Token ids of ``messages`` under the model's chat template, with the search tool (or
     ``tools``) and thinking disabled (the generation prompt then ends with an empty think block)."""
     rendered = tokenizer.apply_chat_template(
@@ -139,8 +139,8 @@ def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], add_generation_
     return _as_token_list(rendered)
 
 
-def render_text(tokenizer: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                tools: list[dict[str, Any]] | None = None) -> str:
+def render_text(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool,
+                tools: list[JsonObject] | None = None) -> str:
     return tokenizer.apply_chat_template(
         messages,
         tools=tools or [SEARCH_TOOL],
@@ -150,8 +150,8 @@ def render_text(tokenizer: Tokenizer, messages: list[dict[str, Any]], add_genera
     )
 
 
-def build_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]],
-                 tools: list[dict[str, Any]] | None = None) -> list[int]:
+def build_prompt(tokenizer: Tokenizer, messages: list[Message],
+                 tools: list[JsonObject] | None = None) -> list[int]:
     return render(tokenizer, messages, add_generation_prompt=True, tools=tools)
 
 
@@ -242,9 +242,9 @@ class TemplateBoundaries:
     observation_suffix: str
 
 
-_BOUNDARIES: "weakref.WeakKeyDictionary[Any, tuple[str, TemplateBoundaries]]" = weakref.WeakKeyDictionary()
+_BOUNDARIES: "weakref.WeakKeyDictionary[Tokenizer, tuple[str, TemplateBoundaries]]" = weakref.WeakKeyDictionary()
 _SENTINEL = "SEARCHR1-OBSERVATION-SENTINEL"
-_PROBE_MESSAGES = [
+_PROBE_MESSAGES: list[Message] = [
     {"role": "system", "content": "probe"},
     {"role": "user", "content": "Which river flows through Paris?"},
 ]
@@ -324,12 +324,12 @@ def missing_closing(tokenizer: Tokenizer, completion_tokens: Sequence[int]) -> l
 
 def build_next_prompt(
     tokenizer: Tokenizer,
-    messages_before_assistant: list[dict[str, Any]],
+    messages_before_assistant: list[Message],
     assistant_text: str,
     previous_prompt_tokens: Sequence[int],
     completion_tokens: Sequence[int],
-    next_tool_message: dict[str, Any],
-    tools: list[dict[str, Any]] | None = None,
+    next_tool_message: Message,
+    tools: list[JsonObject] | None = None,
     *,
     observation: Sequence[int] | None = None,
 ) -> list[int]:

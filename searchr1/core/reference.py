@@ -6,7 +6,8 @@ recipe only (exact match, mean-centred advantages, env-failure groups left out, 
 same trajectories and datums. It uses none of the engine's helpers: its prompts, parser, stitching,
 observations, truncation, seeds, reward, advantages and datums are its own code, so a bug in one of
 the engine's shows as a difference. Shared with the engine: the tokenizer and its chat template,
-the data types (:mod:`~searchr1.core.types`), the ``RolloutConfig`` dataclass, numpy and pytrio.
+the data types and the budgets (:mod:`~searchr1.core.types`, its only import from the package),
+numpy and pytrio.
 (Search results holding special-token strings are outside it: the engine keeps those plain text.)
 ``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` what only moves data."""
 
@@ -17,13 +18,12 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from searchr1.core.rollout import RolloutConfig
-from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, RewardResult, SearchExample, SearchItem,
-                                 SearchRecord, SearchResult, Termination, Tokenizer, Trajectory)
+from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, Message, RewardResult, RolloutBudgets,
+                                 SearchExample, SearchItem, SearchRecord, SearchResult, Termination, Tokenizer, Trajectory)
 
 if TYPE_CHECKING:  # pytrio is loaded when first used, as everywhere in the core
     from pytrio import SamplingClient, TrainingClient
@@ -45,20 +45,20 @@ Example. Question: Which country was the author of The Little Prince from?
 Answer: France"""
 
 
-def system_message(config: RolloutConfig) -> dict[str, Any]:
+def system_message(budgets: RolloutBudgets) -> Message:
     """The instructions, stating the search budget (unless told not to); ``system_prompt`` replaces them."""
-    budget = str(config.max_search_calls) if config.state_search_budget else ""
-    if config.system_prompt is not None:
-        return {"role": "system", "content": config.system_prompt.replace("{max_search_calls}", budget)}
+    budget = str(budgets.max_search_calls) if budgets.state_search_budget else ""
+    if budgets.system_prompt is not None:
+        return {"role": "system", "content": budgets.system_prompt.replace("{max_search_calls}", budget)}
     line = f"\n- You can search at most {budget} times in total; after that, answer with what you have."
     return {"role": "system", "content": SYSTEM.format(budget=line if budget else "")}
 
 
-def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], config: RolloutConfig, *, generate: bool,
-           tokenize: bool = True) -> Any:
+def render(tokenizer: Tokenizer, messages: list[Message], budgets: RolloutBudgets, *, generate: bool,
+           tokenize: bool = True) -> list[int] | str:
     """PLUMBING: the conversation under the model's chat template, the one search tool declared, thinking off."""
-    about = ("Look up evidence on the web. Pass one short English query." if config.tool_description is None
-             else config.tool_description)
+    about = ("Look up evidence on the web. Pass one short English query." if budgets.tool_description is None
+             else budgets.tool_description)
     query = {"type": "string", "description": "A short English search query."}
     tool = {"type": "function", "function": {"name": "search", "description": about, "parameters": {
         "type": "object", "properties": {"query": query}, "required": ["query"]}}}
@@ -68,15 +68,15 @@ def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], config: Rollout
 
 
 def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: int, seed: int,
-           config: RolloutConfig) -> list[AssistantTurn] | None:
+           budgets: RolloutBudgets) -> list[AssistantTurn] | None:
     """``n`` completions of ``prompt``, or None when the trajectory has no room left to generate."""
     from pytrio import ModelInput, SamplingParams
-    max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))  # ALGORITHM: budgets
+    max_tokens = min(budgets.max_assistant_tokens, budgets.max_trajectory_tokens - len(prompt))  # ALGORITHM: budgets
     if max_tokens <= 0:
         return None
     stop = [tokenizer.eos_token] if tokenizer.eos_token else None  # the sampler stops at <|im_end|>
-    params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=stop, temperature=config.temperature,
-                            top_p=config.top_p)
+    params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=stop, temperature=budgets.temperature,
+                            top_p=budgets.top_p)
     response = sampler.sample(prompt=ModelInput.from_ints(prompt), num_samples=n, sampling_params=params,
                               return_text=True).result()
     return [AssistantTurn(list(prompt), [int(x) for x in s.tokens], [float(x) for x in s.logprobs],  # PLUMBING
@@ -117,28 +117,29 @@ def observation_items(result: SearchResult) -> list[str]:
 
 
 def fit(tokenizer: Tokenizer, items: list[str], observation: Callable[[str], list[int]], room: int,
-        config: RolloutConfig) -> tuple[str | None, bool]:
+        budgets: RolloutBudgets) -> tuple[str | None, bool]:
     """ALGORITHM: ``(content, truncated)``: as many whole items as fit, in rank order; when not even the
-    first does, its longest prefix (cut at a token, marked) that fits, or None (``tool_overflow="end"``)."""
+    first does, a prefix of it (ending at a token, marked) that fits, stepping down from the cap, or None
+    (``tool_overflow="end"``, or no prefix fits)."""
     def fits(content: str) -> bool:
-        return (len(tokenizer.encode(content, add_special_tokens=False)) <= config.max_tool_response_tokens
+        return (len(tokenizer.encode(content, add_special_tokens=False)) <= budgets.max_tool_response_tokens
                 and len(observation(content)) <= room)
     count = 0
     while count < len(items) and fits("\n\n".join(items[: count + 1])):
         count += 1
-    if count or config.tool_overflow != "truncate":
+    if count or budgets.tool_overflow != "truncate":
         return ("\n\n".join(items[:count]) if count else None), False
     ids = tokenizer.encode(items[0], add_special_tokens=False)
-    keep = min(len(ids), config.max_tool_response_tokens)
+    keep = min(len(ids), budgets.max_tool_response_tokens)
     while keep > 0:  # one token at a time, an eighth of what is left while more than 64 are
-        cut = tokenizer.decode(ids[:keep]).rstrip("\ufffd")  # no half character at the cut
-        if cut.strip() and fits(cut.rstrip() + MARKER):
-            return cut.rstrip() + MARKER, True
+        head = tokenizer.decode(ids[:keep]).rstrip("\ufffd")  # no half character at its end
+        if head.strip() and fits(head.rstrip() + MARKER):
+            return head.rstrip() + MARKER, True
         keep -= max(1, keep // 8) if keep > 64 else 1
     return None, False
 
 
-def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, search: Search, config: RolloutConfig,
+def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, search: Search, budgets: RolloutBudgets,
                     closing: list[int]) -> None:
     """Record one assistant turn; end the trajectory or search and stitch its next prompt."""
     t.turns.append(turn)
@@ -149,9 +150,9 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
         return t.finish(Termination.ANSWER if answer_of(text) is not None else Termination.NO_ANSWER, text)
     if kind == "invalid":  # a malformed call (format penalty)
         return t.finish(Termination.INVALID, text)
-    if len(t.searches) >= config.max_search_calls:  # ALGORITHM: a tool call over budget ends the trajectory
+    if len(t.searches) >= budgets.max_search_calls:  # ALGORITHM: a tool call over budget ends the trajectory
         return t.finish(Termination.SEARCH_BUDGET, text)
-    if len(t.turns) >= config.max_assistant_turns:
+    if len(t.turns) >= budgets.max_assistant_turns:
         return t.finish(Termination.TURN_BUDGET, text)
     # ALGORITHM: the next prompt is this prompt + the sampled tokens as they are + the part of the
     # template's closing the sampler did not return + the observation (what the template puts
@@ -160,17 +161,17 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     stitched = turn.prompt_tokens + turn.completion_tokens + closing[said:]
     call_id = f"search-{t.question_index}-{t.group_index}-{len(t.searches) + 1}"
     tool = {"role": "tool", "tool_call_id": call_id, "name": "search"}
-    ended = render(tokenizer, before + [reply], config, generate=False, tokenize=False)
+    ended = render(tokenizer, before + [reply], budgets, generate=False, tokenize=False)
 
     def observation(content: str) -> list[int]:
-        full = render(tokenizer, before + [reply, {**tool, "content": content}], config, generate=True, tokenize=False)
+        full = render(tokenizer, before + [reply, {**tool, "content": content}], budgets, generate=True, tokenize=False)
         return tokenizer.encode(full[len(ended):], add_special_tokens=False)
-    room = config.max_trajectory_tokens - 1 - len(stitched)
+    room = budgets.max_trajectory_tokens - 1 - len(stitched)
     if len(observation("x")) > room:  # not even a one-letter observation fits: no search
         return t.finish(Termination.TOKEN_BUDGET, text)
     assert query is not None  # a tool turn always carries its query
     result = search(query)
-    content, truncated = fit(tokenizer, observation_items(result), observation, room, config)
+    content, truncated = fit(tokenizer, observation_items(result), observation, room, budgets)
     if content is None:
         return t.finish(Termination.TOOL_OVERFLOW, text)
     t.messages.append({**tool, "content": content})
@@ -179,35 +180,35 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
                                    truncated))
 
 
-def seed_of(config: RolloutConfig, step: int, question: int, sample: int, turn: int) -> int:
+def seed_of(budgets: RolloutBudgets, step: int, question: int, sample: int, turn: int) -> int:
     """ALGORITHM: every sampling seed is a hash of (seed, step, question, sample, turn), never a
     counter: the first 4 bytes of its BLAKE2b digest, big-endian, below 2**31."""
-    digest = hashlib.blake2b(f"{config.seed}/{step}/{question}/{sample}/{turn}".encode(), digest_size=4).digest()
+    digest = hashlib.blake2b(f"{budgets.seed}/{step}/{question}/{sample}/{turn}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") % 2**31
 
 
 def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Search, examples: Sequence[SearchExample],
-                      config: RolloutConfig, *, step: int = 0) -> list[Trajectory]:
+                      budgets: RolloutBudgets, *, step: int = 0) -> list[Trajectory]:
     """``group_size`` trajectories per question, in question then sample order."""
     trajectories = []
     for q, example in enumerate(examples):
-        messages = [system_message(config), {"role": "user", "content": example.question}]
-        group = [Trajectory(example, q, g, [dict(m) for m in messages]) for g in range(config.group_size)]
+        messages = [system_message(budgets), {"role": "user", "content": example.question}]
+        group = [Trajectory(example, q, g, [m.copy() for m in messages]) for g in range(budgets.group_size)]
         trajectories += group
-        prompt = render(tokenizer, messages, config, generate=True)
+        prompt = render(tokenizer, messages, budgets, generate=True)
         # PLUMBING: the template's closing of an assistant turn, what an empty reply adds to the prompt
-        empty_reply = render(tokenizer, messages + [{"role": "assistant", "content": ""}], config, generate=False)
+        empty_reply = render(tokenizer, messages + [{"role": "assistant", "content": ""}], budgets, generate=False)
         closing = empty_reply[len(prompt):]
         # ALGORITHM: the first turn is ONE request with num_samples = group_size on the shared prompt
-        first = sample(sampler, tokenizer, prompt, config.group_size, seed_of(config, step, q, 0, 0), config)
+        first = sample(sampler, tokenizer, prompt, budgets.group_size, seed_of(budgets, step, q, 0, 0), budgets)
         for t, turn in zip(group, first or [None] * len(group)):
             while turn is not None:  # one turn, then the next on the stitched prompt
-                step_trajectory(t, turn, tokenizer, search, config, closing)
+                step_trajectory(t, turn, tokenizer, search, budgets, closing)
                 if t.done:
                     break
                 assert t.next_prompt_tokens is not None  # a search stitched the next prompt
-                seed = seed_of(config, step, q, t.group_index, len(t.turns))
-                turn = (sample(sampler, tokenizer, t.next_prompt_tokens, 1, seed, config) or [None])[0]
+                seed = seed_of(budgets, step, q, t.group_index, len(t.turns))
+                turn = (sample(sampler, tokenizer, t.next_prompt_tokens, 1, seed, budgets) or [None])[0]
             if not t.done:  # no room left to generate
                 t.finish(Termination.TOKEN_BUDGET if t.turns else Termination.PROMPT_TOO_LONG)
     return trajectories
@@ -226,13 +227,13 @@ def normalise(text: str) -> str:
     return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
 
 
-def score_and_rank(trajectories: list[Trajectory]) -> None:
+def reference_rewards_and_advantages(trajectories: list[Trajectory]) -> None:
     """ALGORITHM: reward (exact match of an ``answer`` ending, else -0.1), then advantage = reward minus
     the group mean; a group whose rewards are all equal, or with a failed search, trains on nothing."""
     for t in trajectories:
         answer = answer_of(t.final_text) if t.termination == Termination.ANSWER else None
         right = answer is not None and normalise(answer) in {normalise(a) for a in t.example.answers}
-        t.score = NOT_ANSWERED if answer is None else RewardResult(1.0 if right else 0.0, True, right, answer)
+        t.reward_result = NOT_ANSWERED if answer is None else RewardResult(1.0 if right else 0.0, True, right, answer)
     groups: dict[int, list[Trajectory]] = {}
     for t in trajectories:
         groups.setdefault(t.question_index, []).append(t)
@@ -271,12 +272,12 @@ def reference_datums(trajectories: list[Trajectory], vocab_size: int) -> list[Da
 
 
 def reference_step(sampler: SamplingClient, training_client: TrainingClient, tokenizer: Tokenizer, search: Search,
-                   examples: Sequence[SearchExample], config: RolloutConfig, *, step: int, learning_rate: float,
+                   examples: Sequence[SearchExample], budgets: RolloutBudgets, *, step: int, learning_rate: float,
                    betas: tuple[float, float] = (0.9, 0.95)) -> tuple[list[Trajectory], list[Datum], dict[str, float] | None]:
     """One whole step: its trajectories, datums and loss metrics (None when nothing was sent)."""
     from pytrio import AdamParams
-    trajectories = reference_rollout(sampler, tokenizer, search, examples, config, step=step)
-    score_and_rank(trajectories)
+    trajectories = reference_rollout(sampler, tokenizer, search, examples, budgets, step=step)
+    reference_rewards_and_advantages(trajectories)
     datums = reference_datums(trajectories, len(tokenizer))
     if not datums:
         return trajectories, datums, None

@@ -38,7 +38,8 @@ from searchr1.core.types import FORMAT_PENALTY, NOT_ANSWERED, RewardResult, Term
 ANSWER_PATTERN = re.compile(r"^\s*Answer:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 ARTICLE_PATTERN = re.compile(r"\b(a|an|the)\b", re.IGNORECASE)
 
-NORMALIZATIONS = ("unicode", "official")
+Normalization = Literal["unicode", "official"]
+NORMALIZATIONS: tuple[Normalization, ...] = get_args(Normalization)
 RewardKind = Literal["em", "f1", "cover_em"]
 REWARD_KINDS: tuple[RewardKind, ...] = get_args(RewardKind)
 _ASCII_PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -58,7 +59,7 @@ def extract_answer(text: str) -> str | None:
     return answer or None
 
 
-def normalize_answer(text: str, *, normalization: str = "unicode") -> str:
+def normalize_answer(text: str, *, normalization: Normalization = "unicode") -> str:
     """Lowercase, drop punctuation, drop English articles, collapse whitespace.
 
     ``unicode`` (the seed's rule) drops every character whose Unicode category is
@@ -98,7 +99,7 @@ def covers(prediction: str, reference: str) -> bool:
 
 
 def score_answer(
-    text: str, references: Iterable[str], *, normalization: str = "unicode", reward: str = "em"
+    text: str, references: Iterable[str], *, normalization: Normalization = "unicode", reward: RewardKind = "em"
 ) -> RewardResult:
     """All three scores of ``text``'s answer; ``reward`` picks the one that is the reward."""
     if reward not in REWARD_KINDS:
@@ -115,8 +116,8 @@ def score_answer(
     return RewardResult(value, True, matched, answer, f1=f1, cover_em=cover)
 
 
-def score_trajectories(trajectories: Iterable[Trajectory], *, reward: str = "em") -> None:
-    """Set ``score`` on every trajectory whose sampling did not fail (``reward``: em, f1 or
+def score_trajectories(trajectories: Iterable[Trajectory], *, reward: RewardKind = "em") -> None:
+    """Set ``reward_result`` on every trajectory whose sampling did not fail (``reward``: em, f1 or
     cover_em; every score is recorded whichever is the reward). Only an ``answer`` termination
     is scored; any other ending earns the format penalty, even when its text carries an
     ``Answer:`` line (breaking the protocol is never rewarded).
@@ -124,5 +125,5 @@ def score_trajectories(trajectories: Iterable[Trajectory], *, reward: str = "em"
     for trajectory in trajectories:
         if trajectory.sampler_error:
             continue
-        trajectory.score = (score_answer(trajectory.final_text, trajectory.example.answers, reward=reward)
+        trajectory.reward_result = (score_answer(trajectory.final_text, trajectory.example.answers, reward=reward)
                             if trajectory.termination == Termination.ANSWER else NOT_ANSWERED)

@@ -1,7 +1,15 @@
-"""The rollout engine: every trajectory is its own small state machine.
+"""The rollout engine: every trajectory is its own small state machine, four phases in a loop.
+Each phase has one handler, the only code that ends a trajectory in that phase:
 
-    sample -> parse -> (answer | invalid | over budget: end)
-                    -> search -> fit the observation -> stitch tokens -> sample -> ...
+    REQUEST  make_request               the prompt, and how many tokens are left to generate
+             ends on: prompt_too_long, token_budget
+    SAMPLE   BatchRollout.sample_turns  the sampler's turn (timeouts and retries are the runtime's)
+             ends on: sampler_error
+    TURN     record_turn                the turn parsed, the budgets checked
+             ends on: answer, no_answer, invalid, search_budget, turn_budget, token_budget
+    SEARCH   add_observation            the search result fitted into the room left, tokens stitched
+             ends on: search_error, tool_overflow
+    ... then REQUEST again.
 
 The first turn of a question is one sampling request with ``num_samples = group_size`` on the
 shared prompt. From then on each trajectory runs as its own asyncio task, strictly
@@ -22,14 +30,13 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args
+from typing import TypeVar
 
 from searchr1.core.protocol import (
     TurnKind,
     assistant_message,
     build_prompt,
     initial_messages,
-    missing_closing,
     observation_tokens,
     parse_assistant,
     search_tool,
@@ -38,12 +45,14 @@ from searchr1.core.protocol import (
     template_boundaries,
     tool_message,
 )
-from searchr1.core.observation.fit import fit_tool_content
+from searchr1.core.observation.fit import fit_tool_content, observation_room
 from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
 from searchr1.core.types import (
-    DEFAULT_MAX_TRAJECTORY_TOKENS,
     AssistantTurn,
+    JsonObject,
+    Message,
+    RolloutBudgets,
     SampledSequence,
     SamplingClient,
     SearchBackend,
@@ -58,61 +67,38 @@ from searchr1.core.types import (
 log = logging.getLogger("searchr1.core.rollout")
 T = TypeVar("T")
 
-ToolOverflow = Literal["truncate", "end"]
-TOOL_OVERFLOW_MODES: tuple[ToolOverflow, ...] = get_args(ToolOverflow)
-
-
-MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger
-
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    """Budgets and sampling of one rollout (the seed's names and defaults). Each field is declared
-    once with its rule and help (:mod:`searchr1.core.settings`): the flags of train, eval and rollout
-    are made from these lines."""
+class SamplingRuntime:
+    """How the sampling service is driven: requests in flight, timeouts, retries (not in the seed).
+    None of it changes what a trajectory is, only how long it takes and whether a failing service
+    ends it. Declared as :class:`~searchr1.core.types.RolloutBudgets` is."""
 
-    group_size: int = setting(8, at_least=1, at_most=256, help="Trajectories per question.")
-    max_search_calls: int = setting(4, at_least=0, at_most=100, help="Searches per trajectory.")
-    max_assistant_turns: int = setting(6, at_least=1, at_most=100, help="Assistant turns per trajectory.")
-    max_trajectory_tokens: int = setting(DEFAULT_MAX_TRAJECTORY_TOKENS, at_least=1, at_most=MAX_TOKENS,
-                                         help="Whole-sequence budget (also the training datum limit).")
-    max_assistant_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS, help="Generation cap per assistant turn.")
-    max_tool_response_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS,
-                                            help="Cap on one observation's content.")
-    temperature: float = setting(1.0, at_least=0.0, help="Sampling temperature.")
-    top_p: float = setting(1.0, above=0.0, at_most=1.0, help="Nucleus sampling mass.")
-    seed: int = setting(42, cli=False)  # the command's --seed
-    # Scheduling and robustness (not in the seed).
     sampling_concurrency: int = setting(64, at_least=1, at_most=4096, help="Sampling requests in flight at once.")
     sample_timeout: float | None = setting(
         900.0, above=0.0, help="Seconds before one sampling request is abandoned (then retried).")
     sample_retries: int = setting(2, at_least=0, at_most=100, help="Retries of a retryable sampling failure.")
     sample_retry_backoff: float = setting(1.0, at_least=0.0, cli=False)
     max_sampler_failure_fraction: float = setting(0.25, at_least=0.0, at_most=1.0, cli=False)
-    # "truncate": when not even the first item fits, cut it at a token boundary and say so;
-    # "end": the seed's behaviour, the trajectory ends on its tool call.
-    tool_overflow: ToolOverflow = setting(
-        "truncate", choices=TOOL_OVERFLOW_MODES,
-        help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
-    # Tell the model its search budget in the system prompt (the seed did not).
-    state_search_budget: bool = setting(True, cli=False)
-    # The user's own wording (--system-prompt-file, --tool-description); None = the default.
-    system_prompt: str | None = setting(None, cli=False)
-    tool_description: str | None = setting(
-        None, metavar="TEXT", default_text="the project's wording",
-        help="Description of the search tool shown to the model.")
 
     def __post_init__(self) -> None:
         check_settings(self)
 
+
+@dataclass(frozen=True)
+class RolloutConfig(SamplingRuntime, RolloutBudgets):
+    """A rollout's settings as the commands and ``config.json`` hold them, in one flat object: the
+    algorithm's budgets (:class:`~searchr1.core.types.RolloutBudgets`) and the sampling runtime
+    (:class:`SamplingRuntime`). The rollout's steps take the part they need."""
+
     @property
-    def tools(self) -> list[dict[str, Any]]:
+    def tools(self) -> list[JsonObject]:
         return [search_tool(self.tool_description)]
 
 
-def effective_system_prompt(config: RolloutConfig) -> str:
-    """The system message every trajectory of ``config`` starts with."""
-    return system_prompt(config.max_search_calls if config.state_search_budget else None, config.system_prompt)
+def effective_system_prompt(budgets: RolloutBudgets) -> str:
+    """The system message every trajectory of ``budgets`` starts with."""
+    return system_prompt(budgets.max_search_calls if budgets.state_search_budget else None, budgets.system_prompt)
 
 
 class SamplerFailureError(RuntimeError):
@@ -134,54 +120,53 @@ def sampling_seed(base: int, step: int, question_index: int, group_index: int, t
     return int.from_bytes(hashlib.blake2b(material, digest_size=4).digest(), "big") & 0x7FFFFFFF
 
 
-def make_request(tokenizer: Tokenizer, trajectory: Trajectory, num_samples: int, seed: int,
-                 config: RolloutConfig) -> SampleRequest | None:
-    """The next sampling request, or ``None`` (and the trajectory ends on ``token_budget``)
-    when the trajectory has no room left for even one generated token."""
-    if trajectory.next_prompt_tokens is not None:
-        prompt = trajectory.next_prompt_tokens
+def make_request(tokenizer: Tokenizer, group: Sequence[Trajectory], seed: int,
+                 budgets: RolloutBudgets) -> SampleRequest | None:
+    """REQUEST: the next sampling request of ``group``, one sample per trajectory (one trajectory,
+    or a question's whole group on their shared first prompt). ``None`` when not even one token
+    could be generated: every one of them ends, on ``token_budget`` (``prompt_too_long`` before
+    its first turn)."""
+    first = group[0]
+    if first.next_prompt_tokens is not None:
+        prompt = first.next_prompt_tokens
     else:
-        prompt = build_prompt(tokenizer, trajectory.messages, tools=config.tools)
-    max_tokens = min(config.max_assistant_tokens, config.max_trajectory_tokens - len(prompt))
+        prompt = build_prompt(tokenizer, first.messages, tools=[search_tool(budgets.tool_description)])
+    max_tokens = min(budgets.max_assistant_tokens, budgets.max_trajectory_tokens - len(prompt))
     if max_tokens <= 0:
-        trajectory.finish(Termination.TOKEN_BUDGET if trajectory.turns else Termination.PROMPT_TOO_LONG)
+        for trajectory in group:
+            trajectory.finish(Termination.TOKEN_BUDGET if trajectory.turns else Termination.PROMPT_TOO_LONG)
         return None
-    return SampleRequest(list(prompt), num_samples, max_tokens, seed)
+    return SampleRequest(list(prompt), len(group), max_tokens, seed)
 
 
 def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: int, step: int,
-                config: RolloutConfig) -> tuple[list[Trajectory], SampleRequest | None]:
+                budgets: RolloutBudgets) -> tuple[list[Trajectory], SampleRequest | None]:
     """The ``group_size`` trajectories of one question and their shared first request
-    (``num_samples = group_size``); ``None``, every trajectory ended, when the prompt alone is
-    over the budget."""
-    budget = config.max_search_calls if config.state_search_budget else None
-    messages = initial_messages(example.question, max_search_calls=budget, system_template=config.system_prompt)
-    branches = [Trajectory(example, question_index, g, [dict(m) for m in messages]) for g in range(config.group_size)]
-    seed = sampling_seed(config.seed, step, question_index, 0, 0)
-    request = make_request(tokenizer, branches[0], config.group_size, seed, config)
-    if request is None:
-        for branch in branches[1:]:
-            branch.finish(branches[0].termination or Termination.PROMPT_TOO_LONG)
-    return branches, request
+    (``num_samples = group_size``; ``None`` when the prompt alone is over the budget)."""
+    budget = budgets.max_search_calls if budgets.state_search_budget else None
+    messages = initial_messages(example.question, max_search_calls=budget, system_template=budgets.system_prompt)
+    group = [Trajectory(example, question_index, g, [m.copy() for m in messages]) for g in range(budgets.group_size)]
+    return group, make_request(tokenizer, group, sampling_seed(budgets.seed, step, question_index, 0, 0), budgets)
 
 
-def next_request(tokenizer: Tokenizer, trajectory: Trajectory, step: int, config: RolloutConfig) -> SampleRequest | None:
+def next_request(tokenizer: Tokenizer, trajectory: Trajectory, step: int,
+                 budgets: RolloutBudgets) -> SampleRequest | None:
     """The request of the trajectory's next turn (seeded by step, question, sample and turn)."""
-    seed = sampling_seed(config.seed, step, trajectory.question_index, trajectory.group_index, len(trajectory.turns))
-    return make_request(tokenizer, trajectory, 1, seed, config)
+    seed = sampling_seed(budgets.seed, step, trajectory.question_index, trajectory.group_index, len(trajectory.turns))
+    return make_request(tokenizer, [trajectory], seed, budgets)
 
 
 class MalformedSampleError(ValueError):
     """The sampler answered, but not with what was asked for."""
 
 
-async def send_request(sampler: SamplingClient, request: SampleRequest, config: RolloutConfig,
+async def send_request(sampler: SamplingClient, request: SampleRequest, budgets: RolloutBudgets,
                        stop: list[str]) -> list[SampledSequence]:
     """One sampling call; exactly ``num_samples`` sequences, or :class:`MalformedSampleError`."""
     import pytrio as trio
 
     params = trio.SamplingParams(max_tokens=request.max_tokens, seed=request.seed, stop=stop or None,
-                                 temperature=config.temperature, top_p=config.top_p)
+                                 temperature=budgets.temperature, top_p=budgets.top_p)
     response = await sampler.sample_async(prompt=trio.ModelInput.from_ints(request.prompt_tokens),
                                           num_samples=request.num_samples, sampling_params=params, return_text=True)
     sequences = list(response.sequences)
@@ -223,7 +208,7 @@ class PendingSearch:
     """A valid tool call within budget, waiting for its search result."""
 
     trajectory: Trajectory
-    messages_before_assistant: list[dict[str, Any]]
+    messages_before_assistant: list[Message]
     assistant_text: str
     prompt_tokens: list[int]
     completion_tokens: list[int]
@@ -231,10 +216,10 @@ class PendingSearch:
     query: str
 
 
-def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
-                      config: RolloutConfig) -> PendingSearch | None:
-    """Record one assistant turn; end the trajectory (answer, invalid call, a budget spent) or
-    return the search it asks for."""
+def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
+                budgets: RolloutBudgets) -> PendingSearch | None:
+    """TURN: record one assistant turn; end the trajectory (an answer, an invalid call, a budget
+    spent) or return the search it asks for."""
     trajectory.turns.append(turn)
     tokens, prompt = turn.completion_tokens, turn.prompt_tokens
     parsed = parse_assistant(turn.text)
@@ -247,24 +232,23 @@ def consume_assistant(trajectory: Trajectory, turn: AssistantTurn, tokenizer: To
     if parsed.kind == TurnKind.INVALID:
         trajectory.finish(Termination.INVALID, text)
         return None
-    if trajectory.search_calls >= config.max_search_calls:
+    if trajectory.search_calls >= budgets.max_search_calls:
         trajectory.finish(Termination.SEARCH_BUDGET, text)
         return None
-    if len(trajectory.turns) >= config.max_assistant_turns:
+    if len(trajectory.turns) >= budgets.max_assistant_turns:
         trajectory.finish(Termination.TURN_BUDGET, text)
         return None
     assert parsed.query is not None
-    base = len(prompt) + len(tokens) + len(missing_closing(tokenizer, tokens))
-    overhead = len(observation_tokens(tokenizer, "x"))
-    if base + overhead + 1 > config.max_trajectory_tokens:
-        trajectory.finish(Termination.TOKEN_BUDGET, text)  # no observation could fit: skip the search
+    if len(observation_tokens(tokenizer, "x")) > observation_room(tokenizer, prompt, tokens, budgets):
+        trajectory.finish(Termination.TOKEN_BUDGET, text)  # not even a one-letter observation fits: no search
         return None
     call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
     return PendingSearch(trajectory, messages_before, text, list(prompt), list(tokens), call_id, parsed.query)
 
 
-def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Tokenizer, config: RolloutConfig) -> None:
-    """Fit the result into the trajectory and stitch its next prompt, or end it on overflow.
+def add_observation(pending: PendingSearch, result: SearchResult, tokenizer: Tokenizer,
+                    budgets: RolloutBudgets) -> None:
+    """SEARCH: fit the result into the trajectory and stitch its next prompt, or end it.
 
     A result is outside text: if turning it into an observation raises anything at all, the
     trajectory ends as ``search_error`` (an environment failure: its group is left out like
@@ -273,7 +257,7 @@ def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Token
     trajectory = pending.trajectory
     try:
         fitted = fit_tool_content(tokenizer, pending.messages_before_assistant, pending.assistant_text,
-                                  pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, config)
+                                  pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, budgets)
     except Exception as error:  # noqa: BLE001 - one bad search result must not end the run
         reason = f"the search result could not become an observation ({type(error).__name__})"
         log.warning("query %r: %s; the trajectory ends as a search failure", pending.query[:80], reason)
@@ -295,8 +279,8 @@ def finish_search(pending: PendingSearch, result: SearchResult, tokenizer: Token
 async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
     """Run concurrently; if one fails, cancel the rest and raise that error itself."""
     try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(c) for c in coroutines]
+        async with asyncio.TaskGroup() as task_group:
+            tasks = [task_group.create_task(c) for c in coroutines]
     except BaseExceptionGroup as failure:
         first = failure.exceptions[0]
         while isinstance(first, BaseExceptionGroup):
@@ -305,99 +289,90 @@ async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
     return [task.result() for task in tasks]
 
 
-class _Engine:
-    """State shared by the tasks of one batch."""
+class BatchRollout:
+    """One batch being rolled out: what its trajectories share (the sampler and its slots, the
+    search backend, the budgets), one task per question and then per trajectory."""
 
     def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, search_backend: SearchBackend,
-                 config: RolloutConfig, step: int, progress: Callable[[int], None] | None,
-                 sampling_slots: asyncio.Semaphore | None = None) -> None:
+                 budgets: RolloutBudgets, runtime: SamplingRuntime, step: int,
+                 progress: Callable[[int], None] | None, sampling_slots: asyncio.Semaphore | None = None) -> None:
         self.sampler = sampling_client
         self.tokenizer = tokenizer
-        self.search = search_backend
-        self.config = config
+        self.search_backend = search_backend
+        self.budgets = budgets
+        self.runtime = runtime
         self.step = step
         self.progress = progress
-        self.semaphore = sampling_slots or asyncio.Semaphore(config.sampling_concurrency)
-        self.stop = stop_sequences(tokenizer)
+        self.sampling_slots = sampling_slots or asyncio.Semaphore(runtime.sampling_concurrency)
+        self.stop_sequences = stop_sequences(tokenizer)
         self.first_failure: str | None = None
 
-    def finished(self) -> None:
+    def report_finished(self) -> None:
+        """Tell the progress callback one more trajectory has ended."""
         if self.progress is not None:
             self.progress(1)
 
-    async def sample(self, request: SampleRequest) -> list[SampledSequence]:
+    async def send_with_retries(self, request: SampleRequest) -> list[SampledSequence]:
         """One request with retries; returns exactly ``num_samples`` sequences or raises."""
         attempt = 0
         while True:
             try:
                 # asyncio.timeout, not wait_for: no extra task per request
-                async with self.semaphore, asyncio.timeout(self.config.sample_timeout):
-                    return await send_request(self.sampler, request, self.config, self.stop)
+                async with self.sampling_slots, asyncio.timeout(self.runtime.sample_timeout):
+                    return await send_request(self.sampler, request, self.budgets, self.stop_sequences)
             except Exception as error:  # noqa: BLE001 - classified below, never swallowed silently
-                if attempt >= self.config.sample_retries or not is_retryable(error):
+                if attempt >= self.runtime.sample_retries or not is_retryable(error):
                     raise
                 attempt += 1
                 log.warning("sampling failed (%s), retry %d/%d", type(error).__name__,
-                            attempt, self.config.sample_retries)
-                await asyncio.sleep(self.config.sample_retry_backoff * 2 ** (attempt - 1))
+                            attempt, self.runtime.sample_retries)
+                await asyncio.sleep(self.runtime.sample_retry_backoff * 2 ** (attempt - 1))
 
-    async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
-        branches, request = start_group(self.tokenizer, example, question_index, self.step, self.config)
-        if request is None:
-            log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
-            for _ in branches:
-                self.finished()
-            return branches
+    async def sample_turns(self, group: list[Trajectory], request: SampleRequest) -> list[AssistantTurn | None]:
+        """SAMPLE: one turn per trajectory of ``group``, or ``None`` for each that ends as
+        ``sampler_error`` (the service failed after its retries, or returned a malformed sequence)."""
         try:
-            sequences = await self.sample(request)
+            sequences = await self.send_with_retries(request)
         except Exception as error:  # noqa: BLE001
             if not is_sampler_failure(error):
                 raise
-            self._sampler_failed(branches, error)
-            return branches
-        await run_all(
-            self.run_trajectory(branch, request.prompt_tokens, sequence)
-            for branch, sequence in zip(branches, sequences)
-        )
-        return branches
+            return self.sampler_failed(group, error)
+        turns: list[AssistantTurn | None] = []
+        for trajectory, sequence in zip(group, sequences):
+            try:
+                turns.append(AssistantTurn(request.prompt_tokens, *read_sequence(sequence, self.tokenizer)))
+            except MalformedSampleError as error:
+                turns += self.sampler_failed([trajectory], error)
+        return turns
 
-    def _sampler_failed(self, trajectories: list[Trajectory], error: BaseException) -> None:
+    def sampler_failed(self, trajectories: list[Trajectory], error: BaseException) -> list[AssistantTurn | None]:
+        """End ``trajectories`` as ``sampler_error``; ``None`` in place of each one's turn."""
         summary = f"{type(error).__name__}: {str(error)[:200]}"
         self.first_failure = self.first_failure or summary
         log.warning("sampling failed for good (%s)", summary)
         for trajectory in trajectories:
             trajectory.finish(Termination.SAMPLER_ERROR)
-            self.finished()
+        return [None] * len(trajectories)
 
-    async def run_trajectory(self, trajectory: Trajectory, prompt: list[int], sequence: SampledSequence) -> None:
-        while True:
-            try:
-                tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
-            except MalformedSampleError as error:
-                self._sampler_failed([trajectory], error)
-                return
-            await self.advance(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason))
-            if trajectory.done:
-                self.finished()
-                return
-            request = next_request(self.tokenizer, trajectory, self.step, self.config)
-            if request is None:
-                self.finished()
-                return
-            try:
-                (sequence,) = await self.sample(request)
-            except Exception as error:  # noqa: BLE001
-                if not is_sampler_failure(error):
-                    raise
-                self._sampler_failed([trajectory], error)
-                return
-            prompt = request.prompt_tokens
+    async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
+        """One question: its group's shared first request, then one task per trajectory."""
+        group, request = start_group(self.tokenizer, example, question_index, self.step, self.budgets)
+        if request is None:
+            log.warning("question %s: the prompt alone exceeds max_trajectory_tokens", example.id)
+        turns = await self.sample_turns(group, request) if request is not None else [None] * len(group)
+        await run_all(self.run_trajectory(trajectory, turn) for trajectory, turn in zip(group, turns))
+        return group
 
-    async def advance(self, trajectory: Trajectory, turn: AssistantTurn) -> None:
-        """Handle one assistant turn: end the trajectory, or search and stitch the next prompt."""
-        pending = consume_assistant(trajectory, turn, self.tokenizer, self.config)
-        if pending is not None:
-            finish_search(pending, await self.search.search(pending.query), self.tokenizer, self.config)
+    async def run_trajectory(self, trajectory: Trajectory, turn: AssistantTurn | None) -> None:
+        """From the first sampled turn: TURN, SEARCH, REQUEST, SAMPLE, TURN, ... until a phase ends it."""
+        while turn is not None:
+            pending = record_turn(trajectory, turn, self.tokenizer, self.budgets)
+            if pending is None:
+                break
+            add_observation(pending, await self.search_backend.search(pending.query), self.tokenizer, self.budgets)
+            request = None if trajectory.done else next_request(self.tokenizer, trajectory, self.step, self.budgets)
+            turn = None if request is None else (await self.sample_turns([trajectory], request))[0]
+        self.report_finished()
 
 
 async def rollout_batch_async(
@@ -426,9 +401,10 @@ async def rollout_batch_async(
     not be sampled (a smaller share ends as ``sampler_error`` and is left out of the update).
     """
     template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
-    engine = _Engine(sampling_client, tokenizer, search_client, config, step, progress_callback, sampling_slots)
+    batch = BatchRollout(sampling_client, tokenizer, search_client, budgets=config, runtime=config, step=step,
+                         progress=progress_callback, sampling_slots=sampling_slots)
     groups = await run_all(
-        engine.run_question(index, example) for index, example in enumerate(examples, first_question_index)
+        batch.run_question(index, example) for index, example in enumerate(examples, first_question_index)
     )
     trajectories = [t for group in groups for t in group]
     failed = sum(t.sampler_error for t in trajectories)
@@ -436,6 +412,6 @@ async def rollout_batch_async(
         raise SamplerFailureError(
             f"{failed} of {len(trajectories)} trajectories could not be sampled (more than "
             f"max_sampler_failure_fraction={config.max_sampler_failure_fraction}); "
-            f"the sampling service looks unhealthy (first failure: {engine.first_failure})"
+            f"the sampling service looks unhealthy (first failure: {batch.first_failure})"
         )
     return trajectories

@@ -10,7 +10,7 @@
 
 The trainer is given where its batches come from (a :class:`BatchSource`: the run's pipeline,
 which picks the sampler of each batch, :mod:`searchr1.training.pipeline`), with
-``--accumulation manual`` how to cut the datums into the seed's weighted micro-batches, and with
+``--accumulation manual`` how to pack the datums into the seed's weighted micro-batches, and with
 ``--kl-coef`` the penalty that asks the base model for its logprobs. It returns
 a :class:`StepRecord` of what the step produced; the metrics, the health guard, the transcripts,
 checkpoints and the run directory are the run loop's (:mod:`searchr1.training.loop`).
@@ -19,9 +19,8 @@ Accumulation. ``sdk`` (default) sends every datum of the step in ONE ``forward_b
 call: PyTRIO splits it itself and normalises every chunk by batch-global totals, so the
 update is the full-batch one whatever the server's reduction. ``manual`` is the seed's way:
 first-fit-decreasing micro-batches, advantages scaled by n_k/N, one call per micro-batch.
-That is exact only if the server averages per sample (``python cli.py probe-loss`` tells);
-here N is the number of datums sent, so both modes agree under a per-sample mean (the seed
-used all trajectories, which rescales each step by datums/trajectories).
+That is exact only if the server averages per sample (the loss-reduction probe tells); N is
+the number of datums sent, so both modes agree under a per-sample mean.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from searchr1.core.config import TrainConfig
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
 from searchr1.core.reward import score_trajectories
 from searchr1.core.types import ServiceClient, Tokenizer, TrainingClient, Trajectory
-from searchr1.core.update import UpdateConfig, UpdateResult, apply_substeps
+from searchr1.core.update import MicroBatcher, UpdateConfig, UpdateResult, apply_substeps
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,6 @@ class BatchSource(Protocol):
     def weights_updated(self, step: int) -> None: ...
 
 
-MicroBatcher = Callable[[list[TrainingDatum]], list[list[TrainingDatum]]]
 # --kl-coef: the datums with the base model's penalty in their advantages, and its metrics
 KlPenalty = Callable[[list[TrainingDatum]], Awaitable[tuple[list[TrainingDatum], dict[str, float]]]]
 

@@ -1,16 +1,23 @@
 """What the core works on: a question (``SearchExample``), what a search returns
-(``SearchResult``) and the backend that returns it (``SearchBackend``), and the record of one
-multi-turn rollout (``Trajectory``): exactly the tokens that were sampled, plus what the
-environment said. Messages are kept only for logs and for the chat template."""
+(``SearchResult``) and the backend that returns it (``SearchBackend``), what the algorithm allows
+one rollout (``RolloutBudgets``), and the record of one multi-turn rollout (``Trajectory``):
+exactly the tokens that were sampled, plus what the environment said. Messages are kept only for
+logs and for the chat template."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict, get_args, runtime_checkable
+
+from searchr1.core.settings import check_settings, setting
 
 if TYPE_CHECKING:
-    from pytrio.types import AdamParams, Datum
+    from pytrio.types import (APIFuture, AdamParams, Datum, ForwardBackwardOutput, ModelInput, OptimStepResponse,
+                              SampleResponse, SamplingParams, SaveWeightsForSamplerResponse, SaveWeightsResponse)
+
+JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+JsonObject = dict[str, JsonValue]  # a JSON object: the search tool's schema, a record as written
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,53 @@ class RewardResult:
 DEFAULT_MAX_TRAJECTORY_TOKENS = 8192  # the seed's whole-sequence budget, also the training datum limit
 FORMAT_PENALTY = -0.1  # the reward of a format failure, and of a trajectory that did not answer
 NOT_ANSWERED = RewardResult(FORMAT_PENALTY, False, False, None)
+MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger
+ToolOverflow = Literal["truncate", "end"]
+TOOL_OVERFLOW_MODES: tuple[ToolOverflow, ...] = get_args(ToolOverflow)
+
+
+@dataclass(frozen=True)
+class RolloutBudgets:
+    """What the algorithm allows one rollout and how it samples and prompts (the seed's names and
+    defaults). Each field is declared once with its rule and help (:mod:`searchr1.core.settings`):
+    the flags of train, eval and rollout are made from these lines. How the sampling service is
+    driven (concurrency, timeouts, retries) is apart: :class:`searchr1.core.rollout.SamplingRuntime`."""
+
+    group_size: int = setting(8, at_least=1, at_most=256, help="Trajectories per question.")
+    max_search_calls: int = setting(4, at_least=0, at_most=100, help="Searches per trajectory.")
+    max_assistant_turns: int = setting(6, at_least=1, at_most=100, help="Assistant turns per trajectory.")
+    max_trajectory_tokens: int = setting(DEFAULT_MAX_TRAJECTORY_TOKENS, at_least=1, at_most=MAX_TOKENS,
+                                         help="Whole-sequence budget (also the training datum limit).")
+    max_assistant_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS, help="Generation cap per assistant turn.")
+    max_tool_response_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS,
+                                            help="Cap on one observation's content.")
+    temperature: float = setting(1.0, at_least=0.0, help="Sampling temperature.")
+    top_p: float = setting(1.0, above=0.0, at_most=1.0, help="Nucleus sampling mass.")
+    seed: int = setting(42, cli=False)  # the command's --seed
+    # "truncate": when not even the first item fits, truncate it at a token boundary and say so;
+    # "end": the seed's behaviour, the trajectory ends on its tool call.
+    tool_overflow: ToolOverflow = setting(
+        "truncate", choices=TOOL_OVERFLOW_MODES,
+        help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
+    # Tell the model its search budget in the system prompt (docs/seed-differences.md).
+    state_search_budget: bool = setting(True, cli=False)
+    # The user's own wording (--system-prompt-file, --tool-description); None = the default.
+    system_prompt: str | None = setting(None, cli=False)
+    tool_description: str | None = setting(
+        None, metavar="TEXT", default_text="the project's wording",
+        help="Description of the search tool shown to the model.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+
+class Message(TypedDict):
+    """One chat message as the chat template reads it; a tool message also names its call."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_call_id: NotRequired[str]
+    name: NotRequired[str]
 
 
 @dataclass
@@ -135,7 +189,7 @@ class SearchRecord:
     items: int = 0
     error: str | None = None
     cached: bool = False
-    truncated: bool = False        # the first item was cut to fit the budget
+    truncated: bool = False        # the first item was truncated to fit the budget
 
 
 @dataclass
@@ -143,7 +197,7 @@ class Trajectory:
     example: SearchExample
     question_index: int
     group_index: int
-    messages: list[dict[str, Any]]
+    messages: list[Message]
     turns: list[AssistantTurn] = field(default_factory=list)
     searches: list[SearchRecord] = field(default_factory=list)
     next_prompt_tokens: list[int] | None = None
@@ -151,7 +205,7 @@ class Trajectory:
     termination: Termination | None = None
     # Set by scoring (:func:`searchr1.core.reward.score_trajectories`); None until then, and for
     # a trajectory whose sampling failed (its reward is then the placeholder FORMAT_PENALTY).
-    score: RewardResult | None = None
+    reward_result: RewardResult | None = None
     advantage: float = 0.0
     excluded: Exclusion | None = None  # why it sends no datum although it has completion tokens
 
@@ -174,25 +228,25 @@ class Trajectory:
 
     @property
     def reward(self) -> float:
-        return (self.score or NOT_ANSWERED).reward
+        return (self.reward_result or NOT_ANSWERED).reward
 
     @property
     def valid_format(self) -> bool:
-        return (self.score or NOT_ANSWERED).valid_format
+        return (self.reward_result or NOT_ANSWERED).valid_format
 
     @property
     def exact_match(self) -> bool:
-        return (self.score or NOT_ANSWERED).exact_match
+        return (self.reward_result or NOT_ANSWERED).exact_match
 
     @property
     def f1(self) -> float:
         """Token F1 of the answer (0 unless it ended by answering)."""
-        return (self.score or NOT_ANSWERED).f1
+        return (self.reward_result or NOT_ANSWERED).f1
 
     @property
     def cover_em(self) -> bool:
         """A reference occurs inside the answer."""
-        return (self.score or NOT_ANSWERED).cover_em
+        return (self.reward_result or NOT_ANSWERED).cover_em
 
     def finish(self, reason: Termination, final_text: str | None = None) -> None:
         reason = Termination(reason)  # refuses an unknown reason
@@ -222,7 +276,9 @@ class Tokenizer(Protocol):
 
     eos_token: str | None
 
-    def apply_chat_template(self, conversation: list[dict[str, Any]], **options: Any) -> Any: ...
+    def apply_chat_template(self, conversation: list[Message], *, tools: list[JsonObject], tokenize: bool,
+                            add_generation_prompt: bool, enable_thinking: bool,
+                            return_dict: bool = ...) -> Any: ...  # the text, or token ids in some shape
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
     def get_added_vocab(self) -> dict[str, int]: ...
@@ -240,16 +296,20 @@ class SampledSequence(Protocol):
 class SamplingClient(Protocol):
     """pytrio's ``SamplingClient`` as the rollout and the KL penalty use it."""
 
-    async def sample_async(self, **request: Any) -> Any: ...
+    async def sample_async(self, prompt: ModelInput, num_samples: int = ..., sampling_params: SamplingParams = ...,
+                           include_prompt_logprobs: bool = ..., return_text: bool = ...) -> SampleResponse: ...
 
 
 class TrainingClient(Protocol):
     """pytrio's ``TrainingClient`` as the update, the checkpoints and the samplers use it."""
 
-    async def forward_backward_async(self, data: list[Datum], loss_fn: str, **options: Any) -> Any: ...
-    async def optim_step_async(self, adam_params: AdamParams) -> Any: ...
-    async def save_state_async(self, name: str, **options: Any) -> Any: ...
-    async def save_weights_for_sampler_async(self, name: str, **options: Any) -> Any: ...
+    async def forward_backward_async(self, data: list[Datum], loss_fn: str = ...,
+                                     loss_fn_config: dict[str, object] | None = ...) -> APIFuture[ForwardBackwardOutput]: ...
+    async def optim_step_async(self, adam_params: AdamParams) -> APIFuture[OptimStepResponse]: ...
+    async def save_state_async(self, name: str, ttl_seconds: int | None = ...,
+                               overwrite: bool = ...) -> APIFuture[SaveWeightsResponse]: ...
+    async def save_weights_for_sampler_async(self, name: str,
+                                             ttl_seconds: int | None = ...) -> APIFuture[SaveWeightsForSamplerResponse]: ...
     async def save_weights_and_get_sampling_client_async(self) -> SamplingClient: ...
     async def create_sampling_client_async(self, model_path: str) -> SamplingClient: ...
 
@@ -257,6 +317,7 @@ class TrainingClient(Protocol):
 class ServiceClient(Protocol):
     """pytrio's ``ServiceClient``: where training and base-model sampling clients come from."""
 
-    def create_lora_training_client(self, *, base_model: str, rank: int, seed: int) -> TrainingClient: ...
+    def create_lora_training_client(self, base_model: str, rank: int = ..., seed: int | None = ..., train_mlp: bool = ...,
+                                    train_attn: bool = ..., train_unembed: bool = ...) -> TrainingClient: ...
     def create_training_client_from_state_with_optimizer(self, path: str) -> TrainingClient: ...
     async def create_sampling_client_async(self, *, base_model: str) -> SamplingClient: ...

@@ -3,7 +3,7 @@
 values before the optimiser sees them.
 
 Substeps. The step's datums are put in an order drawn from the run's seed and the step index
-(a resumed run repeats it) and cut into N mini-batches of near-equal size. Each is one update,
+(a resumed run repeats it) and divided into N mini-batches of near-equal size. Each is one update,
 normalised by its own totals (``sdk``) or packed into its own weighted micro-batches
 (``manual``). The first trains on the weights that sampled it (ratio 1 on-policy); every later
 one on weights the earlier updates moved, so the ratio leaves 1 and ppo's and cispo's clipping
@@ -21,15 +21,16 @@ import random
 from statistics import fmean
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
+import numpy.typing as npt
 
 from searchr1.core.datum import NonFiniteValues, TrainingDatum
 from searchr1.core.types import TrainingClient
 
 if TYPE_CHECKING:
-    from pytrio.types import Datum
+    from pytrio.types import Datum, TensorData
 
 
 LossFn = Literal["importance_sampling", "ppo", "cispo", "dro"]  # what PyTRIO 0.2.9 accepts
@@ -38,7 +39,9 @@ POLICY_LOSS_FNS: tuple[LossFn, ...] = get_args(LossFn)
 # docs/algorithms.md), r = exp(logp - logp_sampler), lo/hi the loss_fn_config bounds (0.8, 1.2):
 # importance_sampling -(r*A) | ppo -min(r*A, clip(r, lo, hi)*A) | cispo -(sg(clip(r, lo, hi))*A*logp)
 # | dro -(logp*A - beta/2*(logp - logp_sampler)**2); summed, normalised by the batch's totals.
-DEFAULT_LOSS_FN = "importance_sampling"  # the seed's
+# --accumulation manual: one mini-batch packed into the seed's weighted micro-batches, one call each
+MicroBatcher = Callable[[list[TrainingDatum]], list[list[TrainingDatum]]]
+DEFAULT_LOSS_FN: LossFn = "importance_sampling"  # the seed's
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class UpdateConfig:
     learning_rate: float
     beta1: float
     beta2: float
-    loss_fn: str = DEFAULT_LOSS_FN
+    loss_fn: LossFn = DEFAULT_LOSS_FN
     loss_fn_config: Mapping[str, float | int | str | bool] = field(default_factory=dict)
 
 
@@ -89,7 +92,7 @@ class UpdateResult:
         return len(self.outputs)
 
 
-def learner_tokens(data: Sequence[Datum], outputs: Sequence[Any] | None) -> list[TrainedTokens]:
+def learner_tokens(data: Sequence[Datum], outputs: Sequence[Mapping[str, TensorData]] | None) -> list[TrainedTokens]:
     """Per datum sent, its trained positions with the sampler's logprobs and the learner's
     (``loss_fn_outputs[i]["logprobs"]``, as pytrio returns them). Datums whose output has no
     logprobs of the same length (a server that returns none) are left out."""
@@ -106,7 +109,7 @@ def learner_tokens(data: Sequence[Datum], outputs: Sequence[Any] | None) -> list
     return tokens
 
 
-def _first_non_finite(values: Any) -> int | None:
+def _first_non_finite(values: npt.ArrayLike) -> int | None:
     bad = np.flatnonzero(~np.isfinite(np.asarray(values, dtype=np.float64)))
     return int(bad[0]) if bad.size else None
 
@@ -123,7 +126,7 @@ def non_finite_inputs(datums: Sequence[TrainingDatum]) -> str | None:
     return None
 
 
-def non_finite_outputs(metrics: Sequence[Mapping[str, Any]], learned: Sequence[Sequence[float] | None]) -> str | None:
+def non_finite_outputs(metrics: Sequence[Mapping[str, float]], learned: Sequence[Sequence[float] | None]) -> str | None:
     """What is wrong with the ``forward_backward`` results (a loss, or a learner logprob of a
     trained position, that is NaN or infinite); None when all is finite."""
     for call, values in enumerate(metrics):
@@ -168,7 +171,7 @@ async def apply_update(client: TrainingClient, calls: Sequence[Sequence[Training
 
 def substep_batches(num_datums: int, num_substeps: int, *, seed: int, step: int) -> list[list[int]]:
     """The datum indices of each mini-batch of step ``step``: with one substep all datums in
-    order; otherwise a permutation drawn from ``(seed, step)`` cut into ``num_substeps`` parts
+    order; otherwise a permutation drawn from ``(seed, step)`` divided into ``num_substeps`` parts
     whose sizes differ by at most one (empty parts left out)."""
     if num_substeps == 1:
         return [list(range(num_datums))] if num_datums else []
@@ -180,16 +183,18 @@ def substep_batches(num_datums: int, num_substeps: int, *, seed: int, step: int)
 
 
 async def apply_substeps(client: TrainingClient, datums: list[TrainingDatum],
-                         cut: Callable[[list[TrainingDatum]], list[list[TrainingDatum]]] | None,
+                         micro_batcher: MicroBatcher | None,
                          config: UpdateConfig, *, num_substeps: int, seed: int, step: int) -> UpdateResult:
-    """One :func:`apply_update` per mini-batch (``cut``: the manual micro-batches of one); the
-    calls' metrics and trained tokens together, the optimiser's metrics averaged."""
+    """One :func:`apply_update` per mini-batch (``micro_batcher``: how ``--accumulation manual``
+    packs one into calls); the calls' metrics and trained tokens together, the optimiser's
+    metrics averaged."""
     parts = substep_batches(len(datums), num_substeps, seed=seed, step=step)
     results: list[UpdateResult] = []
     for index, part in enumerate(parts):
         mini_batch = [datums[i] for i in part]
+        calls = micro_batcher(mini_batch) if micro_batcher else [mini_batch]
         try:
-            results.append(await apply_update(client, cut(mini_batch) if cut else [mini_batch], config))
+            results.append(await apply_update(client, calls, config))
         except NonFiniteValues as error:
             if index == 0:
                 raise

@@ -11,7 +11,7 @@ import pytest
 from searchr1.core.datum import build_training_datums, drop_out_of_vocab
 from searchr1.core.observation.fit import fit_tool_content, truncate_to_fit
 from searchr1.core.protocol import SEARCH_TOOL
-from searchr1.core.rollout import PendingSearch, RolloutConfig, consume_assistant, make_request
+from searchr1.core.rollout import PendingSearch, RolloutConfig, make_request, record_turn
 from searchr1.core.types import AssistantTurn, SearchExample, SearchItem, SearchResult, Termination, Trajectory
 
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\nSeine\n</parameter>\n</function>\n</tool_call>"
@@ -258,12 +258,12 @@ def test_a_request_asks_for_exactly_the_tokens_left(tokenizer, offset):
     too long); each token more is one more to sample."""
     prompt = len(rendered(tokenizer, MESSAGES))
     t = trajectory()
-    request = make_request(tokenizer, t, 1, 7, RolloutConfig(max_trajectory_tokens=prompt + offset))
+    request = make_request(tokenizer, [t], 7, RolloutConfig(max_trajectory_tokens=prompt + offset))
     if offset == 0:
         assert request is None and t.termination == Termination.PROMPT_TOO_LONG
     else:
         assert request is not None and request.max_tokens == offset
-    capped = make_request(tokenizer, trajectory(), 1, 7,
+    capped = make_request(tokenizer, [trajectory()], 7,
                           RolloutConfig(max_trajectory_tokens=prompt + 2, max_assistant_tokens=offset + 1))
     assert capped is not None and capped.max_tokens == min(offset + 1, 2)
 
@@ -272,7 +272,7 @@ def consumed(tokenizer, **budgets) -> tuple[Trajectory, PendingSearch | None]:
     prompt, completion = tool_turn(tokenizer)
     t = trajectory()
     turn = AssistantTurn(prompt, completion, [-0.5] * len(completion), CALL)
-    return t, consume_assistant(t, turn, tokenizer, RolloutConfig(**budgets))
+    return t, record_turn(t, turn, tokenizer, RolloutConfig(**budgets))
 
 
 def test_a_search_is_made_only_when_a_one_letter_observation_fits_exactly(tokenizer):

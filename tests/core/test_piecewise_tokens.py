@@ -3,7 +3,7 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchr1.core.observation.piecewise import JoinedObservation, certain_cut, splits_predictably
+from searchr1.core.observation.piecewise import JoinedObservation, certain_split, splits_predictably
 from searchr1.core.observation.tokens import plain_tokens
 from searchr1.core.protocol import observation_tokens
 
@@ -37,7 +37,7 @@ def test_piecewise_content_and_observation_tokens_equal_whole_tokenisation_whate
 @SETTINGS
 @given(text=texts, data=st.data())
 def test_a_certain_cut_splits_the_tokens_of_any_text_into_the_tokens_of_its_two_sides(tokenizer, text, data):
-    cuts = [p for p in range(1, len(text)) if certain_cut(text, p)]
+    cuts = [p for p in range(1, len(text)) if certain_split(text, p)]
     if not cuts:
         return
     p = data.draw(st.sampled_from(cuts))

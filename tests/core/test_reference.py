@@ -23,10 +23,10 @@ from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.datum import build_training_datums, drop_out_of_vocab
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.protocol import observation_tokens
-from searchr1.core.reference import reference_datums, reference_rollout, reference_step, score_and_rank
+from searchr1.core.reference import reference_datums, reference_rollout, reference_rewards_and_advantages, reference_step
 from searchr1.core.reward import score_trajectories
-from searchr1.core.rollout import MAX_TOKENS, TOOL_OVERFLOW_MODES, RolloutConfig, rollout_batch_async
-from searchr1.core.types import SearchExample, SearchItem, SearchResult, Trajectory
+from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.core.types import MAX_TOKENS, TOOL_OVERFLOW_MODES, SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.core.update import UpdateConfig, apply_update
 from searchr1.twin import start_twin
 from searchr1.twin.client import FAST_RETRIES
@@ -124,8 +124,8 @@ def exact_match_only(trajectories: list[Trajectory]) -> list[Trajectory]:
     """The engine also records token F1 and cover EM (tests/core/test_reward.py checks them); the
     reference scores what the step trains on, exact match."""
     for t in trajectories:
-        if t.score is not None:
-            t.score = replace(t.score, f1=0.0, cover_em=False)
+        if t.reward_result is not None:
+            t.reward_result = replace(t.reward_result, f1=0.0, cover_em=False)
     return trajectories
 
 
@@ -272,7 +272,7 @@ def test_the_engine_produces_the_reference_trajectories_and_datums_at_every_budg
     trajectories, datums = production(samplers[policy], tokenizer, results, examples, config, step)
     expected = reference_rollout(samplers[policy], tokenizer, lambda q: results.get(q, NOTHING), examples, config,
                                  step=step)
-    score_and_rank(expected)
+    reference_rewards_and_advantages(expected)
     assert exact_match_only(trajectories) == expected
     assert [datum_values(d.datum) for d in datums] == [datum_values(d) for d in
                                                          reference_datums(expected, len(tokenizer))]
@@ -296,7 +296,7 @@ def test_the_reference_step_and_the_trainer_send_the_same_update(twins, tokenize
 
 # ---------------------------------------------------------------- the reference stands apart
 
-ALLOWED = {("searchr1.core.types", "*"), ("searchr1.core.rollout", "RolloutConfig")}
+ALLOWED = {("searchr1.core.types", "*")}
 
 
 def searchr1_imports(source: str) -> list[tuple[str, str]]:
@@ -315,12 +315,12 @@ def forbidden(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(m, n) for m, n in imports if (m, "*") not in ALLOWED and (m, n) not in ALLOWED]
 
 
-def test_the_reference_imports_from_the_package_only_the_data_types_and_the_config():
-    """Invariant: reference.py imports nothing from searchr1 but the data types
-    (``searchr1.core.types``) and the ``RolloutConfig`` dataclass: no helper of the engine it is
-    held against (parser, stitching, observations, seeds, reward, advantages, datums)."""
+def test_the_reference_imports_from_the_package_only_the_data_types():
+    """Invariant: reference.py imports nothing from searchr1 but the data types and budgets
+    (``searchr1.core.types``): no helper of the engine it is held against (parser, stitching,
+    observations, seeds, reward, advantages, datums), nor its configuration class."""
     imports = searchr1_imports(Path(searchr1.core.reference.__file__).read_text(encoding="utf-8"))
-    assert ("searchr1.core.rollout", "RolloutConfig") in imports
+    assert ("searchr1.core.types", "RolloutBudgets") in imports
     assert forbidden(imports) == []
 
 
@@ -330,5 +330,5 @@ def test_the_import_rule_sees_an_engine_helper_however_it_is_imported():
               "sampling_seed\nimport searchr1.core.protocol\nif True:\n    from .reward import score_answer\n"
               "def f():\n    from searchr1.core.observation.fit import truncate_to_fit\n")
     assert forbidden(searchr1_imports(source)) == [
-        ("searchr1.core.rollout", "sampling_seed"), ("searchr1.core.protocol", ""), (".reward", "score_answer"),
+        ("searchr1.core.rollout", "RolloutConfig"), ("searchr1.core.rollout", "sampling_seed"), ("searchr1.core.protocol", ""), (".reward", "score_answer"),
         ("searchr1.core.observation.fit", "truncate_to_fit")]

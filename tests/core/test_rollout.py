@@ -219,11 +219,11 @@ def test_make_request_caps_max_tokens_by_the_remaining_budget(tokenizer):
 
     t = Trajectory(SearchExample("i", "Q?", ("a",), "nq"), 0, 0, initial_messages("Q?"))
     t.next_prompt_tokens = [1] * 1000
-    request = make_request(tokenizer, t, 1, 7, RolloutConfig(max_trajectory_tokens=1500))
+    request = make_request(tokenizer, [t], 7, RolloutConfig(max_trajectory_tokens=1500))
     assert request.max_tokens == 500 and request.seed == 7
-    assert make_request(tokenizer, t, 1, 7, RolloutConfig(max_assistant_tokens=300)).max_tokens == 300
+    assert make_request(tokenizer, [t], 7, RolloutConfig(max_assistant_tokens=300)).max_tokens == 300
     t.turns.append(object())
-    assert make_request(tokenizer, t, 1, 7, RolloutConfig(max_trajectory_tokens=1000)) is None
+    assert make_request(tokenizer, [t], 7, RolloutConfig(max_trajectory_tokens=1000)) is None
     assert t.termination == "token_budget"
 
 
@@ -445,7 +445,7 @@ async def test_rollout_runs_inside_an_existing_event_loop(served, tokenizer):
     served.twin.policy = ScriptedPolicy(sc, tokenizer)
     trajectories = await rollout_batch_async(served.sampler, tokenizer, ScriptedSearch({}),
                                              sc.examples, RolloutConfig(group_size=1, **FAST))
-    assert trajectories[0].score is None  # the rollout samples; scoring is the caller's next step
+    assert trajectories[0].reward_result is None  # the rollout samples; scoring is the caller's next step
     score_trajectories(trajectories)
     assert trajectories[0].reward == 1.0
 

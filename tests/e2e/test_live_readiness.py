@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from searchr1.core.types import AssistantTurn, SearchExample, Trajectory
 from searchr1.core.protocol import parse_assistant
 from searchr1.core.reward import score_trajectories
-from searchr1.core.rollout import RolloutConfig, consume_assistant
+from searchr1.core.rollout import RolloutConfig, record_turn
 
 EXAMPLE = SearchExample(id="q1", question="Which country?", answers=("France",), data_source="nq")
 STOP_STRINGS = ("<|im_end|>", "<|endoftext|>", "<|im_end|>\n", "<|im_end|><|endoftext|>")
@@ -20,7 +20,7 @@ STOP_STRINGS = ("<|im_end|>", "<|endoftext|>", "<|im_end|>\n", "<|im_end|><|endo
 def _scored(tokenizer, text: str) -> Trajectory:
     trajectory = Trajectory(EXAMPLE, 0, 0, [{"role": "user", "content": EXAMPLE.question}])
     turn = AssistantTurn(prompt_tokens=[1, 2, 3], completion_tokens=[4, 5], logprobs=[-0.1, -0.2], text=text)
-    assert consume_assistant(trajectory, turn, tokenizer, RolloutConfig()) is None
+    assert record_turn(trajectory, turn, tokenizer, RolloutConfig()) is None
     score_trajectories([trajectory])
     return trajectory
 
@@ -68,12 +68,12 @@ def test_a_custom_system_prompt_and_tool_description_reach_the_first_prompt(toke
     config = RolloutConfig(system_prompt=CUSTOM_PROMPT, tool_description="Find passages in the archive.",
                            max_search_calls=3)
     messages = initial_messages(EXAMPLE.question, max_search_calls=3, system_template=config.system_prompt)
-    request = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, messages), 1, 7, config)
+    request = make_request(tokenizer, [Trajectory(EXAMPLE, 0, 0, messages)], 7, config)
     text = tokenizer.decode(request.prompt_tokens, skip_special_tokens=False)
     assert "You may search 3 times; {braces} stay as written." in text
     assert "Find passages in the archive." in text
     assert effective_system_prompt(config) == CUSTOM_PROMPT.replace("{max_search_calls}", "3")
-    default = make_request(tokenizer, Trajectory(EXAMPLE, 0, 0, initial_messages(EXAMPLE.question)), 1, 7,
+    default = make_request(tokenizer, [Trajectory(EXAMPLE, 0, 0, initial_messages(EXAMPLE.question))], 7,
                            RolloutConfig())
     assert "Find passages in the archive." not in tokenizer.decode(default.prompt_tokens)
 

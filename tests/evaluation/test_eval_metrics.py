@@ -99,7 +99,7 @@ def test_trajectory_record_keeps_the_whole_transcript():
         )
     ]
     trajectory.finish("answer", "Answer: Röntgen")
-    trajectory.score = RewardResult(1.0, True, True, "Röntgen")
+    trajectory.reward_result = RewardResult(1.0, True, True, "Röntgen")
 
     rec = json.loads(json.dumps(trajectory_record(trajectory), ensure_ascii=False))
     assert rec["type"] == "trajectory"

@@ -31,7 +31,7 @@ REWARDS = (-0.1, 0.0, 1.0)
 
 def make(question: int, sample: int, reward: float) -> Trajectory:
     example = SearchExample(f"nq/q{question}", f"question {question}?", ("a",), "nq")
-    return Trajectory(example, question, sample, messages=[], score=RewardResult(reward, reward >= 0, reward == 1.0, None))
+    return Trajectory(example, question, sample, messages=[], reward_result=RewardResult(reward, reward >= 0, reward == 1.0, None))
 
 
 @st.composite

@@ -31,8 +31,8 @@ from searchr1.offline import QUESTIONS
 from searchr1.core.protocol import assistant_message, build_prompt, initial_messages, parse_assistant, tool_message
 from searchr1.core.reward import score_answer, score_trajectories
 from searchr1.core.types import FORMAT_PENALTY
-from searchr1.core.reference import reference_datums, reference_rollout, score_and_rank
-from searchr1.core.rollout import RolloutConfig, consume_assistant, finish_search, make_request
+from searchr1.core.reference import reference_datums, reference_rewards_and_advantages, reference_rollout
+from searchr1.core.rollout import RolloutConfig, add_observation, make_request, record_turn
 from searchr1.core.observation.text import format_observation
 from searchr1.twin.optimizer import AdamState, adam_step
 from searchr1.twin.learning_policy import (
@@ -388,7 +388,7 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
     config = RolloutConfig(group_size=1)
     trajectory = Trajectory(example_of(question), 0, 0, initial_messages(question.question, max_search_calls=4))
     for kind in kinds:
-        request = make_request(tokenizer, trajectory, 1, 0, config)
+        request = make_request(tokenizer, [trajectory], 0, config)
         assert request is not None
         state = policy.state(request.prompt_tokens)
         index = [KINDS[k] for k in state.kinds].index(kind)
@@ -397,10 +397,10 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
         if not include_stop:
             tokens, logprobs = tokens[:-1], logprobs[:-1]
         turn = AssistantTurn(request.prompt_tokens, tokens, logprobs, state.texts[index], "stop")
-        pending = consume_assistant(trajectory, turn, tokenizer, config)
+        pending = record_turn(trajectory, turn, tokenizer, config)
         if pending is not None:
             hop = passages_by_query([question])[pending.query]
-            finish_search(pending, SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),)),
+            add_observation(pending, SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),)),
                           tokenizer, config)
     score_trajectories([trajectory])
     trajectory.advantage = 1.0
@@ -498,7 +498,7 @@ def roll_out(policy: LearningPolicy, params: np.ndarray, tokenizer, examples: Se
     advantages."""
     trajectories = reference_rollout(InProcessSampler(policy, params), tokenizer, world_search(world), examples,
                                      config, step=step)
-    score_and_rank(trajectories)
+    reference_rewards_and_advantages(trajectories)
     return trajectories
 
 

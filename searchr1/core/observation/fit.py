@@ -1,21 +1,17 @@
 """How much of a search result fits the trajectory: whole items in rank order while the content
-and the next prompt stay within their budgets, or the first item cut (and marked) when not even
+and the next prompt stay within their budgets, or the first item truncated (and marked) when not even
 it fits."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from searchr1.core.observation.piecewise import JoinedObservation
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.observation.tokens import plain_tokens
-from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, tool_message
-from searchr1.core.types import SearchResult, Tokenizer
-
-if TYPE_CHECKING:
-    from searchr1.core.rollout import RolloutConfig
+from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, search_tool, tool_message
+from searchr1.core.types import Message, RolloutBudgets, SearchResult, Tokenizer
 
 TRUNCATION_MARKER = " [... truncated to fit the budget]"
 
@@ -27,9 +23,21 @@ class FittedObservation:
     truncated: bool
 
 
+def observation_room(tokenizer: Tokenizer, prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
+                     budgets: RolloutBudgets) -> int:
+    """How many observation tokens the next prompt can take after this turn: the trajectory budget
+    less the sequence so far (prompt, completion, the part of the closing the sampler did not
+    return) and less one token, kept for the next turn to generate."""
+    so_far = len(prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
+    return budgets.max_trajectory_tokens - so_far - 1
+
+
 def truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
-    """The longest token-boundary prefix of ``text`` (plus the marker) accepted by ``budget``.
-    Counted with :func:`plain_tokens`, as the observation will be tokenised."""
+    """A prefix of ``text`` ending at a token boundary, plus the marker, that ``budget`` accepts;
+    ``None`` when no prefix with text in it does. Tries the first ``limit`` tokens, then fewer: an
+    eighth fewer at a time while more than 64 are left, one fewer at a time from there, so a prefix
+    of more than 64 tokens may fall short of the longest that fits by up to an eighth. Tokens are
+    counted with :func:`plain_tokens`, as the observation will be tokenised."""
     ids = plain_tokens(tokenizer, text)
     keep = min(len(ids), limit)
     while keep > 0:
@@ -43,13 +51,13 @@ def truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], boo
 
 def fit_tool_content(
     tokenizer: Tokenizer,
-    messages_before_assistant: list[dict[str, Any]],
+    messages_before_assistant: list[Message],
     assistant_text: str,
     previous_prompt_tokens: Sequence[int],
     completion_tokens: Sequence[int],
     call_id: str,
     result: SearchResult,
-    config: RolloutConfig,
+    budgets: RolloutBudgets,
 ) -> FittedObservation | None:
     """The tool message content and the next prompt, or ``None`` when nothing fits.
 
@@ -57,14 +65,13 @@ def fit_tool_content(
     ``max_tool_response_tokens`` and the next prompt leaves room for at least one generated
     token; the first item that does not fit stops the loop (as the seed). Sizes come from the
     tokenizer directly; the template is rendered twice, and only for the chosen content. If not
-    even the first item fits, ``tool_overflow="truncate"`` cuts it at a token boundary with a
+    even the first item fits, ``tool_overflow="truncate"`` truncates it at a token boundary with a
     visible marker; ``"end"`` returns ``None`` (the seed).
     """
-    base = len(previous_prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
-    room = config.max_trajectory_tokens - 1 - base  # leave one token for the next turn
+    room = observation_room(tokenizer, previous_prompt_tokens, completion_tokens, budgets)
 
     def fits(content: str) -> bool:
-        if len(plain_tokens(tokenizer, content)) > config.max_tool_response_tokens:
+        if len(plain_tokens(tokenizer, content)) > budgets.max_tool_response_tokens:
             return False
         return len(observation_tokens(tokenizer, content)) <= room
 
@@ -73,7 +80,7 @@ def fit_tool_content(
     accepted = 0
     observation: list[int] | None = None  # the accepted content's observation tokens
     for count in range(1, len(candidates) + 1):
-        if len(sizes.content_tokens(count)) > config.max_tool_response_tokens:
+        if len(sizes.content_tokens(count)) > budgets.max_tool_response_tokens:
             break
         tokens = sizes.observation_tokens(count)
         if len(tokens) > room:
@@ -82,11 +89,11 @@ def fit_tool_content(
     truncated = False
     if accepted:
         content = sizes.joined(accepted)
-    elif config.tool_overflow == "truncate":
-        cut = truncate_to_fit(tokenizer, candidates[0], fits, config.max_tool_response_tokens)
-        if cut is None:
+    elif budgets.tool_overflow == "truncate":
+        shortened = truncate_to_fit(tokenizer, candidates[0], fits, budgets.max_tool_response_tokens)
+        if shortened is None:
             return None
-        content, truncated = cut, True
+        content, truncated = shortened, True
     else:
         return None
     next_prompt = build_next_prompt(
@@ -96,7 +103,7 @@ def fit_tool_content(
         previous_prompt_tokens,
         completion_tokens,
         tool_message(call_id, content),
-        tools=config.tools,
+        tools=[search_tool(budgets.tool_description)],
         observation=observation,
     )
     return FittedObservation(content, next_prompt, truncated)

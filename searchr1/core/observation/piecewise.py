@@ -1,12 +1,12 @@
 """Token ids of a joined observation, computed piece by piece, each piece tokenised once.
 
 Fitting a search result (:func:`searchr1.core.observation.fit.fit_tool_content`) tries the items joined one, two, three
-at a time, and sizes each try twice (the content alone, and wrapped as the observation): the
-first item was tokenised seven times per tool turn, and tokenisation is most of a step's
-local CPU. The tokenizer's pre-tokenizer cuts text into pieces that BPE then encodes one by
-one, so wherever a cut is *certain*, the tokens of a text are the tokens of its two sides.
+at a time, and sizes each try twice (the content alone, and wrapped as the observation):
+tokenising each try whole would tokenise the first item up to seven times per tool turn, and
+tokenisation is most of a step's local CPU. The tokenizer's pre-tokenizer splits text into pieces that BPE then encodes one by
+one, so wherever a split is *certain*, the tokens of a text are the tokens of its two sides.
 For the Qwen pre-tokenizer (:data:`QWEN_SPLIT`: one regex, scanned left to right, with no
-look-behind, then byte-level mapping; NFC normalisation) a cut is certain at position ``p`` of
+look-behind, then byte-level mapping; NFC normalisation) a split is certain at position ``p`` of
 ``s`` when
 
 * ``s[p-1]`` is a newline and ``s[p]`` is neither whitespace nor a combining character (no
@@ -15,7 +15,7 @@ look-behind, then byte-level mapping; NFC normalisation) a cut is certain at pos
 * ``s[p-1]`` is a letter and ``s[p]`` is a space (a run of letters ends there; a space
   composes with nothing).
 
-Any other tokenizer, or a text with no such cut, is tokenised whole, as before: the result is
+Every other tokenizer, and a text with no such split, is tokenised whole: the result is
 the same ids either way (the piecewise-token tests check it on arbitrary text).
 """
 
@@ -25,12 +25,11 @@ import json
 import unicodedata
 import weakref
 from collections.abc import Sequence
-from typing import Any
 
 from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
 from searchr1.core.protocol import observation_tokens as whole_observation_tokens
 from searchr1.core.protocol import template_boundaries
-from searchr1.core.types import Tokenizer
+from searchr1.core.types import JsonObject, Tokenizer
 
 QWEN_SPLIT = (
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
@@ -38,10 +37,10 @@ QWEN_SPLIT = (
 )
 SEPARATOR = "\n\n"  # how observation_candidates are joined into one tool message
 
-_SUPPORTED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_SUPPORTED: "weakref.WeakKeyDictionary[Tokenizer, bool]" = weakref.WeakKeyDictionary()
 
 
-def _component(part: Any) -> dict[str, Any] | None:
+def _component(part: object) -> JsonObject | None:
     """A tokenizer component as JSON (just that component: the whole tokenizer is megabytes)."""
     if part is None:
         return None
@@ -52,7 +51,7 @@ def _component(part: Any) -> dict[str, Any] | None:
 
 
 def splits_predictably(tokenizer: Tokenizer) -> bool:
-    """Whether this tokenizer pre-tokenises exactly as the cut rules above assume (cached)."""
+    """Whether this tokenizer pre-tokenises exactly as the split rules above assume (cached)."""
     cached = _SUPPORTED.get(tokenizer)
     if cached is not None:
         return cached
@@ -72,8 +71,8 @@ def splits_predictably(tokenizer: Tokenizer) -> bool:
     return supported
 
 
-def certain_cut(text: str, position: int) -> bool:
-    """Whether the pre-tokenizer always cuts ``text`` at ``position`` (see the module doc)."""
+def certain_split(text: str, position: int) -> bool:
+    """Whether the pre-tokenizer always splits ``text`` at ``position`` (see the module doc)."""
     if not 0 < position < len(text):
         return False
     before, after = text[position - 1], text[position]
@@ -82,11 +81,11 @@ def certain_cut(text: str, position: int) -> bool:
     return after == " " and before.isalpha()
 
 
-def last_word_cut(text: str) -> int:
-    """The last certain cut before a space in ``text`` (0 when there is none)."""
+def last_word_split(text: str) -> int:
+    """The last certain split before a space in ``text`` (0 when there is none)."""
     position = text.rfind(" ")
     while position > 0:
-        if certain_cut(text, position):
+        if certain_split(text, position):
             return position
         position = text.rfind(" ", 0, position)
     return 0
@@ -103,43 +102,43 @@ class JoinedObservation:
         self.tokenizer = tokenizer
         self.items = list(items)
         self.wrapper = observation_wrapper(tokenizer, template_boundaries(tokenizer))
-        self.piecewise = splits_predictably(tokenizer) and self._joins_are_cuts()
+        self.piecewise = splits_predictably(tokenizer) and self._joins_are_splits()
         self._bodies: dict[int, list[int]] = {}
-        self._cuts: dict[int, int] = {}
+        self._splits: dict[int, int] = {}
         self._tails: dict[tuple[int, bool, str], list[int]] = {}
 
-    def _joins_are_cuts(self) -> bool:
+    def _joins_are_splits(self) -> bool:
         if not self.items or any(not item.strip() for item in self.items):
             return False
         head = self.wrapper.head_text
         first = self.items[0]
         if first != first.lstrip():  # the observation strips the content: keep that to the slow path
             return False
-        if head and not certain_cut(head + first, len(head)):
+        if head and not certain_split(head + first, len(head)):
             return False
-        return all(certain_cut(SEPARATOR + item, len(SEPARATOR)) for item in self.items[1:])
+        return all(certain_split(SEPARATOR + item, len(SEPARATOR)) for item in self.items[1:])
 
     def _encode(self, text: str) -> list[int]:
         return plain_tokens(self.tokenizer, text) if text else []
 
     def _item(self, index: int, ending: str, *, stripped: bool = False) -> list[int]:
         """Tokens of ``items[index] + ending`` (the item right-stripped when ``stripped``): the
-        item's bulk (before its last certain cut) is tokenised once, the short rest with each
+        item's bulk (before its last certain split) is tokenised once, the short rest with each
         ending."""
         key = (index, stripped, ending)
         if key not in self._tails:
             item = self.items[index].rstrip() if stripped else self.items[index]
-            self._tails[key] = self._encode(item[self._cut(index):] + ending)
+            self._tails[key] = self._encode(item[self._split(index):] + ending)
         return self._body(index) + self._tails[key]
 
-    def _cut(self, index: int) -> int:
-        if index not in self._cuts:
-            self._cuts[index] = last_word_cut(self.items[index].rstrip())
-        return self._cuts[index]
+    def _split(self, index: int) -> int:
+        if index not in self._splits:
+            self._splits[index] = last_word_split(self.items[index].rstrip())
+        return self._splits[index]
 
     def _body(self, index: int) -> list[int]:
         if index not in self._bodies:
-            self._bodies[index] = self._encode(self.items[index][: self._cut(index)])
+            self._bodies[index] = self._encode(self.items[index][: self._split(index)])
         return self._bodies[index]
 
     def joined(self, count: int) -> str:

@@ -1,12 +1,12 @@
 """Observation text as tokens that can never be control tokens: the tokenizer's BPE without its
-added tokens, and the template's observation wrapper cut where plain text meets the template's
+added tokens, and the template's observation wrapper split where plain text meets the template's
 own tokens (:func:`searchr1.core.protocol.observation_tokens` puts them together)."""
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from searchr1.core.types import Tokenizer
 
@@ -48,7 +48,7 @@ def plain_tokens(tokenizer: Tokenizer, text: str) -> list[int]:
 
 @dataclass(frozen=True)
 class Wrapper:
-    """The observation wrapper cut where plain text meets the template's own tokens."""
+    """The observation wrapper split where plain text meets the template's own tokens."""
 
     head: tuple[int, ...]  # tokens up to and including the prefix's last added token
     head_text: str  # prefix text after that token (joins the content's tokenisation)
@@ -56,7 +56,7 @@ class Wrapper:
     tail: tuple[int, ...]  # tokens from the suffix's first added token on
 
 
-_WRAPPERS: "weakref.WeakKeyDictionary[Any, tuple[TemplateBoundaries, Wrapper]]" = weakref.WeakKeyDictionary()
+_WRAPPERS: "weakref.WeakKeyDictionary[Tokenizer, tuple[TemplateBoundaries, Wrapper]]" = weakref.WeakKeyDictionary()
 
 
 def observation_wrapper(tokenizer: Tokenizer, boundaries: TemplateBoundaries) -> Wrapper:
@@ -67,11 +67,11 @@ def observation_wrapper(tokenizer: Tokenizer, boundaries: TemplateBoundaries) ->
         return cached[1]
     added = [token for token in tokenizer.get_added_vocab() if token]
     prefix, suffix = boundaries.observation_prefix, boundaries.observation_suffix
-    cut = max((prefix.rfind(t) + len(t) for t in added if t in prefix), default=0)
+    head_end = max((prefix.rfind(t) + len(t) for t in added if t in prefix), default=0)
     start = min((suffix.find(t) for t in added if t in suffix), default=len(suffix))
     wrapper = Wrapper(
-        head=tuple(tokenizer.encode(prefix[:cut], add_special_tokens=False)),
-        head_text=prefix[cut:],
+        head=tuple(tokenizer.encode(prefix[:head_end], add_special_tokens=False)),
+        head_text=prefix[head_end:],
         tail_text=suffix[:start],
         tail=tuple(tokenizer.encode(suffix[start:], add_special_tokens=False)),
     )

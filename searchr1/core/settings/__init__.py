@@ -1,7 +1,7 @@
 """One declaration per setting: a dataclass field carries its default, its rule and its help.
 
-A configuration class (``RolloutConfig``, ``TrainConfig``, ``SearchOptions``) declares each user
-setting with :func:`setting`::
+A configuration class (``RolloutBudgets``, ``SamplingRuntime``, ``TrainConfig``, ``SearchOptions``)
+declares each user setting with :func:`setting`::
 
     group_size: int = setting(8, at_least=1, help="Trajectories per question.")
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from searchr1.core.errors import UsageError
 
-_MISSING: Any = dataclasses.MISSING
+_MISSING = dataclasses.MISSING
 LARGEST = 2**31 - 1  # the size no number setting exceeds (a signed 32-bit integer)
 
 
@@ -61,7 +61,7 @@ class Rule:
     at_most: float | None = None
     below: float | None = None
     choices: tuple[str, ...] | None = None
-    check: Callable[[Any], str | None] | None = None  # returns the broken rule, or None
+    check: Callable[[object], str | None] | None = None  # returns the broken rule, or None
     metavar: str | None = None
     default_text: str | None = None  # shown as [default: ...] when the real default is decided later
     cli: bool = True  # False: recorded in config.json, but not a flag
@@ -75,7 +75,7 @@ class Rule:
             f"<{_shown(self.below)}" if self.below is not None else "")
         return f"{low}x{high}" if low or high else ""
 
-    def violation(self, value: Any) -> str | None:
+    def violation(self, value: object) -> str | None:
         """The rule ``value`` breaks, in words, or None when it is accepted."""
         if value is None:
             return None
@@ -107,16 +107,16 @@ def setting(default: Any = _MISSING, *, default_factory: Any = _MISSING, repr: b
     return dataclasses.field(default=default, metadata=metadata, repr=repr)
 
 
-def flag_of(field: dataclasses.Field[Any]) -> str:
+def flag_of(field: dataclasses.Field[object]) -> str:
     rule = rule_of(field)
     return (rule.flag if rule and rule.flag else None) or "--" + field.name.replace("_", "-")
 
 
-def rule_of(field: dataclasses.Field[Any]) -> Rule | None:
+def rule_of(field: dataclasses.Field[object]) -> Rule | None:
     return field.metadata.get("setting")
 
 
-def settings_of(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Rule]]:
+def settings_of(cls: type) -> Iterator[tuple[dataclasses.Field[object], Rule]]:
     """The fields of ``cls`` declared with :func:`setting`, in declaration order."""
     for field in dataclasses.fields(cls):
         rule = rule_of(field)
@@ -134,7 +134,7 @@ def key_value(item: str, flag: str, expected: str) -> tuple[str, str]:
     return key, value
 
 
-def check_settings(instance: Any) -> None:
+def check_settings(instance: object) -> None:
     """Every rule of every setting of a configuration object (its ``__post_init__`` calls this)."""
     for field, rule in settings_of(type(instance)):
         broken = rule.violation(getattr(instance, field.name))
