@@ -13,6 +13,7 @@ from training_strategies import fail_search, plain_trajectory
 from searchr1.core.advantage import (
     ZSCORE_EPSILON,
     assign_group_advantages,
+    group_advantages,
     summarize_groups,
 )
 from searchr1.core.types import Exclusion
@@ -103,8 +104,18 @@ def test_none_mode_uses_raw_rewards_in_non_degenerate_groups(group):
 
 
 def test_unknown_mode_is_rejected():
-    with pytest.raises(ValueError, match="unknown advantage mode 'rank'"):
+    expected = r"^unknown advantage mode 'rank'; expected one of \('mean', 'zscore', 'rloo', 'none'\)$"
+    with pytest.raises(ValueError, match=expected):
         assign_group_advantages(make([[0.0, 1.0]]), mode="rank")
+    with pytest.raises(ValueError, match=expected):
+        group_advantages([0.0, 1.0], mode="rank")
+
+
+@pytest.mark.parametrize("mode", ["zscore", "rloo"])
+def test_a_mode_that_compares_with_the_others_needs_two_rewards(mode):
+    with pytest.raises(ValueError, match=f"^{mode} advantages need at least two rewards$"):
+        group_advantages([1.0], mode=mode)
+    assert group_advantages([1.0], mode="mean") == [0.0] and group_advantages([1.0], mode="none") == [1.0]
 
 
 @given(groups, st.data())

@@ -25,6 +25,8 @@ NAME_CHARACTERS = st.text(st.sampled_from("aZ09._-/ \n\u00e9"), max_size=160)
 @example(name="run.")
 @example(name="run\n")
 @example(name="x")
+@example(name="b/" + "a" * 56)  # its repr is exactly 60 characters: shown whole
+@example(name="b/" + "a" * 57)  # 61: shown cut to 57 and "..."
 def test_a_run_name_is_accepted_exactly_when_pytrio_accepts_it_as_a_checkpoint_prefix(name):
     """Invariant: the prefix rule is pytrio's checkpoint-name pattern (read from the SDK), whole,
     within 150 characters."""

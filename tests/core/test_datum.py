@@ -116,6 +116,7 @@ def test_prefix_violation_raises_naming_trajectory_and_turn(generated, data):
     message = str(caught.value)
     assert f"q{trajectory.question_index}/g{trajectory.group_index}" in message
     assert f"turn {turn_index}" in message
+    assert message.endswith(f"first difference at token {position}")  # the corrupted one
 
 
 def test_a_shorter_prompt_is_a_prefix_violation():
@@ -132,8 +133,9 @@ def test_a_shorter_prompt_is_a_prefix_violation():
     trajectory = Trajectory(
         example=EXAMPLE, question_index=3, group_index=1, messages=[], turns=turns, advantage=1.0
     )
-    with pytest.raises(PrefixViolation, match=r"q3/g1 turn 1"):
-        build_datum(trajectory)
+    with pytest.raises(PrefixViolation, match=r"q3/g1 turn 1: prompt \(4 tokens\) does not extend the previous "
+                                              r"sequence \(5 tokens\); first difference at token 4$"):
+        build_datum(trajectory)  # the prompt stops where the sequence goes on: the difference is its end
 
 
 @given(generated_trajectories(), st.integers(0, 3))

@@ -69,3 +69,23 @@ def test_a_tokenizer_with_another_pre_tokenizer_is_tokenised_whole(tokenizer):
             return getattr(tokenizer, name)
 
     assert not splits_predictably(Other())
+
+
+def test_the_decision_reads_the_tokenizers_own_pre_tokenizer_and_normalizer(tokenizer):
+    """Decided afresh for each tokenizer object (the real one's answer is cached): the same
+    backend is supported, one whose components cannot be read, or are missing, is not."""
+
+    class Backend:
+        def __init__(self, pre_tokenizer, normalizer):
+            self.pre_tokenizer, self.normalizer = pre_tokenizer, normalizer
+
+    class Holding:
+        def __init__(self, backend):
+            self.backend_tokenizer = backend
+
+    real = tokenizer.backend_tokenizer
+    assert splits_predictably(Holding(real))
+    assert splits_predictably(Holding(Backend(real.pre_tokenizer, None)))  # no normalizer: nothing changes the text
+    assert not splits_predictably(Holding(Backend(object(), real.normalizer)))  # unreadable: not assumed
+    assert not splits_predictably(Holding(Backend(None, real.normalizer)))
+    assert not splits_predictably(Holding(Backend(real.pre_tokenizer, object())))

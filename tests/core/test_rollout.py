@@ -19,13 +19,14 @@ from searchr1.core.protocol import missing_closing, observation_tokens, template
 from searchr1.core.observation.fit import TRUNCATION_MARKER
 from searchr1.core.rollout import (
     RolloutConfig,
+    effective_system_prompt,
     SamplerFailureError,
     make_request,
     rollout_batch_async,
     sampling_seed,
 )
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.core.types import SearchExample, SearchItem, SearchResult, Trajectory
+from searchr1.core.types import SearchExample, SearchItem, SearchRecord, SearchResult, Trajectory
 from searchr1.twin import Latencies, TwinFaults, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.scenario import parse_scenario
@@ -285,16 +286,23 @@ def test_a_harness_error_in_search_propagates(served, tokenizer):
         run(served, tokenizer, [question("q", [[call("unknown"), "Answer: x"]])], RolloutConfig(group_size=1, **FAST))
 
 
-def test_a_result_that_cannot_become_an_observation_ends_only_its_trajectory_as_a_search_error(served, tokenizer):
+def test_a_result_that_cannot_become_an_observation_ends_only_its_trajectory_as_a_search_error(
+        served, tokenizer, caplog):
     # A lone surrogate that slipped past every edge: the tokenizer refuses it (TypeError).
-    bad = SearchResult(True, (SearchItem("Broken", "text with a \ud800 lone surrogate", "Wikipedia"),))
-    search = ScriptedSearch({**RESULTS, "broken": bad})
-    samples = [[call("broken"), "Answer: France"], [call("alpha"), "Answer: France"], ["Answer: Spain"]]
+    bad = SearchResult(True, (SearchItem("Broken", "text with a \ud800 lone surrogate", "Wikipedia"),), cached=True)
+    query = "broken " + "x" * 90  # logged cut to its first 80 characters
+    search = ScriptedSearch({**RESULTS, query: bad})
+    samples = [[call(query), "Answer: France"], [call("alpha"), "Answer: France"], ["Answer: Spain"]]
     other = [["Answer: France"], ["Answer: Spain"], ["Answer: France"]]
-    trajectories, _, _ = run(served, tokenizer, [question("q", samples), question("r", other)], search=search)
+    with caplog.at_level("WARNING", logger="searchr1.core.rollout"):
+        trajectories, _, _ = run(served, tokenizer, [question("q", samples), question("r", other)], search=search)
     broken = trajectories[0]
+    reason = "the search result could not become an observation (TypeError)"
     assert broken.termination == "search_error" and broken.env_error and broken.search_calls == 1
-    assert not broken.searches[0].ok and "TypeError" in broken.searches[0].error
+    assert broken.searches == [SearchRecord(query=query, ok=False, observation="", items=1, error=reason,
+                                            cached=True)]
+    assert broken.final_text == call(query)  # the turn that asked for the search
+    assert f"query {query[:80]!r}: {reason}; the trajectory ends as a search failure" in caplog.messages
     assert [t.termination for t in trajectories[1:3]] == ["answer", "answer"]
     assert {t.excluded for t in trajectories[:3]} == {"env_failure_group"}  # its group is left out
     assert [t.excluded for t in trajectories[3:]] == [None] * 3  # the other group still trains
@@ -503,3 +511,15 @@ def test_only_retryable_failures_are_asked_again_and_the_first_failure_is_named_
     assert sampler.requests == requests
     assert str(info.value).endswith(f"(first failure: {summary})")
     assert caplog.messages[-1] == f"sampling failed for good ({summary})"
+
+
+@pytest.mark.parametrize("state_budget", [True, False])
+@pytest.mark.parametrize("custom", [None, "Search at most {max_search_calls} times, then answer."])
+def test_the_system_prompt_named_for_a_config_is_the_one_its_trajectories_start_with(served, tokenizer,
+                                                                                     state_budget, custom):
+    config = RolloutConfig(group_size=1, max_search_calls=3, state_search_budget=state_budget,
+                           **({"system_prompt": custom} if custom else {}), **FAST)
+    trajectories, _, _ = run(served, tokenizer, [question("q", [["Answer: France"]])], config)
+    assert trajectories[0].messages[0] == {"role": "system", "content": effective_system_prompt(config)}
+    if custom is not None:  # the budget fills the placeholder only when the prompt states it
+        assert effective_system_prompt(config) == custom.replace("{max_search_calls}", "3" if state_budget else "")

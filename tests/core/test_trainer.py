@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import time
 import pytest
 from twin_support import MODEL
 
@@ -111,7 +112,7 @@ class RecordedClient:
         self.client, self.calls = client, calls
 
     async def forward_backward_async(self, data, loss_fn, **options):
-        self.calls.append(("forward_backward", len(data), loss_fn))
+        self.calls.append(("forward_backward", len(data), loss_fn) + ((options,) if options else ()))
         return await self.client.forward_backward_async(data, loss_fn=loss_fn, **options)
 
     async def optim_step_async(self, adam):
@@ -160,7 +161,9 @@ def test_a_step_sends_what_the_reference_step_sends_in_order(twins, learned_batc
     trajectories = copy.deepcopy(batch)
     recorder = Recorder(trajectories)
     trainer = trainer_on(learning, config, tokenizer, recorder)
+    started = time.perf_counter()
     record = asyncio.run(trainer.step(0, recorder))
+    elapsed = time.perf_counter() - started
 
     theirs = service_of(learning).create_lora_training_client(
         base_model=MODEL, rank=8, seed=5)
@@ -174,6 +177,7 @@ def test_a_step_sends_what_the_reference_step_sends_in_order(twins, learned_batc
     assert record.micro_batches is None and record.kl_metrics == {} and record.dropped_out_of_vocab == 0
     assert record.step == 0 and record.trajectories is trajectories
     assert 0 <= record.waited_seconds <= record.step_seconds and 0 <= record.train_seconds <= record.step_seconds
+    assert record.step_seconds <= elapsed
 
 
 def expected_rewards(kind: str) -> list[list[float]]:
@@ -342,3 +346,13 @@ def test_a_trainer_must_be_connected_first(tokenizer):
         asyncio.run(trainer.step(0, Recorder([])))
     with pytest.raises(AssertionError, match=r"^connect\(\) first$"):
         asyncio.run(trainer.save("x"))
+
+
+def test_a_step_sends_the_configured_loss_and_its_options(twins, learned_batch, tokenizer):
+    learning, _ = twins
+    config = train_config(loss_fn="ppo", loss_fn_config={"clip_low_threshold": 0.7, "clip_high_threshold": 1.3})
+    recorder = Recorder(copy.deepcopy(learned_batch[0]))
+    record = asyncio.run(trainer_on(learning, config, tokenizer, recorder).step(0, recorder))
+    assert [c for c in recorder.calls if c[0] == "forward_backward"] == [
+        ("forward_backward", len(record.datums), "ppo",
+         {"loss_fn_config": {"clip_low_threshold": 0.7, "clip_high_threshold": 1.3}})]

@@ -1,0 +1,29 @@
+"""The core's data types that carry arithmetic or rules of their own."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from searchr1.core.settings import SettingError
+from searchr1.core.types import ReportedUsage, RolloutBudgets
+
+COUNTS = st.integers(0, 10**9)
+USAGES = st.builds(ReportedUsage, COUNTS, COUNTS, COUNTS, COUNTS)
+
+
+@given(st.lists(USAGES, max_size=6))
+def test_usage_added_call_by_call_is_the_sum_of_each_count(usages):
+    total = ReportedUsage()
+    for usage in usages:
+        total.add(usage)
+    assert total == ReportedUsage(sum(u.input_tokens for u in usages), sum(u.cache_read_input_tokens for u in usages),
+                                  sum(u.output_tokens for u in usages), sum(u.web_search_requests for u in usages))
+
+
+def test_budgets_on_their_own_hold_their_rules():
+    """The budgets part is checked when made alone too (the reference takes only it)."""
+    assert RolloutBudgets(group_size=2).group_size == 2
+    with pytest.raises(SettingError, match="^--group-size must be >= 1, got 0$"):
+        RolloutBudgets(group_size=0)
