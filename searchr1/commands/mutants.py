@@ -76,8 +76,10 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
         shutil.rmtree(root / "mutants", ignore_errors=True)
     started = time.monotonic()
     click.echo(f"mutmut: testing the mutants of searchr1/core/ with {plural(jobs, 'job')} ...", err=True)
+    # mutmut's type check runs `python -m mypy` ([tool.mutmut]): this interpreter's, venv or not
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PATH": path})
     if run.returncode != 0:
         tail = (run.stderr or "").strip().splitlines()[-1:] or ["no message"]
         raise click.ClickException(f"mutmut run failed (exit {run.returncode}): {tail[0]}")

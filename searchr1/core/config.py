@@ -155,11 +155,14 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, payload: dict[str, JsonValue]) -> TrainConfig:
-        values = dict(payload)
+        values: dict[str, object] = dict(payload)
         values.pop("segments", None)  # the run's history of flag changes (commands/train.py)
-        values["rollout"] = RolloutConfig(**values.get("rollout", {}))
+        rollout = values.get("rollout", {})
+        if not isinstance(rollout, dict):
+            raise ValueError(f"config.json's rollout must be an object, not {type(rollout).__name__}")
+        values["rollout"] = RolloutConfig(**rollout)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"config.json holds unknown fields {unknown}; written by another version?")
-        return cls(**values)
+        return cls(**values)  # type: ignore[arg-type]  # JSON values: each setting's own rule checks its value

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, Message, RewardResult, RolloutBudgets,
+from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, JsonObject, Message, RewardResult, RolloutBudgets,
                                  SearchExample, SearchItem, SearchRecord, SearchResult, Termination, Tokenizer, Trajectory)
 
 if TYPE_CHECKING:  # pytrio is loaded when first used, as everywhere in the core
@@ -56,11 +56,12 @@ def system_message(budgets: RolloutBudgets) -> Message:
 
 def render(tokenizer: Tokenizer, messages: list[Message], budgets: RolloutBudgets, *, generate: bool,
            tokenize: bool = True) -> list[int] | str:
-    """PLUMBING: the conversation under the model's chat template, the one search tool declared, thinking off."""
+    """PLUMBING: the conversation under the model's chat template, the one search tool declared, thinking off:
+    its tokens, or (``tokenize=False``) its text."""
     about = ("Look up evidence on the web. Pass one short English query." if budgets.tool_description is None
              else budgets.tool_description)
-    query = {"type": "string", "description": "A short English search query."}
-    tool = {"type": "function", "function": {"name": "search", "description": about, "parameters": {
+    query: JsonObject = {"type": "string", "description": "A short English search query."}
+    tool: JsonObject = {"type": "function", "function": {"name": "search", "description": about, "parameters": {
         "type": "object", "properties": {"query": query}, "required": ["query"]}}}
     out = tokenizer.apply_chat_template(messages, tools=[tool], tokenize=tokenize, add_generation_prompt=generate,
                                         enable_thinking=False, return_dict=False)
@@ -144,7 +145,8 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     """Record one assistant turn; end the trajectory or search and stitch its next prompt."""
     t.turns.append(turn)
     text, kind, query = parse(turn.text)
-    before, reply = list(t.messages), {"role": "assistant", "content": text}
+    reply: Message = {"role": "assistant", "content": text}
+    before = list(t.messages)
     t.messages.append(reply)
     if kind == "answer":  # ALGORITHM: an answer (scored later) only with a scorable Answer: line
         return t.finish(Termination.ANSWER if answer_of(text) is not None else Termination.NO_ANSWER, text)
@@ -160,11 +162,12 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     said = max((k for k in range(1, len(closing) + 1) if turn.completion_tokens[-k:] == closing[:k]), default=0)
     stitched = turn.prompt_tokens + turn.completion_tokens + closing[said:]
     call_id = f"search-{t.question_index}-{t.group_index}-{len(t.searches) + 1}"
-    tool = {"role": "tool", "tool_call_id": call_id, "name": "search"}
-    ended = render(tokenizer, before + [reply], budgets, generate=False, tokenize=False)
+    def tool(content: str) -> Message:
+        return {"role": "tool", "tool_call_id": call_id, "name": "search", "content": content}
+    ended = str(render(tokenizer, before + [reply], budgets, generate=False, tokenize=False))
 
     def observation(content: str) -> list[int]:
-        full = render(tokenizer, before + [reply, {**tool, "content": content}], budgets, generate=True, tokenize=False)
+        full = str(render(tokenizer, before + [reply, tool(content)], budgets, generate=True, tokenize=False))
         return tokenizer.encode(full[len(ended):], add_special_tokens=False)
     room = budgets.max_trajectory_tokens - 1 - len(stitched)
     if len(observation("x")) > room:  # not even a one-letter observation fits: no search
@@ -174,7 +177,7 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     content, truncated = fit(tokenizer, observation_items(result), observation, room, budgets)
     if content is None:
         return t.finish(Termination.TOOL_OVERFLOW, text)
-    t.messages.append({**tool, "content": content})
+    t.messages.append(tool(content))
     t.next_prompt_tokens = stitched + observation(content)
     t.searches.append(SearchRecord(query, result.ok, content, len(result.items), result.error, result.cached,
                                    truncated))
@@ -192,23 +195,26 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
     """``group_size`` trajectories per question, in question then sample order."""
     trajectories = []
     for q, example in enumerate(examples):
-        messages = [system_message(budgets), {"role": "user", "content": example.question}]
+        messages: list[Message] = [system_message(budgets), {"role": "user", "content": example.question}]
         group = [Trajectory(example, q, g, [m.copy() for m in messages]) for g in range(budgets.group_size)]
         trajectories += group
         prompt = render(tokenizer, messages, budgets, generate=True)
         # PLUMBING: the template's closing of an assistant turn, what an empty reply adds to the prompt
         empty_reply = render(tokenizer, messages + [{"role": "assistant", "content": ""}], budgets, generate=False)
+        assert isinstance(prompt, list) and isinstance(empty_reply, list)  # tokens, as asked
         closing = empty_reply[len(prompt):]
         # ALGORITHM: the first turn is ONE request with num_samples = group_size on the shared prompt
         first = sample(sampler, tokenizer, prompt, budgets.group_size, seed_of(budgets, step, q, 0, 0), budgets)
-        for t, turn in zip(group, first or [None] * len(group)):
+        firsts: list[AssistantTurn | None] = list(first) if first else [None] * len(group)
+        for t, turn in zip(group, firsts):
             while turn is not None:  # one turn, then the next on the stitched prompt
                 step_trajectory(t, turn, tokenizer, search, budgets, closing)
                 if t.done:
                     break
                 assert t.next_prompt_tokens is not None  # a search stitched the next prompt
                 seed = seed_of(budgets, step, q, t.group_index, len(t.turns))
-                turn = (sample(sampler, tokenizer, t.next_prompt_tokens, 1, seed, budgets) or [None])[0]
+                following = sample(sampler, tokenizer, t.next_prompt_tokens, 1, seed, budgets)
+                turn = following[0] if following else None
             if not t.done:  # no room left to generate
                 t.finish(Termination.TOKEN_BUDGET if t.turns else Termination.PROMPT_TOO_LONG)
     return trajectories
@@ -255,7 +261,9 @@ def reference_datums(trajectories: list[Trajectory], vocab_size: int) -> list[Da
     for t in trajectories:
         if t.excluded or t.advantage == 0.0 or not any(turn.completion_tokens for turn in t.turns):
             continue
-        tokens, logprobs, advantages = [], [], []
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        advantages: list[float] = []
         for turn in t.turns:
             assert turn.prompt_tokens[: len(tokens)] == tokens  # each prompt extends the sequence so far
             delta = turn.prompt_tokens[len(tokens):]

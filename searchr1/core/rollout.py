@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -276,11 +276,11 @@ def add_observation(pending: PendingSearch, result: SearchResult, tokenizer: Tok
     trajectory.next_prompt_tokens = fitted.next_prompt
 
 
-async def run_all(coroutines: Iterable[Awaitable[T]]) -> list[T]:
+async def run_all(coroutines: Iterable[Coroutine[object, object, T]]) -> list[T]:
     """Run concurrently; if one fails, cancel the rest and raise that error itself."""
     try:
         async with asyncio.TaskGroup() as task_group:
-            tasks = [task_group.create_task(c) for c in coroutines]
+            tasks: list[asyncio.Task[T]] = [task_group.create_task(c) for c in coroutines]
     except BaseExceptionGroup as failure:
         first = failure.exceptions[0]
         while isinstance(first, BaseExceptionGroup):

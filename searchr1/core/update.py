@@ -126,7 +126,8 @@ def non_finite_inputs(datums: Sequence[TrainingDatum]) -> str | None:
     return None
 
 
-def non_finite_outputs(metrics: Sequence[Mapping[str, float]], learned: Sequence[Sequence[float] | None]) -> str | None:
+def non_finite_outputs(metrics: Sequence[Mapping[str, float]],
+                       learned: Sequence[np.ndarray | Sequence[float] | None]) -> str | None:
     """What is wrong with the ``forward_backward`` results (a loss, or a learner logprob of a
     trained position, that is NaN or infinite); None when all is finite."""
     for call, values in enumerate(metrics):
@@ -136,7 +137,7 @@ def non_finite_outputs(metrics: Sequence[Mapping[str, float]], learned: Sequence
                 return f"forward_backward call {call + 1} returned {key} = {value!r}"
     for index, logprobs in enumerate(learned):
         position = None if logprobs is None else _first_non_finite(logprobs)
-        if position is not None:
+        if logprobs is not None and position is not None:
             return f"forward_backward returned logprobs[{position}] = {float(logprobs[position])!r} for datum {index}"
     return None
 
@@ -149,15 +150,18 @@ async def apply_update(client: TrainingClient, calls: Sequence[Sequence[Training
     stay as they were)."""
     import pytrio as trio
 
-    loss_fn_config = dict(config.loss_fn_config) or None
+    loss_fn_config: dict[str, object] | None = dict(config.loss_fn_config) or None
     problem = non_finite_inputs([item for call in calls for item in call])
     if problem:
         raise NonFiniteValues(f"{problem} (nothing was sent to forward_backward)")
     outputs, tokens = [], []
     for call in calls:
         data = [item.datum for item in call]
-        options = {"loss_fn_config": loss_fn_config} if loss_fn_config else {}
-        result = await (await client.forward_backward_async(data, loss_fn=config.loss_fn, **options))
+        if loss_fn_config:  # sent only when given: PyTRIO's defaults otherwise
+            sent = client.forward_backward_async(data, loss_fn=config.loss_fn, loss_fn_config=loss_fn_config)
+        else:
+            sent = client.forward_backward_async(data, loss_fn=config.loss_fn)
+        result = await (await sent)
         outputs.append(dict(result.metrics))
         tokens += learner_tokens(data, getattr(result, "loss_fn_outputs", None))
     problem = non_finite_outputs(outputs, [t.learned for t in tokens])

@@ -45,9 +45,11 @@ def _component(part: object) -> JsonObject | None:
     if part is None:
         return None
     try:
-        return json.loads(part.__getstate__())
+        state = part.__getstate__()
+        component = json.loads(state) if isinstance(state, str | bytes) else None
     except (AttributeError, TypeError, ValueError):
-        return {"type": "unknown"}
+        component = None
+    return component if isinstance(component, dict) else {"type": "unknown"}
 
 
 def splits_predictably(tokenizer: Tokenizer) -> bool:
@@ -64,7 +66,8 @@ def splits_predictably(tokenizer: Tokenizer) -> bool:
             isinstance(steps, list) and len(steps) == 2
             and steps[0] == {"type": "Split", "pattern": {"Regex": QWEN_SPLIT}, "behavior": "Isolated",
                              "invert": False}
-            and steps[1].get("type") == "ByteLevel" and steps[1].get("use_regex") is False
+            and isinstance(steps[1], dict) and steps[1].get("type") == "ByteLevel"
+            and steps[1].get("use_regex") is False
             and (normalizer is None or normalizer == {"type": "NFC"})
         )
     _SUPPORTED[tokenizer] = supported
