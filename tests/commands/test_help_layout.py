@@ -4,11 +4,11 @@ its whole one-line description, and a misspelled command gets the nearest name s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import click
 import pytest
 from click.testing import CliRunner
+from cli_support import command_paths
 
 from searchr1.cli import main
 from searchr1.commands.help_layout import SECTIONS, SectionedCommand, heading
@@ -16,19 +16,6 @@ from searchr1.runtime import invocation
 
 # More options than this under one heading is a flat list again (eval had 48 under "Options").
 MAX_PER_HEADING = 20
-
-
-def command_paths(group: click.Group, above: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
-    """The group itself and every command and subcommand below it, by the words that reach it."""
-    if not above:
-        yield (), group
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        assert command is not None
-        yield (*above, name), command
-        if isinstance(command, click.Group):
-            yield from command_paths(command, (*above, name))
 
 
 COMMANDS = list(command_paths(main))

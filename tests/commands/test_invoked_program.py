@@ -7,12 +7,12 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
+from cli_support import command_paths
 
 from searchr1.cli import COMMANDS, main
 from searchr1.runtime import invocation
@@ -21,17 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKOUT = re.compile(r"\bcli\.py\b")
 INSTALLED = re.compile(r"\bsearchr1 (?:%s)\b" % "|".join(map(re.escape, COMMANDS)))
 PROGRAMS = [("searchr1", "searchr1", CHECKOUT), ("cli.py", "python cli.py", INSTALLED)]  # name, shown, the other
-
-
-def command_paths(group: click.Group, above: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
-    """Every command and subcommand of ``group``, by the words that reach it."""
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        assert command is not None
-        yield (*above, name), command
-        if isinstance(command, click.Group):
-            yield from command_paths(command, (*above, name))
 
 
 def names_the_program(command: click.Command) -> bool:
@@ -44,7 +33,7 @@ def names_the_program(command: click.Command) -> bool:
 @pytest.mark.parametrize(("name", "shown", "other"), PROGRAMS, ids=["installed", "checkout"])
 def test_every_help_names_the_program_as_invoked(name, shown, other):
     runner, with_examples = CliRunner(), 0
-    for words, command in [((), main), *command_paths(main)]:
+    for words, command in command_paths(main):
         result = runner.invoke(main, [*words, "--help"], prog_name=name)
         assert result.exit_code == 0, (words, result.output)
         text = result.output
