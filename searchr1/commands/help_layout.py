@@ -17,6 +17,8 @@ from typing import Any
 
 import click
 
+from searchr1.core.settings import OnResume
+
 # Every heading a command's --help may have, in the order they are listed ("run" first: where a
 # newcomer looks for --offline, the data and the output).
 SECTIONS = ("run", "rollout", "algorithm", "search", "judge", "archive", "service", "latency", "health", "cost",
@@ -30,11 +32,13 @@ def heading(section: str) -> str:
 
 class SectionOption(click.Option):
     """An option that knows the heading (one of :data:`SECTIONS`) :class:`SectionedCommand`
-    lists it under."""
+    lists it under and, for ``train``'s flags, what a resume does with it (``on_resume``)."""
 
-    def __init__(self, *args: Any, section: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, section: str | None = None, on_resume: OnResume | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.section = section
+        self.on_resume = on_resume
 
 
 class SectionedCommand(click.Command):

@@ -13,6 +13,7 @@ from searchr1.core.errors import UserError
 from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.core.rollout import RolloutConfig
 from searchr1.commands.help_layout import SectionOption
+from searchr1.core.settings import OnResume
 from searchr1.commands.settings_options import FiniteFloatRange, preset_origin, setting_options, take_settings
 
 
@@ -20,6 +21,7 @@ def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any
     """``--connect-timeout``: how long to wait for PyTRIO to answer before naming the cause."""
     return click.option("--connect-timeout", type=FiniteFloatRange(min=0, min_open=True), default=30.0,
                         show_default=True, metavar="SECONDS", cls=SectionOption, section="service",
+                        on_resume=OnResume.FREE,
                         help="Give up connecting to PyTRIO after this long and say why (no network, DNS, "
                              "refused); the run's own calls keep PyTRIO's retry windows.")
 
@@ -42,7 +44,7 @@ def offline_fault_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]
     canonical text (``collapse@N`` or ``none``), or None when the flag is not given."""
     return click.option(
         "--offline-fault", "offline_fault", default=None, metavar="collapse@N|none", callback=_offline_fault,
-        cls=SectionOption, section="service",
+        cls=SectionOption, section="service", on_resume=OnResume.FREE,
         help="A fault of the offline twin: collapse@N makes samplers on weights with N or more updates "
              "(from step N on) reply with one repetitive turn without an Answer: line, to try the "
              "collapse guard. train records it in config.json and --resume keeps it; none clears it.")
@@ -56,7 +58,7 @@ def rollout_options(*, group_size: int = 8, temperature: float = 1.0,
     declared = setting_options(RolloutConfig, defaults={"group_size": group_size, "temperature": temperature},
                                helps=helps, section="rollout")
     system_prompt_file = click.option(
-        "--system-prompt-file", cls=SectionOption, section="rollout",
+        "--system-prompt-file", cls=SectionOption, section="rollout", on_resume=OnResume.FIXED,
         type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
         help="Use this file's text as the system prompt ({max_search_calls} in it becomes the search "
              "budget) instead of the project's wording; recorded in config.json and eval summaries.")

@@ -23,7 +23,7 @@ import click
 from click.core import ParameterSource
 
 from searchr1.commands.help_layout import SectionOption
-from searchr1.core.settings import LARGEST, Rule, flag_of, settings_of
+from searchr1.core.settings import LARGEST, OnResume, Rule, flag_of, settings_of
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -88,16 +88,20 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
     flag = flag_of(field)
     names = (flag, *rule.aliases, param_name(flag))
     common: dict[str, Any] = {"help": text, "metavar": rule.metavar, "cls": SectionOption,
-                              "section": rule.group or section}
+                              "section": rule.group or section, "on_resume": rule.on_resume}
     if rule.default_text is not None:
         common["show_default"] = rule.default_text
+    elif rule.offline_defaults:
+        offline = ", ".join(f"{default:g} with --offline-policy {policy}"
+                            for policy, default in rule.offline_defaults.items())
+        common["show_default"] = offline if value is None else f"{value:g}; {offline}"
     elif value is not None:
         common["show_default"] = True
     if base is bool:
         # A setting on by default can be turned off: --name/--no-name.
         switch = (f"{flag}/--no-{flag.removeprefix('--')}", *rule.aliases, param_name(flag)) if value else names
         return click.option(*switch, is_flag=True, default=bool(value), help=text, cls=SectionOption,
-                            section=rule.group or section)
+                            section=rule.group or section, on_resume=rule.on_resume)
     if rule.choices is not None:
         kind: Any = click.Choice(rule.choices)
     elif base is Path:
@@ -305,7 +309,7 @@ def config_file_option(records: str = "config.json records the merged result") -
 
     return click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
                         is_eager=True, expose_value=True, callback=load, metavar="FILE.toml",
-                        cls=SectionOption, section="run",
+                        cls=SectionOption, section="run", on_resume=OnResume.FREE,
                         help="Read settings from this TOML file (keys are the flag names, e.g. "
                              "group_size = 16; train and eval read the same file, each noting the other's "
                              f"keys it ignores); flags given on the command line override it, and {records}.")

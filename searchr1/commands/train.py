@@ -21,6 +21,7 @@ from searchr1.runtime import invocation
 from searchr1.commands.search_options import search_options
 from searchr1.search.options import SearchOptions
 from searchr1.core.config import TrainConfig
+from searchr1.core.settings import OnResume, offline_defaults
 from searchr1.commands.options import (
     check_offline_group_size,
     connect_timeout_option,
@@ -39,95 +40,82 @@ from searchr1.commands.settings_options import (
     take_settings,
 )
 
-# Offline defaults per twin policy: enough steps (and, for the small learning policy, a large
-# enough Adam step) to watch the reward rise in well under a minute.
-OFFLINE_DEFAULT_STEPS = {"learning": 20, "scripted": 4}
-OFFLINE_LEARNING_RATE = {"learning": 0.2}
-# Flags that may differ when a run is resumed (everything else is fixed by config.json).
-RESUMABLE_FLAGS = {"config", "resume", "max_steps", "swanlab_mode", "logger", "logger_project", "quiet",
-                   "chat_template", "allow_tempered_sampling", "preflight_only", "clamp_to_server_limits",
-                   "connect_timeout", "from_step", "offline_fault", "prices", "budget", "budget_tokens",
-                   "estimate", "estimate_measure"}
-# Flags a resume applies as given (the price table and the budgets; recorded in config.json).
-COST_FLAGS = ("prices", "budget", "budget_tokens")
-# The collapse guard's flags: any resume may change them (they are recorded in config.json).
-GUARD_FLAGS = {"stop_on_collapse", "health_rules"}
-# Algorithm flags a restart from an earlier step (--resume RUN --from-step K) may change; the
-# change is recorded as a new segment of config.json.
-SEGMENT_FLAGS = {"learning_rate", "beta1", "beta2", "advantage", "keep_env_failures", "accumulation",
-                 "save_every", "transcripts_per_step", "max_steps_off_policy",
-                 "loss_fn", "loss_fn_config", "kl_coef", "kl_estimator", "reward", "max_oversample_batches",
-                 "num_substeps"}
-# The --help heading of each flag that names none where it is declared (settings and shared flags do).
-TRAIN_SECTIONS = {
-    **dict.fromkeys(("run_dir", "resume", "from_step"), "run"),
-    "allow_tempered_sampling": "rollout",
-    "loss_fn_config": "algorithm",
-    **dict.fromkeys(("offline_policy", "preflight_only", "clamp_to_server_limits", "chat_template"), "service"),
-    "health_rules": "health",
-    **dict.fromkeys(("estimate", "estimate_measure"), "cost"),
-    **dict.fromkeys(("logger", "logger_project", "swanlab_mode", "quiet"), "logging"),
-}
 # Exit code of a run stopped by --stop-on-collapse.
 COLLAPSE_EXIT_CODE = 3
 # Exit code of a run stopped by --budget / --budget-tokens (a checkpoint of every finished step is saved).
 BUDGET_EXIT_CODE = 4
 
 
-@click.command(cls=SectionedCommand, context_settings={"show_default": True}, sections=TRAIN_SECTIONS)
+@click.command(cls=SectionedCommand, context_settings={"show_default": True})
 @config_file_option()
 @click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
+              cls=SectionOption, section="service", on_resume=OnResume.FIXED,
               help="With --offline: the policy the twin serves. learning: a small model over whole assistant "
                    "turns that really improves from the updates; scripted: the fixed scenario of the golden "
                    "tests (8 samples per question, so --group-size at most 8).")
-@click.option("--offline", cls=SectionOption, section="run", is_flag=True,
+@click.option("--offline", cls=SectionOption, section="run", on_resume=OnResume.FIXED, is_flag=True,
               help="No key, no network: the offline PyTRIO twin (the real client against a server on "
                    "127.0.0.1) and search cassettes.")
 @setting_options(TrainConfig, defaults={"max_steps": None, "data": None}, section="algorithm")
 @rollout_options(helps={"group_size": "Trajectories per question; training needs at least 2 (advantages compare "
                                       "a question's samples with each other)."})
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              cls=SectionOption, section="run", on_resume=OnResume.FIXED,
               help="Where config, metrics and checkpoints go [default: runs/<run-name>, or -2, -3… if taken].")
 @click.option("--resume", type=click.Path(file_okay=False, path_type=Path), default=None,
+              cls=SectionOption, section="run", on_resume=OnResume.FREE,
               help="Continue the run in this directory from its last checkpoint (same data order, optimizer state).")
 @click.option("--from-step", type=click.IntRange(min=0), default=None, metavar="K",
+              cls=SectionOption, section="run", on_resume=OnResume.FREE,
               help="With --resume: restart from the checkpoint of step K instead of the last one. Later metrics, "
                    "transcripts and checkpoints are moved aside (*.rewound.jsonl), and algorithm flags "
                    "(--learning-rate, --advantage, ...) may change; config.json records them as a new segment.")
 @click.option("--health-rule", "health_rules", multiple=True, metavar="NAME=VALUE",
+              cls=SectionOption, section="health", on_resume=OnResume.GUARD,
               help="Change a health rule's threshold (NAME=off turns it off); repeatable. Rules and defaults: "
                    "format_valid_rate<0.1, answer_rate<0.1, entropy<0.0001 (only while reward or format falls), "
                    "mismatch_k3>0.1, repeated_turns>0.5, "
                    "reward_drop>0.5 (docs/health.md).")
 @offline_fault_option()
 @click.option("--loss-fn-config", multiple=True, metavar="KEY=VALUE",
+              cls=SectionOption, section="algorithm", on_resume=OnResume.SEGMENT,
               help="Sent to forward_backward as loss_fn_config (repeatable; numbers parsed), e.g. "
                    "clip_low_threshold=0.8 clip_high_threshold=1.28 for ppo/cispo, beta=0.05 for dro.")
 @click.option("--logger", "logger", multiple=True, type=click.Choice(["none", *LOGGER_NAMES]),
+              cls=SectionOption, section="logging", on_resume=OnResume.FREE,
               help="Also send each step's metrics to swanlab, wandb or tensorboard (<run-dir>/tensorboard); "
                    "repeatable; none for none [default: swanlab on live runs when it is installed, else none]. "
                    "metrics.jsonl is always written.")
 @click.option("--logger-project", "--swanlab-project", "logger_project", default="searchr1",
+              cls=SectionOption, section="logging", on_resume=OnResume.FREE,
               help="SwanLab / W&B project (--swanlab-project is the old name).")
 @click.option("--swanlab-mode", type=click.Choice(SWANLAB_MODES), default="auto",
+              cls=SectionOption, section="logging", on_resume=OnResume.FREE,
               help="SwanLab's mode; any but auto and disabled implies --logger swanlab (older flag, kept working).")
 @click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
+              cls=SectionOption, section="service", on_resume=OnResume.FREE,
               help="Another copy of the Qwen3.5 chat template (checked by sha256).")
-@click.option("--quiet", is_flag=True, help="No progress bars; one line per step.")
+@click.option("--quiet", is_flag=True, cls=SectionOption, section="logging", on_resume=OnResume.FREE,
+              help="No progress bars; one line per step.")
 @connect_timeout_option()
 @click.option("--preflight-only", is_flag=True,
+              cls=SectionOption, section="service", on_resume=OnResume.FREE,
               help="Run the checks a paid run makes before its first sample (server limits, the service's "
                    "tokenizer), print what they found and exit 0 when the run is ready; nothing is written.")
 @click.option("--clamp-to-server-limits", is_flag=True,
+              cls=SectionOption, section="service", on_resume=OnResume.FREE,
               help="Lower --max-trajectory-tokens to the service's limits for the model (with a warning) "
                    "instead of stopping.")
 @click.option("--allow-tempered-sampling", is_flag=True,
+              cls=SectionOption, section="rollout", on_resume=OnResume.FREE,
               help="Accept --temperature/--top-p other than 1. The importance ratio then uses logprobs of a "
                    "tempered or truncated distribution instead of the trained policy's, which biases the update.")
 @click.option("--estimate", is_flag=True,
+              cls=SectionOption, section="cost", on_resume=OnResume.FREE,
               help="Print what the whole run would use (tokens, requests and, with --prices, cost; per step and in "
                    "total, with a range) from the configured sizes, and exit; nothing is sampled or written.")
 @click.option("--estimate-measure", is_flag=True,
+              cls=SectionOption, section="cost", on_resume=OnResume.FREE,
               help="With --estimate: also run ONE real step (paid on a live run) in a temporary directory and "
                    "project the run from what it used.")
 @search_options(default_backend="deepseek")
@@ -194,19 +182,20 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         run.check_consistent(stored)
         for note in run.mend_torn_tails():
             click.secho(f"note: {note}", fg="yellow", err=True)
-        changed = sorted(name for name in explicit - RESUMABLE_FLAGS - GUARD_FLAGS
+        recorded = _flags(OnResume.FIXED) | _flags(OnResume.SEGMENT)  # what a resume compares with config.json
+        changed = sorted(name for name in explicit & recorded
                          if _stored_value(stored, name) != _given(kwargs, ctx.params, name))
-        fixed = [name for name in changed if from_step is None or name not in SEGMENT_FLAGS]
+        fixed = [name for name in changed if from_step is None or name not in _flags(OnResume.SEGMENT)]
         if fixed:
             flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
             hint = ("only --max-steps may be raised; algorithm flags may change with --from-step K"
                     if from_step is None else "a restart with --from-step may change only " +
-                    ", ".join("--" + name.replace("_", "-") for name in sorted(SEGMENT_FLAGS)))
+                    ", ".join("--" + name.replace("_", "-") for name in sorted(_flags(OnResume.SEGMENT))))
             raise click.UsageError(f"{flags} cannot change when resuming; the run's settings are in "
                                    f"{resume_dir / 'config.json'} ({hint})")
         if ctx.params["max_steps"] is not None:
             stored["max_steps"] = ctx.params["max_steps"]
-        for name in COST_FLAGS:  # a resume may bring another price table or a larger budget
+        for name in sorted(_flags(OnResume.COST)):  # a resume may bring another price table or budget
             if name in explicit and stored.get(name) != _plain(ctx.params[name]):
                 stored[name] = _plain(ctx.params[name])
                 costs_changed = True
@@ -245,16 +234,16 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         settings["offline_policy"] = policy if offline else None
         if offline and offline_fault not in (None, "none"):
             settings["offline_fault"] = offline_fault
+        if offline:  # the twin's policy has its own defaults (declared with each setting)
+            given = {setting_params(TrainConfig).get(name, name) for name in explicit}  # as field names
+            settings.update({name: value for name, value in offline_defaults(TrainConfig, policy).items()
+                             if name not in given})
         if settings["max_steps"] is None:
-            if not offline:
-                raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
-            settings["max_steps"] = OFFLINE_DEFAULT_STEPS[policy]
+            raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
         if offline and policy == "scripted" and "mismatch_k3" not in health_rules:
             # the scripted sampler's logprobs are the script's, not the toy learner's: they never agree
             health_rules = {**health_rules, "mismatch_k3": None}
         settings["health_rules"] = health_rules
-        if offline and "learning_rate" not in explicit and policy in OFFLINE_LEARNING_RATE:
-            settings["learning_rate"] = OFFLINE_LEARNING_RATE[policy]
         given_data = settings.pop("data")
         data = Path(given_data or (TRAIN if offline else "datasets/train.jsonl"))
         # the package's own offline file missing is a broken install; the user's, not
@@ -550,6 +539,11 @@ def _interrupted_in_start_up(run: Any, *, resuming: bool) -> str:
 _MISSING = object()
 
 
+def _flags(role: OnResume) -> set[str]:
+    """The names of ``train``'s flags whose declaration gives them ``role`` on a resume."""
+    return {param.name for param in train.params if param.name and getattr(param, "on_resume", None) is role}
+
+
 def _free_run_dir(root: Path, name: str) -> Path:
     """``runs/<name>``, or ``runs/<name>-2``, ``-3``… when taken (a directory whose run never
     finished a step is not taken): a default never collides."""
@@ -577,7 +571,12 @@ def _health_rules(given: tuple[str, ...]) -> dict[str, float | None]:
 
 
 def _given(kwargs: dict[str, Any], params: dict[str, Any], name: str) -> Any:
-    """A flag's value as config.json would record it (``--loss-fn-config`` already parsed)."""
+    """A flag's value as config.json would record it (``--loss-fn-config`` already parsed, the
+    system prompt file's text)."""
+    from searchr1.commands.options import read_system_prompt
+
+    if name == "system_prompt_file":
+        return read_system_prompt(params[name])
     return kwargs[name] if name == "loss_fn_config" else _plain(_as_recorded(name, params[name]))
 
 
@@ -588,7 +587,9 @@ def _plain(value: Any) -> Any:
 def _stored_value(stored: dict[str, Any], name: str) -> Any:
     """A flag's value as the run's config.json recorded it (``_MISSING`` if it was not), found
     through the declarations: a TrainConfig setting at the top, a RolloutConfig one under
-    ``rollout``, a search one under ``search.options``."""
+    ``rollout`` (the system prompt file as its text), a search one under ``search.options``."""
+    if name == "system_prompt_file":
+        return stored.get("rollout", {}).get("system_prompt", _MISSING)
     scopes = ((setting_params(TrainConfig), stored), (setting_params(RolloutConfig), stored.get("rollout", {})),
               (setting_params(SearchOptions), stored.get("search", {}).get("options", {})))
     for params, scope in scopes:

@@ -17,7 +17,7 @@ from searchr1.core.kl import KL_ESTIMATORS, KlEstimator
 from searchr1.core.reward import REWARD_KINDS, RewardKind
 from searchr1.core.types import FORMAT_PENALTY, JsonValue
 from searchr1.core.rollout import RolloutConfig
-from searchr1.core.settings import SettingError, check_settings, setting
+from searchr1.core.settings import OnResume, SettingError, check_settings, setting
 from searchr1.core.update import POLICY_LOSS_FNS, LossFn
 
 Accumulation = Literal["sdk", "manual"]
@@ -40,9 +40,8 @@ class TrainConfig:
     """Everything a run is started with; ``config.json`` is this object. Each user setting is
     declared once here (:mod:`searchr1.core.settings`), and the flags of ``train`` are made from it."""
 
-    max_steps: int = setting(group="run",
-                             help="Training steps [required live; with --offline default 20 for the learning "
-                                  "policy, 4 for the scripted one].", at_least=1, at_most=1_000_000)
+    max_steps: int = setting(group="run", at_least=1, at_most=1_000_000, help="Training steps (required live).",
+                             offline_defaults={"learning": 20, "scripted": 4}, on_resume=OnResume.FREE)
     data: str = setting(group="run", metavar="PATH",
                         help="Training JSONL [default: datasets/train.jsonl; the shipped offline "
                              "set with --offline].")
@@ -56,23 +55,28 @@ class TrainConfig:
                                        help="Questions per step (each sampled --group-size times).")
     max_train_samples: int = setting(0, group="run", at_least=0,
                                      help="Use only the first N shuffled examples (0 = all).")
-    learning_rate: float = setting(4e-5, above=0.0, default_text="4e-05; 0.2 for --offline-policy learning",
-                                   help="Adam learning rate.")
-    beta1: float = setting(0.9, at_least=0.0, below=1.0, help="Adam beta1.")
-    beta2: float = setting(0.95, at_least=0.0, below=1.0, help="Adam beta2.")
-    save_every: int = setting(50, group="run", at_least=0, help="Checkpoint every N steps (0 = only the final save).")
+    learning_rate: float = setting(4e-5, above=0.0, offline_defaults={"learning": 0.2},
+                                   on_resume=OnResume.SEGMENT, help="Adam learning rate.")
+    beta1: float = setting(0.9, at_least=0.0, below=1.0, on_resume=OnResume.SEGMENT, help="Adam beta1.")
+    beta2: float = setting(0.95, at_least=0.0, below=1.0, on_resume=OnResume.SEGMENT, help="Adam beta2.")
+    save_every: int = setting(50, group="run", at_least=0, on_resume=OnResume.SEGMENT,
+                              help="Checkpoint every N steps (0 = only the final save).")
     seed: int = setting(42, group="run", at_least=0, at_most=2**31 - 1,
                         help="Data order, LoRA init and sampling seeds.")
     accumulation: Accumulation = setting("sdk", choices=ACCUMULATION_MODES,
+                                on_resume=OnResume.SEGMENT,
                                 help="sdk: one forward_backward per step (exact whatever the server's reduction); "
                                      "manual: the seed's micro-batches with n_k/N weights.")
     advantage_mode: AdvantageMode = setting("mean", flag="--advantage", choices=ADVANTAGE_MODES,
+                                  on_resume=OnResume.SEGMENT,
                                   help="Group-relative advantage: reward minus group mean (seed), z-score, "
                                        "leave-one-out (reward minus the mean of the other rewards), or raw reward.")
-    keep_env_failures: bool = setting(False, help="Train on groups hit by search or sampler failures (default: "
-                                                  "leave them out and count them).")
+    keep_env_failures: bool = setting(False, on_resume=OnResume.SEGMENT,
+                                      help="Train on groups hit by search or sampler failures (default: "
+                                           "leave them out and count them).")
     num_substeps: int = setting(
         1, at_least=1, metavar="N",
+        on_resume=OnResume.SEGMENT,
         help="Split each step's datums into N mini-batches (a seeded order), each its own forward_backward and "
              "optim_step; later mini-batches train on moved weights, so the importance ratio leaves 1 and ppo/cispo "
              "clip. 1 = one update per step (the seed).")
@@ -90,11 +94,13 @@ class TrainConfig:
     server_limits: dict[str, JsonValue] | None = None
     # Rollouts for step b run on the weights after b - K steps (searchr1.training.off_policy); 0 = on-policy.
     max_steps_off_policy: int = setting(
-        0, at_least=0, help="Roll out the batches of the next K steps while a step trains, on weights up to K "
-                            "steps old (the importance ratio corrects for it); 0 = on-policy. Worth it when steps "
-                            "are long or training calls are expensive.")
+        0, at_least=0, on_resume=OnResume.SEGMENT,
+        help="Roll out the batches of the next K steps while a step trains, on weights up to K steps old (the "
+             "importance ratio corrects for it); 0 = on-policy. Worth it when steps are long or training calls "
+             "are expensive.")
     transcripts_per_step: int = setting(
         4, group="logging", at_least=0,
+        on_resume=OnResume.SEGMENT,
         help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
     # Offline runs: the policy the twin serves ("learning" or "scripted"); None for live runs.
     offline_policy: str | None = None
@@ -104,38 +110,47 @@ class TrainConfig:
     # warn), and thresholds that replace the defaults (None turns a rule off).
     stop_on_collapse: int = setting(
         0, group="health", at_least=0, metavar="N",
+        on_resume=OnResume.GUARD,
         help="Stop (exit code 3) after N consecutive unhealthy steps, saving a checkpoint and printing the "
              "last healthy one and the command that restarts from it; 0: only warn.")
     health_rules: dict[str, float | None] = field(default_factory=dict)
     # The algorithm (defaults: the seed's recipe): searchr1.core.update, searchr1.core.kl, searchr1.core.reward,
     # searchr1.training.dynamic_sampling; docs/algorithms.md.
     loss_fn: LossFn = setting("importance_sampling", choices=POLICY_LOSS_FNS,
+                           on_resume=OnResume.SEGMENT,
                            help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
                                 "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
     # --loss-fn-config KEY=VALUE (repeatable) is its own flag: a dict is no single value
     loss_fn_config: dict[str, float | int | str | bool] = setting(default_factory=dict, cli=False)
     kl_coef: float = setting(0.0, at_least=0.0,
+                             on_resume=OnResume.SEGMENT,
                              help="KL penalty toward the base model, subtracted from each action token's advantage "
                                   "(0 = off, the seed); one prompt-logprob request per datum to a base-weights "
                                   "sampler.")
     kl_estimator: KlEstimator = setting("k3", choices=KL_ESTIMATORS,
+                                on_resume=OnResume.SEGMENT,
                                 help="Per-token KL estimate: k1 = logp - logp_base; k3 = exp(-d) + d - 1.")
     reward: RewardKind = setting("em", choices=REWARD_KINDS,
+                          on_resume=OnResume.SEGMENT,
                           help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
                                f"anywhere inside the answer, Search-R1's subem); a format failure is {FORMAT_PENALTY:g} "
                                "for all three.")
     dynamic_sampling: bool = setting(False, help="Keep drawing questions until --questions-per-batch groups have "
                                                  "unequal rewards (DAPO); needs --max-steps-off-policy 0.")
-    max_oversample_batches: int = setting(2, at_least=0, help="With --dynamic-sampling: at most this many extra "
-                                                              "batches of questions per step.")
+    max_oversample_batches: int = setting(2, at_least=0, on_resume=OnResume.SEGMENT,
+                                          help="With --dynamic-sampling: at most this many extra batches of "
+                                               "questions per step.")
     # What the run costs (searchr1.run.costs): a price table, and budgets a resume may raise.
     prices: str | None = setting(None, metavar="FILE", group="cost",
+                                 on_resume=OnResume.COST,
                                  help="TOML price table (docs/prices.example.toml): cost/... keys next to the "
                                       "usage/... counts of every metrics line.")
     budget: float | None = setting(None, above=0.0, metavar="AMOUNT", group="cost",
+                                   on_resume=OnResume.COST,
                                    help="Stop (exit code 4, checkpoint saved) before a step projected to pass this "
                                         "cost, in the price table's currency; needs --prices.")
     budget_tokens: int | None = setting(None, at_least=1, metavar="N", group="cost",
+                                        on_resume=OnResume.COST,
                                         help="Stop (exit code 4, checkpoint saved) before a step projected to pass "
                                              "this many model tokens (sampled, trained and KL).")
 

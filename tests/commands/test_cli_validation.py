@@ -167,12 +167,14 @@ def test_bench_help_lists_every_figure_the_bench_runs():
 
 
 def test_train_help_states_the_learning_rate_each_kind_of_run_gets():
-    from searchr1.commands.train import OFFLINE_LEARNING_RATE
+    from searchr1.core.config import TrainConfig
+    from searchr1.core.settings import offline_defaults
 
     text = option_help("train", "--learning-rate")
     assert "4e-05" in text
-    for policy, rate in OFFLINE_LEARNING_RATE.items():
-        assert f"{rate:g}" in text and policy in text
+    for policy in ("learning", "scripted"):
+        rate = offline_defaults(TrainConfig, policy).get("learning_rate")
+        assert rate is None or (f"{rate:g} with --offline-policy {policy}" in " ".join(text.split()))
 
 
 @pytest.mark.parametrize("command, flag, bound", [

@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pytrio.types import AdamParams
 
-from searchr1.commands.train import OFFLINE_DEFAULT_STEPS, OFFLINE_LEARNING_RATE
 from searchr1.core.config import TrainConfig
+from searchr1.core.settings import offline_defaults
 from searchr1.core.types import AssistantTurn, SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.core.datum import build_datum
 from searchr1.offline import QUESTIONS
@@ -53,8 +53,8 @@ from searchr1.twin.offline_world import WorldError, WorldQuestion, load_world, p
 from searchr1.twin.policy import REDUCTIONS, PolicySample, TwinPolicy, totals_of
 
 # The defaults of `train --offline` with the learning policy, taken from their declarations.
-DEFAULT_STEPS = OFFLINE_DEFAULT_STEPS["learning"]
-DEFAULT_LEARNING_RATE = OFFLINE_LEARNING_RATE["learning"]
+DEFAULT_STEPS = offline_defaults(TrainConfig, "learning")["max_steps"]
+DEFAULT_LEARNING_RATE = offline_defaults(TrainConfig, "learning")["learning_rate"]
 DEFAULT_QUESTIONS_PER_BATCH = next(f.default for f in fields(TrainConfig) if f.name == "questions_per_batch")
 DEFAULT_GROUP_SIZE = RolloutConfig().group_size
 DEFAULT_SEED = next(f.default for f in fields(TrainConfig) if f.name == "seed")

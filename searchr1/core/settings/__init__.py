@@ -22,8 +22,9 @@ This module is pure (no click, no I/O): the core imports it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,16 @@ class SettingError(UsageError, ValueError):
         self.rule = message
 
 
+class OnResume(enum.Enum):
+    """What ``train --resume`` does with a flag given again; each flag declares its own."""
+
+    FIXED = "fixed"  # part of the run: config.json fixes it, and a different value is refused
+    SEGMENT = "segment"  # an algorithm choice a restart from step K (--from-step) may change, as a new segment
+    COST = "cost"  # the price table and the budgets: any resume applies them as given, and config.json records them
+    GUARD = "guard"  # the collapse guard: any resume may change it, and config.json records the change
+    FREE = "free"  # how this one invocation runs (output, waits, checks): not part of the run's record
+
+
 @dataclass(frozen=True)
 class Rule:
     """What a setting accepts and how the command line shows it."""
@@ -66,6 +77,8 @@ class Rule:
     default_text: str | None = None  # shown as [default: ...] when the real default is decided later
     cli: bool = True  # False: recorded in config.json, but not a flag
     group: str | None = None  # the heading --help lists it under (default: its class's)
+    on_resume: OnResume = OnResume.FIXED  # what `train --resume` does with it (a recorded setting is fixed)
+    offline_defaults: Mapping[str, float] | None = None  # the default under --offline, per twin policy
 
     def describe(self) -> str:
         """The range as ``--help`` shows it (``x>=1``, ``0<x<=1``)."""
@@ -114,6 +127,13 @@ def flag_of(field: dataclasses.Field[object]) -> str:
 
 def rule_of(field: dataclasses.Field[object]) -> Rule | None:
     return field.metadata.get("setting")
+
+
+def offline_defaults(cls: type, policy: str) -> dict[str, float]:
+    """``{field name: default}`` of the settings of ``cls`` that declare a default for the offline
+    twin's ``policy``."""
+    return {field.name: rule.offline_defaults[policy] for field, rule in settings_of(cls)
+            if rule.offline_defaults and policy in rule.offline_defaults}
 
 
 def settings_of(cls: type) -> Iterator[tuple[dataclasses.Field[object], Rule]]:
