@@ -1,0 +1,77 @@
+"""Every command the README shows runs as printed and exits 0, in a fresh folder, block after
+block as a reader types them (the install lines are CI's own: ``.ci/run`` runs them). A command
+that needs a key or the network runs as its offline variant: ``train`` gets ``--offline``, and
+``prepare-data`` (it downloads the QA release) is the one command left out, by name."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+NEEDS_THE_NETWORK = {"prepare-data"}  # no offline variant: it downloads the QA release
+
+
+def readme_blocks() -> list[list[list[str]]]:
+    """Each ``bash`` block's ``python cli.py`` commands (continued lines joined, comments and
+    ``export`` lines dropped), without the program; the install blocks (``<!-- ci:... -->``) left out."""
+    text = README.read_text("utf-8")
+    blocks = []
+    for marker, block in re.findall(r"(<!-- ci:\w+ -->\n)?```bash\n(.*?)```", text, re.S):
+        if marker:
+            continue
+        commands = []
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:2] == ["python", "cli.py"]:
+                commands.append(words[2:])
+            else:
+                assert not words or words[0] == "export", f"README command not understood: {line}"
+        blocks.append(commands)
+    return blocks
+
+
+def offline_variant(words: list[str]) -> list[str]:
+    """The command as it runs with no key: training on the offline twin."""
+    return [*words, "--offline"] if words[0] == "train" and "--offline" not in words else words
+
+
+def run_block(commands: list[list[str]], folder: Path) -> list[str]:
+    """Run the commands in ``folder``; the names of those left out."""
+    left_out = []
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for words in commands:
+        if words[0] in NEEDS_THE_NETWORK:
+            left_out.append(words[0])
+            continue
+        command = [sys.executable, str(REPO / "cli.py"), *offline_variant(words)]
+        done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"`{shlex.join(words)}` exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return left_out
+
+
+BLOCKS = readme_blocks()
+
+
+def test_the_readme_shows_blocks_of_commands():
+    assert len(BLOCKS) >= 3 and all(BLOCKS)
+
+
+def test_the_offline_blocks_run_one_after_another_as_printed(tmp_path):
+    offline = [block for block in BLOCKS if all("--offline" in words or words[0] != "train" for words in block)]
+    assert offline, "the README has no offline block"
+    for block in offline:
+        assert run_block(block, tmp_path) == []
+
+
+@pytest.mark.parametrize("block", [block for block in BLOCKS if any(words[0] == "train" and "--offline" not in words
+                                                                    for words in block)])
+def test_the_live_block_runs_offline_in_a_fresh_folder(block, tmp_path):
+    assert run_block(block, tmp_path) == sorted(NEEDS_THE_NETWORK)
