@@ -26,6 +26,14 @@ from searchr1.view.wording import plural
 
 TARGET_KILL_RATE = 0.90
 NOT_KILLED = re.compile(r"^\s*(?P<name>\S+): (?P<verdict>survived|no tests)$")
+# docs/mutants.md's table of the survivors that are left on purpose: | `mutant name` | why |
+EXPLAINED_IN = Path("docs/mutants.md")
+EXPLAINED_ROW = re.compile(r"^\|\s*`(?P<name>[\w.]+__mutmut_\d+)`\s*\|\s*(?P<why>.*?)\s*\|\s*$", re.MULTILINE)
+
+
+def explained_survivors(text: str) -> dict[str, str]:
+    """``{mutant name: why it is left}`` from the rows of docs/mutants.md's survivor table."""
+    return {match["name"]: match["why"] for match in EXPLAINED_ROW.finditer(text)}
 
 
 @dataclass(frozen=True)
@@ -94,16 +102,24 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
     minutes = (time.monotonic() - started) / 60
     not_killed = [(m["name"], m["verdict"]) for line in _mutmut("results").stdout.splitlines()
                   if (m := NOT_KILLED.match(line))]
+    explained = explained_survivors(EXPLAINED_IN.read_text("utf-8")) if EXPLAINED_IN.is_file() else {}
+    unexplained = [(name, verdict) for name, verdict in not_killed if name not in explained]
+    stale = sorted(set(explained) - {name for name, _ in not_killed})
     lines = ["# Mutants of searchr1/core/ that no test killed", "",
              f"{stats.killed + stats.timeout} of {stats.total} mutants killed ({stats.kill_rate:.1%}) in "
              f"{minutes:.0f} min with {plural(jobs, 'job')}; {stats.survived} survived; {stats.no_tests} reached by "
              f"no test; target {TARGET_KILL_RATE:.0%}.",
-             "docs/mutants.md says why each kind is left: equivalent (no input can tell it apart) or unreachable.",
+             f"{EXPLAINED_IN} says why each survivor is left (equivalent: no input can tell it apart; or "
+             f"unreachable); the {len(unexplained)} it does not explain come first.",
              ""]
-    for name, verdict in not_killed:
-        lines += [f"## {name} ({verdict})", "", "```diff", _mutmut("show", name).stdout.strip(), "```", ""]
+    for name, verdict in sorted(not_killed, key=lambda pair: pair[0] in explained):
+        why = f"explained: {explained[name]}" if name in explained else "NOT EXPLAINED"
+        lines += [f"## {name} ({verdict}; {why})", "", "```diff", _mutmut("show", name).stdout.strip(), "```", ""]
+    if stale:
+        lines += [f"## Explained in {EXPLAINED_IN} but killed now (or renamed)", "", *[f"- `{name}`" for name in stale]]
     report.write_text("\n".join(lines), "utf-8")
     verdict = "meets" if stats.kill_rate >= TARGET_KILL_RATE else "misses"
     click.echo(f"killed {stats.killed + stats.timeout} of {stats.total} mutants ({stats.kill_rate:.1%}, {verdict} the "
                f"{TARGET_KILL_RATE:.0%} target), {stats.survived} survived, {stats.no_tests} reached by no test, "
-               f"in {minutes:.1f} min; survivors: {report}")
+               f"in {minutes:.1f} min; {len(unexplained)} not explained in {EXPLAINED_IN}, {len(stale)} explained "
+               f"there but killed now; survivors: {report}")
