@@ -97,3 +97,10 @@ def test_config_json_leaves_out_the_flag_history_and_refuses_fields_it_does_not_
         TrainConfig.from_json({**written, "zeta": 1, "alpha": 2})
     assert str(info.value) == "config.json holds unknown fields ['alpha', 'zeta']; written by another version?"
     assert written == TrainConfig(**REQUIRED).to_json()  # reading did not change what it was given
+
+
+@pytest.mark.parametrize("rollout, kind", [([], "list"), ("x", "str"), (3, "int")])
+def test_config_json_whose_rollout_is_not_an_object_is_refused_naming_what_it_holds(rollout, kind):
+    payload = {**REQUIRED, "rollout": rollout}
+    with pytest.raises(ValueError, match=f"rollout must be an object, not {kind}$"):
+        TrainConfig.from_json(payload)

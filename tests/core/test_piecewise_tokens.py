@@ -89,3 +89,46 @@ def test_the_decision_reads_the_tokenizers_own_pre_tokenizer_and_normalizer(toke
     assert not splits_predictably(Holding(Backend(object(), real.normalizer)))  # unreadable: not assumed
     assert not splits_predictably(Holding(Backend(None, real.normalizer)))
     assert not splits_predictably(Holding(Backend(real.pre_tokenizer, object())))
+
+
+def test_the_last_certain_split_before_a_space_is_found_by_hand_worked_cases():
+    """A split is certain before a space that follows a letter: in "ab cd  e" the space at 6
+    follows a space, so the last certain one is at 5; "a b" splits at 1; no letter before any
+    space, no split (0)."""
+    from searchr1.core.observation.piecewise import last_word_split
+
+    assert last_word_split("ab cd  e") == 5
+    assert last_word_split("a b") == 1
+    assert last_word_split("ab") == 0
+    assert last_word_split(" ab") == 0
+    assert last_word_split("1 2 3") == 0
+
+
+class Stand:
+    """An object with the given attributes (weak-referenceable, as the cache needs)."""
+
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
+def test_an_object_that_is_no_fast_tokenizer_is_not_split_piecewise():
+    assert splits_predictably(Stand()) is False
+
+
+def test_a_pre_tokenizer_that_is_no_sequence_is_not_split_piecewise(tokenizer):
+    """The Qwen split and byte-level steps count only inside a Sequence pre-tokenizer."""
+    import json
+
+    steps = json.loads(tokenizer.backend_tokenizer.pre_tokenizer.__getstate__())["pretokenizers"]
+
+    class Component:
+        def __init__(self, state):
+            self.state = state
+
+        def __getstate__(self):
+            return json.dumps(self.state)
+
+    other = Stand(pre_tokenizer=Component({"type": "Other", "pretokenizers": steps}), normalizer=None)
+    assert splits_predictably(Stand(backend_tokenizer=other)) is False
+    sequence = Stand(pre_tokenizer=Component({"type": "Sequence", "pretokenizers": steps}), normalizer=None)
+    assert splits_predictably(Stand(backend_tokenizer=sequence)) is True

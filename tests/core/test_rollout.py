@@ -18,6 +18,7 @@ from searchr1.health.metrics import rollout_metrics
 from searchr1.core.protocol import missing_closing, observation_tokens, template_boundaries
 from searchr1.core.observation.fit import TRUNCATION_MARKER
 from searchr1.core.rollout import (
+    MalformedSampleError,
     RolloutConfig,
     effective_system_prompt,
     SamplerFailureError,
@@ -523,3 +524,48 @@ def test_the_system_prompt_named_for_a_config_is_the_one_its_trajectories_start_
     assert trajectories[0].messages[0] == {"role": "system", "content": effective_system_prompt(config)}
     if custom is not None:  # the budget fills the placeholder only when the prompt states it
         assert effective_system_prompt(config) == custom.replace("{max_search_calls}", "3" if state_budget else "")
+
+
+def test_a_search_is_recorded_with_what_its_result_says(tokenizer):
+    """The query, whether it succeeded, how many items came back, its error and whether the
+    cache answered it: each as the result says, on the trajectory's search record."""
+    from searchr1.core.protocol import initial_messages
+    from searchr1.core.rollout import add_observation, record_turn
+    from searchr1.core.types import AssistantTurn
+
+    for result in (SearchResult(True, (item("Alpha"), item("Beta")), cached=True),
+                   SearchResult(False, (), status=503, error="HTTP 503")):
+        config = RolloutConfig()
+        t = Trajectory(SearchExample("i", "Q?", ("a",), "nq"), 0, 0, initial_messages("Q?"))
+        request = make_request(tokenizer, [t], 0, config)
+        text = call("alpha query")
+        completion = tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+        pending = record_turn(t, AssistantTurn(request.prompt_tokens, completion, [-0.5] * len(completion), text,
+                                               "stop"), tokenizer, config)
+        assert pending is not None and pending.query == "alpha query"
+        add_observation(pending, result, tokenizer, config)
+        record = t.searches[-1]
+        assert (record.query, record.ok, record.items, record.error, record.cached, record.truncated) == (
+            "alpha query", result.ok, len(result.items), result.error, result.cached, False)
+
+
+class Sequence_:
+    """A sampled sequence as pytrio returns it, with only the attributes given."""
+
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
+def test_a_sampled_sequence_is_read_as_the_sampler_returned_it(tokenizer):
+    from searchr1.core.rollout import read_sequence
+
+    tokens = tokenizer.encode("Answer: Paris<|im_end|>", add_special_tokens=False)
+    logprobs = [-0.25] * len(tokens)
+    # the sampler's own text wins over a decode of its tokens
+    assert read_sequence(Sequence_(tokens=tokens, logprobs=logprobs, text="as sent", stop_reason="stop"),
+                         tokenizer) == (tokens, logprobs, "as sent", "stop")
+    # without text, the tokens are decoded without the control tokens; no stop reason reads as ""
+    assert read_sequence(Sequence_(tokens=tokens, logprobs=logprobs, text=None), tokenizer) == (
+        tokens, logprobs, "Answer: Paris", "")
+    with pytest.raises(MalformedSampleError, match=f"{len(tokens)} tokens but {len(tokens) - 1} logprobs"):
+        read_sequence(Sequence_(tokens=tokens, logprobs=logprobs[1:], text=None), tokenizer)

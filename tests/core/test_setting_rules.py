@@ -155,3 +155,13 @@ def test_key_value_names_the_flag_the_item_and_the_form_expected(item):
     with pytest.raises(ValueError) as info:
         key_value(item, "--opt", "KEY=VALUE")
     assert str(info.value) == f"--opt {item!r}: expected KEY=VALUE"
+
+
+def test_a_private_setting_is_left_out_of_repr_whether_its_default_is_a_value_or_a_factory():
+    @dataclasses.dataclass
+    class Private:
+        url: str = setting("https://user:secret@host/", repr=False)
+        headers: dict = setting(default_factory=lambda: {"Authorization": "secret"}, repr=False)
+        shown: int = setting(3)
+
+    assert "secret" not in repr(Private()) and "shown=3" in repr(Private())

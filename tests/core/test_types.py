@@ -27,3 +27,14 @@ def test_budgets_on_their_own_hold_their_rules():
     assert RolloutBudgets(group_size=2).group_size == 2
     with pytest.raises(SettingError, match="^--group-size must be >= 1, got 0$"):
         RolloutBudgets(group_size=0)
+
+
+def test_the_whole_observation_text_is_the_items_as_the_reference_numbers_and_joins_them():
+    """:func:`format_observation` against the reference loop's own rendering of a result."""
+    from searchr1.core.observation.text import format_observation
+    from searchr1.core.reference import observation_items
+    from searchr1.core.types import SearchItem, SearchResult
+
+    items = (SearchItem("Paris", "Capital of France."), SearchItem("Lyon", "A city.", "Wikipedia", "https://w/Lyon"))
+    for result in (SearchResult(True, items), SearchResult(True, ()), SearchResult(False, (), error="HTTP 503")):
+        assert format_observation(result) == "\n\n".join(observation_items(result))
