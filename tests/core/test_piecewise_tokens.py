@@ -132,3 +132,12 @@ def test_a_pre_tokenizer_that_is_no_sequence_is_not_split_piecewise(tokenizer):
     assert splits_predictably(Stand(backend_tokenizer=other)) is False
     sequence = Stand(pre_tokenizer=Component({"type": "Sequence", "pretokenizers": steps}), normalizer=None)
     assert splits_predictably(Stand(backend_tokenizer=sequence)) is True
+
+
+def test_a_split_is_certain_only_strictly_inside_the_text():
+    """Hand-worked: before a space after a letter ("X b" at 1), after a line break; never at
+    either end of the text, whatever surrounds it."""
+    assert certain_split("X b", 1) is True
+    assert certain_split("a\nb", 2) is True
+    assert certain_split(" a", 0) is False  # the start: nothing before it
+    assert certain_split("ab", 2) is False and certain_split("ab", 0) is False  # the ends

@@ -569,3 +569,31 @@ def test_a_sampled_sequence_is_read_as_the_sampler_returned_it(tokenizer):
         tokens, logprobs, "Answer: Paris", "")
     with pytest.raises(MalformedSampleError, match=f"{len(tokens)} tokens but {len(tokens) - 1} logprobs"):
         read_sequence(Sequence_(tokens=tokens, logprobs=logprobs[1:], text=None), tokenizer)
+
+
+class RecordingSampler:
+    """A sampling client that answers every request with an answer turn and keeps what it was asked."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.params = []
+
+    async def sample_async(self, *, prompt, num_samples, sampling_params, return_text):
+        self.params.append(sampling_params)
+        text = "Answer: France"
+        tokens = self.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+        sequence = Sequence_(tokens=tokens, logprobs=[-0.1] * len(tokens), text=text, stop_reason="stop")
+        return Sequence_(sequences=[sequence] * num_samples)
+
+
+def test_requests_carry_the_sampling_settings_and_the_stop_token_and_progress_counts_each_trajectory(tokenizer):
+    sampler = RecordingSampler(tokenizer)
+    config = RolloutConfig(group_size=3, temperature=0.7, top_p=0.9, **FAST)
+    examples = [SearchExample(f"q{i}", f"Question {i}?", ("France",), "nq") for i in range(2)]
+    ticks = []
+    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS), examples, config,
+                                                   progress_callback=ticks.append))
+    assert len(trajectories) == 6 and all(t.termination == "answer" for t in trajectories)
+    assert ticks == [1] * 6
+    assert sampler.params and all((p.temperature, p.top_p, p.stop) == (0.7, 0.9, ["<|im_end|>"])
+                                  for p in sampler.params)
