@@ -597,3 +597,77 @@ def test_requests_carry_the_sampling_settings_and_the_stop_token_and_progress_co
     assert ticks == [1] * 6
     assert sampler.params and all((p.temperature, p.top_p, p.stop) == (0.7, 0.9, ["<|im_end|>"])
                                   for p in sampler.params)
+
+
+class Retryable(Exception):
+    retryable = True
+
+
+class FlakySampler(RecordingSampler):
+    """Fails ``failures`` times with a retryable error, then answers; with ``malformed``, the
+    answer's sequence ``malformed`` carries one logprob too few."""
+
+    def __init__(self, tokenizer, failures=0, malformed=None, count=None):
+        super().__init__(tokenizer)
+        self.failures, self.malformed, self.count = failures, malformed, count
+
+    async def sample_async(self, *, prompt, num_samples, sampling_params, return_text):
+        assert return_text is True  # the rollout reads the sampler's own text
+        if self.failures:
+            self.failures -= 1
+            raise Retryable("busy")
+        response = await super().sample_async(prompt=prompt, num_samples=num_samples,
+                                              sampling_params=sampling_params, return_text=return_text)
+        sequences = list(response.sequences)[: self.count or num_samples]
+        if self.malformed is not None:
+            good = sequences[self.malformed]
+            sequences[self.malformed] = Sequence_(tokens=good.tokens, logprobs=good.logprobs[1:], text=good.text)
+        return Sequence_(sequences=sequences)
+
+
+def one_question(tokenizer, sampler, config):
+    example = SearchExample("q", "Question?", ("France",), "nq")
+    return asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS), [example], config))
+
+
+def test_retries_wait_the_backoff_doubling_each_time_and_say_so(tokenizer, monkeypatch, caplog):
+    import searchr1.core.rollout as rollout
+
+    waits, real_sleep = [], asyncio.sleep
+
+    async def sleep(seconds):
+        waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(rollout.asyncio, "sleep", sleep)
+    config = RolloutConfig(group_size=2, sample_retries=3, sample_retry_backoff=0.5)
+    with caplog.at_level("WARNING", logger=rollout.log.name):
+        trajectories = one_question(tokenizer, FlakySampler(tokenizer, failures=3), config)
+    assert [t.termination for t in trajectories] == ["answer", "answer"]
+    assert waits == [0.5, 1.0, 2.0]
+    assert [r.getMessage() for r in caplog.records] == [f"sampling failed (Retryable), retry {k}/3" for k in (1, 2, 3)]
+
+
+def test_a_malformed_sequence_ends_only_its_own_trajectory(tokenizer):
+    config = RolloutConfig(group_size=3, max_sampler_failure_fraction=0.5, **FAST)
+    trajectories = one_question(tokenizer, FlakySampler(tokenizer, malformed=1), config)
+    assert [t.termination for t in trajectories] == ["answer", "sampler_error", "answer"]
+
+
+def test_too_few_sequences_fail_the_batch_naming_the_count(tokenizer):
+    config = RolloutConfig(group_size=3, sample_retries=0, **FAST)
+    with pytest.raises(SamplerFailureError, match="sampler returned 1 sequences for num_samples=3"):
+        one_question(tokenizer, FlakySampler(tokenizer, count=1), config)
+
+
+def test_run_all_raises_the_innermost_first_error_itself():
+    from searchr1.core.rollout import run_all
+
+    async def fails():
+        raise ExceptionGroup("outer", [ExceptionGroup("inner", [KeyError("first")]), ValueError("second")])
+
+    async def waits():
+        await asyncio.sleep(10)
+
+    with pytest.raises(KeyError, match="first"):
+        asyncio.run(run_all([fails(), waits()]))
