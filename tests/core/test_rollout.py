@@ -671,3 +671,13 @@ def test_run_all_raises_the_innermost_first_error_itself():
 
     with pytest.raises(KeyError, match="first"):
         asyncio.run(run_all([fails(), waits()]))
+
+
+def test_a_question_whose_prompt_alone_is_over_budget_is_logged_by_its_id(tokenizer, caplog):
+    import searchr1.core.rollout as rollout
+
+    config = RolloutConfig(group_size=2, max_trajectory_tokens=64, **FAST)
+    with caplog.at_level("WARNING", logger=rollout.log.name):
+        trajectories = one_question(tokenizer, RecordingSampler(tokenizer), config)
+    assert [t.termination for t in trajectories] == ["prompt_too_long"] * 2
+    assert [r.getMessage() for r in caplog.records] == ["question q: the prompt alone exceeds max_trajectory_tokens"]
