@@ -179,3 +179,11 @@ def test_a_run_config_written_before_the_options_existed_reads_as_the_seeds_reci
                             "reward": "f1", "dynamic_sampling": True})
     assert describe_algorithm(changed) == ("ppo (clip_high_threshold=1.28), advantage mean, reward f1, "
                                            "KL 0.05 (k3), dynamic sampling")
+
+
+def test_the_penalised_advantages_are_sent_as_float32():
+    item = datum([0.0, 1.0, -1.0], [0.0, -0.5, -1.5])
+    (out,), _ = penalize([item], [np.asarray([-1.0, -0.7, -0.1])], coef=0.3, estimator="k3")
+    advantages = out.datum.loss_fn_inputs["advantages"]
+    assert advantages.dtype == "float32"
+    assert all(value == float(np.float32(value)) for value in advantages.data)

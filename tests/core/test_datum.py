@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -220,3 +222,17 @@ def test_a_datum_built_without_revalidation_equals_the_one_pytrio_validates_from
     assert Datum.model_validate(datum.model_dump()) == validated
     for name, tensor in fields.items():
         assert all(type(x) is (int if tensor.dtype == "int64" else float) for x in tensor.data), name
+
+
+def test_float_tensors_hold_float32_values_whatever_precision_the_sampler_sent():
+    """A logprob or advantage of the trajectory that float32 cannot hold exactly (-0.1) is sent
+    as its float32 value, as the tensor's dtype says."""
+    from training_strategies import plain_trajectory
+
+    trajectory = plain_trajectory(0, 0, reward=1.0, advantage=0.1)
+    trajectory.turns[0].logprobs = [-0.1] * len(trajectory.turns[0].completion_tokens)
+    fields = build_datum(trajectory).datum.loss_fn_inputs
+    for name in ("logprobs", "advantages"):
+        values = [value for value in fields[name].data if value != 0.0]
+        assert values and all(value == float(np.float32(value)) for value in values), name
+    assert {float(np.float32(-0.1))} == {value for value in fields["logprobs"].data if value != 0.0}
