@@ -681,3 +681,70 @@ def test_a_question_whose_prompt_alone_is_over_budget_is_logged_by_its_id(tokeni
         trajectories = one_question(tokenizer, RecordingSampler(tokenizer), config)
     assert [t.termination for t in trajectories] == ["prompt_too_long"] * 2
     assert [r.getMessage() for r in caplog.records] == ["question q: the prompt alone exceeds max_trajectory_tokens"]
+
+
+class CountingSampler(RecordingSampler):
+    """Keeps each request's seed and the most requests it had in flight at once."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.in_flight = self.most_in_flight = 0
+
+    async def sample_async(self, **kwargs):
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0.01)
+        try:
+            return await super().sample_async(**kwargs)
+        finally:
+            self.in_flight -= 1
+
+
+def test_a_batch_starts_at_step_0_numbers_questions_from_where_it_is_told_and_shares_given_slots(tokenizer):
+    examples = [SearchExample(f"q{i}", f"Question {i}?", ("France",), "nq") for i in range(4)]
+    config = RolloutConfig(group_size=2, sampling_concurrency=8, **FAST)
+    sampler = CountingSampler(tokenizer)
+    asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS), examples, config))
+    assert [p.seed for p in sampler.params] == [sampling_seed(config.seed, 0, q, 0, 0) for q in range(4)]
+    assert sampler.most_in_flight > 1
+
+    sampler = CountingSampler(tokenizer)
+    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS), examples, config,
+                                                   first_question_index=5, sampling_slots=asyncio.Semaphore(1)))
+    assert [t.question_index for t in trajectories] == [5, 5, 6, 6, 7, 7, 8, 8]
+    assert sorted(p.seed for p in sampler.params) == sorted(sampling_seed(config.seed, 0, q, 0, 0)
+                                                            for q in range(5, 9))
+    assert sampler.most_in_flight == 1
+
+
+def test_a_failure_share_exactly_at_the_limit_is_tolerated(tokenizer):
+    config = RolloutConfig(group_size=4, max_sampler_failure_fraction=0.25, **FAST)
+    trajectories = one_question(tokenizer, FlakySampler(tokenizer, malformed=2), config)
+    assert [t.termination for t in trajectories] == ["answer", "answer", "sampler_error", "answer"]
+
+
+def test_the_first_request_declares_the_tool_with_the_configured_description(tokenizer):
+    from searchr1.core.protocol import initial_messages
+
+    config = RolloutConfig(tool_description="Look things up in the office wiki.")
+    t = Trajectory(SearchExample("i", "Q?", ("a",), "nq"), 0, 0, initial_messages("Q?"))
+    request = make_request(tokenizer, [t], 0, config)
+    assert "Look things up in the office wiki." in tokenizer.decode(request.prompt_tokens)
+
+
+def test_a_trajectory_ends_once_and_a_second_ending_names_it_and_both_reasons():
+    from searchr1.core.types import Termination
+
+    t = Trajectory(SearchExample("i", "Q?", ("a",), "nq"), 3, 1, [])
+    t.finish(Termination.ANSWER)
+    with pytest.raises(RuntimeError, match=r"q3/g1 already ended \(answer\); cannot end it again as invalid"):
+        t.finish(Termination.INVALID)
+
+
+def test_a_tokenizer_without_an_eos_token_gives_no_stop_strings():
+    from searchr1.core.protocol import stop_sequences
+
+    class NoEos:
+        pass
+
+    assert stop_sequences(NoEos()) == []
