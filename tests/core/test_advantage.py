@@ -227,3 +227,13 @@ def test_zscore_advantages_do_not_change_when_rewards_are_scaled(group, scale):
     assign_group_advantages(plain, mode="zscore")
     assign_group_advantages(scaled, mode="zscore")
     assert np.allclose([t.advantage for t in plain], [t.advantage for t in scaled], rtol=1e-4, atol=1e-5)
+
+
+def test_by_default_a_group_with_a_failed_search_is_left_out():
+    from searchr1.core.advantage import classified_groups, classify_group
+
+    group = [plain_trajectory(0, g, reward) for g, reward in enumerate((0.0, 1.0))]
+    fail_search(group[0])
+    assert classify_group(group) == Exclusion.ENV_FAILURE_GROUP
+    assert classified_groups(group) == [(0, group, Exclusion.ENV_FAILURE_GROUP)]
+    assert classify_group(group, keep_env_failures=True) is None

@@ -292,3 +292,15 @@ def test_a_template_without_an_empty_think_block_fails_the_startup_check(tokeniz
 
 def test_check_template_passes_on_the_official_template(tokenizer):
     assert check_template(tokenizer).closing == template_boundaries(tokenizer).closing
+
+
+@pytest.mark.parametrize("text, as_text", [(None, ""), (42, "42"), (b"x", "b'x'")])
+def test_a_turn_that_is_not_text_is_read_as_its_text(text, as_text):
+    assert parse_assistant(text) == parse_assistant(as_text)
+
+
+def test_a_call_closed_twice_is_invalid():
+    call = "<tool_call>\n<function=search>\n<parameter=query>\nparis\n</parameter>\n</function>\n</tool_call>"
+    assert parse_assistant(call).kind == "tool"
+    assert parse_assistant(call + "</tool_call>").kind == "invalid"
+    assert parse_assistant("<tool_call>" + call).kind == "invalid"

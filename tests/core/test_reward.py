@@ -178,3 +178,42 @@ def test_the_empty_after_normalisation_case_is_a_match_in_all_three_scores():
 @pytest.mark.parametrize("kind", REWARD_KINDS)
 def test_a_format_failure_is_the_penalty_whatever_the_reward(kind):
     assert score_answer("no answer line", ["Paris"], reward=kind).reward == FORMAT_PENALTY
+
+
+def test_a_reply_without_an_answer_line_scores_exactly_the_format_penalty_and_matches_nothing():
+    from searchr1.core.types import NOT_ANSWERED
+
+    assert score_answer("I think it is Paris.", ["Paris"]) == NOT_ANSWERED
+    assert (NOT_ANSWERED.reward, NOT_ANSWERED.valid_format, NOT_ANSWERED.exact_match) == (FORMAT_PENALTY, False, False)
+
+
+def test_an_unknown_reward_is_refused_naming_it_and_the_choices():
+    with pytest.raises(ValueError, match=r"unknown reward 'bleu'; choose one of \('em', 'f1', 'cover_em'\)"):
+        score_answer("Answer: x", ["x"], reward="bleu")
+
+
+def test_the_normalisation_asked_for_is_the_one_applied_to_answer_and_references():
+    """An en dash is Unicode punctuation, not ASCII: the default (unicode) rule drops it, the
+    official rule keeps it."""
+    assert score_answer("Answer: 1990\u20131995", ["19901995"]).exact_match is True
+    assert score_answer("Answer: 1990\u20131995", ["19901995"], normalization="official").exact_match is False
+    assert score_answer("Answer: 1990\u20131995", ["1990\u20131995!"], normalization="official").exact_match is True
+
+
+def test_an_answer_with_no_reference_scores_zero_on_every_measure():
+    for reward in REWARD_KINDS:
+        result = score_answer("Answer: Paris", [], reward=reward)
+        assert (result.reward, result.exact_match, result.f1, result.cover_em) == (0.0, False, 0.0, False)
+
+
+def test_every_trajectory_after_a_sampler_failure_is_still_scored():
+    from training_strategies import plain_trajectory
+    from searchr1.core.reward import score_trajectories
+    from searchr1.core.types import Termination, Trajectory
+
+    failed = Trajectory(plain_trajectory(0, 0, 0.0).example, 0, 0, [])
+    failed.finish(Termination.SAMPLER_ERROR)
+    answered = Trajectory(plain_trajectory(0, 1, 0.0).example, 0, 1, [])
+    answered.finish(Termination.ANSWER, "Answer: " + answered.example.answers[0])
+    score_trajectories([failed, answered])
+    assert failed.reward_result is None and answered.reward_result.exact_match is True

@@ -748,3 +748,26 @@ def test_a_tokenizer_without_an_eos_token_gives_no_stop_strings():
         pass
 
     assert stop_sequences(NoEos()) == []
+
+
+class SearchThenAnswer(RecordingSampler):
+    """Calls search on the first turn, answers once the prompt holds a tool response."""
+
+    async def sample_async(self, *, prompt, num_samples, sampling_params, return_text):
+        self.params.append(sampling_params)
+        searched = "<tool_response>" in self.tokenizer.decode(prompt.to_ints())
+        text = "Answer: France" if searched else call("alpha")
+        tokens = self.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+        sequence = Sequence_(tokens=tokens, logprobs=[-0.1] * len(tokens), text=text, stop_reason="stop")
+        return Sequence_(sequences=[sequence] * num_samples)
+
+
+def test_every_prompt_of_a_searching_trajectory_declares_the_configured_tool(tokenizer):
+    """The stitched prompts after a search render the same tool declaration as the first: the
+    template check that each render extends the last holds, and the description is kept."""
+    description = "Look things up in the office wiki."
+    config = RolloutConfig(group_size=2, tool_description=description, **FAST)
+    (first, second) = one_question(tokenizer, SearchThenAnswer(tokenizer), config)
+    for t in (first, second):
+        assert t.termination == "answer" and len(t.searches) == 1
+        assert all(description in tokenizer.decode(turn.prompt_tokens) for turn in t.turns)
