@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from searchr1.runtime.tokenizer import shared_tokenizer
+from mutation_support import forget_core_caches
 from twin_support import SDK_TOKENIZERS, preload_sdk_tokenizer
 
 # Properties are checked, never timed: a loaded machine (CI, a benchmark beside the suite) makes
@@ -38,6 +39,11 @@ END_TO_END = ("twin", "commands", "bench", "e2e")
 # tokenizer, and the twins' copy the SDK loads, there once (seconds), not in every mutant's process.
 if "MUTANT_UNDER_TEST" in os.environ:
     preload_sdk_tokenizer(shared_tokenizer())
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("MUTANT_UNDER_TEST"):
+        forget_core_caches()
 
 
 def _mutmut_durations() -> dict[str, float]:

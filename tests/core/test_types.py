@@ -38,3 +38,20 @@ def test_the_whole_observation_text_is_the_items_as_the_reference_numbers_and_jo
     items = (SearchItem("Paris", "Capital of France."), SearchItem("Lyon", "A city.", "Wikipedia", "https://w/Lyon"))
     for result in (SearchResult(True, items), SearchResult(True, ()), SearchResult(False, (), error="HTTP 503")):
         assert format_observation(result) == "\n\n".join(observation_items(result))
+
+
+def test_a_mutants_process_starts_with_every_core_cache_empty(tokenizer):
+    """mutmut forks each mutant's process from one that ran the clean tests: the per-tokenizer
+    caches of the core are emptied there, so the mutated code that fills them runs."""
+    import sys
+    import weakref
+
+    from mutation_support import forget_core_caches
+    from searchr1.core.observation.piecewise import JoinedObservation
+
+    JoinedObservation(tokenizer, ["alpha beta", "gamma"]).observation_tokens(2)  # fills them all
+    caches = [value for name, module in list(sys.modules.items()) if name.startswith("searchr1.core")
+              for value in vars(module).values() if isinstance(value, weakref.WeakKeyDictionary)]
+    assert len(caches) >= 4 and all(len(cache) for cache in caches)
+    forget_core_caches()
+    assert not any(len(cache) for cache in caches)
