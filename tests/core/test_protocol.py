@@ -149,10 +149,15 @@ def test_render_returns_a_plain_list_of_ints(tokenizer):
         np.array([1, 2, 3]),
         np.array([[1, 2, 3]]),
         [np.int64(1), np.int64(2), np.int64(3)],
+        [np.array([1, 2, 3])],  # a batch of one held as an array
     ],
 )
 def test_every_return_shape_normalises_to_a_list_of_ints(shape):
     assert _as_token_list(shape) == [1, 2, 3]
+
+
+def test_an_empty_render_is_an_empty_list():
+    assert _as_token_list([]) == [] and _as_token_list({"input_ids": []}) == []
 
 
 def test_a_batch_of_two_is_rejected():
