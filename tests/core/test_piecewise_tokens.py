@@ -1,5 +1,6 @@
 """Piecewise tokenisation of a joined observation gives exactly the ids of tokenising it whole."""
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -141,3 +142,14 @@ def test_a_split_is_certain_only_strictly_inside_the_text():
     assert certain_split("a\nb", 2) is True
     assert certain_split(" a", 0) is False  # the start: nothing before it
     assert certain_split("ab", 2) is False and certain_split("ab", 0) is False  # the ends
+
+
+def test_plain_tokens_need_a_fast_tokenizer_and_say_so_naming_its_type():
+    from searchr1.core.observation.tokens import plain_tokens
+
+    class SlowTokenizer:
+        pass
+
+    with pytest.raises(TypeError, match=r"^SlowTokenizer has no backend_tokenizer: observations need a fast "
+                                        r"\(tokenizers-backed\) tokenizer to keep special-token strings as plain text$"):
+        plain_tokens(SlowTokenizer(), "text")
