@@ -153,3 +153,16 @@ def test_plain_tokens_need_a_fast_tokenizer_and_say_so_naming_its_type():
     with pytest.raises(TypeError, match=r"^SlowTokenizer has no backend_tokenizer: observations need a fast "
                                         r"\(tokenizers-backed\) tokenizer to keep special-token strings as plain text$"):
         plain_tokens(SlowTokenizer(), "text")
+
+
+@pytest.mark.parametrize("items", [
+    ["\u0301x and y", "b"],  # a first item opening with a combining mark: it may join the wrapper's text
+    [" leading space", "b"],  # the observation strips the content
+    ["a", " b"],  # a later item opening with a space joins the separator's whitespace
+    ["a", "\u0301b"],
+])
+def test_items_whose_joins_are_not_certain_splits_are_tokenised_as_the_whole_is(tokenizer, items):
+    joined = JoinedObservation(tokenizer, items)
+    for count in (1, 2):
+        assert joined.content_tokens(count) == plain_tokens(tokenizer, "\n\n".join(items[:count]))
+        assert joined.observation_tokens(count) == observation_tokens(tokenizer, "\n\n".join(items[:count]))
