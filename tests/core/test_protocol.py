@@ -275,7 +275,9 @@ def test_a_template_that_rewrites_history_is_detected(tokenizer):
         check_template(drifting)
     messages = initial_messages("Q?")
     text = call("q")
-    with pytest.raises(TemplateDriftError, match="rewrote earlier history"):
+    with pytest.raises(TemplateDriftError, match=r"^the chat template rewrote earlier history after the tool "
+                                                 r"observation was added \(the render with the tool message does "
+                                                 r"not extend the render without it\)$"):
         build_next_prompt(
             drifting, messages, text, build_prompt(drifting, messages), drifting.encode(text),
             tool_message("c", "obs"),
@@ -309,3 +311,16 @@ def test_a_call_closed_twice_is_invalid():
     assert parse_assistant(call).kind == "tool"
     assert parse_assistant(call + "</tool_call>").kind == "invalid"
     assert parse_assistant("<tool_call>" + call).kind == "invalid"
+
+
+def test_a_template_changed_in_place_is_learnt_again(tokenizer):
+    """``--chat-template`` swaps the template of the tokenizer the run holds: the boundaries
+    learnt from the old one must not stand in for the new one's."""
+    swap = _TemplateSwap(tokenizer, tokenizer.chat_template)
+    before = template_boundaries(swap)
+    wider = "{{- '\\n<tool_response>\\n\\n' }}"
+    assert "{{- '\\n<tool_response>\\n' }}" in tokenizer.chat_template
+    swap.chat_template = tokenizer.chat_template.replace("{{- '\\n<tool_response>\\n' }}", wider)
+    after = template_boundaries(swap)
+    assert after.observation_prefix == before.observation_prefix + "\n"
+    assert after == template_boundaries(_TemplateSwap(tokenizer, swap.chat_template))
