@@ -166,3 +166,10 @@ def test_items_whose_joins_are_not_certain_splits_are_tokenised_as_the_whole_is(
     for count in (1, 2):
         assert joined.content_tokens(count) == plain_tokens(tokenizer, "\n\n".join(items[:count]))
         assert joined.observation_tokens(count) == observation_tokens(tokenizer, "\n\n".join(items[:count]))
+
+
+def test_plain_tokens_normalise_and_pre_tokenise_as_the_tokenizer_does(tokenizer):
+    """A decomposed accent (e + combining acute) is NFC-composed first, as the tokenizer does."""
+    for text in ("Cafe\u0301 de Flore", "e\u0301te\u0301 2024, Paris", "x"):
+        assert plain_tokens(tokenizer, text) == tokenizer.encode(text, add_special_tokens=False)
+    assert plain_tokens(tokenizer, "Cafe\u0301") == plain_tokens(tokenizer, "Caf\u00e9")

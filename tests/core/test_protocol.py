@@ -271,7 +271,8 @@ def test_a_template_that_rewrites_history_is_detected(tokenizer):
     original = "{%- if loop.index0 > ns.last_query_index %}"
     assert original in tokenizer.chat_template
     drifting = _TemplateSwap(tokenizer, tokenizer.chat_template.replace(original, "{%- if loop.last %}"))
-    with pytest.raises(TemplateDriftError, match="rewrote"):
+    with pytest.raises(TemplateDriftError, match="^adding a tool observation rewrote the rendered conversation "
+                                                 "before it$"):
         check_template(drifting)
     messages = initial_messages("Q?")
     text = call("q")
@@ -323,4 +324,79 @@ def test_a_template_changed_in_place_is_learnt_again(tokenizer):
     swap.chat_template = tokenizer.chat_template.replace("{{- '\\n<tool_response>\\n' }}", wider)
     after = template_boundaries(swap)
     assert after.observation_prefix == before.observation_prefix + "\n"
-    assert after == template_boundaries(_TemplateSwap(tokenizer, swap.chat_template))
+    fresh = _TemplateSwap(tokenizer, swap.chat_template)
+    assert after == template_boundaries(fresh)
+    assert observation_tokens(swap, "Paris") == observation_tokens(fresh, "Paris")  # the wrapper too
+
+
+def _without_one(template: str, needle: str, occurrence: int) -> str:
+    """``template`` with the ``occurrence``-th (from 0) copy of ``needle`` taken out."""
+    start = -1
+    for _ in range(occurrence + 1):
+        start = template.index(needle, start + 1)
+    return template[:start] + template[start + len(needle):]
+
+
+def drifted(tokenizer, kind):
+    """The official template broken in one way the start-up check must name."""
+    template = tokenizer.chat_template
+    tool_content = "{{- '\\n<tool_response>\\n' }}\n        {{- content }}"
+    changes = {
+        # the generation prompt gains text an assistant turn does not start with
+        "generation prompt": template.replace("'<think>\\n\\n</think>\\n\\n'", "'<think>\\n\\n</think>\\n\\nX'"),
+        # an assistant turn is no longer closed
+        "closing": _without_one(template, "{{- '<|im_end|>\\n' }}", 1),
+        # the tool content is rendered twice
+        "observation": template.replace(tool_content, tool_content + "{{- content }}"),
+    }
+    assert changes[kind] != template
+    return _TemplateSwap(tokenizer, changes[kind])
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("generation prompt", "cannot find the assistant closing: rendering an empty assistant turn does not extend the "
+                          "generation prompt"),
+    ("closing", "the template closes an assistant turn with no tokens"),
+    ("observation", "the tool observation text does not appear exactly once"),
+])
+def test_each_way_a_template_can_break_the_boundaries_is_named_whole(tokenizer, kind, message):
+    import re
+
+    with pytest.raises(TemplateDriftError, match=f"^{re.escape(message)}$"):
+        template_boundaries(drifted(tokenizer, kind))
+
+
+def _conversation_dependent(tokenizer, kind):
+    """The official template changed so that it passes the start-up check but renders one
+    conversation's tool turn differently: the assistant turn closes otherwise when it names
+    Paris, or the tool response carries its position in the conversation."""
+    template = tokenizer.chat_template
+    if kind == "closing":
+        needle = "{{- '<|im_end|>\\n' }}"
+        at = template.index(needle, template.index(needle) + 1)
+        changed = (template[:at] + "{{- '<|im_end|>\\n\\n' if 'Paris' in message.content else '<|im_end|>\\n' }}"
+                   + template[at + len(needle):])
+    else:
+        response = "{{- '\\n<tool_response>\\n' }}"
+        changed = template.replace(response, "{{- '\\n<tool_response>' ~ (loop.index|string) ~ '\\n' }}")
+    assert changed != template
+    return _TemplateSwap(tokenizer, changed)
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("closing", "the rendered assistant turn does not end with the closing tokens learnt from the template"),
+    ("observation", "the template's observation differs from the wrapper learnt at start-up (the tool turn is "
+                    "rendered differently for this conversation)"),
+])
+def test_a_tool_turn_rendered_unlike_the_start_up_probe_is_named_whole(tokenizer, kind, message):
+    import re
+
+    swapped = _conversation_dependent(tokenizer, kind)
+    template_boundaries(swapped)  # the start-up check passes
+    messages = initial_messages("Q?")
+    if kind == "observation":  # a second search: its tool turn sits later than the probe's
+        messages += [assistant_message(call("first")), tool_message("c1", "first result")]
+    text = call("Paris")
+    with pytest.raises(TemplateDriftError, match=f"^{re.escape(message)}$"):
+        build_next_prompt(swapped, messages, text, build_prompt(swapped, messages), swapped.encode(text),
+                          tool_message("c2", "obs"))
