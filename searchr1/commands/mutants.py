@@ -72,7 +72,7 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
     """Plant single-point bugs in searchr1/core/ and count how many the core's tests catch.
 
     Needs a checkout and the mutation extra (pip install -e ".[mutation]"). The whole core is
-    about 2,700 mutants, about 45 minutes on two cores (docs/mutants.md); an interrupted run
+    about 2,700 mutants, under 30 minutes on two cores (docs/mutants.md); an interrupted run
     continues where it stopped.
     """
     root = Path.cwd()

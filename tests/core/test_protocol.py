@@ -319,6 +319,7 @@ def test_a_template_changed_in_place_is_learnt_again(tokenizer):
     learnt from the old one must not stand in for the new one's."""
     swap = _TemplateSwap(tokenizer, tokenizer.chat_template)
     before = template_boundaries(swap)
+    assert observation_tokens(swap, "Paris") == observation_tokens(tokenizer, "Paris")  # the old wrapper, cached
     wider = "{{- '\\n<tool_response>\\n\\n' }}"
     assert "{{- '\\n<tool_response>\\n' }}" in tokenizer.chat_template
     swap.chat_template = tokenizer.chat_template.replace("{{- '\\n<tool_response>\\n' }}", wider)
