@@ -43,15 +43,14 @@ def test_the_whole_observation_text_is_the_items_as_the_reference_numbers_and_jo
 def test_a_mutants_process_starts_with_every_core_cache_empty(tokenizer):
     """mutmut forks each mutant's process from one that ran the clean tests: the per-tokenizer
     caches of the core are emptied there, so the mutated code that fills them runs."""
-    import sys
-    import weakref
-
-    from mutation_support import forget_core_caches
+    from mutation_support import core_caches, forget_core_caches
+    from searchr1.core import protocol
+    from searchr1.core.observation import piecewise, tokens
     from searchr1.core.observation.piecewise import JoinedObservation
 
     JoinedObservation(tokenizer, ["alpha beta", "gamma"]).observation_tokens(2)  # fills them all
-    caches = [value for name, module in list(sys.modules.items()) if name.startswith("searchr1.core")
-              for value in vars(module).values() if isinstance(value, weakref.WeakKeyDictionary)]
-    assert len(caches) >= 4 and all(len(cache) for cache in caches)
+    known = [protocol._BOUNDARIES, tokens._WRAPPERS, tokens._PLAIN_ENCODERS, piecewise._SUPPORTED]
+    found = list(core_caches())
+    assert all(any(cache is other for other in found) for cache in known) and all(len(cache) for cache in known)
     forget_core_caches()
-    assert not any(len(cache) for cache in caches)
+    assert not any(len(cache) for cache in known)
