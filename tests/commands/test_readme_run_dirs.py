@@ -5,24 +5,7 @@ would not do: after the quick start fills ``runs/<run-name>``, the next run goes
 
 from __future__ import annotations
 
-import re
-import shlex
-from pathlib import Path
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def readme_commands() -> list[list[str]]:
-    """The words of each ``python cli.py`` command in the README's ``bash`` blocks (continued
-    lines joined, comments dropped), without the program."""
-    found = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text("utf-8"), re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            for start in [i + 2 for i, word in enumerate(words) if words[i:i + 2] == ["python", "cli.py"]]:
-                end = words.index("&&", start) if "&&" in words[start:] else len(words)
-                found.append(words[start:end])
-    return found
+from readme_support import readme_commands
 
 
 def flag(words: list[str], name: str) -> str | None:

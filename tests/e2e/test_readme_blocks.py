@@ -6,7 +6,6 @@ that needs a key or the network runs as its offline variant: ``train`` gets ``--
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -14,28 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from readme_support import cli_commands, readme_blocks, readme_lines
+
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
 NEEDS_THE_NETWORK = {"prepare-data"}  # no offline variant: it downloads the QA release
-
-
-def readme_blocks() -> list[list[list[str]]]:
-    """Each ``bash`` block's ``python cli.py`` commands (continued lines joined, comments and
-    ``export`` lines dropped), without the program; the install blocks (``<!-- ci:... -->``) left out."""
-    text = README.read_text("utf-8")
-    blocks = []
-    for marker, block in re.findall(r"(<!-- ci:\w+ -->\n)?```bash\n(.*?)```", text, re.S):
-        if marker:
-            continue
-        commands = []
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words[:2] == ["python", "cli.py"]:
-                commands.append(words[2:])
-            else:
-                assert not words or words[0] == "export", f"README command not understood: {line}"
-        blocks.append(commands)
-    return blocks
 
 
 def offline_variant(words: list[str]) -> list[str]:
@@ -57,11 +38,19 @@ def run_block(commands: list[list[str]], folder: Path) -> list[str]:
     return left_out
 
 
-BLOCKS = readme_blocks()
+BLOCKS = readme_blocks(install=False)
 
 
 def test_the_readme_shows_blocks_of_commands():
     assert len(BLOCKS) >= 3 and all(BLOCKS)
+
+
+def test_every_line_of_a_block_is_a_command_run_here_or_an_export():
+    """A line this test would not run (another program, a pipe) would go unchecked."""
+    for block in readme_lines(install=False):
+        for words in block:
+            assert words[0] == "export" or (words[:2] == ["python", "cli.py"] and cli_commands(words) == [words[2:]]), \
+                f"README command not understood: {shlex.join(words)}"
 
 
 def test_the_offline_blocks_run_one_after_another_as_printed(tmp_path):
