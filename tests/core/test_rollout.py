@@ -5,6 +5,7 @@ in-memory search backend."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from pytrio import PyTrioError
@@ -549,26 +550,19 @@ def test_a_search_is_recorded_with_what_its_result_says(tokenizer):
             "alpha query", result.ok, len(result.items), result.error, result.cached, False)
 
 
-class Sequence_:
-    """A sampled sequence as pytrio returns it, with only the attributes given."""
-
-    def __init__(self, **attributes):
-        self.__dict__.update(attributes)
-
-
 def test_a_sampled_sequence_is_read_as_the_sampler_returned_it(tokenizer):
     from searchr1.core.rollout import read_sequence
 
     tokens = tokenizer.encode("Answer: Paris<|im_end|>", add_special_tokens=False)
     logprobs = [-0.25] * len(tokens)
     # the sampler's own text wins over a decode of its tokens
-    assert read_sequence(Sequence_(tokens=tokens, logprobs=logprobs, text="as sent", stop_reason="stop"),
+    assert read_sequence(SimpleNamespace(tokens=tokens, logprobs=logprobs, text="as sent", stop_reason="stop"),
                          tokenizer) == (tokens, logprobs, "as sent", "stop")
     # without text, the tokens are decoded without the control tokens; no stop reason reads as ""
-    assert read_sequence(Sequence_(tokens=tokens, logprobs=logprobs, text=None), tokenizer) == (
+    assert read_sequence(SimpleNamespace(tokens=tokens, logprobs=logprobs, text=None), tokenizer) == (
         tokens, logprobs, "Answer: Paris", "")
     with pytest.raises(MalformedSampleError, match=f"{len(tokens)} tokens but {len(tokens) - 1} logprobs"):
-        read_sequence(Sequence_(tokens=tokens, logprobs=logprobs[1:], text=None), tokenizer)
+        read_sequence(SimpleNamespace(tokens=tokens, logprobs=logprobs[1:], text=None), tokenizer)
 
 
 class RecordingSampler:
@@ -582,8 +576,8 @@ class RecordingSampler:
         self.params.append(sampling_params)
         text = "Answer: France"
         tokens = self.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
-        sequence = Sequence_(tokens=tokens, logprobs=[-0.1] * len(tokens), text=text, stop_reason="stop")
-        return Sequence_(sequences=[sequence] * num_samples)
+        sequence = SimpleNamespace(tokens=tokens, logprobs=[-0.1] * len(tokens), text=text, stop_reason="stop")
+        return SimpleNamespace(sequences=[sequence] * num_samples)
 
 
 def test_requests_carry_the_sampling_settings_and_the_stop_token_and_progress_counts_each_trajectory(tokenizer):
@@ -621,8 +615,8 @@ class FlakySampler(RecordingSampler):
         sequences = list(response.sequences)[: self.count or num_samples]
         if self.malformed is not None:
             good = sequences[self.malformed]
-            sequences[self.malformed] = Sequence_(tokens=good.tokens, logprobs=good.logprobs[1:], text=good.text)
-        return Sequence_(sequences=sequences)
+            sequences[self.malformed] = SimpleNamespace(tokens=good.tokens, logprobs=good.logprobs[1:], text=good.text)
+        return SimpleNamespace(sequences=sequences)
 
 
 def one_question(tokenizer, sampler, config):
@@ -758,8 +752,8 @@ class SearchThenAnswer(RecordingSampler):
         searched = "<tool_response>" in self.tokenizer.decode(prompt.to_ints())
         text = "Answer: France" if searched else call("alpha")
         tokens = self.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
-        sequence = Sequence_(tokens=tokens, logprobs=[-0.1] * len(tokens), text=text, stop_reason="stop")
-        return Sequence_(sequences=[sequence] * num_samples)
+        sequence = SimpleNamespace(tokens=tokens, logprobs=[-0.1] * len(tokens), text=text, stop_reason="stop")
+        return SimpleNamespace(sequences=[sequence] * num_samples)
 
 
 def test_every_prompt_of_a_searching_trajectory_declares_the_configured_tool(tokenizer):
