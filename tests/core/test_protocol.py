@@ -308,10 +308,9 @@ def test_a_turn_that_is_not_text_is_read_as_its_text(text, as_text):
 
 
 def test_a_call_closed_twice_is_invalid():
-    call = "<tool_call>\n<function=search>\n<parameter=query>\nparis\n</parameter>\n</function>\n</tool_call>"
-    assert parse_assistant(call).kind == "tool"
-    assert parse_assistant(call + "</tool_call>").kind == "invalid"
-    assert parse_assistant("<tool_call>" + call).kind == "invalid"
+    assert parse_assistant(call("paris")).kind == "tool"
+    assert parse_assistant(call("paris") + "</tool_call>").kind == "invalid"
+    assert parse_assistant("<tool_call>" + call("paris")).kind == "invalid"
 
 
 def test_a_template_changed_in_place_is_learnt_again(tokenizer):
@@ -330,12 +329,12 @@ def test_a_template_changed_in_place_is_learnt_again(tokenizer):
     assert observation_tokens(swap, "Paris") == observation_tokens(fresh, "Paris")  # the wrapper too
 
 
-def _without_one(template: str, needle: str, occurrence: int) -> str:
-    """``template`` with the ``occurrence``-th (from 0) copy of ``needle`` taken out."""
+def _replace_one(template: str, needle: str, occurrence: int, replacement: str = "") -> str:
+    """``template`` with the ``occurrence``-th (from 0) copy of ``needle`` replaced (taken out by default)."""
     start = -1
     for _ in range(occurrence + 1):
         start = template.index(needle, start + 1)
-    return template[:start] + template[start + len(needle):]
+    return template[:start] + replacement + template[start + len(needle):]
 
 
 def drifted(tokenizer, kind):
@@ -346,7 +345,7 @@ def drifted(tokenizer, kind):
         # the generation prompt gains text an assistant turn does not start with
         "generation prompt": template.replace("'<think>\\n\\n</think>\\n\\n'", "'<think>\\n\\n</think>\\n\\nX'"),
         # an assistant turn is no longer closed
-        "closing": _without_one(template, "{{- '<|im_end|>\\n' }}", 1),
+        "closing": _replace_one(template, "{{- '<|im_end|>\\n' }}", 1),
         # the tool content is rendered twice
         "observation": template.replace(tool_content, tool_content + "{{- content }}"),
     }
@@ -373,10 +372,8 @@ def _conversation_dependent(tokenizer, kind):
     Paris, or the tool response carries its position in the conversation."""
     template = tokenizer.chat_template
     if kind == "closing":
-        needle = "{{- '<|im_end|>\\n' }}"
-        at = template.index(needle, template.index(needle) + 1)
-        changed = (template[:at] + "{{- '<|im_end|>\\n\\n' if 'Paris' in message.content else '<|im_end|>\\n' }}"
-                   + template[at + len(needle):])
+        changed = _replace_one(template, "{{- '<|im_end|>\\n' }}", 1,
+                               "{{- '<|im_end|>\\n\\n' if 'Paris' in message.content else '<|im_end|>\\n' }}")
     else:
         response = "{{- '\\n<tool_response>\\n' }}"
         changed = template.replace(response, "{{- '\\n<tool_response>' ~ (loop.index|string) ~ '\\n' }}")
