@@ -21,6 +21,24 @@ items = st.lists(texts, min_size=1, max_size=4)
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+class SlowTokenizer:
+    """A tokenizer without a fast (tokenizers) backend."""
+
+
+class Backend:
+    """A fast tokenizer's backend, with the given components."""
+
+    def __init__(self, pre_tokenizer, normalizer):
+        self.pre_tokenizer, self.normalizer = pre_tokenizer, normalizer
+
+
+class Holding:
+    """A tokenizer holding ``backend`` (weak-referenceable, as the cache needs)."""
+
+    def __init__(self, backend):
+        self.backend_tokenizer = backend
+
+
 def test_the_qwen_tokenizer_is_recognised_as_splitting_predictably(tokenizer):
     assert splits_predictably(tokenizer)
 
@@ -75,15 +93,6 @@ def test_a_tokenizer_with_another_pre_tokenizer_is_tokenised_whole(tokenizer):
 def test_the_decision_reads_the_tokenizers_own_pre_tokenizer_and_normalizer(tokenizer):
     """Decided afresh for each tokenizer object (the real one's answer is cached): the same
     backend is supported, one whose components cannot be read, or are missing, is not."""
-
-    class Backend:
-        def __init__(self, pre_tokenizer, normalizer):
-            self.pre_tokenizer, self.normalizer = pre_tokenizer, normalizer
-
-    class Holding:
-        def __init__(self, backend):
-            self.backend_tokenizer = backend
-
     real = tokenizer.backend_tokenizer
     assert splits_predictably(Holding(real))
     assert splits_predictably(Holding(Backend(real.pre_tokenizer, None)))  # no normalizer: nothing changes the text
@@ -105,15 +114,8 @@ def test_the_last_certain_split_before_a_space_is_found_by_hand_worked_cases():
     assert last_word_split("1 2 3") == 0
 
 
-class Stand:
-    """An object with the given attributes (weak-referenceable, as the cache needs)."""
-
-    def __init__(self, **attributes):
-        self.__dict__.update(attributes)
-
-
 def test_an_object_that_is_no_fast_tokenizer_is_not_split_piecewise():
-    assert splits_predictably(Stand()) is False
+    assert splits_predictably(SlowTokenizer()) is False
 
 
 def test_a_pre_tokenizer_that_is_no_sequence_is_not_split_piecewise(tokenizer):
@@ -129,10 +131,10 @@ def test_a_pre_tokenizer_that_is_no_sequence_is_not_split_piecewise(tokenizer):
         def __getstate__(self):
             return json.dumps(self.state)
 
-    other = Stand(pre_tokenizer=Component({"type": "Other", "pretokenizers": steps}), normalizer=None)
-    assert splits_predictably(Stand(backend_tokenizer=other)) is False
-    sequence = Stand(pre_tokenizer=Component({"type": "Sequence", "pretokenizers": steps}), normalizer=None)
-    assert splits_predictably(Stand(backend_tokenizer=sequence)) is True
+    other = Backend(Component({"type": "Other", "pretokenizers": steps}), None)
+    assert splits_predictably(Holding(other)) is False
+    sequence = Backend(Component({"type": "Sequence", "pretokenizers": steps}), None)
+    assert splits_predictably(Holding(sequence)) is True
 
 
 def test_a_split_is_certain_only_strictly_inside_the_text():
@@ -145,11 +147,6 @@ def test_a_split_is_certain_only_strictly_inside_the_text():
 
 
 def test_plain_tokens_need_a_fast_tokenizer_and_say_so_naming_its_type():
-    from searchr1.core.observation.tokens import plain_tokens
-
-    class SlowTokenizer:
-        pass
-
     with pytest.raises(TypeError, match=r"^SlowTokenizer has no backend_tokenizer: observations need a fast "
                                         r"\(tokenizers-backed\) tokenizer to keep special-token strings as plain text$"):
         plain_tokens(SlowTokenizer(), "text")
