@@ -235,7 +235,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         if offline and offline_fault not in (None, "none"):
             settings["offline_fault"] = offline_fault
         if offline:  # the twin's policy has its own defaults (declared with each setting)
-            given = {setting_params(TrainConfig).get(name, name) for name in explicit}  # as field names
+            fields = setting_params(TrainConfig)  # flag -> field name
+            given = {fields.get(name, name) for name in explicit}
             settings.update({name: value for name, value in offline_defaults(TrainConfig, policy).items()
                              if name not in given})
         if settings["max_steps"] is None:
