@@ -32,6 +32,7 @@ def test_numbers_are_shown_whole_when_whole_and_short_otherwise(number, text):
 
 
 @given(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e15, max_value=1e15))
+@example(100000.5)  # six significant digits would show it as 100000
 def test_a_shown_number_reads_back_as_the_number_to_six_digits(number):
     text = shown(number)
     assert float(text) == pytest.approx(number, rel=1e-5, abs=1e-300)

@@ -35,10 +35,13 @@ LARGEST = 2**31 - 1  # the size no number setting exceeds (a signed 32-bit integ
 
 
 def _shown(number: float) -> str:
-    """``262144``, ``1000000``, ``4e-05``: whole numbers in full, others as ``%g``."""
+    """``262144``, ``1000000``, ``4e-05``: whole numbers in full, others as ``%g``, or in full
+    where ``%g``'s six digits would make them look whole (``100000.5``)."""
     if isinstance(number, int) or (math.isfinite(number) and number.is_integer() and abs(number) < 1e16):
         return str(int(number))
-    return f"{number:g}"
+    text = f"{number:g}"
+    looks_whole = math.isfinite(number) and not ("." in text or "e" in text)
+    return repr(float(number)) if looks_whole else text
 
 
 class SettingError(UsageError, ValueError):
