@@ -21,8 +21,8 @@ from twin_support import SDK_TOKENIZERS, preload_sdk_tokenizer
 
 # Properties are checked, never timed: a loaded machine (CI, a benchmark beside the suite) makes
 # input generation and examples slow, which must not fail a property. The quick lane
-# (CONTRIBUTING) runs with --hypothesis-profile=quick: fewer examples per property (a test that
-# sets its own max_examples keeps it).
+# (`pytest -m "not slow"`, CONTRIBUTING) runs the quick profile unless another is named: fewer
+# examples per property (a test that sets its own max_examples keeps it).
 UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("untimed", **UNTIMED)
 settings.register_profile("quick", max_examples=20, **UNTIMED)
@@ -39,6 +39,14 @@ END_TO_END = ("twin", "commands", "bench", "e2e")
 # tokenizer, and the twins' copy the SDK loads, there once (seconds), not in every mutant's process.
 if "MUTANT_UNDER_TEST" in os.environ:
     preload_sdk_tokenizer(shared_tokenizer())
+
+
+QUICK_LANE = "not slow"
+
+
+def pytest_configure(config):
+    if config.getoption("markexpr") == QUICK_LANE and not config.getoption("hypothesis_profile"):
+        settings.load_profile("quick")
 
 
 def pytest_sessionstart(session):

@@ -13,9 +13,11 @@ programming errors (and harness errors such as a cassette miss) propagate.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import sqlite3
+import ssl
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -165,6 +167,14 @@ def http_status_outcome(response: httpx.Response) -> Outcome | None:
     return Outcome.fail(f"HTTP {code}", code)
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The verifying TLS context every backend's client shares (httpx's default: certifi's
+    roots, the environment's SSL_CERT_FILE/SSL_CERT_DIR read once). Building one reads the CA
+    bundle, tens of milliseconds, which each new client would otherwise pay again."""
+    return httpx.create_ssl_context()
+
+
 class HttpSearchBackend:
     """Base class of the four backends. Subclasses set ``name`` and implement ``_attempt``
     (and ``request_params``, the request settings that change answers, for the cache key)."""
@@ -228,6 +238,7 @@ class HttpSearchBackend:
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
             transport=transport,
+            verify=tls_context(),
             timeout=httpx.Timeout(self.timeout),
             follow_redirects=False,
             # Fixed headers (no library version) keep recorded cassettes stable across upgrades.

@@ -17,20 +17,19 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from searchr1.core.errors import UserError
 from searchr1.data.dataset import EVAL_SOURCES
 from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary
 from searchr1.run.fileio import replacing
 from searchr1.run.jsonl import Surrogates, iter_json_lines, read_json_document
-from searchr1.twin.policies import offline_policy_label
 from searchr1.view.wording import plural
 from searchr1.runtime import invocation
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DPI = 100
 EVAL_FIGSIZE = (11.0, 9.0)  # inches -> 1100 x 900 px at DPI
@@ -134,6 +133,14 @@ class EvalRun:
         return f"{self.label} (partial, n={self.summary.get('evaluated_examples', '?')})"
 
 
+def _policy_label(policy: str | None) -> str:
+    """The twin's name for an offline policy (the twin package, and pytrio with it, loads only
+    when an offline result is labelled)."""
+    from searchr1.twin.policies import offline_policy_label
+
+    return offline_policy_label(policy)
+
+
 def default_label(path: Path, summary: Mapping[str, Any]) -> str:
     """What was evaluated, by name: the checkpoint named by the config's model_path (the last
     segment of a sampler-weights URI, without ``-weights``: ``<run-name>-...-step-000050``),
@@ -143,7 +150,7 @@ def default_label(path: Path, summary: Mapping[str, Any]) -> str:
     config = summary.get("config") if isinstance(summary.get("config"), Mapping) else summary
     backend = str(config.get("sampling_backend") or "")
     offline = bool(config.get("offline")) or backend.startswith("offline-")
-    policy = offline_policy_label(backend.removeprefix("offline-") if backend.startswith("offline-") else None)
+    policy = _policy_label(backend.removeprefix("offline-") if backend.startswith("offline-") else None)
     model_path = config.get("model_path")
     if isinstance(model_path, str) and model_path.strip("/ "):
         name = model_path.rstrip("/").rsplit("/", 1)[-1]
@@ -322,6 +329,24 @@ EVAL_METRICS = {"em": ("EM", "exact match (%)"), "f1": ("F1", "token F1 (%)"),
                 "cover_em": ("cover EM", "cover exact match (%)"), "judge": ("judge", "judged correct (%)")}
 
 
+def _figure(size: tuple[float, float]) -> Figure:
+    """A figure drawn by Agg, with no pyplot state. matplotlib is imported here, when a figure is
+    drawn, so that the commands that draw none start without it (about a second)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _integer_ticks() -> object:
+    """Axis ticks at whole numbers only (steps)."""
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
 def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
     """Two panels: ``metric`` (em, f1 or cover_em) per benchmark grouped by checkpoint, and, per
     checkpoint, its macro value and the format rate side by side, each checkpoint in the same
@@ -340,8 +365,7 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
             raise PlotInputError(f"{run.path}: its summary has no {metric} (it was written before F1 and "
                                  "cover EM were reported); plot it with --metric em")
     label, axis = EVAL_METRICS[metric]
-    fig = Figure(figsize=EVAL_FIGSIZE, dpi=DPI)
-    FigureCanvasAgg(fig)
+    fig = _figure(EVAL_FIGSIZE)
     top, bottom = fig.subplots(2, 1)
     sources = eval_sources(runs)
     label_size = _value_label_size(len(runs))
@@ -438,8 +462,7 @@ def comparison_figure(result: Mapping[str, Any]) -> Figure:
     labels = {"em": "EM", "f1": "F1", "cover_em": "cover EM", "judge": "judge"}
     groups = [(f"{s}\nn={e['n']}", e) for s, e in result["sources"].items()]
     groups.append((f"macro\nn={result['paired_questions']}", result["macro"]))
-    fig = Figure(figsize=COMPARE_FIGSIZE, dpi=DPI)
-    FigureCanvasAgg(fig)
+    fig = _figure(COMPARE_FIGSIZE)
     ax = fig.subplots()
     colours = run_colours(len(names))
     width = 0.8 / len(names)
@@ -501,7 +524,7 @@ def run_title(config: Mapping[str, Any] | None, fallback: str) -> str:
     search = config.get("search") if isinstance(config.get("search"), Mapping) else {}
     parts = [str(config.get("run_name") or fallback)]
     if config.get("offline"):  # the twin's policy was trained, not the model
-        parts.append(offline_policy_label(config.get("offline_policy")))
+        parts.append(_policy_label(config.get("offline_policy")))
     elif config.get("base_model"):
         model = str(config["base_model"]).rsplit("/", 1)[-1]
         parts.append(f"{model} LoRA r{config['lora_rank']}" if config.get("lora_rank") else model)
@@ -638,8 +661,7 @@ def run_figure(
         raise PlotInputError(
             f"none of the requested metrics ({', '.join(metrics)}) were logged; available: {', '.join(logged) or 'none'}"
         )
-    fig = Figure(figsize=RUN_FIGSIZE, dpi=DPI)
-    FigureCanvasAgg(fig)
+    fig = _figure(RUN_FIGSIZE)
     ncols = min(4, len(present))
     nrows = math.ceil(len(present) / ncols)
     grid = fig.subplots(nrows, ncols, squeeze=False)
@@ -675,7 +697,7 @@ def run_figure(
         for step in flagged:
             ax.axvline(step, color=UNHEALTHY_COLOR, alpha=0.35, linewidth=1.2)
         ax.set_xlim(min(all_steps) - 0.5, max(all_steps) + 0.5)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(_integer_ticks())
         ax.set_title(metric_title(metric), fontsize=9)
         ax.set_ylabel(metric_axis_label(metric), fontsize=8)
         ax.set_xlabel("step", fontsize=8)

@@ -202,6 +202,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 FIELDS = ["corpus", "tokenizer", "scorer", "vocabulary", "shards", "files", "format_version"]
 
 
+@pytest.mark.slow  # sixty damaged indexes opened and searched
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(FIELDS), value=JSON, name=st.sampled_from(
     ["vocab.json", "shards/00000/data.npy", "shards/00000/indptr.npy", "shards/00000/docs.offsets.npy",

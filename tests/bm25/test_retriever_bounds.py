@@ -69,6 +69,7 @@ def test_any_bytes_are_read_or_refused_with_a_4xx(body):
         assert 400 <= error.status < 500
 
 
+@pytest.mark.slow  # sixty requests over HTTP
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=st.binary(max_size=200) | st.recursive(st.just(b"1"), lambda inner: inner.map(lambda b: b"[" + b + b"]")
                                                    | inner.map(lambda b: b'{"queries":' + b + b"}"), max_leaves=40))
@@ -101,6 +102,7 @@ def test_an_upload_without_a_length_is_refused_once_it_passes_the_cap_not_after_
     assert sent < MAX_BODY_BYTES + (8 << 20), sent
 
 
+@pytest.mark.slow  # waits out the request deadline
 @pytest.mark.parametrize("first, then", [
     (b"", None),
     (b"POST /retrieve HTTP/1.1\r\n", b"X-Slow: 1\r\n"),
@@ -111,6 +113,7 @@ def test_a_slow_or_silent_client_is_dropped_within_the_request_deadline(served, 
     assert seconds_until_dropped(address(served), first, then, limit=10.0) < DEADLINE + 1.0
 
 
+@pytest.mark.slow  # waits out the request deadline three times
 def test_a_prompt_request_on_a_kept_alive_connection_is_answered(served):
     with httpx.Client() as client:
         for _ in range(3):

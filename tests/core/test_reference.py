@@ -203,6 +203,7 @@ def edge(*kinds: str):
     return st.one_of(st.none(), st.tuples(st.sampled_from(kinds), st.integers(0, 50), st.sampled_from([-1, 0, 1])))
 
 
+@pytest.mark.slow  # a hundred rollouts through two twins, and every budget edge (about 20 s)
 @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(policy=st.sampled_from(["scripted", "learning"]), group_size=st.integers(*GROUP_SIZES),
        overflow=st.sampled_from(TOOL_OVERFLOW_MODES), state_budget=st.booleans(), seed=st.integers(0, 2**20),
@@ -278,6 +279,7 @@ def test_the_engine_produces_the_reference_trajectories_and_datums_at_every_budg
                                                          reference_datums(expected, len(tokenizer))]
 
 
+@pytest.mark.slow  # two training steps through a twin
 def test_the_reference_step_and_the_trainer_send_the_same_update(twins, tokenizer):
     """Invariant: the reference step's forward_backward sees the datums the production update sends,
     so two training clients with the same seed report the same loss."""

@@ -136,6 +136,7 @@ def test_compare_refuses_incomparable_evals_in_one_line_with_exit_2(tmp_path, ch
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow  # the CLI draws a figure (matplotlib loads)
 def test_compare_cli_json_and_plot(tmp_path):
     records_a = [record("nq", i, False, 0.0, False) for i in range(6)]
     records_b = [record("nq", i, i < 5, 1.0, True) for i in range(6)]

@@ -325,6 +325,7 @@ def test_train_refuses_a_missing_logger_package_in_one_line_before_any_work(monk
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a training run through the CLI
 def test_train_sends_every_step_to_the_chosen_logger(monkeypatch, tmp_path):
     recorder = Recorder()
     monkeypatch.setitem(sys.modules, "tensorboardX", fake_tensorboard(recorder))
@@ -336,6 +337,7 @@ def test_train_sends_every_step_to_the_chosen_logger(monkeypatch, tmp_path):
     assert recorder.calls[-1] == ("close",)
 
 
+@pytest.mark.slow  # a training run through the CLI
 def test_the_old_swanlab_flags_still_choose_swanlab(monkeypatch, tmp_path):
     recorder = Recorder()
     monkeypatch.setitem(sys.modules, "swanlab", fake_swanlab(recorder))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
@@ -179,6 +180,7 @@ def step_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("step ")]
 
 
+@pytest.mark.slow  # a training run through the CLI
 def test_training_in_a_log_prints_one_whole_line_per_step_and_no_bars(tmp_path):
     code, output = train("--max-steps", "2", "--run-dir", tmp_path / "run")
     assert code == 0, output
@@ -188,12 +190,14 @@ def test_training_in_a_log_prints_one_whole_line_per_step_and_no_bars(tmp_path):
     assert "━" not in output and not ANSI.search(output)
 
 
+@pytest.mark.slow  # a training run through the CLI
 def test_quiet_training_keeps_the_step_lines(tmp_path):
     code, output = train("--max-steps", "2", "--quiet", "--run-dir", tmp_path / "run")
     assert code == 0, output
     assert len(step_lines(output)) == 2
 
 
+@pytest.mark.slow  # a training run through the CLI
 def test_resuming_a_three_step_run_with_max_steps_two_runs_nothing_and_says_so(tmp_path):
     run_dir = tmp_path / "run"
     assert train("--max-steps", "3", "--run-dir", run_dir)[0] == 0

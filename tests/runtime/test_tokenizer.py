@@ -111,6 +111,7 @@ def _seed_cache(tmp_path: Path, monkeypatch) -> Path:
     return private
 
 
+@pytest.mark.slow  # builds the tokenizer from the vocabulary (seconds)
 def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, monkeypatch):
     private = _seed_cache(tmp_path, monkeypatch)
     (entry,) = [p for p in (private / "tokenizers").iterdir() if p.is_dir()]
@@ -122,6 +123,7 @@ def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, monkeypatch):
     assert tok_module._load_cached(entry, rebuilt.chat_template) is not None
 
 
+@pytest.mark.slow  # builds the tokenizer from the vocabulary (seconds)
 def test_truncated_cache_is_rebuilt(tmp_path, monkeypatch):
     private = _seed_cache(tmp_path, monkeypatch)
     (entry,) = [p for p in (private / "tokenizers").iterdir() if p.is_dir()]
@@ -137,6 +139,7 @@ def test_cache_key_changes_with_the_template(tmp_path, monkeypatch):
     assert first != second
 
 
+@pytest.mark.slow  # builds the tokenizer from the vocabulary (seconds)
 def test_the_build_keeps_tiktokens_copy_of_the_vocabulary_inside_our_cache(tmp_path, monkeypatch):
     import os
     import tempfile
