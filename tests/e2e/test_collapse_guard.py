@@ -83,14 +83,14 @@ def test_the_offline_fault_is_recorded_and_a_resume_keeps_it_and_says_so(tmp_pat
 
 
 def test_a_converged_run_whose_entropy_vanishes_is_not_stopped(tmp_path):
-    """The default offline run becomes certain and right (entropy below 1e-4, reward 1): the
-    guard lets it finish."""
+    """The default offline run, at a learning rate that makes it converge in a few steps, becomes
+    certain and right (entropy below 1e-4, reward 1): the guard lets it finish."""
     run_dir = tmp_path / "run"
-    result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--max-steps", "40", "--stop-on-collapse", "2",
-                                       "--run-dir", str(run_dir)])
+    result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--max-steps", "14", "--learning-rate", "0.6",
+                                       "--stop-on-collapse", "2", "--run-dir", str(run_dir)])
     assert result.exit_code == 0, result.output
     metrics = RunDir(run_dir).metrics()
-    assert len(metrics) == 40 and not any(m["health/unhealthy"] for m in metrics)
+    assert len(metrics) == 14 and not any(m["health/unhealthy"] for m in metrics)
     assert min(m["health/entropy"] for m in metrics) < 1e-4  # the rule's threshold was reached
 
 

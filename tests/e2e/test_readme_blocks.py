@@ -5,17 +5,16 @@ that needs a key or the network runs as its offline variant: ``train`` gets ``--
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from readme_support import cli_commands, readme_blocks, readme_lines
 
-REPO = Path(__file__).resolve().parents[2]
+from searchr1.cli import main
+
 NEEDS_THE_NETWORK = {"prepare-data"}  # no offline variant: it downloads the QA release
 
 
@@ -24,17 +23,17 @@ def offline_variant(words: list[str]) -> list[str]:
     return [*words, "--offline"] if words[0] == "train" and "--offline" not in words else words
 
 
-def run_block(commands: list[list[str]], folder: Path) -> list[str]:
-    """Run the commands in ``folder``; the names of those left out."""
+def run_block(commands: list[list[str]], folder: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Run the commands in ``folder``, in this process (the CLI's entry point, as ``python cli.py``
+    calls it); the names of those left out."""
     left_out = []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    monkeypatch.chdir(folder)
     for words in commands:
         if words[0] in NEEDS_THE_NETWORK:
             left_out.append(words[0])
             continue
-        command = [sys.executable, str(REPO / "cli.py"), *offline_variant(words)]
-        done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"`{shlex.join(words)}` exited {done.returncode}:\n{done.stderr[-3000:]}"
+        done = CliRunner().invoke(main, offline_variant(words))
+        assert done.exit_code == 0, f"`{shlex.join(words)}` exited {done.exit_code}:\n{done.output[-3000:]}"
     return left_out
 
 
@@ -53,14 +52,14 @@ def test_every_line_of_a_block_is_a_command_run_here_or_an_export():
                 f"README command not understood: {shlex.join(words)}"
 
 
-def test_the_offline_blocks_run_one_after_another_as_printed(tmp_path):
+def test_the_offline_blocks_run_one_after_another_as_printed(tmp_path, monkeypatch):
     offline = [block for block in BLOCKS if all("--offline" in words or words[0] != "train" for words in block)]
     assert offline, "the README has no offline block"
     for block in offline:
-        assert run_block(block, tmp_path) == []
+        assert run_block(block, tmp_path, monkeypatch) == []
 
 
 @pytest.mark.parametrize("block", [block for block in BLOCKS if any(words[0] == "train" and "--offline" not in words
                                                                     for words in block)])
-def test_the_live_block_runs_offline_in_a_fresh_folder(block, tmp_path):
-    assert run_block(block, tmp_path) == sorted(NEEDS_THE_NETWORK)
+def test_the_live_block_runs_offline_in_a_fresh_folder(block, tmp_path, monkeypatch):
+    assert run_block(block, tmp_path, monkeypatch) == sorted(NEEDS_THE_NETWORK)

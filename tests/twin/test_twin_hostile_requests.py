@@ -17,8 +17,14 @@ from searchr1.twin.store import CheckpointStore, InvalidName
 CONTROL = "/api/openapi/v1"
 
 
-def exchange(twin, head: str, body: bytes = b"", *, timeout: float = 5.0) -> tuple[int, bytes, bool]:
-    """Send a raw request; return (status, response bytes, whether the server closed the connection)."""
+IDLE_TIMEOUT = 1.0  # the fixture twin's keep-alive idle timeout (seconds)
+CLOSE_WAIT = IDLE_TIMEOUT / 2  # a connection the server ends is closed well before it would idle out
+
+
+def exchange(twin, head: str, body: bytes = b"", *, timeout: float = 5.0,
+             await_close: bool = False) -> tuple[int, bytes, bool | None]:
+    """Send a raw request; return (status, response bytes, whether the server closed the connection
+    within ``CLOSE_WAIT`` of answering: asked for with ``await_close``, else None)."""
     with socket.create_connection(("127.0.0.1", _port(twin)), timeout=timeout) as connection:
         connection.sendall(head.encode() + b"\r\n" + body)
         received = b""
@@ -35,11 +41,13 @@ def exchange(twin, head: str, body: bytes = b"", *, timeout: float = 5.0) -> tup
             if not chunk:
                 break
             rest += chunk
-        connection.settimeout(1.0)
-        try:
-            closed = connection.recv(1) == b""
-        except TimeoutError:
-            closed = False
+        closed = None
+        if await_close:
+            connection.settimeout(CLOSE_WAIT)
+            try:
+                closed = connection.recv(1) == b""
+            except TimeoutError:
+                closed = False
     status = int(header.split(b" ")[1]) if header else 0
     return status, header + b"\r\n\r\n" + rest, closed
 
@@ -55,7 +63,7 @@ def request(method: str, path: str, *headers: str) -> str:
 @pytest.fixture
 def twin(tmp_path, tokenizer):
     with start_twin(home=tmp_path / "home", tokenizer=tokenizer, policy="toy", max_body_bytes=4096,
-                    idle_timeout=1.0) as started:
+                    idle_timeout=IDLE_TIMEOUT) as started:
         yield started
 
 
@@ -69,32 +77,33 @@ def key(twin) -> str:
 def test_an_unauthenticated_post_declaring_a_huge_body_is_refused_before_it_is_read(twin):
     started = time.monotonic()
     status, _, closed = exchange(twin, request("POST", f"{CONTROL}/service-sessions", "Content-Length: 3000",
-                                               "Content-Type: application/json"), b"{")
+                                               "Content-Type: application/json"), b"{", await_close=True)
     assert status == 401 and closed  # the unread body ends the connection, it is never consumed
     assert time.monotonic() - started < 3
 
 
 def test_an_unknown_route_is_answered_without_reading_its_body(twin):
-    status, _, closed = exchange(twin, request("POST", "/nowhere", "Content-Length: 4000"), b"x")
+    status, _, closed = exchange(twin, request("POST", "/nowhere", "Content-Length: 4000"), b"x", await_close=True)
     assert status == 404 and closed
 
 
 def test_a_body_over_the_limit_is_answered_413_unread(twin):
     status, answer, closed = exchange(twin, request("POST", f"{CONTROL}/service-sessions", key(twin),
-                                                    "Content-Length: 5000"), b"{")
+                                                    "Content-Length: 5000"), b"{", await_close=True)
     assert status == 413 and b"payload_too_large" in answer and closed
 
 
 @pytest.mark.parametrize("length", ["-1", "12abc", " ", "1e3"])
 def test_a_content_length_that_is_not_a_byte_count_is_a_bad_request(twin, length):
     status, answer, closed = exchange(twin, request("POST", f"{CONTROL}/service-sessions", key(twin),
-                                                    f"Content-Length: {length}"))
+                                                    f"Content-Length: {length}"), await_close=True)
     assert status == 400 and b"invalid_content_length" in answer and closed
 
 
 def test_a_chunked_request_body_is_refused(twin):
     status, _, closed = exchange(twin, request("POST", f"{CONTROL}/service-sessions", key(twin),
-                                               "Transfer-Encoding: chunked"), b"5\r\nhello\r\n0\r\n\r\n")
+                                               "Transfer-Encoding: chunked"), b"5\r\nhello\r\n0\r\n\r\n",
+                                 await_close=True)
     assert status == 411 and closed
 
 
