@@ -107,8 +107,27 @@ class CassetteFormatError(UserError, ValueError):
     """A cassette file that cannot be used (names the file and the problem)."""
 
 
+# What vcrpy's matchers read of a request besides its method, URL and body: the headers that
+# choose how bodies are compared (vcr.matchers._checker_transformer_pairs).
+BODY_FORM_HEADERS = ("Content-Type", "Transfer-Encoding", "User-Agent")
+
+
 class _LeastPlayedCassette(Cassette):
-    """Serve the least-played matching interaction (earliest first) instead of always the first."""
+    """Serve the least-played matching interaction (earliest first) instead of always the first.
+
+    vcrpy compares a request with every recorded one, and writes a diff for each body that
+    differs. A replayed run asks the same queries again and again, so the indices a request
+    matches are remembered per request (its method, URL, body and the headers the matchers
+    read): the cassette is read-only, so the answer cannot change."""
+
+    def _responses(self, request):
+        key = (request.method, request.uri, request.body,
+               tuple(request.headers.get(name) for name in BODY_FORM_HEADERS))
+        matches = self.__dict__.setdefault("_matching", {})
+        if key not in matches:
+            matches[key] = tuple(index for index, _ in super()._responses(request))
+        for index in matches[key]:
+            yield index, self.data[index][1]
 
     def play_response(self, request):
         candidates = list(self._responses(request))
@@ -196,14 +215,32 @@ def read_cassette_data(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_cassette(path: str | Path) -> Cassette:
-    """Load a cassette for replay only (no recording, no patching)."""
+class _Parsed:
+    """A vcrpy serializer for a cassette already parsed and checked by :func:`read_cassette_data`:
+    vcrpy's loader builds its requests and responses from that data instead of parsing the YAML
+    again (the parse is most of the cost of opening a cassette)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def deserialize(self, cassette_string: str) -> dict[str, Any]:
+        return self.data
+
+    def serialize(self, cassette_dict: dict[str, Any]) -> str:
+        return yamlserializer.serialize(cassette_dict)
+
+
+def load_cassette(path: str | Path, data: dict[str, Any] | None = None) -> Cassette:
+    """Load a cassette for replay only (no recording, no patching); ``data``: the file as
+    :func:`read_cassette_data` returned it, when the caller has read it already (vcrpy takes
+    the response dicts over)."""
     path = Path(path)
-    read_cassette_data(path)
+    if data is None:
+        data = read_cassette_data(path)
     try:
         cassette = _LeastPlayedCassette.load(
             path=str(path),
-            serializer=yamlserializer,
+            serializer=_Parsed(data),
             match_on=MATCH_ON,
             record_mode=RecordMode.NONE,
             allow_playback_repeats=True,
@@ -215,10 +252,14 @@ def load_cassette(path: str | Path) -> Cassette:
     return cassette
 
 
+def _metadata(data: Mapping[str, Any]) -> dict[str, Any]:
+    metadata = data.get("metadata")
+    return dict(metadata) if isinstance(metadata, Mapping) else {}
+
+
 def read_cassette_metadata(path: str | Path) -> dict[str, Any]:
     """The ``metadata`` mapping stored in a cassette ({} when there is none)."""
-    metadata = read_cassette_data(path).get("metadata")
-    return dict(metadata) if isinstance(metadata, Mapping) else {}
+    return _metadata(read_cassette_data(path))
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -359,7 +400,8 @@ def open_replay_backend(
     ``cache=`` is passed (replayed answers must not leak into a live cache).
     """
     check_backend_name(name)
-    metadata = read_cassette_metadata(cassette_path)
+    data = read_cassette_data(cassette_path)
+    metadata = _metadata(data)  # before vcrpy takes the interactions over
     recorded_backend = metadata.get("backend")
     if recorded_backend is not None and recorded_backend != name:
         raise CassetteFormatError(
@@ -378,7 +420,7 @@ def open_replay_backend(
     elif name == "retriever":
         settings.setdefault("url", DEFAULT_RETRIEVER_URL)  # never $SEARCHR1_RETRIEVER_URL
     settings.setdefault("backoff", Backoff(rng=random.Random(0)))
-    cassette = load_cassette(cassette_path)
+    cassette = load_cassette(cassette_path, data)
     try:
         backend = create_search_backend(
             name,
