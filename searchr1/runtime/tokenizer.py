@@ -348,7 +348,12 @@ def load_qwen35_tokenizer(
     return tokenizer
 
 
-@lru_cache(maxsize=4)
 def shared_tokenizer(chat_template: str | None = None) -> Any:
-    """One tokenizer per process and template path (loading takes about two seconds)."""
+    """One tokenizer per process and template path (loading takes about a second):
+    ``shared_tokenizer()`` and ``shared_tokenizer(None)`` are the same one."""
+    return _shared_tokenizer(chat_template)
+
+
+@lru_cache(maxsize=4)
+def _shared_tokenizer(chat_template: str | None) -> Any:
     return load_qwen35_tokenizer(chat_template)

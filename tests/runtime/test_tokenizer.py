@@ -165,3 +165,7 @@ def test_a_tiktoken_cache_the_user_chose_is_left_alone(tmp_path, monkeypatch):
     with tok_module.tiktoken_cache_inside_ours():
         assert "TIKTOKEN_CACHE_DIR" not in os.environ and os.environ["DATA_GYM_CACHE_DIR"] == str(tmp_path / "theirs")
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_default_template_asked_for_by_name_or_not_is_one_tokenizer_per_process():
+    assert tok_module.shared_tokenizer() is tok_module.shared_tokenizer(None)
