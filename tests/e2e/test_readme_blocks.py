@@ -1,19 +1,26 @@
 """Every command the README shows runs as printed and exits 0, in a fresh folder, block after
 block as a reader types them (the install lines are CI's own: ``.ci/run`` runs them). A command
 that needs a key or the network runs as its offline variant: ``train`` gets ``--offline``, and
-``prepare-data`` (it downloads the QA release) is the one command left out, by name."""
+``prepare-data`` (it downloads the QA release) is the one command left out, by name.
+
+The offline blocks' run is the main job's default (20 steps of the twin's learning policy): the
+figures the README quotes for it (the reward's rise, micro EM before and after) are checked
+against what the commands printed and wrote."""
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from readme_support import cli_commands, readme_blocks, readme_lines
+from readme_support import README, cli_commands, readme_blocks, readme_lines
 
 from searchr1.cli import main
+from searchr1.run.directory import RunDir
 
 NEEDS_THE_NETWORK = {"prepare-data"}  # no offline variant: it downloads the QA release
 
@@ -23,18 +30,35 @@ def offline_variant(words: list[str]) -> list[str]:
     return [*words, "--offline"] if words[0] == "train" and "--offline" not in words else words
 
 
-def run_block(commands: list[list[str]], folder: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def run_block(commands: list[list[str]], folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Run the commands in ``folder``, in this process (the CLI's entry point, as ``python cli.py``
-    calls it); the names of those left out."""
-    left_out = []
+    calls it); what each printed, by its words (the ones left out print nothing)."""
+    printed = {}
     monkeypatch.chdir(folder)
     for words in commands:
         if words[0] in NEEDS_THE_NETWORK:
-            left_out.append(words[0])
+            printed[shlex.join(words)] = ""
             continue
         done = CliRunner().invoke(main, offline_variant(words))
         assert done.exit_code == 0, f"`{shlex.join(words)}` exited {done.exit_code}:\n{done.output[-3000:]}"
-    return left_out
+        printed[shlex.join(words)] = done.output
+    return printed
+
+
+def left_out(printed: dict[str, str]) -> list[str]:
+    return sorted({command.split()[0] for command in printed} & NEEDS_THE_NETWORK)
+
+
+def micro_em(path: Path) -> float:
+    """An eval output's micro EM (its last line is the summary)."""
+    return json.loads(path.read_text("utf-8").splitlines()[-1])["metrics"]["em/micro"]
+
+
+def quoted(pattern: str) -> tuple[str, ...]:
+    """The groups of ``pattern`` in the README's prose (whitespace taken as it wraps)."""
+    found = re.search(pattern, " ".join(README.read_text("utf-8").split()))
+    assert found, f"the README no longer says {pattern!r}"
+    return found.groups()
 
 
 BLOCKS = readme_blocks(install=False)
@@ -52,14 +76,33 @@ def test_every_line_of_a_block_is_a_command_run_here_or_an_export():
                 f"README command not understood: {shlex.join(words)}"
 
 
-def test_the_offline_blocks_run_one_after_another_as_printed(tmp_path, monkeypatch):
+def test_the_offline_blocks_run_one_after_another_as_printed_and_give_the_figures_it_quotes(tmp_path, monkeypatch):
     offline = [block for block in BLOCKS if all("--offline" in words or words[0] != "train" for words in block)]
     assert offline, "the README has no offline block"
+    printed = {}
     for block in offline:
-        assert run_block(block, tmp_path, monkeypatch) == []
+        printed.update(run_block(block, tmp_path, monkeypatch))
+    assert left_out(printed) == []
+
+    (trained,) = [words for words in offline[0] if words[0] == "train"]
+    run_dir = trained[trained.index("--run-dir") + 1]
+    output = printed[shlex.join(trained)]
+    (reward_line,) = quoted(r"`(mean reward: first 5 steps [+-][\d.]+, last 5 steps [+-][\d.]+)` \(seed 42\)")
+    assert reward_line in output  # the figure the README quotes is what the run printed
+    assert f"eval --checkpoint {run_dir}" in output  # and it names the next command
+    assert all(line["trainer/loss_mean"] != 0.0 for line in RunDir(tmp_path / run_dir).metrics()[:5])  # a real loss
+
+    questions, base, final = quoted(r"micro EM on the (\d+) offline dev questions goes from ([\d.]+) .*? to ([\d.]+)")
+    (base_eval,) = [words for words in offline[0] if words[0] == "eval" and "--checkpoint" not in words]
+    (final_eval,) = [words for words in offline[0] if words[0] == "eval" and "--checkpoint" in words]
+    base_file = tmp_path / base_eval[base_eval.index("--output") + 1]
+    final_file = tmp_path / final_eval[final_eval.index("--output") + 1]
+    assert (micro_em(base_file), micro_em(final_file)) == (float(base), float(final))
+    records = [json.loads(line)["type"] for line in base_file.read_text("utf-8").splitlines()]
+    assert records.count("trajectory") == int(questions)
 
 
 @pytest.mark.parametrize("block", [block for block in BLOCKS if any(words[0] == "train" and "--offline" not in words
                                                                     for words in block)])
 def test_the_live_block_runs_offline_in_a_fresh_folder(block, tmp_path, monkeypatch):
-    assert run_block(block, tmp_path, monkeypatch) == sorted(NEEDS_THE_NETWORK)
+    assert left_out(run_block(block, tmp_path, monkeypatch)) == sorted(NEEDS_THE_NETWORK)
