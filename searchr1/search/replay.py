@@ -120,13 +120,16 @@ class _LeastPlayedCassette(Cassette):
     matches are remembered per request (its method, URL, body and the headers the matchers
     read): the cassette is read-only, so the answer cannot change."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._matching: dict[tuple[Any, ...], tuple[int, ...]] = {}
+
     def _responses(self, request):
         key = (request.method, request.uri, request.body,
                tuple(request.headers.get(name) for name in BODY_FORM_HEADERS))
-        matches = self.__dict__.setdefault("_matching", {})
-        if key not in matches:
-            matches[key] = tuple(index for index, _ in super()._responses(request))
-        for index in matches[key]:
+        if key not in self._matching:
+            self._matching[key] = tuple(index for index, _ in super()._responses(request))
+        for index in self._matching[key]:
             yield index, self.data[index][1]
 
     def play_response(self, request):

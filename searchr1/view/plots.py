@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
 from searchr1.core.errors import UserError
 from searchr1.data.dataset import EVAL_SOURCES
 from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary
