@@ -312,7 +312,10 @@ class CassetteTransport(httpx.AsyncBaseTransport):
         message = recorded["status"].get("message") or ""
         return httpx.Response(
             recorded["status"]["code"],
-            headers=[(name, value) for name, values in recorded["headers"].items() for value in values],
+            # as UTF-8 bytes: httpx would encode a str as ASCII and fail on any other recorded
+            # character; the client reads back the same text (httpx decodes ASCII, then UTF-8)
+            headers=[(name.encode("utf-8", "surrogatepass"), value.encode("utf-8", "surrogatepass"))
+                     for name, values in recorded["headers"].items() for value in values],
             stream=httpx.ByteStream(recorded["body"]["string"] or b""),
             extensions={"reason_phrase": message.encode("ascii", "replace")} if message else {},
             request=request,

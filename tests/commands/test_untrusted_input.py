@@ -12,7 +12,7 @@ import typing
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from searchr1.cli import main
@@ -222,6 +222,7 @@ FIELDS = [("request",), ("request", "method"), ("request", "uri"), ("request", "
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutations=st.lists(st.tuples(st.sampled_from(FIELDS), YAML_SCALARS), min_size=1, max_size=3),
        raw=st.one_of(st.none(), st.binary(max_size=60)))
+@example(mutations=[(("response", "headers", "a"), ["\x80"])], raw=None)  # a header value that is not ASCII
 def test_any_cassette_loads_or_is_refused_in_one_line_naming_it(tmp_path, mutations, raw):
     """Invariant: a cassette whose fields hold values of any shape (or that is arbitrary bytes)
     either loads into a transport that answers every recorded request, or is refused by
