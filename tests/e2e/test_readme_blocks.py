@@ -49,6 +49,11 @@ def left_out(printed: dict[str, str]) -> list[str]:
     return sorted({command.split()[0] for command in printed} & NEEDS_THE_NETWORK)
 
 
+def flag_value(words: list[str], flag: str) -> str:
+    """The word after ``flag`` in a README command."""
+    return words[words.index(flag) + 1]
+
+
 def micro_em(path: Path) -> float:
     """An eval output's micro EM (its last line is the summary)."""
     return json.loads(path.read_text("utf-8").splitlines()[-1])["metrics"]["em/micro"]
@@ -85,7 +90,7 @@ def test_the_offline_blocks_run_one_after_another_as_printed_and_give_the_figure
     assert left_out(printed) == []
 
     (trained,) = [words for words in offline[0] if words[0] == "train"]
-    run_dir = trained[trained.index("--run-dir") + 1]
+    run_dir = flag_value(trained, "--run-dir")
     output = printed[shlex.join(trained)]
     (reward_line,) = quoted(r"`(mean reward: first 5 steps [+-][\d.]+, last 5 steps [+-][\d.]+)` \(seed 42\)")
     assert reward_line in output  # the figure the README quotes is what the run printed
@@ -95,8 +100,7 @@ def test_the_offline_blocks_run_one_after_another_as_printed_and_give_the_figure
     questions, base, final = quoted(r"micro EM on the (\d+) offline dev questions goes from ([\d.]+) .*? to ([\d.]+)")
     (base_eval,) = [words for words in offline[0] if words[0] == "eval" and "--checkpoint" not in words]
     (final_eval,) = [words for words in offline[0] if words[0] == "eval" and "--checkpoint" in words]
-    base_file = tmp_path / base_eval[base_eval.index("--output") + 1]
-    final_file = tmp_path / final_eval[final_eval.index("--output") + 1]
+    base_file, final_file = tmp_path / flag_value(base_eval, "--output"), tmp_path / flag_value(final_eval, "--output")
     assert (micro_em(base_file), micro_em(final_file)) == (float(base), float(final))
     records = [json.loads(line)["type"] for line in base_file.read_text("utf-8").splitlines()]
     assert records.count("trajectory") == int(questions)
