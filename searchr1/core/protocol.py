@@ -18,29 +18,15 @@ from enum import StrEnum
 from typing import Any
 
 from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
+from searchr1.core.tools import SEARCH, CallError, ParsedCall, ToolCall, ToolSpec, parse_tool_calls, search_spec
 from searchr1.core.types import JsonObject, Message, Tokenizer
 
-DEFAULT_TOOL_DESCRIPTION = "Look up evidence on the web. Pass one short English query."
 BUDGET_PLACEHOLDER = "{max_search_calls}"
 
 
 def search_tool(description: str | None = None) -> JsonObject:
-    """The ``search`` function schema shown to the model (``--tool-description`` replaces its
-    description; the name and the single required ``query`` string are the protocol)."""
-    return {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": DEFAULT_TOOL_DESCRIPTION if description is None else description,
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "A short English search query."}
-                },
-                "required": ["query"],
-            },
-        },
-    }
+    """The ``search`` function schema shown to the model."""
+    return search_spec(description).schema()
 
 
 SEARCH_TOOL: JsonObject = search_tool()
@@ -157,10 +143,6 @@ def build_prompt(tokenizer: Tokenizer, messages: list[Message],
 
 # --------------------------------------------------------------------------- parsing
 
-TOOL_CALL_PATTERN = re.compile(
-    r"<tool_call>\s*<function=search>\s*<parameter=query>\s*(.*?)\s*</parameter>\s*</function>\s*</tool_call>",
-    re.DOTALL,
-)
 _STOP = r"(?:<\|im_end\|>|<\|endoftext\|>)"
 _TRAILING_STOP = re.compile(_STOP + r"(?:\s*" + _STOP + r")*\s*\Z")
 
@@ -180,7 +162,15 @@ class ParsedAssistant:
     # the sampler returns ``<|im_end|>`` in ``text`` is the service's convention; everything
     # downstream (messages, transcripts, the reward) uses this text, so it does not matter.
     text: str
-    query: str | None = None
+    # Every call the turn makes, in order, each accepted or refused (empty for an answer).
+    calls: tuple[ParsedCall, ...] = ()
+
+    @property
+    def query(self) -> str | None:
+        """The search query of a ``tool`` turn that calls ``search`` (trimmed), else ``None``."""
+        if self.kind != TurnKind.TOOL or not isinstance(self.calls[0], ToolCall) or self.calls[0].name != "search":
+            return None
+        return str(self.calls[0].arguments["query"]).strip()
 
 
 def without_stop_strings(text: str) -> str:
@@ -190,33 +180,29 @@ def without_stop_strings(text: str) -> str:
     return text[: match.start()] if match else text
 
 
-def parse_assistant(text: str) -> ParsedAssistant:
+def parse_assistant(text: str, tools: Sequence[ToolSpec] = (SEARCH,), max_calls: int = 1) -> ParsedAssistant:
     """Classify one assistant turn (never raises).
 
-    * ``tool``: exactly one well-formed Qwen3.5 XML call to ``search`` with a single non-empty
-      ``query`` free of ``<``/``>``, and nothing but whitespace (or a trailing ``<|im_end|>``)
-      after it (planning text may come before the call).
-    * ``invalid``: any other use of ``<tool_call>`` (JSON bodies, other functions, extra
-      parameters, two calls, text after the call, an unclosed call, an empty or bad query).
+    * ``tool``: one to ``max_calls`` well-formed Qwen3.5 XML calls, each of a declared tool with
+      arguments its schema accepts (for ``search``: one query that is not blank and has no
+      ``<``/``>``), and nothing but whitespace (or a trailing ``<|im_end|>``) after them
+      (planning text may come before the first call).
+    * ``invalid``: any other use of ``<tool_call>`` (JSON bodies, undeclared functions, missing,
+      extra or mistyped parameters, too many calls, text after a call, an unclosed call).
     * ``answer``: no ``<tool_call>`` at all (whether it holds an ``Answer:`` line is the
       reward's business).
     """
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     body = without_stop_strings(text)
-    if "<tool_call>" not in body:
+    parsed = parse_tool_calls(body, tools)
+    if parsed is None:
         return ParsedAssistant(TurnKind.ANSWER, body)
-    matches = list(TOOL_CALL_PATTERN.finditer(body))
-    invalid = ParsedAssistant(TurnKind.INVALID, body)
-    if len(matches) != 1 or body.count("<tool_call>") != 1 or body.count("</tool_call>") != 1:
-        return invalid
-    match = matches[0]
-    if body[match.end():].strip():
-        return invalid
-    query = match.group(1).strip()
-    if not query or "<" in query or ">" in query:
-        return invalid
-    return ParsedAssistant(TurnKind.TOOL, body, query)
+    calls = tuple(parsed[1])
+    if len(calls) > max_calls:
+        calls = calls + (CallError("", f"{len(calls)} tool calls in one turn (at most {max_calls})"),)
+    valid = all(isinstance(call, ToolCall) for call in calls)
+    return ParsedAssistant(TurnKind.TOOL if valid else TurnKind.INVALID, body, calls)
 
 
 # --------------------------------------------------------------------------- stitching

@@ -1,0 +1,279 @@
+"""Tools as declared data, and how a turn's tool calls are read.
+
+A tool is declared once, as a :class:`ToolSpec`: its name, what the model is told about it, its
+parameters as a JSON schema, and how many calls a trajectory gets. The schema is what the chat
+template shows the model, and the same schema is what the parser checks each call against.
+
+Qwen3.5 writes a call in XML, one ``<parameter=…>`` block per argument::
+
+    <tool_call>
+    <function=search>
+    <parameter=query>
+    Eiffel Tower height
+    </parameter>
+    </function>
+    </tool_call>
+
+The official template writes each value as text: a string as it is, a mapping or a list as JSON,
+anything else with Python's ``str`` (so ``True``, ``3``, ``2.5``), with one newline on each side.
+:func:`parse_tool_calls` reads it back the way vLLM's ``qwen3_coder`` tool parser does (one
+newline stripped on each side, then the text converted by the parameter's schema type), with one
+difference: a value that does not convert is a refused call (:class:`CallError`), never a string
+passed on in its place. The rollout decides what a refused call costs (:class:`InvalidCallPolicy`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from searchr1.core.types import JsonObject, JsonValue
+
+
+class InvalidCallPolicy(StrEnum):
+    """What a refused call (unknown function, missing or unknown parameter, wrong type) does."""
+
+    END = "end"  # the trajectory ends as invalid (Search-R1's rule)
+    OBSERVE = "observe"  # the model reads a one-line tool error and goes on (verl's rule)
+
+
+ArgumentCheck = Callable[[Mapping[str, JsonValue]], "str | None"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool, declared once.
+
+    ``parameters`` is a JSON schema of type ``object`` (``properties``, ``required``, and
+    optionally ``additionalProperties: true``); each property's ``type`` (``string``,
+    ``integer``, ``number``, ``boolean``, ``array``, ``object``, ``null``, or a list of them) and
+    ``enum`` are what a call is checked against. ``check`` is a rule the schema cannot say (the
+    search query must not be blank); it returns the reason a call is refused, or ``None``.
+    ``budget``: calls one trajectory may make (``None``: no limit of its own). ``unit``: what one
+    call is counted as in usage and cost.
+    """
+
+    name: str
+    description: str
+    parameters: JsonObject
+    unit: str
+    budget: int | None = None
+    check: ArgumentCheck | None = field(default=None, compare=False)
+
+    def schema(self) -> JsonObject:
+        """The function schema the chat template renders into the system prompt."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    @property
+    def properties(self) -> Mapping[str, JsonValue]:
+        properties = self.parameters.get("properties", {})
+        return properties if isinstance(properties, dict) else {}
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        required = self.parameters.get("required", [])
+        return tuple(str(name) for name in required) if isinstance(required, list) else ()
+
+
+# --------------------------------------------------------------------------- the declared tools
+
+DEFAULT_TOOL_DESCRIPTION = "Look up evidence on the web. Pass one short English query."
+
+
+def plain_query(arguments: Mapping[str, JsonValue]) -> str | None:
+    """The search query must hold text, and no ``<`` or ``>`` (Search-R1's rule)."""
+    query = str(arguments.get("query", ""))
+    if not query.strip():
+        return "the search query is blank"
+    if "<" in query or ">" in query:
+        return "the search query holds < or >"
+    return None
+
+
+def search_spec(description: str | None = None) -> ToolSpec:
+    """The ``search`` tool (``--tool-description`` replaces its description; the name and the
+    single required ``query`` string are the protocol)."""
+    return ToolSpec(
+        name="search",
+        description=DEFAULT_TOOL_DESCRIPTION if description is None else description,
+        parameters={
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "A short English search query."}},
+            "required": ["query"],
+        },
+        unit="search",
+        check=plain_query,
+    )
+
+
+SEARCH = search_spec()
+
+
+# --------------------------------------------------------------------------- parsed calls
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call that names a declared tool with arguments its schema accepts, converted to their types."""
+
+    name: str
+    arguments: dict[str, JsonValue]
+
+
+@dataclass(frozen=True)
+class CallError:
+    """A call that was refused, and why (one line). ``name`` is the function as written, ``""``
+    when the call could not be read at all."""
+
+    name: str
+    reason: str
+
+
+ParsedCall = ToolCall | CallError
+
+_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_FUNCTION = re.compile(r"\s*<function=([^<>\n]+)>(.*)</function>\s*", re.DOTALL)
+_PARAMETER = re.compile(r"\s*<parameter=([^<>\n]+)>(.*?)</parameter>", re.DOTALL)
+_TAGS = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
+
+
+def split_calls(body: str) -> tuple[str, list[str]] | None:
+    """``(text before the first call, each call's inside)``, or ``None`` when the calls are not a
+    run of ``<tool_call>…</tool_call>`` blocks with only whitespace between and after them."""
+    start = body.find("<tool_call>")
+    before, rest = body[:start], body[start:]
+    if any(tag in before for tag in ("</tool_call>",)):
+        return None
+    blocks, position = [], 0
+    for match in _BLOCK.finditer(rest):
+        if rest[position:match.start()].strip():
+            return None
+        if "<tool_call>" in match.group(1):
+            return None
+        blocks.append(match.group(1))
+        position = match.end()
+    if not blocks or rest[position:].strip():
+        return None
+    return before, blocks
+
+
+def _one_type(text: str, kind: str) -> tuple[bool, JsonValue]:
+    """``(converted, value)`` of ``text`` read as the JSON-schema type ``kind``."""
+    if kind == "string":
+        return True, text
+    if kind == "null":
+        return (True, None) if text.strip().lower() in ("null", "none") else (False, None)
+    if kind == "boolean":
+        word = text.strip().lower()
+        return (True, word == "true") if word in ("true", "false") else (False, None)
+    if kind == "integer":
+        return (True, int(text.strip())) if re.fullmatch(r"\s*[-+]?\d+\s*", text) else (False, None)
+    if kind == "number":
+        if re.fullmatch(r"\s*[-+]?\d+\s*", text):
+            return True, int(text.strip())
+        try:
+            number = float(text.strip())
+        except ValueError:
+            return False, None
+        return (True, number) if math.isfinite(number) else (False, None)
+    if kind in ("array", "object"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return False, None
+        wanted = list if kind == "array" else dict
+        return (True, value) if isinstance(value, wanted) else (False, None)
+    return True, text  # a type the parser does not know: the text as written, as vLLM does
+
+
+def convert_value(text: str, schema: JsonValue) -> tuple[bool, JsonValue]:
+    """``text`` (one newline already stripped on each side) converted by one property's schema:
+    its ``type`` (a name, or a list tried in order; none means string) and its ``enum``."""
+    declared = schema.get("type", "string") if isinstance(schema, dict) else "string"
+    kinds = [str(k) for k in declared] if isinstance(declared, list) else [str(declared)]
+    if "null" in kinds:  # "null" is read as null before a string type can take it as text
+        kinds = ["null"] + [k for k in kinds if k != "null"]
+    for kind in kinds:
+        ok, value = _one_type(text, kind.strip().lower())
+        if ok:
+            allowed = schema.get("enum") if isinstance(schema, dict) else None
+            if isinstance(allowed, list) and value not in allowed:
+                return False, None
+            return True, value
+    return False, None
+
+
+def _type_name(schema: JsonValue) -> str:
+    declared = schema.get("type", "string") if isinstance(schema, dict) else "string"
+    return " or ".join(map(str, declared)) if isinstance(declared, list) else str(declared)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    one_line = " ".join(text.split())
+    return repr(one_line if len(one_line) <= limit else one_line[: limit - 1] + "…")
+
+
+def read_call(inside: str, tools: Mapping[str, ToolSpec]) -> ParsedCall:
+    """One ``<tool_call>`` block's inside, checked against the declared ``tools``."""
+    function = _FUNCTION.fullmatch(inside)
+    if function is None:
+        return CallError("", "the tool call is not one <function=…> block")
+    name, body = function.group(1), function.group(2)
+    tool = tools.get(name)
+    if tool is None:
+        known = ", ".join(sorted(tools)) or "none"
+        return CallError(name, f"unknown tool {_shown(name)} (declared: {known})")
+    arguments: dict[str, JsonValue] = {}
+    position = 0
+    properties = tool.properties
+    for parameter in _PARAMETER.finditer(body):
+        if parameter.start() != position:
+            break
+        position = parameter.end()
+        key, raw = parameter.group(1), parameter.group(2)
+        value = raw[1:] if raw.startswith("\n") else raw
+        value = value[:-1] if value.endswith("\n") else value
+        if any(tag in value for tag in _TAGS):
+            return CallError(name, f"parameter {_shown(key)} of {name} holds tool-call markup")
+        if key in arguments:
+            return CallError(name, f"parameter {_shown(key)} of {name} is given twice")
+        if key not in properties:
+            if tool.parameters.get("additionalProperties") is not True:
+                return CallError(name, f"{name} has no parameter {_shown(key)}")
+            arguments[key] = value
+            continue
+        ok, converted = convert_value(value, properties[key])
+        if not ok:
+            return CallError(name, f"parameter {key} of {name} must be {_type_name(properties[key])}, "
+                                   f"got {_shown(value)}")
+        arguments[key] = converted
+    if body[position:].strip():
+        return CallError(name, f"the call of {name} holds text that is not a <parameter=…> block")
+    missing = [key for key in tool.required if key not in arguments]
+    if missing:
+        return CallError(name, f"{name} needs the parameter {', '.join(missing)}")
+    if tool.check is not None:
+        reason = tool.check(arguments)
+        if reason is not None:
+            return CallError(name, reason)
+    return ToolCall(name, arguments)
+
+
+def parse_tool_calls(body: str, tools: Sequence[ToolSpec]) -> tuple[str, list[ParsedCall]] | None:
+    """The text before the calls and each call read against ``tools``; ``None`` when ``body``
+    has no ``<tool_call>``. Calls that cannot be told apart (an unclosed call, text after the
+    last call, a stray closing tag) come back as one :class:`CallError`."""
+    if "<tool_call>" not in body:
+        return None
+    split = split_calls(body)
+    if split is None:
+        before = body[: body.find("<tool_call>")]
+        return before, [CallError("", "the tool calls are not closed <tool_call> blocks ending the turn")]
+    before, blocks = split
+    by_name = {tool.name: tool for tool in tools}
+    return before, [read_call(block, by_name) for block in blocks]

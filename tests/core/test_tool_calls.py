@@ -1,0 +1,194 @@
+"""Tool calls read against declared tools: any schema the official template renders parses back
+to the same typed arguments, refused calls say why, and with ``search`` alone the parser keeps
+Search-R1's rules (checked against the reference loop's own parser)."""
+
+from __future__ import annotations
+
+import json
+import string
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from searchr1.core.protocol import SEARCH, TurnKind, initial_messages, parse_assistant, render_text
+from searchr1.core.reference import parse as reference_parse
+from searchr1.core.tools import CallError, ToolCall, ToolSpec, convert_value, parse_tool_calls
+
+MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
+TYPES = ("string", "integer", "number", "boolean", "array", "object")
+
+names = st.text(alphabet=string.ascii_letters + string.digits + "_", min_size=1, max_size=12).filter(
+    lambda n: not n[0].isdigit())
+plain_text = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=40).filter(
+    lambda s: not any(tag in s for tag in MARKUP))
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | plain_text
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(plain_text, inner, max_size=3),
+    max_leaves=8,
+).filter(lambda v: not any(tag in json.dumps(v, ensure_ascii=False) for tag in MARKUP))
+VALUES = {
+    "string": plain_text,
+    "integer": st.integers(),
+    "number": st.integers() | st.floats(allow_nan=False, allow_infinity=False),
+    "boolean": st.booleans(),
+    "array": st.lists(json_values, max_size=3).filter(
+        lambda v: not any(tag in json.dumps(v, ensure_ascii=False) for tag in MARKUP)),
+    "object": st.dictionaries(plain_text, json_values, max_size=3).filter(
+        lambda v: not any(tag in json.dumps(v, ensure_ascii=False) for tag in MARKUP)),
+}
+
+
+@st.composite
+def tools_and_calls(draw):
+    """One to three declared tools, and one to three calls of them with arguments of their types."""
+    tool_names = draw(st.lists(names, min_size=1, max_size=3, unique=True))
+    tools = []
+    for name in tool_names:
+        parameters = draw(st.dictionaries(names, st.sampled_from(TYPES), max_size=4))
+        required = [p for p in parameters if draw(st.booleans())]
+        tools.append(ToolSpec(
+            name=name, description=draw(plain_text), unit="call",
+            parameters={"type": "object", "properties": {p: {"type": t} for p, t in parameters.items()},
+                        "required": required},
+        ))
+    calls = []
+    for _ in range(draw(st.integers(1, 3))):
+        tool = draw(st.sampled_from(tools))
+        arguments = {}
+        for parameter, schema in tool.properties.items():
+            if parameter in tool.required or draw(st.booleans()):
+                arguments[parameter] = draw(VALUES[schema["type"]])
+        calls.append(ToolCall(tool.name, arguments))
+    return tools, calls
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(drawn=tools_and_calls(), planning=st.sampled_from(["", "Let me look that up."]))
+def test_calls_rendered_by_the_official_template_parse_back_to_the_same_typed_arguments(tokenizer, drawn, planning):
+    tools, calls = drawn
+    schemas = [tool.schema() for tool in tools]
+    question = initial_messages("q?")
+    assistant = {"role": "assistant", "content": planning, "tool_calls": [
+        {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]}
+    prompt = render_text(tokenizer, question, add_generation_prompt=True, tools=schemas)
+    full = render_text(tokenizer, question + [assistant], add_generation_prompt=False, tools=schemas)
+    assert full.startswith(prompt)
+    parsed = parse_assistant(full[len(prompt):], tools, max_calls=3)
+    assert parsed.kind == TurnKind.TOOL, parsed.calls
+    assert [(c.name, c.arguments) for c in parsed.calls] == [(c.name, c.arguments) for c in calls]
+    assert all(type(a) is type(b) or {type(a), type(b)} <= {int, float}
+               for got, sent in zip(parsed.calls, calls)
+               for a, b in zip(got.arguments.values(), sent.arguments.values()))
+
+
+tag_soup = st.lists(
+    st.sampled_from(
+        ["<tool_call>", "</tool_call>", "<function=search>", "<function=other>", "</function>",
+         "<parameter=query>", "<parameter=page>", "</parameter>", "<|im_end|>", "\n", " ", "x", "<", ">",
+         "Answer:", "{", "}"])
+    | st.text(max_size=6),
+    max_size=24,
+).map("".join)
+
+
+SEARCH_CALL = ["<tool_call>", "\n", "<function=search>", "\n", "<parameter=query>", "\n", "QUERY", "\n",
+               "</parameter>", "\n", "</function>", "\n", "</tool_call>"]
+query_text = st.text(alphabet=" \nab<>", max_size=5)
+
+
+@st.composite
+def near_miss_calls(draw):
+    """A search call with up to two of its pieces dropped or replaced, planning text before it and
+    text after it."""
+    changed = draw(st.sets(st.integers(0, len(SEARCH_CALL) - 1), max_size=2))
+    pieces = []
+    for index, piece in enumerate(SEARCH_CALL):
+        if index in changed:
+            pieces.append(draw(st.sampled_from(["", "<tool_call>", "</tool_call>"]) | tag_soup))
+        else:
+            pieces.append(draw(query_text) if piece == "QUERY" else piece)
+    return draw(st.sampled_from(["", "Plan.\n\n", "</tool_call>"])) + "".join(pieces) + draw(
+        st.sampled_from(["", "\n", "<|im_end|>", "x", "\n<tool_call>"]))
+
+
+@settings(max_examples=400)
+@given(tag_soup | near_miss_calls())
+@example("<tool_call>\n<function=search>\n<parameter=query>\n \n</parameter>\n</function>\n</tool_call>")
+@example("</tool_call><tool_call><function=search><parameter=query>x</parameter></function></tool_call>")
+@example("<tool_call><function=search><parameter=query>x</parameter></function></tool_call>\n<tool_call>")
+def test_with_search_alone_the_parser_keeps_the_reference_loops_rules(text):
+    parsed = parse_assistant(text)
+    text_seen, kind, query = reference_parse(text)
+    assert (parsed.text, parsed.kind.value, parsed.query) == (text_seen, kind, query)
+
+
+def call_text(name: str, **arguments: str) -> str:
+    parameters = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in arguments.items())
+    return f"<tool_call>\n<function={name}>\n{parameters}</function>\n</tool_call>"
+
+
+OPEN_PAGE = ToolSpec(
+    name="open_page", description="Open a page.", unit="page",
+    parameters={"type": "object", "properties": {"page": {"type": "string"}, "offset": {"type": "integer"}},
+                "required": ["page"]},
+)
+
+
+@given(name=names.filter(lambda n: n not in ("search", "open_page")))
+def test_an_undeclared_function_is_refused_by_name(name):
+    (call,) = parse_assistant(call_text(name, query="x"), (SEARCH, OPEN_PAGE)).calls
+    assert isinstance(call, CallError) and call.name == name and "unknown tool" in call.reason
+    assert "search" in call.reason and "open_page" in call.reason
+
+
+@given(value=st.text(max_size=12).filter(lambda v: not v.strip().lstrip("+-").isdigit()))
+def test_a_value_of_the_wrong_type_is_refused_naming_the_parameter_and_type(value):
+    parsed = parse_assistant(call_text("open_page", page="Paris", offset=value), (OPEN_PAGE,))
+    assert parsed.kind == TurnKind.INVALID
+    (call,) = parsed.calls
+    assert isinstance(call, CallError) and "offset" in call.reason and "integer" in call.reason
+
+
+def test_a_missing_required_parameter_and_an_unknown_one_are_refused():
+    missing = parse_assistant(call_text("open_page", offset="3"), (OPEN_PAGE,)).calls[0]
+    unknown = parse_assistant(call_text("open_page", page="x", lang="en"), (OPEN_PAGE,)).calls[0]
+    assert isinstance(missing, CallError) and "page" in missing.reason
+    assert isinstance(unknown, CallError) and "lang" in unknown.reason
+
+
+def test_several_calls_are_read_in_order_and_more_than_allowed_is_invalid():
+    text = call_text("search", query="Seine") + "\n" + call_text("open_page", page="Seine", offset="2")
+    parsed = parse_assistant(text, (SEARCH, OPEN_PAGE), max_calls=2)
+    assert parsed.kind == TurnKind.TOOL
+    assert parsed.calls == (ToolCall("search", {"query": "Seine"}), ToolCall("open_page", {"page": "Seine", "offset": 2}))
+    assert parse_assistant(text, (SEARCH, OPEN_PAGE), max_calls=1).kind == TurnKind.INVALID
+    between = text.replace("</tool_call>\n<tool_call>", "</tool_call>\nand then\n<tool_call>")
+    (refused,) = parse_assistant(between, (SEARCH, OPEN_PAGE), max_calls=2).calls
+    assert isinstance(refused, CallError) and "not closed <tool_call> blocks" in refused.reason
+
+
+tools_drawn = st.builds(
+    lambda name, props: ToolSpec(name, "", {"type": "object", "properties": props}, "call"),
+    names, st.dictionaries(names, st.builds(lambda t: {"type": t}, st.sampled_from(TYPES + ("null",)))),
+)
+
+
+@given(text=st.text() | tag_soup, tools=st.lists(tools_drawn, max_size=3))
+def test_reading_calls_never_raises(text, tools):
+    parsed = parse_tool_calls(text, tools)
+    assert (parsed is None) == ("<tool_call>" not in text)
+
+
+@given(st.sampled_from(TYPES), st.text(max_size=10))
+def test_a_value_converts_to_its_declared_type_or_is_refused(kind, text):
+    ok, value = convert_value(text, {"type": kind})
+    wanted = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
+    assert not ok or isinstance(value, wanted[kind])
+
+
+def test_enum_and_nullable_types_are_honoured():
+    assert convert_value("red", {"type": "string", "enum": ["red", "blue"]}) == (True, "red")
+    assert convert_value("green", {"type": "string", "enum": ["red", "blue"]})[0] is False
+    assert convert_value("null", {"type": ["integer", "null"]}) == (True, None)
+    assert convert_value("null", {"type": "string"}) == (True, "null")
