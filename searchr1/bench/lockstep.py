@@ -27,7 +27,7 @@ from typing import Any
 from searchr1.core.types import AssistantTurn, SearchBackend, SearchExample, Trajectory
 from searchr1.core.protocol import stop_sequences, template_boundaries
 from searchr1.core.rollout import (
-    PendingSearch,
+    PendingCall,
     RolloutConfig,
     SampleRequest,
     add_observation,
@@ -71,14 +71,14 @@ class LockstepRollout:
         self.stats.sample_requests += 1
         return sequences
 
-    def _consume(self, trajectory: Trajectory, prompt: list[int], sequence: Any) -> PendingSearch | None:
+    def _consume(self, trajectory: Trajectory, prompt: list[int], sequence: Any) -> PendingCall | None:
         """Record one assistant turn; end the trajectory or return its pending search (the
         engine's own ``record_turn``: only the scheduling differs)."""
         tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
         return record_turn(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason),
                                  self.tokenizer, self.config)
 
-    async def _resolve(self, pending: list[PendingSearch]) -> None:
+    async def _resolve(self, pending: list[PendingCall]) -> None:
         """All pending searches in a pool ``search_concurrency`` wide; the round waits for all."""
         if not pending:
             return

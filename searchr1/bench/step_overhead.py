@@ -204,9 +204,9 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
 
 def seed_fit(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
              previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
-             result: Any, config: Any) -> Any:
+             result: Any, config: Any, tool: str = "search") -> Any:
     """:func:`searchr1.core.rollout.fit_tool_content` done the seed's way (figure 2's
-    :func:`seed_fit_tool_content`), in the engine's own return type."""
+    :func:`seed_fit_tool_content`), in the engine's own return type (the seed has search alone)."""
     from searchr1.core.observation.fit import FittedObservation
 
     fitted = seed_fit_tool_content(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,

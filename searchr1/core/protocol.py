@@ -53,8 +53,14 @@ Answer: France"""
 SYSTEM_PROMPT = _PROMPT_HEAD + "\n" + _PROMPT_EXAMPLE
 
 
-def system_prompt(max_search_calls: int | None = None, template: str | None = None) -> str:
-    """The system prompt; with a budget it also tells the model how many searches it has.
+_PROMPT_OPEN_PAGE = ("- Each search result names its page. `open_page` reads that page passage by passage: pass its "
+                     "title or id, and an offset to read on.")
+
+
+def system_prompt(max_search_calls: int | None = None, template: str | None = None,
+                  tools: Sequence[str] = ("search",)) -> str:
+    """The system prompt; with a budget it also tells the model how many searches it has, and
+    with ``open_page`` among the ``tools`` how to read on from a search result.
 
     ``template`` (``--system-prompt-file``) replaces the default wording; the text
     ``{max_search_calls}`` in it, if present, becomes the budget (nothing else is substituted,
@@ -63,16 +69,17 @@ def system_prompt(max_search_calls: int | None = None, template: str | None = No
     if template is not None:
         budget = "" if max_search_calls is None else str(max_search_calls)
         return template.replace(BUDGET_PLACEHOLDER, budget)
-    if max_search_calls is None:
-        return SYSTEM_PROMPT
-    return _PROMPT_HEAD + "\n" + _PROMPT_BUDGET.format(n=max_search_calls) + "\n" + _PROMPT_EXAMPLE
+    lines = [_PROMPT_HEAD] + ([_PROMPT_OPEN_PAGE] if "open_page" in tools else [])
+    if max_search_calls is not None:
+        lines.append(_PROMPT_BUDGET.format(n=max_search_calls))
+    return "\n".join(lines) + "\n" + _PROMPT_EXAMPLE
 
 
-def initial_messages(question: str, *, max_search_calls: int | None = None,
-                     system_template: str | None = None) -> list[Message]:
+def initial_messages(question: str, *, max_search_calls: int | None = None, system_template: str | None = None,
+                     tools: Sequence[str] = ("search",)) -> list[Message]:
     """System prompt plus the question, passed as it is."""
     return [
-        {"role": "system", "content": system_prompt(max_search_calls, system_template)},
+        {"role": "system", "content": system_prompt(max_search_calls, system_template, tools)},
         {"role": "user", "content": question},
     ]
 
@@ -82,8 +89,8 @@ def assistant_message(text: str) -> Message:
     return {"role": "assistant", "content": text}
 
 
-def tool_message(call_id: str, content: str) -> Message:
-    return {"role": "tool", "tool_call_id": call_id, "name": "search", "content": content}
+def tool_message(call_id: str, content: str, tool: str = "search") -> Message:
+    return {"role": "tool", "tool_call_id": call_id, "name": tool, "content": content}
 
 
 def stop_sequences(tokenizer: Tokenizer) -> list[str]:

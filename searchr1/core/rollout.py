@@ -5,9 +5,11 @@ Each phase has one handler, the only code that ends a trajectory in that phase:
              ends on: prompt_too_long, token_budget
     SAMPLE   BatchRollout.sample_turns  the sampler's turn (timeouts and retries are the runtime's)
              ends on: sampler_error
-    TURN     record_turn                the turn parsed, the budgets checked
+    TURN     record_turn                the turn parsed, its call checked against the declared tools
+                                        and the budgets
              ends on: answer, no_answer, invalid, search_budget, turn_budget, token_budget
-    SEARCH   add_observation            the search result fitted into the room left, tokens stitched
+    CALL     add_observation            the tool's result (or why the call was refused) fitted into
+                                        the room left, tokens stitched
              ends on: search_error, tool_overflow
     ... then REQUEST again.
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,7 +41,6 @@ from searchr1.core.protocol import (
     initial_messages,
     observation_tokens,
     parse_assistant,
-    search_tool,
     stop_sequences,
     system_prompt,
     template_boundaries,
@@ -48,8 +49,10 @@ from searchr1.core.protocol import (
 from searchr1.core.observation.fit import fit_tool_content, observation_room
 from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
+from searchr1.core.tools import CallError, ParsedCall, ToolBackend, ToolCall, declared_tools, tool_schemas
 from searchr1.core.types import (
     AssistantTurn,
+    InvalidCallPolicy,
     JsonObject,
     Message,
     RolloutBudgets,
@@ -61,6 +64,7 @@ from searchr1.core.types import (
     SearchResult,
     Termination,
     Tokenizer,
+    ToolRecord,
     Trajectory,
 )
 
@@ -92,13 +96,18 @@ class RolloutConfig(SamplingRuntime, RolloutBudgets):
     (:class:`SamplingRuntime`). The rollout's steps take the part they need."""
 
     @property
-    def tools(self) -> list[JsonObject]:
-        return [search_tool(self.tool_description)]
+    def tool_schemas(self) -> list[JsonObject]:
+        return tool_schemas(self)
+
+
+def tool_names(budgets: RolloutBudgets) -> tuple[str, ...]:
+    return tuple(tool.name for tool in declared_tools(budgets))
 
 
 def effective_system_prompt(budgets: RolloutBudgets) -> str:
     """The system message every trajectory of ``budgets`` starts with."""
-    return system_prompt(budgets.max_search_calls if budgets.state_search_budget else None, budgets.system_prompt)
+    return system_prompt(budgets.max_search_calls if budgets.state_search_budget else None, budgets.system_prompt,
+                         tool_names(budgets))
 
 
 class SamplerFailureError(RuntimeError):
@@ -130,7 +139,7 @@ def make_request(tokenizer: Tokenizer, group: Sequence[Trajectory], seed: int,
     if first.next_prompt_tokens is not None:
         prompt = first.next_prompt_tokens
     else:
-        prompt = build_prompt(tokenizer, first.messages, tools=[search_tool(budgets.tool_description)])
+        prompt = build_prompt(tokenizer, first.messages, tools=tool_schemas(budgets))
     max_tokens = min(budgets.max_assistant_tokens, budgets.max_trajectory_tokens - len(prompt))
     if max_tokens <= 0:
         for trajectory in group:
@@ -144,7 +153,8 @@ def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: in
     """The ``group_size`` trajectories of one question and their shared first request
     (``num_samples = group_size``; ``None`` when the prompt alone is over the budget)."""
     budget = budgets.max_search_calls if budgets.state_search_budget else None
-    messages = initial_messages(example.question, max_search_calls=budget, system_template=budgets.system_prompt)
+    messages = initial_messages(example.question, max_search_calls=budget, system_template=budgets.system_prompt,
+                                tools=tool_names(budgets))
     group = [Trajectory(example, question_index, g, [m.copy() for m in messages]) for g in range(budgets.group_size)]
     return group, make_request(tokenizer, group, sampling_seed(budgets.seed, step, question_index, 0, 0), budgets)
 
@@ -204,8 +214,9 @@ def is_retryable(error: BaseException) -> bool:
 
 
 @dataclass(frozen=True)
-class PendingSearch:
-    """A valid tool call within budget, waiting for its search result."""
+class PendingCall:
+    """A tool call within budget, waiting for its result: a call to run, or a refused one whose
+    reason the model will read (``invalid_calls=observe``)."""
 
     trajectory: Trajectory
     messages_before_assistant: list[Message]
@@ -213,66 +224,90 @@ class PendingSearch:
     prompt_tokens: list[int]
     completion_tokens: list[int]
     call_id: str
-    query: str
+    call: ParsedCall
+
+    @property
+    def query(self) -> str:
+        """The search query, or another call's arguments as written (for records and logs)."""
+        if isinstance(self.call, CallError):
+            return self.call.name
+        if self.call.name == "search":
+            return str(self.call.arguments["query"]).strip()
+        return ", ".join(f"{key}={value}" for key, value in self.call.arguments.items())
 
 
 def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
-                budgets: RolloutBudgets) -> PendingSearch | None:
-    """TURN: record one assistant turn; end the trajectory (an answer, an invalid call, a budget
-    spent) or return the search it asks for."""
+                budgets: RolloutBudgets) -> PendingCall | None:
+    """TURN: record one assistant turn; end the trajectory (an answer, a refused call, a budget
+    spent) or return the call it makes."""
     trajectory.turns.append(turn)
     tokens, prompt = turn.completion_tokens, turn.prompt_tokens
-    parsed = parse_assistant(turn.text)
+    tools = declared_tools(budgets)
+    parsed = parse_assistant(turn.text, tools)
     text = parsed.text  # the one place that decides what the turn said (no stop string)
     messages_before = list(trajectory.messages)
     trajectory.messages.append(assistant_message(text))
     if parsed.kind == TurnKind.ANSWER:  # a reply without a tool call: an answer only if it can be scored
         trajectory.finish(Termination.ANSWER if extract_answer(text) is not None else Termination.NO_ANSWER, text)
         return None
-    if parsed.kind == TurnKind.INVALID:
+    if parsed.kind == TurnKind.INVALID and budgets.invalid_calls == InvalidCallPolicy.END:
         trajectory.finish(Termination.INVALID, text)
         return None
-    if trajectory.search_calls >= budgets.max_search_calls:
+    call = next((c for c in parsed.calls if isinstance(c, CallError)), parsed.calls[0])
+    budget = next((tool.budget for tool in tools if tool.name == call.name), None)
+    if isinstance(call, ToolCall) and budget is not None and trajectory.calls_of(call.name) >= budget:
         trajectory.finish(Termination.SEARCH_BUDGET, text)
         return None
     if len(trajectory.turns) >= budgets.max_assistant_turns:
         trajectory.finish(Termination.TURN_BUDGET, text)
         return None
-    assert parsed.query is not None
     if len(observation_tokens(tokenizer, "x")) > observation_room(tokenizer, prompt, tokens, budgets):
-        trajectory.finish(Termination.TOKEN_BUDGET, text)  # not even a one-letter observation fits: no search
+        trajectory.finish(Termination.TOKEN_BUDGET, text)  # not even a one-letter observation fits: no call
         return None
-    call_id = f"search-{trajectory.question_index}-{trajectory.group_index}-{trajectory.search_calls + 1}"
-    return PendingSearch(trajectory, messages_before, text, list(prompt), list(tokens), call_id, parsed.query)
+    name = call.name if isinstance(call, ToolCall) else "call"
+    call_id = f"{name}-{trajectory.question_index}-{trajectory.group_index}-{len(trajectory.searches) + 1}"
+    return PendingCall(trajectory, messages_before, text, list(prompt), list(tokens), call_id, call)
 
 
-def add_observation(pending: PendingSearch, result: SearchResult, tokenizer: Tokenizer,
+def record_call(pending: PendingCall, result: SearchResult, *, ok: bool, observation: str, error: str | None,
+                truncated: bool = False) -> None:
+    """The environment's record of one call: a :class:`SearchRecord` for a search, a
+    :class:`ToolRecord` naming the tool for any other call or a refused one."""
+    call, record = pending.call, SearchRecord(pending.query, ok, observation, len(result.items), error,
+                                              result.cached, truncated)
+    if not isinstance(call, ToolCall) or call.name != "search":
+        record = ToolRecord(**vars(record), tool=call.name, refused=isinstance(call, CallError))
+    pending.trajectory.searches.append(record)
+
+
+def add_observation(pending: PendingCall, result: SearchResult, tokenizer: Tokenizer,
                     budgets: RolloutBudgets) -> None:
-    """SEARCH: fit the result into the trajectory and stitch its next prompt, or end it.
+    """CALL: fit the result (or the reason a call was refused) into the trajectory and stitch its
+    next prompt, or end it.
 
     A result is outside text: if turning it into an observation raises anything at all, the
     trajectory ends as ``search_error`` (an environment failure: its group is left out like
     one with a failed search) and the run goes on.
     """
     trajectory = pending.trajectory
+    tool = pending.call.name
     try:
         fitted = fit_tool_content(tokenizer, pending.messages_before_assistant, pending.assistant_text,
-                                  pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, budgets)
-    except Exception as error:  # noqa: BLE001 - one bad search result must not end the run
-        reason = f"the search result could not become an observation ({type(error).__name__})"
+                                  pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, budgets,
+                                  tool)
+    except Exception as error:  # noqa: BLE001 - one bad tool result must not end the run
+        kind = "search" if tool == "search" else "tool"
+        reason = f"the {kind} result could not become an observation ({type(error).__name__})"
         log.warning("query %r: %s; the trajectory ends as a search failure", pending.query[:80], reason)
-        trajectory.searches.append(SearchRecord(query=pending.query, ok=False, observation="",
-                                                items=len(result.items), error=reason, cached=result.cached))
+        record_call(pending, result, ok=False, observation="", error=reason)
         trajectory.finish(Termination.SEARCH_ERROR, pending.assistant_text)
         return
     if fitted is None:
         trajectory.finish(Termination.TOOL_OVERFLOW, pending.assistant_text)
         return
-    trajectory.messages.append(tool_message(pending.call_id, fitted.content))
-    trajectory.searches.append(SearchRecord(
-        query=pending.query, ok=result.ok, observation=fitted.content, items=len(result.items),
-        error=result.error, cached=result.cached, truncated=fitted.truncated,
-    ))
+    trajectory.messages.append(tool_message(pending.call_id, fitted.content, tool))
+    record_call(pending, result, ok=result.ok, observation=fitted.content, error=result.error,
+                truncated=fitted.truncated)
     trajectory.next_prompt_tokens = fitted.next_prompt
 
 
@@ -291,14 +326,17 @@ async def run_all(coroutines: Iterable[Coroutine[object, object, T]]) -> list[T]
 
 class BatchRollout:
     """One batch being rolled out: what its trajectories share (the sampler and its slots, the
-    search backend, the budgets), one task per question and then per trajectory."""
+    search backend and the other tools' backends, the budgets), one task per question and then per
+    trajectory."""
 
     def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, search_backend: SearchBackend,
                  budgets: RolloutBudgets, runtime: SamplingRuntime, step: int,
-                 progress: Callable[[int], None] | None, sampling_slots: asyncio.Semaphore | None = None) -> None:
+                 progress: Callable[[int], None] | None, sampling_slots: asyncio.Semaphore | None = None,
+                 tool_backends: Mapping[str, ToolBackend] | None = None) -> None:
         self.sampler = sampling_client
         self.tokenizer = tokenizer
         self.search_backend = search_backend
+        self.tool_backends = dict(tool_backends or {})
         self.budgets = budgets
         self.runtime = runtime
         self.step = step
@@ -354,6 +392,16 @@ class BatchRollout:
             trajectory.finish(Termination.SAMPLER_ERROR)
         return [None] * len(trajectories)
 
+    async def run_call(self, pending: PendingCall) -> SearchResult:
+        """The result of one call: a search, another tool's answer, or (for a refused call, no
+        request made) the reason it was refused."""
+        call = pending.call
+        if isinstance(call, CallError):
+            return SearchResult(ok=False, error=call.reason)
+        if call.name == "search":
+            return await self.search_backend.search(pending.query)
+        return await self.tool_backends[call.name].call(call)
+
     async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
         """One question: its group's shared first request, then one task per trajectory."""
         group, request = start_group(self.tokenizer, example, question_index, self.step, self.budgets)
@@ -364,12 +412,12 @@ class BatchRollout:
         return group
 
     async def run_trajectory(self, trajectory: Trajectory, turn: AssistantTurn | None) -> None:
-        """From the first sampled turn: TURN, SEARCH, REQUEST, SAMPLE, TURN, ... until a phase ends it."""
+        """From the first sampled turn: TURN, CALL, REQUEST, SAMPLE, TURN, ... until a phase ends it."""
         while turn is not None:
             pending = record_turn(trajectory, turn, self.tokenizer, self.budgets)
             if pending is None:
                 break
-            add_observation(pending, await self.search_backend.search(pending.query), self.tokenizer, self.budgets)
+            add_observation(pending, await self.run_call(pending), self.tokenizer, self.budgets)
             request = None if trajectory.done else next_request(self.tokenizer, trajectory, self.step, self.budgets)
             turn = None if request is None else (await self.sample_turns([trajectory], request))[0]
         self.report_finished()
@@ -386,6 +434,7 @@ async def rollout_batch_async(
     step: int = 0,
     sampling_slots: asyncio.Semaphore | None = None,
     first_question_index: int = 0,
+    tool_backends: Mapping[str, ToolBackend] | None = None,
 ) -> list[Trajectory]:
     """Roll out ``group_size`` trajectories per example (unscored: scoring and advantages are
     the caller's next steps, :func:`searchr1.core.reward.score_trajectories` and
@@ -393,6 +442,7 @@ async def rollout_batch_async(
 
     ``sampling_slots`` caps sampling requests across several batches rolling out at once (the
     trainer's off-policy pipeline); by default the batch has ``sampling_concurrency`` of its own.
+    ``tool_backends`` run the declared tools other than search (``config.tools``), by name.
     ``first_question_index`` numbers the questions from there (question indices group the
     trajectories and seed the sampling: dynamic sampling's extra draws of one step use fresh ones).
 
@@ -401,8 +451,11 @@ async def rollout_batch_async(
     not be sampled (a smaller share ends as ``sampler_error`` and is left out of the update).
     """
     template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
+    missing = [name for name in tool_names(config) if name != "search" and name not in (tool_backends or {})]
+    if missing:
+        raise ValueError(f"no backend runs the declared tool {missing[0]!r}")
     batch = BatchRollout(sampling_client, tokenizer, search_client, budgets=config, runtime=config, step=step,
-                         progress=progress_callback, sampling_slots=sampling_slots)
+                         progress=progress_callback, sampling_slots=sampling_slots, tool_backends=tool_backends)
     groups = await run_all(
         batch.run_question(index, example) for index, example in enumerate(examples, first_question_index)
     )

@@ -19,7 +19,7 @@ anything else with Python's ``str`` (so ``True``, ``3``, ``2.5``), with one newl
 :func:`parse_tool_calls` reads it back the way vLLM's ``qwen3_coder`` tool parser does (one
 newline stripped on each side, then the text converted by the parameter's schema type), with one
 difference: a value that does not convert is a refused call (:class:`CallError`), never a string
-passed on in its place. The rollout decides what a refused call costs (:class:`InvalidCallPolicy`).
+passed on in its place. The rollout decides what a refused call costs (:class:`~searchr1.core.types.InvalidCallPolicy`).
 """
 
 from __future__ import annotations
@@ -28,17 +28,10 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
-from searchr1.core.types import JsonObject, JsonValue
-
-
-class InvalidCallPolicy(StrEnum):
-    """What a refused call (unknown function, missing or unknown parameter, wrong type) does."""
-
-    END = "end"  # the trajectory ends as invalid (Search-R1's rule)
-    OBSERVE = "observe"  # the model reads a one-line tool error and goes on (verl's rule)
+from searchr1.core.types import InvalidCallPolicy, JsonObject, JsonValue, RolloutBudgets, SearchResult
 
 
 ArgumentCheck = Callable[[Mapping[str, JsonValue]], "str | None"]
@@ -112,6 +105,57 @@ def search_spec(description: str | None = None) -> ToolSpec:
 
 
 SEARCH = search_spec()
+
+OPEN_PAGE = ToolSpec(
+    name="open_page",
+    description="Read a page a search result names, passage by passage. Pass its title or id; "
+                "offset skips that many passages, to read on.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "page": {"type": "string", "description": "The title or id of a page from a search result."},
+            "offset": {"type": "integer", "description": "Passages to skip (0 reads from the start)."},
+        },
+        "required": ["page"],
+    },
+    unit="page",
+    budget=4,
+)
+
+DECLARED: dict[str, ToolSpec] = {tool.name: tool for tool in (SEARCH, OPEN_PAGE)}
+
+
+def unknown_tools(names: str) -> str | None:
+    """Why a comma-separated tool list is refused (an unknown or repeated name, or none), or ``None``."""
+    listed = [name.strip() for name in names.split(",")]
+    unknown = [name for name in listed if name not in DECLARED]
+    if unknown:
+        return f"names an undeclared tool {unknown[0]!r} (declared: {', '.join(DECLARED)})"
+    if len(set(listed)) != len(listed):
+        return f"names a tool twice: {names!r}"
+    return None
+
+
+def declared_tools(budgets: RolloutBudgets) -> tuple[ToolSpec, ...]:
+    """The tools of ``budgets`` in the order given; search with its description and budget."""
+    chosen = []
+    for name in (name.strip() for name in budgets.tools.split(",")):
+        tool = DECLARED[name]
+        if name == "search":
+            tool = replace(search_spec(budgets.tool_description), budget=budgets.max_search_calls)
+        chosen.append(tool)
+    return tuple(chosen)
+
+
+def tool_schemas(budgets: RolloutBudgets) -> list[JsonObject]:
+    """What the chat template shows the model: one function schema per declared tool."""
+    return [tool.schema() for tool in declared_tools(budgets)]
+
+
+class ToolBackend(Protocol):
+    """What runs one tool other than search (search has its :class:`~searchr1.core.types.SearchBackend`)."""
+
+    async def call(self, call: ToolCall) -> SearchResult: ...
 
 
 # --------------------------------------------------------------------------- parsed calls

@@ -87,8 +87,8 @@ class Termination(StrEnum):
 
     ANSWER = "answer"                    # the model answered: no tool call, one non-empty Answer: line
     NO_ANSWER = "no_answer"              # a reply with no tool call and no scorable Answer: line
-    INVALID = "invalid"                  # malformed or disallowed tool call
-    SEARCH_BUDGET = "search_budget"      # a valid tool call after the search budget was spent
+    INVALID = "invalid"                  # malformed or disallowed tool call (with invalid_calls=end)
+    SEARCH_BUDGET = "search_budget"      # a valid tool call after its tool's budget (search's or another's) was spent
     TURN_BUDGET = "turn_budget"          # a valid tool call on the last allowed assistant turn
     TOKEN_BUDGET = "token_budget"        # no room left in the trajectory for another assistant turn
     TOOL_OVERFLOW = "tool_overflow"      # the observation could not be fitted (seed behaviour, opt-in)
@@ -126,6 +126,19 @@ ToolOverflow = Literal["truncate", "end"]
 TOOL_OVERFLOW_MODES: tuple[ToolOverflow, ...] = get_args(ToolOverflow)
 
 
+class InvalidCallPolicy(StrEnum):
+    """What a refused call (unknown function, missing or unknown parameter, wrong type) does."""
+
+    END = "end"  # the trajectory ends as invalid (Search-R1's rule)
+    OBSERVE = "observe"  # the model reads a one-line tool error and goes on (verl's rule)
+
+
+def _declared_tools(value: object) -> str | None:
+    from searchr1.core.tools import unknown_tools  # the declarations import these types
+
+    return unknown_tools(str(value))
+
+
 @dataclass(frozen=True)
 class RolloutBudgets:
     """What the algorithm allows one rollout and how it samples and prompts (the seed's names and
@@ -156,6 +169,9 @@ class RolloutBudgets:
     tool_description: str | None = setting(
         None, metavar="TEXT", default_text="the project's wording",
         help="Description of the search tool shown to the model.")
+    # The tools the model may call (core/tools.py declares them), and what a refused call does.
+    tools: str = setting("search", check=_declared_tools, cli=False)
+    invalid_calls: InvalidCallPolicy = setting(InvalidCallPolicy.END, choices=tuple(InvalidCallPolicy), cli=False)
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -181,7 +197,7 @@ class AssistantTurn:
 
 @dataclass
 class SearchRecord:
-    """One tool turn as the environment saw it (for transcripts and metrics)."""
+    """One search as the environment saw it (for transcripts and metrics)."""
 
     query: str
     ok: bool
@@ -190,6 +206,23 @@ class SearchRecord:
     error: str | None = None
     cached: bool = False
     truncated: bool = False        # the first item was truncated to fit the budget
+
+
+@dataclass
+class ToolRecord(SearchRecord):
+    """A call of another tool, or a call the protocol refused and told the model why
+    (``invalid_calls=observe``); ``query`` is then its arguments as written (for a refused call,
+    the function it named)."""
+
+    tool: str = "search"
+    refused: bool = False
+
+
+def tool_of(record: SearchRecord) -> str | None:
+    """The tool a record's call ran: ``search``, another tool's name, or ``None`` for a refused call."""
+    if isinstance(record, ToolRecord):
+        return None if record.refused else record.tool
+    return "search"
 
 
 @dataclass
@@ -219,12 +252,16 @@ class Trajectory:
 
     @property
     def search_calls(self) -> int:
-        return len(self.searches)
+        return self.calls_of("search")
+
+    def calls_of(self, tool: str) -> int:
+        """Calls of ``tool`` the environment answered (refused calls are not counted)."""
+        return sum(tool_of(record) == tool for record in self.searches)
 
     @property
     def env_error(self) -> bool:
-        """A search failed (the policy is not to blame)."""
-        return any(not search.ok for search in self.searches)
+        """A tool failed (the policy is not to blame; a refused call is the policy's own)."""
+        return any(not record.ok and tool_of(record) is not None for record in self.searches)
 
     @property
     def reward(self) -> float:

@@ -77,7 +77,7 @@ def configured_estimate(config: Any, tokenizer: Any, examples: Sequence[Any]) ->
     budget = rollout.max_search_calls if rollout.state_search_budget else None
     lengths = [len(build_prompt(tokenizer, initial_messages(e.question, max_search_calls=budget,
                                                             system_template=rollout.system_prompt),
-                                tools=rollout.tools)) for e in drawn] or [1]
+                                tools=rollout.tool_schemas)) for e in drawn] or [1]
     shortest, longest = min(lengths), max(lengths)
     window = rollout.max_trajectory_tokens
     later_turns = rollout.max_assistant_turns - 1

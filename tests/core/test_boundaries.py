@@ -11,7 +11,7 @@ import pytest
 from searchr1.core.datum import build_training_datums, drop_out_of_vocab
 from searchr1.core.observation.fit import fit_tool_content, truncate_to_fit
 from searchr1.core.protocol import SEARCH_TOOL
-from searchr1.core.rollout import PendingSearch, RolloutConfig, make_request, record_turn
+from searchr1.core.rollout import PendingCall, RolloutConfig, make_request, record_turn
 from searchr1.core.types import AssistantTurn, SearchExample, SearchItem, SearchResult, Termination, Trajectory
 
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\nSeine\n</parameter>\n</function>\n</tool_call>"
@@ -268,7 +268,7 @@ def test_a_request_asks_for_exactly_the_tokens_left(tokenizer, offset):
     assert capped is not None and capped.max_tokens == min(offset + 1, 2)
 
 
-def consumed(tokenizer, **budgets) -> tuple[Trajectory, PendingSearch | None]:
+def consumed(tokenizer, **budgets) -> tuple[Trajectory, PendingCall | None]:
     prompt, completion = tool_turn(tokenizer)
     t = trajectory()
     turn = AssistantTurn(prompt, completion, [-0.5] * len(completion), CALL)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from searchr1.core.observation.piecewise import JoinedObservation
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.observation.tokens import plain_tokens
-from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, search_tool, tool_message
+from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, tool_message
+from searchr1.core.tools import tool_schemas
 from searchr1.core.types import Message, RolloutBudgets, SearchResult, Tokenizer
 
 TRUNCATION_MARKER = " [... truncated to fit the budget]"
@@ -58,8 +59,10 @@ def fit_tool_content(
     call_id: str,
     result: SearchResult,
     budgets: RolloutBudgets,
+    tool: str = "search",
 ) -> FittedObservation | None:
-    """The tool message content and the next prompt, or ``None`` when nothing fits.
+    """The tool message content and the next prompt, or ``None`` when nothing fits (``tool``: the
+    tool that answered, ``""`` for a call that named none).
 
     Whole items are added greedily in rank order while the joined content stays within
     ``max_tool_response_tokens`` and the next prompt leaves room for at least one generated
@@ -75,7 +78,7 @@ def fit_tool_content(
             return False
         return len(observation_tokens(tokenizer, content)) <= room
 
-    candidates = observation_candidates(result)
+    candidates = observation_candidates(result, tool)
     sizes = JoinedObservation(tokenizer, candidates)  # each item tokenised once, not once per try
     accepted = 0
     observation: list[int] | None = None  # the accepted content's observation tokens
@@ -102,8 +105,8 @@ def fit_tool_content(
         assistant_text,
         previous_prompt_tokens,
         completion_tokens,
-        tool_message(call_id, content),
-        tools=[search_tool(budgets.tool_description)],
+        tool_message(call_id, content, tool),
+        tools=tool_schemas(budgets),
         observation=observation,
     )
     return FittedObservation(content, next_prompt, truncated)

@@ -24,16 +24,19 @@ def format_item(item: SearchItem, index: int) -> str:
 NO_RESULTS_TEXT = "Search returned no results."
 
 
-def error_text(result: SearchResult) -> str:
-    return f"Search error: {result.error or 'unknown error'}"
+def error_text(result: SearchResult, tool: str = "search") -> str:
+    """``Search error: …``, or ``Tool error (open_page): …`` for another tool (``Tool error: …``
+    when the call named none)."""
+    head = "Search error" if tool == "search" else f"Tool error ({tool})" if tool else "Tool error"
+    return f"{head}: {result.error or 'unknown error'}"
 
 
-def observation_candidates(result: SearchResult) -> list[str]:
+def observation_candidates(result: SearchResult, tool: str = "search") -> list[str]:
     """The pieces a tool message is assembled from, in order (items numbered from 1)."""
     if not result.ok:
-        return [error_text(result)]
+        return [error_text(result, tool)]
     if not result.items:
-        return [NO_RESULTS_TEXT]
+        return [NO_RESULTS_TEXT if tool == "search" else f"{tool} returned nothing."]
     return [format_item(item, i) for i, item in enumerate(result.items, start=1)]
 
 

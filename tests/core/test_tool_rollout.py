@@ -1,0 +1,117 @@
+"""The rollout with declared tools: a second tool's calls reach its backend and its results come
+back as observations, each tool keeps its own budget, and a refused call either ends the
+trajectory (``invalid_calls=end``) or is told to the model (``observe``), counted apart from the
+environment's failures. Real tokenizer, real pytrio client against the twin's scripted policy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from twin_support import MODEL
+
+from searchr1.core.advantage import assign_group_advantages
+from searchr1.core.reward import score_trajectories
+from searchr1.core.rollout import RolloutConfig, effective_system_prompt, rollout_batch_async
+from searchr1.core.tools import OPEN_PAGE, ToolCall
+from searchr1.core.types import SearchItem, SearchRecord, SearchResult, ToolRecord
+from searchr1.twin import start_twin
+from searchr1.twin.client import FAST_RETRIES
+from searchr1.twin.scenario import parse_scenario
+from searchr1.twin.scripted_policy import ScriptedPolicy
+from searchr1.twin.scripted_search import ScriptedSearch
+
+SEARCH = "<tool_call>\n<function=search>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
+OPEN = ("<tool_call>\n<function=open_page>\n<parameter=page>\n{}\n</parameter>\n<parameter=offset>\n{}\n"
+        "</parameter>\n</function>\n</tool_call>")
+TWO_TOOLS = dict(tools="search,open_page", sample_retry_backoff=0.0)
+RESULTS = {"tower": SearchResult(True, (SearchItem("Eiffel Tower", "A tower in Paris.", "Wikipedia", None),))}
+
+
+class Pages:
+    """An in-memory page backend: every call is kept, each page is a list of passages."""
+
+    def __init__(self) -> None:
+        self.calls: list[ToolCall] = []
+
+    async def call(self, call: ToolCall) -> SearchResult:
+        self.calls.append(call)
+        offset = int(call.arguments.get("offset", 0))
+        passages = [f"Passage {i} of the {call.arguments['page']} page." for i in range(3)][offset:]
+        return SearchResult(True, tuple(SearchItem(f"{call.arguments['page']} ({i + offset + 1}/3)", text, "Page", None)
+                                        for i, text in enumerate(passages)))
+
+
+@pytest.fixture(scope="module")
+def sampler(tmp_path_factory, tokenizer):
+    twin = start_twin(home=tmp_path_factory.mktemp("twin"), tokenizer=tokenizer, policy="toy")
+    yield twin, twin.service_client(sdk_options=FAST_RETRIES).create_sampling_client(base_model=MODEL)
+    twin.close()
+
+
+def run(sampler, tokenizer, turns, **settings):
+    twin, client = sampler
+    scenario = parse_scenario({"questions": [{"id": "q", "question": "How tall is the Eiffel Tower?",
+                                              "answers": ["330 m"], "data_source": "nq", "samples": [turns]}]})
+    twin.policy = ScriptedPolicy(scenario, tokenizer)
+    pages = Pages()
+    config = RolloutConfig(group_size=1, **(TWO_TOOLS | settings))
+    (trajectory,) = asyncio.run(rollout_batch_async(client, tokenizer, ScriptedSearch(RESULTS), scenario.examples,
+                                                    config, tool_backends={"open_page": pages}))
+    score_trajectories([trajectory])
+    assign_group_advantages([trajectory])
+    return trajectory, pages
+
+
+def test_a_page_opened_after_a_search_is_read_and_recorded_by_its_tool(sampler, tokenizer):
+    t, pages = run(sampler, tokenizer, [SEARCH.format("tower"), OPEN.format("Eiffel Tower", 1), "Answer: 330 m"])
+    assert t.termination == "answer" and t.reward == 1.0
+    assert pages.calls == [ToolCall("open_page", {"page": "Eiffel Tower", "offset": 1})]
+    search, page = t.searches
+    assert type(search) is SearchRecord and search.query == "tower"
+    assert isinstance(page, ToolRecord) and (page.tool, page.refused, page.ok) == ("open_page", False, True)
+    assert "Passage 1 of the Eiffel Tower page." in page.observation and "Passage 0" not in page.observation
+    assert (t.search_calls, t.calls_of("open_page")) == (1, 1)
+    assert t.messages[-2]["name"] == "open_page"
+    assert "open_page" in effective_system_prompt(RolloutConfig(**TWO_TOOLS))
+    assert "open_page" not in effective_system_prompt(RolloutConfig())
+
+
+def test_each_tool_keeps_its_own_budget(sampler, tokenizer):
+    opens = [OPEN.format("Eiffel Tower", i % 3) for i in range(5)]
+    t, pages = run(sampler, tokenizer, [SEARCH.format("tower")] + opens + ["Answer: 330 m"],
+                   max_search_calls=1, max_assistant_turns=10)
+    assert t.termination == "search_budget"
+    assert len(pages.calls) == OPEN_PAGE.budget == 4 and t.search_calls == 1  # search's budget of 1 is its own
+    t, pages = run(sampler, tokenizer, [SEARCH.format("tower"), SEARCH.format("tower"), "Answer: 330 m"],
+                   max_search_calls=1)
+    assert t.termination == "search_budget" and t.search_calls == 1
+
+
+@pytest.mark.parametrize("policy", ["end", "observe"])
+def test_a_refused_call_ends_the_trajectory_or_is_told_to_the_model(sampler, tokenizer, policy):
+    bad = "<tool_call>\n<function=open_page>\n<parameter=offset>\ntwo\n</parameter>\n</function>\n</tool_call>"
+    t, pages = run(sampler, tokenizer, [bad, "Answer: 330 m"], invalid_calls=policy)
+    assert pages.calls == []
+    if policy == "end":
+        assert t.termination == "invalid" and t.searches == []
+        return
+    (refused,) = t.searches
+    assert t.termination == "answer" and t.reward == 1.0
+    assert isinstance(refused, ToolRecord) and refused.refused and refused.tool == "open_page"
+    assert refused.observation.startswith("Tool error (open_page): parameter offset of open_page must be integer")
+    assert not t.env_error and t.excluded != "env_failure_group"  # the policy's own mistake, not the environment's
+    assert t.calls_of("open_page") == 0  # a refused call spends no budget
+
+
+def test_an_unknown_tool_under_observe_names_the_declared_ones(sampler, tokenizer):
+    unknown = "<tool_call>\n<function=calculator>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>"
+    t, _ = run(sampler, tokenizer, [unknown, "Answer: 330 m"], invalid_calls="observe")
+    assert t.searches[0].observation == (
+        "Tool error (calculator): unknown tool 'calculator' (declared: open_page, search)")
+
+
+def test_a_declared_tool_without_a_backend_is_refused_before_any_sampling(sampler, tokenizer):
+    twin, client = sampler
+    with pytest.raises(ValueError, match="no backend runs the declared tool 'open_page'"):
+        asyncio.run(rollout_batch_async(client, tokenizer, ScriptedSearch(RESULTS), [], RolloutConfig(**TWO_TOOLS)))
