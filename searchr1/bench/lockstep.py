@@ -91,7 +91,7 @@ class LockstepRollout:
         results = await asyncio.gather(*(one(p.query) for p in pending))
         self.stats.searches += len(pending)
         for item, result in zip(pending, results):
-            add_observation(item, result, self.tokenizer, self.config)
+            add_observation(item, [result], self.tokenizer, self.config)
 
     async def run(self, examples: Sequence[SearchExample]) -> list[Trajectory]:
         config = self.config

@@ -205,7 +205,7 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
 def seed_fit(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
              previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
              result: Any, config: Any, tool: str = "search") -> Any:
-    """:func:`searchr1.core.rollout.fit_tool_content` done the seed's way (figure 2's
+    """:func:`searchr1.core.observation.fit.fit_tool_content` done the seed's way (figure 2's
     :func:`seed_fit_tool_content`), in the engine's own return type (the seed has search alone)."""
     from searchr1.core.observation.fit import FittedObservation
 
@@ -218,6 +218,7 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
     """One training run of ``steps`` steps, every step recorded (and its rollout replayed) in ``probe``."""
     from searchr1.training import pipeline as pipeline_module
     from searchr1.core import rollout as rollout_module
+    from searchr1.core.observation import fit as fit_module
     from searchr1.core import trainer as trainer_module
     from searchr1.run.directory import RunDir
     from searchr1.core.config import TrainConfig
@@ -256,7 +257,7 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         if len(replay_args) > 4:
             replay_args[4] = None
         replay = await replayed("memory", answers, replay_args, kwargs, trajectories)
-        with patched(rollout_module, "fit_tool_content", seed_fit):
+        with patched(fit_module, "fit_tool_content", seed_fit):
             seed = await replayed("seed", answers, replay_args, kwargs, trajectories)
         record = probe.current
         record.rollout_main += spent.roles.get("main", 0.0)

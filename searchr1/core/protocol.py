@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from searchr1.core.observation.tokens import observation_wrapper, plain_tokens
+from searchr1.core.observation.tokens import observation_wrapper, plain_tokens, split_at_control_tokens
 from searchr1.core.tools import SEARCH, CallError, ParsedCall, ToolCall, ToolSpec, parse_tool_calls, search_spec
 from searchr1.core.types import JsonObject, Message, Tokenizer
 
@@ -279,26 +279,63 @@ def template_boundaries(tokenizer: Tokenizer) -> TemplateBoundaries:
     return boundaries
 
 
-def observation_text(tokenizer: Tokenizer, content: str) -> str:
-    """The observation as text: wrapper plus the content trimmed as the template trims it."""
+_JOINTS: "weakref.WeakKeyDictionary[Tokenizer, tuple[str, str]]" = weakref.WeakKeyDictionary()
+
+
+def observation_joint(tokenizer: Tokenizer) -> str:
+    """What the template puts between two tool responses of one observation (Qwen3.5:
+    ``\\n</tool_response>\\n<tool_response>\\n``), learnt once per template, when a turn first
+    makes several calls."""
+    template = str(getattr(tokenizer, "chat_template", ""))
+    cached = _JOINTS.get(tokenizer)
+    if cached is not None and cached[0] == template:
+        return cached[1]
     boundaries = template_boundaries(tokenizer)
-    return boundaries.observation_prefix + content.strip() + boundaries.observation_suffix
+    before = _PROBE_MESSAGES + [assistant_message("probe")]
+    end_text = render_text(tokenizer, before, add_generation_prompt=False)
+    pair = render_text(tokenizer, before + [tool_message("probe-1", _SENTINEL), tool_message("probe-2", _SENTINEL)],
+                       add_generation_prompt=True)
+    head, tail = boundaries.observation_prefix + _SENTINEL, _SENTINEL + boundaries.observation_suffix
+    delta = pair[len(end_text):]
+    if not pair.startswith(end_text) or not delta.startswith(head) or not delta.endswith(tail):
+        raise TemplateDriftError("two tool observations are not rendered as one observation with a joint")
+    joint = delta[len(head): len(delta) - len(tail)]
+    _JOINTS[tokenizer] = (template, joint)
+    return joint
 
 
-def observation_tokens(tokenizer: Tokenizer, content: str) -> list[int]:
-    """Observation tokens for ``content`` without rendering the conversation.
+def _contents(content: str | Sequence[str]) -> list[str]:
+    return [content] if isinstance(content, str) else list(content)
 
-    The wrapper keeps the template's real control tokens; the content (with the plain text
-    next to it) is tokenised by :func:`plain_tokens`, so a search result that contains
-    ``<|im_end|>``, ``<|im_start|>``, ``</tool_response>`` or any other special-token string
-    stays text the policy reads and can never end the tool turn or forge a new one. For
-    content without such strings the tokens equal those of a full render (the observation
-    starts right after ``<|im_end|>``, so nothing merges across the boundary), which
+
+def observation_text(tokenizer: Tokenizer, content: str | Sequence[str]) -> str:
+    """The observation as text: wrapper plus the content (or each of several contents, joined as
+    the template joins tool responses) trimmed as the template trims it."""
+    boundaries, contents = template_boundaries(tokenizer), _contents(content)
+    joint = observation_joint(tokenizer) if len(contents) > 1 else ""
+    return boundaries.observation_prefix + joint.join(c.strip() for c in contents) + boundaries.observation_suffix
+
+
+def observation_tokens(tokenizer: Tokenizer, content: str | Sequence[str]) -> list[int]:
+    """Observation tokens for ``content`` (or several contents, one per call of the turn) without
+    rendering the conversation.
+
+    The wrapper (and the joint between contents) keeps the template's real control tokens; the
+    content (with the plain text next to it) is tokenised by :func:`plain_tokens`, so a search
+    result that contains ``<|im_end|>``, ``<|im_start|>``, ``</tool_response>`` or any other
+    special-token string stays text the policy reads and can never end the tool turn or forge a
+    new one. For content without such strings the tokens equal those of a full render (the
+    observation starts right after ``<|im_end|>``, so nothing merges across the boundary), which
     ``build_next_prompt`` checks against the template on every turn.
     """
-    wrapper = observation_wrapper(tokenizer, template_boundaries(tokenizer))
-    body = plain_tokens(tokenizer, wrapper.head_text + content.strip() + wrapper.tail_text)
-    return list(wrapper.head) + body + list(wrapper.tail)
+    wrapper, contents = observation_wrapper(tokenizer, template_boundaries(tokenizer)), _contents(content)
+    tokens, text = list(wrapper.head), wrapper.head_text
+    if len(contents) > 1:
+        before, joint, after = split_at_control_tokens(tokenizer, observation_joint(tokenizer))
+        for item in contents[:-1]:
+            tokens += plain_tokens(tokenizer, text + item.strip() + before) + list(joint)
+            text = after
+    return tokens + plain_tokens(tokenizer, text + contents[-1].strip() + wrapper.tail_text) + list(wrapper.tail)
 
 
 def suffix_prefix_overlap(tokens: Sequence[int], suffix: Sequence[int]) -> int:
@@ -321,7 +358,7 @@ def build_next_prompt(
     assistant_text: str,
     previous_prompt_tokens: Sequence[int],
     completion_tokens: Sequence[int],
-    next_tool_message: Message,
+    next_tool_message: Message | Sequence[Message],
     tools: list[JsonObject] | None = None,
     *,
     observation: Sequence[int] | None = None,
@@ -329,19 +366,20 @@ def build_next_prompt(
     """``previous prompt + completion (as sampled) + missing closing + observation``.
 
     Two template renders per call, as text: the conversation ending with the assistant turn,
-    and the same conversation with the tool message and the next generation prompt. The
-    second must extend the first (else ``TemplateDriftError``: the template rewrote history),
-    the first must end with the assistant closing, and the difference must be exactly the
-    observation the start-up wrapper predicts. Only that difference is tokenised: it starts
-    right after a special token, so its tokens are the ones a full render would produce,
-    except that special-token strings inside the tool content stay plain text (a full render
-    would turn them into control tokens; see :func:`observation_tokens`). ``observation``:
-    those tokens when the caller already has them (the rollout sizes them while fitting).
+    and the same conversation with the tool message (or one per call of the turn, in call order)
+    and the next generation prompt. The second must extend the first (else
+    ``TemplateDriftError``: the template rewrote history), the first must end with the assistant
+    closing, and the difference must be exactly the observation the start-up wrapper predicts.
+    Only that difference is tokenised: it starts right after a special token, so its tokens are
+    the ones a full render would produce, except that special-token strings inside the tool
+    content stay plain text (a full render would turn them into control tokens; see
+    :func:`observation_tokens`). ``observation``: those tokens when the caller already has them
+    (the rollout sizes them while fitting).
     """
+    tool_messages = [next_tool_message] if isinstance(next_tool_message, dict) else list(next_tool_message)
     with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
     assistant_end = render_text(tokenizer, with_assistant, add_generation_prompt=False, tools=tools)
-    next_prompt = render_text(tokenizer, with_assistant + [next_tool_message], add_generation_prompt=True,
-                              tools=tools)
+    next_prompt = render_text(tokenizer, with_assistant + tool_messages, add_generation_prompt=True, tools=tools)
     if not next_prompt.startswith(assistant_end):
         raise TemplateDriftError(
             "the chat template rewrote earlier history after the tool observation was added "
@@ -352,8 +390,8 @@ def build_next_prompt(
         raise TemplateDriftError(
             "the rendered assistant turn does not end with the closing tokens learnt from the template"
         )
-    content = str(next_tool_message.get("content", ""))
-    if next_prompt[len(assistant_end):] != observation_text(tokenizer, content):
+    contents = [str(message.get("content", "")) for message in tool_messages]
+    if next_prompt[len(assistant_end):] != observation_text(tokenizer, contents):
         raise TemplateDriftError(
             "the template's observation differs from the wrapper learnt at start-up "
             "(the tool turn is rendered differently for this conversation)"
@@ -362,5 +400,5 @@ def build_next_prompt(
         list(previous_prompt_tokens)
         + list(completion_tokens)
         + missing_closing(tokenizer, completion_tokens)
-        + (list(observation) if observation is not None else observation_tokens(tokenizer, content))
+        + (list(observation) if observation is not None else observation_tokens(tokenizer, contents))
     )

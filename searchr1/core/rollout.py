@@ -46,7 +46,7 @@ from searchr1.core.protocol import (
     template_boundaries,
     tool_message,
 )
-from searchr1.core.observation.fit import fit_tool_content, observation_room
+from searchr1.core.observation.fit import fit_calls, observation_room
 from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
 from searchr1.core.tools import CallError, ParsedCall, ToolBackend, ToolCall, declared_tools, tool_schemas
@@ -215,35 +215,40 @@ def is_retryable(error: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class PendingCall:
-    """A tool call within budget, waiting for its result: a call to run, or a refused one whose
-    reason the model will read (``invalid_calls=observe``)."""
+    """The calls of one turn within their budgets, waiting for their results, in call order: calls
+    to run, and refused ones whose reason the model will read (``invalid_calls=observe``)."""
 
     trajectory: Trajectory
     messages_before_assistant: list[Message]
     assistant_text: str
     prompt_tokens: list[int]
     completion_tokens: list[int]
-    call_id: str
-    call: ParsedCall
+    call_ids: tuple[str, ...]
+    calls: tuple[ParsedCall, ...]
 
     @property
     def query(self) -> str:
-        """The search query, or another call's arguments as written (for records and logs)."""
-        if isinstance(self.call, CallError):
-            return self.call.name
-        if self.call.name == "search":
-            return str(self.call.arguments["query"]).strip()
-        return ", ".join(f"{key}={value}" for key, value in self.call.arguments.items())
+        """The first call as :func:`shown` (for logs)."""
+        return shown(self.calls[0])
+
+
+def shown(call: ParsedCall) -> str:
+    """A search's query, another call's arguments as written, a refused call's function name."""
+    if isinstance(call, CallError):
+        return call.name
+    if call.name == "search":
+        return str(call.arguments["query"]).strip()
+    return ", ".join(f"{key}={value}" for key, value in call.arguments.items())
 
 
 def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
                 budgets: RolloutBudgets) -> PendingCall | None:
     """TURN: record one assistant turn; end the trajectory (an answer, a refused call, a budget
-    spent) or return the call it makes."""
+    spent) or return the calls it makes."""
     trajectory.turns.append(turn)
     tokens, prompt = turn.completion_tokens, turn.prompt_tokens
     tools = declared_tools(budgets)
-    parsed = parse_assistant(turn.text, tools)
+    parsed = parse_assistant(turn.text, tools, budgets.max_calls_per_turn)
     text = parsed.text  # the one place that decides what the turn said (no stop string)
     messages_before = list(trajectory.messages)
     trajectory.messages.append(assistant_message(text))
@@ -253,61 +258,68 @@ def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenize
     if parsed.kind == TurnKind.INVALID and budgets.invalid_calls == InvalidCallPolicy.END:
         trajectory.finish(Termination.INVALID, text)
         return None
-    call = next((c for c in parsed.calls if isinstance(c, CallError)), parsed.calls[0])
-    budget = next((tool.budget for tool in tools if tool.name == call.name), None)
-    if isinstance(call, ToolCall) and budget is not None and trajectory.calls_of(call.name) >= budget:
-        trajectory.finish(Termination.SEARCH_BUDGET, text)
-        return None
+    calls = parsed.calls
+    if len(calls) > budgets.max_calls_per_turn:  # too many calls: the model reads why, and none runs
+        calls = calls[-1:]
+    budgets_of = {tool.name: tool.budget for tool in tools}
+    made: dict[str, int] = {}
+    for call in calls:
+        if isinstance(call, ToolCall):
+            made[call.name] = made.get(call.name, trajectory.calls_of(call.name)) + 1
+            budget = budgets_of.get(call.name)
+            if budget is not None and made[call.name] > budget:
+                trajectory.finish(Termination.SEARCH_BUDGET, text)
+                return None
     if len(trajectory.turns) >= budgets.max_assistant_turns:
         trajectory.finish(Termination.TURN_BUDGET, text)
         return None
-    if len(observation_tokens(tokenizer, "x")) > observation_room(tokenizer, prompt, tokens, budgets):
+    if len(observation_tokens(tokenizer, ["x"] * len(calls))) > observation_room(tokenizer, prompt, tokens, budgets):
         trajectory.finish(Termination.TOKEN_BUDGET, text)  # not even a one-letter observation fits: no call
         return None
-    name = call.name if isinstance(call, ToolCall) else "call"
-    call_id = f"{name}-{trajectory.question_index}-{trajectory.group_index}-{len(trajectory.searches) + 1}"
-    return PendingCall(trajectory, messages_before, text, list(prompt), list(tokens), call_id, call)
+    ids = tuple(f"{call.name if isinstance(call, ToolCall) else 'call'}-{trajectory.question_index}-"
+                f"{trajectory.group_index}-{len(trajectory.searches) + number}" for number, call in enumerate(calls, 1))
+    return PendingCall(trajectory, messages_before, text, list(prompt), list(tokens), ids, calls)
 
 
-def record_call(pending: PendingCall, result: SearchResult, *, ok: bool, observation: str, error: str | None,
-                truncated: bool = False) -> None:
+def record_call(trajectory: Trajectory, call: ParsedCall, result: SearchResult, *, ok: bool, observation: str,
+                error: str | None, truncated: bool = False) -> None:
     """The environment's record of one call: a :class:`SearchRecord` for a search, a
     :class:`ToolRecord` naming the tool for any other call or a refused one."""
-    call, record = pending.call, SearchRecord(pending.query, ok, observation, len(result.items), error,
-                                              result.cached, truncated)
+    record = SearchRecord(shown(call), ok, observation, len(result.items), error, result.cached, truncated)
     if not isinstance(call, ToolCall) or call.name != "search":
         record = ToolRecord(**vars(record), tool=call.name, refused=isinstance(call, CallError))
-    pending.trajectory.searches.append(record)
+    trajectory.searches.append(record)
 
 
-def add_observation(pending: PendingCall, result: SearchResult, tokenizer: Tokenizer,
+def add_observation(pending: PendingCall, results: Sequence[SearchResult], tokenizer: Tokenizer,
                     budgets: RolloutBudgets) -> None:
-    """CALL: fit the result (or the reason a call was refused) into the trajectory and stitch its
-    next prompt, or end it.
+    """CALL: fit the results (or the reasons calls were refused) into the trajectory, in call
+    order, and stitch its next prompt, or end it.
 
-    A result is outside text: if turning it into an observation raises anything at all, the
-    trajectory ends as ``search_error`` (an environment failure: its group is left out like
-    one with a failed search) and the run goes on.
+    A result is outside text: if turning the results into an observation raises anything at
+    all, the trajectory ends as ``search_error`` (an environment failure: its group is left out
+    like one with a failed search) and the run goes on.
     """
     trajectory = pending.trajectory
-    tool = pending.call.name
+    answered = [(call_id, call.name, result) for call_id, call, result in zip(pending.call_ids, pending.calls, results)]
     try:
-        fitted = fit_tool_content(tokenizer, pending.messages_before_assistant, pending.assistant_text,
-                                  pending.prompt_tokens, pending.completion_tokens, pending.call_id, result, budgets,
-                                  tool)
+        fitted = fit_calls(tokenizer, pending.messages_before_assistant, pending.assistant_text,
+                           pending.prompt_tokens, pending.completion_tokens, answered, budgets)
     except Exception as error:  # noqa: BLE001 - one bad tool result must not end the run
-        kind = "search" if tool == "search" else "tool"
+        kind = "search" if pending.calls[0].name == "search" else "tool"
         reason = f"the {kind} result could not become an observation ({type(error).__name__})"
         log.warning("query %r: %s; the trajectory ends as a search failure", pending.query[:80], reason)
-        record_call(pending, result, ok=False, observation="", error=reason)
+        for call, result in zip(pending.calls, results):
+            record_call(trajectory, call, result, ok=False, observation="", error=reason)
         trajectory.finish(Termination.SEARCH_ERROR, pending.assistant_text)
         return
     if fitted is None:
         trajectory.finish(Termination.TOOL_OVERFLOW, pending.assistant_text)
         return
-    trajectory.messages.append(tool_message(pending.call_id, fitted.content, tool))
-    record_call(pending, result, ok=result.ok, observation=fitted.content, error=result.error,
-                truncated=fitted.truncated)
+    for (call_id, tool, result), call, content, cut in zip(answered, pending.calls, fitted.contents,
+                                                            fitted.truncated):
+        trajectory.messages.append(tool_message(call_id, content, tool))
+        record_call(trajectory, call, result, ok=result.ok, observation=content, error=result.error, truncated=cut)
     trajectory.next_prompt_tokens = fitted.next_prompt
 
 
@@ -392,15 +404,20 @@ class BatchRollout:
             trajectory.finish(Termination.SAMPLER_ERROR)
         return [None] * len(trajectories)
 
-    async def run_call(self, pending: PendingCall) -> SearchResult:
+    async def run_call(self, call: ParsedCall) -> SearchResult:
         """The result of one call: a search, another tool's answer, or (for a refused call, no
         request made) the reason it was refused."""
-        call = pending.call
         if isinstance(call, CallError):
             return SearchResult(ok=False, error=call.reason)
         if call.name == "search":
-            return await self.search_backend.search(pending.query)
+            return await self.search_backend.search(shown(call))
         return await self.tool_backends[call.name].call(call)
+
+    async def run_calls(self, pending: PendingCall) -> list[SearchResult]:
+        """The results of a turn's calls, in call order; several calls run at once."""
+        if len(pending.calls) == 1:
+            return [await self.run_call(pending.calls[0])]
+        return await run_all(self.run_call(call) for call in pending.calls)
 
     async def run_question(self, question_index: int, example: SearchExample) -> list[Trajectory]:
         """One question: its group's shared first request, then one task per trajectory."""
@@ -417,7 +434,7 @@ class BatchRollout:
             pending = record_turn(trajectory, turn, self.tokenizer, self.budgets)
             if pending is None:
                 break
-            add_observation(pending, await self.run_call(pending), self.tokenizer, self.budgets)
+            add_observation(pending, await self.run_calls(pending), self.tokenizer, self.budgets)
             request = None if trajectory.done else next_request(self.tokenizer, trajectory, self.step, self.budgets)
             turn = None if request is None else (await self.sample_turns([trajectory], request))[0]
         self.report_finished()

@@ -171,6 +171,7 @@ class RolloutBudgets:
         help="Description of the search tool shown to the model.")
     # The tools the model may call (core/tools.py declares them), and what a refused call does.
     tools: str = setting("search", check=_declared_tools, cli=False)
+    max_calls_per_turn: int = setting(1, at_least=1, at_most=16, cli=False)  # Search-R1: one
     invalid_calls: InvalidCallPolicy = setting(InvalidCallPolicy.END, choices=tuple(InvalidCallPolicy), cli=False)
 
     def __post_init__(self) -> None:

@@ -544,7 +544,7 @@ def test_a_search_is_recorded_with_what_its_result_says(tokenizer):
         pending = record_turn(t, AssistantTurn(request.prompt_tokens, completion, [-0.5] * len(completion), text,
                                                "stop"), tokenizer, config)
         assert pending is not None and pending.query == "alpha query"
-        add_observation(pending, result, tokenizer, config)
+        add_observation(pending, [result], tokenizer, config)
         record = t.searches[-1]
         assert (record.query, record.ok, record.items, record.error, record.cached, record.truncated) == (
             "alpha query", result.ok, len(result.items), result.error, result.cached, False)

@@ -63,7 +63,7 @@ def tools_and_calls(draw):
     return tools, calls
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(drawn=tools_and_calls(), planning=st.sampled_from(["", "Let me look that up."]))
 def test_calls_rendered_by_the_official_template_parse_back_to_the_same_typed_arguments(tokenizer, drawn, planning):
     tools, calls = drawn
@@ -112,9 +112,10 @@ def near_miss_calls(draw):
         st.sampled_from(["", "\n", "<|im_end|>", "x", "\n<tool_call>"]))
 
 
-@settings(max_examples=400)
 @given(tag_soup | near_miss_calls())
 @example("<tool_call>\n<function=search>\n<parameter=query>\n \n</parameter>\n</function>\n</tool_call>")
+@example("<tool_call>\n<function=search>\n<parameter=query>\na > b\n</parameter>\n</function>\n</tool_call>")
+@example("<tool_call>\n<function=search>\n<parameter=query>\na < b\n</parameter>\n</function>\n</tool_call>")
 @example("</tool_call><tool_call><function=search><parameter=query>x</parameter></function></tool_call>")
 @example("<tool_call><function=search><parameter=query>x</parameter></function></tool_call>\n<tool_call>")
 def test_with_search_alone_the_parser_keeps_the_reference_loops_rules(text):
@@ -142,7 +143,7 @@ def test_an_undeclared_function_is_refused_by_name(name):
     assert "search" in call.reason and "open_page" in call.reason
 
 
-@given(value=st.text(max_size=12).filter(lambda v: not v.strip().lstrip("+-").isdigit()))
+@given(value=st.text(max_size=12).filter(lambda v: "<" not in v and not v.strip().lstrip("+-").isdigit()))
 def test_a_value_of_the_wrong_type_is_refused_naming_the_parameter_and_type(value):
     parsed = parse_assistant(call_text("open_page", page="Paris", offset=value), (OPEN_PAGE,))
     assert parsed.kind == TurnKind.INVALID
@@ -192,3 +193,25 @@ def test_enum_and_nullable_types_are_honoured():
     assert convert_value("green", {"type": "string", "enum": ["red", "blue"]})[0] is False
     assert convert_value("null", {"type": ["integer", "null"]}) == (True, None)
     assert convert_value("null", {"type": "string"}) == (True, "null")
+
+
+contents = st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")) | st.sampled_from(
+    ["\n", " "]), min_size=1, max_size=30), min_size=1, max_size=4)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(observations=contents)
+def test_several_tool_responses_stitch_to_the_tokens_the_template_renders(tokenizer, observations):
+    """One observation per call, joined as the template joins tool responses: the stitched tokens are
+    the full render's (contents without special-token strings, normalised as the tokenizer does)."""
+    from hypothesis import assume
+
+    from searchr1.core.protocol import assistant_message, observation_tokens, render, tool_message
+
+    assume(all(tag not in text for text in observations for tag in tokenizer.get_added_vocab()))
+    before = initial_messages("q?") + [assistant_message("calls")]
+    messages = [tool_message(f"c{i}", text) for i, text in enumerate(observations)]
+    ended = render(tokenizer, before, add_generation_prompt=False)
+    full = render(tokenizer, before + messages, add_generation_prompt=True)
+    assert full[: len(ended)] == ended
+    assert full[len(ended):] == observation_tokens(tokenizer, observations)

@@ -8,9 +8,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from twin_support import MODEL
 
 from searchr1.core.advantage import assign_group_advantages
+from searchr1.core.observation.fit import fit_calls
+from searchr1.core.protocol import assistant_message, build_prompt, render, tool_message
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, effective_system_prompt, rollout_batch_async
 from searchr1.core.tools import OPEN_PAGE, ToolCall
@@ -115,3 +119,71 @@ def test_a_declared_tool_without_a_backend_is_refused_before_any_sampling(sample
     twin, client = sampler
     with pytest.raises(ValueError, match="no backend runs the declared tool 'open_page'"):
         asyncio.run(rollout_batch_async(client, tokenizer, ScriptedSearch(RESULTS), [], RolloutConfig(**TWO_TOOLS)))
+
+
+def test_calls_of_one_turn_run_together_and_answer_in_call_order(sampler, tokenizer):
+    both = SEARCH.format("tower") + "\n" + OPEN.format("Eiffel Tower", 2)
+    t, pages = run(sampler, tokenizer, [both, "Answer: 330 m"], max_calls_per_turn=2)
+    assert t.termination == "answer" and len(t.turns) == 2
+    assert [m["role"] for m in t.messages[-4:]] == ["assistant", "tool", "tool", "assistant"]
+    assert [m["name"] for m in t.messages[-3:-1]] == ["search", "open_page"]
+    search, page = t.searches
+    assert search.observation.startswith("[1] Title: Eiffel Tower") and "Passage 2" in page.observation
+    assert pages.calls == [ToolCall("open_page", {"page": "Eiffel Tower", "offset": 2})]
+    # the second turn's prompt is the first's, the sampled call, the closing and both responses
+    observation = t.turns[1].prompt_tokens[len(t.turns[0].prompt_tokens) + len(t.turns[0].completion_tokens):]
+    assert tokenizer.decode(observation, skip_special_tokens=False).count("<tool_response>") == 2
+
+
+def test_a_turn_over_its_call_limit_is_invalid_or_told_and_runs_nothing(sampler, tokenizer):
+    both = SEARCH.format("tower") + "\n" + OPEN.format("Eiffel Tower", 2)
+    t, pages = run(sampler, tokenizer, [both, "Answer: 330 m"])
+    assert t.termination == "invalid" and pages.calls == []
+    t, pages = run(sampler, tokenizer, [both, "Answer: 330 m"], invalid_calls="observe")
+    (refused,) = t.searches
+    assert refused.observation == "Tool error: 2 tool calls in one turn (at most 1)" and pages.calls == []
+
+
+def test_calls_of_one_turn_count_against_their_tools_budget_together(sampler, tokenizer):
+    twice = SEARCH.format("tower") + "\n" + SEARCH.format("tower")
+    t, _ = run(sampler, tokenizer, [twice, "Answer: 330 m"], max_calls_per_turn=2, max_search_calls=1)
+    assert t.termination == "search_budget" and t.searches == []
+
+
+def test_under_observe_a_refused_call_beside_a_good_one_is_told_and_the_good_one_runs(sampler, tokenizer):
+    bad = "<tool_call>\n<function=open_page>\n<parameter=offset>\n1\n</parameter>\n</function>\n</tool_call>"
+    t, pages = run(sampler, tokenizer, [SEARCH.format("tower") + "\n" + bad, "Answer: 330 m"],
+                   max_calls_per_turn=2, invalid_calls="observe")
+    search, refused = t.searches
+    assert type(search) is SearchRecord and search.ok
+    assert isinstance(refused, ToolRecord) and refused.refused and "needs the parameter page" in refused.observation
+    assert pages.calls == [] and t.termination == "answer"
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(extra=st.integers(-3, 120), cap=st.integers(1, 90), mode=st.sampled_from(["truncate", "end"]))
+def test_several_calls_fit_every_budget_and_stitch_to_the_full_render(tokenizer, extra, cap, mode):
+    """Two searches' results in one observation: each content within the cap, the next prompt the
+    template's render of the whole conversation with one token left to generate, or nothing fits."""
+    messages = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "Which river?"}]
+    text = SEARCH.format("Seine") + "\n" + SEARCH.format("Loire")
+    prompt = build_prompt(tokenizer, messages)
+    completion = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    smallest = len(render(tokenizer, messages + [assistant_message(text), tool_message("a", "x"),
+                                                 tool_message("b", "x")], add_generation_prompt=True))
+    config = RolloutConfig(max_trajectory_tokens=smallest + extra, max_tool_response_tokens=cap, tool_overflow=mode,
+                           max_calls_per_turn=2)
+    results = [SearchResult(True, (SearchItem("Seine", "The Seine flows through Paris. " * 4, "Wikipedia"),
+                                   SearchItem("Marne", "The Marne joins it.", "Wikipedia"))),
+               SearchResult(True, (SearchItem("Loire", "The Loire is the longest river of France.", "Wikipedia"),))]
+    fitted = fit_calls(tokenizer, messages, text, prompt, completion,
+                       [("a", "search", results[0]), ("b", "search", results[1])], config)
+    if fitted is None:  # a one-token cut of each first item, marked, fits any looser budget than these
+        cut = len(tokenizer.encode(" [... truncated to fit the budget]", add_special_tokens=False)) + 2
+        assert mode == "end" or cap < cut or extra < 2 * cut + 2
+        return
+    whole = messages + [assistant_message(text)] + [tool_message(i, c) for i, c in zip("ab", fitted.contents)]
+    assert fitted.next_prompt == render(tokenizer, whole, add_generation_prompt=True)
+    assert len(fitted.next_prompt) <= config.max_trajectory_tokens - 1
+    assert all(len(tokenizer.encode(c, add_special_tokens=False)) <= cap for c in fitted.contents)
+    assert all(c.endswith("[... truncated to fit the budget]") == cut for c, cut in zip(fitted.contents, fitted.truncated))

@@ -400,8 +400,8 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
         pending = record_turn(trajectory, turn, tokenizer, config)
         if pending is not None:
             hop = passages_by_query([question])[pending.query]
-            add_observation(pending, SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),)),
-                          tokenizer, config)
+            add_observation(pending, [SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),))],
+                            tokenizer, config)
     score_trajectories([trajectory])
     trajectory.advantage = 1.0
     return trajectory

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from searchr1.core.observation.piecewise import JoinedObservation
+from searchr1.core.observation.piecewise import SEPARATOR, JoinedObservation
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.observation.tokens import plain_tokens
 from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, tool_message
@@ -22,6 +22,15 @@ class FittedObservation:
     content: str
     next_prompt: list[int]
     truncated: bool
+
+
+@dataclass(frozen=True)
+class FittedCalls:
+    """The tool message content of each call of a turn, in call order, and the next prompt."""
+
+    contents: tuple[str, ...]
+    truncated: tuple[bool, ...]
+    next_prompt: list[int]
 
 
 def observation_room(tokenizer: Tokenizer, prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
@@ -110,3 +119,55 @@ def fit_tool_content(
         observation=observation,
     )
     return FittedObservation(content, next_prompt, truncated)
+
+
+def fit_calls(
+    tokenizer: Tokenizer,
+    messages_before_assistant: list[Message],
+    assistant_text: str,
+    previous_prompt_tokens: Sequence[int],
+    completion_tokens: Sequence[int],
+    answered: Sequence[tuple[str, str, SearchResult]],
+    budgets: RolloutBudgets,
+) -> FittedCalls | None:
+    """Every call's content and the next prompt, or ``None`` when one of them does not fit.
+
+    ``answered``: ``(call id, tool, result)`` per call of the turn, in call order. One call is
+    :func:`fit_tool_content`. Several are fitted in order, each by the same rule (whole items,
+    then the first item truncated) against ``max_tool_response_tokens`` on its own and the room
+    left by the ones before it, keeping for each one after it the room of the least it could
+    show (one letter, marked as truncated under ``tool_overflow="truncate"``); each try is sized
+    by tokenising the whole observation (several calls in a turn are rare).
+    """
+    if len(answered) == 1:
+        call_id, tool, result = answered[0]
+        one = fit_tool_content(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
+                               completion_tokens, call_id, result, budgets, tool)
+        return None if one is None else FittedCalls((one.content,), (one.truncated,), one.next_prompt)
+    room = observation_room(tokenizer, previous_prompt_tokens, completion_tokens, budgets)
+    contents: list[str] = []
+    truncated: list[bool] = []
+    for index, (_, tool, result) in enumerate(answered):
+        least = "x" + TRUNCATION_MARKER if budgets.tool_overflow == "truncate" else "x"
+        later = [least] * (len(answered) - index - 1)
+
+        def fits(content: str) -> bool:
+            if len(plain_tokens(tokenizer, content)) > budgets.max_tool_response_tokens:
+                return False
+            return len(observation_tokens(tokenizer, contents + [content] + later)) <= room
+
+        candidates = observation_candidates(result, tool)
+        count = 0
+        while count < len(candidates) and fits(SEPARATOR.join(candidates[: count + 1])):
+            count += 1
+        shortened = None
+        if not count and budgets.tool_overflow == "truncate":
+            shortened = truncate_to_fit(tokenizer, candidates[0], fits, budgets.max_tool_response_tokens)
+        if not count and shortened is None:
+            return None
+        contents.append(SEPARATOR.join(candidates[:count]) if count else str(shortened))
+        truncated.append(not count)
+    messages = [tool_message(call_id, content, tool) for (call_id, tool, _), content in zip(answered, contents)]
+    next_prompt = build_next_prompt(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
+                                    completion_tokens, messages, tools=tool_schemas(budgets))
+    return FittedCalls(tuple(contents), tuple(truncated), next_prompt)

@@ -77,3 +77,14 @@ def observation_wrapper(tokenizer: Tokenizer, boundaries: TemplateBoundaries) ->
     )
     _WRAPPERS[tokenizer] = (boundaries, wrapper)
     return wrapper
+
+
+def split_at_control_tokens(tokenizer: Tokenizer, text: str) -> tuple[str, tuple[int, ...], str]:
+    """``text`` (template text between two contents) as the plain text before its first added
+    token, the tokens from there to the end of its last added token, and the plain text after."""
+    added = [token for token in tokenizer.get_added_vocab() if token and token in text]
+    if not added:
+        return text, (), ""
+    start = min(text.find(token) for token in added)
+    end = max(text.rfind(token) + len(token) for token in added)
+    return text[:start], tuple(tokenizer.encode(text[start:end], add_special_tokens=False)), text[end:]
