@@ -1,42 +1,46 @@
-"""One Search-R1 step as plainly as possible: sample, parse, search, stitch, score, advantage,
+"""One Search-R1 step as plainly as possible: sample, parse, call the tools, stitch, score, advantage,
 datum, update. Synchronous, one trajectory after another, no metrics, no retries, the seed's
 recipe only (exact match, mean-centred advantages, env-failure groups left out, one
-``forward_backward``, no KL). The production engine (:mod:`~searchr1.core.rollout` and
-:mod:`~searchr1.core.trainer`) is held to it by a property test: same sampler, search and seeds,
-same trajectories and datums. It uses none of the engine's helpers: its prompts, parser, stitching,
+``forward_backward``, no KL), with the tools, calls a turn and refused-call policy the budgets
+declare. The production engine (:mod:`~searchr1.core.rollout` and :mod:`~searchr1.core.trainer`) is
+held to it by a property test: same sampler, search and seeds, same trajectories and datums. It uses none of the engine's helpers: its prompts, parser, stitching,
 observations, truncation, seeds, reward, advantages and datums are its own code, so a bug in one of
 the engine's shows as a difference. Shared with the engine: the tokenizer and its chat template,
-the data types and the budgets (:mod:`~searchr1.core.types`, its only import from the package),
-numpy and pytrio.
+the data types and the budgets (:mod:`~searchr1.core.types`), the declared tools as data (``DECLARED``:
+schemas and budgets, nothing else from :mod:`~searchr1.core.tools`), numpy and pytrio.
 (Search results holding special-token strings are outside it: the engine keeps those plain text.)
 ``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` what only moves data."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, JsonObject, Message, RewardResult, RolloutBudgets,
-                                 SearchExample, SearchItem, SearchRecord, SearchResult, Termination, Tokenizer, Trajectory)
+from searchr1.core.tools import DECLARED
+from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, JsonObject, JsonValue, Message, RewardResult,
+                                 RolloutBudgets, SearchExample, SearchItem, SearchRecord, SearchResult, Termination,
+                                 Tokenizer, ToolRecord, Trajectory)
 
 if TYPE_CHECKING:  # pytrio is loaded when first used, as everywhere in the core
     from pytrio import SamplingClient, TrainingClient
     from pytrio.types import Datum
 
 Search = Callable[[str], SearchResult]  # one query in, one result out (synchronous)
+Tool = Callable[[dict[str, JsonValue]], SearchResult]  # another tool: its arguments in, its result out
 SYSTEM = """You answer factual questions. A `search` tool returns short passages from the web.
 
 How to work:
 - Search whenever you are not sure of a fact. You may search several times, one short English query per turn.
 - Make at most one tool call in a turn, then wait for its result before going on.
 - Never make a tool call and give the final answer in the same turn.
-- When you know the answer, end your reply with exactly one line `Answer: <short answer>`.{budget}
+- When you know the answer, end your reply with exactly one line `Answer: <short answer>`.{pages}{budget}
 
 Example. Question: Which country was the author of The Little Prince from?
 - First turn: call search with the query "The Little Prince author".
@@ -51,19 +55,26 @@ def system_message(budgets: RolloutBudgets) -> Message:
     if budgets.system_prompt is not None:
         return {"role": "system", "content": budgets.system_prompt.replace("{max_search_calls}", budget)}
     line = f"\n- You can search at most {budget} times in total; after that, answer with what you have."
-    return {"role": "system", "content": SYSTEM.format(budget=line if budget else "")}
+    pages = ("\n- Each search result names its page. `open_page` reads that page passage by passage: pass its "
+             "title or id, and an offset to read on.") if "open_page" in names(budgets) else ""
+    return {"role": "system", "content": SYSTEM.format(budget=line if budget else "", pages=pages)}
+
+
+def names(budgets: RolloutBudgets) -> list[str]:
+    return [name.strip() for name in budgets.tools.split(",")]
 
 
 def render(tokenizer: Tokenizer, messages: list[Message], budgets: RolloutBudgets, *, generate: bool,
            tokenize: bool = True) -> list[int] | str:
-    """PLUMBING: the conversation under the model's chat template, the one search tool declared, thinking off:
+    """PLUMBING: the conversation under the model's chat template, the tools declared, thinking off:
     its tokens, or (``tokenize=False``) its text."""
     about = ("Look up evidence on the web. Pass one short English query." if budgets.tool_description is None
              else budgets.tool_description)
     query: JsonObject = {"type": "string", "description": "A short English search query."}
     tool: JsonObject = {"type": "function", "function": {"name": "search", "description": about, "parameters": {
         "type": "object", "properties": {"query": query}, "required": ["query"]}}}
-    out = tokenizer.apply_chat_template(messages, tools=[tool], tokenize=tokenize, add_generation_prompt=generate,
+    tools = [tool if name == "search" else DECLARED[name].schema() for name in names(budgets)]
+    out = tokenizer.apply_chat_template(messages, tools=tools, tokenize=tokenize, add_generation_prompt=generate,
                                         enable_thinking=False, return_dict=False)
     return [int(token) for token in out] if tokenize else out
 
@@ -87,24 +98,114 @@ def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: 
 
 STOPS = re.compile(r"(<\|im_end\|>|<\|endoftext\|>)(\s*(<\|im_end\|>|<\|endoftext\|>))*\s*\Z")
 MARKER = " [... truncated to fit the budget]"
-CALL = re.compile(r"\s*<function=search>\s*<parameter=query>\s*(.*?)\s*</parameter>\s*</function>\s*</tool_call>\s*",
-                  re.DOTALL)
+FUNCTION = re.compile(r"\s*<function=([^<>\n]+)>(.*)</function>\s*", re.DOTALL)
+PARAMETER = re.compile(r"\s*<parameter=([^<>\n]+)>(.*?)</parameter>", re.DOTALL)
+MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
+Call = tuple[str, dict[str, JsonValue] | str]  # (function, its typed arguments) or (function, why it is refused)
 
 
-def parse(text: str) -> tuple[str, str, str | None]:
-    """ALGORITHM: ``(text, kind, query)``, the text without its trailing stop strings. ``answer``: no
-    ``<tool_call>``; ``tool``: it ends with exactly one well-formed call of ``search`` whose one query is
-    not empty and free of ``<``/``>`` (text may come before the call); ``invalid``: anything else."""
+def typed(text: str, schema: JsonObject) -> tuple[bool, JsonValue]:
+    """ALGORITHM: a parameter's text as its schema's type (a list of types: null first, then in order)."""
+    declared = schema.get("type", "string")
+    kinds = sorted(map(str, declared), key=lambda k: k != "null") if isinstance(declared, list) else [str(declared)]
+    for kind in (k.strip().lower() for k in kinds):
+        word, value, ok = text.strip(), None, False
+        if kind == "string" or kind not in ("null", "boolean", "integer", "number", "array", "object"):
+            value, ok = text, True
+        elif kind == "null":
+            ok = word.lower() in ("null", "none")
+        elif kind == "boolean":
+            ok, value = word.lower() in ("true", "false"), word.lower() == "true"
+        elif re.fullmatch(r"\s*[-+]?\d+\s*", text) and kind in ("integer", "number"):
+            ok, value = True, int(word)
+        elif kind == "number":
+            try:
+                value = float(word)
+            except ValueError:
+                value = math.inf
+            ok = math.isfinite(value)
+        elif kind in ("array", "object"):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                pass
+            ok = isinstance(value, list if kind == "array" else dict)
+        enum = schema.get("enum")
+        if ok:  # the first type that reads the text decides, the enum included
+            return (False, None) if isinstance(enum, list) and value not in enum else (True, value)
+    return False, None
+
+
+def shown(text: str) -> str:
+    """PLUMBING: a name or value in a refusal: on one line, cut to 40 characters."""
+    line = " ".join(text.split())
+    return repr(line if len(line) <= 40 else line[:39] + "…")
+
+
+def read(inside: str, budgets: RolloutBudgets) -> Call:
+    """ALGORITHM: one call, checked against the declared tools: the function, then each parameter in order
+    (markup, given twice, undeclared, type), then what is left over, the required ones, the search query."""
+    function = FUNCTION.fullmatch(inside)
+    if function is None:
+        return "", "the tool call is not one <function=…> block"
+    name, body = function.groups()
+    if name not in names(budgets):
+        return name, f"unknown tool {shown(name)} (declared: {', '.join(sorted(names(budgets)))})"
+    schema = DECLARED[name].parameters
+    properties, arguments, at = schema.get("properties", {}), {}, 0
+    assert isinstance(properties, dict)
+    while (parameter := PARAMETER.match(body, at)) is not None:
+        key, value, at = parameter.group(1), parameter.group(2), parameter.end()
+        value = value[1:] if value.startswith("\n") else value
+        value = value[:-1] if value.endswith("\n") else value
+        if any(tag in value for tag in MARKUP):
+            return name, f"parameter {shown(key)} of {name} holds tool-call markup"
+        if key in arguments:
+            return name, f"parameter {shown(key)} of {name} is given twice"
+        if key not in properties and schema.get("additionalProperties") is not True:
+            return name, f"{name} has no parameter {shown(key)}"
+        kind = properties.get(key, {})
+        assert isinstance(kind, dict)
+        ok, arguments[key] = typed(value, kind) if key in properties else (True, value)
+        if not ok:
+            wanted = kind.get("type", "string")
+            wanted = " or ".join(map(str, wanted)) if isinstance(wanted, list) else str(wanted)
+            return name, f"parameter {key} of {name} must be {wanted}, got {shown(value)}"
+    if body[at:].strip():
+        return name, f"the call of {name} holds text that is not a <parameter=…> block"
+    required = schema.get("required", [])
+    missing = [str(key) for key in (required if isinstance(required, list) else []) if key not in arguments]
+    if missing:
+        return name, f"{name} needs the parameter {', '.join(missing)}"
+    query = str(arguments.get("query", "x"))
+    if name == "search" and not query.strip():
+        return name, "the search query is blank"
+    if name == "search" and ("<" in query or ">" in query):
+        return name, "the search query holds < or >"
+    return name, arguments
+
+
+def parse(text: str, budgets: RolloutBudgets) -> tuple[str, str, list[Call]]:
+    """ALGORITHM: ``(text, kind, calls)``, the text without its trailing stop strings. ``answer``: no
+    ``<tool_call>``; ``tool``: it ends with a run of well-formed calls (text may come before them), at most
+    ``max_calls_per_turn``, none refused; ``invalid``: anything else."""
     text = STOPS.sub("", text)
     if "<tool_call>" not in text:
-        return text, "answer", None
-    before, _, call = text.partition("<tool_call>")
-    match = CALL.fullmatch(call)
-    query = match.group(1).strip() if match and "</tool_call>" not in before else ""
-    return (text, "tool", query) if query and "<" not in query and ">" not in query else (text, "invalid", None)
+        return text, "answer", []
+    before, _, rest = text.partition("<tool_call>")
+    *blocks, after = ("<tool_call>" + rest).split("</tool_call>")
+    insides = [block.lstrip()[len("<tool_call>"):] for block in blocks]
+    if "</tool_call>" in before or after.strip() or any(
+            not block.lstrip().startswith("<tool_call>") or "<tool_call>" in inside
+            for block, inside in zip(blocks, insides)):
+        return text, "invalid", [("", "the tool calls are not closed <tool_call> blocks ending the turn")]
+    calls = [read(inside, budgets) for inside in insides]
+    if len(calls) > budgets.max_calls_per_turn:
+        calls.append(("", f"{len(calls)} tool calls in one turn (at most {budgets.max_calls_per_turn})"))
+    return text, "tool" if all(isinstance(arguments, dict) for _, arguments in calls) else "invalid", calls
 
 
-def observation_items(result: SearchResult) -> list[str]:
+def observation_items(result: SearchResult, tool: str = "search") -> list[str]:
     """PLUMBING: the result as the model reads it: its items numbered in rank order, or one line
     saying there are none, or the error."""
     def item(i: int, it: SearchItem) -> str:
@@ -112,9 +213,12 @@ def observation_items(result: SearchResult) -> list[str]:
             return f"[{i}] Source: {it.title}\n    Evidence: {it.content}"
         return "\n".join([f"[{i}] Title: {it.title}", f"    Content: {it.content}"]
                          + [f"    Source: {it.source}"] * bool(it.source) + [f"    URL: {it.url}"] * bool(it.url))
+    error = result.error or "unknown error"
     if not result.ok:
-        return [f"Search error: {result.error or 'unknown error'}"]
-    return [item(i, it) for i, it in enumerate(result.items, 1)] or ["Search returned no results."]
+        return [f"Search error: {error}" if tool == "search" else f"Tool error ({tool}): {error}" if tool
+                else f"Tool error: {error}"]
+    nothing = "Search returned no results." if tool == "search" else f"{tool} returned nothing."
+    return [item(i, it) for i, it in enumerate(result.items, 1)] or [nothing]
 
 
 def fit(tokenizer: Tokenizer, items: list[str], observation: Callable[[str], list[int]], room: int,
@@ -141,46 +245,65 @@ def fit(tokenizer: Tokenizer, items: list[str], observation: Callable[[str], lis
 
 
 def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, search: Search, budgets: RolloutBudgets,
-                    closing: list[int]) -> None:
-    """Record one assistant turn; end the trajectory or search and stitch its next prompt."""
+                    closing: list[int], tools: Mapping[str, Tool]) -> None:
+    """Record one assistant turn; end the trajectory or run its calls and stitch its next prompt."""
     t.turns.append(turn)
-    text, kind, query = parse(turn.text)
+    text, kind, calls = parse(turn.text, budgets)
     reply: Message = {"role": "assistant", "content": text}
     before = list(t.messages)
     t.messages.append(reply)
     if kind == "answer":  # ALGORITHM: an answer (scored later) only with a scorable Answer: line
         return t.finish(Termination.ANSWER if answer_of(text) is not None else Termination.NO_ANSWER, text)
-    if kind == "invalid":  # a malformed call (format penalty)
+    if kind == "invalid" and budgets.invalid_calls == "end":  # a refused call (format penalty)
         return t.finish(Termination.INVALID, text)
-    if len(t.searches) >= budgets.max_search_calls:  # ALGORITHM: a tool call over budget ends the trajectory
-        return t.finish(Termination.SEARCH_BUDGET, text)
+    calls = calls[-1:] if len(calls) > budgets.max_calls_per_turn else calls  # too many: the model reads why
+    for name in {name for name, arguments in calls if isinstance(arguments, dict)}:
+        made = sum(name == (("" if r.refused else r.tool) if isinstance(r, ToolRecord) else "search") for r in t.searches)
+        budget = budgets.max_search_calls if name == "search" else DECLARED[name].budget
+        if budget is not None and made + sum(n == name for n, _ in calls) > budget:  # ALGORITHM: each tool's budget
+            return t.finish(Termination.SEARCH_BUDGET, text)
     if len(t.turns) >= budgets.max_assistant_turns:
         return t.finish(Termination.TURN_BUDGET, text)
     # ALGORITHM: the next prompt is this prompt + the sampled tokens as they are + the part of the
     # template's closing the sampler did not return + the observation (what the template puts
-    # between that closing and the next generation prompt); one token must stay free to generate.
+    # between that closing and the next generation prompt: one tool response per call, in call
+    # order); one token must stay free to generate.
     said = max((k for k in range(1, len(closing) + 1) if turn.completion_tokens[-k:] == closing[:k]), default=0)
     stitched = turn.prompt_tokens + turn.completion_tokens + closing[said:]
-    call_id = f"search-{t.question_index}-{t.group_index}-{len(t.searches) + 1}"
-    def tool(content: str) -> Message:
-        return {"role": "tool", "tool_call_id": call_id, "name": "search", "content": content}
+    ids = [f"{name if isinstance(arguments, dict) else 'call'}-{t.question_index}-{t.group_index}-{len(t.searches) + k}"
+           for k, (name, arguments) in enumerate(calls, 1)]
+
+    def message(k: int, content: str) -> Message:
+        return {"role": "tool", "tool_call_id": ids[k], "name": calls[k][0], "content": content}
     ended = str(render(tokenizer, before + [reply], budgets, generate=False, tokenize=False))
 
-    def observation(content: str) -> list[int]:
-        full = str(render(tokenizer, before + [reply, tool(content)], budgets, generate=True, tokenize=False))
+    def observation(contents: list[str]) -> list[int]:
+        responses = [message(k, content) for k, content in enumerate(contents)]
+        full = str(render(tokenizer, before + [reply] + responses, budgets, generate=True, tokenize=False))
         return tokenizer.encode(full[len(ended):], add_special_tokens=False)
     room = budgets.max_trajectory_tokens - 1 - len(stitched)
-    if len(observation("x")) > room:  # not even a one-letter observation fits: no search
+    if len(observation(["x"] * len(calls))) > room:  # not even one-letter observations fit: no call
         return t.finish(Termination.TOKEN_BUDGET, text)
-    assert query is not None  # a tool turn always carries its query
-    result = search(query)
-    content, truncated = fit(tokenizer, observation_items(result), observation, room, budgets)
-    if content is None:
-        return t.finish(Termination.TOOL_OVERFLOW, text)
-    t.messages.append(tool(content))
-    t.next_prompt_tokens = stitched + observation(content)
-    t.searches.append(SearchRecord(query, result.ok, content, len(result.items), result.error, result.cached,
-                                   truncated))
+    results = [SearchResult(False, error=arguments) if isinstance(arguments, str) else
+               search(str(arguments["query"]).strip()) if name == "search" else tools[name](arguments)
+               for name, arguments in calls]
+    # ALGORITHM: the calls share the room in call order, each keeping the least the later ones could show
+    least, contents, cuts = "x" + MARKER if budgets.tool_overflow == "truncate" else "x", [], []
+    for k, ((name, _), result) in enumerate(zip(calls, results)):
+        later = [least] * (len(calls) - k - 1)
+        content, truncated = fit(tokenizer, observation_items(result, name),
+                                 lambda c: observation(contents + [c] + later), room, budgets)
+        if content is None:
+            return t.finish(Termination.TOOL_OVERFLOW, text)
+        contents, cuts = contents + [content], cuts + [truncated]
+    for k, ((name, arguments), result) in enumerate(zip(calls, results)):
+        t.messages.append(message(k, contents[k]))
+        shown_call = name if isinstance(arguments, str) else str(arguments["query"]).strip() if name == "search" else (
+            ", ".join(f"{key}={value}" for key, value in arguments.items()))
+        record = SearchRecord(shown_call, result.ok, contents[k], len(result.items), result.error, result.cached, cuts[k])
+        refused = isinstance(arguments, str)
+        t.searches.append(ToolRecord(**vars(record), tool=name, refused=refused) if refused or name != "search" else record)
+    t.next_prompt_tokens = stitched + observation(contents)
 
 
 def seed_of(budgets: RolloutBudgets, step: int, question: int, sample: int, turn: int) -> int:
@@ -191,8 +314,9 @@ def seed_of(budgets: RolloutBudgets, step: int, question: int, sample: int, turn
 
 
 def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Search, examples: Sequence[SearchExample],
-                      budgets: RolloutBudgets, *, step: int = 0) -> list[Trajectory]:
-    """``group_size`` trajectories per question, in question then sample order."""
+                      budgets: RolloutBudgets, *, step: int = 0, tools: Mapping[str, Tool] | None = None) -> list[Trajectory]:
+    """``group_size`` trajectories per question, in question then sample order (``tools``: the declared
+    tools other than search, by name)."""
     trajectories = []
     for q, example in enumerate(examples):
         messages: list[Message] = [system_message(budgets), {"role": "user", "content": example.question}]
@@ -208,10 +332,10 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
         firsts: list[AssistantTurn | None] = list(first) if first else [None] * len(group)
         for t, turn in zip(group, firsts):
             while turn is not None:  # one turn, then the next on the stitched prompt
-                step_trajectory(t, turn, tokenizer, search, budgets, closing)
+                step_trajectory(t, turn, tokenizer, search, budgets, closing, tools or {})
                 if t.done:
                     break
-                assert t.next_prompt_tokens is not None  # a search stitched the next prompt
+                assert t.next_prompt_tokens is not None  # the calls stitched the next prompt
                 seed = seed_of(budgets, step, q, t.group_index, len(t.turns))
                 following = sample(sampler, tokenizer, t.next_prompt_tokens, 1, seed, budgets)
                 turn = following[0] if following else None
@@ -235,7 +359,8 @@ def normalise(text: str) -> str:
 
 def reference_rewards_and_advantages(trajectories: list[Trajectory]) -> None:
     """ALGORITHM: reward (exact match of an ``answer`` ending, else -0.1), then advantage = reward minus
-    the group mean; a group whose rewards are all equal, or with a failed search, trains on nothing."""
+    the group mean; a group whose rewards are all equal, or where a tool failed, trains on nothing (a refused
+    call is the policy's own mistake)."""
     for t in trajectories:
         answer = answer_of(t.final_text) if t.termination == Termination.ANSWER else None
         right = answer is not None and normalise(answer) in {normalise(a) for a in t.example.answers}
@@ -245,7 +370,8 @@ def reference_rewards_and_advantages(trajectories: list[Trajectory]) -> None:
         groups.setdefault(t.question_index, []).append(t)
     for group in groups.values():
         rewards = [t.reward for t in group]
-        excluded = (Exclusion.ENV_FAILURE_GROUP if any(not s.ok for t in group for s in t.searches) else
+        failed = any(not s.ok and not (isinstance(s, ToolRecord) and s.refused) for t in group for s in t.searches)
+        excluded = (Exclusion.ENV_FAILURE_GROUP if failed else
                     Exclusion.DEGENERATE_GROUP if len(set(rewards)) == 1 else None)
         for t in group:
             t.excluded = excluded

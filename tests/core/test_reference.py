@@ -298,7 +298,7 @@ def test_the_reference_step_and_the_trainer_send_the_same_update(twins, tokenize
 
 # ---------------------------------------------------------------- the reference stands apart
 
-ALLOWED = {("searchr1.core.types", "*")}
+ALLOWED = {("searchr1.core.types", "*"), ("searchr1.core.tools", "DECLARED")}  # types, and the tools as data
 
 
 def searchr1_imports(source: str) -> list[tuple[str, str]]:
@@ -319,8 +319,9 @@ def forbidden(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 def test_the_reference_imports_from_the_package_only_the_data_types():
     """Invariant: reference.py imports nothing from searchr1 but the data types and budgets
-    (``searchr1.core.types``): no helper of the engine it is held against (parser, stitching,
-    observations, seeds, reward, advantages, datums), nor its configuration class."""
+    (``searchr1.core.types``) and the declared tools as data (``DECLARED``): no helper of the engine it
+    is held against (parser, stitching, observations, seeds, reward, advantages, datums), nor its
+    configuration class."""
     imports = searchr1_imports(Path(searchr1.core.reference.__file__).read_text(encoding="utf-8"))
     assert ("searchr1.core.types", "RolloutBudgets") in imports
     assert forbidden(imports) == []
@@ -334,3 +335,81 @@ def test_the_import_rule_sees_an_engine_helper_however_it_is_imported():
     assert forbidden(searchr1_imports(source)) == [
         ("searchr1.core.rollout", "RolloutConfig"), ("searchr1.core.rollout", "sampling_seed"), ("searchr1.core.protocol", ""), (".reward", "score_answer"),
         ("searchr1.core.observation.fit", "truncate_to_fit")]
+
+
+# ---------------------------------------------------------------- declared tools: two, parallel calls, refusals
+
+PAGE = ("<tool_call>\n<function=open_page>\n<parameter=page>\n{}\n</parameter>\n<parameter=offset>\n{}\n</parameter>\n"
+        "</function>\n</tool_call>")
+UNKNOWN = "<tool_call>\n<function=calculator>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>"
+NO_PAGE = "<tool_call>\n<function=open_page>\n<parameter=offset>\n1\n</parameter>\n</function>\n</tool_call>"
+TOOL_SAMPLES = [
+    [CALL.format("alpha"), PAGE.format("Alpha", 0), "Answer: France"],
+    [CALL.format("alpha") + "\n" + PAGE.format("Beta", 1), "Answer: France"],  # two calls in one turn
+    [PAGE.format("Gamma", "two"), PAGE.format("Gamma", 2), "Answer: Spain"],  # a mistyped offset, then right
+    [UNKNOWN, "Answer: France"],
+    [NO_PAGE + "\n" + CALL.format("long"), CALL.format("many"), "Answer: France"],
+    [CALL.format("alpha") + "\n" + CALL.format("beta") + "\n" + PAGE.format("Alpha", 1), "Answer: France"],
+    [PAGE.format("Long", 0), PAGE.format("Long", 1), PAGE.format("Long", 2), PAGE.format("Long", 3),
+     PAGE.format("Long", 4), "Answer: France"],  # past open_page's budget of 4
+    [CALL.format("gamma") + "\n" + PAGE.format("Alpha", 0), "Answer: France"],  # a failed search beside a page
+]
+TOOLS_SCENARIO = parse_scenario({"questions": [
+    {"id": f"t{i}", "question": f"Tool question {i}?", "answers": ["France"], "data_source": "nq",
+     "samples": TOOL_SAMPLES[i:] + TOOL_SAMPLES[:i]} for i in range(2)]})
+
+
+def page_result(arguments) -> SearchResult:
+    """A page of 3 passages per title (the long page's passages are long), from ``offset`` on."""
+    title, offset = str(arguments["page"]), int(arguments.get("offset", 0))
+    words = 90 if title == "Long" else 8
+    return SearchResult(True, tuple(item(f"{title} {k + 1}/3", words, "Page", None) for k in range(offset, 3)))
+
+
+class PageBackend:
+    async def call(self, call):
+        return page_result(call.arguments)
+
+
+@pytest.fixture(scope="module")
+def tool_sampler(tmp_path_factory, tokenizer):
+    twin = start_twin(home=tmp_path_factory.mktemp("tools"), tokenizer=tokenizer, policy="toy")
+    twin.policy = ScriptedPolicy(TOOLS_SCENARIO, tokenizer)
+    yield twin.service_client(sdk_options=FAST_RETRIES).create_sampling_client(base_model=MODEL)
+    twin.close()
+
+
+@pytest.mark.slow  # forty pairs of rollouts through a twin (about 15 s)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tools=st.sampled_from(["search", "search,open_page", "open_page,search"]), calls=st.integers(1, 3),
+       invalid=st.sampled_from(["end", "observe"]), overflow=st.sampled_from(TOOL_OVERFLOW_MODES),
+       searches=st.integers(0, 4), turns=st.integers(1, 8), room=st.integers(500, 2500) | st.just(GENEROUS),
+       cap=st.integers(1, 300) | st.just(GENEROUS), seed=st.integers(0, 2**20))
+@example(tools="search,open_page", calls=3, invalid="observe", overflow="truncate", searches=4, turns=8,
+         room=GENEROUS, cap=GENEROUS, seed=0)
+@example(tools="search,open_page", calls=2, invalid="observe", overflow="truncate", searches=4, turns=8, room=900,
+         cap=60, seed=0)
+@example(tools="search,open_page", calls=3, invalid="observe", overflow="truncate", searches=4, turns=8, room=800,
+         cap=GENEROUS, seed=0)  # tight: the later calls of a turn live on the room the first one leaves them
+def test_the_engine_produces_the_reference_trajectories_with_declared_tools(
+        tool_sampler, tokenizer, tools, calls, invalid, overflow, searches, turns, room, cap, seed):
+    """Invariant: engine == reference with one or two declared tools, one to three calls a turn and
+    either refused-call policy, whatever the budgets: every token, message, call record, refusal and
+    termination, and every datum."""
+    config = RolloutConfig(group_size=len(TOOL_SAMPLES), tools=tools, max_calls_per_turn=calls, invalid_calls=invalid,
+                           tool_overflow=overflow, max_search_calls=searches, max_assistant_turns=turns,
+                           max_trajectory_tokens=room, max_tool_response_tokens=cap, seed=seed,
+                           sample_retry_backoff=0.0)
+    trajectories = asyncio.run(rollout_batch_async(tool_sampler, tokenizer, ScriptedSearch(SCRIPTED_RESULTS,
+                                                                                           default=NOTHING),
+                                                   TOOLS_SCENARIO.examples, config,
+                                                   tool_backends={"open_page": PageBackend()}))
+    score_trajectories(trajectories)
+    assign_group_advantages(trajectories)
+    datums, _ = drop_out_of_vocab(build_training_datums(trajectories, max_tokens=room), len(tokenizer))
+    expected = reference_rollout(tool_sampler, tokenizer, lambda q: SCRIPTED_RESULTS.get(q, NOTHING),
+                                 TOOLS_SCENARIO.examples, config, tools={"open_page": page_result})
+    reference_rewards_and_advantages(expected)
+    assert exact_match_only(trajectories) == expected
+    assert [datum_values(d.datum) for d in datums] == [datum_values(d) for d in
+                                                         reference_datums(expected, len(tokenizer))]

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from searchr1.core.protocol import SEARCH, TurnKind, initial_messages, parse_assistant, render_text
 from searchr1.core.reference import parse as reference_parse
-from searchr1.core.tools import CallError, ToolCall, ToolSpec, convert_value, parse_tool_calls
+from searchr1.core.tools import CallError, ToolCall, ToolSpec, convert_value, declared_tools, parse_tool_calls
+from searchr1.core.types import RolloutBudgets
 
 MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
 TYPES = ("string", "integer", "number", "boolean", "array", "object")
@@ -112,16 +113,32 @@ def near_miss_calls(draw):
         st.sampled_from(["", "\n", "<|im_end|>", "x", "\n<tool_call>"]))
 
 
-@given(tag_soup | near_miss_calls())
-@example("<tool_call>\n<function=search>\n<parameter=query>\n \n</parameter>\n</function>\n</tool_call>")
-@example("<tool_call>\n<function=search>\n<parameter=query>\na > b\n</parameter>\n</function>\n</tool_call>")
-@example("<tool_call>\n<function=search>\n<parameter=query>\na < b\n</parameter>\n</function>\n</tool_call>")
-@example("</tool_call><tool_call><function=search><parameter=query>x</parameter></function></tool_call>")
-@example("<tool_call><function=search><parameter=query>x</parameter></function></tool_call>\n<tool_call>")
-def test_with_search_alone_the_parser_keeps_the_reference_loops_rules(text):
-    parsed = parse_assistant(text)
-    text_seen, kind, query = reference_parse(text)
-    assert (parsed.text, parsed.kind.value, parsed.query) == (text_seen, kind, query)
+PAGE_CALL = ("<tool_call>\n<function=open_page>\n<parameter=page>\nSeine\n</parameter>\n<parameter=offset>\n"
+             "{}\n</parameter>\n</function>\n</tool_call>")
+TOOL_SETS = [RolloutBudgets(), RolloutBudgets(tools="search,open_page"),
+             RolloutBudgets(tools="open_page,search", max_calls_per_turn=2)]
+
+
+def as_pairs(calls):
+    return [(c.name, c.arguments if isinstance(c, ToolCall) else c.reason) for c in calls]
+
+
+@given(tag_soup | near_miss_calls() | st.lists(near_miss_calls() | st.sampled_from(
+    [PAGE_CALL.format(2), PAGE_CALL.format("two"), PAGE_CALL.format(" -3 ")]), min_size=1, max_size=3).map("\n".join),
+       st.sampled_from(TOOL_SETS))
+@example("<tool_call>\n<function=search>\n<parameter=query>\n \n</parameter>\n</function>\n</tool_call>", TOOL_SETS[0])
+@example("<tool_call>\n<function=search>\n<parameter=query>\na > b\n</parameter>\n</function>\n</tool_call>",
+         TOOL_SETS[0])
+@example("<tool_call>\n<function=search>\n<parameter=query>\na < b\n</parameter>\n</function>\n</tool_call>",
+         TOOL_SETS[0])
+@example("</tool_call><tool_call><function=search><parameter=query>x</parameter></function></tool_call>", TOOL_SETS[0])
+@example("<tool_call><function=search><parameter=query>x</parameter></function></tool_call>\n<tool_call>", TOOL_SETS[0])
+def test_the_parser_reads_every_turn_as_the_reference_loops_own_parser_does(text, budgets):
+    """With search alone this is Search-R1's rule (the reference's ``query`` is the engine's);
+    with two tools and parallel calls, every call and every refusal's reason agree."""
+    parsed = parse_assistant(text, declared_tools(budgets), budgets.max_calls_per_turn)
+    text_seen, kind, calls = reference_parse(text, budgets)
+    assert (parsed.text, parsed.kind.value, as_pairs(parsed.calls)) == (text_seen, kind, calls)
 
 
 def call_text(name: str, **arguments: str) -> str:
