@@ -1,13 +1,14 @@
 """One Search-R1 step as plainly as possible: sample, parse, call the tools, stitch, score, advantage,
-datum, update. Synchronous, one trajectory after another, no metrics, no retries, the seed's
-recipe only (exact match, mean-centred advantages, env-failure groups left out, one
-``forward_backward``, no KL), with the tools, calls a turn and refused-call policy the budgets
-declare. The production engine (:mod:`~searchr1.core.rollout` and :mod:`~searchr1.core.trainer`) is
-held to it by a property test: same sampler, search and seeds, same trajectories and datums. It uses none of the engine's helpers: its prompts, parser, stitching,
-observations, truncation, seeds, reward, advantages and datums are its own code, so a bug in one of
-the engine's shows as a difference. Shared with the engine: the tokenizer and its chat template,
-the data types and the budgets (:mod:`~searchr1.core.types`), the declared tools as data (``DECLARED``:
-schemas and budgets, nothing else from :mod:`~searchr1.core.tools`), numpy and pytrio.
+datum, update. Synchronous, one trajectory after another, no metrics, no retries, the seed's recipe only
+(exact match, mean-centred advantages, env-failure groups left out, one ``forward_backward``, no KL),
+with the tools, calls a turn and refused-call policy the budgets declare. The production engine
+(:mod:`~searchr1.core.rollout` and :mod:`~searchr1.core.trainer`) is held to it by a property test: same
+sampler, search and seeds, same trajectories and datums. It uses none of the engine's helpers: its
+prompts, parser, stitching, observations, truncation, seeds, reward, advantages and datums are its own
+code, so a bug in one of the engine's shows as a difference. Shared with the engine: the tokenizer and
+its chat template, the data types and the budgets (:mod:`~searchr1.core.types`), the declared tools as
+data (``DECLARED``: schemas and budgets, nothing else from :mod:`~searchr1.core.tools`), numpy and
+pytrio.
 (Search results holding special-token strings are outside it: the engine keeps those plain text.)
 ``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` what only moves data."""
 
@@ -109,7 +110,8 @@ def typed(text: str, schema: JsonObject) -> tuple[bool, JsonValue]:
     declared = schema.get("type", "string")
     kinds = sorted(map(str, declared), key=lambda k: k != "null") if isinstance(declared, list) else [str(declared)]
     for kind in (k.strip().lower() for k in kinds):
-        word, value, ok = text.strip(), None, False
+        word, ok = text.strip(), False
+        value: JsonValue = None
         if kind == "string" or kind not in ("null", "boolean", "integer", "number", "array", "object"):
             value, ok = text, True
         elif kind == "null":
@@ -120,10 +122,10 @@ def typed(text: str, schema: JsonObject) -> tuple[bool, JsonValue]:
             ok, value = True, int(word)
         elif kind == "number":
             try:
-                value = float(word)
+                number = float(word)
             except ValueError:
-                value = math.inf
-            ok = math.isfinite(value)
+                number = math.inf
+            ok, value = math.isfinite(number), number
         elif kind in ("array", "object"):
             try:
                 value = json.loads(text)
@@ -288,7 +290,9 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
                search(str(arguments["query"]).strip()) if name == "search" else tools[name](arguments)
                for name, arguments in calls]
     # ALGORITHM: the calls share the room in call order, each keeping the least the later ones could show
-    least, contents, cuts = "x" + MARKER if budgets.tool_overflow == "truncate" else "x", [], []
+    least = "x" + MARKER if budgets.tool_overflow == "truncate" else "x"
+    contents: list[str] = []
+    cuts: list[bool] = []
     for k, ((name, _), result) in enumerate(zip(calls, results)):
         later = [least] * (len(calls) - k - 1)
         content, truncated = fit(tokenizer, observation_items(result, name),
