@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import math
 import re
 import tomllib
@@ -82,6 +83,7 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
     ``section``: its heading in --help unless the declaration names one)."""
     base = _base_type(annotation)
     value = _default(field) if default is dataclasses.MISSING else default
+    value = value.value if isinstance(value, enum.Enum) else value  # a choice is given and shown as its text
     text = help if help is not None else rule.help
     if rule.describe():
         text = f"{text} [{rule.describe()}]".strip()

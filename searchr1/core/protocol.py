@@ -57,10 +57,15 @@ _PROMPT_OPEN_PAGE = ("- Each search result names its page. `open_page` reads tha
                      "title or id, and an offset to read on.")
 
 
+_PROMPT_ONE_CALL = "- Make at most one tool call in a turn, then wait for its result before going on."
+_PROMPT_CALLS = "- Make at most {n} tool calls in a turn (they run together), then wait for their results before going on."
+
+
 def system_prompt(max_search_calls: int | None = None, template: str | None = None,
-                  tools: Sequence[str] = ("search",)) -> str:
-    """The system prompt; with a budget it also tells the model how many searches it has, and
-    with ``open_page`` among the ``tools`` how to read on from a search result.
+                  tools: Sequence[str] = ("search",), max_calls: int = 1) -> str:
+    """The system prompt; with a budget it also tells the model how many searches it has, with
+    ``open_page`` among the ``tools`` how to read on from a search result, and how many calls a
+    turn may make.
 
     ``template`` (``--system-prompt-file``) replaces the default wording; the text
     ``{max_search_calls}`` in it, if present, becomes the budget (nothing else is substituted,
@@ -69,17 +74,18 @@ def system_prompt(max_search_calls: int | None = None, template: str | None = No
     if template is not None:
         budget = "" if max_search_calls is None else str(max_search_calls)
         return template.replace(BUDGET_PLACEHOLDER, budget)
-    lines = [_PROMPT_HEAD] + ([_PROMPT_OPEN_PAGE] if "open_page" in tools else [])
+    head = _PROMPT_HEAD if max_calls == 1 else _PROMPT_HEAD.replace(_PROMPT_ONE_CALL, _PROMPT_CALLS.format(n=max_calls))
+    lines = [head] + ([_PROMPT_OPEN_PAGE] if "open_page" in tools else [])
     if max_search_calls is not None:
         lines.append(_PROMPT_BUDGET.format(n=max_search_calls))
     return "\n".join(lines) + "\n" + _PROMPT_EXAMPLE
 
 
 def initial_messages(question: str, *, max_search_calls: int | None = None, system_template: str | None = None,
-                     tools: Sequence[str] = ("search",)) -> list[Message]:
+                     tools: Sequence[str] = ("search",), max_calls: int = 1) -> list[Message]:
     """System prompt plus the question, passed as it is."""
     return [
-        {"role": "system", "content": system_prompt(max_search_calls, system_template, tools)},
+        {"role": "system", "content": system_prompt(max_search_calls, system_template, tools, max_calls)},
         {"role": "user", "content": question},
     ]
 

@@ -39,7 +39,7 @@ SYSTEM = """You answer factual questions. A `search` tool returns short passages
 
 How to work:
 - Search whenever you are not sure of a fact. You may search several times, one short English query per turn.
-- Make at most one tool call in a turn, then wait for its result before going on.
+- {calls}
 - Never make a tool call and give the final answer in the same turn.
 - When you know the answer, end your reply with exactly one line `Answer: <short answer>`.{pages}{budget}
 
@@ -58,7 +58,10 @@ def system_message(budgets: RolloutBudgets) -> Message:
     line = f"\n- You can search at most {budget} times in total; after that, answer with what you have."
     pages = ("\n- Each search result names its page. `open_page` reads that page passage by passage: pass its "
              "title or id, and an offset to read on.") if "open_page" in names(budgets) else ""
-    return {"role": "system", "content": SYSTEM.format(budget=line if budget else "", pages=pages)}
+    n = budgets.max_calls_per_turn
+    calls = (f"Make at most {n} tool calls in a turn (they run together), then wait for their results before going on."
+             if n > 1 else "Make at most one tool call in a turn, then wait for its result before going on.")
+    return {"role": "system", "content": SYSTEM.format(budget=line if budget else "", pages=pages, calls=calls)}
 
 
 def names(budgets: RolloutBudgets) -> list[str]:

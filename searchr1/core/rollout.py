@@ -107,7 +107,7 @@ def tool_names(budgets: RolloutBudgets) -> tuple[str, ...]:
 def effective_system_prompt(budgets: RolloutBudgets) -> str:
     """The system message every trajectory of ``budgets`` starts with."""
     return system_prompt(budgets.max_search_calls if budgets.state_search_budget else None, budgets.system_prompt,
-                         tool_names(budgets))
+                         tool_names(budgets), budgets.max_calls_per_turn)
 
 
 class SamplerFailureError(RuntimeError):
@@ -154,7 +154,7 @@ def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: in
     (``num_samples = group_size``; ``None`` when the prompt alone is over the budget)."""
     budget = budgets.max_search_calls if budgets.state_search_budget else None
     messages = initial_messages(example.question, max_search_calls=budget, system_template=budgets.system_prompt,
-                                tools=tool_names(budgets))
+                                tools=tool_names(budgets), max_calls=budgets.max_calls_per_turn)
     group = [Trajectory(example, question_index, g, [m.copy() for m in messages]) for g in range(budgets.group_size)]
     return group, make_request(tokenizer, group, sampling_seed(budgets.seed, step, question_index, 0, 0), budgets)
 

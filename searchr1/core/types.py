@@ -171,8 +171,12 @@ class RolloutBudgets:
         help="Description of the search tool shown to the model.")
     # The tools the model may call (core/tools.py declares them), and what a refused call does.
     tools: str = setting("search", check=_declared_tools, cli=False)
-    max_calls_per_turn: int = setting(1, at_least=1, at_most=16, cli=False)  # Search-R1: one
-    invalid_calls: InvalidCallPolicy = setting(InvalidCallPolicy.END, choices=tuple(InvalidCallPolicy), cli=False)
+    max_calls_per_turn: int = setting(1, at_least=1, at_most=16,
+                                      help="Tool calls one turn may make; several run together (Search-R1: 1).")
+    invalid_calls: InvalidCallPolicy = setting(
+        InvalidCallPolicy.END, choices=tuple(policy.value for policy in InvalidCallPolicy),
+        help="A refused tool call (unknown tool, bad parameter): end the trajectory as invalid (Search-R1), "
+             "or observe: tell the model why and go on.")
 
     def __post_init__(self) -> None:
         check_settings(self)

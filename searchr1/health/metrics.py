@@ -16,7 +16,8 @@ from searchr1.core.advantage import GroupSummary
 from searchr1.core.config import TrainConfig
 from searchr1.core.datum import TrainingDatum
 from searchr1.core.trainer import StepRecord
-from searchr1.core.types import Termination, Trajectory
+from searchr1.core.rollout import tool_names
+from searchr1.core.types import Termination, Trajectory, tool_of
 from searchr1.health.diagnostics import mean as _mean
 from searchr1.health.diagnostics import mismatch_metrics, policy_diagnostics
 
@@ -25,7 +26,7 @@ def step_metrics(record: StepRecord, config: TrainConfig) -> dict[str, float]:
     """The metrics line of one step, from what it produced (the run loop adds the pipeline's and
     the search backend's counters and the health verdict)."""
     metrics: dict[str, float] = {}
-    metrics.update(rollout_metrics(record.trajectories, record.groups))
+    metrics.update(rollout_metrics(record.trajectories, record.groups, tool_names(config.rollout)))
     metrics.update(policy_diagnostics(record.trajectories))
     metrics.update(datum_metrics(record.datums, record.micro_batches))
     metrics["train/datums_dropped_out_of_vocab"] = float(record.dropped_out_of_vocab)
@@ -54,7 +55,12 @@ def step_metrics(record: StepRecord, config: TrainConfig) -> dict[str, float]:
     return metrics
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary) -> dict[str, float]:
+def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary,
+                    tools: Sequence[str] = ("search",)) -> dict[str, float]:
+    """What the rollout did: rewards, turns, calls, terminations, groups; per declared tool
+    (``tools``) ``tool/<name>/calls``, the calls of it that ran per trajectory, and
+    ``tool/invalid_calls``, refused calls per trajectory (told to the model, or ending it as
+    ``invalid``)."""
     scored = [t for t in trajectories if not t.sampler_error]
     metrics: dict[str, float] = {
         "reward/mean": _mean([t.reward for t in scored]),
@@ -70,7 +76,13 @@ def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary) ->
         ),
     }
     tool_turns = sum("<tool_call>" in turn.text for t in trajectories for turn in t.turns)
-    metrics["rollout/valid_tool_call_rate"] = sum(t.search_calls for t in trajectories) / max(tool_turns, 1)
+    ran = sum(tool_of(record) is not None for t in trajectories for record in t.searches)
+    metrics["rollout/valid_tool_call_rate"] = ran / max(tool_turns, 1)  # calls that ran per turn with a call
+    for name in tools:
+        metrics[f"tool/{name}/calls"] = _mean([t.calls_of(name) for t in trajectories])
+    refused = [sum(tool_of(r) is None for r in t.searches) + (t.termination == Termination.INVALID)
+               for t in trajectories]
+    metrics["tool/invalid_calls"] = _mean(refused)
     by_source: dict[str, list[float]] = {}
     for t in scored:
         by_source.setdefault(t.example.data_source.lower(), []).append(t.reward)

@@ -187,3 +187,18 @@ def test_several_calls_fit_every_budget_and_stitch_to_the_full_render(tokenizer,
     assert len(fitted.next_prompt) <= config.max_trajectory_tokens - 1
     assert all(len(tokenizer.encode(c, add_special_tokens=False)) <= cap for c in fitted.contents)
     assert all(c.endswith("[... truncated to fit the budget]") == cut for c, cut in zip(fitted.contents, fitted.truncated))
+
+
+@pytest.mark.parametrize("policy", ["end", "observe"])
+def test_each_declared_tool_has_its_calls_metric_and_a_refused_call_is_counted_under_either_policy(
+        sampler, tokenizer, policy):
+    from searchr1.core.advantage import summarize_groups
+    from searchr1.health.metrics import rollout_metrics
+
+    bad = "<tool_call>\n<function=open_page>\n<parameter=offset>\ntwo\n</parameter>\n</function>\n</tool_call>"
+    opened, _ = run(sampler, tokenizer, [SEARCH.format("tower"), OPEN.format("Eiffel Tower", 1), "Answer: 330 m"])
+    refused, _ = run(sampler, tokenizer, [bad, "Answer: 330 m"], invalid_calls=policy)
+    metrics = rollout_metrics([opened, refused], summarize_groups([opened, refused]), ("search", "open_page"))
+    assert (metrics["tool/search/calls"], metrics["tool/open_page/calls"]) == (0.5, 0.5)
+    assert metrics["tool/invalid_calls"] == 0.5
+    assert metrics["rollout/valid_tool_call_rate"] == 2 / 3  # two calls ran, of three turns with a call
