@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.core.errors import UserError
-from searchr1.core.types import Termination, Trajectory
+from searchr1.core.types import Termination, ToolRecord, Trajectory
 from searchr1.health.diagnostics import mean
 from searchr1.run.jsonl import iter_json_lines
 
@@ -60,11 +60,22 @@ class EvalFileError(UserError, ValueError):
 # --- records --------------------------------------------------------------------------------
 
 
+def call_turns(trajectory: Trajectory) -> list[int]:
+    """The assistant turn (1-based) that made each call record: its tool message follows that turn's
+    reply; a record without one (a result that could not become an observation) is the last turn's."""
+    turns, turn = [], 0
+    for message in trajectory.messages:
+        turn += message["role"] == "assistant"
+        turns += [turn] * (message["role"] == "tool")
+    return turns + [turn] * (len(trajectory.searches) - len(turns))
+
+
 def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
     """One JSON-ready record per evaluated question, with the whole transcript so that queries,
     observations and the model's text can be audited after the fact (the seed kept only the
-    final text). ``turns[i]`` is the i-th assistant turn; ``searches[j]`` the j-th search, in
-    the order they ran. Each turn carries its prompt's and its reply's token counts."""
+    final text). ``turns[i]`` is the i-th assistant turn; ``searches[j]`` the j-th tool call, in
+    the order they ran, with its tool, the turn that made it (1-based) and whether it was refused.
+    Each turn carries its prompt's and its reply's token counts."""
     example = trajectory.example
     return {
         "type": "trajectory",
@@ -84,8 +95,11 @@ def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
                 "items": s.items,
                 "cached": s.cached,
                 "truncated": s.truncated,
+                "tool": s.tool if isinstance(s, ToolRecord) else "search",
+                "refused": isinstance(s, ToolRecord) and s.refused,
+                "turn": turn,
             }
-            for s in trajectory.searches
+            for s, turn in zip(trajectory.searches, call_turns(trajectory))
         ],
         "final_text": trajectory.final_text,
         "termination": trajectory.termination,

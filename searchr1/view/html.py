@@ -93,7 +93,7 @@ def _article(record: Mapping[str, Any]) -> str:
             opened = "" if folded else " open"
             size = f" · {len(event.observation):,} characters, click to open" if folded else ""
             parts.append(
-                f'<details class="event tool"{opened}><summary class="role">search {event.number}: '
+                f'<details class="event tool"{opened}><summary class="role">{_e(event.tool or "call")} {event.number}: '
                 f'<span class="query">{_e(event.query)}</span> '
                 f'<span class="{status_class}">[{_e(event.status)}]{size}</span></summary>'
                 f"<pre>{_e(event.observation)}</pre></details>"

@@ -75,7 +75,9 @@ class TurnEvent:
 
 @dataclass(frozen=True)
 class SearchEvent:
-    number: int  # 1-based
+    """One tool call and what the model read back (a search, another tool's call, or a refusal)."""
+
+    number: int  # 1-based, among the trajectory's calls
     query: str
     ok: bool
     error: str | None
@@ -83,9 +85,13 @@ class SearchEvent:
     items: int
     cached: bool
     truncated: bool
+    tool: str = "search"
+    refused: bool = False
 
     @property
     def status(self) -> str:
+        if self.refused:
+            return "refused"
         if not self.ok:
             return f"failed: {self.error or 'error'}"
         parts = [f"{self.items} item{'s' if self.items != 1 else ''}"]
@@ -97,23 +103,27 @@ class SearchEvent:
 
 
 def conversation(record: Mapping[str, Any]) -> list[TurnEvent | SearchEvent]:
-    """Assistant turns and searches in the order they happened: the i-th search answers the
-    i-th turn (a trajectory ends on the turn that does not lead to a search)."""
+    """Assistant turns and tool calls in the order they happened: each call after the turn that
+    made it (its ``turn``; a record without one, written before calls named their turn, answers
+    the turn of its own position: one call a turn)."""
     turns = [t for t in _list(record.get("turns")) if isinstance(t, Mapping)]
     searches = [s for s in _list(record.get("searches")) if isinstance(s, Mapping)]
+    made_by = [count(s.get("turn")) if isinstance(s.get("turn"), int) else index + 1 for index, s in enumerate(searches)]
+
+    def call(number: int, s: Mapping[str, Any]) -> SearchEvent:
+        return SearchEvent(
+            number=number, query=printable(s.get("query")), ok=bool(s.get("ok")),
+            error=printable(s.get("error")) if s.get("error") else None,
+            observation=printable(s.get("observation")), items=count(s.get("items")),
+            cached=bool(s.get("cached")), truncated=bool(s.get("truncated")),
+            tool=printable(s.get("tool") or "search"), refused=bool(s.get("refused")),
+        )
     events: list[TurnEvent | SearchEvent] = []
-    for index in range(max(len(turns), len(searches))):
-        if index < len(turns):
-            turn = turns[index]
-            events.append(TurnEvent(index + 1, printable(turn.get("text")), printable(turn.get("stop_reason") or "")))
-        if index < len(searches):
-            s = searches[index]
-            events.append(SearchEvent(
-                number=index + 1, query=printable(s.get("query")), ok=bool(s.get("ok")),
-                error=printable(s.get("error")) if s.get("error") else None,
-                observation=printable(s.get("observation")), items=count(s.get("items")),
-                cached=bool(s.get("cached")), truncated=bool(s.get("truncated")),
-            ))
+    for index, turn in enumerate(turns, 1):
+        events.append(TurnEvent(index, printable(turn.get("text")), printable(turn.get("stop_reason") or "")))
+        events += [call(number, s) for number, s in enumerate(searches, 1) if made_by[number - 1] == index]
+    # a call whose turn is not in the record comes last, in order
+    events += [call(number, s) for number, s in enumerate(searches, 1) if not 1 <= made_by[number - 1] <= len(turns)]
     return events
 
 
@@ -233,7 +243,7 @@ def renderables(record: Mapping[str, Any], *, full: bool = False) -> list[Any]:
                 head.append(f"  (stopped: {event.stop_reason})", style="dim")
             body = event.text if full else abbreviate(event.text, TURN_CHARS, TURN_LINES)
         else:
-            head = Text(f"search {event.number}  ", style="bold magenta").append(event.query)
+            head = Text(f"{event.tool or 'call'} {event.number}  ", style="bold magenta").append(event.query)
             head.append(f"  [{event.status}]", style="red" if not event.ok else "dim")
             body = event.observation if full else abbreviate(event.observation, OBSERVATION_CHARS, OBSERVATION_LINES)
         out.append(head)

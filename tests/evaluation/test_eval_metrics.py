@@ -83,7 +83,9 @@ def test_trajectory_record_keeps_the_whole_transcript():
     example = SearchExample(
         "nq/test_0", "who got the first nobel prize in physics?", ("Wilhelm Röntgen", "Röntgen"), "nq"
     )
-    trajectory = Trajectory(example=example, question_index=3, group_index=0, messages=[])
+    trajectory = Trajectory(example=example, question_index=3, group_index=0, messages=[
+        {"role": "user", "content": example.question}, {"role": "assistant", "content": "<tool_call>search</tool_call>"},
+        {"role": "tool", "content": "1. Röntgen ..."}, {"role": "assistant", "content": "Answer: Röntgen"}])
     trajectory.turns = [
         AssistantTurn([1, 2], [3], [-0.1], "<tool_call>search</tool_call>", "stop"),
         AssistantTurn([1, 2, 3, 4], [5, 6], [-0.2, -0.3], "Answer: Röntgen", "length"),
@@ -118,6 +120,9 @@ def test_trajectory_record_keeps_the_whole_transcript():
             "items": 3,
             "cached": True,
             "truncated": True,
+            "tool": "search",
+            "refused": False,
+            "turn": 1,  # the first assistant turn made the call
         }
     ]
     assert rec["final_text"] == "Answer: Röntgen"
