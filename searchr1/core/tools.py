@@ -80,7 +80,7 @@ DEFAULT_TOOL_DESCRIPTION = "Look up evidence on the web. Pass one short English 
 
 def plain_query(arguments: Mapping[str, JsonValue]) -> str | None:
     """The search query must hold text, and no ``<`` or ``>`` (Search-R1's rule)."""
-    query = str(arguments.get("query", ""))
+    query = str(arguments["query"])  # required: present before this rule is asked
     if not query.strip():
         return "the search query is blank"
     if "<" in query or ">" in query:
@@ -235,25 +235,25 @@ def _one_type(text: str, kind: str) -> tuple[bool, JsonValue]:
     return True, text  # a type the parser does not know: the text as written, as vLLM does
 
 
-def convert_value(text: str, schema: JsonValue) -> tuple[bool, JsonValue]:
+def convert_value(text: str, schema: JsonObject) -> tuple[bool, JsonValue]:
     """``text`` (one newline already stripped on each side) converted by one property's schema:
     its ``type`` (a name, or a list tried in order; none means string) and its ``enum``."""
-    declared = schema.get("type", "string") if isinstance(schema, dict) else "string"
+    declared = schema.get("type", "string")
     kinds = [str(k) for k in declared] if isinstance(declared, list) else [str(declared)]
     if "null" in kinds:  # "null" is read as null before a string type can take it as text
         kinds = ["null"] + [k for k in kinds if k != "null"]
     for kind in kinds:
         ok, value = _one_type(text, kind.strip().lower())
         if ok:
-            allowed = schema.get("enum") if isinstance(schema, dict) else None
+            allowed = schema.get("enum")
             if isinstance(allowed, list) and value not in allowed:
                 return False, None
             return True, value
     return False, None
 
 
-def _type_name(schema: JsonValue) -> str:
-    declared = schema.get("type", "string") if isinstance(schema, dict) else "string"
+def _type_name(schema: JsonObject) -> str:
+    declared = schema.get("type", "string")
     return " or ".join(map(str, declared)) if isinstance(declared, list) else str(declared)
 
 
@@ -291,10 +291,11 @@ def read_call(inside: str, tools: Mapping[str, ToolSpec]) -> ParsedCall:
                 return CallError(name, f"{name} has no parameter {_shown(key)}")
             arguments[key] = value
             continue
-        ok, converted = convert_value(value, properties[key])
+        schema = properties[key]
+        schema = schema if isinstance(schema, dict) else {}  # a schema that is not an object says nothing
+        ok, converted = convert_value(value, schema)
         if not ok:
-            return CallError(name, f"parameter {key} of {name} must be {_type_name(properties[key])}, "
-                                   f"got {_shown(value)}")
+            return CallError(name, f"parameter {key} of {name} must be {_type_name(schema)}, got {_shown(value)}")
         arguments[key] = converted
     if body[position:].strip():
         return CallError(name, f"the call of {name} holds text that is not a <parameter=…> block")

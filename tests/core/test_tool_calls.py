@@ -5,6 +5,7 @@ Search-R1's rules (checked against the reference loop's own parser)."""
 from __future__ import annotations
 
 import json
+import math
 import string
 
 from hypothesis import HealthCheck, example, given, settings
@@ -232,3 +233,94 @@ def test_several_tool_responses_stitch_to_the_tokens_the_template_renders(tokeni
     full = render(tokenizer, before + messages, add_generation_prompt=True)
     assert full[: len(ended)] == ended
     assert full[len(ended):] == observation_tokens(tokenizer, observations)
+
+
+COLOURS = ToolSpec(
+    name="paint", description="", unit="call",
+    parameters={"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}, "coats": {"type": ["integer", "null"]},
+                                                 "note": {"type": "string"}}},
+)
+
+
+def refusal(**arguments: str) -> str:
+    (call,) = parse_assistant(call_text("paint", **arguments), (COLOURS,)).calls
+    assert isinstance(call, CallError)
+    return call.reason
+
+
+def test_a_refusal_names_the_parameter_its_type_as_declared_and_the_value_on_one_line():
+    assert refusal(coats="many") == "parameter coats of paint must be integer or null, got 'many'"
+    assert refusal(colour="green") == "parameter colour of paint must be string, got 'green'"  # no type: a string
+    assert refusal(coats="a \n\n b") == "parameter coats of paint must be integer or null, got 'a b'"
+
+
+def test_a_value_in_a_refusal_is_cut_to_forty_characters_with_an_ellipsis():
+    forty, longer = "x" * 40, "y" * 41
+    assert refusal(coats=forty).endswith(f"got '{forty}'")
+    assert refusal(coats=longer).endswith("got '" + "y" * 39 + "…'")
+    (unknown,) = parse_assistant(call_text("p" * 41), (COLOURS,)).calls
+    assert unknown.reason.startswith("unknown tool '" + "p" * 39 + "…' (declared: paint)")
+
+
+def as_the_template_writes(value) -> str:
+    """Qwen3.5's template: a mapping or a list as JSON, anything else through Python's ``str``."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, (list, dict)) else str(value)
+
+
+typed_values = st.one_of(*(st.tuples(st.just(kind), VALUES[kind]) for kind in TYPES), st.tuples(st.just("null"), st.none()))
+
+
+@given(typed_values)
+@example(("string", " two words "))
+@example(("integer", -7))
+@example(("number", 2.5))
+@example(("number", -1e300))
+@example(("boolean", True))
+@example(("boolean", False))
+@example(("array", [1, "a", None]))
+@example(("object", {"k": [1.5]}))
+@example(("null", None))
+def test_each_type_reads_back_what_the_template_wrote(kind_and_value):
+    kind, value = kind_and_value
+    ok, read = convert_value(as_the_template_writes(value), {"type": kind})
+    assert ok and read == value and (type(read) is type(value) or kind == "number")
+
+
+@given(st.sampled_from(TYPES + ("null",)), st.text(max_size=8))
+@example("boolean", "maybe")
+@example("integer", "1.5")
+@example("integer", "5")
+@example("number", "inf")
+@example("number", "nan")
+@example("number", "ten")
+@example("array", "{}")
+@example("object", "[]")
+@example("array", "[1,")
+@example("null", "nil")
+def test_text_that_is_not_a_value_of_the_type_is_refused(kind, text):
+    def is_int(text: str) -> bool:  # Python's int() reads more than a JSON integer: a wider net
+        try:
+            return int(text) is not None
+        except ValueError:
+            return False
+
+    readable = {
+        "string": True,
+        "integer": is_int(text),
+        "boolean": text.strip().lower() in ("true", "false"),
+        "null": text.strip().lower() in ("null", "none"),
+    }
+    if kind in readable and not readable[kind]:
+        assert convert_value(text, {"type": kind}) == (False, None)
+    if kind == "number":
+        try:
+            finite = math.isfinite(float(text))
+        except ValueError:
+            finite = False
+        assert convert_value(text, {"type": kind})[0] == finite
+    if kind in ("array", "object"):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        assert convert_value(text, {"type": kind})[0] == isinstance(parsed, list if kind == "array" else dict)
