@@ -93,6 +93,15 @@ def passage_of(row: object, where: str, line: int) -> Passage:
     return Passage(line=line, id=str(ident), contents=contents)
 
 
+def split_contents(contents: str) -> tuple[str, str]:
+    """``(title, text)`` of a passage's contents: the first line (quotes dropped) and the rest."""
+    first, _, rest = contents.strip().partition("\n")
+    title = first.strip()
+    if len(title) >= 2 and title[0] == title[-1] == '"':
+        title = title[1:-1].strip()
+    return title, rest.strip()
+
+
 def passage_row(ident: str, title: str, text: str) -> str:
     """One corpus line in the wiki-18 layout (title quoted on the first line)."""
     return json.dumps({"id": ident, "contents": f'"{title}"\n{text}'}, ensure_ascii=False) + "\n"

@@ -12,7 +12,8 @@ An index directory holds:
 * ``shards/NNNNN/``: one shard's score matrix in CSC form (``data.npy`` the float32 scores,
   ``indices.npy`` the shard-local rows, ``indptr.npy`` a term's range, one entry per term
   plus one), and its passages (``docs.bin`` / ``docs.offsets.npy``: every ``contents`` in
-  UTF-8 back to back; ``ids.bin`` / ``ids.offsets.npy``: every ``id``).
+  UTF-8 back to back; ``ids.bin`` / ``ids.offsets.npy``: every ``id``);
+* ``pages/``: the title and id key tables that find a page's passages (:mod:`searchr1.bm25.pages`).
 
 Building (:func:`build_index`) reads the corpus as a stream. Pass one tokenises shard after shard
 and spills each shard's token ids, its own vocabulary and document frequencies into a staging
@@ -30,6 +31,7 @@ Every defect is a :class:`BM25IndexError` naming the file.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import json
 import math
@@ -45,14 +47,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from searchr1.bm25.corpus import CorpusError, CorpusReader
+from searchr1.bm25.corpus import CorpusError, CorpusReader, split_contents
+from searchr1.bm25.pages import TABLE_FILES, TABLES, KeyTable, sorted_table, table_paths, text_keys
 from searchr1.core.errors import UserError
 from searchr1.run.fileio import WRITE_FAILURES, exclusive_lock, file_sha256, write_json_atomically
 from searchr1.run.jsonl import read_json_document
 from searchr1.runtime import invocation
 
 FORMAT = "searchr1-bm25-index"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 VOCAB_NAME = "vocab.json"
 # The tokenizer and scorer. k1=0.9, b=0.4 are pyserini's (Lucene) defaults, which Search-R1's
@@ -200,6 +203,8 @@ def _tokenize_shard(passages: Sequence[tuple[str, str]], directory: Path) -> Non
     frequencies."""
     tokenizer = make_tokenizer()
     docs, ids = _Blob(directory / "docs.bin"), _Blob(directory / "ids.bin")
+    _save(directory / "titles.keys.npy", text_keys(split_contents(contents)[0] for _, contents in passages))
+    _save(directory / "ids.keys.npy", text_keys(ident for ident, _ in passages))
     tokens: list[np.ndarray] = []
     for ident, contents in passages:
         (ids_of_doc,) = tokenizer.streaming_tokenize([contents])
@@ -417,8 +422,16 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
         if progress is not None:
             progress("score", first_row, first_row, rows)
     pool.wait()
+    # The page tables: every passage's title and id key, sorted once over the whole corpus.
+    (staging / "pages").mkdir(exist_ok=True)
+    for table in TABLES:
+        keys, table_rows = sorted_table([np.load(shards_dir / name / f"{table}.keys.npy") for name in shard_names])
+        keys_path, rows_path = table_paths(staging, table)
+        _save(keys_path, keys)
+        _save(rows_path, table_rows)
+        del keys, table_rows
     for name in shard_names:
-        for spill in ("tokens.npy", "lengths.npy", "df.npy", "terms.json"):
+        for spill in ("tokens.npy", "lengths.npy", "df.npy", "terms.json", "titles.keys.npy", "ids.keys.npy"):
             (shards_dir / name / spill).unlink(missing_ok=True)
     terms_in_order = [""] * len(vocab)
     for term, index in vocab.items():
@@ -528,7 +541,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
             raise BM25IndexError(f"{path}: files[{name!r}] is not an object")
         _field(entry, where, "bytes", kind=int)
         _field(entry, where, "sha256", kind=str)
-    needed = [VOCAB_NAME] + [f"shards/{n:05d}/{f}" for n in range(len(shards)) for f in SHARD_FILES]
+    needed = [VOCAB_NAME, *TABLE_FILES] + [f"shards/{n:05d}/{f}" for n in range(len(shards)) for f in SHARD_FILES]
     missing = [n for n in needed if n not in files]
     if missing:
         raise BM25IndexError(f"{path}: lists no {missing[0]}")
@@ -594,7 +607,7 @@ def _check_ascending(path: Path, values: np.ndarray) -> None:
     for start in range(0, max(len(values) - 1, 0), _CHUNK):
         piece = np.asarray(values[start:start + _CHUNK + 1])
         if np.any(piece[1:] < piece[:-1]):
-            raise BM25IndexError(f"{path}: offsets go backwards; damaged, build again")
+            raise BM25IndexError(f"{path}: values go backwards; damaged, build again")
 
 
 def _check_range(path: Path, values: np.ndarray, limit: int) -> None:
@@ -649,6 +662,18 @@ class BM25Index:
             raise BM25IndexError(f"{vocab_path}: not the manifest's {self.manifest['vocabulary']} terms")
         self.vocab = {term: index for index, term in enumerate(terms)}
         self.shards = [self._open_shard(n, s) for n, s in enumerate(self.manifest["shards"])]
+        self._first_rows = [shard.first_row for shard in self.shards]
+        self.tables = {table: self._open_table(table) for table in TABLES}
+
+    def _open_table(self, table: str) -> KeyTable:
+        keys_path, rows_path = (_inside(self.directory, str(p.relative_to(self.directory)))
+                                for p in table_paths(self.directory, table))
+        keys, rows = _load(keys_path, np.uint64), _load(rows_path, np.int64)
+        if len(keys) != self.rows or len(rows) != self.rows:
+            raise BM25IndexError(f"{keys_path}: {len(keys)} keys and {len(rows)} rows for {self.rows} passages")
+        _check_ascending(keys_path, keys)
+        _check_range(rows_path, rows, self.rows)
+        return KeyTable(keys, rows)
 
     def _open_shard(self, number: int, shard: dict[str, int]) -> _Shard:
         base = f"shards/{number:05d}"
@@ -670,6 +695,22 @@ class BM25Index:
 
     def __len__(self) -> int:
         return self.rows
+
+    def passage(self, row: int) -> Hit:
+        """The passage at ``row`` (score 0)."""
+        shard = self.shards[bisect.bisect_right(self._first_rows, row) - 1]
+        local = row - shard.first_row
+        return Hit(row=row, id=shard.ids[local], contents=shard.docs[local], score=0.0)
+
+    def page(self, title: str) -> list[Hit]:
+        """Every passage whose title is ``title``, in corpus order (none: an empty list)."""
+        found = (self.passage(int(row)) for row in self.tables["titles"].rows_of(title))
+        return [hit for hit in found if split_contents(hit.contents)[0] == title]
+
+    def passage_of_id(self, ident: str) -> Hit | None:
+        """The first passage whose id is ``ident``, or ``None``."""
+        found = (self.passage(int(row)) for row in self.tables["ids"].rows_of(ident))
+        return next((hit for hit in found if hit.id == ident), None)
 
     def query_terms(self, queries: Sequence[str]) -> list[list[str]]:
         """Each query as the index's terms (the corpus tokenizer: lowercase, stopwords, stems)."""

@@ -23,18 +23,10 @@ from searchr1.search.base import (
 )
 from searchr1.search.secrets import Secret, redact_url, url_secrets
 from searchr1.core.types import SearchItem
+from searchr1.bm25.corpus import split_contents  # the wiki-18 layout, also read by the local index
 
 DEFAULT_URL = "http://127.0.0.1:8000/retrieve"
 DEFAULT_SOURCE = "wiki-18"
-
-
-def split_contents(contents: str) -> tuple[str, str]:
-    """``(title, text)`` of a corpus document: first line (quotes dropped) and the rest."""
-    first, _, rest = contents.strip().partition("\n")
-    title = first.strip()
-    if len(title) >= 2 and title[0] == title[-1] == '"':
-        title = title[1:-1].strip()
-    return title, rest.strip()
 
 
 def parse_retriever_payload(
