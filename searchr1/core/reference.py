@@ -187,6 +187,10 @@ def read(inside: str, budgets: RolloutBudgets) -> Call:
         return name, "the search query is blank"
     if name == "search" and ("<" in query or ">" in query):
         return name, "the search query holds < or >"
+    if name == "open_page" and not str(arguments["page"]).strip():
+        return name, "the page name is blank"
+    if name == "open_page" and int(str(arguments.get("offset", 0))) < 0:
+        return name, "the offset is negative"
     return name, arguments
 
 

@@ -106,6 +106,16 @@ def search_spec(description: str | None = None) -> ToolSpec:
 
 SEARCH = search_spec()
 
+def readable_page(arguments: Mapping[str, JsonValue]) -> str | None:
+    """A page must be named, and an offset cannot go back before the start."""
+    if not str(arguments["page"]).strip():
+        return "the page name is blank"
+    offset = arguments.get("offset", 0)
+    if isinstance(offset, int) and offset < 0:
+        return "the offset is negative"
+    return None
+
+
 OPEN_PAGE = ToolSpec(
     name="open_page",
     description="Read a page a search result names, passage by passage. Pass its title or id; "
@@ -120,6 +130,7 @@ OPEN_PAGE = ToolSpec(
     },
     unit="page",
     budget=4,
+    check=readable_page,
 )
 
 DECLARED: dict[str, ToolSpec] = {tool.name: tool for tool in (SEARCH, OPEN_PAGE)}

@@ -353,6 +353,7 @@ TOOL_SAMPLES = [
     [PAGE.format("Long", 0), PAGE.format("Long", 1), PAGE.format("Long", 2), PAGE.format("Long", 3),
      PAGE.format("Long", 4), "Answer: France"],  # past open_page's budget of 4
     [CALL.format("gamma") + "\n" + PAGE.format("Alpha", 0), "Answer: France"],  # a failed search beside a page
+    [PAGE.format(" ", 0), PAGE.format("Alpha", -1), PAGE.format("Alpha", 1), "Answer: France"],  # blank, negative
 ]
 TOOLS_SCENARIO = parse_scenario({"questions": [
     {"id": f"t{i}", "question": f"Tool question {i}?", "answers": ["France"], "data_source": "nq",
