@@ -134,11 +134,13 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
     from searchr1.runtime.services import (
         check_base_model,
         check_search_setup,
+        check_tool_setup,
         live_service,
         load_tokenizer,
         offline_scenario,
         offline_service,
         search_backend,
+        tool_backends,
     )
 
     if not question.strip():
@@ -168,6 +170,7 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
         check_offline_question(question, policy)
     check_base_model(base_model)
     check_search_setup(search, offline=offline)
+    check_tool_setup(rollout.tools, search)
     tokenizer = load_tokenizer()
     example = SearchExample(id="ask", question=question.strip(), answers=answers, data_source="ask")
     who = (f"the offline twin's {policy} policy (not the model)" if offline else "live PyTRIO")
@@ -183,7 +186,7 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
             backend = search_backend(search, offline=offline)
             try:
                 (trajectory,) = await rollout_batch_async(sampler, tokenizer, _PrintingSearch(backend), [example],
-                                                          rollout)
+                                                          rollout, tool_backends=tool_backends(rollout.tools, backend))
                 score_trajectories([trajectory], reward="em")
                 return trajectory
             finally:

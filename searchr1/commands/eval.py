@@ -317,7 +317,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     from searchr1.evaluation.evaluate import EvalResumeError, evaluate
     from searchr1.evaluation.judge import JudgeError
     from searchr1.offline import DEV
-    from searchr1.runtime.services import check_base_model, check_search_setup, load_tokenizer, open_search, start_service
+    from searchr1.runtime.services import (check_base_model, check_search_setup, check_tool_setup, load_tokenizer,
+                                           open_search, start_service, tool_backends)
 
     checks = Prerequisites()  # what is missing is said all at once, before the tokenizer loads
     offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
@@ -368,6 +369,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
                  f"as it was, nothing in it lost: run the same command again to "
                  f"{'resume' if output.exists() else 'start'}")
     checks.check(check_search_setup, search, offline=offline)  # before PyTRIO is contacted or anything written
+    checks.check(check_tool_setup, rollout.tools, search)
     if judge_model is not None:
         checks.check(check_judge, judge_model, offline=offline, cassette=judge_cassette, env_file=search.env_file)
     if not offline:
@@ -400,7 +402,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
             try:
                 async with open_search(search, offline=offline) as backend:
                     return await evaluate(sampler, tokenizer, backend, examples, rollout, output, run_config,
-                                          limit=limit, overwrite=overwrite, progress=bar, judge=judge, prices=prices)
+                                          limit=limit, overwrite=overwrite, progress=bar, judge=judge, prices=prices,
+                                          tool_backends=tool_backends(rollout.tools, backend))
             finally:
                 if judge is not None and hasattr(judge.backend, "aclose"):
                     await judge.backend.aclose()

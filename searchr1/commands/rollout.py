@@ -48,7 +48,8 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
     from searchr1.core.reward import score_trajectories
     from searchr1.core.rollout import rollout_batch_async
     from searchr1.offline import SCENARIO
-    from searchr1.runtime.services import check_search_setup, load_tokenizer, scripted_sampling_client, search_backend
+    from searchr1.runtime.services import (check_search_setup, check_tool_setup, load_tokenizer, scripted_sampling_client,
+                                           search_backend, tool_backends)
     from searchr1.twin.scenario import load_scenario
     from searchr1.view.wording import plural
 
@@ -73,13 +74,15 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
                          group_size=min(config.group_size, scenario.rollout.get("group_size", config.group_size)))
     examples = scenario.examples[:questions]
     check_search_setup(search, offline=True)
+    check_tool_setup(config.tools, search)
     tokenizer = load_tokenizer()
 
     async def main(sampler: Any) -> list[Any]:
         backend = search_backend(search, offline=True)
         try:
             with CountingBar("trajectories", len(examples) * config.group_size) as bar:
-                trajectories = await rollout_batch_async(sampler, tokenizer, backend, examples, config, bar.advance)
+                trajectories = await rollout_batch_async(sampler, tokenizer, backend, examples, config, bar.advance,
+                                                         tool_backends=tool_backends(config.tools, backend))
             score_trajectories(trajectories)
             assign_group_advantages(trajectories)
             return trajectories

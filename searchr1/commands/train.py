@@ -142,7 +142,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     from searchr1.run.fileio import file_sha256
     from searchr1.offline import TRAIN
     from searchr1.run.directory import TWIN_HOME, RunDir, recorded_checkpoints
-    from searchr1.runtime.services import check_base_model, check_search_setup, load_tokenizer, open_search, start_service
+    from searchr1.runtime.services import (check_base_model, check_search_setup, check_tool_setup, load_tokenizer,
+                                           open_search, start_service, tool_backends)
     from searchr1.training.checkpoints import checkpoint_prefix, new_run_id
     from searchr1.training.loop import CollapseDetected, TrainingRun, TrainingStopped
     from searchr1.run.costs import BudgetReached
@@ -312,6 +313,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     loggers = None
     if not estimate or measure:  # a configured estimate samples nothing: it needs no search, service or run dir
         checks.check(check_search_setup, search, offline=offline)
+        checks.check(check_tool_setup, config.rollout.tools, search)
         if not preflight_only:
             loggers = checks.check(_planned_loggers, requested_loggers, swanlab_mode, logger_project, config,
                                    run.path)
@@ -363,6 +365,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     async def main() -> int:
         async with open_search(search, offline=offline) as backend:
             trainer = TrainingRun(config, run, service=service, tokenizer=tokenizer, search=backend,
+                                  tools=tool_backends(config.rollout.tools, backend),
                                   examples=examples, reporter=reporter, logger=loggers, account=account)
             first = trainer.connect(resume)
             if preflight_only:

@@ -170,7 +170,9 @@ class RolloutBudgets:
         None, metavar="TEXT", default_text="the project's wording",
         help="Description of the search tool shown to the model.")
     # The tools the model may call (core/tools.py declares them), and what a refused call does.
-    tools: str = setting("search", check=_declared_tools, cli=False)
+    tools: str = setting("search", check=_declared_tools,
+                         help="The tools the model may call, comma-separated, from those core/tools.py declares "
+                              "(search, open_page; open_page reads pages of the --backend local index).")
     max_calls_per_turn: int = setting(1, at_least=1, at_most=16,
                                       help="Tool calls one turn may make; several run together (Search-R1: 1).")
     invalid_calls: InvalidCallPolicy = setting(

@@ -240,6 +240,7 @@ async def evaluate(
     clock: Callable[[], float] = time.monotonic,
     judge: Any = None,
     prices: Any = None,
+    tool_backends: Mapping[str, Any] | None = None,
 ) -> EvalOutcome:
     """Evaluate ``examples`` (the whole dataset; ``limit`` picks a source-balanced subset)
     into ``output``; see the module docstring for the file, resuming and seeds.
@@ -309,7 +310,7 @@ async def evaluate(
             usage = Usage()
             trajectories = await rollout_batch_async(
                 MeteredSampler(sampling_client, usage), tokenizer, MeteredSearch(search_backend, usage), [example],
-                question_config, step=index,
+                question_config, step=index, tool_backends=tool_backends,
             )
             elapsed = clock() - started
         score_trajectories(trajectories)

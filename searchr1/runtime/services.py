@@ -169,6 +169,41 @@ BACKEND_SETTINGS = {
 REPLAY_IGNORES = ("retriever_url", "wikipedia_contact")
 
 
+# The tools other than search, and the search backends whose corpus each can read pages of.
+TOOL_READERS = {"open_page": ("local",)}
+
+
+def tool_names(tools: str) -> list[str]:
+    return [name.strip() for name in tools.split(",")]
+
+
+def check_tool_setup(tools: str, options: SearchOptions) -> None:
+    """``--tools`` names only tools the chosen search backend can run (refused before any work)."""
+    from searchr1.core.settings import SettingError
+
+    for name in tool_names(tools):
+        readers = TOOL_READERS.get(name)
+        if readers is not None and options.backend not in readers:
+            raise SettingError("--tools", f"{name} reads the pages of --backend {' or '.join(readers)} only (this "
+                                          f"command searches with {options.backend}); pass --backend {readers[0]} "
+                                          f"or drop {name}")
+
+
+def tool_backends(tools: str, search: Any) -> dict[str, Any]:
+    """What runs each declared tool other than search, over the same corpus as ``search``:
+    ``open_page`` reads the pages of the local backend's index."""
+    from searchr1.search.local import LocalSearchBackend
+    from searchr1.search.pages import LocalPageBackend
+
+    backends: dict[str, Any] = {}
+    for name in tool_names(tools):
+        if name == "open_page":
+            if not isinstance(search, LocalSearchBackend):
+                raise ServiceSetupError(f"--tools open_page: no page backend for the {search.name} search backend")
+            backends[name] = LocalPageBackend(search.index, source=search.source)
+    return backends
+
+
 def check_search_setup(options: SearchOptions, *, offline: bool) -> None:
     """Everything about search that can be refused before PyTRIO is contacted or anything is
     written (commands call this first; the backend itself is built later, as opening its cache

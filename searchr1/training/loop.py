@@ -18,7 +18,7 @@ whose message says how to resume; ``--resume`` restarts at the last checkpoint.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from searchr1.core.config import TrainConfig
@@ -26,6 +26,7 @@ from searchr1.core.datum import NonFiniteValues, TrainingDatum
 from searchr1.runtime.failures import describe_failure, is_service_failure
 from searchr1.run.reporting import MetricsLogger, Reporter, SilentReporter
 from searchr1.core.rollout import SamplerFailureError
+from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import MicroBatcher, StepRecord, Trainer
 from searchr1.core.types import SearchBackend, SearchExample, ServiceClient, Tokenizer
 from searchr1.health.metrics import step_metrics
@@ -90,6 +91,7 @@ class TrainingRun:
         tokenizer: Tokenizer,
         search: SearchBackend,
         examples: Sequence[SearchExample],
+        tools: Mapping[str, ToolBackend] | None = None,
         reporter: Reporter | None = None,
         logger: MetricsLogger | None = None,
         account: RunAccount | None = None,
@@ -100,6 +102,7 @@ class TrainingRun:
         self.config = config
         self.run = run
         self.search = search
+        self.tools = dict(tools or {})
         self.examples = list(examples)
         self.reporter = reporter or SilentReporter()
         self.logger = logger
@@ -223,7 +226,7 @@ class TrainingRun:
         assert self.trainer.training_client is not None
         self.pipeline = RolloutPipeline(
             config, training_client=self.trainer.training_client, tokenizer=self.trainer.tokenizer,
-            search=self.search, examples=self.examples, reporter=self.reporter, session=self.session,
+            search=self.search, tools=self.tools, examples=self.examples, reporter=self.reporter, session=self.session,
             sampler_paths=self.sampler_paths, weights_version=first, cursor=self.first_cursor)
         guard = CollapseGuard(configured_rules(config.health_rules), stop_after=config.stop_on_collapse,
                               history=self.run.metrics())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from searchr1.data.dataset import take_batch
 from searchr1.core.types import (
@@ -33,6 +33,7 @@ from searchr1.training.off_policy import batches_in_flight, sampler_version, ste
 from searchr1.run.reporting import Reporter
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import rollout_batch_async
+from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import RolloutBatch
 from searchr1.core.config import TrainConfig
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage
@@ -70,11 +71,13 @@ class RolloutPipeline:
 
     def __init__(self, config: TrainConfig, *, training_client: TrainingClient, tokenizer: Tokenizer, search: SearchBackend,
                  examples: Sequence[SearchExample], reporter: Reporter, session: int,
-                 sampler_paths: dict[int, str], weights_version: int, cursor: int = 0) -> None:
+                 sampler_paths: dict[int, str], weights_version: int, cursor: int = 0,
+                 tools: Mapping[str, ToolBackend] | None = None) -> None:
         self.config = config
         self.training_client = training_client
         self.tokenizer = tokenizer
         self.search = search
+        self.tools = dict(tools or {})  # the declared tools other than search, by name
         self.examples = examples
         self.reporter = reporter
         self.session = session  # part of the samplers' names (checkpoint naming)
@@ -201,7 +204,7 @@ class RolloutPipeline:
         questions = step_batch(self.examples, batch_index, config.questions_per_batch)
         trajectories = await rollout_batch_async(
             sampler, self.tokenizer, search, questions, config.rollout, self.progress.callback(batch_index),
-            step=batch_index, sampling_slots=self._sampling_slots,
+            step=batch_index, sampling_slots=self._sampling_slots, tool_backends=self.tools,
         )
         self._usage[batch_index] = usage
         return RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started)
@@ -234,6 +237,7 @@ class RolloutPipeline:
             drawn = await rollout_batch_async(
                 sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
                 step=batch_index, sampling_slots=self._sampling_slots, first_question_index=draws * size,
+                tool_backends=self.tools,
             )
             score_trajectories(drawn, reward=config.reward)
             trajectories += drawn
