@@ -1,7 +1,8 @@
 """Golden trajectories: scripted scenarios replayed through the real engine and frozen.
 
 ``golden/scenarios/<name>.json`` is a scenario (see :mod:`searchr1.twin.scenario`) that names
-a search backend and a cassette. :func:`generate` runs it through the real pytrio sampling
+a search backend and a cassette; a scenario whose rollout declares ``open_page`` reads the pages
+of the shipped offline corpus. :func:`generate` runs it through the real pytrio sampling
 client against the twin serving the scenario's script, the real backend replaying the
 cassette, the rollout engine, the reward, the group advantages and the datum builder, and
 returns everything as plain JSON: messages, per-turn prompt and
@@ -25,7 +26,7 @@ from searchr1.core.datum import build_training_datums
 from searchr1.offline import REPO_ROOT
 from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.reward import score_trajectories
-from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.core.rollout import RolloutConfig, rollout_batch_async, tool_names
 from searchr1.twin.scenario import Scenario, ScenarioError, load_scenario
 from searchr1.core.types import Trajectory
 
@@ -82,13 +83,27 @@ def _trajectory_json(t: Trajectory) -> dict[str, Any]:
     }
 
 
+def golden_tools(config: RolloutConfig) -> dict[str, Any]:
+    """The declared tools other than search a scenario's rollout names: ``open_page`` reads the
+    pages of the shipped offline corpus (:mod:`searchr1.bm25.shipped`), whatever the scenario's
+    search backend."""
+    if "open_page" not in tool_names(config):
+        return {}
+    from searchr1.bm25.index import BM25Index
+    from searchr1.bm25.shipped import offline_index
+    from searchr1.search.pages import LocalPageBackend
+
+    return {"open_page": LocalPageBackend(BM25Index(offline_index()))}
+
+
 async def _run(scenario: Scenario, tokenizer: Any, sampler: Any) -> tuple[RolloutConfig, list[Trajectory]]:
     from searchr1.search.replay import open_replay_backend
 
     config = rollout_config(scenario)
     backend = open_replay_backend(scenario.backend, REPO_ROOT / scenario.cassette)  # type: ignore[arg-type]
     try:
-        trajectories = await rollout_batch_async(sampler, tokenizer, backend, scenario.examples, config)
+        trajectories = await rollout_batch_async(sampler, tokenizer, backend, scenario.examples, config,
+                                                 tool_backends=golden_tools(config))
         score_trajectories(trajectories)
         assign_group_advantages(trajectories)
     finally:

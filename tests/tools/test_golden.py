@@ -18,10 +18,12 @@ SCENARIOS = scenario_paths()
 
 
 def test_the_scenarios_cover_every_listed_behaviour_and_all_four_backends():
+    """Search-R1's behaviours on each search backend, and the declared tools': two tools, parallel
+    calls, an unknown tool, a bad parameter and a page longer than the budget."""
     names = {p.stem for p in SCENARIOS}
     assert {"little_prince_two_hop", "answer_without_search", "invalid_call", "json_call", "search_budget",
             "search_error", "no_results", "tool_overflow", "max_tokens_cut", "all_equal_group",
-            "mixed_group"} <= names
+            "mixed_group", "two_tools", "parallel_calls", "unknown_tool", "bad_parameter", "long_page"} <= names
     backends = {json.loads(p.read_text())["backend"] for p in SCENARIOS}
     assert backends == {"wikipedia", "zhihu", "deepseek", "retriever"}
 
