@@ -1,0 +1,183 @@
+"""What every server of ours shares to face untrusted clients: bounded bodies, a deadline per
+request, one-line 4xx answers naming the field at fault, and a socket bound before it serves.
+
+``retriever serve`` and ``serve`` both run uvicorn (ASGI) with a starlette app made of these:
+
+* :func:`read_capped_body` reads a body as it streams, at most a few at once (a semaphore), and
+  refuses it with 413 once it passes its cap, with or without a Content-Length;
+* :func:`decode_body` turns a body into JSON or a 400 saying why not (not UTF-8, nested too
+  deeply, a number too long to convert);
+* :func:`bounded_protocol` drops a connection whose request is not whole within a deadline
+  (uvicorn itself waits for headers forever);
+* :func:`refused` answers ``{"error": "..."}`` and closes the connection, so an unread body is
+  never skipped through;
+* :func:`listening_socket` binds first, so a taken port is one line before anything starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+REQUEST_TIMEOUT = 10.0  # seconds from a request's first byte to its last
+KEEP_ALIVE_TIMEOUT = 5  # seconds an idle keep-alive connection is kept
+
+
+class PortTakenError(OSError):
+    """The address to listen on is in use or cannot be bound; the message says which."""
+
+
+class RequestError(ValueError):
+    """A request refused with ``status`` (a 4xx); the message names the field at fault."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def shown(value: Any) -> str:
+    """A value a client sent, as a message quotes it: bounded (a 4,000-digit number, a deep list)."""
+    text = repr(value) if not isinstance(value, (list, dict)) else type(value).__name__
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def decode_body(body: bytes, max_bytes: int) -> Any:
+    """The JSON value of ``body``, or :class:`RequestError` (413 too large, 400 not JSON we read)."""
+    if len(body) > max_bytes:
+        raise RequestError(413, f"request body larger than {max_bytes} bytes")
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise RequestError(400, "body is not JSON this server reads (nested too deeply)") from None
+    except json.JSONDecodeError as error:
+        raise RequestError(400, f"body is not JSON ({error})") from None
+    except ValueError as error:  # UnicodeDecodeError, or a number past int's digit limit
+        why = "not UTF-8" if isinstance(error, UnicodeDecodeError) else "a number too long to read"
+        raise RequestError(400, f"body is not JSON this server reads ({why})") from None
+
+
+async def read_capped_body(request: Any, slots: asyncio.Semaphore, max_bytes: int) -> bytes:
+    """A starlette request's body, read as it streams while holding one of ``slots``;
+    :class:`RequestError` (413) once it passes ``max_bytes``."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise RequestError(413, f"request body larger than {max_bytes} bytes")
+    async with slots:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_bytes:
+                raise RequestError(413, f"request body larger than {max_bytes} bytes")
+        return bytes(body)
+
+
+def refused(status: int, message: str) -> Any:
+    """The answer to a refused request: ``{"error": message}``, and the connection closed."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status, headers={"connection": "close"})
+
+
+def bounded_protocol(request_timeout: float = REQUEST_TIMEOUT) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline per request: from the connection's start (or a
+    request's first byte after an answer) to the request's last byte. A client still sending
+    headers or body at the deadline is dropped (uvicorn itself waits for headers forever)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    received = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
+
+    class BoundedH11Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(request_timeout, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if self.conn.their_state not in received and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._deadline is None and self.conn.their_state not in received:
+                self._arm()
+            super().data_received(data)
+            if self.conn.their_state in received:
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return BoundedH11Protocol
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: any free port), or :class:`PortTakenError` saying in
+    one line why not (the port is taken, the address is not this machine's)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise PortTakenError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise PortTakenError(f"port {port} on {host} is taken (another server listens there); "
+                                 "stop it or pick another --port") from None
+        raise PortTakenError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sock
+
+
+@dataclass
+class RunningServer:
+    """A server started in a thread of this process (tests, the bench): ``url`` is its
+    endpoint; ``stop()`` shuts it down."""
+
+    server: Any
+    thread: threading.Thread
+    url: str
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_in_thread(server: Any, sock: socket.socket, name: str, path: str) -> RunningServer:
+    """Run a uvicorn ``server`` on the bound ``sock`` from a daemon thread, once it has started."""
+    server.config.install_signal_handlers = False  # uvicorn>=0.29 honours this on Server.run
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the {name} server did not start")
+        time.sleep(0.01)
+    host, port = sock.getsockname()[:2]
+    return RunningServer(server, thread, f"http://{host}:{port}{path}")
