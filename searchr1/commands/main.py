@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "compare": "searchr1.commands.compare:compare",
     "export": "searchr1.commands.export:export",
     "ask": "searchr1.commands.ask:ask",
+    "serve": "searchr1.commands.serve:serve",
     "twin": "searchr1.commands.twin:twin",
     "index": "searchr1.commands.index:index",
     "retriever": "searchr1.commands.retriever:retriever",

@@ -129,8 +129,9 @@ def bounded_protocol(request_timeout: float = REQUEST_TIMEOUT) -> type[asyncio.P
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (0: any free port), or :class:`PortTakenError` saying in
-    one line why not (the port is taken, the address is not this machine's)."""
+    """A socket bound to ``host:port`` (0: any free port) and listening, or :class:`PortTakenError`
+    saying in one line why not (the port is taken, the address is not this machine's). Listening
+    at once means a client that connects as soon as the address is printed is never refused."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
@@ -146,6 +147,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
             raise PortTakenError(f"port {port} on {host} is taken (another server listens there); "
                                  "stop it or pick another --port") from None
         raise PortTakenError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    sock.listen(2048)  # from here a client's connection waits in the backlog until the server accepts it
     return sock
 
 

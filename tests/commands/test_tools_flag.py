@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from searchr1.cli import main
 from searchr1.core.tools import DECLARED
 
-ROLLING_OUT = ("train", "eval", "rollout", "ask")
+ROLLING_OUT = ("train", "eval", "rollout", "ask", "serve")
 
 
 def invoke(*args: object) -> tuple[int, str]:
@@ -31,7 +31,7 @@ def test_the_tools_help_names_every_declared_tool(command):
 @pytest.mark.parametrize("backend", ["deepseek", "wikipedia", "zhihu", "retriever"])
 def test_open_page_with_a_backend_that_has_no_pages_is_one_line_before_any_work(tmp_path, command, backend):
     extra = {"train": ["--run-dir", tmp_path / "run", "--max-steps", "1"], "eval": ["--output", tmp_path / "e.jsonl"],
-             "ask": ["who wrote the novel the little prince?"], "rollout": []}[command]
+             "ask": ["who wrote the novel the little prince?"], "rollout": [], "serve": []}[command]
     code, output = invoke(command, "--offline", "--backend", backend, "--tools", "search,open_page", *extra)
     assert code == 2, output
     assert "Traceback" not in output

@@ -1,0 +1,108 @@
+"""``serve``: a trained run behind an OpenAI-compatible ``/v1/chat/completions``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from searchr1.commands.help_layout import SectionedCommand, SectionOption
+from searchr1.commands.options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
+from searchr1.commands.search_options import SearchOptions, search_options
+
+
+@click.command("serve", cls=SectionedCommand)
+@click.option("--checkpoint", cls=SectionOption, section="run", default=None, metavar="RUN_DIR|PATH",
+              help="A training run (its last checkpoint) or a sampler-weights path [default: the base model].")
+@click.option("--offline", cls=SectionOption, section="run", is_flag=True,
+              help="Serve the offline twin (no key, no network); its policy answers, and only the offline "
+                   "questions.")
+@click.option("--offline-home", cls=SectionOption, section="service",
+              type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The twin's checkpoint store of an offline checkpoint path (runs/<run>/twin).")
+@click.option("--offline-policy", cls=SectionOption, section="service",
+              type=click.Choice(["learning", "scripted"]), default="learning",
+              help="With --offline: the policy the twin serves.")
+@click.option("--base-model", cls=SectionOption, section="run", default="Qwen/Qwen3.5-4B")
+@click.option("--host", cls=SectionOption, section="run", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 to serve other machines).")
+@click.option("--port", cls=SectionOption, section="run", type=click.IntRange(0, 65535), default=8000,
+              show_default=True, help="Port to listen on (0: any free port, printed).")
+@rollout_options(group_size=1, temperature=0.0)
+@click.option("--seed", cls=SectionOption, section="run", type=int, default=42, help="Sampling seed.")
+@connect_timeout_option()
+@search_options(default_backend="deepseek")
+def serve(search: SearchOptions, **kwargs: Any) -> None:
+    """Serve a trained agent on an OpenAI-compatible /v1/chat/completions.
+
+    A client that sends its own `tools` gets the model's calls back as OpenAI tool_calls and
+    sends tool messages back; with "agent": true (extra_body in the openai client) the server
+    searches itself and answers with the final reply, its turns attached. "stream": true streams
+    chunks as OpenAI does. Rollout and search flags set what agent mode uses. Ctrl-C stops it.
+
+    \b
+    %(prog)s serve --offline --checkpoint runs/<run-name>
+    %(prog)s serve --checkpoint runs/<run-name> --backend zhihu --port 8000
+    """
+    run_guarded(lambda: _serve(search, kwargs))
+
+
+def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
+    from searchr1.commands.ask import check_offline_question
+    from searchr1.commands.eval import _sampling_client, checkpoint_of
+    from searchr1.runtime.http_bounds import PortTakenError, listening_socket
+    from searchr1.runtime.services import (check_base_model, check_search_setup, check_tool_setup, live_service,
+                                           load_tokenizer, offline_scenario, offline_service, search_backend,
+                                           tool_backends)
+    from searchr1.serve.app import make_server
+    from searchr1.serve.model import ChatModel
+    from searchr1.twin.policies import offline_policy_label
+
+    checkpoint, offline = kwargs.pop("checkpoint"), kwargs.pop("offline")
+    offline_home, policy = kwargs.pop("offline_home"), kwargs.pop("offline_policy")
+    base_model, connect_timeout = kwargs.pop("base_model"), kwargs.pop("connect_timeout")
+    host, port = kwargs.pop("host"), kwargs.pop("port")
+    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
+    if rollout.group_size != 1:
+        raise click.BadParameter("serve answers one trajectory per request", param_hint="--group-size")
+    model_path: str | None = None
+    if checkpoint is not None and not checkpoint.startswith("trio://"):
+        if offline_home is not None:
+            raise click.UsageError("--offline-home is for a checkpoint path; a run directory names its own twin")
+        found = checkpoint_of(Path(checkpoint))
+        offline, base_model, model_path = found.offline, found.base_model, found.weights_path
+        offline_home, policy = found.offline_home, found.offline_policy or policy
+    elif checkpoint is not None:
+        model_path = checkpoint
+        if offline and offline_home is None:
+            raise click.UsageError("an offline checkpoint path needs --offline-home (runs/<run>/twin), or pass "
+                                   "the run directory")
+    if offline_home is not None and not offline:
+        raise click.UsageError("--offline-home only applies with --offline")
+    check_base_model(base_model)
+    check_search_setup(search, offline=offline)
+    check_tool_setup(rollout.tools, search)
+    try:
+        sock = listening_socket(host, port)  # a taken port is said before anything starts
+    except PortTakenError as error:
+        raise click.ClickException(str(error)) from None
+    port = sock.getsockname()[1]
+    tokenizer = load_tokenizer()
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="searchr1-serve-") as scratch:
+        home = offline_home or Path(scratch)
+        service = (offline_service(home, tokenizer, offline_scenario(), policy=policy) if offline
+                   else live_service(connect_timeout))
+        sampler = _sampling_client(service, base_model, model_path, offline=offline, offline_home=offline_home)
+        backend = search_backend(search, offline=offline)
+        who = (f"the offline {offline_policy_label(policy)} (not the model)" if offline
+               else f"{model_path or base_model} on PyTRIO")
+        model = ChatModel(sampler=sampler, tokenizer=tokenizer, rollout=rollout, search=backend,
+                          tools=tool_backends(rollout.tools, backend), name=model_path or base_model, policy=who,
+                          check_question=(lambda question: check_offline_question(question, policy)) if offline
+                          else None)
+        click.echo(f"serving {who} on http://{host}:{port}/v1/chat/completions (OpenAI-compatible; agent mode "
+                   f"searches with {search.backend}; Ctrl-C stops)", err=True)
+        make_server(model, host=host, port=port).run(sockets=[sock])  # its shutdown closes the search backend
