@@ -624,6 +624,8 @@ def format_summary(summary: dict[str, Any]) -> str:
                  f"{m.get('usage/total_sample_requests', 0):.0f} sampling requests"]
         parts += [f"{m[key]:.0f} {key.removeprefix('usage/total_search_').removesuffix('_calls')} searches"
                   for key in sorted(m) if key.startswith("usage/total_search_") and key.endswith("_calls")]
+        parts += [f"{m[key]:.0f} {key.removeprefix('usage/total_tool_').removesuffix('_calls')} calls"
+                  for key in sorted(m) if key.startswith("usage/total_tool_") and key.endswith("_calls")]
         cost = (f"; cost {m['cost/total']:.4f} {summary.get('currency', '')} ({m['cost/per_question']:.4f}/question)"
                 if "cost/total" in m else "")
         lines.append("  usage: " + ", ".join(parts) + cost)

@@ -52,7 +52,7 @@ from searchr1.data.dataset import DataError, spread_across_sources
 from searchr1.evaluation.metrics import EvalFileError, summary_record, trajectory_record
 from searchr1.run.fileio import append_text, write_text_atomically
 from searchr1.run.jsonl import JsonLines, Surrogates, TornLines
-from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, question_usage_metrics
+from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools, question_usage_metrics
 from searchr1.core.rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
 
 HEADER_TYPE = "eval_config"
@@ -310,7 +310,7 @@ async def evaluate(
             usage = Usage()
             trajectories = await rollout_batch_async(
                 MeteredSampler(sampling_client, usage), tokenizer, MeteredSearch(search_backend, usage), [example],
-                question_config, step=index, tool_backends=tool_backends,
+                question_config, step=index, tool_backends=metered_tools(tool_backends, usage),
             )
             elapsed = clock() - started
         score_trajectories(trajectories)

@@ -13,6 +13,8 @@ The price table is TOML (``docs/prices.example.toml``)::
     input_tokens = 2.0
     [search.zhihu.per_request]
     quota_units = 0.01
+    [tool.open_page.per_request]  # a declared tool's counts, per one
+    pages = 0.0
 
 Kinds not named cost nothing. A kind in the wrong table, an unknown kind, a negative or
 non-numeric price: :class:`PriceError`, one line naming the file, the line and the key.
@@ -28,12 +30,13 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from searchr1.core.errors import UserError
-from searchr1.run.usage import SearchUsage, Usage, count_checkpoint, step_means, totals_before, usage_metrics
+from searchr1.core.tools import DECLARED
+from searchr1.run.usage import Usage, count_checkpoint, step_means, totals_before, unit_kind, usage_metrics
 from searchr1.view.wording import plural
 from searchr1.runtime import invocation
 
@@ -44,6 +47,11 @@ COUNT_KINDS = ("sample_requests", "forward_backward_calls", "optim_steps", "kl_r
                "state_saves")
 SEARCH_TOKEN_UNITS = ("input_tokens", "cache_read_input_tokens", "output_tokens")
 SEARCH_COUNT_UNITS = ("calls", "requests", "web_searches", "quota_units", "http_requests")
+
+
+def tool_count_units(tool: str) -> tuple[str, ...]:
+    """The counts of a declared tool a price table may price (``[tool.<name>.per_request]``)."""
+    return ("calls", "requests", "http_requests", unit_kind(tool))
 PER_MILLION, PER_REQUEST = "per_million_tokens", "per_request"
 
 
@@ -157,8 +165,20 @@ def load_prices(path: str | Path) -> PriceTable:
                         raise fail(f"search.{backend}", name,
                                    f"is not a price table; use {PER_MILLION} or {PER_REQUEST}")
                     read(table, values, SEARCH_TOKEN_UNITS, SEARCH_COUNT_UNITS, f"search_{backend}_")
+        elif key == "tool":
+            if not isinstance(value, dict):
+                raise fail("", "tool", "must be a table of declared tools ([tool.open_page.per_request], ...)")
+            for tool, tables in value.items():
+                if tool not in DECLARED or tool == "search":
+                    raise fail("tool", tool, f"is not a declared tool priced here (search is priced per backend "
+                                             f"under [search.<backend>]); declared: "
+                                             f"{', '.join(name for name in DECLARED if name != 'search')}")
+                if not isinstance(tables, dict) or set(tables) - {PER_REQUEST}:
+                    raise fail("tool", tool, f"must hold one table, [tool.{tool}.{PER_REQUEST}]")
+                read(f"tool.{tool}.{PER_REQUEST}", tables.get(PER_REQUEST, {}), (), tool_count_units(tool),
+                     f"tool_{tool}_")
         else:
-            raise fail("", key, f"is not a price table; use currency, {PER_MILLION}, {PER_REQUEST}, search")
+            raise fail("", key, f"is not a price table; use currency, {PER_MILLION}, {PER_REQUEST}, search, tool")
     source = data.get("source", "")
     return PriceTable(currency.strip(), prices, source if isinstance(source, str) else "")
 
@@ -215,13 +235,7 @@ def mean_usage(summed: Usage, count: int) -> Usage | None:
     """The mean step of ``count`` steps summing to ``summed`` (counts become fractions); None before any step."""
     if count == 0:
         return None
-    mean = Usage()
-    for f in fields(Usage):
-        if f.name != "search":
-            setattr(mean, f.name, getattr(summed, f.name) / count)
-    for backend, searched in summed.search.items():
-        mean.search[backend] = SearchUsage(**{f.name: getattr(searched, f.name) / count for f in fields(SearchUsage)})
-    return mean
+    return summed.map(lambda value: value / count)
 
 
 def budget_stop_message(verdict: BudgetVerdict, prices: PriceTable | None, *, completed: int, run_dir: str,

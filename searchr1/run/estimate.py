@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from searchr1.run.usage import SearchUsage, Usage
+from searchr1.run.usage import Usage
 from searchr1.view.wording import plural
 
 PROMPT_SAMPLE = 256  # first prompts measured with the tokenizer (the run's first questions)
@@ -28,13 +28,7 @@ TWIN_NOTE = ("measured on the offline twin: its reply lengths and searches are t
 
 def scaled(usage: Usage, factor: float) -> Usage:
     """Every count of ``usage`` times ``factor`` (fractions kept)."""
-    out = Usage()
-    for f in fields(Usage):
-        if f.name != "search":
-            setattr(out, f.name, getattr(usage, f.name) * factor)
-    for backend, searched in usage.search.items():
-        out.search[backend] = SearchUsage(**{f.name: getattr(searched, f.name) * factor for f in fields(SearchUsage)})
-    return out
+    return usage.map(lambda value: value * factor)
 
 
 def checkpoints_of(max_steps: int, save_every: int) -> int:
@@ -181,5 +175,5 @@ def render_estimate(estimate: Estimate, prices: Any = None) -> str:
 
 
 def _kind_order(kind: str) -> tuple[int, str]:
-    order = [f.name for f in fields(Usage) if f.name != "search"]
+    order = [f.name for f in fields(Usage) if f.name not in ("search", "tools")]
     return (order.index(kind), kind) if kind in order else (len(order), kind)

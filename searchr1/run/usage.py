@@ -26,6 +26,11 @@ Kinds (``usage/...``):
   ``..._output_tokens``, ``..._web_searches`` as its API reports them (failed attempts
   included); Zhihu ``search_zhihu_quota_units`` (one per answered request); Wikipedia
   ``search_wikipedia_http_requests`` (every attempt, retries included).
+- Each declared tool other than search ``<t>`` (``--tools``), named by its declaration:
+  ``tool_<t>_calls`` (calls that reached its backend: a refused call never does),
+  ``tool_<t>_requests`` and ``tool_<t>_http_requests`` (calls sent to a service, and every attempt),
+  and ``tool_<t>_<unit>s`` (calls answered, counted in the unit the tool declares: ``open_page``
+  counts ``pages``).
 
 The work of off-policy batches rolling out ahead of a stop is dropped with them and redone on
 resume; it is counted once, in the step that trains it. Likewise the sampler a stopping step
@@ -38,11 +43,14 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from searchr1.core.tools import DECLARED
+
 PREFIX = "usage/"
+_NESTED = ("search", "tools")  # the per-backend and per-tool tables of Usage
 TOTAL = "total_"
 
 
@@ -96,6 +104,30 @@ class SearchUsage:
 
 
 @dataclass
+class ToolUsage:
+    """One declared tool's calls (search has :class:`SearchUsage`, per backend)."""
+
+    calls: int = 0
+    requests: int = 0
+    http_requests: int = 0
+    units: int = 0  # answered calls, in the unit the tool declares
+
+    def add(self, other: ToolUsage) -> None:
+        add_counts(self, other)
+
+    def kinds(self, tool: str) -> dict[str, int]:
+        """``tool_<tool>_<count>`` -> count; ``units`` is named by the declared unit (``pages``)."""
+        return {f"tool_{tool}_calls": self.calls, f"tool_{tool}_requests": self.requests,
+                f"tool_{tool}_http_requests": self.http_requests, f"tool_{tool}_{unit_kind(tool)}": self.units}
+
+
+def unit_kind(tool: str) -> str:
+    """The usage name of what one answered call of ``tool`` counts as: its declared unit, plural."""
+    spec = DECLARED.get(tool)
+    return f"{spec.unit}s" if spec is not None else "units"
+
+
+@dataclass
 class Usage:
     """Counts of one unit of work; :meth:`as_metrics` names them ``usage/<kind>``."""
 
@@ -111,22 +143,39 @@ class Usage:
     weight_saves: int = 0
     state_saves: int = 0
     search: dict[str, SearchUsage] = field(default_factory=dict)
+    tools: dict[str, ToolUsage] = field(default_factory=dict)
 
     def add(self, other: Usage) -> Usage:
         """Add ``other`` into this one; returns self."""
-        add_counts(self, other, leave_out=("search",))
+        add_counts(self, other, leave_out=_NESTED)
         for backend, searched in other.search.items():
             self.search.setdefault(backend, SearchUsage()).add(searched)
+        for tool, used in other.tools.items():
+            self.tools.setdefault(tool, ToolUsage()).add(used)
         return self
 
     def searched(self, backend: str) -> SearchUsage:
         return self.search.setdefault(backend, SearchUsage())
 
+    def map(self, change: Callable[[float], float]) -> Usage:
+        """A new usage with ``change`` applied to every count (a mean step, a projection)."""
+        out = Usage(**{f.name: change(getattr(self, f.name)) for f in fields(self) if f.name not in _NESTED})
+        for backend, searched in self.search.items():
+            out.search[backend] = SearchUsage(**{f.name: change(getattr(searched, f.name)) for f in fields(searched)})
+        for tool, used in self.tools.items():
+            out.tools[tool] = ToolUsage(**{f.name: change(getattr(used, f.name)) for f in fields(used)})
+        return out
+
+    def tool(self, name: str) -> ToolUsage:
+        return self.tools.setdefault(name, ToolUsage())
+
     def kinds(self) -> dict[str, int]:
-        """Every count by kind name (search kinds per backend)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "search"}
+        """Every count by kind name (search kinds per backend, tool kinds per tool)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NESTED}
         for backend in sorted(self.search):
             out.update(self.search[backend].kinds(backend))
+        for tool in sorted(self.tools):
+            out.update(self.tools[tool].kinds(tool))
         return out
 
     def as_metrics(self, prefix: str = "") -> dict[str, float]:
@@ -143,7 +192,7 @@ class Usage:
     def from_kinds(cls, kinds: Mapping[str, float]) -> Usage:
         """The inverse of :meth:`kinds` (a metrics line's counts, without the prefix)."""
         usage = cls()
-        plain = {f.name for f in fields(cls) if f.name != "search"}
+        plain = {f.name for f in fields(cls) if f.name not in _NESTED}
         units = {f.name for f in fields(SearchUsage)}
         for kind, value in kinds.items():
             if kind in plain:
@@ -152,6 +201,10 @@ class Usage:
                 backend, unit = _split_search_kind(kind[len("search_"):], units)
                 if backend:
                     setattr(usage.searched(backend), unit, int(value))
+            elif kind.startswith("tool_"):
+                tool, count = _split_tool_kind(kind[len("tool_"):])
+                if tool:
+                    setattr(usage.tool(tool), count, int(value))
         return usage
 
     @classmethod
@@ -177,14 +230,28 @@ def _split_search_kind(rest: str, units: set[str]) -> tuple[str, str]:
     return "", ""
 
 
+def _split_tool_kind(rest: str) -> tuple[str, str]:
+    """``open_page_pages`` -> (``open_page``, ``units``); ("", "") for a kind no count of
+    :class:`ToolUsage` names. A tool name may hold underscores, so the count is matched at the end."""
+    for count in ("http_requests", "requests", "calls"):
+        if rest.endswith("_" + count):
+            return rest[: -len(count) - 1], count
+    for tool in DECLARED:
+        if rest == f"{tool}_{unit_kind(tool)}":
+            return tool, "units"
+    return "", ""
+
+
+
 _SERVICE_SEARCH_UNITS = ("requests", "input_tokens", "cache_read_input_tokens", "output_tokens", "web_searches",
                          "quota_units", "http_requests")
-_SERVICE_SEARCH_KEY = re.compile(r"^(usage|cost)/(total_)?search_.+_(" + "|".join(_SERVICE_SEARCH_UNITS) + ")$")
+_SERVICE_SEARCH_KEY = re.compile(r"^(usage|cost)/(total_)?(search_.+_(" + "|".join(_SERVICE_SEARCH_UNITS) + ")"
+                                 r"|tool_.+_(requests|http_requests))$")
 
 
 def depends_on_timing(key: str) -> bool:
-    """Whether a ``usage/``/``cost/`` key counts what reached the search service (its requests
-    and what it billed, and the cost sums that include them): these depend on which answers
+    """Whether a ``usage/``/``cost/`` key counts what reached the search service or a tool's
+    (its requests and what it billed, and the cost sums that include them): these depend on which answers
     the backend already had. Live, that is the order concurrent searches ran in (single-flight
     merges identical queries only while one is in flight) and the persistent cache; offline,
     where the backend remembers every answer of the run, a resumed run starts remembering
@@ -306,6 +373,34 @@ class MeteredSearch:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
+
+
+class MeteredTool:
+    """A declared tool's backend whose calls are counted into ``usage`` under the tool's name."""
+
+    def __init__(self, tool: str, backend: Any, usage: Usage) -> None:
+        self._tool = tool
+        self._backend = backend
+        self._usage = usage
+        usage.tool(tool)  # a tool offered but never called counts its zeros
+
+    async def call(self, call: Any) -> Any:
+        result = await self._backend.call(call)
+        used = self._usage.tool(self._tool)
+        used.calls += 1
+        attempts = int(getattr(result, "attempts", 0) or 0)
+        used.requests += int(attempts > 0)
+        used.http_requests += attempts
+        used.units += int(bool(getattr(result, "ok", False)))
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def metered_tools(backends: Mapping[str, Any] | None, usage: Usage) -> dict[str, MeteredTool]:
+    """Every tool backend of ``backends`` counted into ``usage``."""
+    return {name: MeteredTool(name, backend, usage) for name, backend in (backends or {}).items()}
 
 
 def count_search(searched: SearchUsage, result: Any) -> None:

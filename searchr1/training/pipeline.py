@@ -36,7 +36,7 @@ from searchr1.core.rollout import rollout_batch_async
 from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import RolloutBatch
 from searchr1.core.config import TrainConfig
-from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage
+from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools
 
 SAMPLER_TTL_SECONDS = 24 * 3600  # named samplers of off-policy runs (resume reuses them)
 
@@ -195,16 +195,17 @@ class RolloutPipeline:
         # a sampler's save counts with the first batch that samples on it (however many resumes lie between)
         usage.weight_saves = int(batch_index == (0 if wanted == 0 else wanted + config.max_steps_off_policy))
         sampler, search = MeteredSampler(sampler, usage), MeteredSearch(self.search, usage)
+        tools = metered_tools(self.tools, usage)
         started = time.perf_counter()
         if config.dynamic_sampling:
-            trajectories, surplus, metrics = await self._roll_out_until_signal(sampler, search, batch_index)
+            trajectories, surplus, metrics = await self._roll_out_until_signal(sampler, search, tools, batch_index)
             batch = RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started, metrics, surplus)
             self._usage[batch_index] = usage
             return batch
         questions = step_batch(self.examples, batch_index, config.questions_per_batch)
         trajectories = await rollout_batch_async(
             sampler, self.tokenizer, search, questions, config.rollout, self.progress.callback(batch_index),
-            step=batch_index, sampling_slots=self._sampling_slots, tool_backends=self.tools,
+            step=batch_index, sampling_slots=self._sampling_slots, tool_backends=tools,
         )
         self._usage[batch_index] = usage
         return RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started)
@@ -220,7 +221,7 @@ class RolloutPipeline:
         return usage
 
     async def _roll_out_until_signal(self, sampler: SamplingClient, search: SearchBackend,
-                                     batch_index: int) -> tuple[list[Trajectory], frozenset[int], dict[str, float]]:
+                                     tools: Mapping[str, ToolBackend], batch_index: int) -> tuple[list[Trajectory], frozenset[int], dict[str, float]]:
         """--dynamic-sampling (searchr1.training.dynamic_sampling): draw batches at the data cursor until
         ``questions_per_batch`` groups carry a signal or the oversampling budget is spent. The
         cursor moves by every batch drawn (on-policy only, so batches never overlap). Each draw
@@ -237,7 +238,7 @@ class RolloutPipeline:
             drawn = await rollout_batch_async(
                 sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
                 step=batch_index, sampling_slots=self._sampling_slots, first_question_index=draws * size,
-                tool_backends=self.tools,
+                tool_backends=tools,
             )
             score_trajectories(drawn, reward=config.reward)
             trajectories += drawn

@@ -12,7 +12,9 @@ from searchr1.run.costs import Budget, PriceError, RunAccount, check_budget, loa
 from searchr1.run.estimate import checkpoints_of
 from searchr1.run.usage import (
     MeteredSearch,
+    MeteredTool,
     SearchUsage,
+    ToolUsage,
     Usage,
     count_sample,
     depends_on_timing,
@@ -35,6 +37,9 @@ def usages(draw):
         usage.search[backend] = SearchUsage(**{unit: draw(counts) for unit in (
             "calls", "requests", "input_tokens", "cache_read_input_tokens", "output_tokens", "web_searches",
             "quota_units", "http_requests")})
+    for tool in draw(st.lists(st.sampled_from(["open_page", "search"]), unique=True)):
+        usage.tools[tool] = ToolUsage(**{count: draw(counts) for count in ("calls", "requests", "http_requests",
+                                                                           "units")})
     return usage
 
 
@@ -100,10 +105,29 @@ async def test_a_search_answered_without_the_service_is_a_call_but_not_a_request
     assert "search_deepseek_quota_units" not in kinds  # DeepSeek bills tokens, not quota
 
 
+async def test_a_tool_call_counts_its_call_its_requests_and_its_answered_units():
+    answers = iter([SearchResult(ok=True, attempts=1), SearchResult(ok=False, error="down", attempts=3),
+                    SearchResult(ok=True)])
+
+    class Pages:
+        async def call(self, call):
+            return next(answers)
+
+    usage = Usage()
+    metered = MeteredTool("open_page", Pages(), usage)
+    for _ in range(3):
+        await metered.call(None)
+    kinds = usage.kinds()
+    assert (kinds["tool_open_page_calls"], kinds["tool_open_page_requests"], kinds["tool_open_page_http_requests"],
+            kinds["tool_open_page_pages"]) == (3, 2, 4, 2)  # pages: the declared unit of open_page, per answer
+
+
 def test_keys_that_depend_on_search_timing_are_named():
     assert depends_on_timing("usage/search_deepseek_requests")
     assert depends_on_timing("usage/total_search_deepseek_input_tokens")
     assert depends_on_timing("cost/total")
+    assert depends_on_timing("usage/tool_open_page_requests")
+    assert not depends_on_timing("usage/tool_open_page_calls")
     assert not depends_on_timing("usage/search_deepseek_calls")
     assert not depends_on_timing("usage/total_train_tokens")
     assert not depends_on_timing("cost/total_train_tokens")
@@ -139,7 +163,19 @@ def test_cost_is_usage_times_price_per_kind(tmp_path):
     assert metrics["cost/step"] == pytest.approx(4.0) and metrics["cost/total"] == pytest.approx(8.0)
 
 
+def test_a_declared_tool_is_priced_by_its_counts(tmp_path):
+    table = load_prices(write(tmp_path, 'currency = "EUR"\n[tool.open_page.per_request]\npages = 0.5\ncalls = 0.25\n'))
+    usage = Usage()
+    usage.tool("open_page").units, usage.tool("open_page").calls = 4, 6
+    assert table.costs(usage) == {"tool_open_page_calls": pytest.approx(1.5), "tool_open_page_pages": pytest.approx(2.0)}
+
+
 @pytest.mark.parametrize("text, named", [
+    ('currency = "CNY"\n[tool.open_pages.per_request]\npages = 1\n', "tool.open_pages is not a declared tool"),
+    ('currency = "CNY"\n[tool.open_page.per_request]\nsearches = 1\n',
+     "prices.toml:3: tool.open_page.per_request.searches is not a usage kind here; known: calls, requests, "
+     "http_requests, pages"),
+    ('currency = "CNY"\n[tool.open_page.per_million_tokens]\npages = 1\n', "tool.open_page must hold one table"),
     ('[per_million_tokens]\ntrain_tokens = 1\n', "prices.toml: currency is missing"),
     ('currency = "CNY"\n[per_million_tokens]\n\ntrian_tokens = 1\n', "prices.toml:4: per_million_tokens.trian_tokens"),
     ('currency = "CNY"\n[per_request]\ntrain_tokens = 1\n', "prices.toml:3: per_request.train_tokens is priced in "

@@ -66,3 +66,17 @@ def test_a_blank_page_or_a_negative_offset_is_refused_before_any_lookup(call, re
     text = f"<tool_call>\n<function=open_page>\n{call}\n</function>\n</tool_call>"
     (refused,) = parse_assistant(text, (SEARCH, OPEN_PAGE)).calls
     assert refused.name == "open_page" and refused.reason == reason
+
+
+def test_page_reads_are_counted_under_the_tool_and_its_declared_unit(index):
+    """A metered page backend counts every call that reached it, each a request of one attempt
+    (a local read), and each answer in ``open_page``'s declared unit; search's counts stay empty."""
+    from searchr1.run.usage import Usage, metered_tools
+
+    usage = Usage()
+    pages = metered_tools({"open_page": LocalPageBackend(index)}, usage)["open_page"]
+    for name in ("Seine", "Seine (film)", "p1"):
+        asyncio.run(pages.call(ToolCall("open_page", {"page": name})))
+    assert usage.kinds()["tool_open_page_calls"] == 3
+    assert usage.kinds()["tool_open_page_pages"] == 3  # a missing page is an answer too
+    assert usage.search == {} and usage.tokens == 0
