@@ -3,9 +3,13 @@
 The corpus is generated, never edited: ``python cli.py index offline-corpus`` writes it from
 the passages the cassette specs hold (``cassettes/specs/offline.json`` and ``demo.json``),
 each followed by distractors that share its title words (``"<title> (album)"`` …) and a bulk
-of generated passages (:mod:`searchr1.bm25.synthetic`), so BM25 has real competition. The
-generator checks that every hop query of the offline world still finds its own passage first;
-``--check`` fails when the file differs from what the sources produce.
+of generated passages (:mod:`searchr1.bm25.synthetic`), so BM25 has real competition. Last come
+the pages of the page questions (``searchr1/offline/pages.json``): each page's lead and body
+passages under its title, then three distractors that hold the title and the hop's query, so
+the page's body ranks below them. The generator checks that every hop query of the offline
+world finds its own passage among the first three, and that a page hop's query finds its lead
+there but not its evidence (which only ``open_page`` reaches); ``--check`` fails when the file
+differs from what the sources produce.
 
 ``train --offline --backend local`` and ``eval --offline --backend local`` use
 :func:`offline_index`: the index of that corpus, built once into the user cache
@@ -16,10 +20,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from searchr1.offline import CASSETTE_SPEC, OFFLINE_DIR, REPO_ROOT
+from searchr1.offline import CASSETTE_SPEC, OFFLINE_DIR, PAGES, REPO_ROOT
 from searchr1.bm25.corpus import passage_row
 from searchr1.bm25.synthetic import synthetic_passages, vocabulary
 from searchr1.run.fileio import file_sha256
@@ -66,7 +71,35 @@ def build_corpus_text(paths: tuple[Path, ...] = SPEC_SOURCES, *, bulk: int = BUL
             rows.append(passage_row(f"cassette-{number}-{suffix}", d_title, d_text))
     for ident, title, text in synthetic_passages(bulk, seed=seed, vocab_size=5000, id_prefix="filler"):
         rows.append(passage_row(ident, title, text))
+    rows += page_rows(page_hops(), filler)
     return "".join(rows)
+
+
+def page_hops(path: Path = PAGES) -> list[dict[str, Any]]:
+    """Every page hop of the page questions, each page once, in file order."""
+    source = json.loads(path.read_text("utf-8"))
+    pages: dict[str, dict[str, Any]] = {}
+    for split in ("train", "dev"):
+        for question in source[split]:
+            for hop in question["hops"]:
+                if "lead" in hop and pages.setdefault(hop["title"], hop) != hop:
+                    raise ValueError(f"{path}: page {hop['title']!r} is written twice, differently")
+    return list(pages.values())
+
+
+def page_rows(hops: list[dict[str, Any]], filler: list[str]) -> list[str]:
+    """Each page's passages (``page-<n>-<k>``, lead first) and three distractors holding its
+    title and query words with generated filler (``page-<n>-<suffix>``); pure."""
+    rows = []
+    for number, hop in enumerate(hops):
+        for position, text in enumerate([hop["lead"], *hop["body"]], start=1):
+            rows.append(passage_row(f"page-{number}-{position}", hop["title"], text))
+        rng = np.random.default_rng([SEED, number])
+        for suffix in DISTRACTOR_SUFFIXES[:3]:
+            body = " ".join(filler[int(i)] for i in rng.integers(0, len(filler), size=30))
+            rows.append(passage_row(f"page-{number}-{suffix}", f"{hop['title']} ({suffix})",
+                                    f"It is a {suffix}: {hop['query']} {body}."))
+    return rows
 
 
 def offline_index(corpus: Path = CORPUS) -> Path:
@@ -93,9 +126,10 @@ def offline_index(corpus: Path = CORPUS) -> Path:
 
 
 def check_hops_found(text: str, k: int = 3) -> list[str]:
-    """Each offline hop query whose own passage is not among its first ``k`` hits (the default
-    top-3) over ``text`` (built into a temporary index): the generator refuses such a corpus,
-    since the offline policies read a hop as found only when its passage is in the observation."""
+    """Each offline hop query whose own passage (a page hop's lead) is not among its first ``k``
+    hits (the default top-3) over ``text`` (built into a temporary index), and each page hop
+    query that finds its evidence there: the generator refuses such a corpus, since the offline
+    policies read a hop as found only when its passage is in the observation."""
     import tempfile
 
     from searchr1.bm25.index import BM25Index, build_index
@@ -106,13 +140,16 @@ def check_hops_found(text: str, k: int = 3) -> list[str]:
         corpus.write_text(text, "utf-8")
         build_index(corpus, Path(scratch) / "index")
         index = BM25Index(Path(scratch) / "index")
-        source = load_source()  # the offline question set, train first
-        hops = [hop for split in ("train", "dev") for question in source[split] for hop in question["hops"]]
+        hops = [hop for source in (load_source(), load_source(PAGES)) for split in ("train", "dev")
+                for question in source[split] for hop in question["hops"]]
         hits = index.search([hop["query"] for hop in hops], k=k)
         problems = []
         for hop, top in zip(hops, hits):
-            if f'"{hop["title"]}"\n{hop["text"]}' not in [hit.contents for hit in top]:
-                found = ", ".join(hit.contents.splitlines()[0] for hit in top) or "nothing"
+            shown = [hit.contents for hit in top]
+            found = ", ".join(hit.contents.splitlines()[0] for hit in top) or "nothing"
+            if f'"{hop["title"]}"\n{hop.get("lead") or hop["text"]}' not in shown:
                 problems.append(f"{hop['query']!r} finds {found}")
+            elif "lead" in hop and f'"{hop["title"]}"\n{hop["text"]}' in shown:
+                problems.append(f"{hop['query']!r} finds the evidence of page {hop['title']!r} without opening it")
         del index
         return problems

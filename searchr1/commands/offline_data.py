@@ -14,15 +14,15 @@ from searchr1.runtime import invocation
 def offline_data(check: bool, no_cassettes: bool) -> None:
     """Regenerate the offline world from searchr1/offline/questions.json.
 
-    Writes searchr1/offline/scenario.json (the scripted policy), train.jsonl, dev.jsonl and
-    cassettes/specs/offline.json, then records cassettes/<backend>/offline.yaml for every
+    Writes searchr1/offline/scenario.json (the scripted policy), train.jsonl, dev.jsonl,
+    pages_train.jsonl, pages_dev.jsonl (from pages.json) and cassettes/specs/offline.json, then records cassettes/<backend>/offline.yaml for every
     backend through the real clients against the in-process fake services.
     """
     from searchr1.run.fileio import write_text_atomically
-    from searchr1.offline import build_offline_files, load_source
+    from searchr1.offline import PAGES, build_offline_files, build_page_files, load_source
     from searchr1.search.cassette_specs import build_cassettes
 
-    files = build_offline_files(load_source())
+    files = {**build_offline_files(load_source()), **build_page_files(load_source(PAGES))}
     stale = [path for path, text in files.items()
              if not path.is_file() or path.read_text("utf-8") != text]
     if check:

@@ -8,6 +8,8 @@ search results its queries get.
   ``Answer:`` line, search and still answer wrongly, repeat a search), used by
   the offline twin's scripted policy for ``train --offline``, ``eval --offline`` and ``rollout --offline``;
 * ``train.jsonl`` / ``dev.jsonl``: the questions in the dataset format;
+* ``pages_train.jsonl`` / ``pages_dev.jsonl``: the page questions of ``pages.json`` (evidence
+  that only ``open_page`` reaches, over ``--backend local``) in the dataset format;
 * ``cassettes/specs/offline.json``: a cassette spec with the canned passages for every query,
   from which ``python cli.py cassettes build`` records ``cassettes/<backend>/offline.yaml``.
 
@@ -29,6 +31,9 @@ _CHECKOUT = OFFLINE_DIR.parents[1]
 # installed wheel carries in searchr1/_shipped (setup.py).
 REPO_ROOT = _CHECKOUT if (_CHECKOUT / "pyproject.toml").is_file() else OFFLINE_DIR.parent / "_shipped"
 QUESTIONS = OFFLINE_DIR / "questions.json"
+PAGES = OFFLINE_DIR / "pages.json"  # the page questions: evidence only open_page reaches
+PAGES_TRAIN = OFFLINE_DIR / "pages_train.jsonl"
+PAGES_DEV = OFFLINE_DIR / "pages_dev.jsonl"
 SCENARIO = OFFLINE_DIR / "scenario.json"
 TRAIN = OFFLINE_DIR / "train.jsonl"
 DEV = OFFLINE_DIR / "dev.jsonl"
@@ -139,11 +144,6 @@ def build_offline_files(source: dict[str, Any], *, samples: int = 8) -> dict[Pat
         "questions": _question_entries(train, 0, samples) + _question_entries(dev, len(train), samples),
     }
 
-    def jsonl(items: list[dict[str, Any]]) -> str:
-        rows = [{"id": i["id"], "question": i["question"], "answers": i["answers"],
-                 "data_source": i["data_source"]} for i in items]
-        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-
     queries: dict[str, dict[str, Any]] = {}
     for item in train + dev:
         for hop in item["hops"]:
@@ -165,8 +165,22 @@ def build_offline_files(source: dict[str, Any], *, samples: int = 8) -> dict[Pat
     def dump(payload: Any) -> str:
         return json.dumps(payload, indent=1, ensure_ascii=False) + "\n"
 
-    return {SCENARIO: dump(scenario), TRAIN: jsonl(train), DEV: jsonl(dev), CASSETTE_SPEC: dump(spec)}
+    return {SCENARIO: dump(scenario), TRAIN: dataset_lines(train), DEV: dataset_lines(dev), CASSETTE_SPEC: dump(spec)}
 
 
 def load_source(path: Path = QUESTIONS) -> dict[str, Any]:
     return json.loads(path.read_text("utf-8"))
+
+
+def dataset_lines(items: list[dict[str, Any]]) -> str:
+    """Questions in the dataset format (JSON lines of id, question, answers, data_source)."""
+    rows = [{"id": i["id"], "question": i["question"], "answers": i["answers"], "data_source": i["data_source"]}
+            for i in items]
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def build_page_files(pages: dict[str, Any]) -> dict[Path, str]:
+    """The page questions' datasets (pure): ``pages_train.jsonl`` and ``pages_dev.jsonl``. Their
+    pages enter the shipped corpus through ``index offline-corpus``, not through a cassette: only
+    the local backend has pages to open."""
+    return {PAGES_TRAIN: dataset_lines(pages["train"]), PAGES_DEV: dataset_lines(pages["dev"])}

@@ -10,7 +10,9 @@ What it is
     ================  ===========================================================  ===========
     kind              the turn                                                     phases
     ================  ===========================================================  ===========
-    ``search_next``   search the next hop's query                                  none, partial
+    ``search_next``   take the next hop's step: search its query, or, for a page   none, partial
+                      hop whose lead search already showed, open its page when
+                      the prompt's tool list declares ``open_page``
     ``repeat_search`` search the last hop's query again (wastes the budget)        partial, complete
     ``answer``        answer from what was found: the question's right answer      all
                       once every hop's passage is in the prompt, its plausible
@@ -22,6 +24,15 @@ What it is
     The *phase* is ``none`` / ``partial`` / ``complete``: how many of the question's hops, in
     order, have their passage somewhere in the prompt after the user turn (none, some, all;
     one-hop questions have no ``partial``).
+
+    Page questions (``searchr1/offline/pages.json``, over ``--backend local``): a page hop's
+    search shows only the page's lead, and its evidence is a later passage of the page. With
+    ``open_page`` declared, the next step after the lead is opening the page, which shows the
+    evidence; with search alone, the next step searches the same query again and never finds
+    it. Opening pages is therefore learnt through the same ``search_next`` cells as searching:
+    the policy learns to take the next evidence step, and which tool that step uses follows
+    from the tools the prompt offers (no parameter is added, so a run with ``search`` alone is
+    the same policy, step for step, as before page questions existed).
 
 Parameters
     ``params`` has shape ``(3, 5)``: one logit delta per (phase, kind), shared by every
@@ -85,7 +96,7 @@ import numpy as np
 
 from searchr1.offline import CALL
 from searchr1.twin.losses import loss_terms, resolve_loss_config
-from searchr1.twin.offline_world import WorldQuestion, load_world, question_key
+from searchr1.twin.offline_world import WorldQuestion, load_worlds, question_key
 from searchr1.twin.policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
 
 KINDS: tuple[str, ...] = ("search_next", "repeat_search", "answer", "json_call", "no_answer")
@@ -118,6 +129,8 @@ GENERATION_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 STOP_TOKEN = "<|im_end|>"
 _USER_HEADER = "<|im_start|>user\n"
 _OPENING = "I need evidence for this."
+_OPEN_PAGE = "The page should say more.\n\n<tool_call>\n<function=open_page>\n<parameter=page>\n{page}\n</parameter>\n</function>\n</tool_call>"
+_OPEN_PAGE_DECLARED = '"name": "open_page"'  # how the template lists the tool in the system prompt
 
 
 class UnknownQuestionError(ValueError):
@@ -138,12 +151,15 @@ def phase_index(found: int, hops: int) -> int:
     return 2 if found >= hops else 1
 
 
-def candidate_text(question: WorldQuestion, found: int, kind: str) -> str:
-    """The assistant turn of ``kind`` when the first ``found`` hops are in the prompt (pure)."""
+def candidate_text(question: WorldQuestion, found: int, kind: str, *, open_next: bool = False) -> str:
+    """The assistant turn of ``kind`` when the first ``found`` hops are in the prompt (pure);
+    ``open_next``: the next hop's page is to be opened rather than searched."""
     hops = question.hops
     complete = found >= len(hops)
     next_query = hops[min(found, len(hops) - 1)].query
     if kind == "search_next" and not complete:
+        if open_next:
+            return _OPEN_PAGE.format(page=hops[found].title)
         return f"{_OPENING}\n\n" + CALL.format(query=next_query)
     if kind == "repeat_search" and found > 0:
         return "Let me run that search once more.\n\n" + CALL.format(query=hops[found - 1].query)
@@ -197,6 +213,7 @@ class PolicyState:
     question: WorldQuestion
     found: int
     phase: int
+    open_next: bool  # search_next opens the next hop's page
     kinds: tuple[int, ...]  # indices into KINDS, in KINDS order
     texts: tuple[str, ...]
     tokens: tuple[tuple[int, ...], ...]
@@ -251,7 +268,7 @@ class LearningPolicy:
             raise ValueError(f"base_logits must be a finite {len(PHASES)}x{len(KINDS)} table, got shape {base.shape}")
         self.base_logits = base
         self.tokenizer = tokenizer
-        self.questions = tuple(load_world() if questions is None else questions)
+        self.questions = tuple(load_worlds() if questions is None else questions)
         self._by_question = {question_key(q.question): q for q in self.questions}
         self._header = tuple(tokenizer.encode(GENERATION_HEADER, add_special_tokens=False))
         self._stop = int(tokenizer.convert_tokens_to_ids(STOP_TOKEN))
@@ -364,12 +381,14 @@ class LearningPolicy:
             if question_key(hop.text) not in after:
                 break
             found += 1
-        return self._candidates(question, found)
+        open_next = (found < len(question.hops) and question.hops[found].is_page
+                     and question_key(question.hops[found].lead) in after and _OPEN_PAGE_DECLARED in text[:start])
+        return self._candidates(question, found, open_next)
 
-    def _build_candidates(self, question: WorldQuestion, found: int) -> PolicyState:
+    def _build_candidates(self, question: WorldQuestion, found: int, open_next: bool = False) -> PolicyState:
         phase = phase_index(found, len(question.hops))
         kinds = tuple(int(k) for k in np.flatnonzero(VALID_KINDS[phase]))
-        texts = tuple(candidate_text(question, found, KINDS[k]) for k in kinds)
+        texts = tuple(candidate_text(question, found, KINDS[k], open_next=open_next) for k in kinds)
         tokens = tuple(
             tuple(self.tokenizer.encode(text, add_special_tokens=False)) + (self._stop,) for text in texts
         )
@@ -377,7 +396,7 @@ class LearningPolicy:
             trie = build_trie(tokens)
         except ValueError as error:
             raise ValueError(f"learning policy: question {question.id} ({found} hops found): {error}") from None
-        return PolicyState(question, found, phase, kinds, texts, tokens, trie)
+        return PolicyState(question, found, phase, open_next, kinds, texts, tokens, trie)
 
     # -- distributions ------------------------------------------------------------------
 

@@ -1,10 +1,13 @@
 """The offline question set as knowledge: per question, its search hops and the answers.
 
-``searchr1/offline/questions.json`` is the hand-written source of the offline world (see
-:mod:`searchr1.offline`). This module reads it into small frozen records that the twin's
-learning policy and its tests use: the question, its hops in order (the query, and the title
-and passage the offline search service returns for it), the accepted answers and one
-plausible wrong answer. Pure apart from :func:`load_world`, which reads the file.
+``searchr1/offline/questions.json`` is the hand-written source of the offline world, and
+``searchr1/offline/pages.json`` of its page questions (see :mod:`searchr1.offline`). This module
+reads them into small frozen records that the twin's learning policy and its tests use: the
+question, its hops in order (the query, and the title and passage the offline search service
+returns for it), the accepted answers and one plausible wrong answer. A *page hop* also has the
+page's ``lead`` (the passage search shows) and ``body`` (the passages after it, the evidence
+among them): its evidence is reached only by opening the page. Pure apart from
+:func:`load_world` and :func:`load_worlds`, which read the files.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.errors import UserError
-from searchr1.offline import QUESTIONS
+from searchr1.offline import PAGES, QUESTIONS
 from searchr1.run.jsonl import read_json_object
 
 SPLITS = ("train", "dev")
@@ -28,11 +31,19 @@ class WorldError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class Hop:
-    """One search step: the query and the passage the offline search returns for it."""
+    """One search step: the query and the passage the offline search returns for it; for a page
+    hop, the passage search shows (``lead``) and the page's later passages (``body``), one of
+    which is the evidence ``text``."""
 
     query: str
     title: str
     text: str
+    lead: str = ""
+    body: tuple[str, ...] = ()
+
+    @property
+    def is_page(self) -> bool:
+        return bool(self.lead)
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,15 @@ def _parse_question(item: Any, split: str, where: str) -> WorldQuestion:
         at = f"{where}: hops[{index}]"
         if not isinstance(hop, Mapping):
             raise WorldError(f"{at}: must be an object")
-        hops.append(Hop(_field(hop, "query", str, at), _field(hop, "title", str, at), _field(hop, "text", str, at)))
+        text = _field(hop, "text", str, at)
+        lead, body = "", ()
+        if "lead" in hop:
+            lead = _field(hop, "lead", str, at)
+            body = tuple(_field(hop, "body", list, at))
+            if not all(isinstance(passage, str) and passage for passage in body) or text not in body:
+                raise WorldError(f"{at}: field 'body' must list the page's passages after the lead, "
+                                 "'text' among them")
+        hops.append(Hop(_field(hop, "query", str, at), _field(hop, "title", str, at), text, lead, body))
     answers = _field(item, "answers", list, where)
     if not all(isinstance(a, str) and a for a in answers):
         raise WorldError(f"{where}: field 'answers' must hold non-empty strings")
@@ -105,6 +124,20 @@ def parse_world(source: Mapping[str, Any], *, where: str = str(QUESTIONS)) -> tu
 def load_world(path: str | Path = QUESTIONS) -> tuple[WorldQuestion, ...]:
     source = read_json_object(path, WorldError, "offline question file")
     return parse_world(source, where=str(path))
+
+
+def load_worlds(paths: Sequence[str | Path] = (QUESTIONS, PAGES)) -> tuple[WorldQuestion, ...]:
+    """Every question of ``paths`` (the offline world and its page questions), each once."""
+    questions: list[WorldQuestion] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        for question in load_world(path):
+            key = question_key(question.question)
+            if key in seen:
+                raise WorldError(f"{path}: {question.id} repeats the question of {seen[key]}")
+            seen[key] = question.id
+            questions.append(question)
+    return tuple(questions)
 
 
 def passages_by_query(questions: Sequence[WorldQuestion]) -> dict[str, Hop]:

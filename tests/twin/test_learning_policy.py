@@ -30,6 +30,7 @@ from searchr1.core.datum import build_datum
 from searchr1.offline import QUESTIONS
 from searchr1.core.protocol import assistant_message, build_prompt, initial_messages, parse_assistant, tool_message
 from searchr1.core.reward import score_answer, score_trajectories
+from searchr1.core.tools import OPEN_PAGE, SEARCH, ToolCall, ToolSpec, parse_tool_calls
 from searchr1.core.types import FORMAT_PENALTY
 from searchr1.core.reference import reference_datums, reference_rewards_and_advantages, reference_rollout
 from searchr1.core.rollout import RolloutConfig, add_observation, make_request, record_turn
@@ -49,7 +50,8 @@ from searchr1.twin.learning_policy import (
     candidate_text,
     path_logprobs,
 )
-from searchr1.twin.offline_world import WorldError, WorldQuestion, load_world, parse_world, passages_by_query
+from searchr1.twin.offline_world import (WorldError, WorldQuestion, load_world, load_worlds, parse_world,
+                                        passages_by_query)
 from searchr1.twin.policy import REDUCTIONS, PolicySample, TwinPolicy, totals_of
 
 # The defaults of `train --offline` with the learning policy, taken from their declarations.
@@ -134,6 +136,45 @@ def test_a_malformed_world_names_the_question_and_the_field():
         item = {"question": "Same?", "answers": ["a"], "wrong": "b",
                 "hops": [{"query": "q", "title": "t", "text": "x"}]}
         parse_world({"train": [{**item, "id": "q1"}], "dev": [{**item, "id": "q2"}]}, where="w.json")
+
+
+def page_prompt(tokenizer, question: WorldQuestion, shown: Sequence[str], tools: Sequence[ToolSpec]) -> list[int]:
+    """The conversation in which each of ``shown`` came back from one search of the question's hop."""
+    hop = question.hops[0]
+    messages = initial_messages(question.question, max_search_calls=4)
+    for text in shown:
+        messages.append(assistant_message(candidate_text(question, 0, "search_next")))
+        messages.append(tool_message("call", format_observation(
+            SearchResult(ok=True, items=(SearchItem(hop.title, text, source="local"),)))))
+    return build_prompt(tokenizer, messages, tools=[tool.schema() for tool in tools])
+
+
+def test_a_page_hop_is_opened_once_search_showed_its_lead_and_only_where_open_page_is_offered(policy, tokenizer):
+    question = next(q for q in load_worlds() if q.id == "page-train-01")
+    hop = question.hops[0]
+    assert hop.is_page and hop.text in hop.body and hop.text not in hop.lead
+
+    def next_step(shown, tools):
+        state = policy.state(page_prompt(tokenizer, question, shown, tools))
+        return state, state.texts[state.kinds.index(KINDS.index("search_next"))] if state.found < 1 else None
+
+    state, step = next_step([], (SEARCH, OPEN_PAGE))
+    assert not state.open_next and f"<parameter=query>\n{hop.query}\n" in step  # first, search
+    state, step = next_step([hop.lead], (SEARCH, OPEN_PAGE))
+    assert state.open_next and f"<function=open_page>\n<parameter=page>\n{hop.title}\n" in step
+    _, (call,) = parse_tool_calls(step, (SEARCH, OPEN_PAGE))
+    assert call == ToolCall("open_page", {"page": hop.title})  # what the rollout's parser reads
+    state, step = next_step([hop.lead], (SEARCH,))
+    assert not state.open_next and f"<parameter=query>\n{hop.query}\n" in step  # no page to open: search again
+    state, _ = next_step([hop.lead, " ".join(hop.body)], (SEARCH, OPEN_PAGE))
+    assert state.found == 1 and PHASES[state.phase] == "complete"
+
+
+def test_a_page_hop_whose_evidence_is_not_on_its_page_is_named():
+    page = {"query": "q", "title": "T", "text": "the evidence", "lead": "the lead", "body": ["another passage"]}
+    source = {"train": [{"id": "p1", "question": "Q?", "answers": ["A"], "wrong": "B", "hops": [page]}], "dev": []}
+    with pytest.raises(WorldError, match=r"p1\): hops\[0\]: field 'body' must list"):
+        parse_world(source, where="pages.json")
 
 
 def test_candidates_behave_as_their_kind_says_under_the_real_parser_and_reward(policy, tokenizer, world):
