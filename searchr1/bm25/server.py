@@ -8,6 +8,13 @@ Every request's queries go to one :class:`~searchr1.bm25.batcher.QueryBatcher`, 
 requests are answered in shared batches while the event loop keeps accepting. Malformed requests
 get a 4xx with ``{"error": "..."}`` naming the field; ``GET /healthz`` says what is served.
 
+Beside it, ``POST /page`` (ours, not the official server's) reads a page as ``open_page`` does:
+request ``{"page": "Eiffel Tower", "offset": 0, "window": 4}`` (``page`` a title or a passage id,
+one pair of quotes dropped; ``offset`` default 0, at most :data:`MAX_OFFSET`; ``window`` default
+4, at most :data:`MAX_WINDOW`); answer ``{"result": [{"id", "contents"}, ...], "total": n}``: the
+page's passages from ``offset`` on, at most ``window``, in corpus order, and how many the page
+has (0: no such page). The lookup runs in a worker thread (a cold page is a disk read).
+
 Requests are untrusted (the server may listen on 0.0.0.0), so every resource is bounded:
 
 * a body is read as it streams and refused with 413 once it passes :data:`MAX_BODY_BYTES`,
@@ -38,6 +45,8 @@ MAX_BODY_BYTES = 1 << 20
 MAX_QUERIES = 1024
 MAX_QUERY_CHARS = 4096
 MAX_TOPK = 100
+MAX_WINDOW = 100  # passages one /page answer holds at most
+MAX_OFFSET = 10_000_000  # past any page of any corpus
 MAX_CONCURRENT_BODIES = 8  # bodies held in memory at once: at most 8 MiB
 MAX_CONNECTIONS = 256  # uvicorn's limit_concurrency: a connection beyond gets 503
 
@@ -67,6 +76,30 @@ def parse_request(body: bytes) -> tuple[list[str], int, bool]:
     if not isinstance(scores, bool):
         raise RequestError(422, f"'return_scores' must be true or false, got {shown(scores)}")
     return queries, topk, scores
+
+
+def parse_page_request(body: bytes) -> tuple[str, int, int]:
+    """``(page, offset, window)`` of a ``/page`` body, or :class:`RequestError` naming the field."""
+    from searchr1.search.pages import PAGE_WINDOW
+
+    payload = decode_body(body, MAX_BODY_BYTES)
+    if not isinstance(payload, dict):
+        raise RequestError(422, "body must be a JSON object with 'page'")
+    unknown = sorted(set(payload) - {"page", "offset", "window"})
+    if unknown:
+        raise RequestError(422, f"unknown field(s): {', '.join(name[:40] for name in unknown[:5])}")
+    page = payload.get("page")
+    if not isinstance(page, str) or not page.strip():
+        raise RequestError(422, f"'page' must be a non-blank string (a title or a passage id), got {shown(page)}")
+    if len(page) > MAX_QUERY_CHARS:
+        raise RequestError(422, f"'page' is longer than {MAX_QUERY_CHARS} characters")
+    offset = payload.get("offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= MAX_OFFSET:
+        raise RequestError(422, f"'offset' must be an integer from 0 to {MAX_OFFSET}, got {shown(offset)}")
+    window = payload.get("window", PAGE_WINDOW)
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+        raise RequestError(422, f"'window' must be an integer from 1 to {MAX_WINDOW}, got {shown(window)}")
+    return page, offset, window
 
 
 def make_app(index: BM25Index, batcher: QueryBatcher | None = None, *,
@@ -99,6 +132,19 @@ def make_app(index: BM25Index, batcher: QueryBatcher | None = None, *,
         ]
         return JSONResponse({"result": result})
 
+    async def page(request: Request) -> Response:
+        from searchr1.search.pages import page_name, page_passages
+
+        try:
+            name, offset, window = parse_page_request(await read_body(request))
+        except RequestError as error:
+            return refused(error.status, str(error))
+        except ClientDisconnect:
+            return Response(status_code=400)
+        hits = await asyncio.to_thread(page_passages, index, page_name(name))
+        return JSONResponse({"result": [{"id": h.id, "contents": h.contents} for h in hits[offset:offset + window]],
+                             "total": len(hits)})
+
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "passages": len(index),
                              "corpus_sha256": index.manifest["corpus"]["sha256"],
@@ -110,6 +156,7 @@ def make_app(index: BM25Index, batcher: QueryBatcher | None = None, *,
         batcher.close()
 
     app = Starlette(routes=[Route("/retrieve", retrieve, methods=["POST"]),
+                            Route("/page", page, methods=["POST"]),
                             Route("/healthz", health, methods=["GET"])],
                     lifespan=lifespan)
     app.state.batcher = batcher

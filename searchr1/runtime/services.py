@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.errors import UserError
+from searchr1.core.tools import ToolBackend
+from searchr1.core.types import SearchBackend
 from searchr1.offline import SCENARIO, cassette_path
 from searchr1.search.options import SearchOptions, build_search_backend
 
@@ -170,7 +172,7 @@ REPLAY_IGNORES = ("retriever_url", "wikipedia_contact")
 
 
 # The tools other than search, and the search backends whose corpus each can read pages of.
-TOOL_READERS = {"open_page": ("local",)}
+TOOL_READERS = {"open_page": ("local", "wikipedia", "retriever")}
 
 
 def tool_names(tools: str) -> list[str]:
@@ -184,23 +186,28 @@ def check_tool_setup(tools: str, options: SearchOptions) -> None:
     for name in tool_names(tools):
         readers = TOOL_READERS.get(name)
         if readers is not None and options.backend not in readers:
-            raise SettingError("--tools", f"{name} reads the pages of --backend {' or '.join(readers)} only (this "
+            listed = readers[0] if len(readers) == 1 else f"{', '.join(readers[:-1])} or {readers[-1]}"
+            raise SettingError("--tools", f"{name} reads the pages of --backend {listed} only (this "
                                           f"command searches with {options.backend}); pass --backend {readers[0]} "
                                           f"or drop {name}")
 
 
-def tool_backends(tools: str, search: Any) -> dict[str, Any]:
+def tool_backends(tools: str, search: SearchBackend) -> dict[str, ToolBackend]:
     """What runs each declared tool other than search, over the same corpus as ``search``:
-    ``open_page`` reads the pages of the local backend's index."""
-    from searchr1.search.local import LocalSearchBackend
-    from searchr1.search.pages import LocalPageBackend
+    ``open_page`` reads the pages of the local backend's index, Wikipedia's pages (each pinned to
+    one revision for the run, through the search backend's client, limiter and contact), or the
+    pages of the retriever's server (its ``POST /page``); a replayed backend's pages come from its
+    cassette (:func:`searchr1.search.pages.page_backend_for`)."""
+    from searchr1.search.pages import page_backend_for
 
-    backends: dict[str, Any] = {}
+    backends: dict[str, ToolBackend] = {}
     for name in tool_names(tools):
         if name == "open_page":
-            if not isinstance(search, LocalSearchBackend):
-                raise ServiceSetupError(f"--tools open_page: no page backend for the {search.name} search backend")
-            backends[name] = LocalPageBackend(search.index, source=search.source)
+            try:
+                backends[name] = page_backend_for(search)
+            except ValueError:
+                raise ServiceSetupError(
+                    f"--tools open_page: no page backend for the {search.name} search backend") from None
     return backends
 
 

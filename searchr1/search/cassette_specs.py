@@ -23,6 +23,23 @@ Responses use the fake-service vocabulary (:mod:`searchr1.search.fake_service`).
 ``status``, ``rate_limited``, ``min_latency``, ``titles``; without it a query is expected to succeed with
 the titles of its last scripted ``results``.
 
+A spec for wikipedia or retriever may also list ``pages``, read with ``open_page`` (through the
+page backend the search backend makes, :func:`searchr1.search.pages.page_backend_for`) after
+its queries::
+
+      "pages": [
+        {"page": "Eiffel Tower", "scenario": "a page longer than the window, read on",
+         "paragraphs": ["...", "..."],          # null: no such page
+         "title": "Eiffel Tower",               # optional: another title is a redirect (wikipedia)
+         "offsets": [0, 4],                     # the reads, in order (default [0])
+         "responses": [{"status": 503}, {}],    # optional: what the next requests get ({}: the page)
+         "expect": {"ok": false, "error": "HTTP 503", "attempts": 3}}
+      ]
+
+``expect`` for a page (of its first read): ``ok``, ``error``, ``status``, ``min_latency`` and
+``attempts`` (requests sent); without it every read is expected to succeed with the scripted
+paragraphs from its offset.
+
 ``build`` records every spec through the real client against the fake service (virtual time,
 placeholder keys) and writes the cassettes atomically; ``check`` rebuilds in a temporary
 directory and reports every cassette that differs. Cassettes recorded live (metadata
@@ -43,11 +60,12 @@ from typing import Any
 import httpx
 
 from searchr1.core.errors import UserError
+from searchr1.core.tools import ToolCall
 from searchr1.search.cache import normalise_query
 from searchr1.search.clock import VirtualClock
 from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
 from searchr1.search.factory import create_search_backend
-from searchr1.search.fake_service import FakeSearchService, check_response_spec
+from searchr1.search.fake_service import PAGE_BACKENDS, FakeSearchService, check_page_script, check_response_spec
 from searchr1.search.limits import Backoff
 from searchr1.search.recording import recording
 from searchr1.search.replay import read_cassette_metadata
@@ -62,8 +80,10 @@ SYNTHETIC = (
 )
 BUILD_CONTACT = "cassette-builder@searchr1.invalid"
 EXPECT_KEYS = {"ok", "error", "status", "rate_limited", "min_latency", "titles"}
-SPEC_KEYS = {"description", "backends", "options", "keys", "queries"}
+SPEC_KEYS = {"description", "backends", "options", "keys", "queries", "pages"}
 QUERY_KEYS = {"query", "scenario", "results", "responses", "expect"}
+PAGE_ENTRY_KEYS = {"page", "scenario", "offsets", "expect", "title", "paragraphs", "revision", "responses"}
+PAGE_EXPECT_KEYS = {"ok", "error", "status", "min_latency", "attempts"}
 README_BEGIN = f"<!-- BEGIN GENERATED: {GENERATOR} -->"
 README_END = "<!-- END GENERATED -->"
 
@@ -95,6 +115,27 @@ class QuerySpec:
 
 
 @dataclass(frozen=True)
+class PageSpec:
+    """One page a spec opens with ``open_page``: its script for the fake service (``title``,
+    ``paragraphs``, ``revision``, ``responses``), the offsets read, and what the first read gives."""
+
+    page: str
+    script: dict[str, Any]
+    offsets: tuple[int, ...] = (0,)
+    scenario: str = ""
+    expect: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expected_ok(self) -> bool:
+        return bool(self.expect.get("ok", True))
+
+    @property
+    def paragraphs(self) -> tuple[str, ...]:
+        """The page's scripted paragraphs (none: no such page)."""
+        return tuple(self.script.get("paragraphs") or ())
+
+
+@dataclass(frozen=True)
 class CassetteSpec:
     name: str
     path: Path
@@ -103,9 +144,13 @@ class CassetteSpec:
     queries: tuple[QuerySpec, ...]
     options: dict[str, Any] = field(default_factory=dict)
     keys: int = 1
+    pages: tuple[PageSpec, ...] = ()
 
     def script(self) -> dict[str, list[dict[str, Any]]]:
         return {q.query: list(q.responses) for q in self.queries}
+
+    def page_script(self) -> dict[str, dict[str, Any]]:
+        return {p.page: p.script for p in self.pages}
 
     def cassette_path(self, backend: str, root: Path = CASSETTE_ROOT) -> Path:
         return root / backend / f"{self.name}.yaml"
@@ -169,8 +214,9 @@ def load_spec(path: Path, root: Path = CASSETTE_ROOT) -> CassetteSpec:
                 f"{where} ({query!r}): unknown expect key(s) {bad}; allowed: {sorted(EXPECT_KEYS)}"
             )
         queries.append(QuerySpec(query, tuple(responses), str(entry.get("scenario", "")), dict(expect)))
-    if not queries:
-        raise SpecError(f"{path}: no queries")
+    pages = _load_pages(path, data.get("pages"), backends)
+    if not queries and not pages:
+        raise SpecError(f"{path}: no queries (and no pages)")
     keys = data.get("keys", 1)
     if not isinstance(keys, int) or keys < 1:
         raise SpecError(f"{path}: 'keys' must be an integer >= 1")
@@ -182,7 +228,50 @@ def load_spec(path: Path, root: Path = CASSETTE_ROOT) -> CassetteSpec:
         queries=tuple(queries),
         options=dict(data.get("options") or {}),
         keys=keys,
+        pages=pages,
     )
+
+
+def _load_pages(path: Path, entries: Any, backends: tuple[str, ...]) -> tuple[PageSpec, ...]:
+    """The ``pages`` of a spec, checked against the fake services of ``backends``."""
+    if entries is None:
+        return ()
+    if not isinstance(entries, list):
+        raise SpecError(f"{path}: 'pages' must be a list")
+    without = [backend for backend in backends if backend not in PAGE_BACKENDS]
+    if entries and without:
+        raise SpecError(f"{path}: {without[0]} has no pages to open (pages are {', '.join(PAGE_BACKENDS)}'s)")
+    pages: list[PageSpec] = []
+    seen: set[str] = set()
+    for n, entry in enumerate(entries):
+        where = f"{path}: pages[{n}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("page"), str):
+            raise SpecError(f"{where}: needs a string 'page'")
+        extra = sorted(set(entry) - PAGE_ENTRY_KEYS)
+        if extra:
+            raise SpecError(f"{where}: unknown key(s) {extra}; allowed: {sorted(PAGE_ENTRY_KEYS)}")
+        name = normalise_query(entry["page"])
+        if not name:
+            raise SpecError(f"{where}: empty page name")
+        if name in seen:
+            raise SpecError(f"{where}: page {name!r} appears twice; read it at several 'offsets' instead")
+        seen.add(name)
+        offsets = entry.get("offsets", [0])
+        if not isinstance(offsets, list) or not offsets or any(
+                isinstance(o, bool) or not isinstance(o, int) or o < 0 for o in offsets):
+            raise SpecError(f"{where} ({name!r}): 'offsets' must be a non-empty list of integers >= 0")
+        script = {key: entry[key] for key in ("title", "paragraphs", "revision", "responses") if key in entry}
+        for backend in backends:
+            try:
+                check_page_script(backend, script, f"{where} ({name!r})")
+            except ValueError as exc:
+                raise SpecError(str(exc)) from exc
+        expect = entry.get("expect") or {}
+        bad = sorted(set(expect) - PAGE_EXPECT_KEYS)
+        if bad:
+            raise SpecError(f"{where} ({name!r}): unknown expect key(s) {bad}; allowed: {sorted(PAGE_EXPECT_KEYS)}")
+        pages.append(PageSpec(name, script, tuple(offsets), str(entry.get("scenario", "")), dict(expect)))
+    return tuple(pages)
 
 
 def discover_specs(root: Path = CASSETTE_ROOT) -> list[CassetteSpec]:
@@ -207,8 +296,9 @@ def _build_keys(backend: str, count: int) -> tuple[Secret, ...]:
 
 
 async def record_spec(spec: CassetteSpec, backend: str, target: Path, root: Path = CASSETTE_ROOT) -> None:
-    """Record one spec for one backend into ``target`` (through the real client)."""
-    service = FakeSearchService(backend, spec.script())
+    """Record one spec for one backend into ``target`` (through the real client): its queries,
+    then its pages, each read at its offsets in turn."""
+    service = FakeSearchService(backend, spec.script(), spec.page_script())
     keys = _build_keys(backend, spec.keys)
     credentials: dict[str, Any] = {}
     if backend == "zhihu":
@@ -250,6 +340,13 @@ async def record_spec(spec: CassetteSpec, backend: str, target: Path, root: Path
         ):
             for query in spec.queries:
                 await client.search(query.query)
+            if spec.pages:
+                from searchr1.search.pages import page_backend_for
+
+                pages = page_backend_for(client)
+                for page in spec.pages:
+                    for offset in page.offsets:
+                        await pages.call(ToolCall("open_page", {"page": page.page, "offset": offset}))
     unused = service.unused()
     if unused:
         raise SpecError(
@@ -359,7 +456,8 @@ def render_readme(current: str, specs: list[CassetteSpec], root: Path = CASSETTE
                 else ("synthetic: fake service, documented wire format; not a live capture")
             )
             scenarios = "; ".join(
-                f"`{q.query}`" + (f" ({q.scenario})" if q.scenario else "") for q in spec.queries
+                [f"`{q.query}`" + (f" ({q.scenario})" if q.scenario else "") for q in spec.queries]
+                + [f"open_page `{p.page}`" + (f" ({p.scenario})" if p.scenario else "") for p in spec.pages]
             ).replace("|", "\\|")
             lines.append(
                 f"| `{target.relative_to(root).as_posix()}` | `{spec.path.relative_to(root).as_posix()}` "

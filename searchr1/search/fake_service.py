@@ -34,12 +34,26 @@ Error pages (a non-200 ``status`` with nothing else) take each service's shape: 
 plain-text refusal on 403 and HTML pages otherwise, Zhihu's ``{Code, Message, Data: null}``
 envelope (30001 on 429, 20001 on 401/403, 90001 on 500) or a gateway's HTML page on 502-504,
 DeepSeek's ``{"type": "error", "error": {...}}``.
+
+Pages (``open_page``), for wikipedia and retriever: ``pages={name: page}`` scripts each page a
+client may open, ``page`` a mapping of ``paragraphs`` (single-spaced lines, each at most an
+item's content limit; ``null``: no such page), ``title`` (default: the name; another title is a
+Wikipedia redirect, or the page a retriever passage id names), ``revision`` (Wikipedia; default
+derived from the title, the ``lastrevid`` the search answers give) and ``responses``: what the
+page's next requests get, in order, in the vocabulary above (``{}``: the page's own answer; once
+they are spent every request gets the page's own answer). Wikipedia answers the documented
+``prop=revisions`` query (``normalized``, ``redirects``, ``missing``) and ``action=parse``
+(the revision's HTML: an infobox table, a hatnote, headings, citation markers and an empty
+paragraph around the scripted ones; an unknown ``oldid`` is the API's ``nosuchrevid`` error);
+the retriever answers ``POST /page`` (:mod:`searchr1.bm25.server`), and a ``404`` there is
+FastAPI's ``{"detail": "Not Found"}``, as the official server (which has no ``/page``) sends.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import html
 import json
 import re
 from collections import deque
@@ -49,6 +63,7 @@ from urllib.parse import quote
 
 import httpx
 
+from searchr1.search.base import CONTENT_LIMIT
 from searchr1.search.cache import normalise_query
 
 COMMON_KEYS = {"results", "status", "headers", "retry_after", "raw", "content_type", "gzip"}
@@ -567,6 +582,202 @@ def render_retriever(response: Mapping[str, Any], headers: dict[str, str]) -> ht
     return _json_response(response.get("status", 200), {"result": [hits]}, headers)
 
 
+# --------------------------------------------------------------------------- pages (open_page)
+
+PAGE_BACKENDS = ("wikipedia", "retriever")
+PAGE_KEYS = {"title", "paragraphs", "revision", "responses"}
+PAGE_FAULT_KEYS = COMMON_KEYS - {"results"}
+RETRIEVER_PAGE_FIELDS = {"page", "offset", "window"}
+
+
+def check_page_script(backend: str, page: Mapping[str, Any], where: str) -> None:
+    """Reject a page script the fakes cannot serve exactly (names the key at fault)."""
+    if backend not in PAGE_BACKENDS:
+        raise ValueError(f"{where}: {backend} has no pages (only {', '.join(PAGE_BACKENDS)} do)")
+    if not isinstance(page, Mapping):
+        raise ValueError(f"{where}: a page script must be an object")
+    unknown = sorted(set(page) - PAGE_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(PAGE_KEYS)}")
+    paragraphs = page.get("paragraphs")
+    if paragraphs is not None:
+        if not isinstance(paragraphs, list) or not paragraphs:
+            raise ValueError(f"{where}: 'paragraphs' must be a non-empty list of strings, or null (no such page)")
+        for n, text in enumerate(paragraphs):
+            if not isinstance(text, str) or not text or " ".join(text.split()) != text or len(text) > CONTENT_LIMIT:
+                raise ValueError(f"{where}: paragraphs[{n}] must be one line of single-spaced text, at most "
+                                 f"{CONTENT_LIMIT} characters")
+    if "title" in page and (not isinstance(page["title"], str) or not page["title"].strip()):
+        raise ValueError(f"{where}: 'title' must be a non-blank string")
+    if "revision" in page:
+        if backend != "wikipedia":
+            raise ValueError(f"{where}: 'revision' is Wikipedia's")
+        if isinstance(page["revision"], bool) or not isinstance(page["revision"], int) or page["revision"] < 1:
+            raise ValueError(f"{where}: 'revision' must be a positive integer")
+    responses = page.get("responses", [])
+    if not isinstance(responses, list):
+        raise ValueError(f"{where}: 'responses' must be a list")
+    for n, response in enumerate(responses):
+        if not isinstance(response, Mapping):
+            raise ValueError(f"{where}: responses[{n}] must be an object")
+        check_response_spec(backend, response, f"{where} responses[{n}]")
+        if "results" in response:
+            raise ValueError(f"{where}: responses[{n}]: a page answers with its paragraphs, not 'results' "
+                             "(use {} for the page's own answer)")
+
+
+def page_title(name: str, page: Mapping[str, Any]) -> str:
+    """The title a page script's page has (a Wikipedia name normalised as the wiki does)."""
+    return str(page.get("title") or wiki_normalised(name))
+
+
+def page_revision(name: str, page: Mapping[str, Any]) -> int:
+    """The revision a scripted Wikipedia page is read at."""
+    return int(page.get("revision") or _stable_int(page_title(name, page) + "#rev", 8))
+
+
+def wiki_normalised(name: str) -> str:
+    """A title as MediaWiki normalises it: underscores read as spaces, the first letter upper case."""
+    title = " ".join(name.replace("_", " ").split())
+    return title[:1].upper() + title[1:]
+
+
+def _check_user_agent(request: httpx.Request) -> None:
+    agent = request.headers.get("user-agent", "")
+    _require(
+        "(" in agent and not agent.startswith("python-httpx"),
+        f"wikipedia: non-descriptive User-Agent {agent!r}",
+    )
+
+
+def _check_flags(params: httpx.QueryParams, *flags: str) -> None:
+    for flag in flags:
+        value = params.get(flag)
+        _require(
+            value is None or value.lower() not in {"false", "0", "no", ""},
+            f"wikipedia: boolean {flag}={value!r} would be read as TRUE; leave it out instead",
+        )
+
+
+def wikipedia_page_request(request: httpx.Request) -> tuple[str, str] | None:
+    """``("resolve", title)`` or ``("parse", oldid)`` for an ``open_page`` request (checked
+    against the documented parameters), ``None`` for any other request."""
+    params = request.url.params
+    action = params.get("action")
+    resolving = action == "query" and "generator" not in params and "revisions" in params.get("prop", "").split("|")
+    if action != "parse" and not resolving:
+        return None
+    _require(request.method == "GET", f"wikipedia: expected GET, got {request.method}")
+    _require(request.url.path.endswith("/api.php"), f"wikipedia: expected .../api.php, got {request.url.path}")
+    for key, value in {"format": "json", "formatversion": "2"}.items():
+        _require(params.get(key) == value, f"wikipedia: {key} must be {value!r}, got {params.get(key)!r}")
+    _check_user_agent(request)
+    if resolving:
+        _check_flags(params, "redirects")
+        titles = params.get("titles", "")
+        _require(bool(titles) and "|" not in titles, f"wikipedia: titles must name one page, got {titles!r}")
+        _require("ids" in params.get("rvprop", "").split("|"), "wikipedia: rvprop must include ids")
+        if "rvstart" in params:
+            _require(params.get("rvlimit") == "1" and params.get("rvdir") == "older",
+                     "wikipedia: rvstart without rvlimit=1 and rvdir=older does not name one revision")
+        return "resolve", titles
+    _check_flags(params, "disableeditsection", "disablelimitreport")
+    _require(params.get("oldid", "").isdigit(), f"wikipedia: oldid must be a revision id, got {params.get('oldid')!r}")
+    _require(not {"page", "pageid", "text", "title"} & set(params), "wikipedia: oldid with page, pageid, text or title")
+    _require("text" in params.get("prop", "").split("|"), "wikipedia: prop must include text")
+    return "parse", params["oldid"]
+
+
+def retriever_page_request(request: httpx.Request) -> tuple[str, int, int] | None:
+    """``(page, offset, window)`` of a ``POST /page`` (checked as ``retriever serve`` checks
+    it), ``None`` for any other request."""
+    if not request.url.path.endswith("/page"):
+        return None
+    _require(request.method == "POST", f"retriever: expected POST, got {request.method}")
+    body = json.loads(request.content)
+    _require(isinstance(body, dict) and not set(body) - RETRIEVER_PAGE_FIELDS,
+             f"retriever: /page takes {sorted(RETRIEVER_PAGE_FIELDS)}")
+    page, offset, window = body.get("page"), body.get("offset", 0), body.get("window", 4)
+    _require(isinstance(page, str) and bool(page.strip()), "retriever: page must be a non-blank string")
+    _require(isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0,
+             "retriever: offset must be an int >= 0")
+    _require(isinstance(window, int) and not isinstance(window, bool) and 1 <= window <= 100,
+             "retriever: window must be an int from 1 to 100")
+    return page, offset, window
+
+
+def page_html(title: str, paragraphs: Sequence[str]) -> str:
+    """A revision's parsed HTML as ``action=parse`` gives it: the scripted paragraphs among what a
+    reader skips (a hidden short description, TemplateStyles, a hatnote, an infobox with a
+    paragraph of its own, an empty paragraph, headings, citation markers, the reference list)."""
+    escaped = html.escape(title)
+    parts = [
+        '<div class="mw-content-ltr mw-parser-output" lang="en" dir="ltr">',
+        '<div class="shortdescription nomobile noexcerpt noprint searchaux" style="display:none">'
+        f"Article about {escaped}</div>",
+        '<style data-mw-deduplicate="TemplateStyles:r1236090951">.mw-parser-output .hatnote'
+        "{font-style:italic}</style>",
+        f'<div role="note" class="hatnote navigation-not-searchable">For other uses, see '
+        f'<a href="/wiki/{quote(title.replace(" ", "_"))}_(disambiguation)">{escaped} (disambiguation)</a>.</div>',
+        f'<table class="infobox"><tbody><tr><th colspan="2" class="infobox-above">{escaped}</th></tr>'
+        "<tr><td colspan=\"2\"><p>Infobox caption, not a paragraph of the article.</p></td></tr></tbody></table>",
+        '<p class="mw-empty-elt">\n</p>',
+    ]
+    for n, text in enumerate(paragraphs):
+        if n and n % 2 == 0:
+            parts.append(f'<div class="mw-heading mw-heading2"><h2 id="Section_{n // 2}">Section {n // 2}</h2></div>')
+        before, found, after = text.partition(title) if n == 0 else (text, "", "")
+        body = html.escape(before) + (f"<b>{escaped}</b>" if found else "") + html.escape(after)  # a lead's bold title
+        marker = (f'<sup id="cite_ref-{n + 1}" class="reference"><a href="#cite_note-{n + 1}">'
+                  f'<span class="cite-bracket">[</span>{n + 1}<span class="cite-bracket">]</span></a></sup>')
+        parts.append(f"<p>{body}{marker}\n</p>")
+    parts.append('<div class="reflist"><ol class="references">'
+                 + "".join(f'<li id="cite_note-{n + 1}"><span class="reference-text">Source {n + 1}.</span></li>'
+                           for n in range(len(paragraphs)))
+                 + "</ol></div></div>")
+    return "\n".join(parts)
+
+
+def render_wikipedia_revision(name: str, page: Mapping[str, Any], request: httpx.Request,
+                              headers: dict[str, str]) -> httpx.Response:
+    """The ``prop=revisions`` answer for the title ``name`` (normalised, redirected, or missing)."""
+    normalised = wiki_normalised(name)
+    query: dict[str, Any] = {}
+    if normalised != name:
+        query["normalized"] = [{"fromencoded": False, "from": name, "to": normalised}]
+    if page.get("paragraphs") is None:
+        query["pages"] = [{"ns": 0, "title": normalised, "missing": True}]
+    else:
+        title = page_title(name, page)
+        if title != normalised:
+            query["redirects"] = [{"from": normalised, "to": title}]
+        revision = page_revision(name, page)
+        timestamp = request.url.params.get("rvstart") or "2026-01-15T08:00:00Z"
+        query["pages"] = [{"pageid": _stable_int(title, 6), "ns": 0, "title": title,
+                           "revisions": [{"revid": revision, "parentid": revision - 1 - _stable_int(title, 3),
+                                          "timestamp": timestamp}]}]
+    return _json_response(200, {"batchcomplete": True, "query": query}, headers)
+
+
+def render_wikipedia_parse(name: str, page: Mapping[str, Any], headers: dict[str, str]) -> httpx.Response:
+    """The ``action=parse`` answer for a scripted page's revision."""
+    title = page_title(name, page)
+    parsed = {"title": title, "pageid": _stable_int(title, 6), "revid": page_revision(name, page),
+              "text": page_html(title, page["paragraphs"])}
+    return _json_response(200, {"parse": parsed}, headers)
+
+
+def render_retriever_page(name: str, page: Mapping[str, Any], offset: int, window: int,
+                          headers: dict[str, str]) -> httpx.Response:
+    """The ``POST /page`` answer: the passages from ``offset`` on, at most ``window``, and the total."""
+    passages = page.get("paragraphs") or []
+    title = str(page.get("title") or name)
+    first = _stable_int(title, 7)
+    result = [{"id": str(first + k), "contents": f'"{title}"\n{passages[k]}'}
+              for k in range(offset, min(len(passages), offset + window))]
+    return _json_response(200, {"result": result, "total": len(passages)}, headers)
+
+
 # --------------------------------------------------------------------------- the service
 
 QUERY_EXTRACTORS = {
@@ -580,7 +791,8 @@ QUERY_EXTRACTORS = {
 class FakeSearchService:
     """Answers requests for one backend from a script ``{query: [response, ...]}``."""
 
-    def __init__(self, backend: str, script: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    def __init__(self, backend: str, script: Mapping[str, Sequence[Mapping[str, Any]]],
+                 pages: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         if backend not in QUERY_EXTRACTORS:
             raise ValueError(f"no fake service for backend {backend!r}")
         self.backend = backend
@@ -589,10 +801,24 @@ class FakeSearchService:
             for n, response in enumerate(responses):
                 check_response_spec(backend, response, f"query {query!r} response {n}")
             self._queues[normalise_query(query)] = deque(responses)
+        self._pages: dict[str, Mapping[str, Any]] = {}
+        self._page_queues: dict[str, deque[Mapping[str, Any]]] = {}
+        self._revisions: dict[str, str] = {}  # a Wikipedia revision id -> the page read at it
+        for name, page in (pages or {}).items():
+            check_page_script(backend, page, f"page {name!r}")
+            key = normalise_query(name)
+            self._pages[key] = page
+            self._page_queues[key] = deque(page.get("responses") or [])
+            if backend == "wikipedia" and page.get("paragraphs") is not None:
+                self._revisions[str(page_revision(key, page))] = key
         self.requests: list[httpx.Request] = []
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
+        if self.backend in PAGE_BACKENDS:
+            answer = self._page_answer(request)
+            if answer is not None:
+                return answer
         query = QUERY_EXTRACTORS[self.backend](request)
         queue = self._queues.get(normalise_query(query))
         if queue is None:
@@ -603,7 +829,57 @@ class FakeSearchService:
         return self.render(response, request, query)
 
     def render(self, response: Mapping[str, Any], request: httpx.Request, query: str) -> httpx.Response:
-        rendered = self._render(response, request, query)
+        return self._compressed(response, self._render(response, request, query))
+
+    def _page_answer(self, request: httpx.Request) -> httpx.Response | None:
+        """The answer to an ``open_page`` request (``None``: not one): the page's next scripted
+        response, or its own answer."""
+        offset = window = 0
+        if self.backend == "wikipedia":
+            found = wikipedia_page_request(request)
+            if found is None:
+                return None
+            kind, name = found
+            key = self._revisions.get(name) if kind == "parse" else normalise_query(name)
+        else:
+            read = retriever_page_request(request)
+            if read is None:
+                return None
+            kind, (name, offset, window) = "read", read
+            key = normalise_query(name)
+        if key is None:  # a revision no scripted page has: the API's own error
+            error = {"code": "nosuchrevid", "info": f"There is no revision with ID {name}."}
+            return self.render({"api_error": error}, request, name)
+        if key not in self._pages:
+            raise ScriptExhausted(f"{self.backend} fake: no script for page {name!r}")
+        queue = self._page_queues[key]
+        response = queue.popleft() if queue else {}
+        return self._compressed(response, self._render_page(response, request, kind, key, offset, window))
+
+    def _render_page(self, response: Mapping[str, Any], request: httpx.Request, kind: str, key: str,
+                     offset: int, window: int) -> httpx.Response:
+        headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
+        if "retry_after" in response:
+            headers["Retry-After"] = str(response["retry_after"])
+        status = response.get("status", 200)
+        if "raw" in response:
+            content_type = response.get("content_type", "text/html; charset=utf-8")
+            return httpx.Response(status, headers={"content-type": content_type, **headers},
+                                  content=str(response["raw"]).encode())
+        if "api_error" in response:
+            return render_wikipedia(response, request, headers)
+        if status == 404 and self.backend == "retriever":  # FastAPI's answer for a route it lacks
+            return _json_response(404, {"detail": "Not Found"}, headers)
+        if status != 200:
+            return self._error_page(status, headers)
+        page = self._pages[key]
+        if kind == "resolve":
+            return render_wikipedia_revision(request.url.params["titles"], page, request, headers)
+        if kind == "parse":
+            return render_wikipedia_parse(key, page, headers)
+        return render_retriever_page(key, page, offset, window, headers)
+
+    def _compressed(self, response: Mapping[str, Any], rendered: httpx.Response) -> httpx.Response:
         if not response.get("gzip"):
             return rendered
         body = gzip.compress(rendered.content, mtime=0)  # mtime=0: the same bytes every build
@@ -661,5 +937,7 @@ class FakeSearchService:
         )
 
     def unused(self) -> dict[str, int]:
-        """Queries whose scripted responses were not all requested (script and client disagree)."""
-        return {query: len(queue) for query, queue in self._queues.items() if queue}
+        """Queries (and ``open_page NAME``) whose scripted responses were not all requested
+        (script and client disagree)."""
+        return {**{query: len(queue) for query, queue in self._queues.items() if queue},
+                **{f"open_page {name}": len(queue) for name, queue in self._page_queues.items() if queue}}

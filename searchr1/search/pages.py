@@ -1,4 +1,5 @@
-"""``open_page`` over the local BM25 index: a page's passages in corpus order.
+"""``open_page`` over the local BM25 index: a page's passages in corpus order; and
+:func:`page_backend_for`, the page backend that reads the corpus a search backend searches.
 
 A call names a page by its title, as search results show it (``Title: Paris``), or by the id of
 one of its passages. The answer is the page's passages from ``offset`` on, at most
@@ -10,17 +11,22 @@ answer with nothing in it (the policy's miss, not a tool failure: it stays in th
 The index finds a page through its title and id tables (:mod:`searchr1.bm25.pages`) without
 scanning the corpus; the lookup runs in a worker thread, since a cold memory-mapped page of a
 21M-passage index is a disk read.
+
+The other page backends: :mod:`searchr1.search.wikipedia_pages` (the Action API, each page
+pinned to one revision) and :mod:`searchr1.search.retriever_pages` (``POST /page`` of
+``retriever serve``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 
 from searchr1.bm25.corpus import split_contents
 from searchr1.bm25.index import BM25Index, Hit
-from searchr1.core.tools import ToolCall
-from searchr1.core.types import SearchItem, SearchResult
+from searchr1.core.tools import ToolBackend, ToolCall
+from searchr1.core.types import JsonValue, SearchBackend, SearchItem, SearchResult
 from searchr1.search.base import truncate
 from searchr1.search.retriever import DEFAULT_SOURCE
 
@@ -33,6 +39,43 @@ def page_name(text: str) -> str:
     if len(name) >= 2 and name[0] == name[-1] == '"':
         name = name[1:-1].strip()
     return name
+
+
+def page_offset(arguments: Mapping[str, JsonValue]) -> int:
+    """The passages a call skips: its ``offset`` when that is a positive whole number, else 0."""
+    offset = arguments.get("offset", 0)
+    return offset if isinstance(offset, int) and not isinstance(offset, bool) and offset > 0 else 0
+
+
+def page_passages(index: BM25Index, name: str) -> list[Hit]:
+    """Every passage of the page ``name`` names in ``index``: a passage id's page, else the page
+    of that title."""
+    by_id = index.passage_of_id(name)
+    return index.page(split_contents(by_id.contents)[0] if by_id is not None else name)
+
+
+def page_backend_for(search: SearchBackend) -> ToolBackend:
+    """The ``open_page`` backend over the corpus ``search`` searches: the local index's pages,
+    Wikipedia's pages (through the same client, limiter and contact), or the pages of the
+    retriever's server (``POST /page`` beside its ``/retrieve``). A replayed backend's pages are
+    replayed from its cassette. Raises ``ValueError`` for a backend without pages."""
+    from searchr1.search.local import LocalSearchBackend
+    from searchr1.search.replay import ReplayBackend
+    from searchr1.search.retriever import RetrieverSearchBackend
+    from searchr1.search.wikipedia import WikipediaSearchBackend
+
+    inner = search.backend if isinstance(search, ReplayBackend) else search
+    if isinstance(inner, LocalSearchBackend):
+        return LocalPageBackend(inner.index, source=inner.source)
+    if isinstance(inner, WikipediaSearchBackend):
+        from searchr1.search.wikipedia_pages import WikipediaPageBackend
+
+        return WikipediaPageBackend.beside(inner)
+    if isinstance(inner, RetrieverSearchBackend):
+        from searchr1.search.retriever_pages import RetrieverPageBackend
+
+        return RetrieverPageBackend.beside(inner)
+    raise ValueError(f"no page backend for the {search.name} search backend")
 
 
 class LocalPageBackend:
@@ -49,13 +92,11 @@ class LocalPageBackend:
 
     def passages(self, name: str) -> list[Hit]:
         """Every passage of the page ``name`` names: a passage id's page, else the page of that title."""
-        by_id = self.index.passage_of_id(name)
-        return self.index.page(split_contents(by_id.contents)[0] if by_id is not None else name)
+        return page_passages(self.index, name)
 
     async def call(self, call: ToolCall) -> SearchResult:
         started = time.perf_counter()
-        offset = call.arguments.get("offset", 0)
-        offset = offset if isinstance(offset, int) and not isinstance(offset, bool) else 0
+        offset = page_offset(call.arguments)
         hits = await asyncio.to_thread(self.passages, page_name(str(call.arguments["page"])))
         items = []
         for position in range(offset, min(len(hits), offset + self.window)):

@@ -135,3 +135,19 @@ class SearchStats:
 
     def __repr__(self) -> str:
         return f"SearchStats(backend={self.backend!r}, window_calls={len(self._records)})"
+
+
+class RecentSearchStats(SearchStats):
+    """A :class:`SearchStats` whose window holds at most the last ``limit`` records (about
+    ``2 * limit`` between trims): for a backend whose window nobody drains each step (a tool's
+    page backend), so a long run does not keep every call it made."""
+
+    def __init__(self, backend: str, *, limit: int = 10_000, **options: bool) -> None:
+        super().__init__(backend, **options)
+        self.limit = limit
+
+    def record(self, record: CallRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+            if len(self._records) >= 2 * self.limit:
+                del self._records[: len(self._records) - self.limit]

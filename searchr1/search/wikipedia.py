@@ -179,7 +179,13 @@ def parse_wikipedia_payload(payload: Any, *, limit: int = 3) -> tuple[SearchItem
 _SAFE_CODE = re.compile(r"[^A-Za-z0-9_-]")
 
 
-class WikipediaSearchBackend(HttpSearchBackend):
+class WikipediaApiBackend(HttpSearchBackend):
+    """What every client of the Action API shares: the User-Agent with the contact, ``maxlag``,
+    the start-rate limiter (pass ``limiter`` to share one between clients), ``Retry-After`` on
+    HTTP 429 and on ``maxlag``/``ratelimited`` errors, and HTTP 403 as
+    :class:`WikipediaRefusedError`. Subclasses build the request and read the payload
+    (:meth:`_api_get`)."""
+
     name = "wikipedia"
 
     def __init__(
@@ -187,8 +193,6 @@ class WikipediaSearchBackend(HttpSearchBackend):
         *,
         api_url: str = DEFAULT_API_URL,
         contact: str | None = None,
-        limit: int = 3,
-        exchars: int = 1200,
         maxlag: int | None = 5,
         rate_limit_per_minute: float = 200.0,
         limiter: StartRateLimiter | None = None,
@@ -197,10 +201,6 @@ class WikipediaSearchBackend(HttpSearchBackend):
         **kwargs: Any,
     ) -> None:
         super().__init__(concurrency=concurrency, timeout=timeout, **kwargs)
-        if not 1 <= limit <= 50:
-            raise ValueError(f"wikipedia: limit must be 1..50, got {limit}")
-        if not 1 <= exchars <= 1200:
-            raise ValueError(f"wikipedia: exchars must be 1..1200 (TextExtracts' range), got {exchars}")
         self.api_url = check_url(api_url, "wikipedia api_url")
         contact = contact.strip() if isinstance(contact, str) else None
         if contact and any(ch in contact for ch in "()\r\n"):
@@ -208,17 +208,12 @@ class WikipediaSearchBackend(HttpSearchBackend):
                 f"wikipedia: the contact must not contain parentheses or line breaks ({CONTACT_ENV})"
             )
         self.contact = contact or None
-        self.limit = limit
-        self.exchars = exchars
         self.maxlag = maxlag
         self.limiter = limiter or StartRateLimiter(rate_limit_per_minute, clock=self.clock)
         self.headers = {"User-Agent": user_agent(contact), "Accept": "application/json"}
 
     def request_params(self) -> dict[str, Any]:
-        return {"api_url": redact_url(self.api_url), "limit": self.limit, "exchars": self.exchars}
-
-    def replay_options(self) -> dict[str, Any]:
-        return {**super().replay_options(), **self.request_params(), "maxlag": self.maxlag}
+        return {"api_url": redact_url(self.api_url)}
 
     def secrets(self) -> tuple[Secret, ...]:
         return url_secrets(self.api_url)
@@ -229,8 +224,9 @@ class WikipediaSearchBackend(HttpSearchBackend):
     async def _before_attempt(self, ctx: CallContext) -> None:
         await self.limiter.acquire()
 
-    async def _attempt(self, ctx: CallContext) -> Outcome:
-        params = search_params(ctx.query, limit=self.limit, exchars=self.exchars, maxlag=self.maxlag)
+    async def _api_get(self, params: dict[str, str]) -> Outcome | tuple[Any, int]:
+        """One GET of the API: ``(payload, HTTP status)``, or the :class:`Outcome` of a failure
+        (an HTTP error, an API error envelope; rate limits pause the shared limiter)."""
         async with self._client.stream("GET", self.api_url, params=params, headers=self.headers) as response:
             if response.status_code == 403:
                 raise WikipediaRefusedError(contact_set=self.contact is not None)
@@ -259,4 +255,31 @@ class WikipediaSearchBackend(HttpSearchBackend):
                         f"Wikipedia API {code}", response.status_code, retry_after=wait, rate_limited=True
                     )
                 return Outcome.fail(f"Wikipedia API error ({code})", response.status_code)
-            return Outcome.success(parse_wikipedia_payload(payload, limit=self.limit), response.status_code)
+            return payload, response.status_code
+
+
+class WikipediaSearchBackend(WikipediaApiBackend):
+    name = "wikipedia"
+
+    def __init__(self, *, limit: int = 3, exchars: int = 1200, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not 1 <= limit <= 50:
+            raise ValueError(f"wikipedia: limit must be 1..50, got {limit}")
+        if not 1 <= exchars <= 1200:
+            raise ValueError(f"wikipedia: exchars must be 1..1200 (TextExtracts' range), got {exchars}")
+        self.limit = limit
+        self.exchars = exchars
+
+    def request_params(self) -> dict[str, Any]:
+        return {**super().request_params(), "limit": self.limit, "exchars": self.exchars}
+
+    def replay_options(self) -> dict[str, Any]:
+        return {**super().replay_options(), **self.request_params(), "maxlag": self.maxlag}
+
+    async def _attempt(self, ctx: CallContext) -> Outcome:
+        params = search_params(ctx.query, limit=self.limit, exchars=self.exchars, maxlag=self.maxlag)
+        answer = await self._api_get(params)
+        if isinstance(answer, Outcome):
+            return answer
+        payload, status = answer
+        return Outcome.success(parse_wikipedia_payload(payload, limit=self.limit), status)
