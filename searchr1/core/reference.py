@@ -214,13 +214,14 @@ def parse(text: str, budgets: RolloutBudgets) -> tuple[str, str, list[Call]]:
     return text, "tool" if all(isinstance(arguments, dict) for _, arguments in calls) else "invalid", calls
 
 
-def observation_items(result: SearchResult, tool: str = "search") -> list[str]:
-    """PLUMBING: the result as the model reads it: its items numbered in rank order, or one line
-    saying there are none, or the error."""
+def observation_items(result: SearchResult, tool: str = "search", ids: bool = False) -> list[str]:
+    """PLUMBING: the result as the model reads it: its items numbered in rank order (with each
+    passage's id when ``ids``: open_page is offered), or one line saying there are none, or the error."""
     def item(i: int, it: SearchItem) -> str:
         if it.source is None and it.url is None:
             return f"[{i}] Source: {it.title}\n    Evidence: {it.content}"
-        return "\n".join([f"[{i}] Title: {it.title}", f"    Content: {it.content}"]
+        return "\n".join([f"[{i}] Title: {it.title}"] + [f"    Id: {it.ident}"] * bool(it.ident and ids)
+                         + [f"    Content: {it.content}"]
                          + [f"    Source: {it.source}"] * bool(it.source) + [f"    URL: {it.url}"] * bool(it.url))
     error = result.error or "unknown error"
     if not result.ok:
@@ -302,7 +303,7 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     cuts: list[bool] = []
     for k, ((name, _), result) in enumerate(zip(calls, results)):
         later = [least] * (len(calls) - k - 1)
-        content, truncated = fit(tokenizer, observation_items(result, name),
+        content, truncated = fit(tokenizer, observation_items(result, name, "open_page" in names(budgets)),
                                  lambda c: observation(contents + [c] + later), room, budgets)
         if content is None:
             return t.finish(Termination.TOOL_OVERFLOW, text)

@@ -49,7 +49,8 @@ from searchr1.core.protocol import (
 from searchr1.core.observation.fit import fit_calls, observation_room
 from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
-from searchr1.core.tools import CallError, ParsedCall, ToolBackend, ToolCall, declared_tools, tool_schemas
+from searchr1.core.tools import (OPEN_PAGE, CallError, ParsedCall, ToolBackend, ToolCall, declared_tools, tool_schemas,
+                                 without_ids)
 from searchr1.core.types import (
     AssistantTurn,
     InvalidCallPolicy,
@@ -356,6 +357,7 @@ class BatchRollout:
         self.sampling_slots = sampling_slots or asyncio.Semaphore(runtime.sampling_concurrency)
         self.stop_sequences = stop_sequences(tokenizer)
         self.first_failure: str | None = None
+        self.shows_ids = OPEN_PAGE.name in tool_names(budgets)  # an id is shown only where a tool takes it
 
     def report_finished(self) -> None:
         """Tell the progress callback one more trajectory has ended."""
@@ -410,7 +412,8 @@ class BatchRollout:
         if isinstance(call, CallError):
             return SearchResult(ok=False, error=call.reason)
         if call.name == "search":
-            return await self.search_backend.search(shown(call))
+            result = await self.search_backend.search(shown(call))
+            return result if self.shows_ids else without_ids(result)
         return await self.tool_backends[call.name].call(call)
 
     async def run_calls(self, pending: PendingCall) -> list[SearchResult]:

@@ -136,6 +136,14 @@ OPEN_PAGE = ToolSpec(
 DECLARED: dict[str, ToolSpec] = {tool.name: tool for tool in (SEARCH, OPEN_PAGE)}
 
 
+def without_ids(result: SearchResult) -> SearchResult:
+    """``result`` with no passage ids: an id is what ``open_page`` takes, so a run without it is
+    never shown one (its observations stay what they were before ids existed)."""
+    if not any(item.ident for item in result.items):
+        return result
+    return replace(result, items=tuple(replace(item, ident=None) for item in result.items))
+
+
 def unknown_tools(names: str) -> str | None:
     """Why a comma-separated tool list is refused (an unknown or repeated name, or none), or ``None``."""
     listed = [name.strip() for name in names.split(",")]

@@ -32,10 +32,13 @@ class SearchExample:
 
 @dataclass(frozen=True)
 class SearchItem:
+    """One result as the model reads it; ``ident``: the passage id ``open_page`` takes (local, retriever)."""
+
     title: str
     content: str
     source: str | None = None
     url: str | None = None
+    ident: str | None = None
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,8 @@ class RolloutBudgets:
     # The tools the model may call (core/tools.py declares them), and what a refused call does.
     tools: str = setting("search", check=_declared_tools,
                          help="The tools the model may call, comma-separated, from those core/tools.py declares "
-                              "(search, open_page; open_page reads pages of the --backend local index).")
+                              "(search, open_page; open_page reads the pages of --backend local, wikipedia or "
+                              "retriever).")
     max_calls_per_turn: int = setting(1, at_least=1, at_most=16,
                                       help="Tool calls one turn may make; several run together (Search-R1: 1).")
     invalid_calls: InvalidCallPolicy = setting(

@@ -123,6 +123,21 @@ def truncate(text: str, limit: int = CONTENT_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+IDENT_LIMIT = 64  # characters of a passage id shown to the model
+
+
+def passage_ident(value: object) -> str | None:
+    """A passage id as the model may read it (``Id:`` in an observation): a string or integer of
+    at most 64 printable characters with no whitespace inside; anything else is no id at all, so
+    a corpus or server cannot put a line break or a page of text into the prompt this way."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    text = str(value).strip()
+    if not text or len(text) > IDENT_LIMIT or not text.isprintable() or any(ch.isspace() for ch in text):
+        return None
+    return text
+
+
 async def read_body(response: httpx.Response, max_bytes: int) -> bytes:
     """The (decoded) body, refusing to buffer more than ``max_bytes``."""
     declared = response.headers.get("content-length", "")

@@ -44,14 +44,16 @@ def cache_key(backend: str, query: str, params: Mapping[str, Any]) -> str:
 
 def _items_to_json(items: tuple[SearchItem, ...]) -> str:
     return json.dumps(
-        [{"title": i.title, "content": i.content, "source": i.source, "url": i.url} for i in items],
+        [{"title": i.title, "content": i.content, "source": i.source, "url": i.url, "ident": i.ident}
+         for i in items],
         ensure_ascii=False,
     )
 
 
 def _items_from_json(text: str) -> tuple[SearchItem, ...]:
     return tuple(
-        SearchItem(title=d["title"], content=d["content"], source=d.get("source"), url=d.get("url"))
+        SearchItem(title=d["title"], content=d["content"], source=d.get("source"), url=d.get("url"),
+                   ident=d.get("ident"))
         for d in json.loads(text)
     )
 

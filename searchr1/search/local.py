@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from searchr1.search.base import CallContext, HttpSearchBackend, Outcome, truncate
+from searchr1.search.base import CallContext, HttpSearchBackend, Outcome, passage_ident, truncate
 from searchr1.search.retriever import DEFAULT_SOURCE, split_contents
 from searchr1.core.types import SearchItem
 
@@ -63,7 +63,8 @@ class LocalSearchBackend(HttpSearchBackend):
         for hit in hits:
             title, text = split_contents(hit.contents)
             if text:
-                items.append(SearchItem(title=title or "Untitled", content=truncate(text), source=self.source))
+                items.append(SearchItem(title=title or "Untitled", content=truncate(text), source=self.source,
+                                        ident=passage_ident(hit.id)))
         return Outcome.success(tuple(items), None)
 
     async def aclose(self) -> None:

@@ -19,6 +19,7 @@ from searchr1.search.base import (
     check_url,
     http_status_outcome,
     read_json,
+    passage_ident,
     truncate,
 )
 from searchr1.search.secrets import Secret, redact_url, url_secrets
@@ -56,7 +57,8 @@ def parse_retriever_payload(
         title, text = split_contents(contents)
         if not text:
             continue
-        items.append(SearchItem(title=title or "Untitled", content=truncate(text), source=source))
+        items.append(SearchItem(title=title or "Untitled", content=truncate(text), source=source,
+                                ident=passage_ident(document.get("id"))))
     return tuple(items[:limit])
 
 

@@ -54,7 +54,8 @@ SCRIPTED_RESULTS = {
     # one whose text ends in spaces (the template trims the message)
     "many": SearchResult(True, (item("Evidence", 9, None, None), item("Both", 20), item("Source", 6, url=None),
                                 item("Url", 7, None), item("Big", 150),
-                                SearchItem("Tail", "tail0 tail1 \n\n ", None, None))),  # ends in spaces
+                                SearchItem("Tail", "tail0 tail1 \n\n ", None, None),  # ends in spaces
+                                SearchItem("Page", "page0 page1", "wiki-18", None, "page-0-1"))),  # with its id
     "silent": SearchResult(False, ()),  # a failure without a message
 }
 SAMPLES = [  # one list of assistant turns per sample (samples sharing their history script the same next turn)

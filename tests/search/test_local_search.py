@@ -40,8 +40,8 @@ async def test_local_search_returns_titled_passages_through_the_cache_and_stats(
         again = await backend.search("  Who wrote Hamlet?")
         empty = await backend.search("   ")
     assert first.ok and [(i.title, i.source) for i in first.items] == [("Hamlet", "wiki-18")]
-    assert format_item(first.items[0], 1).startswith("[1] Title: Hamlet\n    Content: Hamlet is a tragedy")
-    assert again.items == first.items  # the same query once normalised: answered by the cache
+    assert format_item(first.items[0], 1).startswith("[1] Title: Hamlet\n    Id: d0\n    Content: Hamlet is a tragedy")
+    assert again.items == first.items  # the same query once normalised: answered by the cache, id and all
     assert not empty.ok and empty.error == "empty query"
     metrics = backend.stats.peek()
     assert metrics["search/requests"] == 3.0

@@ -9,11 +9,13 @@ def format_item(item: SearchItem, index: int) -> str:
     """One numbered item, in the seed's layout.
 
     Evidence items (no source and no url, as DeepSeek returns) use ``Source:``/``Evidence:``;
-    everything else uses ``Title:``/``Content:`` plus ``Source:``/``URL:`` lines when known.
+    everything else uses ``Title:``/``Content:`` plus ``Id:`` (the passage id ``open_page``
+    accepts), ``Source:`` and ``URL:`` lines when known.
     """
     if item.source is None and item.url is None:
         return f"[{index}] Source: {item.title}\n    Evidence: {item.content}"
-    lines = [f"[{index}] Title: {item.title}", f"    Content: {item.content}"]
+    lines = [f"[{index}] Title: {item.title}"] + [f"    Id: {item.ident}"] * bool(item.ident)
+    lines.append(f"    Content: {item.content}")
     if item.source:
         lines.append(f"    Source: {item.source}")
     if item.url:
