@@ -7,10 +7,11 @@ from typing import Any
 
 from searchr1.bench.report import Figure
 
-FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 # Figures 8 and 9 (BM25 over a generated 1M-passage corpus, and against Lucene) and 10 (six
 # learning runs and the KL penalty's cost) take minutes and figure 9 needs its own set-up; figure
-# 11 (pytrio's CPU per request beside a busy loop) explains figure 5 and holds no target: they
+# 11 (pytrio's CPU per request beside a busy loop) explains figure 5 and holds no target; figure
+# 12 (sixteen learning runs on the page questions, one tool against two) takes minutes: they
 # run only when named with --only.
 DEFAULT_FIGURES = (1, 2, 3, 4, 5, 6, 7)
 
@@ -22,6 +23,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
     from searchr1.bench.lucene import lucene_figure
     from searchr1.bench.off_policy import learning_speed_figure, off_policy_throughput_figure
     from searchr1.bench.packing import packing_figure
+    from searchr1.bench.page_world import page_world_figure
     from searchr1.bench.protocol_cpu import protocol_cpu_figure
     from searchr1.bench.scheduling import scheduling_figure
     from searchr1.bench.search_calls import search_calls_figure
@@ -39,6 +41,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
         9: lucene_figure,
         10: algorithms_figure,
         11: client_contention_figure,
+        12: page_world_figure,
     }
 
 

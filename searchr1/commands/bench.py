@@ -21,6 +21,7 @@ TITLES = {
     9: "agreement and speed against Lucene BM25",
     10: "algorithm options and the KL penalty's cost",
     11: "pytrio's CPU per request, alone and beside our loop",
+    12: "one tool against two on the page questions",
 }
 
 
@@ -30,7 +31,7 @@ TITLES = {
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
 @click.option("--only", default=None, metavar="1,2,...",
-              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 take minutes, 11 explains 5, "
+              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 and 12 take minutes, 11 explains 5, "
                    "and 9 needs `python -m searchr1.bench.lucene setup` first).")
 @click.option("--passages", type=click.IntRange(min=1000), default=None,
               help="Generated corpus size of figures 8 and 9 [default: 1,000,000; 20,000 with --quick].")
@@ -50,6 +51,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     9  top-3 agreement and speed against Lucene BM25 (pyserini's Anserini; own set-up step)
     10 steps to reward 0.8 for each loss, KL penalty and dynamic sampling, and the KL's cost per step
     11 pytrio's CPU per sampling request with our loop idle and busy (why 5's wire costs 2x)
+    12 steps to reward 0.8 on the page questions with search + open_page and with search alone
 
     Every figure is a ratio of two things measured in the same run. Prints a table and writes
     OUTPUT (value, target and "met" per figure). Exit status 0 even when a target is missed,

@@ -168,6 +168,23 @@ def test_the_algorithm_figure_reports_steps_to_reward_for_every_option_and_the_k
     assert details["kl_policy_base"][0] == 0.0
 
 
+@pytest.mark.slow
+def test_the_page_figure_trains_each_seed_with_one_tool_and_with_two(tmp_path, tokenizer):
+    output = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--only", "12", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    figure = json.loads(output.read_text())["figures"]["page_world"]
+    assert figure["figure"] == 12 and figure["target"] is not None and isinstance(figure["met"], bool)
+    details = figure["details"]
+    curves = details["reward_curves"]
+    assert set(curves) == {"search,open_page", "search"}
+    assert all(len(runs) == len(details["seeds"]) for runs in curves.values())
+    assert all(len(curve) == details["steps_run"] for runs in curves.values() for curve in runs)
+    # open_page calls a trajectory stay within the tool's declared budget of 4; search alone never reaches the target
+    assert all(0.0 <= calls <= 4.0 for run in details["open_page_calls"] for calls in run)
+    assert figure["measures"]["one_tool_reaches_target"]["value"] == 0.0
+
+
 def test_the_contention_figure_measures_the_same_requests_idle_and_busy_and_holds_no_target(tmp_path, tokenizer):
     output = tmp_path / "bench.json"
     result = CliRunner().invoke(main, ["bench", "--quick", "--only", "11", "--output", str(output)])
