@@ -53,14 +53,22 @@ def sampler(tmp_path_factory, tokenizer):
     twin.close()
 
 
-def run(sampler, tokenizer, turns, **settings):
+class BrokenPages(Pages):
+    """A page backend whose service fails, as a Wikipedia or /retrieve read can."""
+
+    async def call(self, call: ToolCall) -> SearchResult:
+        self.calls.append(call)
+        return SearchResult(False, (), status=503, error="HTTP 503", attempts=3)
+
+
+def run(sampler, tokenizer, turns, pages=None, results=RESULTS, **settings):
     twin, client = sampler
     scenario = parse_scenario({"questions": [{"id": "q", "question": "How tall is the Eiffel Tower?",
                                               "answers": ["330 m"], "data_source": "nq", "samples": [turns]}]})
     twin.policy = ScriptedPolicy(scenario, tokenizer)
-    pages = Pages()
+    pages = Pages() if pages is None else pages
     config = RolloutConfig(group_size=1, **(TWO_TOOLS | settings))
-    (trajectory,) = asyncio.run(rollout_batch_async(client, tokenizer, ScriptedSearch(RESULTS), scenario.examples,
+    (trajectory,) = asyncio.run(rollout_batch_async(client, tokenizer, ScriptedSearch(results), scenario.examples,
                                                     config, tool_backends={"open_page": pages}))
     score_trajectories([trajectory])
     assign_group_advantages([trajectory])
@@ -79,6 +87,24 @@ def test_a_page_opened_after_a_search_is_read_and_recorded_by_its_tool(sampler, 
     assert t.messages[-2]["name"] == "open_page"
     assert "open_page" in effective_system_prompt(RolloutConfig(**TWO_TOOLS))
     assert "open_page" not in effective_system_prompt(RolloutConfig())
+
+
+def test_a_failed_page_read_is_the_environments_failure_and_keeps_its_group_out_of_training(sampler, tokenizer):
+    t, pages = run(sampler, tokenizer, [OPEN.format("Eiffel Tower", 0), "Answer: 330 m"], pages=BrokenPages())
+    (page,) = t.searches
+    assert (page.tool, page.ok, page.refused) == ("open_page", False, False)
+    assert "Tool error (open_page): HTTP 503" in page.observation
+    assert t.env_error and t.excluded == "env_failure_group"  # the right answer earns nothing to train on
+
+
+def test_a_search_result_shows_its_passage_id_only_where_open_page_is_offered(sampler, tokenizer):
+    with_id = {"tower": SearchResult(True, (SearchItem("Eiffel Tower", "A tower in Paris.", "wiki-18", None,
+                                                       "wiki-42"),))}
+    turns = [SEARCH.format("tower"), "Answer: 330 m"]
+    offered, _ = run(sampler, tokenizer, turns, results=with_id)
+    alone, _ = run(sampler, tokenizer, turns, results=with_id, tools="search")
+    assert "Title: Eiffel Tower\n    Id: wiki-42\n" in offered.searches[0].observation
+    assert "Id:" not in alone.searches[0].observation and "Title: Eiffel Tower" in alone.searches[0].observation
 
 
 def test_each_tool_keeps_its_own_budget(sampler, tokenizer):
