@@ -24,26 +24,33 @@ EXAMPLES_SHOWN = 3
 
 def check_offline_question(question: str, policy: str) -> None:
     """Refuse, before anything starts, a question the offline twin's policies have no script or
-    knowledge for: they answer only the shipped offline questions (``searchr1/offline``), and the
-    sampler would fail on each turn. One line naming the file and showing a few of them."""
+    knowledge for: they answer only the shipped offline questions (``searchr1/offline``; the
+    learning policy also the page questions of ``pages.json``), and the sampler would fail on each
+    turn. One line naming the files and showing a few of the questions."""
     import os
     import unicodedata
 
-    from searchr1.offline import QUESTIONS, load_source
+    from searchr1.offline import PAGES, QUESTIONS, load_source
 
     def key(text: str) -> str:  # how the twin recognises a question (searchr1.twin.offline_world.question_key)
         return unicodedata.normalize("NFC", text).strip()
 
-    source = load_source()
-    known = [item["question"] for split in ("dev", "train") for item in source.get(split, [])]
+    def shown(path: Path) -> str:
+        where = os.path.relpath(path)
+        return where if not where.startswith("..") else str(path)
+
+    files = (QUESTIONS, PAGES) if policy == "learning" else (QUESTIONS,)
+    known = [item["question"] for path in files for split in ("dev", "train")
+             for item in load_source(path).get(split, [])]
     if key(question) in {key(q) for q in known}:
         return
-    where = os.path.relpath(QUESTIONS)
-    where = where if not where.startswith("..") else str(QUESTIONS)
+    where = " and ".join(shown(path) for path in files)
+    datasets = ("dev.jsonl, train.jsonl, pages_dev.jsonl and pages_train.jsonl" if PAGES in files
+                else "dev.jsonl and train.jsonl")
     examples = ", ".join(f'"{q}"' for q in known[:EXAMPLES_SHOWN])
     raise click.ClickException(
         f"offline, the twin's {policy} policy answers only the {len(known)} questions in {where} (also in "
-        f"dev.jsonl and train.jsonl beside it), not {question.strip()!r}; for example {examples}")
+        f"{datasets} beside {'them' if len(files) > 1 else 'it'}), not {question.strip()!r}; for example {examples}")
 
 
 def _fold(text: str, lines: int = FOLDED_LINES) -> str:

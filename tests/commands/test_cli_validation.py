@@ -263,8 +263,16 @@ def test_ask_offline_refuses_a_question_the_twin_does_not_know_in_one_line_befor
 
 def test_every_shipped_offline_question_passes_the_ask_check_as_the_twin_reads_it():
     from searchr1.commands.ask import check_offline_question
-    from searchr1.offline import load_source
+    from searchr1.offline import PAGES, load_source
 
     source = load_source()
     for item in source["train"] + source["dev"]:
         check_offline_question(f"  {item['question']}\n", "learning")  # the twin trims what it compares
+        check_offline_question(item["question"], "scripted")
+    pages = load_source(PAGES)
+    for item in pages["train"] + pages["dev"]:  # the learning policy knows the page questions too
+        check_offline_question(item["question"], "learning")
+        scripted_knows = len(source["train"] + source["dev"])  # the scripted policy has no page questions
+        with pytest.raises(click.ClickException, match=f"scripted policy answers only the {scripted_knows} questions"):
+            check_offline_question(item["question"], "scripted")
+
