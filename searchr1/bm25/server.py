@@ -51,14 +51,19 @@ MAX_CONCURRENT_BODIES = 8  # bodies held in memory at once: at most 8 MiB
 MAX_CONNECTIONS = 256  # uvicorn's limit_concurrency: a connection beyond gets 503
 
 
+def refuse_unknown_fields(payload: dict[str, object], known: set[str]) -> None:
+    """A 422 naming the body's fields outside ``known`` (at most 5, each cut to 40 characters)."""
+    unknown = sorted(set(payload) - known)
+    if unknown:
+        raise RequestError(422, f"unknown field(s): {', '.join(name[:40] for name in unknown[:5])}")
+
+
 def parse_request(body: bytes) -> tuple[list[str], int, bool]:
     """``(queries, topk, return_scores)`` of a ``/retrieve`` body, or :class:`RequestError`."""
     payload = decode_body(body, MAX_BODY_BYTES)
     if not isinstance(payload, dict):
         raise RequestError(422, "body must be a JSON object with 'queries'")
-    unknown = sorted(set(payload) - {"queries", "topk", "return_scores"})
-    if unknown:
-        raise RequestError(422, f"unknown field(s): {', '.join(unknown)}")
+    refuse_unknown_fields(payload, {"queries", "topk", "return_scores"})
     queries = payload.get("queries")
     if not isinstance(queries, list) or not queries:
         raise RequestError(422, "'queries' must be a non-empty list of strings")
@@ -85,9 +90,7 @@ def parse_page_request(body: bytes) -> tuple[str, int, int]:
     payload = decode_body(body, MAX_BODY_BYTES)
     if not isinstance(payload, dict):
         raise RequestError(422, "body must be a JSON object with 'page'")
-    unknown = sorted(set(payload) - {"page", "offset", "window"})
-    if unknown:
-        raise RequestError(422, f"unknown field(s): {', '.join(name[:40] for name in unknown[:5])}")
+    refuse_unknown_fields(payload, {"page", "offset", "window"})
     page = payload.get("page")
     if not isinstance(page, str) or not page.strip():
         raise RequestError(422, f"'page' must be a non-blank string (a title or a passage id), got {shown(page)}")

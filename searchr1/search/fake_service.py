@@ -135,6 +135,21 @@ def _stable_int(text: str, digits: int = 8) -> int:
     return int(hashlib.sha256(text.encode()).hexdigest()[:digits], 16)
 
 
+def _scripted_headers(response: Mapping[str, Any]) -> tuple[dict[str, str], int, httpx.Response | None]:
+    """A scripted response's headers (``Retry-After`` from ``retry_after``), its status, and, for a
+    ``raw`` body (an HTML error page, a truncated JSON), the whole answer as sent."""
+    headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
+    if "retry_after" in response:
+        headers["Retry-After"] = str(response["retry_after"])
+    status = response.get("status", 200)
+    if "raw" not in response:
+        return headers, status, None
+    content_type = response.get("content_type", "text/html; charset=utf-8")
+    raw = httpx.Response(status, headers={"content-type": content_type, **headers},
+                         content=str(response["raw"]).encode())
+    return headers, status, raw
+
+
 def _json_response(status: int, payload: Any, headers: Mapping[str, str]) -> httpx.Response:
     body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
     return httpx.Response(
@@ -858,14 +873,9 @@ class FakeSearchService:
 
     def _render_page(self, response: Mapping[str, Any], request: httpx.Request, kind: str, key: str,
                      offset: int, window: int) -> httpx.Response:
-        headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
-        if "retry_after" in response:
-            headers["Retry-After"] = str(response["retry_after"])
-        status = response.get("status", 200)
-        if "raw" in response:
-            content_type = response.get("content_type", "text/html; charset=utf-8")
-            return httpx.Response(status, headers={"content-type": content_type, **headers},
-                                  content=str(response["raw"]).encode())
+        headers, status, raw = _scripted_headers(response)
+        if raw is not None:
+            return raw
         if "api_error" in response:
             return render_wikipedia(response, request, headers)
         if status == 404 and self.backend == "retriever":  # FastAPI's answer for a route it lacks
@@ -889,17 +899,9 @@ class FakeSearchService:
         )
 
     def _render(self, response: Mapping[str, Any], request: httpx.Request, query: str) -> httpx.Response:
-        headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
-        if "retry_after" in response:
-            headers["Retry-After"] = str(response["retry_after"])
-        status = response.get("status", 200)
-        if "raw" in response:
-            content_type = response.get("content_type", "text/html; charset=utf-8")
-            return httpx.Response(
-                status,
-                headers={"content-type": content_type, **headers},
-                content=str(response["raw"]).encode(),
-            )
+        headers, status, raw = _scripted_headers(response)
+        if raw is not None:
+            return raw
         if status != 200 and not response.get("results") and not set(response) & BACKEND_KEYS[self.backend]:
             return self._error_page(status, headers)
         if self.backend == "wikipedia":

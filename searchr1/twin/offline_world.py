@@ -112,13 +112,17 @@ def parse_world(source: Mapping[str, Any], *, where: str = str(QUESTIONS)) -> tu
         if not isinstance(items, Sequence) or isinstance(items, str):
             raise WorldError(f"{where}: field {split!r} must be a list of questions")
         for index, item in enumerate(items):
-            question = _parse_question(item, split, f"{where}: {split}[{index}]")
-            key = question_key(question.question)
-            if key in seen:
-                raise WorldError(f"{where}: {question.id} repeats the question of {seen[key]}")
-            seen[key] = question.id
-            questions.append(question)
+            questions.append(_unseen(_parse_question(item, split, f"{where}: {split}[{index}]"), where, seen))
     return tuple(questions)
+
+
+def _unseen(question: WorldQuestion, where: str, seen: dict[str, str]) -> WorldQuestion:
+    """``question``, once no earlier one (``seen``: question key -> id, updated) asks the same."""
+    key = question_key(question.question)
+    if key in seen:
+        raise WorldError(f"{where}: {question.id} repeats the question of {seen[key]}")
+    seen[key] = question.id
+    return question
 
 
 def load_world(path: str | Path = QUESTIONS) -> tuple[WorldQuestion, ...]:
@@ -128,16 +132,8 @@ def load_world(path: str | Path = QUESTIONS) -> tuple[WorldQuestion, ...]:
 
 def load_worlds(paths: Sequence[str | Path] = (QUESTIONS, PAGES)) -> tuple[WorldQuestion, ...]:
     """Every question of ``paths`` (the offline world and its page questions), each once."""
-    questions: list[WorldQuestion] = []
     seen: dict[str, str] = {}
-    for path in paths:
-        for question in load_world(path):
-            key = question_key(question.question)
-            if key in seen:
-                raise WorldError(f"{path}: {question.id} repeats the question of {seen[key]}")
-            seen[key] = question.id
-            questions.append(question)
-    return tuple(questions)
+    return tuple(_unseen(question, str(path), seen) for path in paths for question in load_world(path))
 
 
 def passages_by_query(questions: Sequence[WorldQuestion]) -> dict[str, Hop]:
