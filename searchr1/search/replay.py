@@ -88,8 +88,9 @@ class CassetteMissError(UserError, LookupError):
             f"(generated cassettes), or record it with `{invocation.command('record')}` (live ones)."
         )
         subject = f"query {query!r}" if query is not None else "a request"
+        verb = method if method.isascii() and method.isalpha() else repr(method)  # a cassette's method is data
         super().__init__(
-            f"cassette {self.cassette} has no recorded response for {subject} ({method} {self.url}). {self.hint}"
+            f"cassette {self.cassette} has no recorded response for {subject} ({verb} {self.url}). {self.hint}"
         )
 
     def with_hint(self, query: str, hint: str) -> CassetteMissError:

@@ -223,6 +223,7 @@ FIELDS = [("request",), ("request", "method"), ("request", "uri"), ("request", "
 @given(mutations=st.lists(st.tuples(st.sampled_from(FIELDS), YAML_SCALARS), min_size=1, max_size=3),
        raw=st.one_of(st.none(), st.binary(max_size=60)))
 @example(mutations=[(("response", "headers", "a"), ["\x80"])], raw=None)  # a header value that is not ASCII
+@example(mutations=[(("request", "method"), "\na")], raw=None)  # a method with a line break: the miss names it on one line
 def test_any_cassette_loads_or_is_refused_in_one_line_naming_it(tmp_path, mutations, raw):
     """Invariant: a cassette whose fields hold values of any shape (or that is arbitrary bytes)
     either loads into a transport that answers every recorded request, or is refused by
