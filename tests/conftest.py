@@ -11,13 +11,22 @@ subprocess or the CLI) is marked ``slow``, like any other test marked so by hand
 from __future__ import annotations
 
 import os
+import sys
 
-import pytest
-from hypothesis import HealthCheck, settings
+# Compiled modules are cached even where PYTHONDONTWRITEBYTECODE is set (our machines set it),
+# here and in every process a test starts: without the cache each xdist worker and each CLI
+# subprocess compiles every module it imports, and pytest rewrites every test module's asserts
+# again (collecting the suite took 13 s instead of 5 s). The caches go where Python and pytest
+# put them (``__pycache__``, git-ignored).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-from searchr1.runtime.tokenizer import shared_tokenizer
-from mutation_support import forget_core_caches
-from twin_support import SDK_TOKENIZERS, preload_sdk_tokenizer
+import pytest  # noqa: E402 - after the bytecode setting, like every import below
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from searchr1.runtime.tokenizer import shared_tokenizer  # noqa: E402
+from mutation_support import forget_core_caches  # noqa: E402
+from twin_support import SDK_TOKENIZERS, preload_sdk_tokenizer  # noqa: E402
 
 # Properties are checked, never timed: a loaded machine (CI, a benchmark beside the suite) makes
 # input generation and examples slow, which must not fail a property. The quick lane

@@ -109,6 +109,7 @@ def test_index_build_reports_a_bad_row_in_one_line_without_a_traceback(tmp_path)
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
 
 
+@pytest.mark.slow  # builds an index per example (a second)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(docs=st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=12), min_size=1, max_size=25),
        query=st.lists(st.sampled_from(WORDS + ["the", "zulu"]), min_size=1, max_size=4),

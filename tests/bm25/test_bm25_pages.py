@@ -42,6 +42,7 @@ def check_lookups(index: BM25Index, rows: list[tuple[str, str, str]]) -> None:
         assert hit is None or hit.id == ident
 
 
+@pytest.mark.slow  # builds an index per example (seconds)
 @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=passages, shard_passages=st.integers(1, 5))
 def test_a_page_is_every_passage_with_its_title_in_corpus_order_over_any_shards(tmp_path_factory, rows,

@@ -57,6 +57,7 @@ QUERIES = st.lists(st.lists(st.sampled_from(COMMON + MIDDLE + RARE + ["zulu"]), 
                    min_size=1, max_size=12)
 
 
+@pytest.mark.slow  # builds an index per example (seconds)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(docs=st.lists(st.lists(st.sampled_from(POOL), min_size=1, max_size=12), min_size=1, max_size=60),
        queries=QUERIES, shard=st.integers(1, 40), k=st.integers(1, 6), dense=st.booleans())
@@ -100,6 +101,7 @@ def test_a_whole_batch_and_one_query_at_a_time_give_the_same_hits(tmp_path, k):
     assert index.search(queries, k) == [index.search([q], k)[0] for q in queries]
 
 
+@pytest.mark.slow  # builds an index and searches it from eight threads (seconds)
 def test_concurrent_readers_get_what_one_reader_gets(tmp_path):
     """The search keeps no state between calls, so threads sharing one index (as `retriever serve`'s
     do) each get the hits a lone caller gets."""

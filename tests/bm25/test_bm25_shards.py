@@ -48,6 +48,7 @@ def bm25s_top(texts: list[str], query: str, k: int) -> list[tuple[int, float]]:
     return [(row, float(scores[row])) for row in ranked[:k]]
 
 
+@pytest.mark.slow  # builds an index per example (seconds)
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(docs=st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=15), min_size=1, max_size=30),
        query=st.lists(st.sampled_from(WORDS + ["zulu"]), min_size=1, max_size=5),

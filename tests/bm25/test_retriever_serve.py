@@ -90,6 +90,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     max_leaves=12)
 
 
+@pytest.mark.slow  # 300 generated request bodies (a second)
 @settings(max_examples=300, deadline=None)
 @given(payload=JSON)
 def test_any_json_body_is_accepted_or_refused_with_a_4xx_never_an_exception(payload):

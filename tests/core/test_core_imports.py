@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import searchr1.core
 
 CORE = Path(searchr1.core.__file__).parent
@@ -90,6 +92,7 @@ def test_importing_the_core_loads_none_of_the_harness():
     assert offending == []
 
 
+@pytest.mark.slow  # a Python subprocess (a second)
 def test_the_check_sees_a_forbidden_import():
     """The same probe does see the harness when it is imported (the test above can fail)."""
     loaded = loaded_after_importing(["searchr1.core.trainer", "searchr1.search.replay"])

@@ -357,6 +357,7 @@ def _assert_within_budgets(tokenizer, t, config):
         assert len(turn.completion_tokens) == len(turn.logprobs) <= config.max_assistant_tokens
 
 
+@pytest.mark.slow  # a batch rollout through a twin per example (a second)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(random_batches())
 def test_every_trajectory_ends_within_every_budget_and_each_prompt_extends_the_last(served, tokenizer, batch):

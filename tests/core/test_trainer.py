@@ -151,6 +151,7 @@ def datum_values(datum):
     return (datum.model_input.to_ints(), *(list(inputs[k].data) for k in ("target_tokens", "logprobs", "advantages")))
 
 
+@pytest.mark.slow  # a rollout and a training step through a twin (seconds)
 def test_a_step_sends_what_the_reference_step_sends_in_order(twins, learned_batch, tokenizer):
     """Invariant: the trainer's step on the engine's rollouts sends the reference step's datums,
     in one forward_backward with the same loss, after ``before_update`` and before

@@ -52,6 +52,8 @@ def shipped(path: str) -> bool:
     parts = Path(path).parts
     if parts[0] == "searchr1" and path.endswith(".py") or parts[0].endswith((".egg-info", ".dist-info")):
         return True  # code, or the metadata of an install from this checkout
+    if "__pycache__" in parts and path.endswith(".pyc"):
+        return True  # the code's compiled copy, which Python writes beside an install too
     package, name = ".".join(parts[:-1]), parts[-1]
     package_data = tool["setuptools"].get("package-data", {}).get(package, [])
     folders = tool.get("searchr1", {}).get("shipped-data", {}) if (REPO_ROOT / "setup.py").is_file() else {}

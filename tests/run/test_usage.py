@@ -227,6 +227,7 @@ def test_the_checkpoints_of_a_schedule(steps, every, expected):
     assert checkpoints_of(steps, every) == expected
 
 
+@pytest.mark.slow  # draws a figure with matplotlib (a second)
 def test_the_run_plot_draws_the_running_totals_unsmoothed_and_a_cost_panel_when_priced():
     from searchr1.view import plots
 

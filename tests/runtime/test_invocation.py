@@ -39,6 +39,7 @@ def program_names(path: Path) -> list[str]:
             if NAMES_THE_PROGRAM.search(text) and (where, text) not in NOT_HINTS]
 
 
+@pytest.mark.slow  # reads every string in the package (a second)
 def test_no_string_but_the_invocation_modules_names_the_program():
     own = PACKAGE / "runtime" / "invocation.py"
     found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path != own for hit in program_names(path)]

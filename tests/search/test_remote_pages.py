@@ -254,6 +254,7 @@ def served(tmp_path_factory):
         yield server, index
 
 
+@pytest.mark.slow  # builds an index and serves it (seconds)
 async def test_pages_over_the_server_read_as_the_local_backend_reads_the_index(served):
     server, index = served
     async with create_search_backend("retriever", url=server.url) as search:
@@ -308,6 +309,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     max_leaves=12)
 
 
+@pytest.mark.slow  # a request to a served index per example (seconds)
 @given(payload=JSON)
 def test_any_json_body_sent_to_page_gets_a_page_or_a_4xx_naming_a_field_never_a_500(served, payload):
     server, _ = served

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from vcr.matchers import requests_match
@@ -42,6 +43,7 @@ def changed(stored: Request, how: str, text: str) -> Request:
     return Request(method, uri, body, dict(stored.headers))
 
 
+@pytest.mark.slow  # parses the offline cassettes and matches 60 requests (a second)
 @settings(max_examples=60)
 @given(backend=st.sampled_from(BACKENDS), data=st.data(),
        how=st.sampled_from(["same", "body", "query", "method"]), text=st.text("abc ", max_size=3), asks=st.integers(1, 3))

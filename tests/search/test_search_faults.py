@@ -257,6 +257,7 @@ def test_sse_error_message_is_bounded_and_sanitised():
     assert len(result.error) <= 200 and "\n" not in result.error and "\x1b" not in result.error
 
 
+@pytest.mark.slow  # waits out each backend's wall-clock limit
 @pytest.mark.parametrize("name", BACKENDS)
 def test_a_trickling_response_is_cut_at_the_wall_clock_limit(name):
     """httpx's per-read timeout never fires on a stream that sends a byte every 50 ms; the

@@ -133,6 +133,7 @@ titles = (
 facts = titles
 
 
+@pytest.mark.slow  # 150 generated evidence texts (a second)
 @settings(max_examples=150)
 @given(st.lists(st.tuples(titles, facts), min_size=1, max_size=8))
 def test_parse_evidence_recovers_every_numbered_item(pairs):

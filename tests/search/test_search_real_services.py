@@ -264,6 +264,7 @@ class Trickle(httpx.AsyncByteStream):
 LONG_STREAM = (MESSAGE_START, *search_blocks(0, HITS), *text_block(2, EVIDENCE), *MESSAGE_END)
 
 
+@pytest.mark.slow  # streams for longer than the per-read timeout
 def test_a_long_evidence_stream_that_keeps_sending_is_not_cut_by_the_per_read_timeout():
     # 11 events, 40 ms apart: about 0.45 s in all, never more than 40 ms without data.
     def handler(request):

@@ -72,6 +72,7 @@ def test_a_client_with_its_own_tools_gets_the_models_call_back_and_sends_the_res
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
 
 
+@pytest.mark.slow  # up to 40 agent runs through the chat server (a second)
 def test_agent_mode_searches_itself_and_answers_with_its_turns(client):
     for seed in range(40):
         answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],

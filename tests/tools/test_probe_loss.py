@@ -26,6 +26,7 @@ from searchr1.tools.probe_loss import (
 )
 
 
+@pytest.mark.slow  # a twin and a probe run per reduction (seconds in all)
 @pytest.mark.parametrize("reduction", ["per_token", "per_sample", "sum"])
 @pytest.mark.parametrize("accumulation", ["sum", "mean"])
 def test_the_probe_identifies_each_twin_reduction(tmp_path, tokenizer, reduction, accumulation):
