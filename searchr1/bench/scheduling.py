@@ -90,7 +90,8 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     scale = scale if scale is not None else (QUICK_SCALE if quick else SCALE)
     workload = build_workload(spec, seed)
     model = LatencyModel(scale=scale, seed=seed)
-    with served_twin(workload.raw, model.twin_latencies(), in_process=quick, tokenizer=tokenizer) as service:
+    with served_twin(workload.raw, model.twin_latencies(), in_process=quick, tokenizer=tokenizer,
+                     sampling_concurrency=workload.config.sampling_concurrency) as service:
         setup = SchedulingSetup(workload, model, DEFAULT_SEARCH_CONCURRENCY,
                                 service.create_sampling_client(base_model=BASE_MODEL))
         walls, cpus, rounds, reference, ours = _timed_runs(setup, tokenizer, model, repetitions)
@@ -102,7 +103,7 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
         number=1, name="scheduling", title="Rollout scheduling",
         measures=[
             Measure.of_samples("makespan_over_lower_bound", "ours: makespan / lower bound",
-                               [w / bound_wall for w in walls["ours"]], 1.15, "<=", "x", spread_bound=0.10),
+                               [w / bound_wall for w in walls["ours"]], 1.05, "<=", "x", spread_bound=0.10),
             Measure.of_samples("speedup_over_lockstep", "speed-up over lock-step rounds",
                                [lock / ours for lock, ours in zip(walls["lockstep"], walls["ours"])], 1.5, ">=", "x",
                                spread_bound=0.15),

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from searchr1.runtime.connect import sampling_capacity
+from searchr1.runtime.services import SAMPLING_CONCURRENCY
 from searchr1.twin.client import LOCAL_RETRIES, connect, session_closer
 from searchr1.twin.config import Latencies
 
@@ -33,13 +35,17 @@ class TwinStartError(RuntimeError):
 @contextmanager
 def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencies(), *, in_process: bool = False,
                 tokenizer: Any = None, policy: str = "scripted", max_staleness: int = 0, strict: bool = True,
-                on_process: Callable[[int], None] | None = None) -> Iterator[Any]:
+                on_process: Callable[[int], None] | None = None,
+                sampling_concurrency: int = SAMPLING_CONCURRENCY) -> Iterator[Any]:
     """``scenario`` is what the scripted policy replies from; other policies take ``None``.
+    The client's sampling clients keep ``sampling_concurrency`` requests in flight, as
+    ``train``'s do.
     ``max_staleness`` is the strict mode's allowance for off-policy training; ``strict=False``
     lets a run train on samples the twin did not serve (figure 5's in-memory sampler).
     ``on_process`` is told the server's process id (not called for ``in_process``)."""
     if in_process:
-        with _in_process(scenario, latencies, tokenizer, policy, max_staleness, strict) as client:
+        with _in_process(scenario, latencies, tokenizer, policy, max_staleness, strict,
+                         sdk_options={**LOCAL_RETRIES, **sampling_capacity(sampling_concurrency)}) as client:
             yield client
         return
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch:
@@ -63,7 +69,8 @@ def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencie
             first = server.stdout.readline().strip() if server.stdout else ""
             if not first.startswith("PYTRIO_BASE_URL="):
                 raise TwinStartError(f"the twin did not start: {(first + server.communicate(timeout=30)[1])[-500:]}")
-            client = connect(first.split("=", 1)[1], home=Path(scratch) / "sdk", sdk_options=LOCAL_RETRIES)
+            client = connect(first.split("=", 1)[1], home=Path(scratch) / "sdk",
+                             sdk_options={**LOCAL_RETRIES, **sampling_capacity(sampling_concurrency)})
             closer = session_closer(client)
             try:
                 yield client
@@ -84,7 +91,7 @@ def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencie
 
 @contextmanager
 def _in_process(scenario: dict[str, Any] | None, latencies: Latencies, tokenizer: Any, policy: str,
-                max_staleness: int, strict: bool = True) -> Iterator[Any]:
+                max_staleness: int, strict: bool = True, *, sdk_options: dict[str, Any]) -> Iterator[Any]:
     from searchr1.twin import Strictness, start_twin
     from searchr1.twin.scenario import parse_scenario
     from searchr1.twin.scripted_policy import ScriptedPolicy
@@ -97,4 +104,4 @@ def _in_process(scenario: dict[str, Any] | None, latencies: Latencies, tokenizer
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch, \
             start_twin(home=scratch, tokenizer=tokenizer, policy=served, latencies=latencies,
                        strictness=Strictness(enabled=strict, max_staleness=max_staleness)) as twin:
-        yield twin.service_client()
+        yield twin.service_client(sdk_options=sdk_options)

@@ -328,7 +328,8 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
     workload = build_workload(spec, seed + 505)
     runs: list[StepProbe] = []
     twin_pid: list[int] = []
-    with served_twin(workload.raw, in_process=quick, tokenizer=tokenizer, on_process=twin_pid.append) as service:
+    with served_twin(workload.raw, in_process=quick, tokenizer=tokenizer, on_process=twin_pid.append,
+                     sampling_concurrency=workload.config.sampling_concurrency) as service:
         for _ in range(repetitions):
             probe = StepProbe()
             probe.twin_pid = twin_pid[0] if twin_pid else None

@@ -391,7 +391,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
         home = offline_home or Path(scratch)
         service = start_service(tokenizer, offline=offline, home=home, policy=offline_policy,
-                                connect_timeout=connect_timeout)
+                                connect_timeout=connect_timeout, sampling_concurrency=rollout.sampling_concurrency)
         sampler = _sampling_client(service, base_model, model_path, offline=offline, offline_home=offline_home)
         bar = None if quiet else _Bar()
 

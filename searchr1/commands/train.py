@@ -345,10 +345,12 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         from searchr1.twin.config import parse_offline_fault
 
         service = start_service(tokenizer, offline=True, home=home, policy=config.offline_policy,
+                                sampling_concurrency=config.rollout.sampling_concurrency,
                                 max_staleness=twin_staleness(config),
                                 faults=TwinFaults(**parse_offline_fault(config.offline_fault or "none")))
     else:
-        service = start_service(tokenizer, offline=False, home=None, connect_timeout=connect_timeout)
+        service = start_service(tokenizer, offline=False, home=None, connect_timeout=connect_timeout,
+                                sampling_concurrency=config.rollout.sampling_concurrency)
     config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
     resume = run.resume_point(from_step) if resume_dir is not None else None
     if from_step is not None and resume is None:

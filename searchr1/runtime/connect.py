@@ -24,6 +24,19 @@ REFUSAL_CHECK_AFTER = 0.5  # seconds the client gets before one TCP connect chec
 PROBE_TIMEOUT = 0.75  # seconds a start-up check waits for one TCP connect to PyTRIO
 
 
+SDK_SAMPLING_QUEUE = 64  # pytrio's own sampling_request_queue_capacity
+
+
+def sampling_capacity(concurrency: int) -> dict[str, int]:
+    """The pytrio options under which one sampling client keeps ``concurrency`` requests in flight.
+
+    pytrio keeps at most ``sampling_request_max_in_flight`` requests of a sampling client in
+    flight (16 by default) and queues the rest locally, so a rollout's ``sampling_concurrency``
+    above 16 would otherwise be 16. Given to every ``ServiceClient`` we create, live or on a twin."""
+    return {"sampling_request_max_in_flight": concurrency,
+            "sampling_request_queue_capacity": max(concurrency, SDK_SAMPLING_QUEUE)}
+
+
 class ConnectTimeout(RuntimeError):
     """PyTRIO did not answer within the deadline; the message names the URL and the cause."""
 

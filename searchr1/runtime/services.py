@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.errors import UserError
+from searchr1.core.rollout import RolloutConfig
 from searchr1.core.tools import ToolBackend
 from searchr1.core.types import SearchBackend
 from searchr1.offline import SCENARIO, cassette_path
 from searchr1.search.options import SearchOptions, build_search_backend
 
 QWEN35_PREFIX = "Qwen/Qwen3.5-"
+SAMPLING_CONCURRENCY = RolloutConfig.sampling_concurrency  # the rollout's declared default
 
 
 class ServiceSetupError(UserError, RuntimeError):
@@ -54,21 +56,25 @@ def load_tokenizer(chat_template: str | None = None) -> Any:
     return shared_tokenizer(chat_template)
 
 
-def live_service(connect_timeout: float | None = None) -> Any:
-    """A real ``pytrio.ServiceClient``, after saying where it connects; it stops with one line
-    when PyTRIO does not answer within ``connect_timeout`` seconds (see :mod:`searchr1.runtime.connect`)."""
+def live_service(connect_timeout: float | None = None, *,
+                 sampling_concurrency: int = SAMPLING_CONCURRENCY) -> Any:
+    """A real ``pytrio.ServiceClient``, after saying where it connects, whose sampling clients keep
+    ``sampling_concurrency`` requests in flight; it stops with one line when PyTRIO does not
+    answer within ``connect_timeout`` seconds (see :mod:`searchr1.runtime.connect`)."""
     require_pytrio_key()
     import sys
 
     import pytrio
 
-    from searchr1.runtime.connect import DEFAULT_CONNECT_TIMEOUT, ConnectTimeout, call_with_deadline, diagnose, pytrio_base_url, refusal
+    from searchr1.runtime.connect import (DEFAULT_CONNECT_TIMEOUT, ConnectTimeout, call_with_deadline, diagnose,
+                                          pytrio_base_url, refusal, sampling_capacity)
 
     from searchr1.search.secrets import redact_url, strip_userinfo
 
     url = pytrio_base_url()
     shown = redact_url(url)  # a user:password@ in PYTRIO_BASE_URL is never printed
     print(f"connecting to PyTRIO at {shown}...", file=sys.stderr, flush=True)
+    pytrio.configure(**sampling_capacity(sampling_concurrency))  # read when the client is created
     try:
         return call_with_deadline(pytrio.ServiceClient, connect_timeout or DEFAULT_CONNECT_TIMEOUT,
                                   what=f"cannot connect to PyTRIO at {shown}",
@@ -87,28 +93,34 @@ def offline_scenario(path: str | Path | None = None) -> Any:
 
 
 def offline_service(home: Path, tokenizer: Any, scenario: Any = None, *, policy: str = "scripted",
-                    max_staleness: int = 0, **twin_options: Any) -> Any:
+                    max_staleness: int = 0, sampling_concurrency: int = SAMPLING_CONCURRENCY,
+                    **twin_options: Any) -> Any:
     """A real ``pytrio.ServiceClient`` connected to an offline twin started for it on 127.0.0.1
-    (checkpoints under ``home``, strict mode on, ``policy`` replying from ``scenario``). The twin
-    stops once the client and every client derived from it are gone (or at exit)."""
+    (checkpoints under ``home``, strict mode on, ``policy`` replying from ``scenario``), whose
+    sampling clients keep ``sampling_concurrency`` requests in flight. The twin stops once the
+    client and every client derived from it are gone (or at exit)."""
+    from searchr1.runtime.connect import sampling_capacity
     from searchr1.twin import Strictness, start_twin
+    from searchr1.twin.client import LOCAL_RETRIES
 
     twin = start_twin(home=home, tokenizer=tokenizer, policy=policy, scenario=scenario,
                       strictness=Strictness(max_staleness=max_staleness), **twin_options)
-    client = twin.service_client()
+    client = twin.service_client(sdk_options={**LOCAL_RETRIES, **sampling_capacity(sampling_concurrency)})
     twin.stop_with(client)
     return client
 
 
-def start_service(tokenizer: Any, *, offline: bool, home: Path | None, policy: str | None = None,
-                  connect_timeout: float | None = None, **twin_options: Any) -> Any:
+def start_service(tokenizer: Any, *, offline: bool, home: Path | None, sampling_concurrency: int,
+                  policy: str | None = None, connect_timeout: float | None = None, **twin_options: Any) -> Any:
     """The ``pytrio.ServiceClient`` that ``train`` and ``eval`` work with: offline, one on a twin
     started for it (checkpoints under ``home``, serving ``policy``, default the scripted one, from
-    the shipped scenario; ``twin_options`` go to the twin); live, one connected to PyTRIO."""
+    the shipped scenario; ``twin_options`` go to the twin); live, one connected to PyTRIO. Either
+    way its sampling clients keep ``sampling_concurrency`` requests in flight."""
     if offline:
         assert home is not None, "an offline service needs a home for the twin's checkpoints"
-        return offline_service(home, tokenizer, offline_scenario(), policy=policy or "scripted", **twin_options)
-    return live_service(connect_timeout)
+        return offline_service(home, tokenizer, offline_scenario(), policy=policy or "scripted",
+                               sampling_concurrency=sampling_concurrency, **twin_options)
+    return live_service(connect_timeout, sampling_concurrency=sampling_concurrency)
 
 
 @asynccontextmanager
