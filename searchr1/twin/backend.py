@@ -720,7 +720,9 @@ class TwinBackend:
     # --- actor: sampling ------------------------------------------------------------------
 
     def sample(self, owner: str, request: SampleRequest) -> tuple[dict[str, object], float]:
-        """The response body and the modelled seconds the twin waits before sending it."""
+        """The response body and when (on ``time.monotonic()``) the modelled service time is up:
+        it counts from the start of this call, so the twin's own work is part of it, as a real
+        server's is, instead of coming on top."""
         sampling = self._sampling_run(owner)
         started = time.monotonic()
         prompt: list[int] = []
@@ -810,7 +812,7 @@ class TwinBackend:
                                                   None if seed is None else int(seed),  # type: ignore[call-overload]
                                                   tuple(len(s.tokens) for s in sequences), started,
                                                   started + delay))
-        return body, delay
+        return body, started + delay
 
     def _stop_rules(self, params: dict[str, object]) -> StopRules:
         raw = params.get("stop") or ()

@@ -70,7 +70,8 @@ class Latencies:
     """Modelled service times in seconds (all zero by default: the twin answers at once).
 
     A sampling request takes ``sample_request + sampled_token * (tokens of its longest
-    sequence)`` (the sequences of one request are generated side by side) plus a uniform
+    sequence)`` from when the twin starts on it, its own work included (the sequences of one
+    request are generated side by side), plus a uniform
     ``[0, sample_jitter)`` draw from a generator seeded with ``jitter_seed``; a
     forward/forward_backward chunk ``trained_token * (input tokens)``; an optimiser step
     ``optim_step``; a checkpoint save ``weight_save``.

@@ -479,12 +479,12 @@ class _Handler(BaseHTTPRequestHandler):
             message = f"injected HTTP {action} on sample call {self._call_number} (TwinFaults.sample_hook)"
             raise ApiError(action, "twin.injected_http_error", message)
         self._drop_answer = self._drop_answer or action == "drop"
-        body, delay = self.backend.sample(owner, request)
+        body, ready_at = self.backend.sample(owner, request)
         if self._drop_answer:
             self.close_connection = True
             return None
         self._start_stream()
-        if not self.backend.wait(delay):
+        if not self.backend.wait(ready_at - time.monotonic()):
             self.close_connection = True
             return None
         self._chunk(json.dumps(body).encode())

@@ -82,6 +82,7 @@ class ScriptedPolicy:
         self.kind = f"scripted+{self.trainer.kind}"
         self._lock = threading.Lock()
         self.calls: list[SampleCall] = []
+        self._reply_tokens: dict[str, tuple[int, ...]] = {}  # a scripted reply's tokens, encoded once
 
     # -- the reply, as a pure function of the prompt ------------------------------------
 
@@ -131,7 +132,10 @@ class ScriptedPolicy:
     def _sequence(self, prompt: Sequence[int], scripted: ScriptedQuestion, turn: int, j: int,
                   max_tokens: int) -> SampledSequence:
         text = scripted.samples[j][turn]
-        tokens = list(self._tokenizer.encode(text, add_special_tokens=False)) + [self._stop]
+        encoded = self._reply_tokens.get(text)
+        if encoded is None:
+            encoded = self._reply_tokens[text] = tuple(self._tokenizer.encode(text, add_special_tokens=False))
+        tokens = [*encoded, self._stop]
         stopped = len(tokens) <= max_tokens
         tokens = tokens[:max_tokens]
         digest = hashlib.blake2b(
