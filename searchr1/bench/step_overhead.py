@@ -214,6 +214,22 @@ def seed_fit(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], as
     return None if fitted is None else FittedObservation(fitted[0], fitted[1], False)
 
 
+@contextlib.contextmanager
+def settled_heap(record: StepRecord) -> Iterator[None]:
+    """A measured rollout starts on a collected heap, frozen (``gc.freeze``): the garbage of what
+    ran before is not its cost, and neither is scanning what earlier steps and runs keep alive,
+    so the third run's rollout is measured like the first's. The collection is left out of the
+    step's CPU."""
+    cleared = time.thread_time()
+    gc.collect()
+    gc.freeze()
+    record.leave_out(time.thread_time() - cleared)
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps: int, probe: StepProbe) -> None:
     """One training run of ``steps`` steps, every step recorded (and its rollout replayed) in ``probe``."""
     from searchr1.training import pipeline as pipeline_module
@@ -230,15 +246,13 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
                        kwargs: dict[str, Any], trajectories: list[Any]) -> CpuInterval:
         """The CPU of the rollout once more, answered from memory, in ``mode``; it must roll out
         ``trajectories`` again."""
-        cleared = time.thread_time()
-        gc.collect()  # each replay starts on a collected heap: the garbage of the one before is not its cost
-        probe.current.leave_out(time.thread_time() - cleared)
         probe.replaying = mode
-        start = probe.meter.snapshot()  # type: ignore[union-attr]
-        try:
-            again = await rollout(InMemorySampler(answers), *args, **kwargs)
-        finally:
-            probe.replaying = None
+        with settled_heap(probe.current):
+            start = probe.meter.snapshot()  # type: ignore[union-attr]
+            try:
+                again = await rollout(InMemorySampler(answers), *args, **kwargs)
+            finally:
+                probe.replaying = None
         spent = probe.interval(start)
         checked = time.thread_time()
         if fingerprint(again) != fingerprint(trajectories):
@@ -249,9 +263,10 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
     async def timed_rollout(sampler: Any, *args: Any, **kwargs: Any) -> Any:
         answers: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         counted = CountingSampler(sampler, answers)
-        start = probe.meter.snapshot()  # type: ignore[union-attr]
-        trajectories = await rollout(counted, *args, **kwargs)
-        spent = probe.interval(start)
+        with settled_heap(probe.current):
+            start = probe.meter.snapshot()  # type: ignore[union-attr]
+            trajectories = await rollout(counted, *args, **kwargs)
+            spent = probe.interval(start)
         # The same rollout, answered from memory (no progress display, the same seeds and step).
         replay_args = list(args)
         if len(replay_args) > 4:
