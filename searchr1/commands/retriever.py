@@ -9,6 +9,8 @@ import click
 from searchr1.commands.help_layout import SectionedGroup
 from searchr1.commands.options import run_guarded
 
+MAX_WORKERS = 64
+
 
 @click.group("retriever", cls=SectionedGroup)
 def retriever() -> None:
@@ -21,17 +23,21 @@ def retriever() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 to share the index with other machines).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-def serve(index_dir: Path, host: str, port: int) -> None:
+@click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True,
+              help="Processes answering from the one memory-mapped index (its pages are cached once); "
+                   "each has the bounds of a single server.")
+def serve(index_dir: Path, host: str, port: int, workers: int) -> None:
     """Serve INDEX on POST /retrieve ({"queries": [...], "topk": 3, "return_scores": true}) with
     uvicorn, so `--backend retriever`, the official Search-R1 code and other machines share one
     index. Concurrent requests are answered in shared batches; malformed ones get a 4xx naming
     the field. GET /healthz tells what is served. Ctrl-C stops it."""
-    run_guarded(lambda: _serve(index_dir, host, port))
+    run_guarded(lambda: _serve(index_dir, host, port, workers))
 
 
-def _serve(index_dir: Path, host: str, port: int) -> None:
+def _serve(index_dir: Path, host: str, port: int, workers: int) -> None:
     from searchr1.bm25.index import BM25Index
     from searchr1.bm25.server import PortTakenError, listening_socket, make_server
+    from searchr1.bm25.workers import WorkerExited, serve_in_workers
 
     index = BM25Index(index_dir)
     try:
@@ -40,5 +46,14 @@ def _serve(index_dir: Path, host: str, port: int) -> None:
         raise click.ClickException(str(error)) from None
     port = sock.getsockname()[1]
     click.echo(f"serving {len(index)} passages from {index_dir} on http://{host}:{port}/retrieve "
-               f"(corpus sha256 {index.manifest['corpus']['sha256'][:12]}…)", err=True)
-    make_server(index, host=host, port=port, log_level="warning").run(sockets=[sock])
+               f"(corpus sha256 {index.manifest['corpus']['sha256'][:12]}…"
+               f"{f', {workers} worker processes' if workers > 1 else ''})", err=True)
+    server = make_server(index, host=host, port=port, log_level="warning")  # uvicorn loaded here, not per worker
+    if workers == 1:
+        server.run(sockets=[sock])
+        return
+    try:
+        serve_in_workers(lambda inherited: make_server(index, host=host, port=port, log_level="warning")
+                         .run(sockets=[inherited]), sock, workers)
+    except WorkerExited as error:
+        raise click.ClickException(str(error)) from None
