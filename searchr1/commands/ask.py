@@ -15,7 +15,8 @@ from typing import Any
 import click
 
 from searchr1.commands.help_layout import SectionedCommand, SectionOption
-from searchr1.commands.options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
+from searchr1.commands.options import (connect_timeout_option, rollout_config_from, rollout_options, run_guarded,
+                                       sigterm_exits)
 from searchr1.commands.search_options import SearchOptions, search_options
 
 FOLDED_LINES = 3
@@ -182,10 +183,11 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
     example = SearchExample(id="ask", question=question.strip(), answers=answers, data_source="ask")
     who = (f"the offline twin's {policy} policy (not the model)" if offline else "live PyTRIO")
     click.echo(f"ask: {model_path or base_model}, answered by {who}, search {search.backend}", err=True)
-    with tempfile.TemporaryDirectory(prefix="searchr1-ask-") as scratch:
+    with sigterm_exits(), tempfile.TemporaryDirectory(prefix="searchr1-ask-") as scratch:
         home = offline_home or Path(scratch)
-        service = (offline_service(home, tokenizer, offline_scenario(), policy=policy) if offline
-                   else live_service(connect_timeout))
+        capacity = rollout.sampling_concurrency
+        service = (offline_service(home, tokenizer, offline_scenario(), policy=policy, sampling_concurrency=capacity)
+                   if offline else live_service(connect_timeout, sampling_concurrency=capacity))
         sampler = _Printing(_sampling_client(service, base_model, model_path, offline=offline,
                                              offline_home=offline_home))
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +131,22 @@ def _preset_origins(ctx: click.Context | None, message: str) -> str:
     """``message`` with each of its lines that names a flag set by the ``--config`` preset
     naming the file and line too (a message may list several problems, a line each)."""
     return "\n".join(preset_origin(ctx, line) for line in message.split("\n"))
+
+
+@contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Within the block, SIGTERM (a service manager's stop, ``docker stop``) ends the command as an
+    exception does, exit 143 (128 + 15): every ``with`` block it is in cleans up (a temporary
+    folder, a search backend) instead of the process dying where it stands. A server that catches
+    SIGTERM to shut down gracefully (uvicorn) raises it again once it has, and lands here."""
+    def exit_on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_guarded(function: Callable[[], Any]) -> Any:

@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from searchr1.commands.help_layout import SectionedCommand, SectionOption
-from searchr1.commands.options import connect_timeout_option, rollout_config_from, rollout_options, run_guarded
+from searchr1.commands.options import (connect_timeout_option, rollout_config_from, rollout_options, run_guarded,
+                                       sigterm_exits)
 from searchr1.commands.search_options import SearchOptions, search_options
 
 
@@ -91,10 +92,11 @@ def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     tokenizer = load_tokenizer()
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="searchr1-serve-") as scratch:
+    with sigterm_exits(), tempfile.TemporaryDirectory(prefix="searchr1-serve-") as scratch:
         home = offline_home or Path(scratch)
-        service = (offline_service(home, tokenizer, offline_scenario(), policy=policy) if offline
-                   else live_service(connect_timeout))
+        capacity = rollout.sampling_concurrency
+        service = (offline_service(home, tokenizer, offline_scenario(), policy=policy, sampling_concurrency=capacity)
+                   if offline else live_service(connect_timeout, sampling_concurrency=capacity))
         sampler = _sampling_client(service, base_model, model_path, offline=offline, offline_home=offline_home)
         backend = search_backend(search, offline=offline)
         who = (f"the offline {offline_policy_label(policy)} (not the model)" if offline

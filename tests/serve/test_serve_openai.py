@@ -156,9 +156,11 @@ def test_the_serve_command_answers_the_openai_client_and_says_where(tmp_path):
     import subprocess
     import sys
 
+    scratch = tmp_path / "tmp"  # the command's temporary folders
+    scratch.mkdir()
     process = subprocess.Popen([sys.executable, "cli.py", "serve", "--offline", "--port", "0"],
                                cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch)})
     try:
         line = ""
         while "serving" not in line:
@@ -173,3 +175,5 @@ def test_the_serve_command_answers_the_openai_client_and_says_where(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=20)
+    assert list(scratch.iterdir()) == []  # SIGTERM ends it as cleanly as Ctrl-C: its twin's home is gone
+    assert process.returncode == 143
