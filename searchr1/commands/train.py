@@ -339,8 +339,10 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         click.echo(render_estimate(configured_estimate(config, tokenizer, examples), account.prices))
         return
     if offline:
-        # --preflight-only writes nothing, not even the twin's home, for a new run
-        home = Path(tempfile.mkdtemp()) if preflight_only and resume_dir is None else run.path / TWIN_HOME
+        # --preflight-only writes nothing, not even the twin's home, for a new run (a temporary one,
+        # removed when the command ends)
+        home = (Path(held.enter_context(tempfile.TemporaryDirectory(prefix="searchr1-preflight-")))
+                if preflight_only and resume_dir is None else run.path / TWIN_HOME)
         from searchr1.twin import TwinFaults
         from searchr1.twin.config import parse_offline_fault
 

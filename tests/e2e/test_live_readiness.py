@@ -230,12 +230,17 @@ def test_service_and_network_failures_are_told_apart_from_bugs():
 # --- run directories: nothing written before the checks, nothing stuck after a failed start --
 
 
-def test_preflight_only_checks_and_writes_nothing(tmp_path):
-    run_dir = tmp_path / "run"
+def test_preflight_only_checks_and_writes_nothing(tmp_path, monkeypatch):
+    import tempfile
+
+    run_dir, scratch = tmp_path / "run", tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the twin's home for the check goes
     result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--preflight-only", "--run-dir", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert "preflight passed" in result.output
     assert not run_dir.exists()
+    assert list(scratch.iterdir()) == []  # and is removed with everything in it
 
 
 def test_a_run_that_failed_before_its_first_step_can_be_started_over_without_removing_it(tmp_path):
