@@ -48,10 +48,11 @@ def _serve(index_dir: Path, host: str, port: int, workers: int) -> None:
     click.echo(f"serving {len(index)} passages from {index_dir} on http://{host}:{port}/retrieve "
                f"(corpus sha256 {index.manifest['corpus']['sha256'][:12]}…"
                f"{f', {workers} worker processes' if workers > 1 else ''})", err=True)
-    server = make_server(index, host=host, port=port, log_level="warning")  # uvicorn loaded here, not per worker
     if workers == 1:
-        server.run(sockets=[sock])
+        make_server(index, host=host, port=port, log_level="warning").run(sockets=[sock])
         return
+    import uvicorn  # noqa: F401 - imported before the fork: a broken install fails here, not in every worker
+
     try:
         serve_in_workers(lambda inherited: make_server(index, host=host, port=port, log_level="warning")
                          .run(sockets=[inherited]), sock, workers)
