@@ -147,11 +147,16 @@ def test_the_minutes_long_figures_run_only_when_named():
     assert parse_only("8,9") == [8, 9]
 
 
-def test_the_algorithm_figure_reports_steps_to_reward_for_every_option_and_the_kl_cost(tmp_path, tokenizer):
+def quick_figure(tmp_path, number: int, name: str) -> dict:
+    """``bench --quick --only NUMBER`` through the CLI, and the report's entry ``name``."""
     output = tmp_path / "bench.json"
-    result = CliRunner().invoke(main, ["bench", "--quick", "--only", "10", "--output", str(output)])
+    result = CliRunner().invoke(main, ["bench", "--quick", "--only", str(number), "--output", str(output)])
     assert result.exit_code == 0, result.output
-    figure = json.loads(output.read_text())["figures"]["algorithms"]
+    return json.loads(output.read_text())["figures"][name]
+
+
+def test_the_algorithm_figure_reports_steps_to_reward_for_every_option_and_the_kl_cost(tmp_path, tokenizer):
+    figure = quick_figure(tmp_path, 10, "algorithms")
     assert figure["figure"] == 10 and figure["target"] is not None and isinstance(figure["met"], bool)
     assert {f"steps_{name}" for name in ("defaults", "ppo", "cispo", "dro", "kl", "dynamic")} <= set(figure["measures"])
     substeps = ("substeps_is", "substeps_ppo", "substeps_cispo", "one_step_is")
@@ -170,10 +175,7 @@ def test_the_algorithm_figure_reports_steps_to_reward_for_every_option_and_the_k
 
 @pytest.mark.slow
 def test_the_page_figure_trains_each_seed_with_one_tool_and_with_two(tmp_path, tokenizer):
-    output = tmp_path / "bench.json"
-    result = CliRunner().invoke(main, ["bench", "--quick", "--only", "12", "--output", str(output)])
-    assert result.exit_code == 0, result.output
-    figure = json.loads(output.read_text())["figures"]["page_world"]
+    figure = quick_figure(tmp_path, 12, "page_world")
     assert figure["figure"] == 12 and figure["target"] is not None and isinstance(figure["met"], bool)
     details = figure["details"]
     curves = details["reward_curves"]
@@ -186,10 +188,7 @@ def test_the_page_figure_trains_each_seed_with_one_tool_and_with_two(tmp_path, t
 
 
 def test_the_contention_figure_measures_the_same_requests_idle_and_busy_and_holds_no_target(tmp_path, tokenizer):
-    output = tmp_path / "bench.json"
-    result = CliRunner().invoke(main, ["bench", "--quick", "--only", "11", "--output", str(output)])
-    assert result.exit_code == 0, result.output
-    figure = json.loads(output.read_text())["figures"]["client_contention"]
+    figure = quick_figure(tmp_path, 11, "client_contention")
     assert figure["figure"] == 11 and figure["target"] is None
     measures = figure["measures"]
     idle = measures["client_ms_per_request_main_idle"]["value"]
