@@ -43,9 +43,10 @@ def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencie
     ``max_staleness`` is the strict mode's allowance for off-policy training; ``strict=False``
     lets a run train on samples the twin did not serve (figure 5's in-memory sampler).
     ``on_process`` is told the server's process id (not called for ``in_process``)."""
+    sdk_options = {**LOCAL_RETRIES, **sampling_capacity(sampling_concurrency)}
     if in_process:
         with _in_process(scenario, latencies, tokenizer, policy, max_staleness, strict,
-                         sdk_options={**LOCAL_RETRIES, **sampling_capacity(sampling_concurrency)}) as client:
+                         sdk_options=sdk_options) as client:
             yield client
         return
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch:
@@ -69,8 +70,7 @@ def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencie
             first = server.stdout.readline().strip() if server.stdout else ""
             if not first.startswith("PYTRIO_BASE_URL="):
                 raise TwinStartError(f"the twin did not start: {(first + server.communicate(timeout=30)[1])[-500:]}")
-            client = connect(first.split("=", 1)[1], home=Path(scratch) / "sdk",
-                             sdk_options={**LOCAL_RETRIES, **sampling_capacity(sampling_concurrency)})
+            client = connect(first.split("=", 1)[1], home=Path(scratch) / "sdk", sdk_options=sdk_options)
             closer = session_closer(client)
             try:
                 yield client
