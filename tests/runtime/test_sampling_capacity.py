@@ -13,7 +13,8 @@ from searchr1.runtime.connect import sampling_capacity
 from searchr1.runtime.services import SAMPLING_CONCURRENCY, offline_service
 from searchr1.twin.config import Latencies
 
-LATENCY = 0.4  # seconds the twin takes for every sampling request
+LATENCY = 1.0  # seconds the twin takes for every sampling request: long beside the client's own work,
+# which on a loaded machine took half a second for 64 requests
 
 
 def test_the_options_name_pytrios_own_settings():
@@ -25,8 +26,8 @@ def test_the_options_name_pytrios_own_settings():
     assert Configuration().sampling_request_max_in_flight < SAMPLING_CONCURRENCY  # why the options exist
 
 
-@pytest.mark.slow  # a twin that takes 0.4 s a request
-@pytest.mark.parametrize("concurrency", [SAMPLING_CONCURRENCY, 24])
+@pytest.mark.slow  # a twin that takes 1 s a request
+@pytest.mark.parametrize("concurrency", [SAMPLING_CONCURRENCY, 48])
 def test_that_many_requests_are_in_flight_at_once(tmp_path, tokenizer, concurrency):
     service = offline_service(tmp_path, tokenizer, policy="toy", sampling_concurrency=concurrency,
                               latencies=Latencies(sample_request=LATENCY))
@@ -42,5 +43,5 @@ def test_that_many_requests_are_in_flight_at_once(tmp_path, tokenizer, concurren
         await asyncio.gather(*(one(seed) for seed in range(concurrency)))
         return time.perf_counter() - started
 
-    # pytrio's default (16 in flight) would need two rounds of LATENCY or more
+    # pytrio's default (16 in flight) would need three rounds of LATENCY or more
     assert asyncio.run(all_at_once()) < 2 * LATENCY
