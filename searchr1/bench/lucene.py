@@ -100,7 +100,7 @@ def top3_overlap(ours: list[list[str]], theirs: list[list[str]]) -> tuple[float,
 
 def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, passages: int | None = None) -> Figure:
     from searchr1.bm25.index import BM25Index
-    from searchr1.bm25.synthetic import sample_queries
+    from searchr1.bm25.synthetic import heaps_queries
     from searchr1.bench.local_search import FULL_PASSAGES, QUICK_PASSAGES, shared_corpus, shared_index
 
     begun = time.perf_counter()
@@ -110,7 +110,7 @@ def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, 
         raise RuntimeError("figure 9 needs its own set-up first: python -m searchr1.bench.lucene setup "
                            f"(Java 11+ and {PYSERINI}'s Anserini jar in {home})")
     count = passages or (QUICK_PASSAGES if quick else FULL_PASSAGES)
-    queries = sample_queries(200 if quick else 1000, seed=seed, corpus_seed=seed)
+    queries = heaps_queries(200 if quick else 1000, seed=seed)
     corpus, _ = shared_corpus(count, seed)
     ours_dir, _ = shared_index(count, seed)
     index = BM25Index(ours_dir)
