@@ -6,9 +6,11 @@ and the child's peak resident memory, bounded at 6 GB), query throughput in proc
 per call against batches of 256 per call, same queries), and ``retriever serve`` under
 concurrent load on loopback (a child process; 16 clients each sending one query per request):
 its start-up time, its resident memory beyond the page cache (anonymous pages, bounded at 4 GB),
-p50 and p95 latency and requests per second. The corpus comes from :mod:`searchr1.bm25.synthetic` (Zipf-distributed
-pseudo-words, ~100 words per passage as wiki-18's), so the numbers are about the engine, not
-about Wikipedia's vocabulary. Run it with ``python cli.py bench --only 8`` (not part of the
+p50 and p95 latency and requests per second. The corpus comes from
+:func:`searchr1.bm25.synthetic.heaps_passages`: pseudo-words whose vocabulary grows as wiki-18's
+does (a two-regime Zipf law fitted to wiki-18's published 5,345,516 terms over 1,512,973,244
+tokens), about 72 indexed terms a passage as wiki-18's; the figure prints the vocabulary the build
+found beside the law's expectation. Run it with ``python cli.py bench --only 8`` (not part of the
 default run; about 40 minutes on two cores at full size, most of it the corpus and the build).
 """
 
@@ -40,10 +42,10 @@ CLIENTS = 16
 
 def write_corpus(path: Path, passages: int, seed: int) -> None:
     from searchr1.bm25.corpus import passage_row
-    from searchr1.bm25.synthetic import synthetic_passages
+    from searchr1.bm25.synthetic import heaps_passages
 
     with path.open("w", encoding="utf-8") as out:
-        for ident, title, text in synthetic_passages(passages, seed=seed):
+        for ident, title, text in heaps_passages(passages, seed=seed):
             out.write(passage_row(ident, title, text))
 
 
@@ -93,12 +95,17 @@ async def _load(url: str, queries: list[str], clients: int) -> tuple[list[float]
         return latencies, time.perf_counter() - started
 
 
-def served_load(index: Path, queries: list[str], clients: int = CLIENTS) -> dict[str, Any]:
+def served_load(index: Path, queries: list[str], clients: int = CLIENTS, workers: int = 1) -> dict[str, Any]:
+    """``retriever serve`` (``workers`` processes) in a child process, answering ``queries`` from
+    ``clients`` concurrent clients, one query a request, after a warm-up; its latencies,
+    throughput, start-up time and memory (summed over its worker processes)."""
     import httpx
 
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "searchr1.cli", "retriever", "serve", "--index", str(index),
-                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    command = [sys.executable, "-m", "searchr1.cli", "retriever", "serve", "--index", str(index), "--port", str(port)]
+    if workers > 1:
+        command += ["--workers", str(workers)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     started = time.monotonic()
     try:
         deadline = time.monotonic() + 600
@@ -113,9 +120,9 @@ def served_load(index: Path, queries: list[str], clients: int = CLIENTS) -> dict
             time.sleep(0.2)
         start_seconds = time.monotonic() - started
         url = f"http://127.0.0.1:{port}/retrieve"
-        asyncio.run(_load(url, queries[: clients * 2], clients))  # warm up connections and pages
+        asyncio.run(_load(url, queries[: clients * 2 * workers], clients))  # warm up connections and pages
         latencies, seconds = asyncio.run(_load(url, queries, clients))
-        memory = _resident_mb(server.pid)
+        memory = _tree_resident_mb(server.pid)
     finally:
         server.terminate()
         try:
@@ -124,7 +131,20 @@ def served_load(index: Path, queries: list[str], clients: int = CLIENTS) -> dict
             server.kill()
     return {"requests": len(latencies), "seconds": seconds, "p50_ms": 1000 * _percentile(latencies, 0.5),
             "p95_ms": 1000 * _percentile(latencies, 0.95), "requests_per_second": len(latencies) / seconds,
-            "start_seconds": start_seconds, **memory}
+            "start_seconds": start_seconds, "workers": workers, **memory}
+
+
+def _tree_resident_mb(pid: int) -> dict[str, float]:
+    """:func:`_resident_mb` of a process and its children, summed (the workers of ``--workers``)."""
+    totals = _resident_mb(pid)
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for child in (children.read_text().split() if children.exists() else []):
+        try:
+            for name, value in _resident_mb(int(child)).items():
+                totals[name] += value
+        except OSError:
+            pass
+    return totals
 
 
 def _resident_mb(pid: int) -> dict[str, float]:
@@ -181,11 +201,11 @@ def shared_index(count: int, seed: int) -> tuple[Path, dict[str, float] | None]:
 def local_search_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False,
                         passages: int | None = None) -> Figure:
     from searchr1.bm25.index import BM25Index
-    from searchr1.bm25.synthetic import sample_queries
+    from searchr1.bm25.synthetic import heaps_queries, wiki18_law
 
     begun = time.perf_counter()
     count = passages or (QUICK_PASSAGES if quick else WIKI18_PASSAGES)
-    queries = sample_queries(200 if quick else 1000, seed=seed, corpus_seed=seed)
+    queries = heaps_queries(200 if quick else 1000, seed=seed)
     corpus, generated = shared_corpus(count, seed)
     out, build = shared_index(count, seed)
     if build is None:  # built by an earlier figure of this run: measure a build of our own
@@ -202,7 +222,11 @@ def local_search_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = F
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     corpus_bytes = corpus.stat().st_size
     rate = count / build["build_seconds"]
+    expected_vocabulary = wiki18_law().expected_vocabulary(build["tokens"])
     measures = [
+        Measure("vocabulary", "vocabulary, terms", build["vocabulary"], digits=0),
+        Measure("vocabulary_over_law", "vocabulary / wiki-18's law at this many tokens",
+                build["vocabulary"] / expected_vocabulary, unit="x", digits=3),
         Measure("build_passages_per_second", "index build, passages/s", rate, unit="/s", digits=0),
         Measure("build_passages_per_cpu_second", "index build, passages per CPU second",
                 count / build["cpu_seconds"] if build.get("cpu_seconds") else 0.0, unit="/s", digits=0),
@@ -221,7 +245,8 @@ def local_search_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = F
         Measure("serve_rss_mb", "retriever serve, resident memory", served["rss_mb"], unit="MB", digits=0),
     ]
     details = {"passages": count, "queries": len(queries), "corpus_bytes": corpus_bytes, "index_bytes": size,
-               "generate_seconds": round(generated, 2), "build": build, "throughput": throughput,
+               "generate_seconds": round(generated, 2), "build": build,
+               "expected_vocabulary": round(expected_vocabulary), "throughput": throughput,
                "served": served, "cpus": os.cpu_count()}
     figure = Figure(8, "local_search", f"BM25 of our own over {count:,} generated passages", measures, details,
                   notes=[f"{count:,} passages built in {build['build_seconds']:.0f} s"])

@@ -2,7 +2,9 @@
 through pyjnius, as pyserini's LuceneSearcher does, without pyserini's Python package (which
 would pull torch and pandas). Standard library and pyjnius only; never imports searchr1.
 
-    python lucene_child.py JAR INDEX QUERIES.json OUT.json
+    python lucene_child.py JAR INDEX QUERIES.json OUT.json [THREADS]
+
+The whole batch is searched with THREADS threads (1 unless given).
 """
 
 import json
@@ -10,7 +12,7 @@ import sys
 import time
 
 
-def main(jar: str, index: str, queries_path: str, out_path: str) -> None:
+def main(jar: str, index: str, queries_path: str, out_path: str, threads: str = "1") -> None:
     import jnius_config
 
     jnius_config.set_classpath(jar)
@@ -30,10 +32,10 @@ def main(jar: str, index: str, queries_path: str, out_path: str) -> None:
         texts.add(query)
         ids.add(str(number))
     started = time.perf_counter()
-    searcher.batch_search(texts, ids, 3, 1)
+    searcher.batch_search(texts, ids, 3, int(threads))
     batched = time.perf_counter() - started
     json.dump({"hits": hits, "single_seconds": single, "batched_seconds": batched}, open(out_path, "w"))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

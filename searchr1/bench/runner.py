@@ -7,12 +7,13 @@ from typing import Any
 
 from searchr1.bench.report import Figure
 
-FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 # Figures 8 and 9 (BM25 over a generated 1M-passage corpus, and against Lucene) and 10 (six
 # learning runs and the KL penalty's cost) take minutes and figure 9 needs its own set-up; figure
 # 11 (pytrio's CPU per request beside a busy loop) explains figure 5 and holds no target; figure
-# 12 (sixteen learning runs on the page questions, one tool against two) takes minutes: they
-# run only when named with --only.
+# 12 (sixteen learning runs on the page questions, one tool against two) takes minutes; 13 (a
+# paper-sized step's search over figure 8's index) builds that index first: they run only when
+# named with --only.
 DEFAULT_FIGURES = (1, 2, 3, 4, 5, 6, 7)
 
 
@@ -24,6 +25,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
     from searchr1.bench.off_policy import learning_speed_figure, off_policy_throughput_figure
     from searchr1.bench.packing import packing_figure
     from searchr1.bench.page_world import page_world_figure
+    from searchr1.bench.paper_step import paper_step_figure
     from searchr1.bench.protocol_cpu import protocol_cpu_figure
     from searchr1.bench.scheduling import scheduling_figure
     from searchr1.bench.search_calls import search_calls_figure
@@ -42,6 +44,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
         10: algorithms_figure,
         11: client_contention_figure,
         12: page_world_figure,
+        13: paper_step_figure,
     }
 
 
@@ -75,7 +78,7 @@ def run_figures(numbers: Iterable[int], *, tokenizer: Any = None, seed: int = 0,
     for number in numbers:
         if on_start is not None:
             on_start(number)
-        extra = {"passages": passages} if number in (8, 9) else {}
+        extra = {"passages": passages} if number in (8, 9, 13) else {}
         figure = builders[number](tokenizer, seed=seed, quick=quick, **extra)
         figures.append(figure)
         if on_done is not None:

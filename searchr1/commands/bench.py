@@ -22,6 +22,7 @@ TITLES = {
     10: "algorithm options and the KL penalty's cost",
     11: "pytrio's CPU per request, alone and beside our loop",
     12: "one tool against two on the page questions",
+    13: "one paper-sized step's search over wiki-18's size",
 }
 
 
@@ -31,10 +32,12 @@ TITLES = {
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
 @click.option("--only", default=None, metavar="1,2,...",
-              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 and 12 take minutes, 11 explains 5, "
+              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10, 12 and 13 take minutes, 11 "
+                   "explains 5, "
                    "and 9 needs `python -m searchr1.bench.lucene setup` first).")
 @click.option("--passages", type=click.IntRange(min=1000), default=None,
-              help="Generated corpus size of figures 8 and 9 [default: 1,000,000; 20,000 with --quick].")
+              help="Generated corpus size of figures 8, 9 and 13 [default: wiki-18's 21,015,324 for 8 and 13, "
+                   "1,000,000 for 9; 20,000 with --quick].")
 @click.option("--strict", is_flag=True, help="Exit with status 1 when a figure misses a target (not with --quick).")
 def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, passages: int | None) -> None:
     """Measure this implementation against the seed's way, side by side in one run.
@@ -52,6 +55,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     10 steps to reward 0.8 for each loss, KL penalty and dynamic sampling, and the KL's cost per step
     11 pytrio's CPU per sampling request with our loop idle and busy (why 5's wire costs 2x)
     12 steps to reward 0.8 on the page questions with search + open_page and with search alone
+    13 one paper-sized step's search (2,560 trajectories) through retriever serve with 1, 2, N workers
 
     Every figure is a ratio of two things measured in the same run. Prints a table and writes
     OUTPUT (value, target and "met" per figure). Exit status 0 even when a target is missed,
