@@ -13,7 +13,9 @@ seconds against the modelled service time of the same step (:func:`modelled_samp
 the sampling alone, by figure 1's latency model, which is a lower bound of the step's service
 time; at most 0.1). With Lucene set up for figure 9 (``python -m searchr1.bench.lucene setup``),
 the same queries go to Lucene (pyserini's Anserini, ``batch_search`` with as many threads as
-CPUs) over the same corpus, and the figure gives ours with the most workers / Lucene.
+CPUs) over the same corpus, and the figure gives ours with the most workers / Lucene; Lucene's
+one-thread build limits that to ``LUCENE_MAX_PASSAGES`` (``--only 9,13 --passages 1000000``
+runs it at figure 9's size).
 
 Run it with ``python cli.py bench --only 13`` (not part of the default run): at full size it
 builds figure 8's corpus and index first (about 40 minutes on two cores) unless ``--only 8,13``
@@ -40,6 +42,10 @@ PAPER_PROMPTS = 512
 PAPER_GROUP_SIZE = 5
 QUICK_PROMPTS = 16
 SERVICE_RATIO_TARGET = 0.1  # the step's search seconds / its modelled service time (issue)
+# Lucene's index build is single-threaded (figure 9: about 14,500 passages/s on two cores), so
+# at wiki-18's size it would add about 25 minutes; above this size the comparison is left to a
+# run with --passages at most this (figure 9's size).
+LUCENE_MAX_PASSAGES = 2_000_000
 
 
 def learned_searches_per_trajectory() -> float:
@@ -134,7 +140,7 @@ def paper_step_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = Fal
     index, _ = shared_index(count, seed)
     served = {workers: served_load(index, queries, clients, workers) for workers in worker_counts()}
     most = max(served)
-    lucene = lucene_step(corpus, queries, os.cpu_count() or 1)
+    lucene = lucene_step(corpus, queries, os.cpu_count() or 1) if count <= LUCENE_MAX_PASSAGES else None
     measures = [
         Measure("search_over_service_time", f"the step's search / its modelled service time ({most} workers)",
                 served[most]["seconds"] / service["seconds"], target=SERVICE_RATIO_TARGET, comparator="<=",
@@ -160,7 +166,10 @@ def paper_step_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = Fal
                "served": {str(w): load for w, load in served.items()}, "lucene": lucene, "cpus": os.cpu_count()}
     notes = [f"{trajectories:,} trajectories x {searches.mean():.2f} searches = {len(queries):,} queries over "
              f"{count:,} passages, {clients} concurrent clients, one query a request"]
-    if lucene is None:
+    if count > LUCENE_MAX_PASSAGES:
+        notes.append(f"Lucene left out above {LUCENE_MAX_PASSAGES:,} passages (its one-thread build): "
+                     "--only 9,13 --passages 1000000 compares them")
+    elif lucene is None:
         notes.append("Lucene not set up: python -m searchr1.bench.lucene setup")
     figure = Figure(13, "paper_step_search", f"one paper-sized step's search ({count:,} passages)", measures,
                     details, notes=notes)

@@ -357,11 +357,14 @@ def _tokenize_into(passages: Sequence[tuple[str, str]], partial: Path, final: Pa
     os.rename(partial, final)
 
 
-def _score_into(directory: Path, mapping: np.ndarray, idf_of_term: np.ndarray, avg_length: float) -> None:
-    """Pass two for one shard: its scores under the corpus-wide statistics; data.npy is renamed
-    into place last, so a shard with it is scored."""
+def _score_into(directory: Path, idf_of_term: np.ndarray, avg_length: float) -> None:
+    """Pass two for one shard: its scores under the corpus-wide statistics, its token ids mapped
+    to the corpus vocabulary through its ``mapping.npy``; data.npy is renamed into place last, so
+    a shard with it is scored."""
     lengths = np.load(directory / "lengths.npy")
-    token_ids = mapping[np.load(directory / "tokens.npy")] if len(mapping) else np.zeros(0, np.int64)
+    mapping = np.load(directory / "mapping.npy")
+    token_ids = mapping[np.load(directory / "tokens.npy")].astype(np.int64) if len(mapping) \
+        else np.zeros(0, np.int64)
     data, indices, indptr = shard_scores(token_ids, lengths, idf_of_term, avg_length)
     for file, array in (("indptr.npy", indptr), ("indices.npy", indices), ("data.npy", data)):
         _save(directory / f".{file}", array)
@@ -388,10 +391,12 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
     pool.wait()
     shard_names = [f"{n:05d}" for n in range(count)]
     tokenized = time.perf_counter() - started
-    # Merge the vocabularies and the document frequencies.
+    # Merge the vocabularies and the document frequencies. Each shard's map from its term ids to
+    # the corpus's goes to disk beside it (int32: the vocabulary stays under 2**31 terms), and the
+    # document frequencies are summed shard by shard, so the merge holds the vocabulary and one
+    # shard's terms, not a map per shard.
     vocab: dict[str, int] = {}
-    mappings: list[np.ndarray] = []
-    df_parts: list[np.ndarray] = []
+    df = np.zeros(0, dtype=np.int64)
     shard_rows: list[int] = []
     lengths_total = 0
     for name in shard_names:
@@ -399,24 +404,26 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
         if (directory / "data.npy").exists() and not (directory / "terms.json").exists():
             raise BM25IndexError(f"{directory}: a scored shard without its terms; remove {staging} and build again")
         terms = json.loads((directory / "terms.json").read_text("utf-8"))
-        mappings.append(np.fromiter((vocab.setdefault(t, len(vocab)) for t in terms), dtype=np.int64,
-                                    count=len(terms)))
-        df_parts.append(np.load(directory / "df.npy"))
+        mapping = np.fromiter((vocab.setdefault(t, len(vocab)) for t in terms), dtype=np.int32, count=len(terms))
+        del terms
+        if not (directory / "data.npy").exists():
+            _save(directory / ".mapping.npy", mapping)
+            os.rename(directory / ".mapping.npy", directory / "mapping.npy")
+        if len(df) < len(vocab):
+            df = np.concatenate([df, np.zeros(len(vocab) - len(df), dtype=np.int64)])
+        np.add.at(df, mapping, np.load(directory / "df.npy"))
         lengths = np.load(directory / "lengths.npy")
         shard_rows.append(len(lengths))
         lengths_total += int(lengths.sum())
-    df = np.zeros(len(vocab), dtype=np.int64)
-    for mapping, part in zip(mappings, df_parts):
-        np.add.at(df, mapping, part)
     rows = reader.rows
     idf_of_term = idf(df, rows)
     avg_length = lengths_total / rows
     # Pass two: score every shard with the corpus-wide statistics.
     shards: list[dict[str, int]] = []
     first_row = 0
-    for name, mapping, count_of_rows in zip(shard_names, mappings, shard_rows):
+    for name, count_of_rows in zip(shard_names, shard_rows):
         if not (shards_dir / name / "data.npy").exists():
-            pool.submit(_score_into, shards_dir / name, mapping, idf_of_term, avg_length)
+            pool.submit(_score_into, shards_dir / name, idf_of_term, avg_length)
         shards.append({"first_row": first_row, "rows": count_of_rows})
         first_row += count_of_rows
         if progress is not None:
@@ -431,7 +438,8 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
         _save(rows_path, table_rows)
         del keys, table_rows
     for name in shard_names:
-        for spill in ("tokens.npy", "lengths.npy", "df.npy", "terms.json", "titles.keys.npy", "ids.keys.npy"):
+        for spill in ("tokens.npy", "lengths.npy", "df.npy", "terms.json", "mapping.npy", "titles.keys.npy",
+                      "ids.keys.npy"):
             (shards_dir / name / spill).unlink(missing_ok=True)
     terms_in_order = [""] * len(vocab)
     for term, index in vocab.items():
