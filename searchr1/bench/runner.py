@@ -66,7 +66,7 @@ def parse_only(text: str | None) -> list[int]:
 
 
 def run_figures(numbers: Iterable[int], *, tokenizer: Any = None, seed: int = 0, quick: bool = False,
-                passages: int | None = None,
+                passages: int | None = None, paper_sizes: bool = False,
                 on_start: Callable[[int], None] | None = None,
                 on_done: Callable[[Figure], None] | None = None) -> list[Figure]:
     if tokenizer is None:
@@ -78,7 +78,9 @@ def run_figures(numbers: Iterable[int], *, tokenizer: Any = None, seed: int = 0,
     for number in numbers:
         if on_start is not None:
             on_start(number)
-        extra = {"passages": passages} if number in (8, 9, 13) else {}
+        extra: dict[str, Any] = {"passages": passages} if number in (8, 9, 13) else {}
+        if number == 5:
+            extra["paper_sizes"] = paper_sizes
         figure = builders[number](tokenizer, seed=seed, quick=quick, **extra)
         figures.append(figure)
         if on_done is not None:

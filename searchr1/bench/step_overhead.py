@@ -36,6 +36,12 @@ types), and the rest (asyncio, and pytrio's cross-thread futures on our loop); p
 during rollout (also per sampling request); datums (``build_training_datums``); outside the
 rollout, the main thread (the trainer's bookkeeping, metrics, run directory, and its pytrio
 calls) and pytrio's thread (training calls, the sampler checkpoint).
+
+Scaling rows (:mod:`.client_scaling`): one rollout of the whole batch, with the real client
+against a twin of its own, at 64, 256 and 1,024 trajectories (and, with ``bench
+--paper-sizes``, at 2,560, the paper's 512 prompts x 5, and 4,096): the local
+CPU per trajectory at each size, the last size's over 64's (target: at most 1.25), and the growth
+of this process's resident memory during the largest rollout, whole and per 1,000 trajectories.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from searchr1.twin.scripted_search import ScriptedSearch
+from searchr1.bench.client_scaling import client_scaling
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY
 from searchr1.bench.protocol_cpu import seed_fit_tool_content
 from searchr1.bench.report import Figure, Measure
@@ -335,7 +342,8 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
 
 
 def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,
-                         spec: WorkloadSpec | None = None, repetitions: int | None = None) -> Figure:
+                         spec: WorkloadSpec | None = None, repetitions: int | None = None,
+                         paper_sizes: bool = False) -> Figure:
     started = time.perf_counter()
     steps = steps if steps is not None else (2 if quick else 4)
     repetitions = repetitions if repetitions is not None else (1 if quick else 3)
@@ -350,6 +358,7 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
             probe.twin_pid = twin_pid[0] if twin_pid else None
             _run(service, tokenizer, workload, spec, steps, probe)
             runs.append(probe)
+    scaling_measures, scaling = client_scaling(tokenizer, seed=seed, quick=quick, paper_sizes=paper_sizes)
 
     model = LatencyModel(seed=seed)
     service_seconds = [
@@ -439,6 +448,7 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
                            unit="ms", digits=2),
         Measure.of_samples("twin_seconds_per_step", "the twin's process per step (not counted)",
                            per_step(lambda r: r.twin), unit="s"),
+        *scaling_measures,
     ]
     trajectories = runs[0].trajectories[-1]
     figure = Figure(
@@ -459,12 +469,16 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
             "latency_model": {"sample_base": model.sample_base, "sample_per_token": model.sample_per_token,
                               "search_median": model.search_median, "search_sigma": model.search_sigma},
             "cpu_clock": "per-thread schedstat" if runs and runs[0].meter and runs[0].meter.proc else "process_time",
+            "scaling": scaling,
         },
         notes=[(f"{plural(repetitions, 'run')} x {plural(steps, 'step')}, the first step of each run left out (a sample is a run's mean "
                 f"over the same steps), each step's rollout replayed from memory right after it, ours and the seed's "
                 f"observation fitting; {len(trajectories)} trajectories, {requests:.0f} sampling requests and "
                 f"{turns:.0f} assistant turns per step; CPU per thread (waiting adds nothing); the twin served from "
-                f"another process{' (in this process: --quick)' if quick else ''}")],
+                f"another process{' (in this process: --quick)' if quick else ''}"),
+               "scaling rows: one whole rollout per size (" + ", ".join(f"{size['trajectories']:,}" for size in scaling)
+               + " trajectories), each on a twin of its own; bench --paper-sizes measures 64 to 4,096 "
+               "(not with --quick)"],
     )
     figure.seconds = time.perf_counter() - started
     return figure
