@@ -8,7 +8,8 @@ that many times 2,560, drawn as figure 8's (:func:`searchr1.bm25.synthetic.heaps
 Measured in one run, for ``retriever serve`` with 1, 2 and as many workers as CPUs: the step's
 queries sent by as many concurrent clients as the ``retriever`` backend allows (one query a
 request, as the engine sends them), after a warm-up; the seconds the step's search takes, its
-queries per second and p95 latency. The ratio that holds the target sets the step's search
+queries per second, p95 latency and the server's memory beyond the page cache (its processes'
+anonymous pages, summed). The ratio that holds the target sets the step's search
 seconds against the modelled service time of the same step (:func:`modelled_sampling_seconds`:
 the sampling alone, by figure 1's latency model, which is a lower bound of the step's service
 time; at most 0.1). With Lucene set up for figure 9 (``python -m searchr1.bench.lucene setup``),
@@ -153,6 +154,8 @@ def paper_step_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = Fal
                     unit="s", digits=1),
             Measure(f"qps_{workers}w", "  queries/s", load["requests_per_second"], unit="/s", digits=0),
             Measure(f"p95_ms_{workers}w", f"  p95 latency, {clients} clients", load["p95_ms"], unit="ms", digits=1),
+            Measure(f"anon_mb_{workers}w", "  memory beyond the page cache, every process", load["rss_anon_mb"],
+                    unit="MB", digits=0),
         ]
     measures.append(Measure("modelled_service_seconds", "the step's modelled service time (sampling alone)",
                             service["seconds"], unit="s", digits=0))
