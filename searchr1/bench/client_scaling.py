@@ -12,7 +12,7 @@ larger sizes average over more trajectories and are rolled out once.
 
 Sizes: 64 (figure 5's step), 256 and 1,024 trajectories by default; with ``bench
 --paper-sizes`` also 2,560 (the paper's step, 512 prompts x 5) and 4,096
-(512 x 8), which take about three and a half minutes more on two cores; ``python -m
+(512 x 8), which take about two and a half minutes more on two cores; ``python -m
 searchr1.bench.client_scaling`` measures those five sizes alone.
 
 Memory is the growth of this process's resident set during the rollout: the peak is reset

@@ -40,7 +40,7 @@ TITLES = {
                    "1,000,000 for 9; 20,000 with --quick].")
 @click.option("--paper-sizes", is_flag=True,
               help="Figure 5's scaling rows also at 2,560 (the paper's 512 prompts x 5) and 4,096 trajectories: "
-                   "about 3.5 minutes more on two cores.")
+                   "about 2.5 minutes more on two cores.")
 @click.option("--strict", is_flag=True, help="Exit with status 1 when a figure misses a target (not with --quick).")
 def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, passages: int | None,
           paper_sizes: bool) -> None:
