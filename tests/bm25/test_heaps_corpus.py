@@ -61,7 +61,8 @@ def test_cdf_is_a_distribution() -> None:
 @pytest.mark.parametrize("tokens", [10_000, 300_000, 3_000_000])
 def test_expected_vocabulary_matches_draws(tokens: int) -> None:
     """The closed form against counting distinct ranks of that many draws, within five standard
-    deviations (the count's variance is at most its mean: a sum of independent indicators)."""
+    deviations (the count is a sum of negatively associated indicators, one per rank seen, so its
+    variance is at most its mean)."""
     drawn = LAW.ranks(np.random.default_rng(tokens).random(tokens))
     expected = LAW.expected_vocabulary(tokens)
     assert len(np.unique(drawn)) == pytest.approx(expected, abs=5 * math.sqrt(expected))
