@@ -98,6 +98,33 @@ def top3_overlap(ours: list[list[str]], theirs: list[list[str]]) -> tuple[float,
     return (sum(scores) / len(scores) if scores else 0.0), len(scores)
 
 
+def usable_jar(home: Path) -> Path | None:
+    """The Anserini jar in ``home`` when Java 11 or later runs it, else None."""
+    jar = find_jar(home)
+    return jar if jar is not None and (java_version() or 0) >= 11 else None
+
+
+def lucene_search(corpus: Path, queries: list[str], threads: int = 1) -> tuple[float, dict[str, Any]] | None:
+    """Lucene's index of ``corpus`` (its build seconds) and ``queries`` searched through it by
+    :mod:`.lucene_child` (hits one per call, seconds one per call and as a batch on ``threads``
+    threads); None when the Lucene side is not set up (:func:`setup`)."""
+    home = bench_home()
+    jar = usable_jar(home)
+    if jar is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="searchr1-bench-lucene-") as scratch:
+        lucene_dir = Path(scratch) / "lucene"
+        build_seconds = _lucene_index(jar, corpus.parent, lucene_dir)
+        queries_file, out_file = Path(scratch) / "queries.json", Path(scratch) / "hits.json"
+        queries_file.write_text(json.dumps(queries), "utf-8")
+        child = Path(__file__).with_name("lucene_child.py")
+        done = subprocess.run([str(_python(home)), str(child), str(jar), str(lucene_dir), str(queries_file),
+                               str(out_file), str(threads)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"Lucene search failed: {done.stderr.strip()[-400:]}")
+        return build_seconds, json.loads(out_file.read_text("utf-8"))
+
+
 def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, passages: int | None = None) -> Figure:
     from searchr1.bm25.index import BM25Index
     from searchr1.bm25.synthetic import heaps_queries
@@ -105,26 +132,19 @@ def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, 
 
     begun = time.perf_counter()
     home = bench_home()
-    jar = find_jar(home)
-    if jar is None or (java_version() or 0) < 11:
-        raise RuntimeError("figure 9 needs its own set-up first: python -m searchr1.bench.lucene setup "
+    jar = usable_jar(home)
+    if jar is None:  # before the corpus and the index are paid for
+        raise RuntimeError(f"figure 9 needs its own set-up first: python -m searchr1.bench.lucene setup "
                            f"(Java 11+ and {PYSERINI}'s Anserini jar in {home})")
     count = passages or (QUICK_PASSAGES if quick else FULL_PASSAGES)
     queries = heaps_queries(200 if quick else 1000, seed=seed)
     corpus, _ = shared_corpus(count, seed)
     ours_dir, _ = shared_index(count, seed)
     index = BM25Index(ours_dir)
-    with tempfile.TemporaryDirectory(prefix="searchr1-bench-lucene-") as scratch:
-        lucene_dir = Path(scratch) / "lucene"
-        lucene_build = _lucene_index(jar, corpus.parent, lucene_dir)
-        queries_file, out_file = Path(scratch) / "queries.json", Path(scratch) / "hits.json"
-        queries_file.write_text(json.dumps(queries), "utf-8")
-        child = Path(__file__).with_name("lucene_child.py")
-        done = subprocess.run([str(_python(home)), str(child), str(jar), str(lucene_dir), str(queries_file),
-                               str(out_file)], capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"Lucene search failed: {done.stderr.strip()[-400:]}")
-        lucene = json.loads(out_file.read_text("utf-8"))
+    searched = lucene_search(corpus, queries)
+    if searched is None:
+        raise RuntimeError("the Lucene set-up went away during figure 9")
+    lucene_build, lucene = searched
     index.search(queries[:50], 3)
     started = time.perf_counter()
     ours_hits = [[h.id for h in index.search([q], 3)[0]] for q in queries]

@@ -25,12 +25,9 @@ shares them; ``--passages`` scales the corpus down.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -99,23 +96,12 @@ def worker_counts() -> list[int]:
 def lucene_step(corpus: Path, queries: list[str], threads: int) -> dict[str, float] | None:
     """The step's queries through Lucene over ``corpus`` (figure 9's set-up), or None when it is
     not set up."""
-    from searchr1.bench.lucene import _lucene_index, _python, bench_home, find_jar, java_version
+    from searchr1.bench.lucene import lucene_search
 
-    home = bench_home()
-    jar = find_jar(home)
-    if jar is None or (java_version() or 0) < 11:
+    searched = lucene_search(corpus, queries, threads)
+    if searched is None:
         return None
-    with tempfile.TemporaryDirectory(prefix="searchr1-bench-lucene-") as scratch:
-        lucene_dir = Path(scratch) / "lucene"
-        build_seconds = _lucene_index(jar, corpus.parent, lucene_dir)
-        queries_file, out_file = Path(scratch) / "queries.json", Path(scratch) / "hits.json"
-        queries_file.write_text(json.dumps(queries), "utf-8")
-        child = Path(__file__).with_name("lucene_child.py")
-        done = subprocess.run([str(_python(home)), str(child), str(jar), str(lucene_dir), str(queries_file),
-                               str(out_file), str(threads)], capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"Lucene search failed: {done.stderr.strip()[-400:]}")
-        answered = json.loads(out_file.read_text("utf-8"))
+    build_seconds, answered = searched
     return {"seconds": answered["batched_seconds"], "threads": threads, "build_seconds": build_seconds}
 
 

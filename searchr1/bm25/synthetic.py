@@ -62,20 +62,6 @@ def synthetic_passages(count: int, *, seed: int = 0, words: int = 100, vocab_siz
         made += n
 
 
-def sample_queries(count: int, *, seed: int = 0, corpus_seed: int = 0, vocab_size: int = 50_000) -> list[str]:
-    """Queries for a :func:`synthetic_passages` corpus, shaped like typed ones: a stopword, a
-    common word, a middling one and two rarer ones (so posting lists of every length are read)."""
-    vocab = vocabulary(vocab_size, corpus_seed)
-    rng = np.random.default_rng(seed + 7)
-    bands = ((10, 500), (500, 5000), (5000, vocab_size), (5000, vocab_size))
-    queries = []
-    for _ in range(count):
-        words = [STOP_FILLERS[int(rng.integers(0, len(STOP_FILLERS)))]]
-        words += [vocab[int(rng.integers(low, high))] for low, high in bands]
-        queries.append(" ".join(words))
-    return queries
-
-
 # ------------------------------------------------------------------ Wikipedia's vocabulary growth
 
 # wiki-18 as Lucene's English analysis sees it (lowercase, stopwords out, Porter stems): Pyserini's
