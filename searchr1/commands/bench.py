@@ -67,7 +67,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     """
     from rich.console import Console
 
-    from searchr1.bench.report import bench_json, print_report, write_json_atomically
+    from searchr1.bench.report import Figure, bench_json, print_report, write_json_atomically
     from searchr1.bench.runner import parse_only, run_figures
 
     if strict and quick:
@@ -80,17 +80,39 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     from searchr1.run.fileio import check_writable
 
     check_writable(output, "bench report", click.ClickException)  # before minutes of measuring
+    if 9 in numbers:
+        from searchr1.bench.lucene import lucene_missing
+
+        missing = lucene_missing()
+        if missing is not None:  # before any figure is paid for
+            raise click.ClickException(missing)
     console = Console(stderr=True)
     started = time.perf_counter()
     console.print("[dim]loading the Qwen3.5 tokenizer...[/dim]")
     from searchr1.runtime.tokenizer import shared_tokenizer
 
     tokenizer = shared_tokenizer()
-    figures = run_figures(
-        numbers, tokenizer=tokenizer, seed=seed, quick=quick, passages=passages, paper_sizes=paper_sizes,
-        on_start=lambda n: console.print(f"[dim]figure {n}: {TITLES[n]}...[/dim]"),
-        on_done=lambda f: console.print(f"[dim]figure {f.number} done in {f.seconds:.1f} s[/dim]"),
-    )
+    figures: list[Figure] = []  # every figure finished, kept when a later one fails
+    running: list[int] = []
+
+    def starting(number: int) -> None:
+        running[:] = [number]
+        console.print(f"[dim]figure {number}: {TITLES[number]}...[/dim]")
+
+    def finished(figure: Figure) -> None:
+        figures.append(figure)
+        console.print(f"[dim]figure {figure.number} done in {figure.seconds:.1f} s[/dim]")
+
+    try:
+        run_figures(numbers, tokenizer=tokenizer, seed=seed, quick=quick, passages=passages, paper_sizes=paper_sizes,
+                    on_start=starting, on_done=finished)
+    except (RuntimeError, OSError) as error:  # a figure's child process or set-up failed: one line
+        kept = ""
+        if figures:
+            payload = bench_json(figures, quick=quick, seed=seed, argv=sys.argv[1:])
+            kept = f"; the {len(figures)} figure(s) finished are in {write_json_atomically(output, payload)}"
+        first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+        raise click.ClickException(f"figure {running[0] if running else '?'} failed: {first}{kept}") from None
     payload = bench_json(figures, quick=quick, seed=seed, argv=sys.argv[1:])
     payload["seconds"] = round(time.perf_counter() - started, 1)
     path = write_json_atomically(output, payload)

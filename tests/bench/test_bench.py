@@ -64,6 +64,38 @@ def test_only_runs_the_named_figures_and_rejects_unknown_ones(tmp_path):
     assert result.exit_code == 2 and "--only" in result.output
 
 
+def test_figure_9_without_its_set_up_is_one_line_before_any_figure_runs(tmp_path, monkeypatch):
+    from searchr1.bench import lucene, runner
+
+    monkeypatch.setattr(lucene, "bench_home", lambda: tmp_path / "no-lucene-here")
+    monkeypatch.setattr(runner, "run_figures", lambda *a, **k: pytest.fail("a figure ran before the check"))
+    output = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--only", "3,9", "--output", str(output)])
+    assert result.exit_code == 1 and not output.exists()
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "python -m searchr1.bench.lucene setup" in lines[0] and "Traceback" not in result.output
+
+
+def test_a_failing_figure_is_one_line_naming_it_and_the_finished_figures_are_kept(tmp_path, monkeypatch):
+    from searchr1.bench import runner
+
+    real = runner._builders()
+
+    def builders():
+        def broken(*args, **kwargs):
+            raise RuntimeError("retriever serve did not start: address in use\nsecond line")
+        return {**real, 4: broken}
+
+    monkeypatch.setattr(runner, "_builders", builders)
+    output = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--only", "3,4", "--output", str(output)])
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "figure 4 failed: retriever serve did not start: address in use;" in last and str(output) in last
+    assert "second line" not in result.output and "Traceback" not in result.output
+    assert set(json.loads(output.read_text())["figures"]) == {"packing"}
+
+
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{}\n</parameter>\n</function>\n</tool_call>"
 
 
