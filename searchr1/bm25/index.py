@@ -731,28 +731,33 @@ class BM25Index:
 
     def search(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
         """Each query's hits, best first (equal scores: lower row first), only passages that
-        share a term with the query. Each shard gives its own best ``k``; they are merged."""
+        share a term with the query. The shards are searched in row order, each query keeping its
+        best ``k`` so far: once it has ``k``, their lowest score is a floor no later shard's
+        passage needs to be scored below (it would rank after them, and ties go to the lower row)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if not queries:
             return []
         term_ids = [self.term_ids(terms) for terms in self.query_terms(queries)]
-        candidates: list[list[tuple[float, int, _Shard, int]]] = [[] for _ in term_ids]
+        best: list[list[tuple[float, int, _Shard, int]]] = [[] for _ in term_ids]  # (-score, row, shard, local)
         for shard in self.shards:
-            for number, best in enumerate(self._shard_top(shard, term_ids, k)):
-                candidates[number].extend((-score, shard.first_row + local, shard, local) for local, score in best)
-        out: list[list[Hit]] = []
-        for found in candidates:
-            found.sort(key=lambda c: (c[0], c[1]))
-            out.append([Hit(row=row, id=shard.ids[local], contents=shard.docs[local], score=-neg)
-                        for neg, row, shard, local in found[:k]])
-        return out
+            floors = [-found[k - 1][0] if len(found) == k else 0.0 for found in best]
+            for number, top in enumerate(self._shard_top(shard, term_ids, k, floors)):
+                if top:
+                    found = best[number] + [(-score, shard.first_row + local, shard, local) for local, score in top]
+                    found.sort(key=lambda c: (c[0], c[1]))
+                    best[number] = found[:k]
+        return [[Hit(row=row, id=shard.ids[local], contents=shard.docs[local], score=-neg)
+                 for neg, row, shard, local in found] for found in best]
 
     @staticmethod
-    def _shard_top(shard: _Shard, term_ids: Sequence[Sequence[int]], k: int) -> list[list[tuple[int, float]]]:
+    def _shard_top(shard: _Shard, term_ids: Sequence[Sequence[int]], k: int,
+                   floors: Sequence[float] | None = None) -> list[list[tuple[int, float]]]:
         """The ``k`` best passages of ``shard`` for each query (its term ids), best first (ties by
-        lower row): see :func:`shard_query_top`."""
-        return [shard_query_top(shard, ids, k) for ids in term_ids]
+        lower row), leaving out passages that score below the query's floor (default 0.0, none
+        left out): see :func:`shard_query_top`."""
+        floors = floors if floors is not None else [0.0] * len(term_ids)
+        return [shard_query_top(shard, ids, k, floor) for ids, floor in zip(term_ids, floors)]
 
 
 # -- searching one shard ---------------------------------------------------------------------
@@ -787,14 +792,18 @@ class Postings(NamedTuple):
     weights: np.ndarray
 
 
-def shard_query_top(shard: _Shard, ids: Sequence[int], k: int) -> list[tuple[int, float]]:
+def shard_query_top(shard: _Shard, ids: Sequence[int], k: int, floor: float = 0.0) -> list[tuple[int, float]]:
     """The ``k`` best ``(row, score)`` of ``shard`` for one query's term ids, best first (equal
     scores: lower row first); only passages that hold a query term. The same hits and scores as
-    summing every posting (:func:`dense_top`), with only the passages that can rank summed."""
+    summing every posting (:func:`dense_top`), with only the passages that can rank summed.
+    ``floor`` is a float32 score that ``k`` passages elsewhere are known to reach: a passage
+    that scores below it may be left out (none may, when every one does: an empty answer)."""
     lists = query_postings(shard, ids)
     if not lists:
         return []
-    essential = essential_lists(lists, score_floor(lists, k))
+    essential = essential_lists(lists, max(floor, score_floor(lists, k)))
+    if not essential:
+        return []
     if summing_is_cheaper(lists, essential, shard.rows):
         return dense_top(lists, shard.rows, k)
     candidates = union([lists[j].rows for j in essential])

@@ -73,6 +73,32 @@ def test_pruned_search_returns_what_summing_every_posting_returns(tmp_path_facto
         assert index._shard_top(part, term_ids, k) == reference_shard_top(part, term_ids, k), number
 
 
+@pytest.mark.slow  # builds an index per example (seconds)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(docs=st.lists(st.lists(st.sampled_from(POOL), min_size=1, max_size=12), min_size=1, max_size=60),
+       queries=QUERIES, shard=st.integers(1, 40), k=st.integers(1, 6), data=st.data())
+def test_a_floor_leaves_out_only_passages_below_it_and_the_search_is_the_merged_reference(
+        tmp_path_factory, docs, queries, shard, k, data):
+    """Invariant: given any floor, a shard's answer ranks every passage scoring at least the floor
+    exactly as the reference does; and the whole search, which hands each shard the k-th best
+    score of the shards before it, gives the reference's best k over every shard (rows, order,
+    float32 scores)."""
+    index = built(tmp_path_factory.mktemp("floor"), docs, shard)
+    term_ids = [index.term_ids(terms) for terms in index.query_terms([" ".join(q) for q in queries])]
+    merged = [[] for _ in term_ids]
+    for part in index.shards:
+        reference = reference_shard_top(part, term_ids, k)
+        scores = sorted({score for top in reference for _, score in top}) or [1.0]
+        floors = [data.draw(st.sampled_from(scores + [0.0, scores[-1] * 2])) for _ in term_ids]
+        got = index._shard_top(part, term_ids, k, floors)
+        for top, expected, floor in zip(got, reference, floors):
+            assert [hit for hit in top if hit[1] >= floor] == [hit for hit in expected if hit[1] >= floor]
+        for number, top in enumerate(reference):
+            merged[number] += [(part.first_row + row, score) for row, score in top]
+    expected = [sorted(found, key=lambda hit: (-hit[1], hit[0]))[:k] for found in merged]
+    assert [[(h.row, h.score) for h in hits] for hits in index.search([" ".join(q) for q in queries], k)] == expected
+
+
 def test_the_common_words_lists_are_skipped_and_ties_keep_the_lower_row(tmp_path):
     """On a skewed corpus the long list of a common word is not among the lists a top passage
     must come from, and the answer is still the reference's, equal scores by lower row."""
