@@ -40,18 +40,16 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from searchr1.bench.report import Measure
+from searchr1.bench.samplers import CountingSampler
 from searchr1.bench.served import BASE_MODEL, served_twin
 from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles, process_seconds
 from searchr1.bench.workload import Workload, WorkloadSpec, build_workload
 from searchr1.core.rollout import rollout_batch_async
 from searchr1.core.types import SamplingClient, Tokenizer, Trajectory
 from searchr1.twin.scripted_search import ScriptedSearch
-
-if TYPE_CHECKING:
-    from pytrio.types import ModelInput, SampleResponse, SamplingParams
 
 # (questions, samples per question): 64 is figure 5's step, 2,560 the paper's (512 prompts x 5).
 FULL_SIZES: tuple[tuple[int, int], ...] = ((8, 8), (32, 8), (128, 8), (512, 5), (512, 8))
@@ -85,22 +83,6 @@ class SizeRecord:
     @property
     def ms_per_trajectory(self) -> float:
         return 1000.0 * self.local_seconds / max(1, self.trajectories)
-
-
-class CountedSampler:
-    """A sampling client that counts the requests sent through it."""
-
-    def __init__(self, inner: SamplingClient) -> None:
-        self.inner = inner
-        self.requests = 0
-
-    async def sample_async(self, prompt: ModelInput, num_samples: int = 1,
-                           sampling_params: SamplingParams | None = None, include_prompt_logprobs: bool = False,
-                           return_text: bool = True) -> SampleResponse:
-        self.requests += 1
-        options: dict[str, Any] = {} if sampling_params is None else {"sampling_params": sampling_params}
-        return await self.inner.sample_async(prompt, num_samples, include_prompt_logprobs=include_prompt_logprobs,
-                                             return_text=return_text, **options)
 
 
 # ------------------------------------------------------------------------------- memory
@@ -190,7 +172,7 @@ def _rollout(sampler: SamplingClient, tokenizer: Tokenizer, workload: Workload,
 def _measure(service: Any, tokenizer: Tokenizer, workload: Workload, twin_pid: int | None) -> SizeRecord:
     """One rollout of the whole workload on ``service``, its CPU by thread and its memory. The
     twin's CPU is its process's (``twin_pid``) or, served in this process, our other threads'."""
-    sampler = CountedSampler(service.create_sampling_client(base_model=BASE_MODEL))
+    sampler = CountingSampler(service.create_sampling_client(base_model=BASE_MODEL))
     meter = ThreadCpuMeter(client_thread_roles(service))
     growth = ResidentGrowth()
 

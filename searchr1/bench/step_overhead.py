@@ -49,21 +49,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.bench.client_scaling import client_scaling
+from searchr1.bench.client_scaling import client_scaling, settled_heap as heap_settled
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY
 from searchr1.bench.protocol_cpu import seed_fit_tool_content
 from searchr1.bench.report import Figure, Measure
+from searchr1.bench.samplers import CountingSampler, InMemorySampler
 from searchr1.view.wording import plural
 from searchr1.bench.served import served_twin
 from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
@@ -81,55 +80,6 @@ MAIN_PIECES = {
     "parse": "parsing assistant turns",
     "requests": "building requests, reading answers",
 }
-
-
-def _answer_key(prompt: Any, num_samples: int, params: Any) -> tuple[Any, ...]:
-    tokens = prompt.to_ints() if hasattr(prompt, "to_ints") else list(prompt)
-    return (tuple(tokens), int(num_samples), getattr(params, "seed", None), getattr(params, "max_tokens", None))
-
-
-class CountingSampler:
-    """A sampling client that counts its requests and, when asked, keeps their answers."""
-
-    def __init__(self, inner: Any, answers: dict[tuple[Any, ...], list[tuple[Any, ...]]] | None) -> None:
-        self.inner = inner
-        self.answers = answers
-        self.requests = 0
-
-    async def sample_async(self, prompt: Any, num_samples: int = 1, sampling_params: Any = None,
-                           **kwargs: Any) -> Any:
-        self.requests += 1
-        response = await self.inner.sample_async(prompt=prompt, num_samples=num_samples,
-                                                 sampling_params=sampling_params, **kwargs)
-        if self.answers is not None:
-            self.answers[_answer_key(prompt, num_samples, sampling_params)] = [
-                (list(s.tokens), list(s.logprobs), s.text, s.stop_reason) for s in response.sequences
-            ]
-        return response
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class InMemorySampler:
-    """Answers each request from a table of the wire run's answers: no pytrio, no HTTP."""
-
-    def __init__(self, answers: dict[tuple[Any, ...], list[tuple[Any, ...]]]) -> None:
-        self.answers = answers
-        self.requests = 0
-
-    async def sample_async(self, prompt: Any, num_samples: int = 1, sampling_params: Any = None,
-                           **kwargs: Any) -> Any:
-        self.requests += 1
-        await asyncio.sleep(0)  # an answer never arrives within the call that asks for it
-        key = _answer_key(prompt, num_samples, sampling_params)
-        if key not in self.answers:
-            raise LookupError(f"the in-memory sampler has no answer for a {len(key[0])}-token prompt "
-                              f"(seed {key[2]}): the runs of figure 5 diverged")
-        return SimpleNamespace(sequences=[
-            SimpleNamespace(tokens=tokens, logprobs=logprobs, text=text, stop_reason=stop)
-            for tokens, logprobs, text, stop in self.answers[key]
-        ])
 
 
 @dataclass
@@ -223,18 +173,14 @@ def seed_fit(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], as
 
 @contextlib.contextmanager
 def settled_heap(record: StepRecord) -> Iterator[None]:
-    """A measured rollout starts on a collected heap, frozen (``gc.freeze``): the garbage of what
-    ran before is not its cost, and neither is scanning what earlier steps and runs keep alive,
-    so the third run's rollout is measured like the first's. The collection is left out of the
-    step's CPU."""
+    """A measured rollout starts on a collected heap, frozen (figure 5's scaling rows'
+    :func:`~searchr1.bench.client_scaling.settled_heap`): the garbage of what ran before is not its
+    cost, and neither is scanning what earlier steps and runs keep alive, so the third run's
+    rollout is measured like the first's. The collection is left out of the step's CPU."""
     cleared = time.thread_time()
-    gc.collect()
-    gc.freeze()
-    record.leave_out(time.thread_time() - cleared)
-    try:
+    with heap_settled():
+        record.leave_out(time.thread_time() - cleared)
         yield
-    finally:
-        gc.unfreeze()
 
 
 def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps: int, probe: StepProbe) -> None:

@@ -11,7 +11,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from searchr1.bench.report import Figure, Measure, render_table
-from searchr1.bench.step_overhead import CountingSampler, InMemorySampler
+from searchr1.bench.samplers import CountingSampler, InMemorySampler
 from searchr1.bench.thread_cpu import ThreadCpuMeter, available, loop_thread_id, thread_seconds
 
 samples = st.lists(st.floats(min_value=0.0, max_value=100.0, allow_nan=False), min_size=1, max_size=12)
