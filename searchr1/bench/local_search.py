@@ -121,7 +121,9 @@ def served_load(index: Path, queries: list[str], clients: int = CLIENTS, workers
         start_seconds = time.monotonic() - started
         url = f"http://127.0.0.1:{port}/retrieve"
         asyncio.run(_load(url, queries[: clients * 2 * workers], clients))  # warm up connections and pages
+        server_cpu, client_cpu = _tree_cpu_seconds(server.pid), _own_cpu_seconds()
         latencies, seconds = asyncio.run(_load(url, queries, clients))
+        server_cpu, client_cpu = _tree_cpu_seconds(server.pid) - server_cpu, _own_cpu_seconds() - client_cpu
         memory = _tree_resident_mb(server.pid)
     finally:
         server.terminate()
@@ -131,16 +133,38 @@ def served_load(index: Path, queries: list[str], clients: int = CLIENTS, workers
             server.kill()
     return {"requests": len(latencies), "seconds": seconds, "p50_ms": 1000 * _percentile(latencies, 0.5),
             "p95_ms": 1000 * _percentile(latencies, 0.95), "requests_per_second": len(latencies) / seconds,
-            "start_seconds": start_seconds, "workers": workers, **memory}
+            "start_seconds": start_seconds, "workers": workers,
+            "server_cpu_ms_per_request": 1000 * server_cpu / len(latencies),
+            "client_cpu_ms_per_request": 1000 * client_cpu / len(latencies), **memory}
+
+
+def _own_cpu_seconds() -> float:
+    """This process's user and system CPU seconds so far (the load's HTTP clients)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _children(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    try:
+        return [int(child) for child in children.read_text().split()]
+    except OSError:
+        return []
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds so far of a process and its children (the workers of ``--workers``)."""
+    from searchr1.bench.thread_cpu import process_seconds
+
+    return process_seconds(pid) + sum(process_seconds(child) for child in _children(pid))
 
 
 def _tree_resident_mb(pid: int) -> dict[str, float]:
     """:func:`_resident_mb` of a process and its children, summed (the workers of ``--workers``)."""
     totals = _resident_mb(pid)
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    for child in (children.read_text().split() if children.exists() else []):
+    for child in _children(pid):
         try:
-            for name, value in _resident_mb(int(child)).items():
+            for name, value in _resident_mb(child).items():
                 totals[name] += value
         except OSError:
             pass

@@ -14,9 +14,13 @@ seconds against the modelled service time of the same step (:func:`modelled_samp
 the sampling alone, by figure 1's latency model, which is a lower bound of the step's service
 time; at most 0.1). With Lucene set up for figure 9 (``python -m searchr1.bench.lucene setup``),
 the same queries go to Lucene (pyserini's Anserini, ``batch_search`` with as many threads as
-CPUs) over the same corpus, and the figure gives ours with the most workers / Lucene; Lucene's
-one-thread build limits that to ``LUCENE_MAX_PASSAGES`` (``--only 9,13 --passages 1000000``
-runs it at figure 9's size).
+CPUs) over the same corpus, and the figure gives ours with the most workers / Lucene, and ours
+as one batch in this process (one thread, no HTTP: figure 9's way) / Lucene. Lucene's
+index build is single-threaded: at full size it adds about 25 minutes.
+
+The step's queries come from this process (httpx, as the ``retriever`` backend sends them), on
+the same CPUs as the server, so the figure also gives the CPU each side spends per query: the
+server's (every worker summed) and the clients'.
 
 Run it with ``python cli.py bench --only 13`` (not part of the default run): at full size it
 builds figure 8's corpus and index first (about 40 minutes on two cores) unless ``--only 8,13``
@@ -40,10 +44,6 @@ PAPER_PROMPTS = 512
 PAPER_GROUP_SIZE = 5
 QUICK_PROMPTS = 16
 SERVICE_RATIO_TARGET = 0.1  # the step's search seconds / its modelled service time (issue)
-# Lucene's index build is single-threaded (figure 9: about 14,500 passages/s on two cores), so
-# at wiki-18's size it would add about 25 minutes; above this size the comparison is left to a
-# run with --passages at most this (figure 9's size).
-LUCENE_MAX_PASSAGES = 2_000_000
 
 
 def learned_searches_per_trajectory() -> float:
@@ -105,6 +105,18 @@ def lucene_step(corpus: Path, queries: list[str], threads: int) -> dict[str, flo
     return {"seconds": answered["batched_seconds"], "threads": threads, "build_seconds": build_seconds}
 
 
+def in_process_seconds(index: Path, queries: list[str]) -> float:
+    """Seconds for the step's queries as one batch through the index opened in this process (one
+    thread, no HTTP: figure 9's way), after a warm-up of 50."""
+    from searchr1.bm25.index import BM25Index
+
+    opened = BM25Index(index)
+    opened.search(queries[:50], 3)
+    started = time.perf_counter()
+    opened.search(queries, 3)
+    return time.perf_counter() - started
+
+
 def paper_step_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False,
                       passages: int | None = None) -> Figure:
     from searchr1.bm25.synthetic import heaps_queries
@@ -127,7 +139,8 @@ def paper_step_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = Fal
     index, _ = shared_index(count, seed)
     served = {workers: served_load(index, queries, clients, workers) for workers in worker_counts()}
     most = max(served)
-    lucene = lucene_step(corpus, queries, os.cpu_count() or 1) if count <= LUCENE_MAX_PASSAGES else None
+    lucene = lucene_step(corpus, queries, os.cpu_count() or 1)
+    in_process = in_process_seconds(index, queries) if lucene is not None else None
     measures = [
         Measure("search_over_service_time", f"the step's search / its modelled service time ({most} workers)",
                 served[most]["seconds"] / service["seconds"], target=SERVICE_RATIO_TARGET, comparator="<=",
@@ -142,23 +155,28 @@ def paper_step_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = Fal
             Measure(f"p95_ms_{workers}w", f"  p95 latency, {clients} clients", load["p95_ms"], unit="ms", digits=1),
             Measure(f"anon_mb_{workers}w", "  memory beyond the page cache, every process", load["rss_anon_mb"],
                     unit="MB", digits=0),
+            Measure(f"server_cpu_ms_{workers}w", "  server CPU per query, every worker",
+                    load["server_cpu_ms_per_request"], unit="ms", digits=1),
+            Measure(f"client_cpu_ms_{workers}w", "  clients' CPU per query (httpx, same CPUs)",
+                    load["client_cpu_ms_per_request"], unit="ms", digits=1),
         ]
     measures.append(Measure("modelled_service_seconds", "the step's modelled service time (sampling alone)",
                             service["seconds"], unit="s", digits=0))
     if lucene is not None:
         measures.append(Measure("ours_over_lucene", f"seconds for the step's search, ours ({most} workers) / "
                                 f"Lucene ({lucene['threads']} threads)", served[most]["seconds"] / lucene["seconds"],
-                                unit="x", digits=2))
+                                unit="x", digits=2),
+                     Measure("in_process_over_lucene", f"  the same, ours in this process, one thread, no HTTP / "
+                             f"Lucene ({lucene['threads']} threads)", in_process / lucene["seconds"], unit="x",
+                             digits=2))
     details = {"passages": count, "prompts": prompts, "group_size": PAPER_GROUP_SIZE, "trajectories": trajectories,
                "searches_per_trajectory": float(searches.mean()), "learned_searches_per_trajectory": mean_searches,
                "queries": len(queries), "clients": clients, "service": service,
-               "served": {str(w): load for w, load in served.items()}, "lucene": lucene, "cpus": os.cpu_count()}
+               "served": {str(w): load for w, load in served.items()}, "lucene": lucene,
+               "in_process_seconds": in_process, "cpus": os.cpu_count()}
     notes = [f"{trajectories:,} trajectories x {searches.mean():.2f} searches = {len(queries):,} queries over "
              f"{count:,} passages, {clients} concurrent clients, one query a request"]
-    if count > LUCENE_MAX_PASSAGES:
-        notes.append(f"Lucene left out above {LUCENE_MAX_PASSAGES:,} passages (its one-thread build): "
-                     "--only 9,13 --passages 1000000 compares them")
-    elif lucene is None:
+    if lucene is None:
         notes.append("Lucene not set up: python -m searchr1.bench.lucene setup")
     figure = Figure(13, "paper_step_search", f"one paper-sized step's search ({count:,} passages)", measures,
                     details, notes=notes)

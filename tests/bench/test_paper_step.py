@@ -66,6 +66,13 @@ def test_figures_8_and_13_share_the_index_and_report_their_rows(tmp_path) -> Non
     for workers in worker_counts():
         assert details["served"][str(workers)]["requests"] == details["queries"]
         assert step["measures"][f"qps_{workers}w"]["value"] > 0
+        # the server's processes answered every query, and the clients sent them: both spent CPU on it
+        assert step["measures"][f"server_cpu_ms_{workers}w"]["value"] > 0
+        assert step["measures"][f"client_cpu_ms_{workers}w"]["value"] > 0
+    if details["lucene"] is not None:  # Lucene set up (figure 9): ours served and in process, each against it
+        assert details["in_process_seconds"] > 0
+        assert step["measures"]["in_process_over_lucene"]["value"] == pytest.approx(
+            details["in_process_seconds"] / details["lucene"]["seconds"], rel=1e-6)
     most = max(worker_counts())
     expected = details["served"][str(most)]["seconds"] / details["service"]["seconds"]
     assert step["value"] == pytest.approx(expected, rel=1e-6)
