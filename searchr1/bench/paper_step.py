@@ -162,13 +162,14 @@ def paper_step_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = Fal
         ]
     measures.append(Measure("modelled_service_seconds", "the step's modelled service time (sampling alone)",
                             service["seconds"], unit="s", digits=0))
-    if lucene is not None:
-        measures.append(Measure("ours_over_lucene", f"seconds for the step's search, ours ({most} workers) / "
-                                f"Lucene ({lucene['threads']} threads)", served[most]["seconds"] / lucene["seconds"],
-                                unit="x", digits=2),
-                     Measure("in_process_over_lucene", f"  the same, ours in this process, one thread, no HTTP / "
-                             f"Lucene ({lucene['threads']} threads)", in_process / lucene["seconds"], unit="x",
-                             digits=2))
+    if lucene is not None and in_process is not None:
+        measures += [
+            Measure("ours_over_lucene", f"seconds for the step's search, ours ({most} workers) / "
+                    f"Lucene ({lucene['threads']} threads)", served[most]["seconds"] / lucene["seconds"],
+                    unit="x", digits=2),
+            Measure("in_process_over_lucene", f"  the same, ours in this process, one thread, no HTTP / "
+                    f"Lucene ({lucene['threads']} threads)", in_process / lucene["seconds"], unit="x", digits=2),
+        ]
     details = {"passages": count, "prompts": prompts, "group_size": PAPER_GROUP_SIZE, "trajectories": trajectories,
                "searches_per_trajectory": float(searches.mean()), "learned_searches_per_trajectory": mean_searches,
                "queries": len(queries), "clients": clients, "service": service,
