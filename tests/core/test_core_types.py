@@ -14,18 +14,25 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # a subprocess, several seconds
 
 
-def test_the_core_type_checks(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy")], cwd=ROOT,
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory):
+    """One cache for both checks: the second reads the core's analysis instead of redoing it
+    (mypy keys its cache by each file's contents, so a changed file is analysed again)."""
+    return tmp_path_factory.mktemp("mypy")
+
+
+def test_the_core_type_checks(mypy_cache):
+    result = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(mypy_cache)], cwd=ROOT,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues found in" in result.stdout
 
 
-def test_the_check_sees_an_error(tmp_path):
+def test_the_check_sees_an_error(tmp_path, mypy_cache):
     """mypy does read the core (the test above can fail): a wrong call in a copy is reported."""
     copy = tmp_path / "core_copy.py"
     copy.write_text("from searchr1.core.advantage import group_advantages\n\ngroup_advantages(None, mode=3)\n",
                     encoding="utf-8")
-    result = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy"), str(copy)],
+    result = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(mypy_cache), str(copy)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 1 and "core_copy.py:3: error" in result.stdout
