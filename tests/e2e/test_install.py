@@ -17,7 +17,8 @@ from searchr1.offline import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
-# Runs the CLI in a fresh interpreter and prints, at exit, every file under the checkout it opened.
+# Runs CLI commands one after another in a fresh interpreter and prints, at exit, every file under
+# the checkout they opened.
 PROBE = """
 import atexit, json, sys
 from pathlib import Path
@@ -32,13 +33,18 @@ def hook(event, args):
 sys.addaudithook(hook)
 atexit.register(lambda: print("OPENED " + json.dumps(sorted(opened))))
 from searchr1.cli import main
-sys.argv = ["searchr1", *sys.argv[2:]]
-main()
+for command in json.loads(sys.argv[2]):
+    sys.argv = ["searchr1", *command]
+    try:
+        main()
+    except SystemExit as done:
+        if done.code not in (0, None):
+            raise
 """
 
 
-def opened_by(tmp_path: Path, *args: str) -> set[str]:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(REPO_ROOT), *args], cwd=tmp_path,
+def opened_by(tmp_path: Path, *commands: list[str]) -> set[str]:
+    done = subprocess.run([sys.executable, "-c", PROBE, str(REPO_ROOT), json.dumps(commands)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("OPENED "))
@@ -61,7 +67,8 @@ def shipped(path: str) -> bool:
 
 
 def test_every_file_the_offline_commands_read_is_in_the_wheel(tmp_path):
-    read = opened_by(tmp_path, "train", "--offline", "--quiet", "--max-steps", "1", "--run-dir", "run")
-    read |= opened_by(tmp_path, "eval", "--offline", "--quiet", "--limit", "2", "--output", "eval.jsonl")
+    read = opened_by(tmp_path, ["train", "--offline", "--quiet", "--max-steps", "1", "--run-dir", "run"],
+                     ["eval", "--offline", "--quiet", "--limit", "2", "--output", "eval.jsonl"])
+    assert (tmp_path / "run").is_dir() and (tmp_path / "eval.jsonl").is_file()  # both commands ran
     assert "searchr1/offline/train.jsonl" in read and any(path.startswith("cassettes/") for path in read)
     assert sorted(path for path in read if not shipped(path)) == []
