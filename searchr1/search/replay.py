@@ -26,6 +26,7 @@ with :class:`CassetteFormatError` naming it.
 
 from __future__ import annotations
 
+import pickle
 import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -188,11 +189,35 @@ def _broken_field(interaction: Any) -> str | None:
     return None
 
 
+# Cassettes parsed in this process, as pickles keyed by the file's identity: an offline run checks
+# its cassette before the run and opens it again to replay it, and each parse costs tens of ms.
+_PARSED: dict[tuple[str, int, int, int], bytes] = {}
+_PARSED_KEPT = 8
+
+
 def read_cassette_data(path: str | Path) -> dict[str, Any]:
-    """The parsed cassette file, checked for the shape of a vcrpy cassette."""
+    """The parsed cassette file, checked for the shape of a vcrpy cassette. A file read before in
+    this process and unchanged since (same inode, size and modification time) is not parsed
+    again; every caller gets its own copy."""
     path = Path(path)
     if not path.is_file():
         raise CassetteFormatError(f"cassette {path} does not exist")
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise CassetteFormatError(f"cassette {path} cannot be read: {exc}") from exc
+    key = (str(path.resolve()), info.st_ino, info.st_size, info.st_mtime_ns)
+    kept = _PARSED.get(key)
+    if kept is not None:
+        return pickle.loads(kept)
+    data = _parse_cassette(path)
+    if len(_PARSED) >= _PARSED_KEPT:
+        _PARSED.clear()
+    _PARSED[key] = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+    return data
+
+
+def _parse_cassette(path: Path) -> dict[str, Any]:
     try:
         data = yamlserializer.deserialize(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:

@@ -466,3 +466,23 @@ def test_a_recorded_user_agent_keeps_names_and_comment_and_drops_library_version
     assert first == second
     assert first.startswith(f"searchr1/{own} ({comment})")
     assert first.split(f"({comment})", 1)[1].split() == [f"{name}/{VERSION_PLACEHOLDER}" for name, *_ in products]
+
+
+def test_a_cassette_read_again_is_not_parsed_again_but_a_changed_one_is(tmp_path, monkeypatch):
+    """The second read of an unchanged cassette comes from the process's parsed copy (no YAML
+    parse), each caller gets a copy of its own, and a file changed in place is parsed afresh."""
+    from searchr1.search import replay
+
+    path = tmp_path / "demo.yaml"
+    shutil.copyfile(CASSETTE_ROOT / "wikipedia" / "demo.yaml", path)
+    first = replay.read_cassette_data(path)
+    parses = []
+    real_parse = replay._parse_cassette
+    monkeypatch.setattr(replay, "_parse_cassette", lambda p: parses.append(p) or real_parse(p))
+    second = replay.read_cassette_data(path)
+    assert second == first and parses == []
+    second["interactions"].clear()
+    assert replay.read_cassette_data(path) == first  # the kept copy was not the caller's
+    shutil.copyfile(CASSETTE_ROOT / "wikipedia" / "faults.yaml", path)
+    changed = replay.read_cassette_data(path)
+    assert parses == [path] and changed != first
