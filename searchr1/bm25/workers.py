@@ -1,11 +1,13 @@
 """``retriever serve --workers N``: several processes answer from one index on one port.
 
 The parent opens the index (memory-mapped: its arrays are the files' pages, which the kernel
-keeps once in its page cache however many processes map them), binds the listening socket, and
-forks ``N`` workers. Each worker runs the same server as a single process does (its own event
-loop, its own query batcher, the same bounds per worker) on the inherited socket, and the kernel
-hands each new connection to one of them. Memory beyond the page cache is therefore what one
-server needs, times ``N``.
+keeps once in its page cache however many processes map them), binds one listening socket per
+worker on the one port (``SO_REUSEPORT``), and forks ``N`` workers. Each worker runs the same
+server as a single process does (its own event loop, its own query batcher, the same bounds per
+worker) on its own socket, and the kernel spreads new connections over the sockets by a hash of
+the client's address (one socket shared by every worker gave most connections to one of them: on
+two cores, one worker busy 80% of the time, the other 28%). Memory beyond the page cache is
+therefore what one server needs, times ``N``.
 
 The parent only supervises: SIGINT or SIGTERM stops every worker and waits for it (Ctrl-C then
 exits 130, as every command does); a worker that exits on its own stops the others, and the
@@ -20,7 +22,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 STOP_GRACE = 10.0  # seconds a worker gets to finish its requests after SIGTERM, then SIGKILL
 
@@ -29,11 +31,12 @@ class WorkerExited(RuntimeError):
     """A worker process ended while the server was meant to run."""
 
 
-def serve_in_workers(run: Callable[[socket.socket], None], sock: socket.socket, workers: int) -> None:
-    """Run ``run(sock)`` in ``workers`` forked processes until a signal or a worker's exit."""
+def serve_in_workers(run: Callable[[socket.socket], None], sockets: Sequence[socket.socket]) -> None:
+    """Run ``run(sock)`` for each of ``sockets`` in a forked process of its own, until a signal or a
+    worker's exit."""
     context = multiprocessing.get_context("fork")  # the workers share the parent's mapped index
     processes = [context.Process(target=_worker, args=(run, sock), name=f"retriever-worker-{n}", daemon=True)
-                 for n in range(workers)]
+                 for n, sock in enumerate(sockets)]
     stopping = 0  # the signal that stops the server
 
     def stop(signum: int, frame: object) -> None:

@@ -36,25 +36,26 @@ def serve(index_dir: Path, host: str, port: int, workers: int) -> None:
 
 def _serve(index_dir: Path, host: str, port: int, workers: int) -> None:
     from searchr1.bm25.index import BM25Index
-    from searchr1.bm25.server import PortTakenError, listening_socket, make_server
+    from searchr1.bm25.server import make_server
+    from searchr1.runtime.http_bounds import PortTakenError, listening_socket, listening_sockets
     from searchr1.bm25.workers import WorkerExited, serve_in_workers
 
     index = BM25Index(index_dir)
-    try:
-        sock = listening_socket(host, port)  # a taken port is said before anything claims to serve
+    try:  # a taken port is said before anything claims to serve
+        sockets = listening_sockets(host, port, workers) if workers > 1 else [listening_socket(host, port)]
     except PortTakenError as error:
         raise click.ClickException(str(error)) from None
-    port = sock.getsockname()[1]
+    port = sockets[0].getsockname()[1]
     click.echo(f"serving {len(index)} passages from {index_dir} on http://{host}:{port}/retrieve "
                f"(corpus sha256 {index.manifest['corpus']['sha256'][:12]}…"
                f"{f', {workers} worker processes' if workers > 1 else ''})", err=True)
     if workers == 1:
-        make_server(index, host=host, port=port, log_level="warning").run(sockets=[sock])
+        make_server(index, host=host, port=port, log_level="warning").run(sockets=sockets)
         return
     import uvicorn  # noqa: F401 - imported before the fork: a broken install fails here, not in every worker
 
     try:
         serve_in_workers(lambda inherited: make_server(index, host=host, port=port, log_level="warning")
-                         .run(sockets=[inherited]), sock, workers)
+                         .run(sockets=[inherited]), sockets)
     except WorkerExited as error:
         raise click.ClickException(str(error)) from None

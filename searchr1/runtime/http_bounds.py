@@ -128,10 +128,12 @@ def bounded_protocol(request_timeout: float = REQUEST_TIMEOUT) -> type[asyncio.P
     return BoundedH11Protocol
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
+def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """A socket bound to ``host:port`` (0: any free port) and listening, or :class:`PortTakenError`
     saying in one line why not (the port is taken, the address is not this machine's). Listening
-    at once means a client that connects as soon as the address is printed is never refused."""
+    at once means a client that connects as soon as the address is printed is never refused.
+    ``reuse_port`` sets ``SO_REUSEPORT``, so that more sockets of this process can listen on the
+    same port (:func:`listening_sockets`)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
@@ -139,6 +141,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
     family, _, _, _, address = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind(address)
     except OSError as error:
@@ -149,6 +153,26 @@ def listening_socket(host: str, port: int) -> socket.socket:
         raise PortTakenError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     sock.listen(2048)  # from here a client's connection waits in the backlog until the server accepts it
     return sock
+
+
+def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` sockets listening on one ``host:port`` (0: any free port), one per worker process.
+    The kernel spreads new connections over them (``SO_REUSEPORT``, by a hash of the client's
+    address and port), where one socket shared by every worker hands most connections to whichever
+    worker wakes first. The port is first bound without ``SO_REUSEPORT``, so a port another server
+    holds is refused (:class:`PortTakenError`) rather than shared with it."""
+    probe = listening_socket(host, port)
+    port = probe.getsockname()[1]
+    probe.close()
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sockets.append(listening_socket(host, port, reuse_port=True))
+    except PortTakenError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 @dataclass

@@ -102,3 +102,42 @@ def test_a_worker_that_dies_stops_the_others_with_one_line(index_dir):
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
+
+
+def test_each_worker_listens_on_a_socket_of_its_own_and_a_taken_port_is_refused_not_shared():
+    import socket
+
+    from searchr1.runtime.http_bounds import PortTakenError, listening_sockets
+
+    sockets = listening_sockets("127.0.0.1", 0, 3)
+    try:
+        ports = {sock.getsockname()[1] for sock in sockets}
+        assert len(sockets) == 3 and len(ports) == 1 and len({sock.fileno() for sock in sockets}) == 3
+        assert all(sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) for sock in sockets)
+        with pytest.raises(PortTakenError, match="is taken"):  # even by a server that shares its port
+            listening_sockets("127.0.0.1", ports.pop(), 2)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_each_worker_process_serves_the_socket_given_to_it(tmp_path):
+    """Worker n runs on socket n: every worker one socket, each socket one worker (with one
+    socket shared by all, the kernel gave most connections to whichever worker woke first)."""
+    from searchr1.bm25.workers import WorkerExited, serve_in_workers
+    from searchr1.runtime.http_bounds import listening_sockets
+
+    sockets = listening_sockets("127.0.0.1", 0, 3)
+    given = sorted(sock.fileno() for sock in sockets)
+
+    def run(sock) -> None:  # a worker that says which socket it got, then ends
+        (tmp_path / str(os.getpid())).write_text(str(sock.fileno()))
+
+    try:
+        with pytest.raises(WorkerExited):  # a worker that ends stops the server
+            serve_in_workers(run, sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+    served = sorted(int(path.read_text()) for path in tmp_path.iterdir())  # one file per worker process
+    assert served == given
