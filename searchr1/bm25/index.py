@@ -38,8 +38,11 @@ import math
 import os
 import shutil
 import stat
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -72,6 +75,7 @@ B = 0.4
 DEFAULT_SHARD_PASSAGES = 250_000
 SHARD_FILES = ("data.npy", "indices.npy", "indptr.npy", "docs.bin", "docs.offsets.npy", "ids.bin", "ids.offsets.npy")
 _CHUNK = 1 << 22  # elements per slice when range-checking a memory-mapped array
+_PASSAGE_READERS = 8  # threads reading a batch's passages (disk reads in flight at once)
 
 
 class BM25IndexError(UserError, ValueError):
@@ -626,18 +630,21 @@ def _check_range(path: Path, values: np.ndarray, limit: int) -> None:
 
 
 class _Strings:
-    """Read-only strings from a blob and its offsets (memory-mapped)."""
+    """Read-only strings from a blob and its offsets. The offsets are memory-mapped; a string is
+    read with ``os.pread``, which lets go of the GIL while the disk answers (a page fault in a
+    memory-mapped slice holds it, stalling every thread), so reads from several threads overlap."""
 
     def __init__(self, path: Path, offsets_path: Path, count: int) -> None:
         self.offsets = _load(offsets_path, np.int64)
         size = path.stat().st_size
         _check_offsets(offsets_path, self.offsets, count, size)
-        self.data = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
         self.path = path
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        weakref.finalize(self, os.close, self._fd)
 
     def __getitem__(self, row: int) -> str:
         start, end = int(self.offsets[row]), int(self.offsets[row + 1])
-        return self.data[start:end].tobytes().decode("utf-8", errors="replace")
+        return os.pread(self._fd, end - start, start).decode("utf-8", errors="replace")
 
 
 @dataclass
@@ -672,6 +679,9 @@ class BM25Index:
         self.shards = [self._open_shard(n, s) for n, s in enumerate(self.manifest["shards"])]
         self._first_rows = [shard.first_row for shard in self.shards]
         self.tables = {table: self._open_table(table) for table in TABLES}
+        self._readers: ThreadPoolExecutor | None = None  # made at the first batch that needs it
+        self._readers_pid = 0
+        self._readers_lock = threading.Lock()
 
     def _open_table(self, table: str) -> KeyTable:
         keys_path, rows_path = (_inside(self.directory, str(p.relative_to(self.directory)))
@@ -747,8 +757,24 @@ class BM25Index:
                     found = best[number] + [(-score, shard.first_row + local, shard, local) for local, score in top]
                     found.sort(key=lambda c: (c[0], c[1]))
                     best[number] = found[:k]
-        return [[Hit(row=row, id=shard.ids[local], contents=shard.docs[local], score=-neg)
-                 for neg, row, shard, local in found] for found in best]
+        texts = iter(self._passages([(shard, local) for found in best for _, _, shard, local in found]))
+        return [[Hit(row, *next(texts), score=-neg) for neg, row, _, _ in found] for found in best]
+
+    def _passages(self, wanted: list[tuple[_Shard, int]]) -> list[tuple[str, str]]:
+        """``(id, contents)`` of each ``(shard, local row)``, in order: read by a few threads at
+        once, so that a batch's cold passages wait on the disk together rather than one by one."""
+        def read(item: tuple[_Shard, int]) -> tuple[str, str]:
+            shard, local = item
+            return shard.ids[local], shard.docs[local]
+
+        if len(wanted) < 4:
+            return [read(item) for item in wanted]
+        with self._readers_lock:
+            if self._readers is None or self._readers_pid != os.getpid():  # none yet, or a fork's copy
+                self._readers = ThreadPoolExecutor(_PASSAGE_READERS, thread_name_prefix="bm25-passages")
+                self._readers_pid = os.getpid()
+            readers = self._readers
+        return list(readers.map(read, wanted))
 
     @staticmethod
     def _shard_top(shard: _Shard, term_ids: Sequence[Sequence[int]], k: int,
