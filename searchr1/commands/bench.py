@@ -68,6 +68,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     from rich.console import Console
 
     from searchr1.bench.report import Figure, bench_json, print_report, write_json_atomically
+    from searchr1.view.wording import plural
     from searchr1.bench.runner import parse_only, run_figures
 
     if strict and quick:
@@ -110,7 +111,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
         kept = ""
         if figures:
             payload = bench_json(figures, quick=quick, seed=seed, argv=sys.argv[1:])
-            kept = f"; the {len(figures)} figure(s) finished are in {write_json_atomically(output, payload)}"
+            kept = f"; {plural(len(figures), 'figure')} finished, written to {write_json_atomically(output, payload)}"
         first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
         raise click.ClickException(f"figure {running[0] if running else '?'} failed: {first}{kept}") from None
     payload = bench_json(figures, quick=quick, seed=seed, argv=sys.argv[1:])
