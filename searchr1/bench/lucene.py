@@ -104,13 +104,16 @@ def usable_jar(home: Path) -> Path | None:
     return jar if jar is not None and (java_version() or 0) >= 11 else None
 
 
-def lucene_missing() -> str | None:
-    """One line saying what figure 9's Lucene side lacks and how to set it up, or None when set up."""
-    home = bench_home()
-    if usable_jar(home) is not None:
-        return None
+def set_up_first(home: Path) -> str:
+    """The one line saying that figure 9's Lucene side is not set up in ``home``, and how to set it up."""
     return (f"figure 9 needs its own set-up first: python -m searchr1.bench.lucene setup "
             f"(Java 11+ and {PYSERINI}'s Anserini jar in {home})")
+
+
+def lucene_missing() -> str | None:
+    """:func:`set_up_first`'s line when the Lucene side is not set up, else None."""
+    home = bench_home()
+    return None if usable_jar(home) is not None else set_up_first(home)
 
 
 def lucene_search(corpus: Path, queries: list[str], threads: int = 1) -> tuple[float, dict[str, Any]] | None:
@@ -140,10 +143,10 @@ def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, 
     from searchr1.bench.local_search import FULL_PASSAGES, QUICK_PASSAGES, shared_corpus, shared_index
 
     begun = time.perf_counter()
-    missing = lucene_missing()
-    if missing is not None:  # before the corpus and the index are paid for
-        raise RuntimeError(missing)
-    jar = find_jar(bench_home())
+    home = bench_home()
+    jar = usable_jar(home)
+    if jar is None:  # before the corpus and the index are paid for
+        raise RuntimeError(set_up_first(home))
     count = passages or (QUICK_PASSAGES if quick else FULL_PASSAGES)
     queries = heaps_queries(200 if quick else 1000, seed=seed)
     corpus, _ = shared_corpus(count, seed)
@@ -177,7 +180,7 @@ def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, 
                 unit="/s", digits=0),
     ]
     details = {"passages": count, "queries": n, "compared_queries": compared, "java": java_version(),
-               "anserini_jar": jar.name if jar else None, "ours_single_seconds": ours_single, "ours_batched_seconds": ours_batched,
+               "anserini_jar": jar.name, "ours_single_seconds": ours_single, "ours_batched_seconds": ours_batched,
                "lucene_single_seconds": lucene["single_seconds"], "lucene_batched_seconds": lucene["batched_seconds"],
                "lucene_build_seconds": lucene_build}
     figure = Figure(9, "lucene_agreement", f"agreement and speed against Lucene BM25 ({count:,} passages)",
