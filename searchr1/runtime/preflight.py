@@ -14,6 +14,7 @@ the service.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -172,12 +173,23 @@ def load_service_tokenizer(training_client: Any) -> Any:
         ) from None
 
 
+def hand_over_vocabulary_size(training_client: Any, theirs: Any) -> None:
+    """pytrio loads the tokenizer a second time inside the first ``forward_backward``, only for its
+    length (``TrainingClient._tokenizer_vocab_size``, a ``functools.cached_property``): about a
+    second on every start. The length of the tokenizer just loaded through the same SDK call
+    fills that cache, as the property itself would; an SDK without the property is left alone."""
+    if isinstance(getattr(type(training_client), "_tokenizer_vocab_size", None), functools.cached_property):
+        training_client.__dict__.setdefault("_tokenizer_vocab_size", len(theirs))
+
+
 def check_service_tokenizer(ours: Any, training_client: Any) -> None:
-    problems = tokenizer_differences(ours, load_service_tokenizer(training_client))
+    theirs = load_service_tokenizer(training_client)
+    problems = tokenizer_differences(ours, theirs)
     if problems:
         raise PreflightError(
             "the service's tokenizer for " + str(getattr(training_client, "model_id", "the model"))
             + " differs from the local Qwen3.5 tokenizer the protocol was built with: " + "; ".join(problems))
+    hand_over_vocabulary_size(training_client, theirs)
 
 
 def describe(limits: ServerLimits) -> Sequence[str]:

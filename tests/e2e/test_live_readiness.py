@@ -137,6 +137,7 @@ from searchr1.runtime.preflight import (  # noqa: E402
     OperationLimits,
     PreflightError,
     ServerLimits,
+    check_service_tokenizer,
     fit_trajectory_budget,
     limits_from_capabilities,
     load_service_tokenizer,
@@ -214,6 +215,22 @@ def test_a_tokenizer_download_failure_becomes_one_line_naming_modelscope():
         load_service_tokenizer(client)
     message = str(refused.value)
     assert "ModelScope" in message and "Qwen/Qwen3.5-4B" in message and "\n" not in message
+
+
+def test_the_sdk_loads_the_service_tokenizer_once_per_start(tokenizer, tmp_path, monkeypatch):
+    """The preflight's load fills the real TrainingClient's cached vocabulary size, so the first
+    forward_backward does not load the tokenizer a second time for its length."""
+    import pytrio.client.training as sdk_training
+    from twin_support import MODEL, running_twin
+
+    loads = []
+    loader = sdk_training.get_tokenizer
+    monkeypatch.setattr(sdk_training, "get_tokenizer", lambda model_id: loads.append(model_id) or loader(model_id))
+    with running_twin(tmp_path, tokenizer) as (_, service):
+        trainer = service.create_lora_training_client(MODEL, rank=8)
+        check_service_tokenizer(tokenizer, trainer)
+        assert len(loads) == 1
+        assert trainer._tokenizer_vocab_size == len(tokenizer) and len(loads) == 1
 
 
 def test_service_and_network_failures_are_told_apart_from_bugs():
