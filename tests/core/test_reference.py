@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import concurrent.futures
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,14 +83,51 @@ SCRIPTED = parse_scenario({"questions": [
 GROUP_SIZES = (2, len(AT_THE_MEAN))
 
 
+class RememberingSampler:
+    """A twin's sampling client that answers a request it has answered before from memory.
+
+    A twin's policy answers the same prompt, sample count and sampling parameters with the same
+    sequences (that is what lets the engine and the reference be compared at all), so a
+    remembered answer is the one the twin would send again. The reference makes the engine's
+    requests one after another, and the examples repeat many of them: those are answered here
+    instead of through the SDK, HTTP and the twin's handler threads. A request the two sides
+    make differently still goes to the twin, so a difference between them still shows."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.answers = {}
+
+    @staticmethod
+    def key(prompt, num_samples, sampling_params, options):
+        return (tuple(prompt.to_ints()), num_samples, None if sampling_params is None else
+                sampling_params.model_dump_json(), tuple(sorted(options.items())))
+
+    async def sample_async(self, prompt, num_samples=1, sampling_params=None, **options):
+        key = self.key(prompt, num_samples, sampling_params, options)
+        if key not in self.answers:
+            self.answers[key] = await self.inner.sample_async(prompt=prompt, num_samples=num_samples,
+                                                              sampling_params=sampling_params, **options)
+        return self.answers[key]
+
+    def sample(self, prompt, num_samples=1, sampling_params=None, **options):
+        """The SDK's blocking form: a future whose result is the answer."""
+        key = self.key(prompt, num_samples, sampling_params, options)
+        if key not in self.answers:
+            self.answers[key] = self.inner.sample(prompt=prompt, num_samples=num_samples,
+                                                  sampling_params=sampling_params, **options).result()
+        answered = concurrent.futures.Future()
+        answered.set_result(self.answers[key])
+        return answered
+
+
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory, tokenizer):
     """A sampler of the twin's scripted policy and of its learning policy (base weights)."""
     scripted = start_twin(home=tmp_path_factory.mktemp("scripted"), tokenizer=tokenizer, policy="toy")
     scripted.policy = ScriptedPolicy(SCRIPTED, tokenizer)
     learning = start_twin(home=tmp_path_factory.mktemp("learning"), tokenizer=tokenizer, policy="learning")
-    samplers = {name: twin.service_client(sdk_options=FAST_RETRIES).create_sampling_client(base_model=MODEL)
-                for name, twin in (("scripted", scripted), ("learning", learning))}
+    samplers = {name: RememberingSampler(twin.service_client(sdk_options=FAST_RETRIES).create_sampling_client(
+                    base_model=MODEL)) for name, twin in (("scripted", scripted), ("learning", learning))}
     yield samplers, learning
     scripted.close()
     learning.close()
@@ -377,7 +415,7 @@ class PageBackend:
 def tool_sampler(tmp_path_factory, tokenizer):
     twin = start_twin(home=tmp_path_factory.mktemp("tools"), tokenizer=tokenizer, policy="toy")
     twin.policy = ScriptedPolicy(TOOLS_SCENARIO, tokenizer)
-    yield twin.service_client(sdk_options=FAST_RETRIES).create_sampling_client(base_model=MODEL)
+    yield RememberingSampler(twin.service_client(sdk_options=FAST_RETRIES).create_sampling_client(base_model=MODEL))
     twin.close()
 
 
