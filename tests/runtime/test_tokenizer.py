@@ -100,6 +100,9 @@ def test_template_override_that_does_not_exist_is_named(tmp_path):
         chat_template_path(missing)
 
 
+_MACHINE_CACHE = tok_module.cache_root()  # where the suite's tokenizer is built, before a test moves the cache
+
+
 def _seed_cache(tmp_path: Path, monkeypatch) -> Path:
     """A private cache directory holding a copy of the machine's built tokenizer."""
     load_qwen35_tokenizer()  # make sure the machine cache exists
@@ -111,25 +114,46 @@ def _seed_cache(tmp_path: Path, monkeypatch) -> Path:
     return private
 
 
-@pytest.mark.slow  # builds the tokenizer from the vocabulary (seconds)
+def _count_builds(monkeypatch) -> list[Path]:
+    """Record each build instead of running it: the build (transformers' converter, about six
+    seconds) hands back a fresh load of the machine's cached tokenizer, which is what a build
+    produces (``test_a_fresh_build_equals_the_cached_tokenizer_and_leaves_no_tiktoken_copy_outside``).
+    What is under test is that the loader does not trust a damaged cache, rebuilds, and stores
+    the rebuilt files."""
+    builds = []
+    machine_cache = tok_module._load_cached
+
+    def build(vocab, template):
+        builds.append(vocab)
+        key = tok_module._cache_key(tok_module.file_sha256(vocab), template)
+        return machine_cache(_MACHINE_CACHE / "tokenizers" / f"qwen35-{key}", template)
+
+    monkeypatch.setattr(tok_module, "_build", build)
+    return builds
+
+
+@pytest.mark.slow  # loads the tokenizer three times and stores it once (seconds)
 def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, monkeypatch):
     private = _seed_cache(tmp_path, monkeypatch)
+    builds = _count_builds(monkeypatch)
     (entry,) = [p for p in (private / "tokenizers").iterdir() if p.is_dir()]
     target = entry / "tokenizer.json"
     target.write_text(target.read_text("utf-8").replace('"hello"', '"jello"', 1), "utf-8")
     rebuilt = load_qwen35_tokenizer()
+    assert len(builds) == 1
     assert rebuilt.encode("hello world", add_special_tokens=False) == [14556, 1814]
     # the cache was repaired, so the manifest matches the files again
     assert tok_module._load_cached(entry, rebuilt.chat_template) is not None
 
 
-@pytest.mark.slow  # builds the tokenizer from the vocabulary (seconds)
+@pytest.mark.slow  # loads the tokenizer twice and stores it once (seconds)
 def test_truncated_cache_is_rebuilt(tmp_path, monkeypatch):
     private = _seed_cache(tmp_path, monkeypatch)
+    builds = _count_builds(monkeypatch)
     (entry,) = [p for p in (private / "tokenizers").iterdir() if p.is_dir()]
     with open(entry / "tokenizer.json", "r+b") as handle:
         handle.truncate(1000)
-    assert len(load_qwen35_tokenizer()) == 248077
+    assert len(load_qwen35_tokenizer()) == 248077 and len(builds) == 1
 
 
 def test_cache_key_changes_with_the_template(tmp_path, monkeypatch):
@@ -140,7 +164,8 @@ def test_cache_key_changes_with_the_template(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # builds the tokenizer from the vocabulary (seconds)
-def test_the_build_keeps_tiktokens_copy_of_the_vocabulary_inside_our_cache(tmp_path, monkeypatch):
+def test_a_fresh_build_equals_the_cached_tokenizer_and_leaves_no_tiktoken_copy_outside(tmp_path, monkeypatch,
+                                                                                         tokenizer):
     import os
     import tempfile
 
@@ -150,7 +175,9 @@ def test_the_build_keeps_tiktokens_copy_of_the_vocabulary_inside_our_cache(tmp_p
     for name in tok_module.TIKTOKEN_CACHE_ENVS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(system_temp))  # what tiktoken's default is under
-    tok_module._build(tok_module.vocab_path(), read_chat_template())
+    built = tok_module._build(tok_module.vocab_path(), read_chat_template())
+    assert built.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+    assert built.chat_template == tokenizer.chat_template and len(built) == len(tokenizer)
     assert list(system_temp.iterdir()) == []  # no data-gym-cache in the system temp directory
     assert [p.stat().st_size for p in (ours / "tiktoken").iterdir()] == [tok_module.vocab_path().stat().st_size]
     assert not any(name in os.environ for name in tok_module.TIKTOKEN_CACHE_ENVS)  # the environment is restored
