@@ -31,6 +31,7 @@ from searchr1.core.protocol import (
     tool_message,
 )
 from searchr1.core.observation.fit import fit_tool_content
+from searchr1.core.observation.tokens import forget_remembered_texts
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.core.types import SearchResult, Trajectory
@@ -153,6 +154,7 @@ def counted_renders(tokenizer: Any) -> Iterator[list[int]]:
 def measure_pass(kind: str, tokenizer: Any, turns: Sequence[ToolTurn], config: RolloutConfig) -> tuple[float, int, list[Any]]:
     """CPU seconds and renders to fit every turn once; and the fits."""
     fit = FITTERS[kind]
+    forget_remembered_texts(tokenizer)  # every pass encodes its texts as a step meets them, from cold
     with counted_renders(tokenizer) as renders:
         cpu = time.thread_time()  # this thread only: nothing else in the process counts
         fits = [fit(tokenizer, turn, config) for turn in turns]

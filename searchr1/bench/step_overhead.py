@@ -63,6 +63,7 @@ from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY
 from searchr1.bench.protocol_cpu import seed_fit_tool_content
 from searchr1.bench.report import Figure, Measure
 from searchr1.bench.samplers import CountingSampler, InMemorySampler
+from searchr1.core.observation.tokens import forget_remembered_texts
 from searchr1.view.wording import plural
 from searchr1.bench.served import served_twin
 from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
@@ -200,6 +201,7 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         """The CPU of the rollout once more, answered from memory, in ``mode``; it must roll out
         ``trajectories`` again."""
         probe.replaying = mode
+        forget_remembered_texts(args[0])  # each replay encodes its texts from cold, as the other does
         with settled_heap(probe.current):
             start = probe.meter.snapshot()  # type: ignore[union-attr]
             try:

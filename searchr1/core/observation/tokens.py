@@ -4,38 +4,55 @@ own tokens (:func:`searchr1.core.protocol.observation_tokens` puts them together
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from searchr1.core.types import Tokenizer
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer as Encoder
-
     from searchr1.core.protocol import TemplateBoundaries
 
-_PLAIN_ENCODERS: "weakref.WeakKeyDictionary[Tokenizer, Encoder]" = weakref.WeakKeyDictionary()
+# How many texts each tokenizer's plain encoder remembers: a step's trajectories read the same
+# passages and the same wrapper pieces again and again (the offline job's 20 steps encode 49
+# distinct texts 6,347 times), and encoding one is a call into the tokenizer every time.
+PLAIN_TEXTS_REMEMBERED = 4096
+_PLAIN_ENCODERS: "weakref.WeakKeyDictionary[Tokenizer, Callable[[str], tuple[int, ...]]]" = weakref.WeakKeyDictionary()
 
 
-def _plain_encoder(tokenizer: Tokenizer) -> Encoder:
-    """The tokenizer's normaliser, pre-tokeniser and BPE model without its added tokens
-    (shares the model, costs nothing to build), cached per tokenizer."""
-    encoder = _PLAIN_ENCODERS.get(tokenizer)
-    if encoder is None:
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise TypeError(
-                f"{type(tokenizer).__name__} has no backend_tokenizer: observations need a fast "
-                "(tokenizers-backed) tokenizer to keep special-token strings as plain text"
-            )
-        from tokenizers import Tokenizer as Encoder
+def _plain_encoder(tokenizer: Tokenizer) -> Callable[[str], tuple[int, ...]]:
+    """Text to token ids through the tokenizer's normaliser, pre-tokeniser and BPE model without
+    its added tokens (shares the model, costs nothing to build), cached per tokenizer, with its
+    last :data:`PLAIN_TEXTS_REMEMBERED` answers."""
+    remembered = _PLAIN_ENCODERS.get(tokenizer)
+    if remembered is not None:
+        return remembered
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise TypeError(
+            f"{type(tokenizer).__name__} has no backend_tokenizer: observations need a fast "
+            "(tokenizers-backed) tokenizer to keep special-token strings as plain text"
+        )
+    from tokenizers import Tokenizer as Encoder
 
-        encoder = Encoder(backend.model)
-        encoder.normalizer = backend.normalizer
-        encoder.pre_tokenizer = backend.pre_tokenizer
-        _PLAIN_ENCODERS[tokenizer] = encoder
-    return encoder
+    encoder = Encoder(backend.model)
+    encoder.normalizer = backend.normalizer
+    encoder.pre_tokenizer = backend.pre_tokenizer
+
+    @functools.lru_cache(maxsize=PLAIN_TEXTS_REMEMBERED)
+    def encode(text: str) -> tuple[int, ...]:
+        return tuple(encoder.encode(text, add_special_tokens=False).ids)
+
+    _PLAIN_ENCODERS[tokenizer] = encode
+    return encode
+
+
+def forget_remembered_texts(tokenizer: Tokenizer) -> None:
+    """Start the tokenizer's plain encoder again with no text remembered (what a measurement of
+    the encoding cost starts from)."""
+    _PLAIN_ENCODERS.pop(tokenizer, None)
 
 
 def plain_tokens(tokenizer: Tokenizer, text: str) -> list[int]:
@@ -43,7 +60,7 @@ def plain_tokens(tokenizer: Tokenizer, text: str) -> list[int]:
     ``</tool_response>`` is spelled with ordinary vocabulary tokens, never turned into the
     control token of that name. For text holding no such string this equals
     ``tokenizer.encode(text, add_special_tokens=False)``."""
-    return list(_plain_encoder(tokenizer).encode(text, add_special_tokens=False).ids)
+    return list(_plain_encoder(tokenizer)(text))
 
 
 @dataclass(frozen=True)
