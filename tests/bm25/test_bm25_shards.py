@@ -83,20 +83,30 @@ print(json.dumps(tracemalloc.get_traced_memory()[1] // 1024))  # the build's pea
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # two index builds under tracemalloc, in child processes (seconds)
 def test_small_shards_build_the_same_index_in_much_less_memory(tmp_path):
     rng = np.random.default_rng(0)
-    vocabulary = [f"w{i}" for i in range(3000)]
-    texts = [" ".join(rng.choice(vocabulary, size=120)) for _ in range(6_000)]
+    # An array, not a list: rng.choice converts a list of 3,000 strings to an array on every call
+    # (two seconds for the corpus); the draws are the same.
+    vocabulary = np.array([f"w{i}" for i in range(3000)])
+    # 3,000 passages of 120 tokens in 8 shards of 375: the build's memory is then already mostly
+    # per token (peaks near 28 MiB whole, 5 MiB sharded; 55 and 9 with twice the passages), so
+    # the ratio the test asserts is the shards', at half the tokenising under tracemalloc.
+    texts = [" ".join(rng.choice(vocabulary, size=120)) for _ in range(3_000)]
     corpus = write_corpus(tmp_path / "corpus.jsonl", texts)
 
-    def peak_kib(shard: int, out: str) -> int:
-        done = subprocess.run([sys.executable, "-c", PEAK, str(corpus), str(tmp_path / out), str(shard)],
-                              capture_output=True, text=True, check=True)
-        return int(done.stdout.strip())
+    def start(shard: int, out: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", PEAK, str(corpus), str(tmp_path / out), str(shard)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    whole = peak_kib(len(texts), "whole")
-    sharded = peak_kib(750, "sharded")
+    def peak_kib(build: subprocess.Popen) -> int:
+        stdout, stderr = build.communicate()
+        assert build.returncode == 0, stderr
+        return int(stdout.strip())
+
+    # The two builds run at once, each in its own process: each counts only its own allocations.
+    builds = start(len(texts), "whole"), start(len(texts) // 8, "sharded")
+    whole, sharded = (peak_kib(build) for build in builds)
     print(f"peak memory of the build: whole {whole} KiB, sharded {sharded} KiB")
     assert sharded < whole / 3, (sharded, whole)
     a, b = BM25Index(tmp_path / "whole"), BM25Index(tmp_path / "sharded")
@@ -203,20 +213,29 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 FIELDS = ["corpus", "tokenizer", "scorer", "vocabulary", "shards", "files", "format_version"]
 
 
+@pytest.fixture(scope="module")
+def pristine_index(tmp_path_factory) -> Path:
+    """The index each example of the damage property damages a copy of (built once: a build
+    takes 30 ms, a copy 2 ms; every example still starts from an intact index of its own)."""
+    directory = tmp_path_factory.mktemp("pristine")
+    texts = ["alpha bravo charlie", "delta echo alpha", "foxtrot golf hotel"]
+    build_index(write_corpus(directory / "corpus.jsonl", texts), directory / "index", shard_passages=2)
+    BM25Index(directory / "index")  # intact: it opens
+    return directory / "index"
+
+
 @pytest.mark.slow  # sixty damaged indexes opened and searched
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(FIELDS), value=JSON, name=st.sampled_from(
     ["vocab.json", "shards/00000/data.npy", "shards/00000/indptr.npy", "shards/00000/docs.offsets.npy",
      "shards/00001/indices.npy", "shards/00001/ids.bin"]), noise=st.binary(min_size=1, max_size=64))
 def test_any_damage_to_an_index_is_a_one_line_refusal_or_a_search_that_serves_only_its_passages(
-        tmp_path_factory, field, value, name, noise):
+        tmp_path_factory, pristine_index, field, value, name, noise):
     """Invariant: a manifest field replaced by arbitrary JSON, or a file overwritten by arbitrary
     bytes, either opens to an index whose searches return only text from inside it, or is refused
     with one BM25IndexError line; nothing else is raised."""
-    directory = tmp_path_factory.mktemp("hostile")
-    texts = ["alpha bravo charlie", "delta echo alpha", "foxtrot golf hotel"]
-    build_index(write_corpus(directory / "corpus.jsonl", texts), directory / "index", shard_passages=2)
-    index_dir = directory / "index"
+    index_dir = tmp_path_factory.mktemp("hostile") / "index"
+    shutil.copytree(pristine_index, index_dir)
     manifest_edit(index_dir, lambda m: m.__setitem__(field, value))
     with (index_dir / name).open("r+b") as handle:
         size = os.fstat(handle.fileno()).st_size

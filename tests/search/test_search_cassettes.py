@@ -136,16 +136,35 @@ def test_deepseek_usage_is_summed_from_the_streams():
     assert metrics["search/cache_read_input_tokens"] > 0
 
 
-@pytest.mark.slow
-def test_shipped_cassettes_match_their_specs():
-    report = build_cassettes(check=True)
+@pytest.fixture(scope="module")
+def shipped_check():
+    """`cassettes build --check` run once (recording every shipped cassette takes seconds): the
+    command's outcome, and each call it made to build_cassettes with the report it got back."""
+    import searchr1.commands.search_cassettes as command
+
+    calls = []
+
+    def watched(*args, **kwargs):
+        calls.append((args, kwargs, build_cassettes(*args, **kwargs)))
+        return calls[-1][-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(command, "build_cassettes", watched)
+        outcome = CliRunner().invoke(main, ["cassettes", "build", "--check"])
+    return outcome, calls
+
+
+@pytest.mark.slow  # the first of the two tests runs shipped_check
+def test_shipped_cassettes_match_their_specs(shipped_check):
+    _, [(args, kwargs, report)] = shipped_check
+    assert (args, kwargs) == ((CASSETTE_ROOT,), {"check": True, "only": None})  # build_cassettes(check=True)
     assert report.clean, f"stale: {report.differing} orphans: {report.orphans} readme: {report.readme_stale}"
     assert len(report.unchanged) == len(CASES)
 
 
-@pytest.mark.slow
-def test_cassettes_build_check_command_passes():
-    outcome = CliRunner().invoke(main, ["cassettes", "build", "--check"])
+@pytest.mark.slow  # the first of the two tests runs shipped_check
+def test_cassettes_build_check_command_passes(shipped_check):
+    outcome, _ = shipped_check
     assert outcome.exit_code == 0, outcome.output
 
 
@@ -227,17 +246,23 @@ def cassette_copy(tmp_path):
     return root
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # records every shipped cassette once (seconds)
 def test_check_notices_a_changed_spec_and_build_fixes_it(cassette_copy):
     spec_path = cassette_copy / "specs" / "retriever" / "basic.json"
     data = json.loads(spec_path.read_text())
     data["queries"][0]["results"][0]["text"] = "A different text."
     spec_path.write_text(json.dumps(data))
+    target = cassette_copy / "retriever" / "basic.yaml"
     report = build_cassettes(cassette_copy, check=True)
-    assert report.differing == [cassette_copy / "retriever" / "basic.yaml"]
-    build_cassettes(cassette_copy)
-    assert build_cassettes(cassette_copy, check=True).clean
-    assert "A different text." in (cassette_copy / "retriever" / "basic.yaml").read_text()
+    assert report.differing == [target] and len(report.unchanged) == len(CASES) - 1
+    # The check above found every other cassette equal to a fresh recording; the build and the
+    # check after it are scoped to the spec's name ("basic", one spec per backend), so the other
+    # cassettes are neither recorded a second and a third time nor touched.
+    built = build_cassettes(cassette_copy, only="basic")
+    assert built.written == [target]
+    after = build_cassettes(cassette_copy, check=True, only="basic")
+    assert after.clean and target in after.unchanged and len(after.unchanged) == len(built.unchanged) + 1
+    assert "A different text." in target.read_text()
 
 
 @pytest.mark.slow
@@ -259,8 +284,11 @@ def test_build_leaves_live_recordings_alone(cassette_copy):
     )
     live = live.replace("provenance: 'synthetic", "provenance: live\n  note: 'synthetic")
     target.write_text(live)
-    report = build_cassettes(cassette_copy)
+    # Only the spec that makes the target ("basic", one per backend): the other cassettes are
+    # not what the test is about, and recording them takes seconds.
+    report = build_cassettes(cassette_copy, only="basic")
     assert target in report.skipped_live and target.read_text() == live
+    assert target not in report.written and report.unchanged  # the other basic cassettes were built
 
 
 def replace_first_query(**entry):
@@ -436,14 +464,21 @@ def test_generated_files_do_not_depend_on_the_installed_httpx(version, monkeypat
     """Whatever httpx release is installed (its reported version drawn at random), the live client
     sends that version in its User-Agent and the shipped cassettes and offline files still check
     clean: the version never reaches a generated file."""
+    from searchr1.offline import PAGES, build_offline_files, build_page_files, load_source
     from searchr1.search.wikipedia import user_agent
 
     monkeypatch.setattr(httpx, "__version__", version)
     assert user_agent(None).endswith(" httpx/" + ".".join(version.split(".")[:2]))
-    outcome = CliRunner().invoke(main, ["offline-data", "--check"])
-    assert outcome.exit_code == 0, outcome.output
+    # What `offline-data --check` compares (tests/tools/test_golden.py runs the command): its
+    # generated files here, and its cassettes (cassettes/*/offline.yaml) in the check of every
+    # cassette below, so that they are recorded once per example, not twice.
+    files = {**build_offline_files(load_source()), **build_page_files(load_source(PAGES))}
+    stale = [path for path, text in files.items() if not path.is_file() or path.read_text("utf-8") != text]
+    assert files and not stale, f"stale under httpx {version}: {stale}"
     report = build_cassettes(check=True)
     assert report.clean, f"stale under httpx {version}: {report.differing}"
+    offline = {spec.cassette_path(backend) for spec in SPECS if spec.name == "offline" for backend in spec.backends}
+    assert offline and offline <= set(report.unchanged)
 
 
 product_names = st.from_regex(r"[A-Za-z][A-Za-z0-9._-]{0,11}", fullmatch=True).filter(lambda n: n != "searchr1")

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -251,13 +252,16 @@ def test_every_trie_node_distribution_sums_to_one_for_the_sampler_and_the_traine
     for prompt in state_prompts[:4]:
         state = policy.state(prompt)
         logits = policy.logits(params, state)
+        along: dict[tuple[int, ...], list[float]] = {}  # a member's path logprobs, each computed once
         for node, path in nodes_with_paths(state):
             assert sorted(m for child in node.children.values() for m in child.members) == sorted(node.members)
             depth = len(path)
             sampler_side, trainer_side = 0.0, 0.0
             for token, child in node.children.items():
                 member_path = state.tokens[child.members[0]]
-                sampler_side += math.exp(path_logprobs(state.trie, logits, member_path)[depth])
+                if tuple(member_path) not in along:
+                    along[tuple(member_path)] = path_logprobs(state.trie, logits, member_path)
+                sampler_side += math.exp(along[tuple(member_path)][depth])
                 inputs = np.array(prompt + path, dtype=np.int64)
                 targets = np.full(len(inputs), -100, dtype=np.int64)
                 targets[-1] = token
@@ -331,12 +335,12 @@ ROLLOUT_PARAMS_SEED = 11
 
 
 @pytest.fixture(scope="module")
-def rolled_out(policy, tokenizer, world) -> tuple[np.ndarray, list[Trajectory]]:
+def rolled_out(policy, loop_tokenizer, world) -> tuple[np.ndarray, list[Trajectory]]:
     """Trajectories sampled by the policy itself (one- and two-hop questions, mixed outcomes)."""
     params = random_params(ROLLOUT_PARAMS_SEED, scale=1.0)
     questions = [by_id(world, i) for i in ("off-train-01", "off-train-02", "off-train-05", "off-train-03")]
     config = RolloutConfig(group_size=4, seed=3)
-    return params, roll_out(policy, params, tokenizer, [example_of(q) for q in questions], config, 0, world)
+    return params, roll_out(policy, params, loop_tokenizer, [example_of(q) for q in questions], config, 0, world)
 
 
 @pytest.fixture(scope="module")
@@ -441,8 +445,8 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
         pending = record_turn(trajectory, turn, tokenizer, config)
         if pending is not None:
             hop = passages_by_query([question])[pending.query]
-            add_observation(pending, [SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),))],
-                            tokenizer, config)
+            found = SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),))
+            add_observation(pending, [found], tokenizer, config)
     score_trajectories([trajectory])
     trajectory.advantage = 1.0
     return trajectory
@@ -543,6 +547,74 @@ def roll_out(policy: LearningPolicy, params: np.ndarray, tokenizer, examples: Se
     return trajectories
 
 
+class RememberingTokenizer:
+    """The session's tokenizer with its pure calls remembered: each distinct chat template render,
+    encode and decode is done once by the real tokenizer, and every later call with the same
+    arguments gets a copy of that answer. The closed loop renders the same few conversations
+    thousands of times (a handful of questions, candidate turns and passages): about half of a
+    run's time went to re-rendering them. Every other call reaches the tokenizer itself."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._rendered: dict[str, Any] = {}
+        self._encoded: dict[tuple[str, bool], list[int]] = {}
+        self._decoded: dict[tuple[tuple[int, ...], bool], str] = {}
+
+    def __getattr__(self, name: str) -> Any:  # eos_token, convert_tokens_to_ids, ...
+        return getattr(self._inner, name)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def apply_chat_template(self, conversation: Any, **options: Any) -> Any:
+        try:
+            key = json.dumps([conversation, options])  # order-sensitive: a reordered message is a new render
+        except TypeError:  # not plain data: not remembered
+            return self._inner.apply_chat_template(conversation, **options)
+        if key not in self._rendered:
+            self._rendered[key] = self._inner.apply_chat_template(conversation, **options)
+        out = self._rendered[key]
+        return list(out) if isinstance(out, list) else out
+
+    def encode(self, text: str, add_special_tokens: bool = True, **options: Any) -> list[int]:
+        if options:
+            return self._inner.encode(text, add_special_tokens=add_special_tokens, **options)
+        key = (text, add_special_tokens)
+        if key not in self._encoded:
+            self._encoded[key] = list(self._inner.encode(text, add_special_tokens=add_special_tokens))
+        return list(self._encoded[key])
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False, **options: Any) -> str:
+        if options:
+            return self._inner.decode(ids, skip_special_tokens=skip_special_tokens, **options)
+        key = (tuple(int(i) for i in ids), skip_special_tokens)
+        if key not in self._decoded:
+            self._decoded[key] = self._inner.decode(list(key[0]), skip_special_tokens=skip_special_tokens)
+        return self._decoded[key]
+
+
+@pytest.fixture(scope="module")
+def loop_tokenizer(tokenizer) -> RememberingTokenizer:
+    """The tokenizer the closed-loop runs of this module share (one memory for all of them)."""
+    return RememberingTokenizer(tokenizer)
+
+
+def test_the_remembering_tokenizer_answers_as_the_tokenizer_does(tokenizer, world):
+    remembering = RememberingTokenizer(tokenizer)
+    messages = initial_messages(world[0].question, max_search_calls=4)
+    for _ in range(2):  # the first call asks the tokenizer, the second is remembered
+        for options in ({"tokenize": True, "add_generation_prompt": True, "enable_thinking": False},
+                        {"tokenize": False, "add_generation_prompt": False, "enable_thinking": False}):
+            assert remembering.apply_chat_template(messages, return_dict=False, **options) == \
+                tokenizer.apply_chat_template(messages, return_dict=False, **options)
+        ids = remembering.encode(world[0].question, add_special_tokens=False)
+        assert ids == tokenizer.encode(world[0].question, add_special_tokens=False)
+        ids.append(0)  # a caller changing its copy changes nothing remembered
+        assert remembering.decode(ids[:-1]) == tokenizer.decode(ids[:-1]) == \
+            tokenizer.decode(tokenizer.encode(world[0].question, add_special_tokens=False))
+    assert len(remembering) == len(tokenizer) and remembering.eos_token == tokenizer.eos_token
+
+
 Tamper = Callable[[list[Trajectory], np.random.Generator], None]
 
 
@@ -608,8 +680,8 @@ def shuffle_advantages_across_groups(trajectories: list[Trajectory], rng: np.ran
 
 
 @pytest.fixture(scope="module")
-def default_run(policy, tokenizer, world) -> LearningRun:
-    return train(policy, tokenizer, world)
+def default_run(policy, loop_tokenizer, world) -> LearningRun:
+    return train(policy, loop_tokenizer, world)
 
 
 def test_default_offline_settings_raise_the_mean_reward_by_at_least_0_3(default_run):
@@ -619,7 +691,8 @@ def test_default_offline_settings_raise_the_mean_reward_by_at_least_0_3(default_
 
 
 def test_learned_policy_beats_the_base_policy_on_dev_by_20_points_greedy_and_sampled(
-        policy, tokenizer, world, default_run):
+        policy, loop_tokenizer, world, default_run):
+    tokenizer = loop_tokenizer
     base = policy.initial_params()
     for temperature, group_size in ((0.0, 1), (1.0, 8)):
         before = dev_exact_match(policy, tokenizer, world, base, temperature=temperature, group_size=group_size)
@@ -628,18 +701,19 @@ def test_learned_policy_beats_the_base_policy_on_dev_by_20_points_greedy_and_sam
         assert after - before >= 0.20, (temperature, before, after)
 
 
-def test_negated_advantages_do_not_raise_the_reward(policy, tokenizer, world):
-    run = train(policy, tokenizer, world, tamper=negate_advantages)
+def test_negated_advantages_do_not_raise_the_reward(policy, loop_tokenizer, world):
+    run = train(policy, loop_tokenizer, world, tamper=negate_advantages)
     assert run.rise < 0.1, run.rewards
 
 
-def test_advantages_shuffled_across_groups_do_not_raise_the_reward(policy, tokenizer, world):
-    run = train(policy, tokenizer, world, tamper=shuffle_advantages_across_groups)
+def test_advantages_shuffled_across_groups_do_not_raise_the_reward(policy, loop_tokenizer, world):
+    run = train(policy, loop_tokenizer, world, tamper=shuffle_advantages_across_groups)
     assert run.rise < 0.1, run.rewards
 
 
 def test_the_same_seed_gives_the_same_run_step_for_step(policy, tokenizer, world):
-    first = train(policy, tokenizer, world, steps=3)
-    again = train(policy, tokenizer, world, steps=3)
+    # each run with its own memory: the second renders everything again, as the first did
+    first = train(policy, RememberingTokenizer(tokenizer), world, steps=3)
+    again = train(policy, RememberingTokenizer(tokenizer), world, steps=3)
     assert first.rewards == again.rewards and first.losses == again.losses
     assert np.array_equal(first.params, again.params)
