@@ -3,6 +3,7 @@ wiki-18's published statistics, its word spelling, and the vocabulary an index b
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -105,11 +106,15 @@ def test_an_index_build_finds_the_laws_vocabulary(tmp_path) -> None:
     assert manifest["vocabulary"] == pytest.approx(wiki18_law().expected_vocabulary(manifest["tokens"]), rel=0.02)
 
 
-WHOLE = list(heaps_passages(45, seed=0))
+@functools.cache
+def whole() -> list[tuple[str, str, str]]:
+    """45 passages generated at once (on first use: the law's fit and the word table take a
+    second, which collecting the tests should not pay)."""
+    return list(heaps_passages(45, seed=0))
 
 
 @settings(max_examples=20)
 @given(st.integers(min_value=1, max_value=46))
 def test_the_chunk_size_does_not_change_the_corpus(chunk: int) -> None:
     """Generating chunk by chunk (constant memory) gives the corpus generated at once."""
-    assert list(heaps_passages(45, seed=0, chunk=chunk)) == WHOLE
+    assert list(heaps_passages(45, seed=0, chunk=chunk)) == whole()
