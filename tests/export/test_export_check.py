@@ -22,7 +22,6 @@ import pytest
 
 from click.testing import CliRunner
 from safetensors.numpy import save
-from transformers import Qwen3_5Config, Qwen3_5TextConfig
 
 from searchr1.cli import main
 
@@ -53,6 +52,8 @@ TOKENS_SEED = 7  # the input ids: a (2, 7) batch drawn from this seed
 def make_base(folder: Path, *, vision_language: bool = False) -> Path:
     """A tiny random float32 Qwen3.5 saved in ``folder``: the text model alone
     (``Qwen3_5ForCausalLM``), or inside the image-text model as the published checkpoints are."""
+    from transformers import Qwen3_5Config, Qwen3_5TextConfig  # here: importing them costs collection 1.7 s
+
     torch.manual_seed(0)
     if vision_language:
         config = Qwen3_5Config(text_config=TEXT, vision_config=VISION, tie_word_embeddings=True)
