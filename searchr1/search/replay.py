@@ -26,6 +26,7 @@ with :class:`CassetteFormatError` naming it.
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import random
 from collections.abc import Iterator, Mapping
@@ -114,13 +115,28 @@ class CassetteFormatError(UserError, ValueError):
 BODY_FORM_HEADERS = ("Content-Type", "Transfer-Encoding", "User-Agent")
 
 
+# The recorded interactions each request matched, by cassette content (a digest of the parsed
+# file) and then by request: every cassette opened again with the same content in this process
+# (each run of one offline world, each replay of a benchmark) starts with its answers known.
+_MATCHES: dict[bytes, dict[tuple[Any, ...], tuple[int, ...]]] = {}
+_MATCHES_KEPT = 8
+
+
+def _matches_of(data: dict[str, Any]) -> dict[tuple[Any, ...], tuple[int, ...]]:
+    digest = hashlib.sha256(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    if digest not in _MATCHES and len(_MATCHES) >= _MATCHES_KEPT:
+        _MATCHES.clear()
+    return _MATCHES.setdefault(digest, {})
+
+
 class _LeastPlayedCassette(Cassette):
     """Serve the least-played matching interaction (earliest first) instead of always the first.
 
     vcrpy compares a request with every recorded one, and writes a diff for each body that
     differs. A replayed run asks the same queries again and again, so the indices a request
     matches are remembered per request (its method, URL, body and the headers the matchers
-    read): the cassette is read-only, so the answer cannot change."""
+    read), for every cassette of the same content (:func:`_matches_of`): a cassette is
+    read-only, so the answer cannot change."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -266,6 +282,7 @@ def load_cassette(path: str | Path, data: dict[str, Any] | None = None) -> Casse
     path = Path(path)
     if data is None:
         data = read_cassette_data(path)
+    matches = _matches_of(data)  # of the file's content, before vcrpy takes its dicts over
     try:
         cassette = _LeastPlayedCassette.load(
             path=str(path),
@@ -278,6 +295,7 @@ def load_cassette(path: str | Path, data: dict[str, Any] | None = None) -> Casse
         raise CassetteFormatError(f"cassette {path} cannot be loaded: {exc}") from exc
     if len(cassette) == 0:
         raise CassetteFormatError(f"cassette {path} holds no interactions")
+    cassette._matching = matches
     return cassette
 
 
