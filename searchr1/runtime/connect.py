@@ -96,12 +96,16 @@ def refused_within(base_url: str, *, timeout: float = PROBE_TIMEOUT) -> str | No
     return answer[0] if answer else None
 
 
-def diagnose(base_url: str) -> str:
-    """pytrio's unauthenticated probe of the base URL, in a few words."""
+def diagnose(base_url: str, *, within: float) -> str:
+    """pytrio's unauthenticated probe of the base URL, in a few words, waited for at most
+    ``within`` seconds (the probe's own limit is 3 s): a command told to wait 0.3 s for the
+    service does not then wait 3 s more for the reason."""
     from pytrio.transport.connectivity import probe_base_url_connectivity
 
     try:
-        diagnostic = asyncio.run(probe_base_url_connectivity(base_url))
+        diagnostic = asyncio.run(asyncio.wait_for(probe_base_url_connectivity(base_url), within))
+    except TimeoutError:
+        return f"the connectivity probe had no answer within {within:g} s either"
     except Exception as error:  # noqa: BLE001 - the probe only explains, it never decides
         return f"the connectivity probe failed too ({type(error).__name__})"
     if diagnostic.status == "reachable":

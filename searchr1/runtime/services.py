@@ -75,10 +75,11 @@ def live_service(connect_timeout: float | None = None, *,
     shown = redact_url(url)  # a user:password@ in PYTRIO_BASE_URL is never printed
     print(f"connecting to PyTRIO at {shown}...", file=sys.stderr, flush=True)
     pytrio.configure(**sampling_capacity(sampling_concurrency))  # read when the client is created
+    deadline = connect_timeout or DEFAULT_CONNECT_TIMEOUT
     try:
-        return call_with_deadline(pytrio.ServiceClient, connect_timeout or DEFAULT_CONNECT_TIMEOUT,
-                                  what=f"cannot connect to PyTRIO at {shown}",
-                                  explain=lambda: strip_userinfo(diagnose(url)), refused=lambda: refusal(url))
+        return call_with_deadline(pytrio.ServiceClient, deadline, what=f"cannot connect to PyTRIO at {shown}",
+                                  explain=lambda: strip_userinfo(diagnose(url, within=deadline)),
+                                  refused=lambda: refusal(url))
     except ConnectTimeout as error:
         raise ServiceSetupError(strip_userinfo(str(error))) from None
     except pytrio.PyTrioError as error:

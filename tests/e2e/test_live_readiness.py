@@ -310,6 +310,20 @@ def test_an_unreachable_service_fails_within_the_connect_timeout_naming_url_and_
     assert "sk-test-unreachable-0001" not in result.output
 
 
+def test_the_diagnosis_of_a_silent_service_waits_no_longer_than_it_is_told():
+    import socket
+    import time
+
+    from searchr1.runtime.connect import diagnose
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers
+        started = time.monotonic()
+        said = diagnose(f"http://127.0.0.1:{silent.getsockname()[1]}", within=0.2)
+        waited = time.monotonic() - started
+    assert said == "the connectivity probe had no answer within 0.2 s either"
+    assert waited < 2.0  # pytrio's probe alone waits 3 s
+
+
 # --- mutations of the update that no test caught before ------------------------------------
 
 import asyncio  # noqa: E402
