@@ -30,6 +30,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import threading
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -178,9 +179,20 @@ def recorder(
     *,
     decode_compressed: bool = True,
     persister: _FreshFilePersister | None = None,
+    thread: int | None = None,
 ) -> vcr.VCR:
+    """A vcrpy recorder that scrubs ``secrets`` and ``private`` values. vcrpy patches httpx for
+    the whole process; with ``thread`` (a ``threading.get_ident()``) only the requests made on
+    that thread are kept, so what another thread sends meanwhile (a server of another test
+    shutting down, a library's background call) never lands in the cassette."""
+
+    def kept(request: Any) -> Any:
+        if thread is not None and threading.get_ident() != thread:
+            return None  # vcrpy neither records nor replays it: the request goes out as it would
+        return _normalise_request(request)
+
     tape = vcr.VCR(
-        before_record_request=_normalise_request,
+        before_record_request=kept,
         serializer="yaml",
         record_mode="all",
         match_on=RECORD_MATCH_ON,
@@ -204,7 +216,8 @@ def recording(
     private: Mapping[str, Secret] | None = None,
     decode_compressed: bool = True,
 ) -> Iterator[Cassette]:
-    """Record every httpx request made inside the block into the cassette at ``path``.
+    """Record every httpx request made inside the block, on the thread that opened it, into the
+    cassette at ``path``.
 
     ``secrets`` (keys) and ``private`` (placeholder → personal value) are scrubbed. Refuses to
     replace an existing file unless ``overwrite``. Nothing is written to ``path`` if the block
@@ -221,9 +234,8 @@ def recording(
     finished = False
     try:
         persister = _FreshFilePersister()
-        with recorder(secrets, private, decode_compressed=decode_compressed, persister=persister).use_cassette(
-            str(temporary)
-        ) as cassette:
+        with recorder(secrets, private, decode_compressed=decode_compressed, persister=persister,
+                      thread=threading.get_ident()).use_cassette(str(temporary)) as cassette:
             for key, value in metadata.items():
                 cassette.get_metadata(key, value)
             yield cassette

@@ -251,3 +251,24 @@ def test_shipped_deepseek_cassettes_cover_what_the_stream_sends():
     assert any(
         s.find('"type":"text"') != -1 and s.find('"type":"text"') < s.find("server_tool_use") for s in streams
     )  # text written before the search
+
+
+def test_a_request_another_thread_sends_during_a_recording_stays_out_of_the_cassette(tmp_path):
+    """vcrpy patches httpx for the whole process: a request another thread makes while a
+    cassette records (a twin of another test shutting down, say) is sent, answered, and not
+    recorded; the recording thread's requests are."""
+    import threading
+
+    from searchr1.search.recording import recording
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json={"path": request.url.path}))
+    answered = []
+    with recording(tmp_path / "mine.yaml", secrets=[], metadata={}):
+        httpx.Client(transport=transport).get("https://search.example/mine")
+        other = threading.Thread(target=lambda: answered.append(
+            httpx.Client(transport=transport).get("https://search.example/theirs").json()))
+        other.start()
+        other.join()
+    recorded = yaml.safe_load((tmp_path / "mine.yaml").read_text("utf-8"))["interactions"]
+    assert [interaction["request"]["uri"] for interaction in recorded] == ["https://search.example/mine"]
+    assert answered == [{"path": "/theirs"}]
