@@ -151,6 +151,20 @@ def _one_tls_context_for_the_loopback_clients():
     transports.create_ssl_context = original
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fsync_is_free_in_the_suite():
+    """``os.fsync`` returns at once in the suite's own processes (the CLI subprocesses it starts
+    still sync). A sync matters only when the machine loses power, which no test can cause: what
+    the tests check of a writer (the order of its writes, a rename over a finished file, a failed
+    sync reported as the full disk) is the same, and a test that makes a sync fail puts its own
+    ``os.fsync`` in place over this one. A sync costs milliseconds, and a test's index build or
+    training run makes dozens."""
+    original = os.fsync
+    os.fsync = lambda descriptor: None
+    yield
+    os.fsync = original
+
+
 @pytest.fixture(autouse=True)
 def _twin_protocol_is_clean():
     """A test fails when a twin recorded a strict-mode violation that the test did not take
