@@ -126,25 +126,25 @@ def _sdk_loads_the_twins_tokenizer_once():
 @pytest.fixture(scope="session", autouse=True)
 def _one_tls_context_for_the_loopback_clients():
     """httpx builds a TLS context for every client it creates, reading the CA bundle each time
-    (about 40 ms), even for an ``http://`` URL that never uses it. The suite's clients (pytrio's
-    two per ServiceClient, the search backends', each ``httpx.post``) only reach loopback servers
-    over plain HTTP, so with the default settings they share one context, built once. A client
-    that asks for anything else (its own context, ``verify=False``, a certificate) builds its own
-    as before."""
+    (about 40 ms), even for an ``http://`` URL that never uses it. Our search backends already
+    hand their clients one shared context (:func:`searchr1.search.base.tls_context`); the suite's
+    other clients (pytrio's two per ServiceClient, each ``httpx.post``) only reach loopback
+    servers over plain HTTP, so with the default settings they are given that same context. A
+    client that asks for anything else (its own context, ``verify=False``, a certificate) is
+    served as before."""
     from httpx._transports import default as transports
+
+    from searchr1.search.base import tls_context
 
     original = getattr(transports, "create_ssl_context", None)
     if original is None:  # another httpx layout: every client builds its own, only slower
         yield
         return
-    shared = []
 
     def create_ssl_context(verify=True, cert=None, trust_env=True):
         if verify is not True or cert is not None or trust_env is not True:
             return original(verify=verify, cert=cert, trust_env=trust_env)
-        if not shared:
-            shared.append(original(verify=verify, cert=cert, trust_env=trust_env))
-        return shared[0]
+        return tls_context()  # httpx's default context, built once
 
     transports.create_ssl_context = create_ssl_context
     yield
