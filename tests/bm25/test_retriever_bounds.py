@@ -20,7 +20,7 @@ from searchr1.bm25.server import MAX_BODY_BYTES, RequestError, parse_request, st
 from searchr1.cli import main
 from slow_clients import seconds_until_dropped
 
-DEADLINE = 1.0  # the request deadline these servers run with (seconds)
+DEADLINE = 0.5  # the request deadline these servers run with (seconds)
 
 
 @pytest.fixture(scope="module")
