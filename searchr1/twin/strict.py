@@ -35,6 +35,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -139,8 +140,10 @@ def continued_hashes(prefix: Sequence[int], continuations: Sequence[Sequence[int
     return out
 
 
-@dataclass(frozen=True)
-class SampledToken:
+class SampledToken(NamedTuple):
+    """One returned token's logprob and the sampler that returned it (a tuple: the ledger makes
+    one per returned token)."""
+
     logprob: float  # as the float32 the twin returned
     lineage: str
     version: int

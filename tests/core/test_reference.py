@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from remembering_tokenizer import RememberingTokenizer
 from twin_support import MODEL
 
 import searchr1.core.reference
@@ -118,6 +119,13 @@ class RememberingSampler:
         answered = concurrent.futures.Future()
         answered.set_result(self.answers[key])
         return answered
+
+
+@pytest.fixture(scope="module")
+def loop_tokenizer(tokenizer) -> RememberingTokenizer:
+    """The tokenizer both loops of this module's properties use: the examples replay the same few
+    conversations, so each render, encode and decode is asked of the tokenizer once."""
+    return RememberingTokenizer(tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -274,12 +282,13 @@ def edge(*kinds: str):
 @at_edges(policy="learning", group_size=4, seed=6, step=1, searches=2, trajectory_edge=("next", 0, 0),
           content_edge=("content", 0, -1))
 def test_the_engine_produces_the_reference_trajectories_and_datums_at_every_budget_edge(
-        twins, tokenizer, policy, group_size, overflow, state_budget, seed, step, start, searches, search_edge,
+        twins, loop_tokenizer, policy, group_size, overflow, state_budget, seed, step, start, searches, search_edge,
         turn_edge, trajectory_edge, content_edge, completion_edge):
     """Invariant: engine(sampler, search, seeds) == reference(sampler, search, seeds), trajectory for
     trajectory (every token, logprob, message, search, termination, score, advantage) and datum for
     datum, for the scripted and the learning policy, in either overflow mode, with each budget
     generous or cut at a length of the trajectories themselves (exactly, one under, one over)."""
+    tokenizer = loop_tokenizer
     samplers, _ = twins
     if policy == "scripted":
         examples, results = SCRIPTED.examples, SCRIPTED_RESULTS
@@ -432,10 +441,11 @@ def tool_sampler(tmp_path_factory, tokenizer):
 @example(tools="search,open_page", calls=3, invalid="observe", overflow="truncate", searches=4, turns=8, room=800,
          cap=GENEROUS, seed=0)  # tight: the later calls of a turn live on the room the first one leaves them
 def test_the_engine_produces_the_reference_trajectories_with_declared_tools(
-        tool_sampler, tokenizer, tools, calls, invalid, overflow, searches, turns, room, cap, seed):
+        tool_sampler, loop_tokenizer, tools, calls, invalid, overflow, searches, turns, room, cap, seed):
     """Invariant: engine == reference with one or two declared tools, one to three calls a turn and
     either refused-call policy, whatever the budgets: every token, message, call record, refusal and
     termination, and every datum."""
+    tokenizer = loop_tokenizer
     config = RolloutConfig(group_size=len(TOOL_SAMPLES), tools=tools, max_calls_per_turn=calls, invalid_calls=invalid,
                            tool_overflow=overflow, max_search_calls=searches, max_assistant_turns=turns,
                            max_trajectory_tokens=room, max_tool_response_tokens=cap, seed=seed,

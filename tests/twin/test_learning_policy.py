@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -37,6 +36,7 @@ from searchr1.core.reference import reference_datums, reference_rewards_and_adva
 from searchr1.core.rollout import RolloutConfig, add_observation, make_request, record_turn
 from searchr1.core.observation.text import format_observation
 from searchr1.twin.optimizer import AdamState, adam_step
+from remembering_tokenizer import RememberingTokenizer
 from searchr1.twin.learning_policy import (
     BASE_LOGITS,
     ENVIRONMENT_LOGPROB,
@@ -545,52 +545,6 @@ def roll_out(policy: LearningPolicy, params: np.ndarray, tokenizer, examples: Se
                                      config, step=step)
     reference_rewards_and_advantages(trajectories)
     return trajectories
-
-
-class RememberingTokenizer:
-    """The session's tokenizer with its pure calls remembered: each distinct chat template render,
-    encode and decode is done once by the real tokenizer, and every later call with the same
-    arguments gets a copy of that answer. The closed loop renders the same few conversations
-    thousands of times (a handful of questions, candidate turns and passages): about half of a
-    run's time went to re-rendering them. Every other call reaches the tokenizer itself."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self._rendered: dict[str, Any] = {}
-        self._encoded: dict[tuple[str, bool], list[int]] = {}
-        self._decoded: dict[tuple[tuple[int, ...], bool], str] = {}
-
-    def __getattr__(self, name: str) -> Any:  # eos_token, convert_tokens_to_ids, ...
-        return getattr(self._inner, name)
-
-    def __len__(self) -> int:
-        return len(self._inner)
-
-    def apply_chat_template(self, conversation: Any, **options: Any) -> Any:
-        try:
-            key = json.dumps([conversation, options])  # order-sensitive: a reordered message is a new render
-        except TypeError:  # not plain data: not remembered
-            return self._inner.apply_chat_template(conversation, **options)
-        if key not in self._rendered:
-            self._rendered[key] = self._inner.apply_chat_template(conversation, **options)
-        out = self._rendered[key]
-        return list(out) if isinstance(out, list) else out
-
-    def encode(self, text: str, add_special_tokens: bool = True, **options: Any) -> list[int]:
-        if options:
-            return self._inner.encode(text, add_special_tokens=add_special_tokens, **options)
-        key = (text, add_special_tokens)
-        if key not in self._encoded:
-            self._encoded[key] = list(self._inner.encode(text, add_special_tokens=add_special_tokens))
-        return list(self._encoded[key])
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False, **options: Any) -> str:
-        if options:
-            return self._inner.decode(ids, skip_special_tokens=skip_special_tokens, **options)
-        key = (tuple(int(i) for i in ids), skip_special_tokens)
-        if key not in self._decoded:
-            self._decoded[key] = self._inner.decode(list(key[0]), skip_special_tokens=skip_special_tokens)
-        return self._decoded[key]
 
 
 @pytest.fixture(scope="module")
