@@ -66,6 +66,30 @@ def quoted(pattern: str) -> tuple[str, ...]:
     return found.groups()
 
 
+COSTS = README.parent / "docs" / "costs.md"
+
+
+def worked_example_totals() -> dict[str, int]:
+    """docs/costs.md's worked example: each usage kind's total in its table (``| `kind` | 1,234 ... |``)."""
+    text = COSTS.read_text("utf-8")
+    table = text[text.index("| kind | total |"):].split("\n\n")[0]
+    return {name: int(number.replace(",", "")) for name, number in
+            re.findall(r"^\| `(\w+)` \| ([\d,]+)", table, flags=re.MULTILINE)}
+
+
+def worked_example_costs() -> list[tuple[int, float, float]]:
+    """docs/costs.md's cost table: (usage, price per unit, cost) of each row, and its total last
+    (usage and price 0)."""
+    text = COSTS.read_text("utf-8")
+    table = text[text.index("| kind | usage | example price | cost |"):].split("\n\n")[0]
+    rows = [(int(usage.replace(",", "")), float(price) / (1e6 if per == "/ M" else 1), float(cost))
+            for usage, price, per, cost in
+            re.findall(r"^\| [^|]+ \| ([\d,]+) \| ([\d.]+) (/ M|each) \| ([\d.]+) \|$", table,
+                       flags=re.MULTILINE)]
+    (total,) = re.findall(r"^\| \*\*total\*\* \|.*\*\*([\d.]+)\*\* \|$", table, flags=re.MULTILINE)
+    return [*rows, (0, 0.0, float(total))]
+
+
 BLOCKS = readme_blocks(install=False)
 
 
@@ -95,7 +119,20 @@ def test_the_offline_blocks_run_one_after_another_as_printed_and_give_the_figure
     (reward_line,) = quoted(r"`(mean reward: first 5 steps [+-][\d.]+, last 5 steps [+-][\d.]+)` \(seed 42\)")
     assert reward_line in output  # the figure the README quotes is what the run printed
     assert f"eval --checkpoint {run_dir}" in output  # and it names the next command
-    assert all(line["trainer/loss_mean"] != 0.0 for line in RunDir(tmp_path / run_dir).metrics()[:5])  # a real loss
+    metrics = RunDir(tmp_path / run_dir).metrics()
+    assert all(line["trainer/loss_mean"] != 0.0 for line in metrics[:5])  # a real loss
+
+    # the usage docs/costs.md and the README quote for this run (prices change no usage)
+    totals = worked_example_totals()
+    assert len(totals) >= 10 and totals == {kind: metrics[-1][f"usage/total_{kind}"] for kind in totals}
+    *rows, (_, _, total) = worked_example_costs()
+    assert len(rows) >= 5 and {usage for usage, _, _ in rows} <= set(totals.values())
+    assert all(round(usage * price, 4) == cost for usage, price, cost in rows)
+    assert round(sum(cost for _, _, cost in rows), 4) == total
+    requests, searches, asked = quoted(
+        r"used ([\d,]+) sampling requests .*? and ([\d,]+) DeepSeek searches, (\d+) of them")
+    assert (int(requests.replace(",", "")), int(searches.replace(",", "")), int(asked)) == (
+        totals["sample_requests"], totals["search_deepseek_calls"], totals["search_deepseek_requests"])
 
     questions, base, final = quoted(r"micro EM on the (\d+) offline dev questions goes from ([\d.]+) .*? to ([\d.]+)")
     (base_eval,) = [words for words in offline[0] if words[0] == "eval" and "--checkpoint" not in words]
