@@ -80,7 +80,13 @@ def pytest_collection_modifyitems(config, items):
         parts = item.path.parts
         if "tests" in parts and parts[parts.index("tests") + 1] in END_TO_END:
             item.add_marker(pytest.mark.slow)
-    if os.environ.get("MUTANT_UNDER_TEST"):
+    if not os.environ.get("MUTANT_UNDER_TEST"):
+        # The modules with a slow test first, each module kept whole (its fixtures start once):
+        # with ``-n``, xdist hands out the tests in this order, so the workers end on the quick
+        # unit tests, which even out their loads, rather than one of them on a long run.
+        slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.path not in slow_modules)
+    else:
         # mutmut stops at a mutant's first failing test: the quickest modules (and in each, the
         # quickest tests) first, so a planted bug a unit test catches never waits for the
         # seconds-long properties; a module stays together, so its fixtures start once.
