@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 from searchr1.runtime.tokenizer import shared_tokenizer  # noqa: E402
 from mutation_support import forget_core_caches  # noqa: E402
-from twin_support import SDK_TOKENIZERS, preload_sdk_tokenizer  # noqa: E402
+from twin_support import hand_loaded_tokenizers_to_modelscope, preload_sdk_tokenizer  # noqa: E402
 
 # Properties are checked, never timed: a loaded machine (CI, a benchmark beside the suite) makes
 # input generation and examples slow, which must not fail a property. The quick lane
@@ -109,24 +109,9 @@ def _sdk_loads_the_twins_tokenizer_once():
     """pytrio loads the model's tokenizer with ModelScope in the first forward_backward of every
     training client (about two seconds each). The twin serves it from a local directory; the
     suite loads each such directory once per session and hands the SDK that same object."""
-    import modelscope
-
-    original = modelscope.AutoTokenizer
-    loaded = SDK_TOKENIZERS
-
-    class OncePerDirectory:
-        @staticmethod
-        def from_pretrained(name, *args, **kwargs):
-            key = os.path.realpath(str(name))
-            if not os.path.isdir(key):
-                return original.from_pretrained(name, *args, **kwargs)
-            if key not in loaded:
-                loaded[key] = original.from_pretrained(name, *args, **kwargs)
-            return loaded[key]
-
-    modelscope.AutoTokenizer = OncePerDirectory
+    restore = hand_loaded_tokenizers_to_modelscope()
     yield
-    modelscope.AutoTokenizer = original
+    restore()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,32 @@ def preload_sdk_tokenizer(tokenizer: Any) -> None:
     served = os.path.realpath(served_tokenizer_dir(tokenizer))
     if served not in SDK_TOKENIZERS:
         SDK_TOKENIZERS[served] = modelscope.AutoTokenizer.from_pretrained(served)
+
+
+def hand_loaded_tokenizers_to_modelscope() -> Callable[[], None]:
+    """pytrio loads the model's tokenizer with ModelScope in the first forward_backward of every
+    training client (about two seconds each). The twin serves it from a local directory: from now
+    on, this process loads each such directory once and hands every later caller that same
+    object (:data:`SDK_TOKENIZERS`). Returns what puts ModelScope's own loader back."""
+    import os
+
+    import modelscope
+
+    original = modelscope.AutoTokenizer
+    loaded = SDK_TOKENIZERS
+
+    class OncePerDirectory:
+        @staticmethod
+        def from_pretrained(name, *args, **kwargs):
+            key = os.path.realpath(str(name))
+            if not os.path.isdir(key):
+                return original.from_pretrained(name, *args, **kwargs)
+            if key not in loaded:
+                loaded[key] = original.from_pretrained(name, *args, **kwargs)
+            return loaded[key]
+
+    modelscope.AutoTokenizer = OncePerDirectory
+    return lambda: setattr(modelscope, "AutoTokenizer", original)
 
 
 @contextmanager

@@ -25,8 +25,6 @@ import base64
 import json
 import logging
 import os
-import subprocess
-import sys
 import textwrap
 import urllib.parse
 from collections import Counter
@@ -57,6 +55,7 @@ from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.config import SampleRequestInfo
 from searchr1.twin.scripted_policy import ScriptedPolicy
 from twin_support import without_timing_metrics
+from warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 RESUME_HINT = "searchr1 train --resume"  # outside a command-line run, hints name the installed script
@@ -374,8 +373,7 @@ TEARING_KILLER = textwrap.dedent(
 def test_a_run_killed_halfway_through_a_metrics_line_resumes_to_the_uninterrupted_result(tmp_path):
     args = [*BASE, "--max-steps", "4", "--save-every", "2", "--run-dir"]
     killed = tmp_path / "killed"
-    process = subprocess.run([sys.executable, "-c", TEARING_KILLER, "3", *args, str(killed)], cwd=REPO,
-                             check=False, capture_output=True, text=True, timeout=300)
+    process = run_python(["-c", TEARING_KILLER, "3", *args, str(killed)], cwd=REPO, timeout=300)
     assert process.returncode == -9, process.stderr[-2000:]
     assert (killed / "metrics.jsonl").read_text().count("\n") == 3  # steps 0-2 and a torn line
     assert RunDir(killed).resume_point().step == 2

@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
+from warm_python import run_python
 
 from searchr1.cli import main
 from searchr1.run.fileio import cut_torn_tail, write_json_atomically, write_text_atomically
@@ -186,8 +187,7 @@ TEAR_TRANSCRIPTS = textwrap.dedent(
 def test_a_resume_cuts_a_torn_last_line_so_no_record_is_swallowed(tmp_path):
     run_dir = tmp_path / "run"
     args = [*TRAIN, "--max-steps", "3", "--save-every", "1", "--run-dir", str(run_dir)]
-    process = subprocess.run([sys.executable, "-c", TEAR_TRANSCRIPTS, *args], cwd=REPO, capture_output=True,
-                             text=True, timeout=300)
+    process = run_python(["-c", TEAR_TRANSCRIPTS, *args], cwd=REPO, timeout=300)
     assert process.returncode == 9, process.stderr[-2000:]
     assert not (run_dir / TRANSCRIPTS_FILE).read_bytes().endswith(b"\n")  # torn, as a crash leaves it
     code, output = run_cli("train", "--resume", run_dir)

@@ -4,8 +4,6 @@ disk, crash and resume, and the flags that must be refused."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from click.testing import CliRunner
 from searchr1.cli import main
 from searchr1.run.directory import RunDir
 from twin_support import KILL_AFTER_STEP, without_timing_metrics
+from warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4"]
@@ -74,10 +73,7 @@ def test_both_accumulation_modes_train_and_record_the_calls_they_sent(tmp_path, 
 def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path):
     args = [*BASE, "--max-steps", "6", "--save-every", "2", "--run-dir"]
     killed = tmp_path / "killed"
-    process = subprocess.run(
-        [sys.executable, "-c", KILL_AFTER_STEP, "3", *args, str(killed)], cwd=REPO, capture_output=True, text=True,
-        timeout=300,
-    )
+    process = run_python(["-c", KILL_AFTER_STEP, "3", *args, str(killed)], cwd=REPO, timeout=300)
     assert process.returncode == -9, process.stderr[-2000:]
     run = RunDir(killed)
     assert [m["step"] for m in run.metrics()] == [0, 1, 2, 3]  # step 3 finished after checkpoint 2
@@ -222,8 +218,7 @@ INTERRUPTER = textwrap.dedent(
 def test_the_first_ctrl_c_finishes_the_step_and_checkpoints_it_so_resume_loses_nothing(tmp_path, where):
     run_dir = tmp_path / "run"
     args = [*BASE, "--backend", "wikipedia", "--max-steps", "4", "--save-every", "50", "--run-dir", str(run_dir)]
-    process = subprocess.run([sys.executable, "-c", INTERRUPTER, where, "1", "1", *args], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    process = run_python(["-c", INTERRUPTER, where, "1", "1", *args], cwd=REPO, timeout=300)
     assert process.returncode == 130, process.stderr[-2000:]
     assert "checkpoint" in process.stderr and "--resume" in process.stderr
     assert "stopped on Ctrl-C after step 1;" in process.stderr  # the step its last step line named
@@ -239,8 +234,7 @@ def test_the_first_ctrl_c_finishes_the_step_and_checkpoints_it_so_resume_loses_n
 def test_a_second_ctrl_c_quits_at_once_and_resume_restarts_at_the_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = [*BASE, "--backend", "wikipedia", "--max-steps", "4", "--save-every", "1", "--run-dir", str(run_dir)]
-    process = subprocess.run([sys.executable, "-c", INTERRUPTER, "in_rollout", "2", "2", *args], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    process = run_python(["-c", INTERRUPTER, "in_rollout", "2", "2", *args], cwd=REPO, timeout=300)
     assert process.returncode == 130, process.stderr[-2000:]
     run = RunDir(run_dir)
     assert [m["step"] for m in run.metrics()] == [0, 1]  # step 2 was abandoned, not recorded

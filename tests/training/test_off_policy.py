@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +23,7 @@ from searchr1.training.off_policy import batches_in_flight, sampler_version, ste
 from searchr1.training.pipeline import RolloutPipeline
 from searchr1.run.directory import RunDir
 from twin_support import KILL_AFTER_STEP, without_timing_metrics
+from warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4"]
@@ -219,8 +218,7 @@ comparable = without_timing_metrics
 def test_a_killed_off_policy_run_resumes_exactly_like_an_uninterrupted_one(tmp_path):
     args = [*BASE, "--max-steps", "5", "--save-every", "2", "--max-steps-off-policy", "1", "--run-dir"]
     killed = tmp_path / "killed"
-    process = subprocess.run([sys.executable, "-c", KILL_AFTER_STEP, "2", *args, str(killed)], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    process = run_python(["-c", KILL_AFTER_STEP, "2", *args, str(killed)], cwd=REPO, timeout=300)
     assert process.returncode == -9, process.stderr[-2000:]
     checkpoint = RunDir(killed).checkpoints()[-1]
     assert checkpoint["step"] == 2 and set(checkpoint["sampler_paths"]) == {"1"}  # batch 2 ran on version 1

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -17,6 +15,7 @@ from pytrio.errors.base import ValidationError
 from pytrio.errors.control import ControlAPIError
 from pytrio.errors.event import EventFailedError
 from twin_support import MODEL, running_twin, train_steps
+from warm_python import run_python
 
 
 def state(twin, trainer):
@@ -59,7 +58,7 @@ def test_a_checkpoint_survives_sigkill_and_a_new_process_continues_bit_for_bit(t
             train_steps(trainer, tokenizer, 1, start=2)  # progress after the checkpoint is lost
             os.kill(os.getpid(), signal.SIGKILL)
         """)
-    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    child = run_python(["-c", script], timeout=300)
     assert child.returncode == -signal.SIGKILL, child.stderr
     path = child.stdout.strip()
     with running_twin(tmp_path / "home", tokenizer) as (twin, service):
