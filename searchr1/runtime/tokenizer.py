@@ -296,9 +296,13 @@ def list_added_tokens(directory: Path, tokenizer: Any) -> None:
     config_path.write_text(json.dumps(config, indent=1, ensure_ascii=False), "utf-8")
 
 
-def _store(tokenizer: Any, directory: Path) -> None:
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = staging_directory(directory.name + ".", directory.parent)
+def _store(tokenizer: Any, directory: Path) -> bool:
+    """Write ``tokenizer`` to the cache ``directory`` (write-then-rename); whether it is there."""
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = staging_directory(directory.name + ".", directory.parent)
+    except OSError:
+        return False  # caching is an optimisation; never fatal
     try:
         tokenizer.save_pretrained(str(staging))
         list_added_tokens(staging, tokenizer)
@@ -313,6 +317,8 @@ def _store(tokenizer: Any, directory: Path) -> None:
         os.replace(staging, directory)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)  # caching is an optimisation; never fatal
+        return False
+    return True
 
 
 def load_qwen35_tokenizer(
@@ -343,8 +349,10 @@ def load_qwen35_tokenizer(
     tokenizer = _build(vocab, template)
     if not _valid(tokenizer):
         raise TokenizerSetupError("the freshly built tokenizer failed its self-check")
-    if use_cache:
-        _store(tokenizer, directory)
+    if use_cache and _store(tokenizer, directory):
+        # where it is stored, as a tokenizer loaded from the cache says: the twin then serves it
+        # from those files, without serialising all 12 MB of it on every start to name them
+        tokenizer.name_or_path = str(directory)
     return tokenizer
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from searchr1.runtime import tokenizer as tok_module
+from searchr1.twin.served_tokenizer import served_tokenizer_dir
 from searchr1.runtime.tokenizer import (
     ADDED_TOKENS,
     TEMPLATE_SHA256,
@@ -144,6 +145,9 @@ def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, monkeypatch):
     assert rebuilt.encode("hello world", add_special_tokens=False) == [14556, 1814]
     # the cache was repaired, so the manifest matches the files again
     assert tok_module._load_cached(entry, rebuilt.chat_template) is not None
+    # and the rebuilt tokenizer names those files, as a loaded one does: the twin serves it from them
+    assert rebuilt.name_or_path == str(entry)
+    assert served_tokenizer_dir(rebuilt, tmp_path / "served").name == entry.name
 
 
 @pytest.mark.slow  # loads the tokenizer twice and stores it once (seconds)
