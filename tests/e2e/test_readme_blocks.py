@@ -69,25 +69,32 @@ def quoted(pattern: str) -> tuple[str, ...]:
 COSTS = README.parent / "docs" / "costs.md"
 
 
+def whole(number: str) -> int:
+    """A count as the docs print it (``1,269``)."""
+    return int(number.replace(",", ""))
+
+
+def costs_table(header: str) -> str:
+    """The table of docs/costs.md that starts with the ``header`` row."""
+    text = COSTS.read_text("utf-8")
+    return text[text.index(header):].split("\n\n")[0]
+
+
 def worked_example_totals() -> dict[str, int]:
     """docs/costs.md's worked example: each usage kind's total in its table (``| `kind` | 1,234 ... |``)."""
-    text = COSTS.read_text("utf-8")
-    table = text[text.index("| kind | total |"):].split("\n\n")[0]
-    return {name: int(number.replace(",", "")) for name, number in
-            re.findall(r"^\| `(\w+)` \| ([\d,]+)", table, flags=re.MULTILINE)}
+    return {name: whole(number) for name, number in
+            re.findall(r"^\| `(\w+)` \| ([\d,]+)", costs_table("| kind | total |"), flags=re.MULTILINE)}
 
 
-def worked_example_costs() -> list[tuple[int, float, float]]:
-    """docs/costs.md's cost table: (usage, price per unit, cost) of each row, and its total last
-    (usage and price 0)."""
-    text = COSTS.read_text("utf-8")
-    table = text[text.index("| kind | usage | example price | cost |"):].split("\n\n")[0]
-    rows = [(int(usage.replace(",", "")), float(price) / (1e6 if per == "/ M" else 1), float(cost))
+def worked_example_costs() -> tuple[list[tuple[int, float, float]], float]:
+    """docs/costs.md's cost table: (usage, price per unit, cost) of each row, and its total."""
+    table = costs_table("| kind | usage | example price | cost |")
+    rows = [(whole(usage), float(price) / (1e6 if per == "/ M" else 1), float(cost))
             for usage, price, per, cost in
             re.findall(r"^\| [^|]+ \| ([\d,]+) \| ([\d.]+) (/ M|each) \| ([\d.]+) \|$", table,
                        flags=re.MULTILINE)]
     (total,) = re.findall(r"^\| \*\*total\*\* \|.*\*\*([\d.]+)\*\* \|$", table, flags=re.MULTILINE)
-    return [*rows, (0, 0.0, float(total))]
+    return rows, float(total)
 
 
 BLOCKS = readme_blocks(install=False)
@@ -125,13 +132,13 @@ def test_the_offline_blocks_run_one_after_another_as_printed_and_give_the_figure
     # the usage docs/costs.md and the README quote for this run (prices change no usage)
     totals = worked_example_totals()
     assert len(totals) >= 10 and totals == {kind: metrics[-1][f"usage/total_{kind}"] for kind in totals}
-    *rows, (_, _, total) = worked_example_costs()
+    rows, total = worked_example_costs()
     assert len(rows) >= 5 and {usage for usage, _, _ in rows} <= set(totals.values())
     assert all(round(usage * price, 4) == cost for usage, price, cost in rows)
     assert round(sum(cost for _, _, cost in rows), 4) == total
     requests, searches, asked = quoted(
         r"used ([\d,]+) sampling requests .*? and ([\d,]+) DeepSeek searches, (\d+) of them")
-    assert (int(requests.replace(",", "")), int(searches.replace(",", "")), int(asked)) == (
+    assert (whole(requests), whole(searches), whole(asked)) == (
         totals["sample_requests"], totals["search_deepseek_calls"], totals["search_deepseek_requests"])
 
     questions, base, final = quoted(r"micro EM on the (\d+) offline dev questions goes from ([\d.]+) .*? to ([\d.]+)")
