@@ -116,9 +116,10 @@ def run_python(args: Sequence[str], *, cwd: str | Path | None = None, env: Mappi
     text=True, timeout=timeout)``, forked from this process's warm interpreter when ``args`` is
     ``-c SCRIPT ...`` and the environment is the one it started with."""
     command = [sys.executable, *args]
-    if not _SERVERS and args[:1] == ["-c"]:
+    wanted = _compared(os.environ if env is None else env)
+    if not _SERVERS and args[:1] == ["-c"] and wanted == _compared(os.environ):  # the server's would be this
         _SERVERS.append(_Server())
-    if args[:1] != ["-c"] or _compared(os.environ if env is None else env) != _compared(_SERVERS[0].environment):
+    if args[:1] != ["-c"] or not _SERVERS or wanted != _compared(_SERVERS[0].environment):
         COLD.append(command)
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     code, out, err = _SERVERS[0].run(args[1], args[2:], str(Path(cwd or os.getcwd()).resolve()), timeout)
