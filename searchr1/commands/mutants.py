@@ -9,15 +9,18 @@ kill rate and writes every survivor's diff to a report, which ``docs/mutants.md`
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import click
 
@@ -29,6 +32,44 @@ NOT_KILLED = re.compile(r"^\s*(?P<name>\S+): (?P<verdict>survived|no tests)$")
 # docs/mutants.md's table of the survivors that are left on purpose: | `mutant name` | why |
 EXPLAINED_IN = Path("docs/mutants.md")
 EXPLAINED_ROW = re.compile(r"^\|\s*`(?P<name>[\w.]+__mutmut_\d+)`\s*\|\s*(?P<why>.*?)\s*\|\s*$", re.MULTILINE)
+
+
+# mutmut 3's status line (mutmut/stats.py, print_stats), rewritten in place with "\r" as mutants finish:
+# "{tested}/{total}  🎉 {killed} 🫥 {no_tests}  ⏰ {timeout}  🤔 {suspicious}  🙁 {survived}  🔇 {skipped}  🧙 {typed}"
+MUTMUT_STATUS = re.compile(r"(?P<tested>\d+)/(?P<total>\d+)\s+🎉 \d+ 🫥 \d+\s+⏰ \d+\s+🤔 \d+\s+🙁 (?P<survived>\d+)")
+PROGRESS_EVERY_S = 60.0
+
+
+@dataclass(frozen=True)
+class MutmutProgress:
+    """Where a mutmut run is: mutants with a verdict so far, of how many, and how many survived."""
+
+    tested: int
+    total: int
+    survived: int
+
+
+def last_progress(text: str) -> MutmutProgress | None:
+    """The last of mutmut's status lines in ``text`` (``None`` when there is none yet)."""
+    found = None
+    for found in MUTMUT_STATUS.finditer(text):
+        pass
+    return None if found is None else MutmutProgress(int(found["tested"]), int(found["total"]), int(found["survived"]))
+
+
+def follow_progress(output: IO[bytes], started: float, every: float = PROGRESS_EVERY_S) -> None:
+    """Read mutmut's output to its end, and say where the run is every ``every`` seconds (a run
+    of the whole core takes the better part of an hour)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    tail, said_at, said = "", time.monotonic(), None
+    while chunk := os.read(output.fileno(), 1 << 16):
+        tail = (tail + decoder.decode(chunk))[-4096:]
+        progress = last_progress(tail)
+        if progress is not None and progress != said and time.monotonic() - said_at >= every:
+            minutes = (time.monotonic() - started) / 60
+            click.echo(f"mutmut: {progress.tested:,} of {progress.total:,} mutants tested, "
+                       f"{progress.survived} survived so far ({minutes:.0f} min)", err=True)
+            said_at, said = time.monotonic(), progress
 
 
 def explained_survivors(text: str) -> dict[str, str]:
@@ -86,11 +127,19 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
     click.echo(f"mutmut: testing the mutants of searchr1/core/ with {plural(jobs, 'job')} ...", err=True)
     # mutmut's type check runs `python -m mypy` ([tool.mutmut]): this interpreter's, venv or not
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PATH": path})
-    if run.returncode != 0:
-        tail = (run.stderr or "").strip().splitlines()[-1:] or ["no message"]
-        raise click.ClickException(f"mutmut run failed (exit {run.returncode}): {tail[0]}")
+    with tempfile.TemporaryFile() as errors:
+        run = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)],
+                               stdout=subprocess.PIPE, stderr=errors, env={**os.environ, "PATH": path})
+        assert run.stdout is not None
+        try:
+            follow_progress(run.stdout, started)
+        finally:  # on Ctrl-C mutmut stops its workers itself (its results so far are kept)
+            returncode = run.wait()
+            run.stdout.close()
+        if returncode != 0:
+            errors.seek(0)
+            tail = errors.read().decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+            raise click.ClickException(f"mutmut run failed (exit {returncode}): {tail[0]}")
     _mutmut("export-cicd-stats")
     counts = json.loads((root / "mutants" / "mutmut-cicd-stats.json").read_text("utf-8"))
     # mutmut's export leaves out the mutants mypy caught (its type_check_command): they are killed too
