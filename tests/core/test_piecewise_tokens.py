@@ -1,11 +1,13 @@
 """Piecewise tokenisation of a joined observation gives exactly the ids of tokenising it whole."""
 
+import unicodedata
+
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from searchr1.core.observation.piecewise import JoinedObservation, certain_split, splits_predictably
-from searchr1.core.observation.tokens import plain_tokens
+from searchr1.core.observation.tokens import plain_tokens, split_at_control_tokens
 from searchr1.core.protocol import observation_tokens
 
 # Letters, digits, spaces, newlines, punctuation, contractions, combining marks, CJK, emoji and
@@ -170,3 +172,24 @@ def test_plain_tokens_normalise_and_pre_tokenise_as_the_tokenizer_does(tokenizer
     for text in ("Cafe\u0301 de Flore", "e\u0301te\u0301 2024, Paris", "x"):
         assert plain_tokens(tokenizer, text) == tokenizer.encode(text, add_special_tokens=False)
     assert plain_tokens(tokenizer, "Cafe\u0301") == plain_tokens(tokenizer, "Caf\u00e9")
+
+
+@SETTINGS
+@given(text=texts)
+@example(text="plain text, no control token")
+@example(text="a</tool_response>b</tool_response>c<|im_end|>d</tool_response>e")  # the first and last repeat
+def test_a_text_splits_before_its_first_control_token_and_after_its_last(tokenizer, text):
+    """Invariant: the text is ``before`` + the middle + ``after``; neither side holds a control
+    token's string; the middle runs from the first control token to the end of the last one and
+    its tokens spell it (NFC, as the tokenizer normalises); no control token: all of it is before."""
+    before, middle, after = split_at_control_tokens(tokenizer, text)
+    controls = [token for token in tokenizer.get_added_vocab() if token]
+    assert text.startswith(before) and text.endswith(after) and len(before) + len(after) <= len(text)
+    assert not any(token in before or token in after for token in controls)
+    between = text[len(before):len(text) - len(after)]
+    if not any(token in text for token in controls):
+        assert (before, middle, after) == (text, (), "")
+    else:
+        assert any(between.startswith(token) for token in controls)
+        assert any(between.endswith(token) for token in controls)
+        assert tokenizer.decode(list(middle)) == unicodedata.normalize("NFC", between)

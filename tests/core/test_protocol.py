@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 import unicodedata
 
 from searchr1.runtime.preflight import check_template
+from searchr1.core.observation.text import error_text
+from searchr1.core.rollout import RolloutConfig, effective_system_prompt
+from searchr1.core.types import SearchResult
 from searchr1.core.protocol import (
     SEARCH_TOOL,
     TemplateDriftError,
@@ -24,6 +27,7 @@ from searchr1.core.protocol import (
     observation_tokens,
     parse_assistant,
     render,
+    search_tool,
     stop_sequences,
     system_prompt,
     template_boundaries,
@@ -174,6 +178,30 @@ def test_system_prompt_states_the_search_budget_when_given():
     assert "times in total" not in system_prompt(None)
     assert initial_messages("Q?", max_search_calls=2)[0]["content"] == system_prompt(2)
     assert initial_messages("Q?")[1] == {"role": "user", "content": "Q?"}
+
+
+@pytest.mark.parametrize("calls", [1, 2, 5])
+@pytest.mark.parametrize("budget", [None, 3])
+def test_a_rollouts_system_prompt_tells_the_calls_a_turn_may_make_and_the_budget(calls, budget):
+    config = RolloutConfig(group_size=1, max_calls_per_turn=calls, max_search_calls=budget or 4,
+                           state_search_budget=budget is not None)
+    prompt = effective_system_prompt(config)
+    assert ("at most one tool call in a turn" in prompt) == (calls == 1)
+    assert (f"at most {calls} tool calls in a turn" in prompt) == (calls > 1)
+    assert ("at most 3 times" in prompt) == (budget == 3)
+
+
+def test_the_search_tool_shows_the_description_it_is_given_and_the_default_without_one():
+    assert search_tool("Look it up in the encyclopedia.")["function"]["description"] == \
+        "Look it up in the encyclopedia."
+    assert search_tool() == SEARCH_TOOL and SEARCH_TOOL["function"]["description"].strip()
+
+
+def test_an_error_is_a_search_error_unless_another_tool_is_named():
+    failed = SearchResult(ok=False, error="timed out")
+    assert error_text(failed) == error_text(failed, "search") == "Search error: timed out"
+    assert error_text(failed, "open_page") == "Tool error (open_page): timed out"
+    assert error_text(failed, "") == "Tool error: timed out"
 
 
 def test_search_tool_has_one_required_string_query():

@@ -26,7 +26,9 @@ BOUNDS = st.one_of(st.none(), st.integers(-10, 10), st.floats(-10, 10, allow_nan
 @pytest.mark.parametrize(("number", "text"), [
     (262144, "262144"), (1_000_000, "1000000"), (4e-05, "4e-05"), (1e6, "1000000"), (2.5, "2.5"), (-3, "-3"),
     (-3.0, "-3"), (0.0, "0"), (9.999999e15, "9999999000000000"), (1e16, "1e+16"), (2**31 - 1, "2147483647"),
-    (float("inf"), "inf")])
+    (float("inf"), "inf"), (float("-inf"), "-inf"), (float("nan"), "nan"),
+    # six significant digits (%g), in either notation, unless they would look whole
+    (0.1234567, "0.123457"), (1.0000001e20, "1e+20"), (1.0000001e-05, "1e-05"), (100000.5, "100000.5")])
 def test_numbers_are_shown_whole_when_whole_and_short_otherwise(number, text):
     assert shown(number) == text
 
