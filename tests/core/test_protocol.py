@@ -24,6 +24,7 @@ from searchr1.core.protocol import (
     build_next_prompt,
     build_prompt,
     initial_messages,
+    observation_joint,
     observation_tokens,
     parse_assistant,
     render,
@@ -355,6 +356,41 @@ def test_a_template_changed_in_place_is_learnt_again(tokenizer):
     fresh = _TemplateSwap(tokenizer, swap.chat_template)
     assert after == template_boundaries(fresh)
     assert observation_tokens(swap, "Paris") == observation_tokens(fresh, "Paris")  # the wrapper too
+
+
+OPENING, CLOSING = "{{- '\\n<tool_response>\\n' }}", "{{- '\\n</tool_response>' }}"  # the template's tool response
+
+
+def test_the_joint_of_two_responses_is_learnt_again_when_the_template_changes_in_place(tokenizer):
+    """Qwen3.5 puts ``\\n</tool_response>\\n<tool_response>\\n`` between two tool responses of one
+    turn; a template that opens a response after another with one more newline has that joint,
+    though the tokenizer learnt the old one first."""
+    assert OPENING in tokenizer.chat_template and CLOSING in tokenizer.chat_template
+    swap = _TemplateSwap(tokenizer, tokenizer.chat_template)
+    assert observation_joint(swap) == "\n</tool_response>\n<tool_response>\n"
+    swap.chat_template = tokenizer.chat_template.replace(OPENING, (
+        "{%- if loop.previtem.role == 'tool' %}{{- '\\n\\n<tool_response>\\n' }}"
+        "{%- else %}{{- '\\n<tool_response>\\n' }}{%- endif %}"))
+    assert observation_joint(swap) == "\n</tool_response>\n\n<tool_response>\n"
+    assert observation_joint(_TemplateSwap(tokenizer, swap.chat_template)) == observation_joint(swap)
+
+
+@pytest.mark.parametrize("changed", ["opening", "closing"])
+def test_two_responses_that_are_not_one_observation_with_a_joint_are_named(tokenizer, changed):
+    """Only a turn's pair is rendered otherwise (a single response still has the learnt wrapper):
+    the first of two opens with a mark, or the second closes with one."""
+    if changed == "opening":
+        template = tokenizer.chat_template.replace(OPENING, (
+            "{%- if loop.nextitem and loop.nextitem.role == 'tool' and loop.previtem.role != 'tool' %}"
+            "{{- '\\n<tool_response>!\\n' }}{%- else %}{{- '\\n<tool_response>\\n' }}{%- endif %}"))
+    else:
+        template = tokenizer.chat_template.replace(
+            CLOSING, "{{- '\\n</tool_response>' ~ ('!' if loop.last and loop.previtem.role == 'tool' else '') }}")
+    swap = _TemplateSwap(tokenizer, template)
+    assert template_boundaries(swap) == template_boundaries(tokenizer)  # one response: as learnt
+    with pytest.raises(TemplateDriftError, match="^two tool observations are not rendered as one observation "
+                                                 "with a joint$"):
+        observation_joint(swap)
 
 
 def _replace_one(template: str, needle: str, occurrence: int, replacement: str = "") -> str:
