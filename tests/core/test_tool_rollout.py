@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from twin_support import MODEL
 
 from searchr1.core.advantage import assign_group_advantages
-from searchr1.core.observation.fit import fit_calls
+from searchr1.core.observation.fit import TRUNCATION_MARKER, fit_calls
+from searchr1.core.observation.piecewise import SEPARATOR
+from searchr1.core.observation.text import observation_candidates
 from searchr1.core.protocol import assistant_message, build_prompt, render, tool_message
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, effective_system_prompt, rollout_batch_async
@@ -95,6 +97,22 @@ def test_a_failed_page_read_is_the_environments_failure_and_keeps_its_group_out_
     assert (page.tool, page.ok, page.refused) == ("open_page", False, False)
     assert "Tool error (open_page): HTTP 503" in page.observation
     assert t.env_error and t.excluded == "env_failure_group"  # the right answer earns nothing to train on
+
+
+class UnreadablePages(Pages):
+    """A page backend that returns a passage the tokenizer refuses (a lone surrogate)."""
+
+    async def call(self, call: ToolCall) -> SearchResult:
+        self.calls.append(call)
+        return SearchResult(True, (SearchItem("Broken", "text with a \ud800 lone surrogate", "Page", None),))
+
+
+def test_a_page_that_cannot_become_an_observation_ends_the_trajectory_naming_the_tool_not_search(sampler, tokenizer):
+    t, _ = run(sampler, tokenizer, [OPEN.format("Eiffel Tower", 0), "Answer: 330 m"], pages=UnreadablePages())
+    (page,) = t.searches
+    assert t.termination == "search_error" and t.env_error
+    assert (page.tool, page.ok, page.error) == ("open_page", False,
+                                                "the tool result could not become an observation (TypeError)")
 
 
 def test_a_search_result_shows_its_passage_id_only_where_open_page_is_offered(sampler, tokenizer):
@@ -213,6 +231,34 @@ def test_several_calls_fit_every_budget_and_stitch_to_the_full_render(tokenizer,
     assert len(fitted.next_prompt) <= config.max_trajectory_tokens - 1
     assert all(len(tokenizer.encode(c, add_special_tokens=False)) <= cap for c in fitted.contents)
     assert all(c.endswith("[... truncated to fit the budget]") == cut for c, cut in zip(fitted.contents, fitted.truncated))
+
+
+@pytest.mark.parametrize("mode", ["end", "truncate"])
+def test_an_earlier_call_takes_what_fits_beside_one_letter_for_each_later_call(tokenizer, mode):
+    """Calls are fitted in order: the first takes every whole item that fits while each later call
+    keeps the room of one letter (marked as cut under ``truncate``), even where a later call then
+    fits no whole item. At exactly that room the first call's two items fit: under ``end`` the
+    second call's item no longer does, so nothing fits; under ``truncate`` it is cut."""
+    messages = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "Which river?"}]
+    text = SEARCH.format("Seine") + "\n" + SEARCH.format("Loire")
+    prompt = build_prompt(tokenizer, messages)
+    completion = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    first = SearchResult(True, (SearchItem("Seine", "The Seine flows through Paris.", "Wikipedia"),
+                                SearchItem("Marne", "The Marne joins the Seine above Paris. " * 6, "Wikipedia")))
+    second = SearchResult(True, (SearchItem("Loire", "Long.", "Wikipedia"),))
+    both_items = SEPARATOR.join(observation_candidates(first))
+    least = "x" + TRUNCATION_MARKER if mode == "truncate" else "x"
+    exactly = len(render(tokenizer, messages + [assistant_message(text), tool_message("a", both_items),
+                                                tool_message("b", least)], add_generation_prompt=True)) + 1
+    config = RolloutConfig(max_trajectory_tokens=exactly, max_tool_response_tokens=10_000, tool_overflow=mode,
+                           max_calls_per_turn=2)
+    fitted = fit_calls(tokenizer, messages, text, prompt, completion,
+                       [("a", "search", first), ("b", "search", second)], config)
+    if mode == "end":
+        assert fitted is None
+    else:
+        assert fitted is not None and fitted.contents[0] == both_items and fitted.truncated == (False, True)
+        assert len(fitted.next_prompt) == exactly - 1
 
 
 @pytest.mark.parametrize("policy", ["end", "observe"])
