@@ -10,7 +10,6 @@ kill rate and writes every survivor's diff to a report, which ``docs/mutants.md`
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -28,7 +28,6 @@ from searchr1.commands.help_layout import SectionedCommand
 from searchr1.view.wording import plural
 
 TARGET_KILL_RATE = 0.90
-NOT_KILLED = re.compile(r"^\s*(?P<name>\S+): (?P<verdict>survived|no tests)$")
 # docs/mutants.md's table of the survivors that are left on purpose: | `mutant name` | why |
 EXPLAINED_IN = Path("docs/mutants.md")
 EXPLAINED_ROW = re.compile(r"^\|\s*`(?P<name>[\w.]+__mutmut_\d+)`\s*\|\s*(?P<why>.*?)\s*\|\s*$", re.MULTILINE)
@@ -77,24 +76,48 @@ def explained_survivors(text: str) -> dict[str, str]:
     return {match["name"]: match["why"] for match in EXPLAINED_ROW.finditer(text)}
 
 
+# One mutant a line, as ``mutmut results --all true`` prints it (mutmut/__main__.py, ``results``):
+# "    {name}: {status}", the status one of mutmut/stats.py's ``status_by_exit_code``.
+RESULT_LINE = re.compile(r"^\s+(?P<name>\S+): (?P<status>[a-z][a-z ]*)$")
+
+
+def mutant_statuses(text: str) -> dict[str, str]:
+    """``{mutant name: status}`` from mutmut's listing of every mutant."""
+    return {match["name"]: match["status"] for line in text.splitlines() if (match := RESULT_LINE.match(line))}
+
+
 @dataclass(frozen=True)
 class MutationStats:
-    """mutmut's counts (``mutmut export-cicd-stats``)."""
+    """How a run's mutants ended, counted from mutmut's own verdict on each."""
 
-    killed: int
+    killed: int  # a test failed on it, or mypy refused it first
     survived: int
     timeout: int
     no_tests: int
     total: int
+    not_checked: int = 0  # the run stopped before it (Ctrl-C): the next run tests it
+
+    @classmethod
+    def of(cls, statuses: dict[str, str]) -> MutationStats:
+        """Every status mutmut gives that is not counted here (suspicious, skipped, a segfault, an
+        interrupted check) is a mutant not killed."""
+        count = Counter(statuses.values())
+        return cls(killed=count["killed"] + count["caught by type check"], survived=count["survived"],
+                   timeout=count["timeout"], no_tests=count["no tests"], total=len(statuses),
+                   not_checked=count["not checked"])
 
     @property
     def tested(self) -> int:
-        return self.total - self.no_tests
+        return self.total - self.no_tests - self.not_checked
+
+    @property
+    def finished(self) -> bool:
+        return self.not_checked == 0
 
     @property
     def kill_rate(self) -> float:
         """Killed (a test failed, or it ran out of time) over every mutant: one that no test
-        reaches counts as not killed."""
+        reaches, or that was not tested yet, counts as not killed."""
         return (self.killed + self.timeout) / self.total if self.total else 0.0
 
 
@@ -140,24 +163,19 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
             errors.seek(0)
             tail = errors.read().decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
             raise click.ClickException(f"mutmut run failed (exit {returncode}): {tail[0]}")
-    _mutmut("export-cicd-stats")
-    counts = json.loads((root / "mutants" / "mutmut-cicd-stats.json").read_text("utf-8"))
-    # mutmut's export leaves out the mutants mypy caught (its type_check_command): they are killed too
-    caught = counts["total"] - sum(int(counts.get(k, 0)) for k in ("killed", "survived", "timeout", "no_tests",
-                                                                   "skipped", "suspicious", "segfault",
-                                                                   "check_was_interrupted_by_user"))
-    stats = MutationStats(counts["killed"] + caught, counts["survived"], counts["timeout"], counts["no_tests"],
-                          counts["total"])
+    statuses = mutant_statuses(_mutmut("results", "--all", "true").stdout)
+    stats = MutationStats.of(statuses)
     minutes = (time.monotonic() - started) / 60
-    not_killed = [(m["name"], m["verdict"]) for line in _mutmut("results").stdout.splitlines()
-                  if (m := NOT_KILLED.match(line))]
+    not_killed = [(name, status) for name, status in statuses.items() if status in ("survived", "no tests")]
     explained = explained_survivors(EXPLAINED_IN.read_text("utf-8")) if EXPLAINED_IN.is_file() else {}
     unexplained = [(name, verdict) for name, verdict in not_killed if name not in explained]
-    stale = sorted(set(explained) - {name for name, _ in not_killed})
+    # explained, but killed now or no longer a mutant (a changed function renumbers its mutants)
+    stale = sorted(name for name in explained if statuses.get(name) not in ("survived", "no tests", "not checked"))
     lines = ["# Mutants of searchr1/core/ that no test killed", "",
              f"{stats.killed + stats.timeout} of {stats.total} mutants killed ({stats.kill_rate:.1%}) in "
              f"{minutes:.0f} min with {plural(jobs, 'job')}; {stats.survived} survived; {stats.no_tests} reached by "
-             f"no test; target {TARGET_KILL_RATE:.0%}.",
+             f"no test; target {TARGET_KILL_RATE:.0%}." + ("" if stats.finished else
+                                                           f" {stats.not_checked} not tested yet: the run stopped."),
              f"{EXPLAINED_IN} says why each survivor is left (equivalent: no input can tell it apart; or "
              f"unreachable); the {len(unexplained)} it does not explain come first.",
              ""]
@@ -167,6 +185,11 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
     if stale:
         lines += [f"## Explained in {EXPLAINED_IN} but killed now (or renamed)", "", *[f"- `{name}`" for name in stale]]
     report.write_text("\n".join(lines), "utf-8")
+    if not stats.finished:
+        raise click.ClickException(
+            f"the run stopped with {stats.not_checked:,} of {stats.total:,} mutants not tested yet (run `mutants` "
+            f"again to go on); so far {stats.killed + stats.timeout:,} killed, {stats.survived} survived; "
+            f"survivors so far: {report}")
     verdict = "meets" if stats.kill_rate >= TARGET_KILL_RATE else "misses"
     click.echo(f"killed {stats.killed + stats.timeout} of {stats.total} mutants ({stats.kill_rate:.1%}, {verdict} the "
                f"{TARGET_KILL_RATE:.0%} target), {stats.survived} survived, {stats.no_tests} reached by no test, "

@@ -7,6 +7,7 @@ import io
 import os
 import sys
 import threading
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -14,7 +15,7 @@ from hypothesis import given, strategies as st
 
 from searchr1.cli import main
 from searchr1.commands.mutants import (MutationStats, MutmutProgress, explained_survivors, follow_progress,
-                                       last_progress)
+                                       last_progress, mutant_statuses)
 
 
 def test_outside_a_checkout_it_says_where_to_run_it(tmp_path, monkeypatch):
@@ -98,3 +99,55 @@ def test_progress_is_said_at_most_every_so_often_and_reads_to_the_end(every, cap
     else:
         assert said and said[-1].startswith("mutmut: 50 of 50 mutants tested, 5 survived so far")
         assert len(said) == len(set(said)) <= 51
+
+
+STATUSES = ["killed", "caught by type check", "survived", "no tests", "timeout", "not checked", "suspicious",
+            "skipped", "segfault", "check was interrupted by user"]  # mutmut/stats.py, status_by_exit_code
+
+
+def mutmut_statuses():
+    """mutmut's own status words where mutmut is installed, else the list above (copied from it)."""
+    try:
+        from mutmut.stats import status_by_exit_code
+    except ImportError:
+        return STATUSES
+    return sorted(set(status_by_exit_code.values()) | {status_by_exit_code.default_factory()})
+
+
+@given(st.dictionaries(st.from_regex(r"searchr1\.core\.[a-z]{1,8}\.x_[a-z_]{1,12}__mutmut_[1-9]\d{0,2}",
+                                     fullmatch=True), st.sampled_from(mutmut_statuses()), max_size=30))
+def test_every_mutant_of_mutmuts_listing_is_counted_once_and_an_untested_one_is_never_killed(statuses):
+    listing = "".join(f"    {name}: {status}\n" for name, status in statuses.items())
+    assert mutant_statuses("Listing\n" + listing) == statuses
+    stats = MutationStats.of(statuses)
+    assert stats.total == len(statuses)
+    assert stats.killed + stats.timeout == sum(s in ("killed", "caught by type check", "timeout")
+                                                 for s in statuses.values())
+    assert stats.finished == ("not checked" not in statuses.values())
+    assert 0.0 <= stats.kill_rate <= 1.0 and stats.tested <= stats.total
+
+
+def test_a_run_that_stopped_early_is_not_reported_as_a_kill_rate(tmp_path, monkeypatch):
+    """mutmut exits 0 after a Ctrl-C; the mutants it did not reach make the run unfinished."""
+    import searchr1.commands.mutants as command
+
+    (tmp_path / "pyproject.toml").write_text("[tool.mutmut]\n", "utf-8")
+    monkeypatch.chdir(tmp_path)
+    listing = "    a.x_f__mutmut_1: killed\n    a.x_f__mutmut_2: survived\n    a.x_f__mutmut_3: not checked\n"
+
+    def mutmut(*args, check=True):
+        return SimpleNamespace(returncode=0, stdout=listing if args[0] == "results" else "", stderr="")
+
+    class StoppedRun:
+        def __init__(self, *args, stdout, **kwargs):
+            self.stdout = open(os.devnull, "rb")
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(command, "_mutmut", mutmut)
+    monkeypatch.setattr(command.subprocess, "Popen", StoppedRun)
+    result = CliRunner().invoke(main, ["mutants", "--jobs", "1"])
+    assert result.exit_code == 1
+    assert "the run stopped with 1 of 3 mutants not tested yet" in result.output and "meets" not in result.output
+    assert "1 not tested yet: the run stopped." in (tmp_path / "mutants-report.md").read_text("utf-8")
