@@ -10,6 +10,7 @@ import pytest
 
 from searchr1.core.datum import build_training_datums, drop_out_of_vocab
 from searchr1.core.observation.fit import fit_tool_content, truncate_to_fit
+from searchr1.core.observation.text import NO_RESULTS_TEXT
 from searchr1.core.protocol import SEARCH_TOOL
 from searchr1.core.rollout import PendingCall, RolloutConfig, make_request, record_turn
 from searchr1.core.types import AssistantTurn, SearchExample, SearchItem, SearchResult, Termination, Trajectory
@@ -125,6 +126,17 @@ def test_whole_items_are_taken_while_they_fit_exactly(tokenizer, mode):
     assert both is not None and (both.content, both.truncated) == (TWO, False)
     first = fit(tokenizer, [FIRST, SECOND], max_trajectory_tokens=budget - 1, tool_overflow=mode)
     assert first is not None and (first.content, first.truncated) == (ONE, False)
+
+
+def test_a_result_is_a_search_results_unless_another_tool_is_named(tokenizer):
+    """Without a tool named, the observation of a failed call or of no items reads as search's."""
+    prompt, completion = tool_turn(tokenizer)
+    config = RolloutConfig()
+    failed = fit_tool_content(tokenizer, MESSAGES, CALL, prompt, completion, "c1",
+                              SearchResult(False, error="HTTP 503"), config)
+    empty = fit_tool_content(tokenizer, MESSAGES, CALL, prompt, completion, "c1", SearchResult(True, ()), config)
+    assert failed is not None and failed.content == "Search error: HTTP 503"
+    assert empty is not None and empty.content == NO_RESULTS_TEXT
 
 
 @pytest.mark.parametrize("keep", [0.1, 0.5, 0.9])
