@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import math
 import string
+from dataclasses import replace
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from searchr1.core.protocol import SEARCH, TurnKind, initial_messages, parse_assistant, render_text
 from searchr1.core.reference import parse as reference_parse
-from searchr1.core.tools import CallError, ToolCall, ToolSpec, convert_value, declared_tools, parse_tool_calls
+from searchr1.core.tools import (CallError, ToolCall, ToolSpec, convert_value, declared_tools, parse_tool_calls,
+                                 read_call)
 from searchr1.core.types import RolloutBudgets
 
 MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
@@ -324,3 +326,55 @@ def test_text_that_is_not_a_value_of_the_type_is_refused(kind, text):
         except ValueError:
             parsed = None
         assert convert_value(text, {"type": kind})[0] == isinstance(parsed, list if kind == "array" else dict)
+
+
+def test_a_whole_number_is_read_as_an_integer_and_any_other_number_as_a_float():
+    read = [convert_value(text, {"type": "number"}) for text in ("3", " -12 ", "2.5", "1e3")]
+    assert [(ok, value, type(value)) for ok, value in read] == [
+        (True, 3, int), (True, -12, int), (True, 2.5, float), (True, 1000.0, float)]
+
+
+def test_a_nullable_string_reads_null_as_null_whichever_type_is_listed_first():
+    for declared in (["string", "null"], ["null", "string"]):
+        assert convert_value("null", {"type": declared}) == (True, None)
+        assert convert_value("None", {"type": declared}) == (True, None)
+        assert convert_value("Paris", {"type": declared}) == (True, "Paris")
+
+
+def test_a_type_the_parser_does_not_know_keeps_the_text_as_written():
+    for schema in ({"type": "date"}, {"type": ["date"]}, {}):
+        assert convert_value(" 2024-01-01 ", schema) == (True, " 2024-01-01 ")
+
+
+def test_a_block_that_is_not_one_function_is_refused_without_a_name():
+    assert read_call("just text", {"search": SEARCH}) == CallError("", "the tool call is not one <function=…> block")
+
+
+def test_with_no_tool_declared_every_function_is_unknown():
+    inside = "<function=search>\n<parameter=query>\nx\n</parameter>\n</function>"
+    assert read_call(inside, {}) == CallError("search", "unknown tool 'search' (declared: none)")
+
+
+def test_a_tool_open_to_more_parameters_keeps_each_as_written_and_a_closed_one_refuses_them():
+    open_tool = ToolSpec("lookup", "", {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"],
+                                        "additionalProperties": True}, "call")
+    inside = "<function=lookup>\n<parameter=lang>\nen\n</parameter>\n<parameter=q>\nParis\n</parameter>\n</function>"
+    assert read_call(inside, {"lookup": open_tool}) == ToolCall("lookup", {"lang": "en", "q": "Paris"})
+    for closed in (False, None):
+        parameters = {key: value for key, value in open_tool.parameters.items() if key != "additionalProperties"}
+        tool = replace(open_tool, parameters=parameters if closed is None else {**parameters,
+                                                                                "additionalProperties": closed})
+        assert read_call(inside, {"lookup": tool}) == CallError("lookup", "lookup has no parameter 'lang'")
+
+
+def test_every_missing_parameter_is_named():
+    tool = ToolSpec("route", "", {"type": "object", "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
+                                  "required": ["start", "end"]}, "call")
+    assert read_call("<function=route>\n</function>", {"route": tool}) == CallError(
+        "route", "route needs the parameter start, end")
+
+
+def test_a_call_opened_inside_another_is_refused_as_calls_that_are_not_closed_blocks():
+    text = "<tool_call>\n<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\n</function>\n</tool_call>"
+    assert parse_tool_calls(text, (SEARCH,)) == (
+        "", [CallError("", "the tool calls are not closed <tool_call> blocks ending the turn")])
