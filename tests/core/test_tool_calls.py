@@ -368,8 +368,8 @@ def test_a_tool_open_to_more_parameters_keeps_each_as_written_and_a_closed_one_r
 
 
 def test_every_missing_parameter_is_named():
-    tool = ToolSpec("route", "", {"type": "object", "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
-                                  "required": ["start", "end"]}, "call")
+    properties = {"start": {"type": "string"}, "end": {"type": "string"}}
+    tool = ToolSpec("route", "", {"type": "object", "properties": properties, "required": ["start", "end"]}, "call")
     assert read_call("<function=route>\n</function>", {"route": tool}) == CallError(
         "route", "route needs the parameter start, end")
 
