@@ -378,3 +378,10 @@ def test_a_call_opened_inside_another_is_refused_as_calls_that_are_not_closed_bl
     text = "<tool_call>\n<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\n</function>\n</tool_call>"
     assert parse_tool_calls(text, (SEARCH,)) == (
         "", [CallError("", "the tool calls are not closed <tool_call> blocks ending the turn")])
+
+
+def test_calls_that_are_not_closed_blocks_keep_the_text_before_the_first_call():
+    call = "<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\n</function>\n</tool_call>"
+    for text in (f"Let me look.\n{call}\nand then\n{call}", f"Let me look.\n{call}\n<tool_call>"):
+        assert parse_tool_calls(text, (SEARCH,)) == (
+            "Let me look.\n", [CallError("", "the tool calls are not closed <tool_call> blocks ending the turn")])
