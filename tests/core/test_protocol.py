@@ -198,6 +198,11 @@ def test_the_search_tool_shows_the_description_it_is_given_and_the_default_witho
     assert search_tool() == SEARCH_TOOL and SEARCH_TOOL["function"]["description"].strip()
 
 
+def test_a_tool_message_is_searchs_unless_another_tool_is_named():
+    assert tool_message("c1", "Paris") == {"role": "tool", "tool_call_id": "c1", "name": "search", "content": "Paris"}
+    assert tool_message("c2", "page", "open_page")["name"] == "open_page"
+
+
 def test_an_error_is_a_search_error_unless_another_tool_is_named():
     failed = SearchResult(ok=False, error="timed out")
     assert error_text(failed) == error_text(failed, "search") == "Search error: timed out"

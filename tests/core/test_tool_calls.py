@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from searchr1.core.protocol import SEARCH, TurnKind, initial_messages, parse_assistant, render_text
 from searchr1.core.reference import parse as reference_parse
 from searchr1.core.tools import (CallError, ToolCall, ToolSpec, convert_value, declared_tools, parse_tool_calls,
-                                 read_call)
+                                 read_call, unknown_tools)
 from searchr1.core.types import RolloutBudgets
 
 MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
@@ -385,3 +385,9 @@ def test_calls_that_are_not_closed_blocks_keep_the_text_before_the_first_call():
     for text in (f"Let me look.\n{call}\nand then\n{call}", f"Let me look.\n{call}\n<tool_call>"):
         assert parse_tool_calls(text, (SEARCH,)) == (
             "Let me look.\n", [CallError("", "the tool calls are not closed <tool_call> blocks ending the turn")])
+
+
+def test_a_tool_list_naming_an_undeclared_tool_is_refused_naming_the_first_and_the_declared_ones():
+    refusal = "names an undeclared tool 'calculator' (declared: search, open_page)"
+    assert unknown_tools("search,calculator") == unknown_tools("calculator, search, abacus") == refusal
+    assert unknown_tools("search, open_page") is None
