@@ -204,15 +204,21 @@ def test_under_observe_a_refused_call_beside_a_good_one_is_told_and_the_good_one
     assert pages.calls == [] and t.termination == "answer"
 
 
+def two_search_turn(tokenizer):
+    """A conversation, a turn that calls search twice, its prompt, and the turn as a sampler
+    returns it (stop token last)."""
+    messages = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "Which river?"}]
+    text = SEARCH.format("Seine") + "\n" + SEARCH.format("Loire")
+    completion = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return messages, text, build_prompt(tokenizer, messages), completion
+
+
 @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(extra=st.integers(-3, 120), cap=st.integers(1, 90), mode=st.sampled_from(["truncate", "end"]))
 def test_several_calls_fit_every_budget_and_stitch_to_the_full_render(tokenizer, extra, cap, mode):
     """Two searches' results in one observation: each content within the cap, the next prompt the
     template's render of the whole conversation with one token left to generate, or nothing fits."""
-    messages = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "Which river?"}]
-    text = SEARCH.format("Seine") + "\n" + SEARCH.format("Loire")
-    prompt = build_prompt(tokenizer, messages)
-    completion = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    messages, text, prompt, completion = two_search_turn(tokenizer)
     smallest = len(render(tokenizer, messages + [assistant_message(text), tool_message("a", "x"),
                                                  tool_message("b", "x")], add_generation_prompt=True))
     config = RolloutConfig(max_trajectory_tokens=smallest + extra, max_tool_response_tokens=cap, tool_overflow=mode,
@@ -239,10 +245,7 @@ def test_an_earlier_call_takes_what_fits_beside_one_letter_for_each_later_call(t
     keeps the room of one letter (marked as cut under ``truncate``), even where a later call then
     fits no whole item. At exactly that room the first call's two items fit: under ``end`` the
     second call's item no longer does, so nothing fits; under ``truncate`` it is cut."""
-    messages = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "Which river?"}]
-    text = SEARCH.format("Seine") + "\n" + SEARCH.format("Loire")
-    prompt = build_prompt(tokenizer, messages)
-    completion = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    messages, text, prompt, completion = two_search_turn(tokenizer)
     first = SearchResult(True, (SearchItem("Seine", "The Seine flows through Paris.", "Wikipedia"),
                                 SearchItem("Marne", "The Marne joins the Seine above Paris. " * 6, "Wikipedia")))
     second = SearchResult(True, (SearchItem("Loire", "Long.", "Wikipedia"),))
