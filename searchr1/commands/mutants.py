@@ -31,6 +31,7 @@ TARGET_KILL_RATE = 0.90
 # docs/mutants.md's table of the survivors that are left on purpose: | `mutant name` | why |
 EXPLAINED_IN = Path("docs/mutants.md")
 EXPLAINED_ROW = re.compile(r"^\|\s*`(?P<name>[\w.]+__mutmut_\d+)`\s*\|\s*(?P<why>.*?)\s*\|\s*$", re.MULTILINE)
+NOT_KILLED = ("survived", "no tests")  # mutmut's statuses of a mutant that was tested and is still there
 
 
 # mutmut 3's status line (mutmut/stats.py, print_stats), rewritten in place with "\r" as mutants finish:
@@ -166,11 +167,11 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
     statuses = mutant_statuses(_mutmut("results", "--all", "true").stdout)
     stats = MutationStats.of(statuses)
     minutes = (time.monotonic() - started) / 60
-    not_killed = [(name, status) for name, status in statuses.items() if status in ("survived", "no tests")]
+    not_killed = [(name, status) for name, status in statuses.items() if status in NOT_KILLED]
     explained = explained_survivors(EXPLAINED_IN.read_text("utf-8")) if EXPLAINED_IN.is_file() else {}
     unexplained = [(name, verdict) for name, verdict in not_killed if name not in explained]
     # explained, but killed now or no longer a mutant (a changed function renumbers its mutants)
-    stale = sorted(name for name in explained if statuses.get(name) not in ("survived", "no tests", "not checked"))
+    stale = sorted(name for name in explained if statuses.get(name) not in (*NOT_KILLED, "not checked"))
     lines = ["# Mutants of searchr1/core/ that no test killed", "",
              f"{stats.killed + stats.timeout} of {stats.total} mutants killed ({stats.kill_rate:.1%}) in "
              f"{minutes:.0f} min with {plural(jobs, 'job')}; {stats.survived} survived; {stats.no_tests} reached by "
