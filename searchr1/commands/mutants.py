@@ -25,6 +25,7 @@ from typing import IO
 import click
 
 from searchr1.commands.help_layout import SectionedCommand
+from searchr1.runtime import invocation
 from searchr1.view.wording import plural
 
 TARGET_KILL_RATE = 0.90
@@ -188,9 +189,9 @@ def mutants(jobs: int, report: Path, fresh: bool) -> None:
     report.write_text("\n".join(lines), "utf-8")
     if not stats.finished:
         raise click.ClickException(
-            f"the run stopped with {stats.not_checked:,} of {stats.total:,} mutants not tested yet (run `mutants` "
-            f"again to go on); so far {stats.killed + stats.timeout:,} killed, {stats.survived} survived; "
-            f"survivors so far: {report}")
+            f"the run stopped with {stats.not_checked:,} of {stats.total:,} mutants not tested yet "
+            f"(run `{invocation.command('mutants')}` again to go on); so far {stats.killed + stats.timeout:,} "
+            f"killed, {stats.survived} survived; survivors so far: {report}")
     verdict = "meets" if stats.kill_rate >= TARGET_KILL_RATE else "misses"
     click.echo(f"killed {stats.killed + stats.timeout} of {stats.total} mutants ({stats.kill_rate:.1%}, {verdict} the "
                f"{TARGET_KILL_RATE:.0%} target), {stats.survived} survived, {stats.no_tests} reached by no test, "

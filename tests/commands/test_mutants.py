@@ -149,5 +149,6 @@ def test_a_run_that_stopped_early_is_not_reported_as_a_kill_rate(tmp_path, monke
     monkeypatch.setattr(command.subprocess, "Popen", StoppedRun)
     result = CliRunner().invoke(main, ["mutants", "--jobs", "1"])
     assert result.exit_code == 1
-    assert "the run stopped with 1 of 3 mutants not tested yet" in result.output and "meets" not in result.output
+    assert "the run stopped with 1 of 3 mutants not tested yet (run `" in result.output
+    assert " mutants` again to go on)" in result.output and "meets" not in result.output
     assert "1 not tested yet: the run stopped." in (tmp_path / "mutants-report.md").read_text("utf-8")
