@@ -261,7 +261,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         check_offline_group_size(settings["offline_policy"], rollout.group_size)
         settings["loss_fn_config"] = kwargs.pop("loss_fn_config")
         if offline:  # the twin refuses what it cannot compute; say so before anything runs
-            from searchr1.twin.losses import LossConfigError, resolve_loss_config
+            from searchr1.core.objective import LossConfigError, resolve_loss_config
 
             try:
                 resolve_loss_config(settings["loss_fn"], settings["loss_fn_config"])

@@ -21,27 +21,23 @@ import random
 from statistics import fmean
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from searchr1.core.datum import NonFiniteValues, TrainingDatum
+from searchr1.core.objective import DEFAULT_LOSS_FN, LossFn
+from searchr1.core.objective import POLICY_LOSS_FNS as POLICY_LOSS_FNS  # importable from here too
 from searchr1.core.types import TrainingClient
 
 if TYPE_CHECKING:
     from pytrio.types import Datum, TensorData
 
 
-LossFn = Literal["importance_sampling", "ppo", "cispo", "dro"]  # what PyTRIO 0.2.9 accepts
-POLICY_LOSS_FNS: tuple[LossFn, ...] = get_args(LossFn)
-# What forward_backward optimises per trained token (Tinker's definitions, which PyTRIO mirrors;
-# docs/algorithms.md), r = exp(logp - logp_sampler), lo/hi the loss_fn_config bounds (0.8, 1.2):
-# importance_sampling -(r*A) | ppo -min(r*A, clip(r, lo, hi)*A) | cispo -(sg(clip(r, lo, hi))*A*logp)
-# | dro -(logp*A - beta/2*(logp - logp_sampler)**2); summed, normalised by the batch's totals.
+# What forward_backward optimises per trained token, each loss as code: searchr1.core.objective.
 # --accumulation manual: one mini-batch packed into the seed's weighted micro-batches, one call each
 MicroBatcher = Callable[[list[TrainingDatum]], list[list[TrainingDatum]]]
-DEFAULT_LOSS_FN: LossFn = "importance_sampling"  # the seed's
 
 
 @dataclass(frozen=True)
@@ -116,7 +112,7 @@ def _first_non_finite(values: npt.ArrayLike) -> int | None:
 
 def non_finite_inputs(datums: Sequence[TrainingDatum]) -> str | None:
     """An advantage that is NaN or infinite (the KL penalty changes them after the datums are
-    built, whose logprobs :func:`searchr1.core.datum.trajectory_arrays` checked), naming the
+    built, whose logprobs :func:`searchr1.core.datum.trajectory_sequences` checked), naming the
     trajectory and the position; None when all is finite."""
     for item in datums:
         values = item.datum.loss_fn_inputs["advantages"].data

@@ -6,8 +6,9 @@ the same three inputs (target tokens, the sampler's logprobs, advantages) and se
 ``loss_fn_config`` to the server unchanged. The keys a server reads are its own (Tinker
 documents ``clip_low_threshold`` / ``clip_high_threshold`` for ``ppo`` and ``cispo`` and
 ``beta`` for ``dro``); this module only parses them, so a live run passes whatever the user
-wrote and the offline twin (:mod:`searchr1.twin.losses`) is where unknown keys are refused. The
-choices themselves are declared with the settings (:mod:`searchr1.core.update`, :mod:`searchr1.core.kl`).
+wrote and the offline twin is where unknown keys are refused (:mod:`searchr1.core.objective`
+defines each loss and the keys it takes). The choices themselves are declared in the core
+(:mod:`searchr1.core.objective`, :mod:`searchr1.core.kl`).
 """
 
 from __future__ import annotations

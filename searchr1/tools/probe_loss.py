@@ -280,7 +280,7 @@ def probe_loss(
 # importance-sampling value of the same datum, so a service that divides ``loss_sum`` by a
 # count still reads right), and ``forward_backward`` + ``optim_step`` tells whether a token
 # clipped against its advantage still gets a gradient. Tinker's definitions
-# (searchr1.twin.losses): ppo clips the ratio to [0.8, 1.2] and a token with ``A > 0`` and
+# (searchr1.core.objective): ppo clips the ratio to [0.8, 1.2] and a token with ``A > 0`` and
 # ``r > 1.2`` has no gradient; cispo weights ``logp`` by ``clip(r, 0.8, 1.2)`` and keeps the
 # gradient; dro's quadratic term is ``beta / 2 * (log r) ** 2`` (no documented default).
 
@@ -320,7 +320,7 @@ class LossProbe:
         found = self.agreements()
         lines = [
             "Policy losses (importance ratio r set exactly on the action tokens; Tinker's definitions in "
-            "searchr1/twin/losses.py)",
+            "searchr1/core/objective.py)",
             f"  ppo   upper clip at r={HIGH_RATIO}, A=+1: {show(self.ppo_high)} (documented 1.2: "
             f"{verdict[found['ppo_high']]})",
             f"  ppo   lower clip at r={LOW_RATIO}, A=-1: {show(self.ppo_low)} (documented 0.8: "

@@ -71,7 +71,7 @@ Training (``loss_and_grad``)
     gradient. A generated token that is not on the trie (and every later token of its
     segment) gets ``OFF_TRIE_LOGPROB`` (-30.0, far below any candidate) with zero gradient.
     Losses per active position (target ``!= -100``): every loss of
-    :mod:`searchr1.twin.losses` (``importance_sampling``, ``ppo``, ``cispo``, ``dro``,
+    :mod:`searchr1.core.objective` (``importance_sampling``, ``ppo``, ``cispo``, ``dro``,
     ``cross_entropy``) as a term and its derivative w.r.t. ``logp``; the sum is divided by
     ``totals.denominator(reduction)``.
 
@@ -94,8 +94,8 @@ from typing import Any
 
 import numpy as np
 
+from searchr1.core.objective import loss_terms, resolve_loss_config
 from searchr1.offline import CALL
-from searchr1.twin.losses import loss_terms, resolve_loss_config
 from searchr1.twin.offline_world import WorldQuestion, load_worlds, question_key
 from searchr1.twin.policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
 

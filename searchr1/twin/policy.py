@@ -12,7 +12,7 @@ protocol, limits, the stop-token convention); a policy owns only the math of one
   convention afterwards);
 * ``loss_and_grad``: the loss of a list of datums (already split into aligned arrays) and its
   exact gradient with respect to ``params``, reduced with the totals of the whole call, for
-  every loss of :mod:`searchr1.twin.losses` and its ``loss_config``.
+  every loss of :mod:`searchr1.core.objective` and its ``loss_config``.
 
 A policy never sees rewards or answers; it learns only from the datums a real service
 receives (tokens, targets, the sampler's logprobs, advantages) and the loss name.

@@ -12,7 +12,7 @@ vocabulary), it conditions on context (only the last token, which is all a bigra
 and its gradient is closed-form: ``d log p / d W[r, :] = onehot(t % K) - softmax(W[r])``.
 
 Losses (per active position, i.e. target ``!= -100``): every loss of
-:mod:`searchr1.twin.losses` (``importance_sampling``, ``ppo``, ``cispo``, ``dro``,
+:mod:`searchr1.core.objective` (``importance_sampling``, ``ppo``, ``cispo``, ``dro``,
 ``cross_entropy``), each a term and its derivative w.r.t. ``logp``; the chain rule through
 ``d logp / d W`` below gives the exact gradient.
 
@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from searchr1.twin.losses import loss_terms, resolve_loss_config
+from searchr1.core.objective import loss_terms, resolve_loss_config
 from searchr1.twin.policy import LossResult, PolicySample, Reduction, SampledSequence, Totals, totals_of
 
 DEFAULT_NUM_BUCKETS = 16

@@ -2,7 +2,7 @@
 and what each trainer event does to them.
 
 ``forward`` / ``forward_backward`` compute the loss the payload names
-(:mod:`searchr1.twin.losses`; a ``loss_fn_config`` key that loss does not take fails the event
+(:mod:`searchr1.core.objective`; a ``loss_fn_config`` key that loss does not take fails the event
 under strict mode, ``twin.unsupported_loss_config``, and is ignored otherwise) and reduce every
 chunk with the totals of its whole call (as pytrio sends them), so a call split into chunks accumulates exactly the gradient of the
 unsplit call. Chunks of one call share pytrio's ``step``; at ``optimize_step`` the calls
@@ -25,7 +25,7 @@ from pytrio.protocol.actor.events.trainer.forward import TrainerForwardBackwardP
 from pytrio.protocol.actor.events.trainer.optimize_step import TrainerOptimizeStepPayload
 from pytrio.protocol.actor.events.trainer.save import TrainerSavePayload
 
-from searchr1.twin.losses import LOSS_CONFIG_DEFAULTS, LossConfigError, resolve_loss_config
+from searchr1.core.objective import LOSS_CONFIG_DEFAULTS, LossConfigError, resolve_loss_config
 from searchr1.twin.optimizer import AdamState, adam_step
 from searchr1.twin.policy import PolicySample, Reduction, Totals, TwinPolicy
 from searchr1.twin.store import STATE, WEIGHTS, CheckpointStore, RunConfig
