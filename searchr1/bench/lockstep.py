@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from searchr1.core.types import AssistantTurn, SearchBackend, SearchExample, Trajectory
+from searchr1.core.types import SearchBackend, SearchExample, Trajectory, Turn
 from searchr1.core.protocol import stop_sequences, template_boundaries
 from searchr1.core.rollout import (
     PendingCall,
@@ -75,7 +75,7 @@ class LockstepRollout:
         """Record one assistant turn; end the trajectory or return its pending search (the
         engine's own ``record_turn``: only the scheduling differs)."""
         tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
-        return record_turn(trajectory, AssistantTurn(prompt, tokens, logprobs, text, stop_reason),
+        return record_turn(trajectory, Turn(prompt, tokens, logprobs, text, stop_reason),
                                  self.tokenizer, self.config)
 
     async def _resolve(self, pending: list[PendingCall]) -> None:

@@ -58,7 +58,7 @@ def tool_turns(trajectories: Sequence[Trajectory], results: dict[str, SearchResu
     """Every tool turn of the rollout, rebuilt from the trajectories' records."""
     turns = []
     for t in trajectories:
-        for k, record in enumerate(t.searches):
+        for k, record in enumerate(t.calls):
             turn = t.turns[k]
             tool = t.messages[2 + 2 * k + 1]
             following = t.turns[k + 1].prompt_tokens if k + 1 < len(t.turns) else None

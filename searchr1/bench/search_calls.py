@@ -90,7 +90,7 @@ def _run_step(tokenizer: Any, workload: Any, model: LatencyModel, sampler: Any, 
             "shared": int(stats["search/deduplicated"]),
             "cache_hits": round(stats["search/cache_hit_rate"] * stats["search/requests"]),
             "queries": queries,
-            "failed": sum(not s.ok for t in trajectories for s in t.searches),
+            "failed": sum(not s.ok for t in trajectories for s in t.calls),
         }
 
     started = time.perf_counter()

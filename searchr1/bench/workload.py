@@ -205,7 +205,7 @@ class LowerBound:
 
 def searched_queries(trajectory: Trajectory) -> list[str]:
     """Queries this trajectory sent (a tool call ended by ``tool_overflow`` was searched too)."""
-    queries = [s.query for s in trajectory.searches]
+    queries = [s.query for s in trajectory.calls]
     if trajectory.termination == "tool_overflow" and trajectory.turns:
         from searchr1.core.protocol import parse_assistant
 
@@ -247,7 +247,7 @@ def fingerprint(trajectories: list[Trajectory]) -> list[tuple[Any, ...]]:
     return [
         (t.question_index, t.group_index, t.termination, t.search_calls, t.reward, t.advantage,
          tuple((tuple(turn.prompt_tokens), tuple(turn.completion_tokens)) for turn in t.turns),
-         tuple(s.query for s in t.searches))
+         tuple(s.query for s in t.calls))
         for t in sorted(trajectories, key=lambda t: (t.question_index, t.group_index))
     ]
 

@@ -93,7 +93,7 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
         trajectories = asyncio.run(main(sampler))
     click.echo(f"{'question':<16} {'g':>2}  {'end':<14} {'turns':>5} {'search':>6} {'reward':>6} {'adv':>7}  queries")
     for t in trajectories:
-        queries = "; ".join(s.query + ("" if s.ok else " [error]") for s in t.searches)
+        queries = "; ".join(s.query + ("" if s.ok else " [error]") for s in t.calls)
         click.echo(f"{t.example.id:<16} {t.group_index:>2}  {t.termination:<14} {len(t.turns):>5} "
                    f"{t.search_calls:>6} {t.reward:>6.1f} {t.advantage:>+7.3f}  {queries}")
     mean = sum(t.reward for t in trajectories) / max(len(trajectories), 1)

@@ -127,7 +127,8 @@ def assign_group_advantages(
     keep_env_failures: bool = False,
     surplus: Collection[int] = (),
 ) -> GroupSummary:
-    """Set ``advantage`` and ``excluded`` on every trajectory; return the groups' summary (each
+    """Set ``advantage`` and ``excluded`` on every trajectory, each turn carrying its trajectory's
+    advantage (:meth:`~searchr1.core.types.Trajectory.credit`); return the groups' summary (each
     group classified once, here). ``surplus``: question indices of groups with a signal that
     dynamic sampling leaves out (``Exclusion.SURPLUS_GROUP``, advantage 0;
     :mod:`searchr1.training.dynamic_sampling`); they count as trained groups in the summary, as
@@ -138,7 +139,7 @@ def assign_group_advantages(
     for question, group, kind in classified_groups(trajectories, keep_env_failures=keep_env_failures):
         kinds.append(kind)
         for trajectory in group:
-            trajectory.advantage = 0.0
+            trajectory.credit(0.0)
             trajectory.excluded = None
         if kind is None and question in surplus:
             kind = Exclusion.SURPLUS_GROUP
@@ -150,7 +151,7 @@ def assign_group_advantages(
         for trajectory, advantage in zip(
             scored, group_advantages([t.reward for t in scored], mode=mode), strict=True
         ):
-            trajectory.advantage = advantage
+            trajectory.credit(advantage)  # every turn of it carries its advantage
         for trajectory in group:
             if trajectory.sampler_error:
                 trajectory.excluded = Exclusion.SAMPLER_ERROR

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from searchr1.core.tools import DECLARED
-from searchr1.core.types import (NOT_ANSWERED, AssistantTurn, Exclusion, JsonObject, JsonValue, Message, RewardResult,
-                                 RolloutBudgets, SearchExample, SearchItem, SearchRecord, SearchResult, Termination,
-                                 Tokenizer, ToolRecord, Trajectory)
+from searchr1.core.types import (NOT_ANSWERED, CallRecord, Exclusion, JsonObject, JsonValue, Message, RewardResult,
+                                 RolloutBudgets, SearchExample, SearchItem, SearchResult, Termination, Tokenizer, Turn,
+                                 Trajectory)
 
 if TYPE_CHECKING:  # pytrio is loaded when first used, as everywhere in the core
     from pytrio import SamplingClient, TrainingClient
@@ -84,7 +84,7 @@ def render(tokenizer: Tokenizer, messages: list[Message], budgets: RolloutBudget
 
 
 def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: int, seed: int,
-           budgets: RolloutBudgets) -> list[AssistantTurn] | None:
+           budgets: RolloutBudgets) -> list[Turn] | None:
     """``n`` completions of ``prompt``, or None when the trajectory has no room left to generate."""
     from pytrio import ModelInput, SamplingParams
     max_tokens = min(budgets.max_assistant_tokens, budgets.max_trajectory_tokens - len(prompt))  # ALGORITHM: budgets
@@ -95,7 +95,7 @@ def sample(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: 
                             top_p=budgets.top_p)
     response = sampler.sample(prompt=ModelInput.from_ints(prompt), num_samples=n, sampling_params=params,
                               return_text=True).result()
-    return [AssistantTurn(list(prompt), [int(x) for x in s.tokens], [float(x) for x in s.logprobs],  # PLUMBING
+    return [Turn(list(prompt), [int(x) for x in s.tokens], [float(x) for x in s.logprobs],  # PLUMBING
                           s.text if s.text is not None else tokenizer.decode(list(s.tokens), skip_special_tokens=True),
                           str(getattr(s, "stop_reason", "") or "")) for s in response.sequences]
 
@@ -254,7 +254,7 @@ def fit(tokenizer: Tokenizer, items: list[str], observation: Callable[[str], lis
     return None, False
 
 
-def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, search: Search, budgets: RolloutBudgets,
+def step_trajectory(t: Trajectory, turn: Turn, tokenizer: Tokenizer, search: Search, budgets: RolloutBudgets,
                     closing: list[int], tools: Mapping[str, Tool]) -> None:
     """Record one assistant turn; end the trajectory or run its calls and stitch its next prompt."""
     t.turns.append(turn)
@@ -268,7 +268,7 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
         return t.finish(Termination.INVALID, text)
     calls = calls[-1:] if len(calls) > budgets.max_calls_per_turn else calls  # too many: the model reads why
     for name in {name for name, arguments in calls if isinstance(arguments, dict)}:
-        made = sum(name == (("" if r.refused else r.tool) if isinstance(r, ToolRecord) else "search") for r in t.searches)
+        made = sum(name == r.tool and not r.refused for turn in t.turns for r in turn.calls)
         budget = budgets.max_search_calls if name == "search" else DECLARED[name].budget
         if budget is not None and made + sum(n == name for n, _ in calls) > budget:  # ALGORITHM: each tool's budget
             return t.finish(Termination.SEARCH_BUDGET, text)
@@ -280,7 +280,8 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
     # order); one token must stay free to generate.
     said = max((k for k in range(1, len(closing) + 1) if turn.completion_tokens[-k:] == closing[:k]), default=0)
     stitched = turn.prompt_tokens + turn.completion_tokens + closing[said:]
-    ids = [f"{name if isinstance(arguments, dict) else 'call'}-{t.question_index}-{t.group_index}-{len(t.searches) + k}"
+    made = sum(len(earlier.calls) for earlier in t.turns)
+    ids = [f"{name if isinstance(arguments, dict) else 'call'}-{t.question_index}-{t.group_index}-{made + k}"
            for k, (name, arguments) in enumerate(calls, 1)]
 
     def message(k: int, content: str) -> Message:
@@ -312,9 +313,8 @@ def step_trajectory(t: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer, se
         t.messages.append(message(k, contents[k]))
         shown_call = name if isinstance(arguments, str) else str(arguments["query"]).strip() if name == "search" else (
             ", ".join(f"{key}={value}" for key, value in arguments.items()))
-        record = SearchRecord(shown_call, result.ok, contents[k], len(result.items), result.error, result.cached, cuts[k])
-        refused = isinstance(arguments, str)
-        t.searches.append(ToolRecord(**vars(record), tool=name, refused=refused) if refused or name != "search" else record)
+        turn.calls.append(CallRecord(shown_call, result.ok, contents[k], len(result.items), result.error, result.cached,
+                                     cuts[k], tool=name, refused=isinstance(arguments, str)))
     t.next_prompt_tokens = stitched + observation(contents)
 
 
@@ -341,7 +341,7 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, search: Sea
         closing = empty_reply[len(prompt):]
         # ALGORITHM: the first turn is ONE request with num_samples = group_size on the shared prompt
         first = sample(sampler, tokenizer, prompt, budgets.group_size, seed_of(budgets, step, q, 0, 0), budgets)
-        firsts: list[AssistantTurn | None] = list(first) if first else [None] * len(group)
+        firsts: list[Turn | None] = list(first) if first else [None] * len(group)
         for t, turn in zip(group, firsts):
             while turn is not None:  # one turn, then the next on the stitched prompt
                 step_trajectory(t, turn, tokenizer, search, budgets, closing, tools or {})
@@ -382,38 +382,40 @@ def reference_rewards_and_advantages(trajectories: list[Trajectory]) -> None:
         groups.setdefault(t.question_index, []).append(t)
     for group in groups.values():
         rewards = [t.reward for t in group]
-        failed = any(not s.ok and not (isinstance(s, ToolRecord) and s.refused) for t in group for s in t.searches)
+        failed = any(not c.ok and not c.refused for t in group for turn in t.turns for c in turn.calls)
         excluded = (Exclusion.ENV_FAILURE_GROUP if failed else
                     Exclusion.DEGENERATE_GROUP if len(set(rewards)) == 1 else None)
         for t in group:
             t.excluded = excluded
             t.advantage = 0.0 if excluded else t.reward - math.fsum(rewards) / len(rewards)
+            for turn in t.turns:  # ALGORITHM: trajectory-level credit, every turn carries the same advantage
+                turn.advantage = t.advantage
 
 
 def reference_datums(trajectories: list[Trajectory], vocab_size: int) -> list[Datum]:
-    """ALGORITHM: one datum per trajectory with a signal: the whole token sequence once, shifted by
-    one; the loss sees the policy's own tokens only (their advantage and sampler logprob; prompt and
-    observation tokens carry 0)."""
+    """ALGORITHM: the token sequence of a trajectory, once, shifted by one: a turn whose prompt extends
+    the sequence so far continues its datum, any other turn starts a new one. The loss sees the policy's
+    own tokens only (each with its turn's advantage and its sampler logprob; prompt and observation
+    tokens carry 0); a datum with no advantage is not sent."""
     from pytrio.types import Datum, ModelInput, TensorData
     datums = []
-    for t in trajectories:
-        if t.excluded or t.advantage == 0.0 or not any(turn.completion_tokens for turn in t.turns):
-            continue
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        advantages: list[float] = []
+    for t in (t for t in trajectories if not t.excluded):
+        pieces: list[tuple[list[int], list[float], list[float]]] = []  # tokens, logprobs, advantages
         for turn in t.turns:
-            assert turn.prompt_tokens[: len(tokens)] == tokens  # each prompt extends the sequence so far
+            if not pieces or turn.prompt_tokens[: len(pieces[-1][0])] != pieces[-1][0]:
+                pieces.append(([], [], []))
+            tokens, logprobs, advantages = pieces[-1]
             delta = turn.prompt_tokens[len(tokens):]
             tokens += delta + turn.completion_tokens
             logprobs += [0.0] * len(delta) + turn.logprobs
-            advantages += [0.0] * len(delta) + [t.advantage] * len(turn.completion_tokens)
-        if max(tokens) >= vocab_size:  # PLUMBING: PyTRIO refuses ids outside the tokenizer
-            continue
-        datums.append(Datum(model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
-            "target_tokens": TensorData.from_numpy(np.asarray(tokens[1:], dtype=np.int64)),
-            "logprobs": TensorData.from_numpy(np.asarray(logprobs[1:], dtype=np.float32)),
-            "advantages": TensorData.from_numpy(np.asarray(advantages[1:], dtype=np.float32))}))
+            advantages += [0.0] * len(delta) + [turn.advantage] * len(turn.completion_tokens)
+        for tokens, logprobs, advantages in pieces:
+            if not any(advantages) or max(tokens) >= vocab_size:  # PLUMBING: PyTRIO refuses ids outside it
+                continue
+            datums.append(Datum(model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
+                "target_tokens": TensorData.from_numpy(np.asarray(tokens[1:], dtype=np.int64)),
+                "logprobs": TensorData.from_numpy(np.asarray(logprobs[1:], dtype=np.float32)),
+                "advantages": TensorData.from_numpy(np.asarray(advantages[1:], dtype=np.float32))}))
     return datums
 
 

@@ -52,7 +52,7 @@ from searchr1.core.settings import check_settings, setting
 from searchr1.core.tools import (OPEN_PAGE, CallError, ParsedCall, ToolBackend, ToolCall, declared_tools, tool_schemas,
                                  without_ids)
 from searchr1.core.types import (
-    AssistantTurn,
+    CallRecord,
     InvalidCallPolicy,
     JsonObject,
     Message,
@@ -61,12 +61,11 @@ from searchr1.core.types import (
     SamplingClient,
     SearchBackend,
     SearchExample,
-    SearchRecord,
     SearchResult,
     Termination,
     Tokenizer,
-    ToolRecord,
     Trajectory,
+    Turn,
 )
 
 log = logging.getLogger("searchr1.core.rollout")
@@ -242,7 +241,7 @@ def shown(call: ParsedCall) -> str:
     return ", ".join(f"{key}={value}" for key, value in call.arguments.items())
 
 
-def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenizer,
+def record_turn(trajectory: Trajectory, turn: Turn, tokenizer: Tokenizer,
                 budgets: RolloutBudgets) -> PendingCall | None:
     """TURN: record one assistant turn; end the trajectory (an answer, a refused call, a budget
     spent) or return the calls it makes."""
@@ -278,18 +277,15 @@ def record_turn(trajectory: Trajectory, turn: AssistantTurn, tokenizer: Tokenize
         trajectory.finish(Termination.TOKEN_BUDGET, text)  # not even a one-letter observation fits: no call
         return None
     ids = tuple(f"{call.name if isinstance(call, ToolCall) else 'call'}-{trajectory.question_index}-"
-                f"{trajectory.group_index}-{len(trajectory.searches) + number}" for number, call in enumerate(calls, 1))
+                f"{trajectory.group_index}-{len(trajectory.calls) + number}" for number, call in enumerate(calls, 1))
     return PendingCall(trajectory, messages_before, text, list(prompt), list(tokens), ids, calls)
 
 
 def record_call(trajectory: Trajectory, call: ParsedCall, result: SearchResult, *, ok: bool, observation: str,
                 error: str | None, truncated: bool = False) -> None:
-    """The environment's record of one call: a :class:`SearchRecord` for a search, a
-    :class:`ToolRecord` naming the tool for any other call or a refused one."""
-    record = SearchRecord(shown(call), ok, observation, len(result.items), error, result.cached, truncated)
-    if not isinstance(call, ToolCall) or call.name != "search":
-        record = ToolRecord(**vars(record), tool=call.name, refused=isinstance(call, CallError))
-    trajectory.searches.append(record)
+    """The environment's record of one call, kept with the turn that made it."""
+    trajectory.turns[-1].calls.append(CallRecord(shown(call), ok, observation, len(result.items), error, result.cached,
+                                                 truncated, tool=call.name, refused=isinstance(call, CallError)))
 
 
 def add_observation(pending: PendingCall, results: Sequence[SearchResult], tokenizer: Tokenizer,
@@ -345,8 +341,9 @@ class BatchRollout:
     def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, search_backend: SearchBackend,
                  budgets: RolloutBudgets, runtime: SamplingRuntime, step: int,
                  progress: Callable[[int], None] | None, sampling_slots: asyncio.Semaphore | None = None,
-                 tool_backends: Mapping[str, ToolBackend] | None = None) -> None:
+                 tool_backends: Mapping[str, ToolBackend] | None = None, sampler_version: int = 0) -> None:
         self.sampler = sampling_client
+        self.sampler_version = sampler_version  # recorded on every turn it samples
         self.tokenizer = tokenizer
         self.search_backend = search_backend
         self.tool_backends = dict(tool_backends or {})
@@ -380,7 +377,7 @@ class BatchRollout:
                             attempt, self.runtime.sample_retries)
                 await asyncio.sleep(self.runtime.sample_retry_backoff * 2 ** (attempt - 1))
 
-    async def sample_turns(self, group: list[Trajectory], request: SampleRequest) -> list[AssistantTurn | None]:
+    async def sample_turns(self, group: list[Trajectory], request: SampleRequest) -> list[Turn | None]:
         """SAMPLE: one turn per trajectory of ``group``, or ``None`` for each that ends as
         ``sampler_error`` (the service failed after its retries, or returned a malformed sequence)."""
         try:
@@ -389,15 +386,16 @@ class BatchRollout:
             if not is_sampler_failure(error):
                 raise
             return self.sampler_failed(group, error)
-        turns: list[AssistantTurn | None] = []
+        turns: list[Turn | None] = []
         for trajectory, sequence in zip(group, sequences):
             try:
-                turns.append(AssistantTurn(request.prompt_tokens, *read_sequence(sequence, self.tokenizer)))
+                turns.append(Turn(request.prompt_tokens, *read_sequence(sequence, self.tokenizer),
+                                  sampler=self.sampler_version))
             except MalformedSampleError as error:
                 turns += self.sampler_failed([trajectory], error)
         return turns
 
-    def sampler_failed(self, trajectories: list[Trajectory], error: BaseException) -> list[AssistantTurn | None]:
+    def sampler_failed(self, trajectories: list[Trajectory], error: BaseException) -> list[Turn | None]:
         """End ``trajectories`` as ``sampler_error``; ``None`` in place of each one's turn."""
         summary = f"{type(error).__name__}: {str(error)[:200]}"
         self.first_failure = self.first_failure or summary
@@ -431,7 +429,7 @@ class BatchRollout:
         await run_all(self.run_trajectory(trajectory, turn) for trajectory, turn in zip(group, turns))
         return group
 
-    async def run_trajectory(self, trajectory: Trajectory, turn: AssistantTurn | None) -> None:
+    async def run_trajectory(self, trajectory: Trajectory, turn: Turn | None) -> None:
         """From the first sampled turn: TURN, CALL, REQUEST, SAMPLE, TURN, ... until a phase ends it."""
         while turn is not None:
             pending = record_turn(trajectory, turn, self.tokenizer, self.budgets)
@@ -455,6 +453,7 @@ async def rollout_batch_async(
     sampling_slots: asyncio.Semaphore | None = None,
     first_question_index: int = 0,
     tool_backends: Mapping[str, ToolBackend] | None = None,
+    sampler_version: int = 0,
 ) -> list[Trajectory]:
     """Roll out ``group_size`` trajectories per example (unscored: scoring and advantages are
     the caller's next steps, :func:`searchr1.core.reward.score_trajectories` and
@@ -465,6 +464,8 @@ async def rollout_batch_async(
     ``tool_backends`` run the declared tools other than search (``config.tools``), by name.
     ``first_question_index`` numbers the questions from there (question indices group the
     trajectories and seed the sampling: dynamic sampling's extra draws of one step use fresh ones).
+    ``sampler_version``: the weights ``sampling_client`` serves (training steps finished before
+    them), recorded on every turn.
 
     Returns trajectories ordered by question, then sample. Raises
     :class:`SamplerFailureError` when more than ``max_sampler_failure_fraction`` of them could
@@ -475,7 +476,8 @@ async def rollout_batch_async(
     if missing:
         raise ValueError(f"no backend runs the declared tool {missing[0]!r}")
     batch = BatchRollout(sampling_client, tokenizer, search_client, budgets=config, runtime=config, step=step,
-                         progress=progress_callback, sampling_slots=sampling_slots, tool_backends=tool_backends)
+                         progress=progress_callback, sampling_slots=sampling_slots, tool_backends=tool_backends,
+                         sampler_version=sampler_version)
     groups = await run_all(
         batch.run_question(index, example) for index, example in enumerate(examples, first_question_index)
     )

@@ -2,8 +2,9 @@
 
     trajectories <- the step's batch, rolled out (sample, parse, search, stitch: core.rollout)
     score        <- the final answer of each against the references (core.reward)
-    advantage    <- reward minus its group's mean; groups without a signal are left out (core.advantage)
-    datums       <- one Datum per trajectory that carries signal (core.datum)
+    advantage    <- reward minus its group's mean, carried by every turn; groups without a signal
+                    are left out (core.advantage)
+    datums       <- one Datum per context of each trajectory that carries signal (core.datum)
     (kl)         <- --kl-coef: the base model's penalty in the advantages (core.kl)
     update       <- forward_backward(importance_sampling) -> optim_step(AdamParams), once per
                     --num-substeps mini-batch (core.update)

@@ -198,17 +198,11 @@ class Message(TypedDict):
 
 
 @dataclass
-class AssistantTurn:
-    prompt_tokens: list[int]       # the whole model input before this turn
-    completion_tokens: list[int]   # exactly what the sampler returned
-    logprobs: list[float]          # sampler (old-policy) logprob per completion token
-    text: str
-    stop_reason: str = "stop"
-
-
-@dataclass
-class SearchRecord:
-    """One search as the environment saw it (for transcripts and metrics)."""
+class CallRecord:
+    """One tool call as the environment answered it (for the transcripts, the metrics and the
+    environment-failure rule). ``query`` is the call as shown: a search's query, another tool's
+    arguments as written; for a refused call (``refused``: it ran nothing, the model read why,
+    ``invalid_calls=observe``) the function it named, which is also its ``tool``."""
 
     query: str
     ok: bool
@@ -217,41 +211,56 @@ class SearchRecord:
     error: str | None = None
     cached: bool = False
     truncated: bool = False        # the first item was truncated to fit the budget
-
-
-@dataclass
-class ToolRecord(SearchRecord):
-    """A call of another tool, or a call the protocol refused and told the model why
-    (``invalid_calls=observe``); ``query`` is then its arguments as written (for a refused call,
-    the function it named)."""
-
-    tool: str = "search"
+    tool: str = field(kw_only=True)
     refused: bool = False
 
 
-def tool_of(record: SearchRecord) -> str | None:
-    """The tool a record's call ran: ``search``, another tool's name, or ``None`` for a refused call."""
-    if isinstance(record, ToolRecord):
-        return None if record.refused else record.tool
-    return "search"
+@dataclass
+class Turn:
+    """One assistant turn, the unit the update trains on: the tokens it was sampled on, exactly
+    what the sampler returned, which weights sampled it, the calls it made with their results,
+    an optional reward of its own, and the advantage each of its completion tokens carries."""
+
+    prompt_tokens: list[int]       # the whole model input before this turn
+    completion_tokens: list[int]   # exactly what the sampler returned
+    logprobs: list[float]          # sampler (old-policy) logprob per completion token
+    text: str
+    stop_reason: str = "stop"
+    sampler: int = 0               # the weights that sampled it: training steps finished before
+    calls: list[CallRecord] = field(default_factory=list)
+    reward: float | None = None    # a reward earned by this turn alone (None: only the trajectory's)
+    advantage: float = 0.0         # what its completion tokens carry (set with the trajectory's)
 
 
 @dataclass
 class Trajectory:
+    """One rollout of one question: its turns, the conversation as the chat template reads it, how
+    it ended, its reward and its group-relative ``advantage``."""
+
     example: SearchExample
     question_index: int
     group_index: int
     messages: list[Message]
-    turns: list[AssistantTurn] = field(default_factory=list)
-    searches: list[SearchRecord] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
     next_prompt_tokens: list[int] | None = None
     final_text: str = ""
     termination: Termination | None = None
     # Set by scoring (:func:`searchr1.core.reward.score_trajectories`); None until then, and for
     # a trajectory whose sampling failed (its reward is then the placeholder FORMAT_PENALTY).
     reward_result: RewardResult | None = None
-    advantage: float = 0.0
+    advantage: float = 0.0  # group-relative: its reward against its siblings' (core.advantage)
     excluded: Exclusion | None = None  # why it sends no datum although it has completion tokens
+
+    def credit(self, advantage: float) -> None:
+        """Trajectory-level credit: ``advantage`` is the trajectory's, and every turn carries it."""
+        self.advantage = advantage
+        for turn in self.turns:
+            turn.advantage = advantage
+
+    @property
+    def calls(self) -> list[CallRecord]:
+        """Every tool call of every turn, in the order they ran."""
+        return [call for turn in self.turns for call in turn.calls]
 
     @property
     def done(self) -> bool:
@@ -267,12 +276,12 @@ class Trajectory:
 
     def calls_of(self, tool: str) -> int:
         """Calls of ``tool`` the environment answered (refused calls are not counted)."""
-        return sum(tool_of(record) == tool for record in self.searches)
+        return sum(call.tool == tool and not call.refused for call in self.calls)
 
     @property
     def env_error(self) -> bool:
         """A tool failed (the policy is not to blame; a refused call is the policy's own)."""
-        return any(not record.ok and tool_of(record) is not None for record in self.searches)
+        return any(not call.ok and not call.refused for call in self.calls)
 
     @property
     def reward(self) -> float:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.core.errors import UserError
-from searchr1.core.types import Termination, ToolRecord, Trajectory
+from searchr1.core.types import Termination, Trajectory
 from searchr1.health.diagnostics import mean
 from searchr1.run.jsonl import iter_json_lines
 
@@ -60,16 +60,6 @@ class EvalFileError(UserError, ValueError):
 # --- records --------------------------------------------------------------------------------
 
 
-def call_turns(trajectory: Trajectory) -> list[int]:
-    """The assistant turn (1-based) that made each call record: its tool message follows that turn's
-    reply; a record without one (a result that could not become an observation) is the last turn's."""
-    turns, turn = [], 0
-    for message in trajectory.messages:
-        turn += message["role"] == "assistant"
-        turns += [turn] * (message["role"] == "tool")
-    return turns + [turn] * (len(trajectory.searches) - len(turns))
-
-
 def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
     """One JSON-ready record per evaluated question, with the whole transcript so that queries,
     observations and the model's text can be audited after the fact (the seed kept only the
@@ -88,18 +78,18 @@ def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
                    "generated_tokens": len(t.completion_tokens)} for t in trajectory.turns],
         "searches": [
             {
-                "query": s.query,
-                "ok": s.ok,
-                "error": s.error,
-                "observation": s.observation,
-                "items": s.items,
-                "cached": s.cached,
-                "truncated": s.truncated,
-                "tool": s.tool if isinstance(s, ToolRecord) else "search",
-                "refused": isinstance(s, ToolRecord) and s.refused,
-                "turn": turn,
+                "query": call.query,
+                "ok": call.ok,
+                "error": call.error,
+                "observation": call.observation,
+                "items": call.items,
+                "cached": call.cached,
+                "truncated": call.truncated,
+                "tool": call.tool,
+                "refused": call.refused,
+                "turn": number,
             }
-            for s, turn in zip(trajectory.searches, call_turns(trajectory))
+            for number, turn in enumerate(trajectory.turns, 1) for call in turn.calls
         ],
         "final_text": trajectory.final_text,
         "termination": trajectory.termination,

@@ -17,7 +17,7 @@ from searchr1.core.config import TrainConfig
 from searchr1.core.datum import TrainingDatum
 from searchr1.core.trainer import StepRecord
 from searchr1.core.rollout import tool_names
-from searchr1.core.types import Termination, Trajectory, tool_of
+from searchr1.core.types import Termination, Trajectory
 from searchr1.health.diagnostics import mean as _mean
 from searchr1.health.diagnostics import mismatch_metrics, policy_diagnostics
 
@@ -72,15 +72,15 @@ def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary,
         "rollout/trajectory_tokens": _mean([t.total_tokens for t in trajectories]),
         "rollout/env_error_rate": _mean([float(t.env_error) for t in trajectories]),
         "rollout/truncated_observation_rate": _mean(
-            [float(any(s.truncated for s in t.searches)) for t in trajectories]
+            [float(any(call.truncated for call in t.calls)) for t in trajectories]
         ),
     }
     tool_turns = sum("<tool_call>" in turn.text for t in trajectories for turn in t.turns)
-    ran = sum(tool_of(record) is not None for t in trajectories for record in t.searches)
+    ran = sum(not call.refused for t in trajectories for call in t.calls)
     metrics["rollout/valid_tool_call_rate"] = ran / max(tool_turns, 1)  # calls that ran per turn with a call
     for name in tools:
         metrics[f"tool/{name}/calls"] = _mean([t.calls_of(name) for t in trajectories])
-    refused = [sum(tool_of(r) is None for r in t.searches) + (t.termination == Termination.INVALID)
+    refused = [sum(call.refused for call in t.calls) + (t.termination == Termination.INVALID)
                for t in trajectories]
     metrics["tool/invalid_calls"] = _mean(refused)
     by_source: dict[str, list[float]] = {}

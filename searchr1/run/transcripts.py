@@ -5,8 +5,9 @@ read what the model did (``python cli.py show RUN_DIR``).
 
 Each line is :func:`searchr1.evaluation.metrics.trajectory_record` (every turn's text, every query
 and observation, reward, EM, format, termination) plus what only training has: ``step``,
-``question_index``, ``advantage`` and ``excluded`` (why the trajectory sent no datum, if it
-did not). The trainer calls::
+``question_index``, ``advantage`` (the trajectory's, group-relative), each turn's ``advantage``
+(what its tokens were trained with) and ``sampler`` (the weights that sampled it, in finished
+steps), and ``excluded`` (why the trajectory sent no datum, if it did not). The trainer calls::
 
     records = [transcript_record(t, step) for t in select_transcripts(trajectories, count)]
     append_transcripts(run_dir, step, records)
@@ -85,9 +86,13 @@ def select_transcripts(
 
 
 def transcript_record(trajectory: Trajectory, step: int) -> dict[str, Any]:
-    """The eval record of a trajectory plus the training-only fields."""
+    """The eval record of a trajectory plus the training-only fields: each turn's advantage (what
+    its tokens were trained with) and the weights that sampled it."""
+    record = trajectory_record(trajectory)
+    for fields, turn in zip(record["turns"], trajectory.turns, strict=True):
+        fields.update(advantage=float(turn.advantage), sampler=turn.sampler)
     return {
-        **trajectory_record(trajectory),
+        **record,
         "step": int(step),
         "question_index": trajectory.question_index,
         "advantage": float(trajectory.advantage),

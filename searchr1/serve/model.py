@@ -96,4 +96,4 @@ def agent_reply(trajectory: Trajectory, policy: str) -> Reply:
     turns = [message for message in trajectory.messages if message.get("role") != "system"]
     return Reply(trajectory.final_text or "", (), "stop", prompt, completion,
                  {"policy": policy, "turns": turns, "termination": str(trajectory.termination),
-                  "tool_calls_made": len(trajectory.searches)})
+                  "tool_calls_made": len(trajectory.calls)})

@@ -28,7 +28,7 @@ from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async, tool_names
 from searchr1.twin.scenario import Scenario, ScenarioError, load_scenario
-from searchr1.core.types import Trajectory
+from searchr1.core.types import CallRecord, Trajectory
 
 GOLDEN_DIR = REPO_ROOT / "golden"
 SCENARIO_DIR = GOLDEN_DIR / "scenarios"
@@ -54,6 +54,14 @@ def rollout_config(scenario: Scenario) -> RolloutConfig:
     return RolloutConfig(**{**dict(scenario.rollout), **FIXED})
 
 
+def _call_json(call: CallRecord) -> dict[str, Any]:
+    """A call as the golden files hold it: a search that ran names no tool (the files' format)."""
+    fields = {k: v for k, v in asdict(call).items() if k not in VOLATILE_SEARCH_FIELDS}
+    if call.tool == "search" and not call.refused:
+        del fields["tool"], fields["refused"]
+    return fields
+
+
 def _trajectory_json(t: Trajectory) -> dict[str, Any]:
     return {
         "question_id": t.example.id,
@@ -67,9 +75,7 @@ def _trajectory_json(t: Trajectory) -> dict[str, Any]:
         "search_calls": t.search_calls,
         "final_text": t.final_text,
         "messages": t.messages,
-        "searches": [
-            {k: v for k, v in asdict(s).items() if k not in VOLATILE_SEARCH_FIELDS} for s in t.searches
-        ],
+        "searches": [_call_json(call) for call in t.calls],
         "turns": [
             {
                 "text": turn.text,

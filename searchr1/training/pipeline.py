@@ -198,14 +198,15 @@ class RolloutPipeline:
         tools = metered_tools(self.tools, usage)
         started = time.perf_counter()
         if config.dynamic_sampling:
-            trajectories, surplus, metrics = await self._roll_out_until_signal(sampler, search, tools, batch_index)
+            trajectories, surplus, metrics = await self._roll_out_until_signal(sampler, search, tools, batch_index,
+                                                                               version)
             batch = RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started, metrics, surplus)
             self._usage[batch_index] = usage
             return batch
         questions = step_batch(self.examples, batch_index, config.questions_per_batch)
         trajectories = await rollout_batch_async(
             sampler, self.tokenizer, search, questions, config.rollout, self.progress.callback(batch_index),
-            step=batch_index, sampling_slots=self._sampling_slots, tool_backends=tools,
+            step=batch_index, sampling_slots=self._sampling_slots, tool_backends=tools, sampler_version=version,
         )
         self._usage[batch_index] = usage
         return RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started)
@@ -221,7 +222,8 @@ class RolloutPipeline:
         return usage
 
     async def _roll_out_until_signal(self, sampler: SamplingClient, search: SearchBackend,
-                                     tools: Mapping[str, ToolBackend], batch_index: int) -> tuple[list[Trajectory], frozenset[int], dict[str, float]]:
+                                     tools: Mapping[str, ToolBackend], batch_index: int,
+                                     version: int) -> tuple[list[Trajectory], frozenset[int], dict[str, float]]:
         """--dynamic-sampling (searchr1.training.dynamic_sampling): draw batches at the data cursor until
         ``questions_per_batch`` groups carry a signal or the oversampling budget is spent. The
         cursor moves by every batch drawn (on-policy only, so batches never overlap). Each draw
@@ -238,7 +240,7 @@ class RolloutPipeline:
             drawn = await rollout_batch_async(
                 sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
                 step=batch_index, sampling_slots=self._sampling_slots, first_question_index=draws * size,
-                tool_backends=tools,
+                tool_backends=tools, sampler_version=version,
             )
             score_trajectories(drawn, reward=config.reward)
             trajectories += drawn

@@ -162,6 +162,9 @@ def outcome(record: Mapping[str, Any]) -> list[tuple[str, str]]:
         pairs.append(("tokens", tokens))
     if "advantage" in record:
         pairs.append(("advantage", _signed(record.get("advantage"), 3)))
+    turned = [turn.get("advantage") for turn in _list(record.get("turns")) if isinstance(turn, Mapping)]
+    if any(value != record.get("advantage") for value in turned if value is not None):
+        pairs.append(("turn advantages", " ".join(_signed(value, 3) for value in turned)))
     if record.get("excluded"):
         pairs.append(("not trained", printable(record["excluded"])))
     if record.get("env_error"):
@@ -183,6 +186,7 @@ OUTCOME_MEANINGS: dict[str, str] = {
     "searches": "search calls",
     "tokens": "generated over the turns, and the last prompt+reply",
     "advantage": "the reward against its group's, the weight of its tokens in the update",
+    "turn advantages": "what each turn's tokens carried, where credit differs by turn",
     "not trained": "why no datum was sent",
     "search error": "a search failed (its group is left out of the update by default)",
     "judge": "the judge's verdict on the answer",

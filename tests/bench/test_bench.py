@@ -146,7 +146,7 @@ def test_lockstep_and_our_engine_produce_identical_trajectories(tokenizer):
     assert fingerprint(ours) == fingerprint(lock)
     endings = {t.termination for t in ours}
     assert {"answer", "invalid", "search_budget"} <= endings
-    assert any(s.truncated for t in ours for s in t.searches) and any(t.env_error for t in ours)
+    assert any(s.truncated for t in ours for s in t.calls) and any(t.env_error for t in ours)
 
 
 def test_the_generated_workload_rolls_out_the_same_under_both_schedulers(tokenizer):

@@ -186,7 +186,8 @@ def test_a_legend_says_what_each_outcome_name_means_before_the_transcripts(run_d
     _, output = show(eval_file)  # an eval record has no advantage: the legend does not explain one
     assert "reward = " in output and "advantage = " not in output
     judged = {**TWO_HOP, "advantage": 0.1, "excluded": "degenerate group", "env_error": True,
-              "turns": [{"text": "Answer: Gold answer", "generated_tokens": 5, "prompt_tokens": 40}],
+              "turns": [{"text": "Answer: Gold answer", "generated_tokens": 5, "prompt_tokens": 40,
+                         "advantage": 0.3}],  # its own credit: not the trajectory's
               "judge": {"correct": True, "model": "twin", "prompt_version": 1, "reply": "yes"}}
     assert {name for name, _ in outcome(judged)} == set(OUTCOME_MEANINGS)  # every name has its meaning
 

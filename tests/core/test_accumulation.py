@@ -26,7 +26,7 @@ from pytrio.types import AdamParams
 from training_strategies import VOCAB_SIZE, generated_trajectories
 from twin_support import MODEL
 
-from searchr1.core.datum import TrainingDatum, build_datum
+from searchr1.core.datum import TrainingDatum, build_datums
 from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for_global_mean
 from searchr1.tools.probe_loss import policy_datum
 from searchr1.twin import OperationLimits, Strictness, TwinLimits, start_twin
@@ -62,7 +62,7 @@ def build_like(datum):
 
 
 datum_lists = st.lists(generated_trajectories(max_turns=3, max_len=8), min_size=1, max_size=8).map(
-    lambda items: [build_datum(g.trajectory) for g in items]
+    lambda items: [build_datums(g.trajectory)[0] for g in items]
 )
 
 

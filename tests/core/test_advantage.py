@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from training_strategies import fail_search, plain_trajectory
 
 from searchr1.core.advantage import (
+    ADVANTAGE_MODES,
     ZSCORE_EPSILON,
     assign_group_advantages,
     group_advantages,
@@ -157,10 +158,23 @@ def test_keep_env_failures_scores_search_errors_and_drops_sampler_errors():
 def test_assignment_resets_previous_marks():
     trajectories = make([[0.0, 1.0]])
     for t in trajectories:
-        t.excluded, t.advantage = Exclusion.DEGENERATE_GROUP, 5.0
+        t.excluded = Exclusion.DEGENERATE_GROUP
+        t.credit(5.0)
     assign_group_advantages(trajectories)
     assert [t.excluded for t in trajectories] == [None, None]
     assert [t.advantage for t in trajectories] == [-0.5, 0.5]
+    assert [turn.advantage for t in trajectories for turn in t.turns] == [-0.5, 0.5]
+
+
+@given(groups, st.sampled_from(ADVANTAGE_MODES), st.booleans())
+def test_every_turn_carries_its_trajectorys_advantage(reward_groups, mode, keep):
+    """Trajectory-level credit: the advantage each turn's tokens carry is its trajectory's, 0 when the
+    trajectory is left out."""
+    trajectories = make(reward_groups)
+    assign_group_advantages(trajectories, mode=mode, keep_env_failures=keep)
+    for t in trajectories:
+        assert t.turns and all(turn.advantage == t.advantage for turn in t.turns)
+        assert t.excluded is None or t.advantage == 0.0
 
 
 @given(groups)

@@ -13,7 +13,7 @@ from searchr1.core.observation.fit import fit_tool_content, truncate_to_fit
 from searchr1.core.observation.text import NO_RESULTS_TEXT
 from searchr1.core.protocol import SEARCH_TOOL
 from searchr1.core.rollout import PendingCall, RolloutConfig, make_request, record_turn
-from searchr1.core.types import AssistantTurn, SearchExample, SearchItem, SearchResult, Termination, Trajectory
+from searchr1.core.types import SearchExample, SearchItem, SearchResult, Termination, Trajectory, Turn
 
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\nSeine\n</parameter>\n</function>\n</tool_call>"
 MESSAGES = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "Which river?"}]
@@ -283,7 +283,7 @@ def test_a_request_asks_for_exactly_the_tokens_left(tokenizer, offset):
 def consumed(tokenizer, **budgets) -> tuple[Trajectory, PendingCall | None]:
     prompt, completion = tool_turn(tokenizer)
     t = trajectory()
-    turn = AssistantTurn(prompt, completion, [-0.5] * len(completion), CALL)
+    turn = Turn(prompt, completion, [-0.5] * len(completion), CALL)
     return t, record_turn(t, turn, tokenizer, RolloutConfig(**budgets))
 
 
@@ -321,9 +321,9 @@ def test_a_datum_with_a_token_id_of_the_vocabulary_size_is_dropped_and_one_below
     token = vocab + offset
     prompt, completion = ([token, 5, 6], [7, 8]) if where == "input" else ([4, 5, 6], [7, token])
     t = trajectory()
-    t.turns.append(AssistantTurn(prompt, completion, [-0.5, -0.5], "Answer: Seine"))
+    t.turns.append(Turn(prompt, completion, [-0.5, -0.5], "Answer: Seine"))
     t.finish(Termination.ANSWER, "Answer: Seine")
-    t.advantage = 0.5
+    t.credit(0.5)
     datums = build_training_datums([t])
     assert len(datums) == 1
     kept, dropped = drop_out_of_vocab(datums, vocab)

@@ -208,13 +208,13 @@ def edges(trajectories: list[Trajectory], tokenizer, results) -> dict[str, list[
     found: dict[str, list[int]] = {k: [] for k in ("searches", "turns", "completion", "prompt", "end", "next",
                                                   "items", "content")}
     for t in trajectories:
-        found["searches"].append(len(t.searches))
+        found["searches"].append(len(t.calls))
         found["turns"].append(len(t.turns))
         for turn in t.turns:
             found["completion"].append(len(turn.completion_tokens))
             found["prompt"].append(len(turn.prompt_tokens))
             found["end"].append(len(turn.prompt_tokens) + len(turn.completion_tokens))
-        for search, turn in zip(t.searches, t.turns[1:]):
+        for search, turn in zip(t.calls, t.turns[1:]):
             candidates = observation_candidates(results.get(search.query, NOTHING))
             base = len(turn.prompt_tokens) - size(search.observation, True)
             found["next"].append(len(turn.prompt_tokens) + 1)

@@ -28,7 +28,7 @@ from searchr1.core.rollout import (
     sampling_seed,
 )
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.core.types import SearchExample, SearchItem, SearchRecord, SearchResult, Trajectory
+from searchr1.core.types import CallRecord, SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.twin import Latencies, TwinFaults, start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.scenario import parse_scenario
@@ -165,7 +165,7 @@ def test_search_errors_become_observations_and_flag_the_trajectory(served, token
     samples = [[call("gamma"), "Answer: France"], ["Answer: France"]]
     trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
     failed = trajectories[0]
-    assert failed.env_error and failed.searches[0].observation == "Search error: HTTP 503"
+    assert failed.env_error and failed.calls[0].observation == "Search error: HTTP 503"
     assert failed.search_calls == 1  # a failed search still spends budget, as in the seed
     assert {t.excluded for t in trajectories} == {"env_failure_group"}
 
@@ -173,7 +173,7 @@ def test_search_errors_become_observations_and_flag_the_trajectory(served, token
 def test_no_results_is_not_an_environment_error(served, tokenizer):
     (t,), _, _ = run(served, tokenizer, [question("q", [[call("beta"), "Answer: France"]])],
                      RolloutConfig(group_size=1, **FAST))
-    assert t.searches[0].observation == "Search returned no results." and not t.env_error
+    assert t.calls[0].observation == "Search returned no results." and not t.env_error
 
 
 def test_a_completion_cut_by_max_tokens_stops_with_length(served, tokenizer):
@@ -196,15 +196,15 @@ def test_items_are_added_whole_and_greedily_until_the_tool_budget(served, tokeni
                                + RESULTS["alpha"].items[0].content + "\n    Source: Wikipedia\n    URL: https://w/Alpha"))
     config = RolloutConfig(group_size=1, max_tool_response_tokens=one + 5, **FAST)
     (t,), _, _ = run(served, tokenizer, [question("q", [[call("alpha"), "Answer: France"]])], config)
-    observation = t.searches[0].observation
+    observation = t.calls[0].observation
     assert observation.startswith("[1] Title: Alpha") and "[2]" not in observation
-    assert not t.searches[0].truncated
+    assert not t.calls[0].truncated
 
 
 def test_an_oversized_first_item_is_truncated_with_a_marker(served, tokenizer):
     config = RolloutConfig(group_size=1, max_tool_response_tokens=100, **FAST)
     (t,), _, _ = run(served, tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
-    record = t.searches[0]
+    record = t.calls[0]
     assert record.truncated and record.observation.endswith(TRUNCATION_MARKER)
     assert len(tokenizer.encode(record.observation)) <= 100
     assert t.termination == "answer"
@@ -301,8 +301,8 @@ def test_a_result_that_cannot_become_an_observation_ends_only_its_trajectory_as_
     broken = trajectories[0]
     reason = "the search result could not become an observation (TypeError)"
     assert broken.termination == "search_error" and broken.env_error and broken.search_calls == 1
-    assert broken.searches == [SearchRecord(query=query, ok=False, observation="", items=1, error=reason,
-                                            cached=True)]
+    assert broken.calls == [CallRecord(query=query, ok=False, observation="", items=1, error=reason, cached=True,
+                                       tool="search")]
     assert broken.final_text == call(query)  # the turn that asked for the search
     assert f"query {query[:80]!r}: {reason}; the trajectory ends as a search failure" in caplog.messages
     assert [t.termination for t in trajectories[1:3]] == ["answer", "answer"]
@@ -346,8 +346,8 @@ def _assert_within_budgets(tokenizer, t, config):
     assert len(t.turns) <= config.max_assistant_turns
     assert t.search_calls <= config.max_search_calls
     assert t.total_tokens <= config.max_trajectory_tokens
-    assert len(t.searches) == len(t.turns) - 1 or t.termination == "prompt_too_long"
-    for previous, turn, search in zip(t.turns, t.turns[1:], t.searches):
+    assert len(t.calls) == len(t.turns) - 1 or t.termination == "prompt_too_long"
+    for previous, turn, search in zip(t.turns, t.turns[1:], t.calls):
         grown = previous.prompt_tokens + previous.completion_tokens
         assert turn.prompt_tokens[: len(grown)] == grown
         environment = missing_closing(tokenizer, previous.completion_tokens) + observation_tokens(
@@ -374,7 +374,7 @@ def _fingerprint(trajectories):
     return [
         (t.question_index, t.group_index, t.termination, t.reward, t.advantage, t.excluded,
          [(x.prompt_tokens, x.completion_tokens, x.logprobs, x.text, x.stop_reason) for x in t.turns],
-         [(s.query, s.ok, s.observation, s.truncated) for s in t.searches])
+         [(s.query, s.ok, s.observation, s.truncated) for s in t.calls])
         for t in trajectories
     ]
 
@@ -467,7 +467,7 @@ def test_observation_tokens_in_the_prompt_are_those_the_template_renders(served,
     first, second = t.turns
     tail = second.prompt_tokens[len(first.prompt_tokens) + len(first.completion_tokens):]
     closing = list(template_boundaries(tokenizer).closing)
-    assert tail == closing[1:] + observation_tokens(tokenizer, t.searches[0].observation)
+    assert tail == closing[1:] + observation_tokens(tokenizer, t.calls[0].observation)
 
 
 def test_a_question_the_scenario_does_not_know_is_named_with_its_turn(served, tokenizer):
@@ -533,7 +533,7 @@ def test_a_search_is_recorded_with_what_its_result_says(tokenizer):
     cache answered it: each as the result says, on the trajectory's search record."""
     from searchr1.core.protocol import initial_messages
     from searchr1.core.rollout import add_observation, record_turn
-    from searchr1.core.types import AssistantTurn
+    from searchr1.core.types import Turn
 
     for result in (SearchResult(True, (item("Alpha"), item("Beta")), cached=True),
                    SearchResult(False, (), status=503, error="HTTP 503")):
@@ -542,11 +542,11 @@ def test_a_search_is_recorded_with_what_its_result_says(tokenizer):
         request = make_request(tokenizer, [t], 0, config)
         text = call("alpha query")
         completion = tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
-        pending = record_turn(t, AssistantTurn(request.prompt_tokens, completion, [-0.5] * len(completion), text,
+        pending = record_turn(t, Turn(request.prompt_tokens, completion, [-0.5] * len(completion), text,
                                                "stop"), tokenizer, config)
         assert pending is not None and pending.query == "alpha query"
         add_observation(pending, [result], tokenizer, config)
-        record = t.searches[-1]
+        record = t.calls[-1]
         assert (record.query, record.ok, record.items, record.error, record.cached, record.truncated) == (
             "alpha query", result.ok, len(result.items), result.error, result.cached, False)
 
@@ -764,5 +764,5 @@ def test_every_prompt_of_a_searching_trajectory_declares_the_configured_tool(tok
     config = RolloutConfig(group_size=2, tool_description=description, **FAST)
     (first, second) = one_question(tokenizer, SearchThenAnswer(tokenizer), config)
     for t in (first, second):
-        assert t.termination == "answer" and len(t.searches) == 1
+        assert t.termination == "answer" and len(t.calls) == 1
         assert all(description in tokenizer.decode(turn.prompt_tokens) for turn in t.turns)

@@ -20,7 +20,7 @@ from searchr1.core.protocol import assistant_message, build_prompt, render, tool
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, effective_system_prompt, rollout_batch_async
 from searchr1.core.tools import OPEN_PAGE, ToolCall
-from searchr1.core.types import SearchItem, SearchRecord, SearchResult, ToolRecord
+from searchr1.core.types import SearchItem, SearchResult
 from searchr1.twin import start_twin
 from searchr1.twin.client import FAST_RETRIES
 from searchr1.twin.scenario import parse_scenario
@@ -81,9 +81,9 @@ def test_a_page_opened_after_a_search_is_read_and_recorded_by_its_tool(sampler, 
     t, pages = run(sampler, tokenizer, [SEARCH.format("tower"), OPEN.format("Eiffel Tower", 1), "Answer: 330 m"])
     assert t.termination == "answer" and t.reward == 1.0
     assert pages.calls == [ToolCall("open_page", {"page": "Eiffel Tower", "offset": 1})]
-    search, page = t.searches
-    assert type(search) is SearchRecord and search.query == "tower"
-    assert isinstance(page, ToolRecord) and (page.tool, page.refused, page.ok) == ("open_page", False, True)
+    search, page = t.calls
+    assert (search.tool, search.refused, search.query) == ("search", False, "tower")
+    assert (page.tool, page.refused, page.ok) == ("open_page", False, True)
     assert "Passage 1 of the Eiffel Tower page." in page.observation and "Passage 0" not in page.observation
     assert (t.search_calls, t.calls_of("open_page")) == (1, 1)
     assert t.messages[-2]["name"] == "open_page"
@@ -93,7 +93,7 @@ def test_a_page_opened_after_a_search_is_read_and_recorded_by_its_tool(sampler, 
 
 def test_a_failed_page_read_is_the_environments_failure_and_keeps_its_group_out_of_training(sampler, tokenizer):
     t, pages = run(sampler, tokenizer, [OPEN.format("Eiffel Tower", 0), "Answer: 330 m"], pages=BrokenPages())
-    (page,) = t.searches
+    (page,) = t.calls
     assert (page.tool, page.ok, page.refused) == ("open_page", False, False)
     assert "Tool error (open_page): HTTP 503" in page.observation
     assert t.env_error and t.excluded == "env_failure_group"  # the right answer earns nothing to train on
@@ -109,7 +109,7 @@ class UnreadablePages(Pages):
 
 def test_a_page_that_cannot_become_an_observation_ends_the_trajectory_naming_the_tool_not_search(sampler, tokenizer):
     t, _ = run(sampler, tokenizer, [OPEN.format("Eiffel Tower", 0), "Answer: 330 m"], pages=UnreadablePages())
-    (page,) = t.searches
+    (page,) = t.calls
     assert t.termination == "search_error" and t.env_error
     assert (page.tool, page.ok, page.error) == ("open_page", False,
                                                 "the tool result could not become an observation (TypeError)")
@@ -121,8 +121,8 @@ def test_a_search_result_shows_its_passage_id_only_where_open_page_is_offered(sa
     turns = [SEARCH.format("tower"), "Answer: 330 m"]
     offered, _ = run(sampler, tokenizer, turns, results=with_id)
     alone, _ = run(sampler, tokenizer, turns, results=with_id, tools="search")
-    assert "Title: Eiffel Tower\n    Id: wiki-42\n" in offered.searches[0].observation
-    assert "Id:" not in alone.searches[0].observation and "Title: Eiffel Tower" in alone.searches[0].observation
+    assert "Title: Eiffel Tower\n    Id: wiki-42\n" in offered.calls[0].observation
+    assert "Id:" not in alone.calls[0].observation and "Title: Eiffel Tower" in alone.calls[0].observation
 
 
 def test_each_tool_keeps_its_own_budget(sampler, tokenizer):
@@ -142,11 +142,11 @@ def test_a_refused_call_ends_the_trajectory_or_is_told_to_the_model(sampler, tok
     t, pages = run(sampler, tokenizer, [bad, "Answer: 330 m"], invalid_calls=policy)
     assert pages.calls == []
     if policy == "end":
-        assert t.termination == "invalid" and t.searches == []
+        assert t.termination == "invalid" and t.calls == []
         return
-    (refused,) = t.searches
+    (refused,) = t.calls
     assert t.termination == "answer" and t.reward == 1.0
-    assert isinstance(refused, ToolRecord) and refused.refused and refused.tool == "open_page"
+    assert refused.refused and refused.tool == "open_page"
     assert refused.observation.startswith("Tool error (open_page): parameter offset of open_page must be integer")
     assert not t.env_error and t.excluded != "env_failure_group"  # the policy's own mistake, not the environment's
     assert t.calls_of("open_page") == 0  # a refused call spends no budget
@@ -155,7 +155,7 @@ def test_a_refused_call_ends_the_trajectory_or_is_told_to_the_model(sampler, tok
 def test_an_unknown_tool_under_observe_names_the_declared_ones(sampler, tokenizer):
     unknown = "<tool_call>\n<function=calculator>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>"
     t, _ = run(sampler, tokenizer, [unknown, "Answer: 330 m"], invalid_calls="observe")
-    assert t.searches[0].observation == (
+    assert t.calls[0].observation == (
         "Tool error (calculator): unknown tool 'calculator' (declared: open_page, search)")
 
 
@@ -171,7 +171,7 @@ def test_calls_of_one_turn_run_together_and_answer_in_call_order(sampler, tokeni
     assert t.termination == "answer" and len(t.turns) == 2
     assert [m["role"] for m in t.messages[-4:]] == ["assistant", "tool", "tool", "assistant"]
     assert [m["name"] for m in t.messages[-3:-1]] == ["search", "open_page"]
-    search, page = t.searches
+    search, page = t.calls
     assert search.observation.startswith("[1] Title: Eiffel Tower") and "Passage 2" in page.observation
     assert pages.calls == [ToolCall("open_page", {"page": "Eiffel Tower", "offset": 2})]
     # the second turn's prompt is the first's, the sampled call, the closing and both responses
@@ -184,23 +184,23 @@ def test_a_turn_over_its_call_limit_is_invalid_or_told_and_runs_nothing(sampler,
     t, pages = run(sampler, tokenizer, [both, "Answer: 330 m"])
     assert t.termination == "invalid" and pages.calls == []
     t, pages = run(sampler, tokenizer, [both, "Answer: 330 m"], invalid_calls="observe")
-    (refused,) = t.searches
+    (refused,) = t.calls
     assert refused.observation == "Tool error: 2 tool calls in one turn (at most 1)" and pages.calls == []
 
 
 def test_calls_of_one_turn_count_against_their_tools_budget_together(sampler, tokenizer):
     twice = SEARCH.format("tower") + "\n" + SEARCH.format("tower")
     t, _ = run(sampler, tokenizer, [twice, "Answer: 330 m"], max_calls_per_turn=2, max_search_calls=1)
-    assert t.termination == "search_budget" and t.searches == []
+    assert t.termination == "search_budget" and t.calls == []
 
 
 def test_under_observe_a_refused_call_beside_a_good_one_is_told_and_the_good_one_runs(sampler, tokenizer):
     bad = "<tool_call>\n<function=open_page>\n<parameter=offset>\n1\n</parameter>\n</function>\n</tool_call>"
     t, pages = run(sampler, tokenizer, [SEARCH.format("tower") + "\n" + bad, "Answer: 330 m"],
                    max_calls_per_turn=2, invalid_calls="observe")
-    search, refused = t.searches
-    assert type(search) is SearchRecord and search.ok
-    assert isinstance(refused, ToolRecord) and refused.refused and "needs the parameter page" in refused.observation
+    search, refused = t.calls
+    assert search.tool == "search" and not search.refused and search.ok
+    assert refused.refused and "needs the parameter page" in refused.observation
     assert pages.calls == [] and t.termination == "answer"
 
 

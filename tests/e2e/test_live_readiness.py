@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchr1.core.types import AssistantTurn, SearchExample, Trajectory
+from searchr1.core.types import SearchExample, Trajectory, Turn
 from searchr1.core.protocol import parse_assistant
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, record_turn
@@ -19,7 +19,7 @@ STOP_STRINGS = ("<|im_end|>", "<|endoftext|>", "<|im_end|>\n", "<|im_end|><|endo
 
 def _scored(tokenizer, text: str) -> Trajectory:
     trajectory = Trajectory(EXAMPLE, 0, 0, [{"role": "user", "content": EXAMPLE.question}])
-    turn = AssistantTurn(prompt_tokens=[1, 2, 3], completion_tokens=[4, 5], logprobs=[-0.1, -0.2], text=text)
+    turn = Turn(prompt_tokens=[1, 2, 3], completion_tokens=[4, 5], logprobs=[-0.1, -0.2], text=text)
     assert record_turn(trajectory, turn, tokenizer, RolloutConfig()) is None
     score_trajectories([trajectory])
     return trajectory

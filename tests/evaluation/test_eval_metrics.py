@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchr1.core.types import (
-    AssistantTurn,
+    CallRecord,
     RewardResult,
     SearchExample,
-    SearchRecord,
     Termination,
     Trajectory,
+    Turn,
 )
 from searchr1.evaluation.metrics import (
     EvalFileError,
@@ -87,17 +87,18 @@ def test_trajectory_record_keeps_the_whole_transcript():
         {"role": "user", "content": example.question}, {"role": "assistant", "content": "<tool_call>search</tool_call>"},
         {"role": "tool", "content": "1. Röntgen ..."}, {"role": "assistant", "content": "Answer: Röntgen"}])
     trajectory.turns = [
-        AssistantTurn([1, 2], [3], [-0.1], "<tool_call>search</tool_call>", "stop"),
-        AssistantTurn([1, 2, 3, 4], [5, 6], [-0.2, -0.3], "Answer: Röntgen", "length"),
+        Turn([1, 2], [3], [-0.1], "<tool_call>search</tool_call>", "stop"),
+        Turn([1, 2, 3, 4], [5, 6], [-0.2, -0.3], "Answer: Röntgen", "length"),
     ]
-    trajectory.searches = [
-        SearchRecord(
+    trajectory.turns[0].calls = [
+        CallRecord(
             "first nobel prize physics",
             ok=True,
             observation="1. Röntgen ...",
             items=3,
             cached=True,
             truncated=True,
+            tool="search",
         )
     ]
     trajectory.finish("answer", "Answer: Röntgen")
@@ -132,8 +133,9 @@ def test_trajectory_record_keeps_the_whole_transcript():
 
 
 def test_trajectory_record_of_a_failed_search_keeps_the_error():
-    trajectory = Trajectory(SearchExample("a", "q?", ("x",), "nq"), 0, 0, [])
-    trajectory.searches = [SearchRecord("q", ok=False, observation="Search error: timeout", error="timeout")]
+    trajectory = Trajectory(SearchExample("a", "q?", ("x",), "nq"), 0, 0, [], turns=[Turn([1], [2], [-0.1], "")])
+    trajectory.turns[0].calls = [CallRecord("q", ok=False, observation="Search error: timeout", error="timeout",
+                                            tool="search")]
     rec = trajectory_record(trajectory)
     assert rec["searches"][0]["ok"] is False and rec["searches"][0]["error"] == "timeout"
     assert rec["env_error"] is True and rec["termination"] is None

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pytrio.types import Datum, ModelInput, TensorData
 
-from searchr1.core.types import AssistantTurn, SearchExample, Trajectory
+from searchr1.core.types import SearchExample, Trajectory, Turn
 from searchr1.core.datum import NonFiniteValues, TrainingDatum, build_training_datums
 from searchr1.core.update import (
     TrainedTokens,
@@ -48,7 +48,7 @@ EXAMPLE = SearchExample("q", "Who?", ("x",), "nq")
 
 def trajectory(*turns: tuple[list[int], list[float]]) -> Trajectory:
     t = Trajectory(EXAMPLE, 0, 0, [])
-    t.turns = [AssistantTurn([1], list(tokens), list(logprobs), "") for tokens, logprobs in turns]
+    t.turns = [Turn([1], list(tokens), list(logprobs), "") for tokens, logprobs in turns]
     return t
 
 
@@ -165,11 +165,12 @@ def test_non_finite_values_are_named_where_they_are():
 
 def test_a_non_finite_sampler_logprob_is_named_only_where_it_would_be_trained():
     trained = trajectory(([5, 6], [-0.5, float("-inf")]))
-    trained.advantage, trained.group_index = 0.5, 3
+    trained.group_index = 3
+    trained.credit(0.5)
     with pytest.raises(NonFiniteValues, match="q0/g3 turn 0: the sampler's logprob of token 1") as caught:
         build_training_datums([trajectory(([1], [0.0])), trained])
     assert "nothing was sent to forward_backward" in str(caught.value)
-    trained.advantage = 0.0  # sends no datum: nothing to stop for
+    trained.credit(0.0)  # sends no datum: nothing to stop for
     assert build_training_datums([trained]) == []
 
 

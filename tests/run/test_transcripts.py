@@ -4,6 +4,7 @@ directory's transcripts.jsonl is written and read back (crash and resume include
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import random
 
@@ -17,6 +18,7 @@ from searchr1.offline import SCENARIO
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.runtime.services import scripted_sampling_client
 from searchr1.twin.scenario import load_scenario
+from searchr1.view.terminal import outcome
 from searchr1.run.transcripts import (
     TRANSCRIPTS_FILE,
     append_transcripts,
@@ -108,7 +110,7 @@ def rolled_out(tokenizer):
 
 
 def test_a_record_keeps_every_turn_search_and_the_training_fields(rolled_out):
-    searched = next(t for t in rolled_out if t.searches)
+    searched = next(t for t in rolled_out if t.calls)
     record = transcript_record(searched, 5)
     json.dumps(record, allow_nan=False)  # plain JSON
     assert record["step"] == 5
@@ -119,8 +121,23 @@ def test_a_record_keeps_every_turn_search_and_the_training_fields(rolled_out):
     assert record["reward"] == searched.reward
     assert record["termination"] == searched.termination
     assert [t["text"] for t in record["turns"]] == [t.text for t in searched.turns]
-    assert [s["query"] for s in record["searches"]] == [s.query for s in searched.searches]
-    assert [s["observation"] for s in record["searches"]] == [s.observation for s in searched.searches]
+    assert [s["query"] for s in record["searches"]] == [s.query for s in searched.calls]
+    assert [s["observation"] for s in record["searches"]] == [s.observation for s in searched.calls]
+
+
+def test_a_record_keeps_the_advantage_and_the_sampler_of_each_turn(rolled_out):
+    """What each turn's tokens were trained with, turn by turn, even where turns differ."""
+    trajectory = copy.deepcopy(next(t for t in rolled_out if len(t.turns) >= 2))
+    trajectory.credit(0.25)
+    trajectory.turns[1].advantage, trajectory.turns[1].sampler = -0.5, 3
+    record = transcript_record(trajectory, 5)
+    assert [(t["advantage"], t["sampler"]) for t in record["turns"]] == (
+        [(0.25, 0), (-0.5, 3)] + [(0.25, 0)] * (len(trajectory.turns) - 2))
+    assert record["advantage"] == 0.25  # the trajectory's own, group-relative
+    assert ("turn advantages", " ".join(["+0.250", "-0.500"] + ["+0.250"] * (len(trajectory.turns) - 2))) in (
+        outcome(record))
+    trajectory.credit(0.25)
+    assert "turn advantages" not in dict(outcome(transcript_record(trajectory, 5)))  # shown only where they differ
 
 
 def test_appended_steps_read_back_as_written(rolled_out, tmp_path):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from pytrio.types import Datum, ModelInput
 from training_strategies import generated_trajectories
 
-from searchr1.core.datum import TrainingDatum, build_datum
+from searchr1.core.datum import TrainingDatum, build_datums
 from searchr1.training.packing import (
     PackingError,
     datum_size,
@@ -87,7 +87,7 @@ def test_empty_input_gives_no_batches_and_bad_limits_are_rejected():
 
 @given(st.lists(generated_trajectories(), min_size=1, max_size=10), st.integers(1, 6))
 def test_nk_over_n_weights_sum_to_one_and_leave_inputs_untouched(items, max_items):
-    datums = [build_datum(g.trajectory) for g in items]
+    datums = [build_datums(g.trajectory)[0] for g in items]
     originals = [d.datum.loss_fn_inputs["advantages"].to_numpy().copy() for d in datums]
     batches = pack_micro_batches(datums, max_items=max_items)
     factors = []
@@ -122,7 +122,7 @@ def test_weighting_validates_like_the_seed():
 
 @given(generated_trajectories())
 def test_loss_token_count_reads_the_datum(generated):
-    item = build_datum(generated.trajectory)
+    item = build_datums(generated.trajectory)[0]
     loss_tokens = int(np.count_nonzero(item.datum.loss_fn_inputs["advantages"].to_numpy()))
     assert loss_tokens == sum(generated.is_action) == item.loss_tokens
     assert datum_size(item) == len(generated.tokens) - 1

@@ -8,6 +8,7 @@ search, stitch, score, advantage, datum) with the policy sampling in process, th
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import json
@@ -25,8 +26,8 @@ from pytrio.types import AdamParams
 
 from searchr1.core.config import TrainConfig
 from searchr1.core.settings import offline_defaults
-from searchr1.core.types import AssistantTurn, SearchExample, SearchItem, SearchResult, Trajectory
-from searchr1.core.datum import build_datum
+from searchr1.core.types import SearchExample, SearchItem, SearchResult, Trajectory, Turn
+from searchr1.core.datum import build_datums
 from searchr1.offline import QUESTIONS
 from searchr1.core.protocol import assistant_message, build_prompt, initial_messages, parse_assistant, tool_message
 from searchr1.core.reward import score_answer, score_trajectories
@@ -348,8 +349,9 @@ def datum_samples(rolled_out) -> list[PolicySample]:
     """One sample per trajectory, every trajectory given a non-zero advantage."""
     samples = []
     for index, trajectory in enumerate(rolled_out[1]):
-        trajectory_copy = Trajectory(**{**trajectory.__dict__, "advantage": (0.5, -0.25, 1.0)[index % 3]})
-        samples.append(PolicySample.from_datum(build_datum(trajectory_copy).datum))
+        trajectory_copy = copy.deepcopy(trajectory)
+        trajectory_copy.credit((0.5, -0.25, 1.0)[index % 3])
+        samples.append(PolicySample.from_datum(build_datums(trajectory_copy)[0].datum))
     return samples
 
 
@@ -441,14 +443,14 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
         logprobs = path_logprobs(state.trie, policy.logits(params, state), tokens)
         if not include_stop:
             tokens, logprobs = tokens[:-1], logprobs[:-1]
-        turn = AssistantTurn(request.prompt_tokens, tokens, logprobs, state.texts[index], "stop")
+        turn = Turn(request.prompt_tokens, tokens, logprobs, state.texts[index], "stop")
         pending = record_turn(trajectory, turn, tokenizer, config)
         if pending is not None:
             hop = passages_by_query([question])[pending.query]
             found = SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),))
             add_observation(pending, [found], tokenizer, config)
     score_trajectories([trajectory])
-    trajectory.advantage = 1.0
+    trajectory.credit(1.0)
     return trajectory
 
 
@@ -456,10 +458,10 @@ def test_a_datum_whose_sampler_omitted_the_stop_token_gets_the_same_logprobs_on_
         policy, tokenizer, world):
     question, params = by_id(world, "off-train-02"), random_params(5, scale=1.0)
     kinds = ("search_next", "repeat_search", "search_next", "answer")
-    with_stop = PolicySample.from_datum(build_datum(scripted_trajectory(
-        policy, tokenizer, question, kinds, params, include_stop=True)).datum)
-    without = PolicySample.from_datum(build_datum(scripted_trajectory(
-        policy, tokenizer, question, kinds, params, include_stop=False)).datum)
+    with_stop = PolicySample.from_datum(build_datums(scripted_trajectory(
+        policy, tokenizer, question, kinds, params, include_stop=True))[0].datum)
+    without = PolicySample.from_datum(build_datums(scripted_trajectory(
+        policy, tokenizer, question, kinds, params, include_stop=False))[0].datum)
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
     # the environment appended the three inner stop tokens, the last one is simply absent
     assert np.array_equal(without.targets, with_stop.targets[:-1]) and with_stop.targets[-1] == stop
@@ -623,14 +625,14 @@ def dev_exact_match(policy, tokenizer, world, params, *, temperature: float, gro
 
 def negate_advantages(trajectories: list[Trajectory], rng: np.random.Generator) -> None:
     for trajectory in trajectories:
-        trajectory.advantage = -trajectory.advantage
+        trajectory.credit(-trajectory.advantage)
 
 
 def shuffle_advantages_across_groups(trajectories: list[Trajectory], rng: np.random.Generator) -> None:
     """Every trained trajectory gets the advantage of a random trajectory of the batch."""
     trained = [t for t in trajectories if t.excluded is None]
     for trajectory, advantage in zip(trained, rng.permutation([t.advantage for t in trained])):
-        trajectory.advantage = float(advantage)
+        trajectory.credit(float(advantage))
 
 
 @pytest.fixture(scope="module")
