@@ -48,6 +48,7 @@ from searchr1.bench.served import BASE_MODEL, served_twin
 from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles, process_seconds
 from searchr1.bench.workload import Workload, WorkloadSpec, build_workload
 from searchr1.core.rollout import rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.core.types import SamplingClient, Tokenizer, Trajectory
 from searchr1.twin.scripted_search import ScriptedSearch
 
@@ -165,8 +166,8 @@ def _rollout(sampler: SamplingClient, tokenizer: Tokenizer, workload: Workload,
              questions: int | None = None) -> list[Trajectory]:
     """The workload's batch (or its first ``questions`` questions), rolled out on ``sampler``."""
     examples = workload.examples if questions is None else workload.examples[:questions]
-    return asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(workload.results), examples,
-                                           workload.config))
+    return asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(ScriptedSearch(workload.results)),
+                                           examples, workload.config))
 
 
 def _measure(service: Any, tokenizer: Tokenizer, workload: Workload, twin_pid: int | None) -> SizeRecord:
@@ -182,7 +183,8 @@ def _measure(service: Any, tokenizer: Tokenizer, workload: Workload, twin_pid: i
             growth.start()
             twin = process_seconds(twin_pid) if twin_pid else 0.0
             start, wall = meter.snapshot(), time.perf_counter()
-            trajectories = await rollout_batch_async(sampler, tokenizer, search, workload.examples, workload.config)
+            trajectories = await rollout_batch_async(sampler, tokenizer, with_search(search), workload.examples,
+                                                     workload.config)
             spent, wall = meter.interval(start, meter.snapshot()), time.perf_counter() - wall
             twin = process_seconds(twin_pid) - twin if twin_pid else spent.roles.get("other", 0.0)
             return trajectories, spent, twin, wall

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from searchr1.core.types import SearchBackend, SearchExample, Trajectory, Turn
+from searchr1.core.types import SearchExample, Trajectory, Turn
+from searchr1.search.tool import SearchBackend
 from searchr1.core.protocol import stop_sequences, template_boundaries
 from searchr1.core.rollout import (
     PendingCall,

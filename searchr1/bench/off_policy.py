@@ -99,6 +99,7 @@ async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any
     from searchr1.core.datum import build_training_datums
     from searchr1.health.metrics import rollout_metrics
     from searchr1.core.rollout import rollout_batch_async
+    from searchr1.search.tool import with_search
 
     client = service.create_lora_training_client(base_model=config.base_model, rank=config.lora_rank,
                                                  seed=config.seed)
@@ -107,7 +108,8 @@ async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any
     for step in range(config.max_steps):
         batch = take_batch(examples, step * config.questions_per_batch, config.questions_per_batch)
         sampler = await client.save_weights_and_get_sampling_client_async()
-        trajectories = await rollout_batch_async(sampler, tokenizer, search, batch, config.rollout, step=step)
+        trajectories = await rollout_batch_async(sampler, tokenizer, with_search(search), batch, config.rollout,
+                                                 step=step)
         score_trajectories(trajectories)
         assign_group_advantages(trajectories)
         datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)

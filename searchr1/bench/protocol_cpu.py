@@ -33,6 +33,7 @@ from searchr1.core.protocol import (
 from searchr1.core.observation.fit import fit_tool_content
 from searchr1.core.observation.tokens import forget_remembered_texts
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.core.types import SearchResult, Trajectory
 from searchr1.core.observation.text import observation_candidates
@@ -173,7 +174,7 @@ def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
 
     search = ScriptedSearch(workload.results)
     with scripted_sampling_client(workload.scenario, tokenizer) as sampler:  # the step itself is not timed
-        trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, search, workload.examples,
+        trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(search), workload.examples,
                                                        workload.config))
     turns = tool_turns(trajectories, workload.results)
     if max_turns is not None:

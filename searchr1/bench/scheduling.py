@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from searchr1.core.rollout import rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout
 from searchr1.bench.report import Figure, Measure
@@ -65,7 +66,7 @@ def _coroutine(kind: str, setup: SchedulingSetup, tokenizer: Any, model: Latency
     search = ScriptedSearch(workload.results, latency=model.search_latency(),
                             concurrency=setup.search_concurrency)
     if kind == "ours":
-        return rollout_batch_async(setup.sampler, tokenizer, search, workload.examples, workload.config)
+        return rollout_batch_async(setup.sampler, tokenizer, with_search(search), workload.examples, workload.config)
     engine = LockstepRollout(setup.sampler, tokenizer, search, workload.config,
                              search_concurrency=setup.search_concurrency)
     info["lockstep"] = engine.stats

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from searchr1.core.rollout import rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.search.cache import QueryCache, normalise_query
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.testing import mock_backend
@@ -80,7 +81,7 @@ def _run_step(tokenizer: Any, workload: Any, model: LatencyModel, sampler: Any, 
                 if not hasattr(backend, "_flights"):
                     raise RuntimeError("the search backend no longer has a _flights attribute to bypass")
                 backend._flights = NoSingleFlight()  # type: ignore[attr-defined]
-            trajectories = await rollout_batch_async(sampler, tokenizer, backend, workload.examples,
+            trajectories = await rollout_batch_async(sampler, tokenizer, with_search(backend), workload.examples,
                                                      workload.config)
             stats = backend.stats.peek()
         queries = [q for t in trajectories for q in searched_queries(t)]

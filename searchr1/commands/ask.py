@@ -138,6 +138,7 @@ def ask(search: SearchOptions, question: str, **kwargs: Any) -> None:
 def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
     from searchr1.commands.eval import _sampling_client, checkpoint_of
     from searchr1.core.rollout import rollout_batch_async
+    from searchr1.search.tool import with_search
     from searchr1.data.dataset import SearchExample
     from searchr1.runtime.services import (
         check_base_model,
@@ -194,8 +195,8 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
         async def main() -> Any:
             backend = search_backend(search, offline=offline)
             try:
-                (trajectory,) = await rollout_batch_async(sampler, tokenizer, _PrintingSearch(backend), [example],
-                                                          rollout, tool_backends=tool_backends(rollout.tools, backend))
+                tools = with_search(_PrintingSearch(backend), tool_backends(rollout.tools, backend))
+                (trajectory,) = await rollout_batch_async(sampler, tokenizer, tools, [example], rollout)
                 score_trajectories([trajectory], reward="em")
                 return trajectory
             finally:

@@ -47,6 +47,7 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
     from searchr1.core.advantage import assign_group_advantages
     from searchr1.core.reward import score_trajectories
     from searchr1.core.rollout import rollout_batch_async
+    from searchr1.search.tool import with_search
     from searchr1.offline import SCENARIO
     from searchr1.runtime.services import (check_search_setup, check_tool_setup, load_tokenizer, scripted_sampling_client,
                                            search_backend, tool_backends)
@@ -81,8 +82,8 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
         backend = search_backend(search, offline=True)
         try:
             with CountingBar("trajectories", len(examples) * config.group_size) as bar:
-                trajectories = await rollout_batch_async(sampler, tokenizer, backend, examples, config, bar.advance,
-                                                         tool_backends=tool_backends(config.tools, backend))
+                tools = with_search(backend, tool_backends(config.tools, backend))
+                trajectories = await rollout_batch_async(sampler, tokenizer, tools, examples, config, bar.advance)
             score_trajectories(trajectories)
             assign_group_advantages(trajectories)
             return trajectories

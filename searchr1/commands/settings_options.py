@@ -60,6 +60,17 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
+class NameList(click.ParamType):
+    """A setting that holds a tuple of names, typed comma-separated (``--tools search,open_page``)."""
+
+    name = "names"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        return tuple(name.strip() for name in str(value).split(","))
+
+
 def _validator(rule: Rule) -> Callable[[click.Context, click.Parameter, Any], Any]:
     def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         broken = rule.violation(value)
@@ -84,6 +95,8 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
     base = _base_type(annotation)
     value = _default(field) if default is dataclasses.MISSING else default
     value = value.value if isinstance(value, enum.Enum) else value  # a choice is given and shown as its text
+    listed = typing.get_origin(base) is tuple  # a tuple of names, given and shown comma-separated
+    value = ",".join(value) if listed and isinstance(value, tuple) else value
     text = help if help is not None else rule.help
     if rule.describe():
         text = f"{text} [{rule.describe()}]".strip()
@@ -106,6 +119,8 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
                             section=rule.group or section, on_resume=rule.on_resume)
     if rule.choices is not None:
         kind: Any = click.Choice(rule.choices)
+    elif listed:
+        kind = NameList()
     elif base is Path:
         kind = click.Path(dir_okay=False, path_type=Path)
     else:

@@ -18,7 +18,8 @@ from enum import StrEnum
 from typing import Any
 
 from searchr1.core.observation.tokens import observation_wrapper, plain_tokens, split_at_control_tokens
-from searchr1.core.tools import SEARCH, CallError, ParsedCall, ToolCall, ToolSpec, parse_tool_calls, search_spec
+from searchr1.core.tools import (DECLARED, SEARCH, CallError, ParsedCall, ToolCall, ToolSpec, parse_tool_calls,
+                                 search_spec, shown_call)
 from searchr1.core.types import JsonObject, Message, Tokenizer
 
 BUDGET_PLACEHOLDER = "{max_search_calls}"
@@ -53,19 +54,15 @@ Answer: France"""
 SYSTEM_PROMPT = _PROMPT_HEAD + "\n" + _PROMPT_EXAMPLE
 
 
-_PROMPT_OPEN_PAGE = ("- Each search result names its page. `open_page` reads that page passage by passage: pass its "
-                     "title or id, and an offset to read on.")
-
-
 _PROMPT_ONE_CALL = "- Make at most one tool call in a turn, then wait for its result before going on."
 _PROMPT_CALLS = "- Make at most {n} tool calls in a turn (they run together), then wait for their results before going on."
 
 
 def system_prompt(max_search_calls: int | None = None, template: str | None = None,
                   tools: Sequence[str] = ("search",), max_calls: int = 1) -> str:
-    """The system prompt; with a budget it also tells the model how many searches it has, with
-    ``open_page`` among the ``tools`` how to read on from a search result, and how many calls a
-    turn may make.
+    """The system prompt; with a budget it also tells the model how many searches it has, the
+    guidance each of the ``tools`` declares (``open_page``: how to read on from a search result),
+    and how many calls a turn may make.
 
     ``template`` (``--system-prompt-file``) replaces the default wording; the text
     ``{max_search_calls}`` in it, if present, becomes the budget (nothing else is substituted,
@@ -75,7 +72,7 @@ def system_prompt(max_search_calls: int | None = None, template: str | None = No
         budget = "" if max_search_calls is None else str(max_search_calls)
         return template.replace(BUDGET_PLACEHOLDER, budget)
     head = _PROMPT_HEAD if max_calls == 1 else _PROMPT_HEAD.replace(_PROMPT_ONE_CALL, _PROMPT_CALLS.format(n=max_calls))
-    lines = [head] + ([_PROMPT_OPEN_PAGE] if "open_page" in tools else [])
+    lines = [head] + [guidance for name in tools if (guidance := DECLARED[name].guidance)]
     if max_search_calls is not None:
         lines.append(_PROMPT_BUDGET.format(n=max_search_calls))
     return "\n".join(lines) + "\n" + _PROMPT_EXAMPLE
@@ -180,10 +177,8 @@ class ParsedAssistant:
 
     @property
     def query(self) -> str | None:
-        """The search query of a ``tool`` turn that calls ``search`` (trimmed), else ``None``."""
-        if self.kind != TurnKind.TOOL or not isinstance(self.calls[0], ToolCall) or self.calls[0].name != "search":
-            return None
-        return str(self.calls[0].arguments["query"]).strip()
+        """The first call of a ``tool`` turn as shown (a search's query, trimmed), else ``None``."""
+        return shown_call(self.calls[0]) if self.kind == TurnKind.TOOL else None
 
 
 def without_stop_strings(text: str) -> str:

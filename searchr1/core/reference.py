@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from searchr1.core.budgets import RolloutBudgets
 from searchr1.core.tools import DECLARED
 from searchr1.core.types import (NOT_ANSWERED, CallRecord, Exclusion, JsonObject, JsonValue, Message, RewardResult,
-                                 RolloutBudgets, SearchExample, SearchItem, SearchResult, Termination, Tokenizer, Turn,
-                                 Trajectory)
+                                 SearchExample, SearchItem, SearchResult, Termination, Tokenizer, Turn, Trajectory)
 
 if TYPE_CHECKING:  # pytrio is loaded when first used, as everywhere in the core
     from pytrio import SamplingClient, TrainingClient
@@ -65,7 +65,7 @@ def system_message(budgets: RolloutBudgets) -> Message:
 
 
 def names(budgets: RolloutBudgets) -> list[str]:
-    return [name.strip() for name in budgets.tools.split(",")]
+    return list(budgets.tools)
 
 
 def render(tokenizer: Tokenizer, messages: list[Message], budgets: RolloutBudgets, *, generate: bool,

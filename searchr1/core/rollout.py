@@ -46,20 +46,17 @@ from searchr1.core.protocol import (
     template_boundaries,
     tool_message,
 )
+from searchr1.core.budgets import InvalidCallPolicy, RolloutBudgets, declared_tools, tool_schemas
 from searchr1.core.observation.fit import fit_calls, observation_room
 from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
-from searchr1.core.tools import (OPEN_PAGE, CallError, ParsedCall, ToolBackend, ToolCall, declared_tools, tool_schemas,
-                                 without_ids)
+from searchr1.core.tools import CallError, ParsedCall, ToolBackend, ToolCall, shown_call, without_ids
 from searchr1.core.types import (
     CallRecord,
-    InvalidCallPolicy,
     JsonObject,
     Message,
-    RolloutBudgets,
     SampledSequence,
     SamplingClient,
-    SearchBackend,
     SearchExample,
     SearchResult,
     Termination,
@@ -95,19 +92,18 @@ class RolloutConfig(SamplingRuntime, RolloutBudgets):
     algorithm's budgets (:class:`~searchr1.core.types.RolloutBudgets`) and the sampling runtime
     (:class:`SamplingRuntime`). The rollout's steps take the part they need."""
 
+    def __post_init__(self) -> None:
+        RolloutBudgets.__post_init__(self)  # the tool list as names, then every setting's rule
+
     @property
     def tool_schemas(self) -> list[JsonObject]:
         return tool_schemas(self)
 
 
-def tool_names(budgets: RolloutBudgets) -> tuple[str, ...]:
-    return tuple(tool.name for tool in declared_tools(budgets))
-
-
 def effective_system_prompt(budgets: RolloutBudgets) -> str:
     """The system message every trajectory of ``budgets`` starts with."""
     return system_prompt(budgets.max_search_calls if budgets.state_search_budget else None, budgets.system_prompt,
-                         tool_names(budgets), budgets.max_calls_per_turn)
+                         budgets.tools, budgets.max_calls_per_turn)
 
 
 class SamplerFailureError(RuntimeError):
@@ -154,7 +150,7 @@ def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: in
     (``num_samples = group_size``; ``None`` when the prompt alone is over the budget)."""
     budget = budgets.max_search_calls if budgets.state_search_budget else None
     messages = initial_messages(example.question, max_search_calls=budget, system_template=budgets.system_prompt,
-                                tools=tool_names(budgets), max_calls=budgets.max_calls_per_turn)
+                                tools=budgets.tools, max_calls=budgets.max_calls_per_turn)
     group = [Trajectory(example, question_index, g, [m.copy() for m in messages]) for g in range(budgets.group_size)]
     return group, make_request(tokenizer, group, sampling_seed(budgets.seed, step, question_index, 0, 0), budgets)
 
@@ -228,17 +224,8 @@ class PendingCall:
 
     @property
     def query(self) -> str:
-        """The first call as :func:`shown` (for logs)."""
-        return shown(self.calls[0])
-
-
-def shown(call: ParsedCall) -> str:
-    """A search's query, another call's arguments as written, a refused call's function name."""
-    if isinstance(call, CallError):
-        return call.name
-    if call.name == "search":
-        return str(call.arguments["query"]).strip()
-    return ", ".join(f"{key}={value}" for key, value in call.arguments.items())
+        """The first call as shown (for logs): a search's query, another call's arguments."""
+        return shown_call(self.calls[0])
 
 
 def record_turn(trajectory: Trajectory, turn: Turn, tokenizer: Tokenizer,
@@ -284,7 +271,7 @@ def record_turn(trajectory: Trajectory, turn: Turn, tokenizer: Tokenizer,
 def record_call(trajectory: Trajectory, call: ParsedCall, result: SearchResult, *, ok: bool, observation: str,
                 error: str | None, truncated: bool = False) -> None:
     """The environment's record of one call, kept with the turn that made it."""
-    trajectory.turns[-1].calls.append(CallRecord(shown(call), ok, observation, len(result.items), error, result.cached,
+    trajectory.turns[-1].calls.append(CallRecord(shown_call(call), ok, observation, len(result.items), error, result.cached,
                                                  truncated, tool=call.name, refused=isinstance(call, CallError)))
 
 
@@ -303,8 +290,7 @@ def add_observation(pending: PendingCall, results: Sequence[SearchResult], token
         fitted = fit_calls(tokenizer, pending.messages_before_assistant, pending.assistant_text,
                            pending.prompt_tokens, pending.completion_tokens, answered, budgets)
     except Exception as error:  # noqa: BLE001 - one bad tool result must not end the run
-        kind = "search" if pending.calls[0].name == "search" else "tool"
-        reason = f"the {kind} result could not become an observation ({type(error).__name__})"
+        reason = f"the {pending.calls[0].name or 'tool'} result could not become an observation ({type(error).__name__})"
         log.warning("query %r: %s; the trajectory ends as a search failure", pending.query[:80], reason)
         for call, result in zip(pending.calls, results):
             record_call(trajectory, call, result, ok=False, observation="", error=reason)
@@ -335,18 +321,16 @@ async def run_all(coroutines: Iterable[Coroutine[object, object, T]]) -> list[T]
 
 class BatchRollout:
     """One batch being rolled out: what its trajectories share (the sampler and its slots, the
-    search backend and the other tools' backends, the budgets), one task per question and then per
-    trajectory."""
+    backend of each declared tool, the budgets), one task per question and then per trajectory."""
 
-    def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, search_backend: SearchBackend,
+    def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, tools: Mapping[str, ToolBackend],
                  budgets: RolloutBudgets, runtime: SamplingRuntime, step: int,
                  progress: Callable[[int], None] | None, sampling_slots: asyncio.Semaphore | None = None,
-                 tool_backends: Mapping[str, ToolBackend] | None = None, sampler_version: int = 0) -> None:
+                 sampler_version: int = 0) -> None:
         self.sampler = sampling_client
         self.sampler_version = sampler_version  # recorded on every turn it samples
         self.tokenizer = tokenizer
-        self.search_backend = search_backend
-        self.tool_backends = dict(tool_backends or {})
+        self.tools = dict(tools)
         self.budgets = budgets
         self.runtime = runtime
         self.step = step
@@ -354,7 +338,8 @@ class BatchRollout:
         self.sampling_slots = sampling_slots or asyncio.Semaphore(runtime.sampling_concurrency)
         self.stop_sequences = stop_sequences(tokenizer)
         self.first_failure: str | None = None
-        self.shows_ids = OPEN_PAGE.name in tool_names(budgets)  # an id is shown only where a tool takes it
+        # a passage id is shown only where a declared tool takes one
+        self.shows_ids = any(tool.takes_ids for tool in declared_tools(budgets))
 
     def report_finished(self) -> None:
         """Tell the progress callback one more trajectory has ended."""
@@ -405,14 +390,12 @@ class BatchRollout:
         return [None] * len(trajectories)
 
     async def run_call(self, call: ParsedCall) -> SearchResult:
-        """The result of one call: a search, another tool's answer, or (for a refused call, no
-        request made) the reason it was refused."""
+        """The result of one call from its tool's backend, or (for a refused call, no request made)
+        the reason it was refused."""
         if isinstance(call, CallError):
             return SearchResult(ok=False, error=call.reason)
-        if call.name == "search":
-            result = await self.search_backend.search(shown(call))
-            return result if self.shows_ids else without_ids(result)
-        return await self.tool_backends[call.name].call(call)
+        result = await self.tools[call.name].call(call)
+        return result if self.shows_ids else without_ids(result)
 
     async def run_calls(self, pending: PendingCall) -> list[SearchResult]:
         """The results of a turn's calls, in call order; several calls run at once."""
@@ -444,7 +427,7 @@ class BatchRollout:
 async def rollout_batch_async(
     sampling_client: SamplingClient,
     tokenizer: Tokenizer,
-    search_client: SearchBackend,
+    tools: Mapping[str, ToolBackend],
     examples: Sequence[SearchExample],
     config: RolloutConfig,
     progress_callback: Callable[[int], None] | None = None,
@@ -452,7 +435,6 @@ async def rollout_batch_async(
     step: int = 0,
     sampling_slots: asyncio.Semaphore | None = None,
     first_question_index: int = 0,
-    tool_backends: Mapping[str, ToolBackend] | None = None,
     sampler_version: int = 0,
 ) -> list[Trajectory]:
     """Roll out ``group_size`` trajectories per example (unscored: scoring and advantages are
@@ -461,7 +443,7 @@ async def rollout_batch_async(
 
     ``sampling_slots`` caps sampling requests across several batches rolling out at once (the
     trainer's off-policy pipeline); by default the batch has ``sampling_concurrency`` of its own.
-    ``tool_backends`` run the declared tools other than search (``config.tools``), by name.
+    ``tools`` runs each declared tool (``config.tools``, search among them), by name.
     ``first_question_index`` numbers the questions from there (question indices group the
     trajectories and seed the sampling: dynamic sampling's extra draws of one step use fresh ones).
     ``sampler_version``: the weights ``sampling_client`` serves (training steps finished before
@@ -472,12 +454,11 @@ async def rollout_batch_async(
     not be sampled (a smaller share ends as ``sampler_error`` and is left out of the update).
     """
     template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
-    missing = [name for name in tool_names(config) if name != "search" and name not in (tool_backends or {})]
+    missing = [name for name in config.tools if name not in tools]
     if missing:
         raise ValueError(f"no backend runs the declared tool {missing[0]!r}")
-    batch = BatchRollout(sampling_client, tokenizer, search_client, budgets=config, runtime=config, step=step,
-                         progress=progress_callback, sampling_slots=sampling_slots, tool_backends=tool_backends,
-                         sampler_version=sampler_version)
+    batch = BatchRollout(sampling_client, tokenizer, tools, budgets=config, runtime=config, step=step,
+                         progress=progress_callback, sampling_slots=sampling_slots, sampler_version=sampler_version)
     groups = await run_all(
         batch.run_question(index, example) for index, example in enumerate(examples, first_question_index)
     )

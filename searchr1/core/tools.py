@@ -19,7 +19,7 @@ anything else with Python's ``str`` (so ``True``, ``3``, ``2.5``), with one newl
 :func:`parse_tool_calls` reads it back the way vLLM's ``qwen3_coder`` tool parser does (one
 newline stripped on each side, then the text converted by the parameter's schema type), with one
 difference: a value that does not convert is a refused call (:class:`CallError`), never a string
-passed on in its place. The rollout decides what a refused call costs (:class:`~searchr1.core.types.InvalidCallPolicy`).
+passed on in its place. The rollout decides what a refused call costs (:class:`~searchr1.core.budgets.InvalidCallPolicy`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from searchr1.core.types import InvalidCallPolicy, JsonObject, JsonValue, RolloutBudgets, SearchResult
+from searchr1.core.types import JsonObject, JsonValue, SearchResult
 
 
 ArgumentCheck = Callable[[Mapping[str, JsonValue]], "str | None"]
@@ -47,7 +47,9 @@ class ToolSpec:
     ``enum`` are what a call is checked against. ``check`` is a rule the schema cannot say (the
     search query must not be blank); it returns the reason a call is refused, or ``None``.
     ``budget``: calls one trajectory may make (``None``: no limit of its own). ``unit``: what one
-    call is counted as in usage and cost.
+    call is counted as in usage and cost. What the model reads of it: ``guidance``, a line the
+    system prompt adds when the tool is offered; ``error_head`` before a failed call's error;
+    ``nothing`` for a result without items; ``takes_ids``: it reads the passage ids results show.
     """
 
     name: str
@@ -56,6 +58,10 @@ class ToolSpec:
     unit: str
     budget: int | None = None
     check: ArgumentCheck | None = field(default=None, compare=False)
+    guidance: str | None = None
+    error_head: str | None = None  # None: "Tool error (<name>)"
+    nothing: str | None = None  # None: "<name> returned nothing."
+    takes_ids: bool = False
 
     def schema(self) -> JsonObject:
         """The function schema the chat template renders into the system prompt."""
@@ -101,6 +107,8 @@ def search_spec(description: str | None = None) -> ToolSpec:
         },
         unit="search",
         check=plain_query,
+        error_head="Search error",
+        nothing="Search returned no results.",
     )
 
 
@@ -131,6 +139,9 @@ OPEN_PAGE = ToolSpec(
     unit="page",
     budget=4,
     check=readable_page,
+    guidance="- Each search result names its page. `open_page` reads that page passage by passage: pass its "
+             "title or id, and an offset to read on.",
+    takes_ids=True,
 )
 
 DECLARED: dict[str, ToolSpec] = {tool.name: tool for tool in (SEARCH, OPEN_PAGE)}
@@ -144,35 +155,8 @@ def without_ids(result: SearchResult) -> SearchResult:
     return replace(result, items=tuple(replace(item, ident=None) for item in result.items))
 
 
-def unknown_tools(names: str) -> str | None:
-    """Why a comma-separated tool list is refused (an unknown or repeated name, or none), or ``None``."""
-    listed = [name.strip() for name in names.split(",")]
-    unknown = [name for name in listed if name not in DECLARED]
-    if unknown:
-        return f"names an undeclared tool {unknown[0]!r} (declared: {', '.join(DECLARED)})"
-    if len(set(listed)) != len(listed):
-        return f"names a tool twice: {names!r}"
-    return None
-
-
-def declared_tools(budgets: RolloutBudgets) -> tuple[ToolSpec, ...]:
-    """The tools of ``budgets`` in the order given; search with its description and budget."""
-    chosen = []
-    for name in (name.strip() for name in budgets.tools.split(",")):
-        tool = DECLARED[name]
-        if name == "search":
-            tool = replace(search_spec(budgets.tool_description), budget=budgets.max_search_calls)
-        chosen.append(tool)
-    return tuple(chosen)
-
-
-def tool_schemas(budgets: RolloutBudgets) -> list[JsonObject]:
-    """What the chat template shows the model: one function schema per declared tool."""
-    return [tool.schema() for tool in declared_tools(budgets)]
-
-
 class ToolBackend(Protocol):
-    """What runs one tool other than search (search has its :class:`~searchr1.core.types.SearchBackend`)."""
+    """What runs one declared tool: a call in, its result out (search's backend too)."""
 
     async def call(self, call: ToolCall) -> SearchResult: ...
 
@@ -198,6 +182,18 @@ class CallError:
 
 
 ParsedCall = ToolCall | CallError
+
+
+def shown_call(call: ParsedCall) -> str:
+    """A call in one line: the value of a tool's only parameter (a search's query), stripped; the
+    arguments as ``key=value`` for a tool of several; a refused call's function name."""
+    if isinstance(call, CallError):
+        return call.name
+    tool = DECLARED.get(call.name)
+    if tool is not None and len(tool.properties) == 1:
+        return str(next(iter(call.arguments.values()))).strip()
+    return ", ".join(f"{key}={value}" for key, value in call.arguments.items())
+
 
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FUNCTION = re.compile(r"\s*<function=([^<>\n]+)>(.*)</function>\s*", re.DOTALL)

@@ -1,16 +1,15 @@
-"""What the core works on: a question (``SearchExample``), what a search returns
-(``SearchResult``) and the backend that returns it (``SearchBackend``), what the algorithm allows
-one rollout (``RolloutBudgets``), and the record of one multi-turn rollout (``Trajectory``):
-exactly the tokens that were sampled, plus what the environment said. Messages are kept only for
-logs and for the chat template."""
+"""What the core works on: a question (``SearchExample``), what a tool call returns
+(``SearchResult``), and the record of one multi-turn rollout (``Trajectory``: its turns and the
+calls they made): exactly the tokens that were sampled, plus what the environment said.
+Messages are kept only for logs and for the chat template. What the algorithm allows one rollout
+is :mod:`searchr1.core.budgets`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict
 
-from searchr1.core.settings import check_settings, setting
 
 if TYPE_CHECKING:
     from pytrio.types import (APIFuture, AdamParams, Datum, ForwardBackwardOutput, ModelInput, OptimStepResponse,
@@ -77,13 +76,6 @@ class ReportedUsage:
         self.web_search_requests += other.web_search_requests
 
 
-@runtime_checkable
-class SearchBackend(Protocol):
-    name: str
-
-    async def search(self, query: str) -> SearchResult: ...
-
-
 class Termination(StrEnum):
     """Why a trajectory ended; exactly one per finished trajectory (the values are what metrics
     names and files hold)."""
@@ -125,69 +117,6 @@ DEFAULT_MAX_TRAJECTORY_TOKENS = 8192  # the seed's whole-sequence budget, also t
 FORMAT_PENALTY = -0.1  # the reward of a format failure, and of a trajectory that did not answer
 NOT_ANSWERED = RewardResult(FORMAT_PENALTY, False, False, None)
 MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger
-ToolOverflow = Literal["truncate", "end"]
-TOOL_OVERFLOW_MODES: tuple[ToolOverflow, ...] = get_args(ToolOverflow)
-
-
-class InvalidCallPolicy(StrEnum):
-    """What a refused call (unknown function, missing or unknown parameter, wrong type) does."""
-
-    END = "end"  # the trajectory ends as invalid (Search-R1's rule)
-    OBSERVE = "observe"  # the model reads a one-line tool error and goes on (verl's rule)
-
-
-def _declared_tools(value: object) -> str | None:
-    from searchr1.core.tools import unknown_tools  # the declarations import these types
-
-    return unknown_tools(str(value))
-
-
-@dataclass(frozen=True)
-class RolloutBudgets:
-    """What the algorithm allows one rollout and how it samples and prompts (the seed's names and
-    defaults). Each field is declared once with its rule and help (:mod:`searchr1.core.settings`):
-    the flags of train, eval and rollout are made from these lines. How the sampling service is
-    driven (concurrency, timeouts, retries) is apart: :class:`searchr1.core.rollout.SamplingRuntime`."""
-
-    group_size: int = setting(8, at_least=1, at_most=256, help="Trajectories per question.")
-    max_search_calls: int = setting(4, at_least=0, at_most=100, help="Searches per trajectory.")
-    max_assistant_turns: int = setting(6, at_least=1, at_most=100, help="Assistant turns per trajectory.")
-    max_trajectory_tokens: int = setting(DEFAULT_MAX_TRAJECTORY_TOKENS, at_least=1, at_most=MAX_TOKENS,
-                                         help="Whole-sequence budget (also the training datum limit).")
-    max_assistant_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS, help="Generation cap per assistant turn.")
-    max_tool_response_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS,
-                                            help="Cap on one observation's content.")
-    temperature: float = setting(1.0, at_least=0.0, help="Sampling temperature.")
-    top_p: float = setting(1.0, above=0.0, at_most=1.0, help="Nucleus sampling mass.")
-    seed: int = setting(42, cli=False)  # the command's --seed
-    # "truncate": when not even the first item fits, truncate it at a token boundary and say so;
-    # "end": the seed's behaviour, the trajectory ends on its tool call.
-    tool_overflow: ToolOverflow = setting(
-        "truncate", choices=TOOL_OVERFLOW_MODES,
-        help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
-    # Tell the model its search budget in the system prompt (docs/seed-differences.md).
-    state_search_budget: bool = setting(True, cli=False)
-    # The user's own wording (--system-prompt-file, --tool-description); None = the default.
-    system_prompt: str | None = setting(None, cli=False)
-    tool_description: str | None = setting(
-        None, metavar="TEXT", default_text="the project's wording",
-        help="Description of the search tool shown to the model.")
-    # The tools the model may call (core/tools.py declares them), and what a refused call does.
-    tools: str = setting("search", check=_declared_tools,
-                         help="The tools the model may call, comma-separated, from those core/tools.py declares "
-                              "(search, open_page; open_page reads the pages of --backend local, wikipedia or "
-                              "retriever).")
-    max_calls_per_turn: int = setting(1, at_least=1, at_most=16,
-                                      help="Tool calls one turn may make; several run together (Search-R1: 1).")
-    invalid_calls: InvalidCallPolicy = setting(
-        InvalidCallPolicy.END, choices=tuple(policy.value for policy in InvalidCallPolicy),
-        help="A refused tool call (unknown tool, bad parameter): end the trajectory as invalid (Search-R1), "
-             "or observe: tell the model why and go on.")
-
-    def __post_init__(self) -> None:
-        check_settings(self)
-
-
 class Message(TypedDict):
     """One chat message as the chat template reads it; a tool message also names its call."""
 

@@ -54,6 +54,7 @@ from searchr1.run.fileio import append_text, write_text_atomically
 from searchr1.run.jsonl import JsonLines, Surrogates, TornLines
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools, question_usage_metrics
 from searchr1.core.rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
+from searchr1.search.tool import with_search
 
 HEADER_TYPE = "eval_config"
 MIN_FAILURES_TO_ABORT = 3
@@ -309,8 +310,9 @@ async def evaluate(
             started = clock()
             usage = Usage()
             trajectories = await rollout_batch_async(
-                MeteredSampler(sampling_client, usage), tokenizer, MeteredSearch(search_backend, usage), [example],
-                question_config, step=index, tool_backends=metered_tools(tool_backends, usage),
+                MeteredSampler(sampling_client, usage), tokenizer,
+                with_search(MeteredSearch(search_backend, usage), metered_tools(tool_backends, usage)), [example],
+                question_config, step=index,
             )
             elapsed = clock() - started
         score_trajectories(trajectories)

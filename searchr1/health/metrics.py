@@ -16,7 +16,6 @@ from searchr1.core.advantage import GroupSummary
 from searchr1.core.config import TrainConfig
 from searchr1.core.datum import TrainingDatum
 from searchr1.core.trainer import StepRecord
-from searchr1.core.rollout import tool_names
 from searchr1.core.types import Termination, Trajectory
 from searchr1.health.diagnostics import mean as _mean
 from searchr1.health.diagnostics import mismatch_metrics, policy_diagnostics
@@ -26,7 +25,7 @@ def step_metrics(record: StepRecord, config: TrainConfig) -> dict[str, float]:
     """The metrics line of one step, from what it produced (the run loop adds the pipeline's and
     the search backend's counters and the health verdict)."""
     metrics: dict[str, float] = {}
-    metrics.update(rollout_metrics(record.trajectories, record.groups, tool_names(config.rollout)))
+    metrics.update(rollout_metrics(record.trajectories, record.groups, config.rollout.tools))
     metrics.update(policy_diagnostics(record.trajectories))
     metrics.update(datum_metrics(record.datums, record.micro_batches))
     metrics["train/datums_dropped_out_of_vocab"] = float(record.dropped_out_of_vocab)

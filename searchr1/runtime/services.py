@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +16,7 @@ from typing import Any
 from searchr1.core.errors import UserError
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.tools import ToolBackend
-from searchr1.core.types import SearchBackend
+from searchr1.search.tool import SearchBackend
 from searchr1.offline import SCENARIO, cassette_path
 from searchr1.search.options import SearchOptions, build_search_backend
 
@@ -188,15 +188,11 @@ REPLAY_IGNORES = ("retriever_url", "wikipedia_contact")
 TOOL_READERS = {"open_page": ("local", "wikipedia", "retriever")}
 
 
-def tool_names(tools: str) -> list[str]:
-    return [name.strip() for name in tools.split(",")]
-
-
-def check_tool_setup(tools: str, options: SearchOptions) -> None:
+def check_tool_setup(tools: Sequence[str], options: SearchOptions) -> None:
     """``--tools`` names only tools the chosen search backend can run (refused before any work)."""
     from searchr1.core.settings import SettingError
 
-    for name in tool_names(tools):
+    for name in tools:
         readers = TOOL_READERS.get(name)
         if readers is not None and options.backend not in readers:
             listed = readers[0] if len(readers) == 1 else f"{', '.join(readers[:-1])} or {readers[-1]}"
@@ -205,7 +201,7 @@ def check_tool_setup(tools: str, options: SearchOptions) -> None:
                                           f"or drop {name}")
 
 
-def tool_backends(tools: str, search: SearchBackend) -> dict[str, ToolBackend]:
+def tool_backends(tools: Sequence[str], search: SearchBackend) -> dict[str, ToolBackend]:
     """What runs each declared tool other than search, over the same corpus as ``search``:
     ``open_page`` reads the pages of the local backend's index, Wikipedia's pages (each pinned to
     one revision for the run, through the search backend's client, limiter and contact), or the
@@ -214,7 +210,7 @@ def tool_backends(tools: str, search: SearchBackend) -> dict[str, ToolBackend]:
     from searchr1.search.pages import page_backend_for
 
     backends: dict[str, ToolBackend] = {}
-    for name in tool_names(tools):
+    for name in tools:
         if name == "open_page":
             try:
                 backends[name] = page_backend_for(search)

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from searchr1.bm25.corpus import split_contents
 from searchr1.bm25.index import BM25Index, Hit
 from searchr1.core.tools import ToolBackend, ToolCall
-from searchr1.core.types import JsonValue, SearchBackend, SearchItem, SearchResult
+from searchr1.core.types import JsonValue, SearchItem, SearchResult
+from searchr1.search.tool import SearchBackend
 from searchr1.search.base import truncate
 from searchr1.search.retriever import DEFAULT_SOURCE
 

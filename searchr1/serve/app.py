@@ -23,7 +23,6 @@ from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, R
                                           run_in_thread)
 from searchr1.serve.chat_api import MAX_BODY_BYTES, ChatRequest, FieldError, Reply, chunks, completion, \
     parse_chat_request, sse
-from searchr1.core.rollout import tool_names
 from searchr1.serve.model import ChatModel
 
 MAX_CONCURRENT_BODIES = 8
@@ -90,7 +89,7 @@ def make_app(model: ChatModel, *, max_concurrent_bodies: int = MAX_CONCURRENT_BO
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "model": model.name, "policy": model.policy,
-                             "tools": list(tool_names(model.rollout))})
+                             "tools": list(model.rollout.tools)})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from searchr1.core.protocol import stop_sequences
 from searchr1.core.rollout import RolloutConfig, read_sequence, rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.core.types import SearchExample, Trajectory
 from searchr1.serve.chat_api import ChatRequest, Reply, read_reply
 
@@ -83,8 +84,8 @@ class ChatModel:
             config = replace(config, max_assistant_tokens=min(request.max_tokens, config.max_assistant_tokens))
         example = SearchExample(id="serve", question=request.question.strip(), answers=(), data_source="serve")
         async with self.slots:
-            (trajectory,) = await rollout_batch_async(self.sampler, self.tokenizer, self.search, [example], config,
-                                                      tool_backends=self.tools)
+            (trajectory,) = await rollout_batch_async(self.sampler, self.tokenizer, with_search(self.search, self.tools),
+                                                      [example], config)
         return agent_reply(trajectory, self.policy)
 
 

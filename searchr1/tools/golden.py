@@ -26,7 +26,8 @@ from searchr1.core.datum import build_training_datums
 from searchr1.offline import REPO_ROOT
 from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.reward import score_trajectories
-from searchr1.core.rollout import RolloutConfig, rollout_batch_async, tool_names
+from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.twin.scenario import Scenario, ScenarioError, load_scenario
 from searchr1.core.types import CallRecord, Trajectory
 
@@ -93,7 +94,7 @@ def golden_tools(config: RolloutConfig) -> dict[str, Any]:
     """The declared tools other than search a scenario's rollout names: ``open_page`` reads the
     pages of the shipped offline corpus (:mod:`searchr1.bm25.shipped`), whatever the scenario's
     search backend."""
-    if "open_page" not in tool_names(config):
+    if "open_page" not in config.tools:
         return {}
     from searchr1.bm25.index import BM25Index
     from searchr1.bm25.shipped import offline_index
@@ -108,8 +109,8 @@ async def _run(scenario: Scenario, tokenizer: Any, sampler: Any) -> tuple[Rollou
     config = rollout_config(scenario)
     backend = open_replay_backend(scenario.backend, REPO_ROOT / scenario.cassette)  # type: ignore[arg-type]
     try:
-        trajectories = await rollout_batch_async(sampler, tokenizer, backend, scenario.examples, config,
-                                                 tool_backends=golden_tools(config))
+        trajectories = await rollout_batch_async(sampler, tokenizer, with_search(backend, golden_tools(config)),
+                                                 scenario.examples, config)
         score_trajectories(trajectories)
         assign_group_advantages(trajectories)
     finally:

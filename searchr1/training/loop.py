@@ -28,7 +28,8 @@ from searchr1.run.reporting import MetricsLogger, Reporter, SilentReporter
 from searchr1.core.rollout import SamplerFailureError
 from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import MicroBatcher, StepRecord, Trainer
-from searchr1.core.types import SearchBackend, SearchExample, ServiceClient, Tokenizer
+from searchr1.core.types import SearchExample, ServiceClient, Tokenizer
+from searchr1.search.tool import SearchBackend
 from searchr1.health.metrics import step_metrics
 from searchr1.health.rules import CollapseGuard, collapse_report, configured_rules, last_healthy_checkpoint
 from searchr1.run.directory import ResumePoint, RunDir

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from searchr1.data.dataset import take_batch
 from searchr1.core.types import (
     SamplingClient,
-    SearchBackend,
     SearchExample,
     Tokenizer,
     TrainingClient,
@@ -33,6 +32,7 @@ from searchr1.training.off_policy import batches_in_flight, sampler_version, ste
 from searchr1.run.reporting import Reporter
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import RolloutBatch
 from searchr1.core.config import TrainConfig
@@ -205,8 +205,9 @@ class RolloutPipeline:
             return batch
         questions = step_batch(self.examples, batch_index, config.questions_per_batch)
         trajectories = await rollout_batch_async(
-            sampler, self.tokenizer, search, questions, config.rollout, self.progress.callback(batch_index),
-            step=batch_index, sampling_slots=self._sampling_slots, tool_backends=tools, sampler_version=version,
+            sampler, self.tokenizer, with_search(search, tools), questions, config.rollout,
+            self.progress.callback(batch_index), step=batch_index, sampling_slots=self._sampling_slots,
+            sampler_version=version,
         )
         self._usage[batch_index] = usage
         return RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started)
@@ -238,9 +239,9 @@ class RolloutPipeline:
         while draws <= config.max_oversample_batches:
             batch = take_batch(self.examples, self.cursor, size)
             drawn = await rollout_batch_async(
-                sampler, self.tokenizer, search, batch, config.rollout, self.progress.callback(batch_index),
-                step=batch_index, sampling_slots=self._sampling_slots, first_question_index=draws * size,
-                tool_backends=tools, sampler_version=version,
+                sampler, self.tokenizer, with_search(search, tools), batch, config.rollout,
+                self.progress.callback(batch_index), step=batch_index, sampling_slots=self._sampling_slots,
+                first_question_index=draws * size, sampler_version=version,
             )
             score_trajectories(drawn, reward=config.reward)
             trajectories += drawn

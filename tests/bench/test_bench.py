@@ -19,6 +19,7 @@ from searchr1.bench.workload import LatencyModel, build_workload, fingerprint, q
 from searchr1.cli import main
 from searchr1.training.packing import MAX_DATUM_TOKENS, pack_micro_batches
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.core.types import SearchItem, SearchResult
 from searchr1.runtime.services import scripted_sampling_client
@@ -130,7 +131,7 @@ def both_schedulers(tokenizer, scenario, results, config, *, sample_jitter, sear
         for kind in ("ours", "lockstep"):
             search = ScriptedSearch(results, latency=search_latency, concurrency=search_concurrency)
             if kind == "ours":
-                step = rollout_batch_async(sampler, tokenizer, search, scenario.examples, config)
+                step = rollout_batch_async(sampler, tokenizer, with_search(search), scenario.examples, config)
             else:
                 step = lockstep_rollout_async(sampler, tokenizer, search, scenario.examples, config,
                                               search_concurrency=search_concurrency)

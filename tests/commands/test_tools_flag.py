@@ -23,9 +23,9 @@ def test_the_tools_help_names_every_declared_tool(command):
     code, output = invoke(command, "--help")
     assert code == 0
     text = " ".join(output.split())
-    assert "--tools TEXT" in text
+    assert "--tools NAMES" in text
     for name in DECLARED:
-        assert name in text.split("--tools TEXT", 1)[1].split("--", 1)[0], name
+        assert name in text.split("--tools NAMES", 1)[1].split("--", 1)[0], name
 
 
 @pytest.mark.parametrize("command", ROLLING_OUT)

@@ -101,9 +101,9 @@ def test_the_check_sees_a_forbidden_import():
 
 def test_the_core_proper_reads_in_one_sitting():
     """The engine's .py files directly in searchr1/core/ (protocol, rollout, reward, advantage,
-    datum, update, kl, trainer, types, config) stay at most 2,470 lines together (2,300 before the
-    rollout took declared tools and several calls a turn, 2,450 before turns became the unit of
-    training and a trajectory one datum per context); the tools chapter (declared tools and the call parser) at most
+    datum, update, kl, trainer, types, budgets, config) stay at most 2,480 lines together (2,300
+    before the rollout took declared tools and several calls a turn, 2,450 before turns became the
+    unit of training and a trajectory one datum per context); the tools chapter (declared tools and the call parser) at most
     350, the objective (each loss's per-token term and gradient, as code) at most 130, and the
     reference, which repeats the step in its own plain code to check them, at most 440
     (300 before it read declared tools with a call parser of its own and each tool's own argument rules)."""
@@ -112,7 +112,7 @@ def test_the_core_proper_reads_in_one_sitting():
     reference = lines.pop("reference.py")
     tools = lines.pop("tools.py")
     objective = lines.pop("objective.py")
-    assert sum(lines.values()) <= 2470, f"the engine is {sum(lines.values())} lines"
+    assert sum(lines.values()) <= 2480, f"the engine is {sum(lines.values())} lines"
     assert tools <= 350, f"the tools chapter is {tools} lines"
     assert objective <= 130, f"the objective is {objective} lines"
     assert reference <= 440, f"the reference is {reference} lines"

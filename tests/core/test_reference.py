@@ -28,7 +28,9 @@ from searchr1.core.protocol import observation_tokens
 from searchr1.core.reference import reference_datums, reference_rollout, reference_rewards_and_advantages, reference_step
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
-from searchr1.core.types import MAX_TOKENS, TOOL_OVERFLOW_MODES, SearchExample, SearchItem, SearchResult, Trajectory
+from searchr1.search.tool import with_search
+from searchr1.core.budgets import TOOL_OVERFLOW_MODES
+from searchr1.core.types import MAX_TOKENS, SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.core.update import UpdateConfig, apply_update
 from searchr1.twin import start_twin
 from searchr1.twin.client import FAST_RETRIES
@@ -153,7 +155,7 @@ def world():
 
 
 def production(sampler, tokenizer, results, examples, config, step):
-    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(results, default=NOTHING),
+    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(ScriptedSearch(results, default=NOTHING)),
                                                    examples, config, step=step))
     score_trajectories(trajectories)
     assign_group_advantages(trajectories)
@@ -346,7 +348,8 @@ def test_the_reference_step_and_the_trainer_send_the_same_update(twins, tokenize
 
 # ---------------------------------------------------------------- the reference stands apart
 
-ALLOWED = {("searchr1.core.types", "*"), ("searchr1.core.tools", "DECLARED")}  # types, and the tools as data
+# the data types, the budgets' settings class, and the tools as data
+ALLOWED = {("searchr1.core.types", "*"), ("searchr1.core.budgets", "RolloutBudgets"), ("searchr1.core.tools", "DECLARED")}
 
 
 def searchr1_imports(source: str) -> list[tuple[str, str]]:
@@ -366,12 +369,12 @@ def forbidden(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def test_the_reference_imports_from_the_package_only_the_data_types():
-    """Invariant: reference.py imports nothing from searchr1 but the data types and budgets
-    (``searchr1.core.types``) and the declared tools as data (``DECLARED``): no helper of the engine it
-    is held against (parser, stitching, observations, seeds, reward, advantages, datums), nor its
+    """Invariant: reference.py imports nothing from searchr1 but the data types (``searchr1.core.types``),
+    the budgets (``RolloutBudgets``) and the declared tools as data (``DECLARED``): no helper of the engine
+    it is held against (parser, stitching, observations, seeds, reward, advantages, datums), nor its
     configuration class."""
     imports = searchr1_imports(Path(searchr1.core.reference.__file__).read_text(encoding="utf-8"))
-    assert ("searchr1.core.types", "RolloutBudgets") in imports
+    assert ("searchr1.core.budgets", "RolloutBudgets") in imports
     assert forbidden(imports) == []
 
 
@@ -450,10 +453,8 @@ def test_the_engine_produces_the_reference_trajectories_with_declared_tools(
                            tool_overflow=overflow, max_search_calls=searches, max_assistant_turns=turns,
                            max_trajectory_tokens=room, max_tool_response_tokens=cap, seed=seed,
                            sample_retry_backoff=0.0)
-    trajectories = asyncio.run(rollout_batch_async(tool_sampler, tokenizer, ScriptedSearch(SCRIPTED_RESULTS,
-                                                                                           default=NOTHING),
-                                                   TOOLS_SCENARIO.examples, config,
-                                                   tool_backends={"open_page": PageBackend()}))
+    tools = with_search(ScriptedSearch(SCRIPTED_RESULTS, default=NOTHING), {"open_page": PageBackend()})
+    trajectories = asyncio.run(rollout_batch_async(tool_sampler, tokenizer, tools, TOOLS_SCENARIO.examples, config))
     score_trajectories(trajectories)
     assign_group_advantages(trajectories)
     datums, _ = drop_out_of_vocab(build_training_datums(trajectories, max_tokens=room), len(tokenizer))

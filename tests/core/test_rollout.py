@@ -27,6 +27,7 @@ from searchr1.core.rollout import (
     rollout_batch_async,
     sampling_seed,
 )
+from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.core.types import CallRecord, SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.twin import Latencies, TwinFaults, start_twin
@@ -95,7 +96,7 @@ def serve(tmp_path_factory, tokenizer):
 
 def rollout_batch(sampler, tokenizer, search, examples, config, **kw):
     """The engine's batch, then scored and ranked as the trainer's step does."""
-    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, search, examples, config, **kw))
+    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(search), examples, config, **kw))
     score_trajectories(trajectories)
     assign_group_advantages(trajectories)
     return trajectories
@@ -454,7 +455,7 @@ def test_sampling_and_search_caps_are_respected(serve, tokenizer):
 async def test_rollout_runs_inside_an_existing_event_loop(served, tokenizer):
     sc = scenario([question("q", [["Answer: France"]])])
     served.twin.policy = ScriptedPolicy(sc, tokenizer)
-    trajectories = await rollout_batch_async(served.sampler, tokenizer, ScriptedSearch({}),
+    trajectories = await rollout_batch_async(served.sampler, tokenizer, with_search(ScriptedSearch({})),
                                              sc.examples, RolloutConfig(group_size=1, **FAST))
     assert trajectories[0].reward_result is None  # the rollout samples; scoring is the caller's next step
     score_trajectories(trajectories)
@@ -509,7 +510,7 @@ def test_only_retryable_failures_are_asked_again_and_the_first_failure_is_named_
     config = RolloutConfig(group_size=2, sample_retries=3, **FAST)
     example = SearchExample("q", "Question q?", ("France",), "nq")
     with caplog.at_level("WARNING", logger="searchr1.core.rollout"), pytest.raises(SamplerFailureError) as info:
-        asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch({}), [example], config, step=0))
+        asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(ScriptedSearch({})), [example], config, step=0))
     summary = f"{type(error).__name__}: {'x' * 200}"
     assert sampler.requests == requests
     assert str(info.value).endswith(f"(first failure: {summary})")
@@ -586,8 +587,8 @@ def test_requests_carry_the_sampling_settings_and_the_stop_token_and_progress_co
     config = RolloutConfig(group_size=3, temperature=0.7, top_p=0.9, **FAST)
     examples = [SearchExample(f"q{i}", f"Question {i}?", ("France",), "nq") for i in range(2)]
     ticks = []
-    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS), examples, config,
-                                                   progress_callback=ticks.append))
+    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(ScriptedSearch(RESULTS)), examples,
+                                                   config, progress_callback=ticks.append))
     assert len(trajectories) == 6 and all(t.termination == "answer" for t in trajectories)
     assert ticks == [1] * 6
     assert sampler.params and all((p.temperature, p.top_p, p.stop) == (0.7, 0.9, ["<|im_end|>"])
@@ -622,7 +623,7 @@ class FlakySampler(RecordingSampler):
 
 def one_question(tokenizer, sampler, config):
     example = SearchExample("q", "Question?", ("France",), "nq")
-    return asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS), [example], config))
+    return asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(ScriptedSearch(RESULTS)), [example], config))
 
 
 def test_retries_wait_the_backoff_doubling_each_time_and_say_so(tokenizer, monkeypatch, caplog):
@@ -699,13 +700,13 @@ def test_a_batch_starts_at_step_0_numbers_questions_from_where_it_is_told_and_sh
     examples = [SearchExample(f"q{i}", f"Question {i}?", ("France",), "nq") for i in range(4)]
     config = RolloutConfig(group_size=2, sampling_concurrency=8, **FAST)
     sampler = CountingSampler(tokenizer)
-    asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS), examples, config))
+    asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(ScriptedSearch(RESULTS)), examples, config))
     assert [p.seed for p in sampler.params] == [sampling_seed(config.seed, 0, q, 0, 0) for q in range(4)]
     assert sampler.most_in_flight > 1
 
     sampler = CountingSampler(tokenizer)
-    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS), examples, config,
-                                                   first_question_index=5, sampling_slots=asyncio.Semaphore(1)))
+    trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(ScriptedSearch(RESULTS)), examples,
+                                                   config, first_question_index=5, sampling_slots=asyncio.Semaphore(1)))
     assert [t.question_index for t in trajectories] == [5, 5, 6, 6, 7, 7, 8, 8]
     assert sorted(p.seed for p in sampler.params) == sorted(sampling_seed(config.seed, 0, q, 0, 0)
                                                             for q in range(5, 9))

@@ -9,14 +9,16 @@ import math
 import string
 from dataclasses import replace
 
+import pytest
+
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from searchr1.core.protocol import SEARCH, TurnKind, initial_messages, parse_assistant, render_text
 from searchr1.core.reference import parse as reference_parse
-from searchr1.core.tools import (CallError, ToolCall, ToolSpec, convert_value, declared_tools, parse_tool_calls,
-                                 read_call, unknown_tools)
-from searchr1.core.types import RolloutBudgets
+from searchr1.core.budgets import RolloutBudgets, declared_tools, unknown_tools
+from searchr1.core.settings import SettingError
+from searchr1.core.tools import DECLARED, CallError, ToolCall, ToolSpec, convert_value, parse_tool_calls, read_call
 
 MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
 TYPES = ("string", "integer", "number", "boolean", "array", "object")
@@ -391,3 +393,19 @@ def test_a_tool_list_naming_an_undeclared_tool_is_refused_naming_the_first_and_t
     refusal = "names an undeclared tool 'calculator' (declared: search, open_page)"
     assert unknown_tools("search,calculator") == unknown_tools("calculator, search, abacus") == refusal
     assert unknown_tools("search, open_page") is None
+
+
+@given(st.lists(st.sampled_from(["search", "open_page", " search", "open_page "]) | st.text(max_size=12),
+                max_size=4).filter(lambda names: all("," not in name for name in names)))
+def test_a_tool_list_is_read_alike_from_every_form_and_refused_unless_each_name_is_declared_once(names):
+    """``--tools``, config.json and scenario files spell the list comma-separated or as a list: every
+    form reads as the same tuple of stripped names, and a list with no name, an undeclared name or a
+    name twice is refused naming ``--tools``."""
+    expected = tuple(name.strip() for name in names)
+    good = bool(expected) and set(expected) <= set(DECLARED) and len(set(expected)) == len(expected)
+    for form in [tuple(names), list(names)] + [",".join(names)] * bool(names):
+        if good:
+            assert RolloutBudgets(tools=form).tools == expected
+        else:
+            with pytest.raises(SettingError, match="^--tools "):
+                RolloutBudgets(tools=form)

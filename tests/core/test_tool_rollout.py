@@ -19,6 +19,7 @@ from searchr1.core.observation.text import observation_candidates
 from searchr1.core.protocol import assistant_message, build_prompt, render, tool_message
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, effective_system_prompt, rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.core.tools import OPEN_PAGE, ToolCall
 from searchr1.core.types import SearchItem, SearchResult
 from searchr1.twin import start_twin
@@ -70,8 +71,9 @@ def run(sampler, tokenizer, turns, pages=None, results=RESULTS, **settings):
     twin.policy = ScriptedPolicy(scenario, tokenizer)
     pages = Pages() if pages is None else pages
     config = RolloutConfig(group_size=1, **(TWO_TOOLS | settings))
-    (trajectory,) = asyncio.run(rollout_batch_async(client, tokenizer, ScriptedSearch(results), scenario.examples,
-                                                    config, tool_backends={"open_page": pages}))
+    (trajectory,) = asyncio.run(rollout_batch_async(client, tokenizer,
+                                                    with_search(ScriptedSearch(results), {"open_page": pages}),
+                                                    scenario.examples, config))
     score_trajectories([trajectory])
     assign_group_advantages([trajectory])
     return trajectory, pages
@@ -107,12 +109,12 @@ class UnreadablePages(Pages):
         return SearchResult(True, (SearchItem("Broken", "text with a \ud800 lone surrogate", "Page", None),))
 
 
-def test_a_page_that_cannot_become_an_observation_ends_the_trajectory_naming_the_tool_not_search(sampler, tokenizer):
+def test_a_page_that_cannot_become_an_observation_ends_the_trajectory_naming_its_tool(sampler, tokenizer):
     t, _ = run(sampler, tokenizer, [OPEN.format("Eiffel Tower", 0), "Answer: 330 m"], pages=UnreadablePages())
     (page,) = t.calls
     assert t.termination == "search_error" and t.env_error
     assert (page.tool, page.ok, page.error) == ("open_page", False,
-                                                "the tool result could not become an observation (TypeError)")
+                                                "the open_page result could not become an observation (TypeError)")
 
 
 def test_a_search_result_shows_its_passage_id_only_where_open_page_is_offered(sampler, tokenizer):
@@ -162,7 +164,7 @@ def test_an_unknown_tool_under_observe_names_the_declared_ones(sampler, tokenize
 def test_a_declared_tool_without_a_backend_is_refused_before_any_sampling(sampler, tokenizer):
     twin, client = sampler
     with pytest.raises(ValueError, match="no backend runs the declared tool 'open_page'"):
-        asyncio.run(rollout_batch_async(client, tokenizer, ScriptedSearch(RESULTS), [], RolloutConfig(**TWO_TOOLS)))
+        asyncio.run(rollout_batch_async(client, tokenizer, with_search(ScriptedSearch(RESULTS)), [], RolloutConfig(**TWO_TOOLS)))
 
 
 def test_calls_of_one_turn_run_together_and_answer_in_call_order(sampler, tokenizer):

@@ -19,6 +19,7 @@ from twin_support import MODEL
 from searchr1.core.config import TrainConfig
 from searchr1.core.reference import reference_step
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.core.datum import DatumError
 from searchr1.core.trainer import RolloutBatch, Trainer
 from searchr1.core.update import substep_batches
@@ -136,7 +137,7 @@ def service_of(twin):
 
 def rolled_out(twin, tokenizer, examples, results, config: RolloutConfig, step=0):
     sampler = service_of(twin).create_sampling_client(base_model=MODEL)
-    return asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(results, default=NOTHING), examples,
+    return asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(ScriptedSearch(results, default=NOTHING)), examples,
                                            config, step=step)), sampler
 
 

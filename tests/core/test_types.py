@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from searchr1.core.settings import SettingError
-from searchr1.core.types import ReportedUsage, RolloutBudgets
+from searchr1.core.budgets import RolloutBudgets
+from searchr1.core.types import ReportedUsage
 
 COUNTS = st.integers(0, 10**9)
 USAGES = st.builds(ReportedUsage, COUNTS, COUNTS, COUNTS, COUNTS)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from searchr1.core.types import RewardResult, SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.offline import SCENARIO
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.runtime.services import scripted_sampling_client
@@ -104,7 +105,7 @@ def rolled_out(tokenizer):
     search = ScriptedSearch({}, default=SearchResult(True, (passage,)))
     with scripted_sampling_client(scenario, tokenizer) as sampler:
         return asyncio.run(rollout_batch_async(
-            sampler, tokenizer, search, scenario.examples[:4],
+            sampler, tokenizer, with_search(search), scenario.examples[:4],
             RolloutConfig(group_size=8, sample_retry_backoff=0.0), step=5,
         ))
 

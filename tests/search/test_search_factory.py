@@ -17,7 +17,7 @@ from searchr1.search.factory import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT, create
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.replay import ReplayBackend
 from searchr1.search.testing import mock_backend
-from searchr1.core.types import SearchBackend
+from searchr1.search.tool import SearchBackend
 
 GOOD = {"results": [{"title": "Good", "text": "good text"}]}
 KEY_VARS = (

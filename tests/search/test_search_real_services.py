@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.runtime.services import scripted_sampling_client
 from searchr1.twin.scenario import parse_scenario
 from searchr1.search.cache import QueryCache
@@ -337,7 +338,7 @@ def test_a_wikipedia_403_ends_the_rollout_instead_of_becoming_an_observation(tok
 
     async def run(sampler):
         async with backend:
-            return await rollout_batch_async(sampler, tokenizer, backend, scenario.examples, config)
+            return await rollout_batch_async(sampler, tokenizer, with_search(backend), scenario.examples, config)
 
     with scripted_sampling_client(scenario, tokenizer) as sampler, pytest.raises(WikipediaRefusedError,
                                                                                   match=CONTACT_ENV):

@@ -14,6 +14,7 @@ from searchr1.core.datum import build_training_datums
 from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.search.tool import with_search
 from searchr1.core.types import SearchItem, SearchResult
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.twin import StopConvention, start_twin
@@ -42,7 +43,7 @@ def rollout_and_train(tmp_path, tokenizer, convention):
         service = twin.service_client(sdk_options=FAST_RETRIES)
         sampler = service.create_sampling_client(base_model=MODEL)
         config = RolloutConfig(group_size=4, sample_retry_backoff=0.0)
-        trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, ScriptedSearch(RESULTS),
+        trajectories = asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(ScriptedSearch(RESULTS)),
                                                        SCENARIO.examples, config))
         score_trajectories(trajectories)
         assign_group_advantages(trajectories)

@@ -11,8 +11,9 @@ from searchr1.core.observation.piecewise import SEPARATOR, JoinedObservation
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.observation.tokens import plain_tokens
 from searchr1.core.protocol import build_next_prompt, missing_closing, observation_tokens, tool_message
-from searchr1.core.tools import tool_schemas
-from searchr1.core.types import Message, RolloutBudgets, SearchResult, Tokenizer
+from searchr1.core.budgets import RolloutBudgets, tool_schemas
+from searchr1.core.tools import SEARCH
+from searchr1.core.types import Message, SearchResult, Tokenizer
 
 TRUNCATION_MARKER = " [... truncated to fit the budget]"
 
@@ -68,7 +69,7 @@ def fit_tool_content(
     call_id: str,
     result: SearchResult,
     budgets: RolloutBudgets,
-    tool: str = "search",
+    tool: str = SEARCH.name,
 ) -> FittedObservation | None:
     """The tool message content and the next prompt, or ``None`` when nothing fits (``tool``: the
     tool that answered, ``""`` for a call that named none).

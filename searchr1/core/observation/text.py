@@ -1,7 +1,8 @@
-"""How a search result becomes the text of the tool message (the seed's layout)."""
+"""How a tool's result becomes the text of the tool message (the seed's layout for search results)."""
 
 from __future__ import annotations
 
+from searchr1.core.tools import DECLARED, SEARCH
 from searchr1.core.types import SearchItem, SearchResult
 
 
@@ -23,22 +24,24 @@ def format_item(item: SearchItem, index: int) -> str:
     return "\n".join(lines)
 
 
-NO_RESULTS_TEXT = "Search returned no results."
+NO_RESULTS_TEXT = SEARCH.nothing
 
 
-def error_text(result: SearchResult, tool: str = "search") -> str:
-    """``Search error: …``, or ``Tool error (open_page): …`` for another tool (``Tool error: …``
-    when the call named none)."""
-    head = "Search error" if tool == "search" else f"Tool error ({tool})" if tool else "Tool error"
+def error_text(result: SearchResult, tool: str = SEARCH.name) -> str:
+    """The failed call's error under its tool's declared head (``Search error: …``), ``Tool error
+    (open_page): …`` for a tool that declares none, ``Tool error: …`` when the call named none."""
+    spec = DECLARED.get(tool)
+    head = spec.error_head if spec and spec.error_head else f"Tool error ({tool})" if tool else "Tool error"
     return f"{head}: {result.error or 'unknown error'}"
 
 
-def observation_candidates(result: SearchResult, tool: str = "search") -> list[str]:
+def observation_candidates(result: SearchResult, tool: str = SEARCH.name) -> list[str]:
     """The pieces a tool message is assembled from, in order (items numbered from 1)."""
     if not result.ok:
         return [error_text(result, tool)]
     if not result.items:
-        return [NO_RESULTS_TEXT if tool == "search" else f"{tool} returned nothing."]
+        spec = DECLARED.get(tool)
+        return [spec.nothing if spec and spec.nothing else f"{tool} returned nothing."]
     return [format_item(item, i) for i, item in enumerate(result.items, start=1)]
 
 
