@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from searchr1.core.observation.tokens import observation_wrapper, plain_tokens, split_at_control_tokens
+from searchr1.core.observation.tokens import (TemplateBoundaries, observation_wrapper, plain_tokens,
+                                              split_at_control_tokens)
 from searchr1.core.tools import (DECLARED, SEARCH, CallError, ParsedCall, ToolCall, ToolSpec, parse_tool_calls,
                                  search_spec, shown_call)
 from searchr1.core.types import JsonObject, Message, Tokenizer
@@ -219,21 +220,6 @@ def parse_assistant(text: str, tools: Sequence[ToolSpec] = (SEARCH,), max_calls:
 class TemplateDriftError(ValueError):
     """The chat template does not behave as token stitching requires (it rewrote earlier
     history, or its assistant/tool boundaries are not where they should be)."""
-
-
-@dataclass(frozen=True)
-class TemplateBoundaries:
-    """What the template puts around a tool observation, learnt once per tokenizer.
-
-    ``closing``: tokens that end an assistant turn (Qwen3.5: ``<|im_end|>``, ``\\n``).
-    ``observation_prefix`` / ``observation_suffix``: the text before and after the (trimmed)
-    tool content in the observation, which runs from the end of ``closing`` to the end of the
-    next generation prompt.
-    """
-
-    closing: tuple[int, ...]
-    observation_prefix: str
-    observation_suffix: str
 
 
 _BOUNDARIES: "weakref.WeakKeyDictionary[Tokenizer, tuple[str, TemplateBoundaries]]" = weakref.WeakKeyDictionary()

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from searchr1.core.errors import UserError
 
+from searchr1.core.observation.tokens import TemplateBoundaries
 from searchr1.core.protocol import (
-    TemplateBoundaries,
     TemplateDriftError,
     TurnKind,
     assistant_message,

@@ -8,12 +8,24 @@ import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from searchr1.core.types import Tokenizer
 
-if TYPE_CHECKING:
-    from searchr1.core.protocol import TemplateBoundaries
+
+@dataclass(frozen=True)
+class TemplateBoundaries:
+    """What the template puts around a tool observation, learnt once per tokenizer.
+
+    ``closing``: tokens that end an assistant turn (Qwen3.5: ``<|im_end|>``, ``\\n``).
+    ``observation_prefix`` / ``observation_suffix``: the text before and after the (trimmed)
+    tool content in the observation, which runs from the end of ``closing`` to the end of the
+    next generation prompt.
+    """
+
+    closing: tuple[int, ...]
+    observation_prefix: str
+    observation_suffix: str
+
 
 # How many texts each tokenizer's plain encoder remembers: a step's trajectories read the same
 # passages and the same wrapper pieces again and again (the offline job's 20 steps encode 49
