@@ -21,6 +21,7 @@ from remembering_tokenizer import RememberingTokenizer
 from twin_support import MODEL
 
 import searchr1.core.reference
+import searchr1.core.reference_text
 from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.datum import build_training_datums, drop_out_of_vocab
 from searchr1.core.observation.text import observation_candidates
@@ -152,6 +153,12 @@ def world():
     results = {query: SearchResult(True, tuple(SearchItem(h.title, h.text, "Wikipedia") for _, h in
                                                (hops + hops)[i:i + 3])) for i, (query, _) in enumerate(hops)}
     return examples, results
+
+
+def search_tools(results):
+    """The reference's tools: search answers a call's query, stripped, from ``results`` (as the
+    engine's search tool gives its backend the stripped query)."""
+    return {"search": lambda arguments: results.get(str(arguments["query"]).strip(), NOTHING)}
 
 
 def production(sampler, tokenizer, results, examples, config, step):
@@ -321,7 +328,7 @@ def test_the_engine_produces_the_reference_trajectories_and_datums_at_every_budg
         max_tool_response_tokens=at_edge(found, content_edge, generous=GENEROUS, least=1, most=MAX_TOKENS),
         max_assistant_tokens=at_edge(found, completion_edge, generous=GENEROUS, least=1, most=MAX_TOKENS))
     trajectories, datums = production(samplers[policy], tokenizer, results, examples, config, step)
-    expected = reference_rollout(samplers[policy], tokenizer, lambda q: results.get(q, NOTHING), examples, config,
+    expected = reference_rollout(samplers[policy], tokenizer, search_tools(results), examples, config,
                                  step=step)
     reference_rewards_and_advantages(expected)
     assert exact_match_only(trajectories) == expected
@@ -341,7 +348,7 @@ def test_the_reference_step_and_the_trainer_send_the_same_update(twins, tokenize
     _, datums = production(samplers["learning"], tokenizer, results, examples[:4], config, 0)
     assert datums, "the batch carries a signal"
     update = asyncio.run(apply_update(ours, [datums], UpdateConfig(learning_rate=0.2, beta1=0.9, beta2=0.95)))
-    _, sent, loss = reference_step(samplers["learning"], theirs, tokenizer, lambda q: results.get(q, NOTHING),
+    _, sent, loss = reference_step(samplers["learning"], theirs, tokenizer, search_tools(results),
                                    examples[:4], config, step=0, learning_rate=0.2)
     assert len(sent) == len(datums) and loss == update.outputs[0]
 
@@ -350,6 +357,8 @@ def test_the_reference_step_and_the_trainer_send_the_same_update(twins, tokenize
 
 # the data types, the budgets' settings class, and the tools as data
 ALLOWED = {("searchr1.core.types", "*"), ("searchr1.core.budgets", "RolloutBudgets"), ("searchr1.core.tools", "DECLARED")}
+# the reference's two modules: the step, and the text the model reads and writes
+REFERENCE_MODULES = (searchr1.core.reference, searchr1.core.reference_text)
 
 
 def searchr1_imports(source: str) -> list[tuple[str, str]]:
@@ -364,18 +373,33 @@ def searchr1_imports(source: str) -> list[tuple[str, str]]:
     return found
 
 
-def forbidden(imports: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(m, n) for m, n in imports if (m, "*") not in ALLOWED and (m, n) not in ALLOWED]
+def forbidden(imports: list[tuple[str, str]], allowed=ALLOWED) -> list[tuple[str, str]]:
+    return [(m, n) for m, n in imports if (m, "*") not in allowed and (m, n) not in allowed]
+
+
+def source_of(module) -> str:
+    return Path(module.__file__).read_text(encoding="utf-8")
 
 
 def test_the_reference_imports_from_the_package_only_the_data_types():
-    """Invariant: reference.py imports nothing from searchr1 but the data types (``searchr1.core.types``),
-    the budgets (``RolloutBudgets``) and the declared tools as data (``DECLARED``): no helper of the engine
-    it is held against (parser, stitching, observations, seeds, reward, advantages, datums), nor its
+    """Invariant: reference.py and its text module (reference_text.py) import nothing from searchr1
+    but the data types (``searchr1.core.types``), the budgets (``RolloutBudgets``) and the declared
+    tools as data (``DECLARED``), and the reference its text module: no helper of the engine they
+    are held against (parser, stitching, observations, seeds, reward, advantages, datums), nor its
     configuration class."""
-    imports = searchr1_imports(Path(searchr1.core.reference.__file__).read_text(encoding="utf-8"))
-    assert ("searchr1.core.budgets", "RolloutBudgets") in imports
-    assert forbidden(imports) == []
+    reference, text = (searchr1_imports(source_of(module)) for module in REFERENCE_MODULES)
+    assert ("searchr1.core.budgets", "RolloutBudgets") in reference
+    assert ("searchr1.core.budgets", "RolloutBudgets") in text
+    assert forbidden(reference, ALLOWED | {("searchr1.core.reference_text", "*")}) == []
+    assert forbidden(text) == []
+
+
+def test_the_reference_lines_are_at_most_100_characters():
+    """Invariant: no line of reference.py or reference_text.py is longer than 100 characters (the
+    step reads as one page)."""
+    for module in REFERENCE_MODULES:
+        long = [n for n, line in enumerate(source_of(module).splitlines(), 1) if len(line) > 100]
+        assert long == [], f"{Path(module.__file__).name}: lines over 100 characters: {long}"
 
 
 def test_the_import_rule_sees_an_engine_helper_however_it_is_imported():
@@ -458,8 +482,8 @@ def test_the_engine_produces_the_reference_trajectories_with_declared_tools(
     score_trajectories(trajectories)
     assign_group_advantages(trajectories)
     datums, _ = drop_out_of_vocab(build_training_datums(trajectories, max_tokens=room), len(tokenizer))
-    expected = reference_rollout(tool_sampler, tokenizer, lambda q: SCRIPTED_RESULTS.get(q, NOTHING),
-                                 TOOLS_SCENARIO.examples, config, tools={"open_page": page_result})
+    reference_tools = {**search_tools(SCRIPTED_RESULTS), "open_page": page_result}
+    expected = reference_rollout(tool_sampler, tokenizer, reference_tools, TOOLS_SCENARIO.examples, config)
     reference_rewards_and_advantages(expected)
     assert exact_match_only(trajectories) == expected
     assert [datum_values(d.datum) for d in datums] == [datum_values(d) for d in

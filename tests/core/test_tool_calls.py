@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from searchr1.core.protocol import SEARCH, TurnKind, initial_messages, parse_assistant, render_text
-from searchr1.core.reference import parse as reference_parse
+from searchr1.core.reference_text import parse_turn as reference_parse
 from searchr1.core.budgets import RolloutBudgets, declared_tools, unknown_tools
 from searchr1.core.settings import SettingError
 from searchr1.core.tools import DECLARED, CallError, ToolCall, ToolSpec, convert_value, parse_tool_calls, read_call

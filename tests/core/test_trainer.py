@@ -16,7 +16,7 @@ import time
 import pytest
 from twin_support import MODEL
 
-from searchr1.core.config import TrainConfig
+from searchr1.core.config import StepConfig
 from searchr1.core.reference import reference_step
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.tool import with_search
@@ -64,7 +64,7 @@ def learned_batch(twins, tokenizer):
     """The learning policy's rollouts of four offline-world questions (rolled out once; each test
     trains on its own copy), with the sampler and the search results they came from."""
     examples, results = world()
-    trajectories, sampler = rolled_out(twins[0], tokenizer, examples[:4], results, train_config().rollout)
+    trajectories, sampler = rolled_out(twins[0], tokenizer, examples[:4], results, step_config().rollout)
     return trajectories, sampler, examples[:4], results
 
 
@@ -72,7 +72,7 @@ def learned_batch(twins, tokenizer):
 def scripted_batch(twins, tokenizer):
     """The scripted scenario's rollouts (rolled out once; each test scores its own copy)."""
     trajectories, _ = rolled_out(twins[1], tokenizer, [q.example for q in SCENARIO.questions], RESULTS,
-                                 train_config().rollout)
+                                 step_config().rollout)
     return trajectories
 
 
@@ -83,10 +83,10 @@ def world() -> tuple[list[SearchExample], dict[str, SearchResult]]:
     return [SearchExample(q.id, q.question, q.answers, q.data_source) for q in questions], results
 
 
-def train_config(**changes) -> TrainConfig:
-    values = {"max_steps": 1, "data": "-", "base_model": MODEL, "lora_rank": 8, "seed": 5, "learning_rate": 0.2,
+def step_config(**changes) -> StepConfig:
+    values = {"base_model": MODEL, "lora_rank": 8, "seed": 5, "learning_rate": 0.2,
               "rollout": RolloutConfig(group_size=4, seed=3, sample_retry_backoff=0.0)}
-    return TrainConfig(**{**values, **changes})
+    return StepConfig(**{**values, **changes})
 
 
 class Recorder:
@@ -159,7 +159,7 @@ def test_a_step_sends_what_the_reference_step_sends_in_order(twins, learned_batc
     ``weights_updated``, then one optimiser step with the configured learning rate and betas."""
     learning, _ = twins
     batch, sampler, examples, results = learned_batch
-    config = train_config()
+    config = step_config()
     trajectories = copy.deepcopy(batch)
     recorder = Recorder(trajectories)
     trainer = trainer_on(learning, config, tokenizer, recorder)
@@ -169,8 +169,9 @@ def test_a_step_sends_what_the_reference_step_sends_in_order(twins, learned_batc
 
     theirs = service_of(learning).create_lora_training_client(
         base_model=MODEL, rank=8, seed=5)
-    _, sent, loss = reference_step(sampler, theirs, tokenizer, lambda q: results.get(q, NOTHING), examples,
-                                   config.rollout, step=0, learning_rate=0.2)
+    search = {"search": lambda arguments: results.get(str(arguments["query"]).strip(), NOTHING)}
+    _, sent, loss = reference_step(sampler, theirs, tokenizer, search, examples, config.rollout, step=0,
+                                   learning_rate=0.2)
     assert sent, "the batch carries a signal"
     assert [datum_values(d.datum) for d in record.datums] == [datum_values(d) for d in sent]
     assert record.update is not None and record.update.outputs == [loss]
@@ -197,7 +198,7 @@ def test_a_step_scores_ranks_and_leaves_out_groups_as_configured(twins, scripted
     one of its group's rewards, and only groups with a signal (and, unless kept, no environment
     failure) send datums."""
     _, scripted = twins
-    config = train_config(reward=reward, advantage_mode=advantage, keep_env_failures=keep_env_failures)
+    config = step_config(reward=reward, advantage_mode=advantage, keep_env_failures=keep_env_failures)
     trajectories = copy.deepcopy(scripted_batch)
     recorder = Recorder(trajectories)
     record = asyncio.run(trainer_on(scripted, config, tokenizer, recorder).step(3, recorder))
@@ -219,7 +220,7 @@ def test_a_step_scores_ranks_and_leaves_out_groups_as_configured(twins, scripted
 
 def test_surplus_groups_send_nothing(twins, scripted_batch, tokenizer):
     _, scripted = twins
-    config = train_config(keep_env_failures=True)
+    config = step_config(keep_env_failures=True)
     trajectories = copy.deepcopy(scripted_batch)
     recorder = Recorder(trajectories, surplus={1})
     record = asyncio.run(trainer_on(scripted, config, tokenizer, recorder).step(0, recorder))
@@ -231,7 +232,7 @@ def test_micro_batches_and_substeps_record_what_was_sent(twins, learned_batch, t
     """Invariant: with a micro-batcher and N substeps, the record's micro-batches are exactly the
     forward_backward calls made, N optimiser steps follow them, and every datum is sent once."""
     learning, _ = twins
-    config = train_config(num_substeps=2)
+    config = step_config(num_substeps=2)
     trajectories = copy.deepcopy(learned_batch[0])
     recorder = Recorder(trajectories)
     record = asyncio.run(trainer_on(learning, config, tokenizer, recorder,
@@ -248,7 +249,7 @@ def test_micro_batches_and_substeps_record_what_was_sent(twins, learned_batch, t
 
 def test_the_kl_penalty_sees_the_datums_and_its_result_is_sent(twins, learned_batch, tokenizer):
     learning, _ = twins
-    config = train_config()
+    config = step_config()
     trajectories = copy.deepcopy(learned_batch[0])
     seen = []
 
@@ -274,7 +275,7 @@ def test_a_step_without_datums_sends_nothing_and_asks_no_penalty(twins, learned_
     """Invariant: datums out of the vocabulary are dropped and counted; with none left, no
     penalty is asked, nothing is sent, the weights still count as updated for the batch source."""
     learning, _ = twins
-    config = train_config()
+    config = step_config()
     trajectories = copy.deepcopy(learned_batch[0])
     asked = []
 
@@ -311,7 +312,7 @@ class RecordingService:
 @pytest.mark.parametrize("train_unembed", [True, False])
 def test_connect_asks_for_the_configured_lora_or_restores_a_state(tokenizer, train_unembed):
     service = RecordingService()
-    config = train_config(train_unembed=train_unembed, lora_rank=16, seed=11)
+    config = step_config(train_unembed=train_unembed, lora_rank=16, seed=11)
     trainer = Trainer(config, service=service, tokenizer=tokenizer)
     assert trainer.connect() == "client" and trainer.training_client == "client"
     assert trainer.connect("tinker://run/state") == "restored" and trainer.training_client == "restored"
@@ -323,7 +324,7 @@ def test_connect_asks_for_the_configured_lora_or_restores_a_state(tokenizer, tra
 def test_save_writes_the_state_and_the_sampler_weights_under_new_names(twins, tokenizer):
     learning, _ = twins
     recorder = Recorder([])
-    trainer = trainer_on(learning, train_config(), tokenizer, recorder)
+    trainer = trainer_on(learning, step_config(), tokenizer, recorder)
     state, weights = asyncio.run(trainer.save("step-000001"))
     assert recorder.calls == [("save_state", "step-000001-state", {"overwrite": False}),
                               ("save_weights", "step-000001-weights", {})]
@@ -336,14 +337,14 @@ def test_a_step_refuses_a_trajectory_longer_than_the_runs_token_budget(twins, le
     trajectories = copy.deepcopy(learned_batch[0])
     shortest = min(len(t.turns[-1].prompt_tokens) + len(t.turns[-1].completion_tokens) for t in trajectories)
     # a datum's input is the whole sequence but its last token: every datum is one token too long
-    config = train_config(rollout=RolloutConfig(group_size=4, seed=3, max_trajectory_tokens=shortest - 2))
+    config = step_config(rollout=RolloutConfig(group_size=4, seed=3, max_trajectory_tokens=shortest - 2))
     recorder = Recorder(trajectories)
     with pytest.raises(DatumError):
         asyncio.run(trainer_on(learning, config, tokenizer, recorder).step(0, recorder))
 
 
 def test_a_trainer_must_be_connected_first(tokenizer):
-    trainer = Trainer(train_config(), service=RecordingService(), tokenizer=tokenizer)
+    trainer = Trainer(step_config(), service=RecordingService(), tokenizer=tokenizer)
     with pytest.raises(AssertionError, match=r"^connect\(\) first$"):
         asyncio.run(trainer.step(0, Recorder([])))
     with pytest.raises(AssertionError, match=r"^connect\(\) first$"):
@@ -352,7 +353,7 @@ def test_a_trainer_must_be_connected_first(tokenizer):
 
 def test_a_step_sends_the_configured_loss_and_its_options(twins, learned_batch, tokenizer):
     learning, _ = twins
-    config = train_config(loss_fn="ppo", loss_fn_config={"clip_low_threshold": 0.7, "clip_high_threshold": 1.3})
+    config = step_config(loss_fn="ppo", loss_fn_config={"clip_low_threshold": 0.7, "clip_high_threshold": 1.3})
     recorder = Recorder(copy.deepcopy(learned_batch[0]))
     record = asyncio.run(trainer_on(learning, config, tokenizer, recorder).step(0, recorder))
     assert [c for c in recorder.calls if c[0] == "forward_backward"] == [

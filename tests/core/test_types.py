@@ -33,7 +33,7 @@ def test_budgets_on_their_own_hold_their_rules():
 def test_the_whole_observation_text_is_the_items_as_the_reference_numbers_and_joins_them():
     """:func:`format_observation` against the reference loop's own rendering of a result."""
     from searchr1.core.observation.text import format_observation
-    from searchr1.core.reference import observation_items
+    from searchr1.core.reference_text import observation_items
     from searchr1.core.types import SearchItem, SearchResult
 
     items = (SearchItem("Paris", "Capital of France."), SearchItem("Lyon", "A city.", "Wikipedia", "https://w/Lyon"))

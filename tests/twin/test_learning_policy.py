@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pytrio.types import AdamParams
 
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.core.settings import offline_defaults
 from searchr1.core.types import SearchExample, SearchItem, SearchResult, Trajectory, Turn
 from searchr1.core.datum import build_datums
@@ -533,10 +533,14 @@ class InProcessSampler:
 
 
 def world_search(world: Sequence[WorldQuestion]):
-    """Each hop query answered with its passage (an unknown query is a bug of the policy)."""
+    """The reference's tools: search answers each hop query (stripped) with its passage (an unknown
+    query is a bug of the policy)."""
     passages = passages_by_query(world)
-    return lambda query: SearchResult(ok=True, items=(SearchItem(passages[query].title, passages[query].text,
-                                                                 source="Wikipedia"),))
+
+    def search(arguments):
+        passage = passages[str(arguments["query"]).strip()]
+        return SearchResult(ok=True, items=(SearchItem(passage.title, passage.text, source="Wikipedia"),))
+    return {"search": search}
 
 
 def roll_out(policy: LearningPolicy, params: np.ndarray, tokenizer, examples: Sequence[SearchExample],
