@@ -68,7 +68,7 @@ def _world_search(seed: int, *, latency_tail: bool = True) -> Any:
 def _config(steps: int, *, k: int = 0, accumulation: str = "sdk", questions: int = 8, group: int = 8) -> Any:
     from searchr1.offline import TRAIN
     from searchr1.core.rollout import RolloutConfig
-    from searchr1.core.config import TrainConfig
+    from searchr1.training.config import TrainConfig
 
     return TrainConfig(max_steps=steps, data=str(TRAIN), run_name="bench", questions_per_batch=questions,
                        learning_rate=0.2, save_every=0, transcripts_per_step=0, offline=True,

@@ -34,7 +34,7 @@ TOOL_SETS = ("search,open_page", "search")
 
 
 def _config(tools: str, steps: int, seed: int) -> Any:
-    from searchr1.core.config import TrainConfig
+    from searchr1.training.config import TrainConfig
     from searchr1.core.rollout import RolloutConfig
     from searchr1.offline import PAGES_TRAIN
 
@@ -52,7 +52,7 @@ def _train(service: Any, config: Any, tokenizer: Any, home: Path) -> list[dict[s
     from searchr1.search.local import LocalSearchBackend
     from searchr1.training.loop import TrainingRun
 
-    run = RunDir(home / f"run-{config.rollout.tools.replace(',', '-')}-{config.seed}")
+    run = RunDir(home / f"run-{'-'.join(config.rollout.tools)}-{config.seed}")
     run.create(config.to_json())
     search = LocalSearchBackend(index=offline_index())
     trainer = TrainingRun(config, run, service=service, tokenizer=tokenizer, search=search,

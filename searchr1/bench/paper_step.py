@@ -121,7 +121,7 @@ def paper_step_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = Fal
                       passages: int | None = None) -> Figure:
     from searchr1.bm25.synthetic import heaps_queries
     from searchr1.bench.local_search import QUICK_PASSAGES, WIKI18_PASSAGES, served_load, shared_corpus, shared_index
-    from searchr1.core.config import RolloutConfig
+    from searchr1.core.rollout import RolloutConfig
     from searchr1.search.factory import resolve_concurrency
 
     begun = time.perf_counter()

@@ -191,7 +191,7 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
     from searchr1.core.observation import fit as fit_module
     from searchr1.core import trainer as trainer_module
     from searchr1.run.directory import RunDir
-    from searchr1.core.config import TrainConfig
+    from searchr1.training.config import TrainConfig
     from searchr1.training.loop import TrainingRun
 
     rollout = pipeline_module.rollout_batch_async

@@ -18,6 +18,7 @@ from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.options import (connect_timeout_option, rollout_config_from, rollout_options, run_guarded,
                                        sigterm_exits)
 from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
 
 FOLDED_LINES = 3
 EXAMPLES_SHOWN = 3
@@ -40,7 +41,7 @@ def check_offline_question(question: str, policy: str) -> None:
         where = os.path.relpath(path)
         return where if not where.startswith("..") else str(path)
 
-    files = (QUESTIONS, PAGES) if policy == "learning" else (QUESTIONS,)
+    files = (QUESTIONS, PAGES) if policy == OfflinePolicy.LEARNING else (QUESTIONS,)
     known = [item["question"] for path in files for split in ("dev", "train")
              for item in load_source(path).get(split, [])]
     if key(question) in {key(q) for q in known}:
@@ -117,7 +118,7 @@ class _PrintingSearch:
               type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The twin's checkpoint store of an offline checkpoint path (runs/<run>/twin).")
 @click.option("--offline-policy", cls=SectionOption, section="service",
-              type=click.Choice(["learning", "scripted"]), default="learning",
+              type=click.Choice(OFFLINE_POLICIES), default=OfflinePolicy.LEARNING.value,
               help="With --offline: the policy the twin serves.")
 @click.option("--base-model", cls=SectionOption, section="run", default="Qwen/Qwen3.5-4B")
 @rollout_options(group_size=1, temperature=0.0)

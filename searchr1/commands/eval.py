@@ -29,6 +29,7 @@ from searchr1.commands.options import (
 )
 from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.settings_options import config_file_option
+from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
 from searchr1.runtime import invocation
 
 LIVE_DATA = Path("datasets/dev.jsonl")
@@ -69,7 +70,7 @@ RESULT_DIR = Path("eval_result")
               help="Evaluate the last checkpoint of this training run (offline or live; its weights and, "
                    "offline, the twin it trained on), instead of copying a URI into --model-path.")
 @click.option("--offline-policy", cls=SectionOption, section="service",
-              type=click.Choice(["learning", "scripted"]), default="learning",
+              type=click.Choice(OFFLINE_POLICIES), default=OfflinePolicy.LEARNING.value,
               help="With --offline: the policy the twin serves (learning: a small model that `train --offline` "
                    "improves; scripted: the fixed scenario of the golden tests).")
 @click.option("--offline-home", cls=SectionOption, section="service",
@@ -175,7 +176,7 @@ def _repo_relative(path: str | None) -> str | None:
 
 def build_run_config(*, offline: bool, base_model: str, model_path: str | None, search: SearchOptions,
                      rollout: Any, data: Path, limit: int | None, chat_template: str | None,
-                     offline_home: Path | None, offline_policy: str = "learning") -> dict[str, Any]:
+                     offline_home: Path | None, offline_policy: str = OfflinePolicy.LEARNING) -> dict[str, Any]:
     """The exact configuration stored in the header and summary (plain JSON, nothing secret).
     The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
     from searchr1.run.fileio import file_sha256

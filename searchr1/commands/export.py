@@ -23,6 +23,7 @@ from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.options import connect_timeout_option, run_guarded
 from searchr1.export.convert import ExportFormat, Layout, RawAdapter
 from searchr1.export.qwen35 import Qwen35Text
+from searchr1.offline import OfflinePolicy
 
 DOWNLOADS = ".download"
 DEFAULT_BASE = "Qwen/Qwen3.5-4B"
@@ -47,7 +48,7 @@ def resolve_source(checkpoint: str, *, offline: bool, offline_home: Path | None)
         if offline and offline_home is None:
             raise click.UsageError("an offline checkpoint path needs --offline-home (runs/<run>/twin), "
                                    "or pass the run directory instead")
-        return Source(checkpoint, offline, offline_home, "learning", None, _step_of(checkpoint))
+        return Source(checkpoint, offline, offline_home, OfflinePolicy.LEARNING, None, _step_of(checkpoint))
     run_dir = Path(checkpoint)
     if not run_dir.is_dir():
         raise click.BadParameter(f"{checkpoint} is neither a run directory nor a trio:// checkpoint path",
@@ -60,7 +61,7 @@ def resolve_source(checkpoint: str, *, offline: bool, offline_home: Path | None)
     last = checkpoint_of(run_dir)
     config = RunDir(run_dir).open()
     step = RunDir(run_dir).resume_point()
-    return Source(last.weights_path, last.offline, last.offline_home, last.offline_policy or "learning",
+    return Source(last.weights_path, last.offline, last.offline_home, last.offline_policy or OfflinePolicy.LEARNING,
                   dict(config), step.step if step is not None else _step_of(last.weights_path))
 
 
@@ -257,7 +258,7 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
 
     base_dims = _check_flags(checkpoint, from_archive, base, merge, offline, offline_home)
     if from_archive is not None:
-        source = Source(str(from_archive), False, None, "learning", None, _step_of(from_archive.name))
+        source = Source(str(from_archive), False, None, OfflinePolicy.LEARNING, None, _step_of(from_archive.name))
     else:
         assert checkpoint is not None
         source = resolve_source(checkpoint, offline=offline, offline_home=offline_home)

@@ -16,6 +16,7 @@ from searchr1.run.fileio import is_write_failure, write_failure_line
 from searchr1.core.rollout import RolloutConfig
 from searchr1.commands.help_layout import SectionOption
 from searchr1.core.settings import OnResume
+from searchr1.offline import OfflinePolicy
 from searchr1.commands.settings_options import FiniteFloatRange, preset_origin, setting_options, take_settings
 
 
@@ -94,7 +95,7 @@ def rollout_config_from(kwargs: dict[str, Any], *, seed: int) -> RolloutConfig:
 def check_offline_group_size(policy: str | None, group_size: int) -> None:
     """The scripted offline scenario scripts 8 samples per question: a larger --group-size is a
     one-line error before anything starts (the learning policy has no such limit)."""
-    if policy != "scripted":
+    if policy != OfflinePolicy.SCRIPTED:
         return
     from searchr1.runtime.services import offline_scenario
 

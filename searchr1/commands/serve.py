@@ -11,6 +11,7 @@ from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.options import (connect_timeout_option, rollout_config_from, rollout_options, run_guarded,
                                        sigterm_exits)
 from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
 
 
 @click.command("serve", cls=SectionedCommand)
@@ -23,7 +24,7 @@ from searchr1.commands.search_options import SearchOptions, search_options
               type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The twin's checkpoint store of an offline checkpoint path (runs/<run>/twin).")
 @click.option("--offline-policy", cls=SectionOption, section="service",
-              type=click.Choice(["learning", "scripted"]), default="learning",
+              type=click.Choice(OFFLINE_POLICIES), default=OfflinePolicy.LEARNING.value,
               help="With --offline: the policy the twin serves.")
 @click.option("--base-model", cls=SectionOption, section="run", default="Qwen/Qwen3.5-4B")
 @click.option("--host", cls=SectionOption, section="run", default="127.0.0.1", show_default=True,

@@ -130,9 +130,10 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
 
 def setting_options(cls: type, *, defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None,
                     exclude: tuple[str, ...] = (), section: str | None = None) -> Decorator:
-    """One click option per declared setting of ``cls`` (``defaults``/``helps`` per field name
-    for a command whose default differs, e.g. eval's greedy temperature; ``section``: the
-    --help heading of the settings that declare none)."""
+    """One click option per declared setting of ``cls``, in declaration order (a subclass's fields
+    follow its base's); ``defaults``/``helps`` per field name for a command whose default differs,
+    e.g. eval's greedy temperature; ``section``: the --help heading of the settings that declare
+    none."""
     defaults, helps = defaults or {}, helps or {}
     annotations = typing.get_type_hints(cls)  # resolved once per class, not once per field
     options = [setting_option(annotations[field.name], field, rule,

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from searchr1.commands.help_layout import SectionedCommand
+from searchr1.offline import OfflinePolicy
 from searchr1.run.algorithm import algorithm_of, describe_algorithm
 
 DEFAULT_LIMIT = 20
@@ -54,7 +55,7 @@ def offline_policy(config: dict[str, Any]) -> str:
     backend = str(config.get("sampling_backend") or "")
     if not policy and backend.startswith("offline-"):
         policy = backend.removeprefix("offline-")
-    return str(policy or "scripted")  # files from before the learning policy existed
+    return str(policy or OfflinePolicy.SCRIPTED)  # files from before the learning policy existed
 
 
 def _describe_config(config: dict[str, Any] | None) -> str | None:

@@ -20,7 +20,8 @@ from searchr1.core.rollout import RolloutConfig
 from searchr1.runtime import invocation
 from searchr1.commands.search_options import search_options
 from searchr1.search.options import SearchOptions
-from searchr1.core.config import TrainConfig
+from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
+from searchr1.training.config import TrainConfig
 from searchr1.core.settings import OnResume, offline_defaults
 from searchr1.commands.options import (
     check_offline_group_size,
@@ -44,11 +45,11 @@ from searchr1.commands.settings_options import (
 COLLAPSE_EXIT_CODE = 3
 # Exit code of a run stopped by --budget / --budget-tokens (a checkpoint of every finished step is saved).
 BUDGET_EXIT_CODE = 4
-
-
+# The settings --help lists first, in this order, where the run's (TrainConfig's) and the core step's
+# (StepConfig's) share a section; any other setting follows in declaration order.
 @click.command(cls=SectionedCommand, context_settings={"show_default": True})
 @config_file_option()
-@click.option("--offline-policy", type=click.Choice(["learning", "scripted"]), default="learning",
+@click.option("--offline-policy", type=click.Choice(OFFLINE_POLICIES), default=OfflinePolicy.LEARNING.value,
               cls=SectionOption, section="service", on_resume=OnResume.FIXED,
               help="With --offline: the policy the twin serves. learning: a small model over whole assistant "
                    "turns that really improves from the updates; scripted: the fixed scenario of the golden "
@@ -232,7 +233,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         if not offline and "offline_policy" in explicit:
             raise click.UsageError("--offline-policy only applies with --offline")
         settings = take_settings(TrainConfig, kwargs)
-        settings["offline_policy"] = policy if offline else None
+        settings["offline_policy"] = OfflinePolicy(policy) if offline else None
         if offline and offline_fault not in (None, "none"):
             settings["offline_fault"] = offline_fault
         if offline:  # the twin's policy has its own defaults (declared with each setting)
@@ -242,7 +243,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
                              if name not in given})
         if settings["max_steps"] is None:
             raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
-        if offline and policy == "scripted" and "mismatch_k3" not in health_rules:
+        if offline and policy == OfflinePolicy.SCRIPTED and "mismatch_k3" not in health_rules:
             # the scripted sampler's logprobs are the script's, not the toy learner's: they never agree
             health_rules = {**health_rules, "mismatch_k3": None}
         settings["health_rules"] = health_rules
@@ -589,7 +590,8 @@ def _given(kwargs: dict[str, Any], params: dict[str, Any], name: str) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    return str(value) if isinstance(value, Path) else value
+    """A value as config.json holds it: a path as text, a tuple of names as a list."""
+    return str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
 
 
 def _stored_value(stored: dict[str, Any], name: str) -> Any:

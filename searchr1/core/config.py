@@ -1,183 +1,76 @@
-"""The settings a training run starts with (``config.json``) and the names its checkpoints get.
+"""The settings one Search-R1 training step reads (:class:`StepConfig`): the model and its LoRA,
+the optimiser, the loss, the reward, the advantage and the rollout.
 
-Each user setting is declared once, as a field with its default, rule and help
-(:mod:`searchr1.core.settings`); the flags of ``train`` are made from these declarations, and
-``config.json`` is this object, read back through the same rules.
+Each setting is declared once, as a field with its default, rule and help
+(:mod:`searchr1.core.settings`); the flags of ``train`` are made from these declarations. A run's
+other settings (its length, data, checkpoints, costs, health guard, logging, the off-policy
+pipeline, the KL penalty, the offline twin) are the harness's: ``searchr1.training.config``
+declares them on a subclass, and ``config.json`` is that object, flat.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from dataclasses import dataclass, field
-from typing import Literal, get_args
 
 from searchr1.core.advantage import ADVANTAGE_MODES, AdvantageMode
-from searchr1.core.kl import KL_ESTIMATORS, KlEstimator
 from searchr1.core.reward import REWARD_KINDS, RewardKind
-from searchr1.core.types import FORMAT_PENALTY, JsonValue
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.settings import OnResume, SettingError, check_settings, setting
+from searchr1.core.types import FORMAT_PENALTY
 from searchr1.core.update import POLICY_LOSS_FNS, LossFn
-
-Accumulation = Literal["sdk", "manual"]
-ACCUMULATION_MODES: tuple[Accumulation, ...] = get_args(Accumulation)
-CHECKPOINT_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?$"
-
-
-def _checkpoint_prefix_rule(name: object) -> str | None:
-    """pytrio's checkpoint-name rule, matched whole (``$`` alone would let a trailing newline
-    through into a directory name), at most 150 characters."""
-    if isinstance(name, str) and re.fullmatch(CHECKPOINT_NAME, name) and len(name) <= 150:
-        return None
-    shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
-    return (f"{shown} cannot prefix PyTRIO checkpoint names: use letters, digits, '.', '_' and '-' "
-            "(at most 150 characters, not starting or ending with '.')")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Everything a run is started with; ``config.json`` is this object. Each user setting is
-    declared once here (:mod:`searchr1.core.settings`), and the flags of ``train`` are made from it."""
+class StepConfig:
+    """What :class:`searchr1.core.trainer.Trainer` reads: the LoRA client it creates, how it
+    scores, weighs and sends a step's trajectories, and the rollout they come from (the seed's
+    recipe by default; docs/algorithms.md)."""
 
-    max_steps: int = setting(group="run", at_least=1, at_most=1_000_000, help="Training steps (required live).",
-                             offline_defaults={"learning": 20, "scripted": 4}, on_resume=OnResume.FREE)
-    data: str = setting(group="run", metavar="PATH",
-                        help="Training JSONL [default: datasets/train.jsonl; the shipped offline "
-                             "set with --offline].")
-    run_name: str = setting("search-r1-qwen35-4b", group="run", check=_checkpoint_prefix_rule,
-                            help="Also the checkpoint name prefix.")
-    base_model: str = setting("Qwen/Qwen3.5-4B", group="run", help="The model trained (LoRA on it) and sampled.")
+    base_model: str = setting("Qwen/Qwen3.5-4B", group="run",
+                              help="The model trained (LoRA on it) and sampled.")
     lora_rank: int = setting(32, at_least=4, at_most=64, help="LoRA rank.")
-    train_unembed: bool = setting(True, help="Train a LoRA on the output projection (unembedding) too, besides "
-                                             "the attention and MLP projections; export writes it as lm_head.")
-    questions_per_batch: int = setting(8, at_least=1, at_most=4096,
-                                       help="Questions per step (each sampled --group-size times).")
-    max_train_samples: int = setting(0, group="run", at_least=0,
-                                     help="Use only the first N shuffled examples (0 = all).")
+    train_unembed: bool = setting(
+        True, help="Train a LoRA on the output projection (unembedding) too, besides the attention "
+                   "and MLP projections; export writes it as lm_head.")
     learning_rate: float = setting(4e-5, above=0.0, offline_defaults={"learning": 0.2},
                                    on_resume=OnResume.SEGMENT, help="Adam learning rate.")
-    beta1: float = setting(0.9, at_least=0.0, below=1.0, on_resume=OnResume.SEGMENT, help="Adam beta1.")
-    beta2: float = setting(0.95, at_least=0.0, below=1.0, on_resume=OnResume.SEGMENT, help="Adam beta2.")
-    save_every: int = setting(50, group="run", at_least=0, on_resume=OnResume.SEGMENT,
-                              help="Checkpoint every N steps (0 = only the final save).")
+    beta1: float = setting(0.9, at_least=0.0, below=1.0, on_resume=OnResume.SEGMENT,
+                           help="Adam beta1.")
+    beta2: float = setting(0.95, at_least=0.0, below=1.0, on_resume=OnResume.SEGMENT,
+                           help="Adam beta2.")
     seed: int = setting(42, group="run", at_least=0, at_most=2**31 - 1,
                         help="Data order, LoRA init and sampling seeds.")
-    accumulation: Accumulation = setting("sdk", choices=ACCUMULATION_MODES,
-                                on_resume=OnResume.SEGMENT,
-                                help="sdk: one forward_backward per step (exact whatever the server's reduction); "
-                                     "manual: the seed's micro-batches with n_k/N weights.")
-    advantage_mode: AdvantageMode = setting("mean", flag="--advantage", choices=ADVANTAGE_MODES,
-                                  on_resume=OnResume.SEGMENT,
-                                  help="Group-relative advantage: reward minus group mean (seed), z-score, "
-                                       "leave-one-out (reward minus the mean of the other rewards), or raw reward.")
-    keep_env_failures: bool = setting(False, on_resume=OnResume.SEGMENT,
-                                      help="Train on groups hit by search or sampler failures (default: "
-                                           "leave them out and count them).")
+    advantage_mode: AdvantageMode = setting(
+        "mean", flag="--advantage", choices=ADVANTAGE_MODES, on_resume=OnResume.SEGMENT,
+        help="Group-relative advantage: reward minus group mean (seed), z-score, leave-one-out "
+             "(reward minus the mean of the other rewards), or raw reward.")
+    keep_env_failures: bool = setting(
+        False, on_resume=OnResume.SEGMENT,
+        help="Train on groups hit by search or sampler failures (default: leave them out and "
+             "count them).")
     num_substeps: int = setting(
-        1, at_least=1, metavar="N",
-        on_resume=OnResume.SEGMENT,
-        help="Split each step's datums into N mini-batches (a seeded order), each its own forward_backward and "
-             "optim_step; later mini-batches train on moved weights, so the importance ratio leaves 1 and ppo/cispo "
-             "clip. 1 = one update per step (the seed).")
-    max_micro_batch_items: int = setting(32, at_least=1, cli=False)
-    max_micro_batch_padded_tokens: int = setting(64_000, at_least=1, cli=False)
+        1, at_least=1, metavar="N", on_resume=OnResume.SEGMENT,
+        help="Split each step's datums into N mini-batches (a seeded order), each its own "
+             "forward_backward and optim_step; later mini-batches train on moved weights, so the "
+             "importance ratio leaves 1 and ppo/cispo clip. 1 = one update per step (the seed).")
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    search: dict[str, JsonValue] = field(default_factory=dict)  # backend settings, recorded as given
-    offline: bool = False
-    data_sha256: str = ""
-    code_version: str = ""  # the package version that started the run (the train command sets it)
-    # A random id drawn when the run starts and kept by --resume: it is part of every
-    # checkpoint name, so two runs with the same --run-name never save under the same name.
-    run_id: str = ""
-    # What the service reported for base_model when the run started (searchr1.runtime.preflight).
-    server_limits: dict[str, JsonValue] | None = None
-    # Rollouts for step b run on the weights after b - K steps (searchr1.training.off_policy); 0 = on-policy.
-    max_steps_off_policy: int = setting(
-        0, at_least=0, on_resume=OnResume.SEGMENT,
-        help="Roll out the batches of the next K steps while a step trains, on weights up to K steps old (the "
-             "importance ratio corrects for it); 0 = on-policy. Worth it when steps are long or training calls "
-             "are expensive.")
-    transcripts_per_step: int = setting(
-        4, group="logging", at_least=0,
-        on_resume=OnResume.SEGMENT,
-        help="Trajectories per step written to <run-dir>/transcripts.jsonl (read them with `show`).")
-    # Offline runs: the policy the twin serves ("learning" or "scripted"); None for live runs.
-    offline_policy: str | None = None
-    # Offline runs: the twin's --offline-fault ("collapse@N"), kept by --resume unless cleared; None: no fault.
-    offline_fault: str | None = None
-    # The collapse guard (searchr1.health.rules): stop after N consecutive unhealthy steps (0: only
-    # warn), and thresholds that replace the defaults (None turns a rule off).
-    stop_on_collapse: int = setting(
-        0, group="health", at_least=0, metavar="N",
-        on_resume=OnResume.GUARD,
-        help="Stop (exit code 3) after N consecutive unhealthy steps, saving a checkpoint and printing the "
-             "last healthy one and the command that restarts from it; 0: only warn.")
-    health_rules: dict[str, float | None] = field(default_factory=dict)
-    # The algorithm (defaults: the seed's recipe): searchr1.core.update, searchr1.core.kl, searchr1.core.reward,
-    # searchr1.training.dynamic_sampling; docs/algorithms.md.
-    loss_fn: LossFn = setting("importance_sampling", choices=POLICY_LOSS_FNS,
-                           on_resume=OnResume.SEGMENT,
-                           help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
-                                "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
+    # The losses: searchr1.core.objective, searchr1.core.update; the rewards: searchr1.core.reward.
+    loss_fn: LossFn = setting(
+        "importance_sampling", choices=POLICY_LOSS_FNS, on_resume=OnResume.SEGMENT,
+        help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
+             "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
     # --loss-fn-config KEY=VALUE (repeatable) is its own flag: a dict is no single value
     loss_fn_config: dict[str, float | int | str | bool] = setting(default_factory=dict, cli=False)
-    kl_coef: float = setting(0.0, at_least=0.0,
-                             on_resume=OnResume.SEGMENT,
-                             help="KL penalty toward the base model, subtracted from each action token's advantage "
-                                  "(0 = off, the seed); one prompt-logprob request per datum to a base-weights "
-                                  "sampler.")
-    kl_estimator: KlEstimator = setting("k3", choices=KL_ESTIMATORS,
-                                on_resume=OnResume.SEGMENT,
-                                help="Per-token KL estimate: k1 = logp - logp_base; k3 = exp(-d) + d - 1.")
-    reward: RewardKind = setting("em", choices=REWARD_KINDS,
-                          on_resume=OnResume.SEGMENT,
-                          help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
-                               f"anywhere inside the answer, Search-R1's subem); a format failure is {FORMAT_PENALTY:g} "
-                               "for all three.")
-    dynamic_sampling: bool = setting(False, help="Keep drawing questions until --questions-per-batch groups have "
-                                                 "unequal rewards (DAPO); needs --max-steps-off-policy 0.")
-    max_oversample_batches: int = setting(2, at_least=0, on_resume=OnResume.SEGMENT,
-                                          help="With --dynamic-sampling: at most this many extra batches of "
-                                               "questions per step.")
-    # What the run costs (searchr1.run.costs): a price table, and budgets a resume may raise.
-    prices: str | None = setting(None, metavar="FILE", group="cost",
-                                 on_resume=OnResume.COST,
-                                 help="TOML price table (docs/prices.example.toml): cost/... keys next to the "
-                                      "usage/... counts of every metrics line.")
-    budget: float | None = setting(None, above=0.0, metavar="AMOUNT", group="cost",
-                                   on_resume=OnResume.COST,
-                                   help="Stop (exit code 4, checkpoint saved) before a step projected to pass this "
-                                        "cost, in the price table's currency; needs --prices.")
-    budget_tokens: int | None = setting(None, at_least=1, metavar="N", group="cost",
-                                        on_resume=OnResume.COST,
-                                        help="Stop (exit code 4, checkpoint saved) before a step projected to pass "
-                                             "this many model tokens (sampled, trained and KL).")
+    reward: RewardKind = setting(
+        "em", choices=REWARD_KINDS, on_resume=OnResume.SEGMENT,
+        help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
+             "anywhere inside the answer, Search-R1's subem); a format failure is "
+             f"{FORMAT_PENALTY:g} for all three.")
 
     def __post_init__(self) -> None:
         check_settings(self)
         if self.rollout.group_size < 2:
-            raise SettingError("--group-size", f"{self.rollout.group_size}: group advantages compare a question's "
-                               "samples with each other, so a group of one always has advantage 0 and no step "
-                               "could ever update; use at least 2")
-        if self.dynamic_sampling and self.max_steps_off_policy:
-            raise SettingError("--dynamic-sampling", "needs --max-steps-off-policy 0: how many questions a step "
-                               "draws is known only when it has finished, so the next step's batch cannot start "
-                               "earlier")
-
-    def to_json(self) -> dict[str, JsonValue]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, payload: dict[str, JsonValue]) -> TrainConfig:
-        values: dict[str, object] = dict(payload)
-        values.pop("segments", None)  # the run's history of flag changes (commands/train.py)
-        rollout = values.get("rollout", {})
-        if not isinstance(rollout, dict):
-            raise ValueError(f"config.json's rollout must be an object, not {type(rollout).__name__}")
-        values["rollout"] = RolloutConfig(**rollout)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"config.json holds unknown fields {unknown}; written by another version?")
-        return cls(**values)  # type: ignore[arg-type]  # JSON values: each setting's own rule checks its value
+            raise SettingError(
+                "--group-size", f"{self.rollout.group_size}: group advantages compare a question's "
+                "samples with each other, so a group of one always has advantage 0 and no step "
+                "could ever update; use at least 2")

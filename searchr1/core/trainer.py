@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from searchr1.core.advantage import GroupSummary, assign_group_advantages
-from searchr1.core.config import TrainConfig
+from searchr1.core.config import StepConfig
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
 from searchr1.core.reward import score_trajectories
 from searchr1.core.types import ServiceClient, Tokenizer, TrainingClient, Trajectory
@@ -88,9 +88,11 @@ class StepRecord:
 
 
 class Trainer:
-    """The training client of one run and the step that updates it."""
+    """The training client of one run and the step that updates it, as ``config`` says (a run's
+    :class:`~searchr1.training.config.TrainConfig` is a :class:`StepConfig` with the run's settings
+    added)."""
 
-    def __init__(self, config: TrainConfig, *, service: ServiceClient, tokenizer: Tokenizer,
+    def __init__(self, config: StepConfig, *, service: ServiceClient, tokenizer: Tokenizer,
                  micro_batcher: MicroBatcher | None = None, kl_penalty: KlPenalty | None = None) -> None:
         self.config = config
         self.service = service

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 
 from searchr1.core.advantage import GroupSummary
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.core.datum import TrainingDatum
 from searchr1.core.trainer import StepRecord
 from searchr1.core.types import Termination, Trajectory

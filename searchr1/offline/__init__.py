@@ -1,5 +1,6 @@
 """The shipped offline world: a small question set, a scripted policy for it, and the canned
-search results its queries get.
+search results its queries get. An offline run is served one of two twin policies
+(:class:`OfflinePolicy`): the scripted one, or a small policy that learns on these questions.
 
 ``questions.json`` is the hand-written source. :func:`build_offline_files` turns it into
 
@@ -20,10 +21,22 @@ file differs from what the source produces (a test runs it).
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from searchr1.runtime import invocation
+
+
+class OfflinePolicy(StrEnum):
+    """The twin policy an offline run trains, evaluates, asks or serves (``--offline-policy``;
+    ``config.json``'s ``offline_policy``)."""
+
+    LEARNING = "learning"  # a small model over whole assistant turns that improves from the updates
+    SCRIPTED = "scripted"  # the fixed scenario of the golden tests (scenario.json)
+
+
+OFFLINE_POLICIES: tuple[str, ...] = tuple(policy.value for policy in OfflinePolicy)  # a flag's choices
 
 OFFLINE_DIR = Path(__file__).resolve().parent
 _CHECKOUT = OFFLINE_DIR.parents[1]

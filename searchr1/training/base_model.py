@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.core.datum import TrainingDatum
 from searchr1.core.kl import aligned_base_logprobs, base_prompt, penalize
 from searchr1.core.types import SamplingClient, ServiceClient

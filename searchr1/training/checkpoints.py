@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 
 
 def new_run_id() -> str:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.core.datum import NonFiniteValues, TrainingDatum
 from searchr1.runtime.failures import describe_failure, is_service_failure
 from searchr1.run.reporting import MetricsLogger, Reporter, SilentReporter

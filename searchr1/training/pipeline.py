@@ -35,7 +35,7 @@ from searchr1.core.rollout import rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import RolloutBatch
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools
 
 SAMPLER_TTL_SECONDS = 24 * 3600  # named samplers of off-policy runs (resume reuses them)

@@ -1,26 +1,28 @@
 """The policies a twin can serve, by name: ``scripted`` (the shipped offline scenario, or any
-scenario file), ``toy`` (the bucketed bigram) and ``learning`` (a small policy that learns)."""
+scenario file), ``toy`` (the bucketed bigram) and ``learning`` (a small policy that learns). An
+offline run is served ``learning`` or ``scripted`` (:class:`searchr1.offline.OfflinePolicy`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from searchr1.offline import OfflinePolicy
 from searchr1.twin.policy import TwinPolicy
 
-POLICY_NAMES = ("scripted", "toy", "learning")
+POLICY_NAMES = (OfflinePolicy.SCRIPTED.value, "toy", OfflinePolicy.LEARNING.value)
 
 
 def offline_policy_label(policy: str | None) -> str:
     """How every output of an offline run names what produced it: the twin's policy, never the
     model the run would train live (``None``: the scripted one, the twin's default)."""
-    return f"twin {policy or 'scripted'} policy"
+    return f"twin {policy or OfflinePolicy.SCRIPTED} policy"
 
 
 def make_policy(name: str, tokenizer: Any, *, scenario: Any = None) -> TwinPolicy:
     """Build the named policy. ``scenario`` (a :class:`~searchr1.twin.scenario.Scenario` or a
     path) is what ``scripted`` replies from; default: the shipped offline world."""
-    if name == "scripted":
+    if name == OfflinePolicy.SCRIPTED:
         from searchr1.offline import SCENARIO
         from searchr1.twin.scenario import Scenario, load_scenario
         from searchr1.twin.scripted_policy import ScriptedPolicy
@@ -32,7 +34,7 @@ def make_policy(name: str, tokenizer: Any, *, scenario: Any = None) -> TwinPolic
         from searchr1.twin.toy_policy import ToyPolicy
 
         return ToyPolicy(vocab_size=len(tokenizer), stop_token=int(tokenizer.convert_tokens_to_ids("<|im_end|>")))
-    if name == "learning":
+    if name == OfflinePolicy.LEARNING:
         from searchr1.twin.learning_policy import LearningPolicy  # type: ignore[import-not-found]
 
         return LearningPolicy(tokenizer)

@@ -167,7 +167,7 @@ def test_bench_help_lists_every_figure_the_bench_runs():
 
 
 def test_train_help_states_the_learning_rate_each_kind_of_run_gets():
-    from searchr1.core.config import TrainConfig
+    from searchr1.training.config import TrainConfig
     from searchr1.core.settings import offline_defaults
 
     text = option_help("train", "--learning-rate")
@@ -200,7 +200,7 @@ def test_eval_of_a_missing_run_directory_says_it_does_not_exist(tmp_path):
 
 def test_eval_help_names_checkpoints_the_way_train_names_them():
     from searchr1.core.rollout import RolloutConfig
-    from searchr1.core.config import TrainConfig
+    from searchr1.training.config import TrainConfig
     from searchr1.training.checkpoints import checkpoint_name
 
     name = checkpoint_name(TrainConfig(data="d", rollout=RolloutConfig(), max_steps=20, run_id="0a1b2c3d"), 20)

@@ -1,15 +1,19 @@
 """Each of ``train``'s flags declares its properties where it is declared: the --help section it
 is listed under and what ``train --resume`` does with it; the twin's per-policy defaults live in
-the settings' declarations. These tests fail when a new flag lacks one."""
+the settings' declarations. These tests fail when a new flag lacks one. Every command that takes
+--offline-policy offers the offline policies as :class:`searchr1.offline.OfflinePolicy` declares them."""
 
 from __future__ import annotations
 
 import click
+from cli_support import command_paths
 
+from searchr1.cli import main
 from searchr1.commands.help_layout import SECTIONS
 from searchr1.commands.train import _MISSING, _flags, _search_record, _stored_value, train
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.core.settings import OnResume, offline_defaults, settings_of
+from searchr1.offline import OfflinePolicy
 from searchr1.search.options import SearchOptions
 
 OFFLINE_POLICIES = next(param.type.choices for param in train.params if param.name == "offline_policy")
@@ -43,3 +47,18 @@ def test_offline_defaults_name_real_policies_and_pass_their_settings_rules():
     assert offline_defaults(TrainConfig, "learning")["max_steps"] >= 1
     assert all("max_steps" in offline_defaults(TrainConfig, policy) for policy in OFFLINE_POLICIES), \
         "an offline run needs a number of steps for each twin policy"
+
+
+def test_every_commands_offline_policy_choices_are_the_offline_policies():
+    """Invariant: each command that takes --offline-policy offers exactly the values of
+    :class:`OfflinePolicy`, in its order, and defaults to one of them; the twin serves each."""
+    commands = {" ".join(words): command for words, command in command_paths(main)}
+    taking = {name: param for name, command in commands.items() for param in command.params
+              if param.name == "offline_policy"}
+    assert set(taking) >= {"train", "eval", "serve", "ask"}
+    for name, param in taking.items():
+        assert isinstance(param.type, click.Choice), name
+        assert tuple(param.type.choices) == tuple(policy.value for policy in OfflinePolicy), name
+        assert param.default in set(OfflinePolicy), name
+    served = next(param for param in commands["twin serve"].params if param.name == "policy")
+    assert set(OfflinePolicy) <= set(served.type.choices)

@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from searchr1.cli import main
-from searchr1.commands.settings_options import config_file_option, setting_options, take_settings
+from searchr1.commands.settings_options import config_file_option, setting_options, setting_params, take_settings
 from searchr1.core.rollout import RolloutConfig
 from searchr1.search.options import SearchOptions
 from searchr1.core.settings import SettingError, flag_of, settings_of
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 
 REQUIRED = {TrainConfig: {"max_steps": 1, "data": "d.jsonl"}, SearchOptions: {"backend": "wikipedia"},
             RolloutConfig: {}}
@@ -154,3 +154,5 @@ def test_train_records_the_preset_merged_with_the_flags(tmp_path, tokenizer):
     recorded = json.loads((run / "config.json").read_text())
     assert recorded["rollout"]["group_size"] == 4 and recorded["advantage_mode"] == "zscore"
     assert recorded["questions_per_batch"] == 1 and recorded["max_steps"] == 1
+
+

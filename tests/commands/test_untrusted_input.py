@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from searchr1.cli import main
 from searchr1.commands.search_options import SearchOptions
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.settings import LARGEST, settings_of
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pytrio.types import Datum, ModelInput, TensorData
 
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.core.datum import TrainingDatum
 from searchr1.core.settings import SettingError
 from searchr1.core.update import UpdateConfig, apply_substeps, substep_batches

@@ -48,7 +48,7 @@ from searchr1.search.factory import BACKEND_NAMES
 from searchr1.search.fake_service import FakeSearchService, wikipedia_query
 from searchr1.search.testing import mock_backend
 from searchr1.runtime.services import offline_scenario
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.training.loop import TrainingRun, TrainingStopped
 from searchr1.twin import TwinFaults, start_twin
 from searchr1.twin.client import FAST_RETRIES

@@ -81,7 +81,7 @@ def test_a_page_cassette_replays_through_the_real_client_to_the_scripted_pages(s
         async with open_replay_backend(backend, spec.cassette_path(backend)) as search:
             for query in spec.queries:
                 assert (await search.search(query.query)).ok
-            pages = tool_backends("search,open_page", search)["open_page"]
+            pages = tool_backends(("search", "open_page"), search)["open_page"]
             return [[await pages.call(ToolCall("open_page", {"page": page.page, "offset": offset}))
                      for offset in page.offsets] for page in spec.pages]
 
@@ -350,13 +350,13 @@ def test_the_page_url_sits_beside_the_retrieve_url_with_its_credentials_kept_out
 
 @pytest.mark.parametrize("backend", ["local", "wikipedia", "retriever"])
 def test_open_page_is_accepted_with_every_backend_that_has_pages(backend):
-    check_tool_setup("search,open_page", SearchOptions(backend=backend))
+    check_tool_setup(("search", "open_page"), SearchOptions(backend=backend))
 
 
 @pytest.mark.parametrize("backend", ["deepseek", "zhihu"])
 def test_open_page_is_refused_with_a_backend_without_pages_naming_those_that_have_them(backend):
     with pytest.raises(SettingError) as caught:
-        check_tool_setup("search,open_page", SearchOptions(backend=backend))
+        check_tool_setup(("search", "open_page"), SearchOptions(backend=backend))
     assert str(caught.value) == (
         f"--tools open_page reads the pages of --backend local, wikipedia or retriever only (this command "
         f"searches with {backend}); pass --backend local or drop open_page")
@@ -364,16 +364,16 @@ def test_open_page_is_refused_with_a_backend_without_pages_naming_those_that_hav
 
 def test_tool_backends_build_the_page_backend_of_live_and_replayed_search_backends():
     retriever = mock_backend("retriever", lambda request: httpx.Response(500))
-    assert isinstance(tool_backends("open_page,search", retriever)["open_page"], RetrieverPageBackend)
+    assert isinstance(tool_backends(("open_page", "search"), retriever)["open_page"], RetrieverPageBackend)
     spec = next(spec for spec, backend in PAGE_CASES if backend == "wikipedia")
     replayed = open_replay_backend("wikipedia", spec.cassette_path("wikipedia"))
     assert isinstance(replayed, ReplayBackend)
-    pages = tool_backends("search,open_page", replayed)["open_page"]
+    pages = tool_backends(("search", "open_page"), replayed)["open_page"]
     assert isinstance(pages, WikipediaPageBackend) and pages._client is replayed.backend._client
-    assert tool_backends("search", replayed) == {}
+    assert tool_backends(("search",), replayed) == {}
     deepseek = mock_backend("deepseek", lambda request: httpx.Response(500))
     with pytest.raises(ServiceSetupError, match="no page backend for the deepseek search backend"):
-        tool_backends("search,open_page", deepseek)
+        tool_backends(("search", "open_page"), deepseek)
 
 
 def test_a_page_backends_statistics_window_stays_bounded_though_no_step_drains_it():

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from searchr1.cli import main
-from searchr1.core.config import TrainConfig
+from searchr1.training.config import TrainConfig
 from searchr1.run.reporting import SilentReporter
 from searchr1.training import pipeline as pipeline_module
 from searchr1.training.off_policy import batches_in_flight, sampler_version, step_batch, versions_to_record

@@ -1,7 +1,7 @@
 """One declaration per setting: a dataclass field carries its default, its rule and its help.
 
-A configuration class (``RolloutBudgets``, ``SamplingRuntime``, ``TrainConfig``, ``SearchOptions``)
-declares each user setting with :func:`setting`::
+A configuration class (``RolloutBudgets``, ``SamplingRuntime``, ``StepConfig``, a run's
+``TrainConfig``, ``SearchOptions``) declares each user setting with :func:`setting`::
 
     group_size: int = setting(8, at_least=1, help="Trajectories per question.")
 
