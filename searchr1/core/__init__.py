@@ -1,13 +1,9 @@
 """The core of Search-R1 on PyTRIO, readable top to bottom in one sitting.
 
-Start with reference (one whole step written plainly, the algorithm the rest is held to), then
-the production pieces in the order a step runs them: types (the question, the search result,
-the budgets, the turn and the trajectory of turns) -> protocol (what the model is told, how its
-turns are parsed, how tokens are stitched) -> rollout (one state machine per trajectory;
-observation/ fits each search result into the budget) -> reward -> advantage (group-relative,
-carried by every turn) -> datum (one PyTRIO Datum per context of a trajectory) -> kl (the
-optional penalty) -> objective (each loss's per-token term) -> update (forward_backward,
-optim_step) -> trainer (one step in that order); config and settings declare a run's settings.
+Read it in the order of the one list in CONTRIBUTING.md, "Reading the core": the reference (one
+whole step written plainly, the algorithm the rest is held to), then the data types, the tools,
+the protocol, the rollout, and the step's pieces in the order it runs them (reward, advantage,
+datum, kl, objective, update) up to the trainer.
 
 The core imports only itself, the standard library, numpy, pytrio and the tokenizer libraries
 (tests/core/test_core_imports.py holds it to that); what it needs from the run around it (where

@@ -74,8 +74,8 @@ def _name(trajectory: Trajectory) -> str:
     return f"trajectory q{trajectory.question_index}/g{trajectory.group_index}"
 
 
-def trajectory_sequences(trajectory: Trajectory) -> list[DatumArrays]:
-    """The unshifted ``(tokens, logprobs, advantages)`` of each context of a trajectory, checked:
+def datum_arrays(trajectory: Trajectory) -> list[DatumArrays]:
+    """The unshifted tokens, logprobs and advantages of each context of a trajectory, checked:
     a turn whose prompt extends the sequence so far continues it, any other turn starts the next.
 
     Raises :class:`DatumError` (naming the trajectory and turn) when there are no turns, a
@@ -160,7 +160,7 @@ def build_datums(trajectory: Trajectory, *, max_tokens: int = DEFAULT_MAX_TRAJEC
     """The datums of one trajectory, one per context; a context none of whose tokens carries an
     advantage sends nothing."""
     return [build_datum(trajectory, sequence, max_tokens=max_tokens)
-            for sequence in trajectory_sequences(trajectory) if any(sequence.advantages)]
+            for sequence in datum_arrays(trajectory) if any(sequence.advantages)]
 
 
 def sends_datum(trajectory: Trajectory) -> bool:

@@ -112,7 +112,7 @@ def _first_non_finite(values: npt.ArrayLike) -> int | None:
 
 def non_finite_inputs(datums: Sequence[TrainingDatum]) -> str | None:
     """An advantage that is NaN or infinite (the KL penalty changes them after the datums are
-    built, whose logprobs :func:`searchr1.core.datum.trajectory_sequences` checked), naming the
+    built, whose logprobs :func:`searchr1.core.datum.datum_arrays` checked), naming the
     trajectory and the position; None when all is finite."""
     for item in datums:
         values = item.datum.loss_fn_inputs["advantages"].data

@@ -140,8 +140,9 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"key: stored -> current"`` for every binding key that differs (sorted)."""
-    old, new = _flatten(binding_config(stored)), _flatten(binding_config(current))
+    """``"key: stored -> current"`` for every binding key that differs (sorted), both read as the
+    summary's JSON holds them (a tuple of tool names is a list there)."""
+    old, new = (_flatten(binding_config(json.loads(json.dumps(config)))) for config in (stored, current))
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
             for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
