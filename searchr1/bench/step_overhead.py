@@ -270,6 +270,7 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
 
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as home, contextlib.ExitStack() as stack:
         stack.enter_context(patched(pipeline_module, "rollout_batch_async", timed_rollout))
+        stack.enter_context(patched(trainer_module, "rollout_batch_async", timed_rollout))  # on-policy batches
         stack.enter_context(patched(trainer_module, "build_training_datums", timed_datums))
         stack.enter_context(patched(rollout_module, "add_observation",
                                     probe.piece("fit", rollout_module.add_observation)))

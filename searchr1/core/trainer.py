@@ -1,6 +1,7 @@
 """One Search-R1 training step on PyTRIO (or its offline twin), in the order the algorithm runs::
 
-    trajectories <- the step's batch, rolled out (sample, parse, search, stitch: core.rollout)
+    sampler      <- save the weights about to be trained, and a sampling client of them
+    trajectories <- the step's questions rolled out on it (sample, parse, call, stitch: core.rollout)
     score        <- the final answer of each against the references (core.reward)
     advantage    <- reward minus its group's mean, carried by every turn; groups without a signal
                     are left out (core.advantage)
@@ -9,8 +10,9 @@
     update       <- forward_backward(importance_sampling) -> optim_step(AdamParams), once per
                     --num-substeps mini-batch (core.update)
 
-The trainer is given where its batches come from (a :class:`BatchSource`: the run's pipeline,
-which picks the sampler of each batch, :mod:`searchr1.training.pipeline`), with
+The first two lines are :class:`OnPolicy`, the seed's source of batches. The trainer is given
+its source (a :class:`BatchSource`): :class:`OnPolicy`, or an alternative the harness plugs in,
+the off-policy pipeline or dynamic sampling (:mod:`searchr1.training.pipeline`); with
 ``--accumulation manual`` how to pack the datums into the seed's weighted micro-batches, and with
 ``--kl-coef`` the penalty that asks the base model for its logprobs. It returns
 a :class:`StepRecord` of what the step produced; the metrics, the health guard, the transcripts,
@@ -26,8 +28,9 @@ the number of datums sent, so both modes agree under a per-sample mean.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,7 +38,10 @@ from searchr1.core.advantage import GroupSummary, assign_group_advantages
 from searchr1.core.config import StepConfig
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
 from searchr1.core.reward import score_trajectories
-from searchr1.core.types import ServiceClient, Tokenizer, TrainingClient, Trajectory
+from searchr1.core.rollout import RolloutConfig, rollout_batch_async
+from searchr1.core.tools import ToolBackend
+from searchr1.core.types import (SamplingClient, SearchExample, ServiceClient, Tokenizer, TrainingClient,
+                                 Trajectory)
 from searchr1.core.update import MicroBatcher, UpdateConfig, UpdateResult, apply_substeps
 
 
@@ -52,13 +58,53 @@ class RolloutBatch:
 
 
 class BatchSource(Protocol):
-    """Where each step's batch comes from (:class:`searchr1.training.pipeline.RolloutPipeline`)."""
+    """Where each step's batch comes from: :class:`OnPolicy`, or the harness's pipeline."""
 
     async def batch(self, step: int) -> RolloutBatch: ...
 
     async def before_update(self, step: int) -> None: ...
 
     def weights_updated(self, step: int) -> None: ...
+
+
+# The harness's view of one batch (usage metering, progress): the sampling client and the tools
+# as it wraps them for step ``step``, and what to tell as each trajectory ends.
+Watch = Callable[[int, SamplingClient, Mapping[str, ToolBackend]],
+                 tuple[SamplingClient, Mapping[str, ToolBackend], Callable[[int], None] | None]]
+
+
+class OnPolicy:
+    """The seed's batches: each step's questions are rolled out on the weights that step trains."""
+
+    def __init__(self, training_client: TrainingClient, tokenizer: Tokenizer, tools: Mapping[str, ToolBackend],
+                 questions: Callable[[int], Sequence[SearchExample]], rollout: RolloutConfig, *,
+                 watch: Watch | None = None, sampling_slots: asyncio.Semaphore | None = None) -> None:
+        self.training_client = training_client
+        self.tokenizer = tokenizer
+        self.tools = tools  # the backend of each declared tool, search among them
+        self.questions = questions  # step -> its questions
+        self.rollout = rollout
+        self.watch = watch
+        self.sampling_slots = sampling_slots
+
+    async def batch(self, step: int) -> RolloutBatch:
+        """Save the weights about to be trained, make a sampling client of them, and roll out the
+        step's questions on it (unscored)."""
+        started = time.perf_counter()
+        sampling_client = await self.training_client.save_weights_and_get_sampling_client_async()
+        tools, progress = self.tools, None
+        if self.watch is not None:
+            sampling_client, tools, progress = self.watch(step, sampling_client, tools)
+        trajectories = await rollout_batch_async(sampling_client, self.tokenizer, tools, self.questions(step),
+                                                 self.rollout, progress, step=step, sampler_version=step,
+                                                 sampling_slots=self.sampling_slots)
+        return RolloutBatch(step, step, trajectories, time.perf_counter() - started)
+
+    async def before_update(self, step: int) -> None:
+        """Nothing to wait for: the next step saves the weights it samples on."""
+
+    def weights_updated(self, step: int) -> None:
+        """Nothing to start: the next step saves the weights it samples on."""
 
 
 # --kl-coef: the datums with the base model's penalty in their advantages, and its metrics
@@ -121,7 +167,7 @@ class Trainer:
         config, client = self.config, self.training_client
         assert client is not None, "connect() first"
         started = time.perf_counter()
-        batch = await batches.batch(step)  # sample: the rollouts return unscored trajectories
+        batch = await batches.batch(step)  # sample (OnPolicy: save weights -> sampling client -> rollout)
         waited = time.perf_counter() - started
         trajectories = batch.trajectories
         score_trajectories(trajectories, reward=config.reward)

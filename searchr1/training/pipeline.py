@@ -1,5 +1,8 @@
-"""The rollout pipeline of a training run: one sampler per weights version, one rollout per
-batch, launched ahead of training as :mod:`searchr1.training.off_policy` schedules them.
+"""The rollout pipeline of a training run: where each step's batch comes from. On-policy, it is
+the core's own source (:class:`searchr1.core.trainer.OnPolicy`), metered for usage and progress;
+the alternatives this module plugs in are the off-policy schedule and dynamic sampling: one
+sampler per weights version, one rollout per batch, launched ahead of training as
+:mod:`searchr1.training.off_policy` schedules them.
 
 With ``--max-steps-off-policy K`` the batches of steps ``b .. b + K`` may be rolling out while
 step ``b`` waits for its own; each batch samples on the weights after ``sampler_version(b, K)``
@@ -34,7 +37,7 @@ from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.core.tools import ToolBackend
-from searchr1.core.trainer import RolloutBatch
+from searchr1.core.trainer import OnPolicy, RolloutBatch
 from searchr1.training.config import TrainConfig
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools
 
@@ -90,6 +93,13 @@ class RolloutPipeline:
         self._rollouts: dict[int, asyncio.Future[RolloutBatch]] = {}
         self._usage: dict[int, Usage] = {}  # each rolled-out batch's usage, until its step takes it
         self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
+        # On-policy without dynamic sampling, each batch comes from the core's own source, watched
+        # for usage and progress; otherwise from this pipeline's samplers and rollouts.
+        self.on_policy: OnPolicy | None = None
+        if config.max_steps_off_policy == 0 and not config.dynamic_sampling:
+            self.on_policy = OnPolicy(training_client, tokenizer, with_search(search, self.tools),
+                                      lambda step: step_batch(examples, step, config.questions_per_batch),
+                                      config.rollout, watch=self._watch, sampling_slots=self._sampling_slots)
         moved = [b for b in batches_in_flight(weights_version, config.max_steps, config.max_steps_off_policy)
                  if self.version_for(b) != sampler_version(b, config.max_steps_off_policy)]
         if moved:
@@ -104,6 +114,8 @@ class RolloutPipeline:
     async def batch(self, step: int) -> RolloutBatch:
         """Launch the batches the schedule allows while ``step`` waits, and wait for its own."""
         self.progress.focus(step)
+        if self.on_policy is not None:
+            return await self.on_policy.batch(step)
         for index in batches_in_flight(step, self.config.max_steps, self.config.max_steps_off_policy):
             if index not in self._rollouts:
                 self._rollouts[index] = asyncio.ensure_future(self._roll_out(index))
@@ -124,7 +136,7 @@ class RolloutPipeline:
         (it overlaps with the step's bookkeeping; :meth:`before_update` of the next step waits
         for it)."""
         self.weights_version = step + 1
-        if step + 1 < self.config.max_steps:
+        if self.on_policy is None and step + 1 < self.config.max_steps:
             self._sampler(step + 1)
 
     def version_for(self, batch_index: int) -> int:
@@ -183,6 +195,16 @@ class RolloutPipeline:
         return await client.create_sampling_client_async(saved.path), version
 
     # -- rollouts ------------------------------------------------------------------------------
+
+    def _watch(self, batch_index: int, sampler: SamplingClient,
+               tools: Mapping[str, ToolBackend]) -> tuple[SamplingClient, dict[str, ToolBackend], Callable[[int], None]]:
+        """An on-policy batch as this run meters it: its sampler, search and other tools counted
+        into the batch's usage (with the save of the weights it samples on), and its progress."""
+        usage = Usage()
+        usage.weight_saves = 1  # each on-policy batch saves the weights it samples on
+        self._usage[batch_index] = usage
+        metered = with_search(MeteredSearch(self.search, usage), metered_tools(self.tools, usage))
+        return MeteredSampler(sampler, usage), metered, self.progress.callback(batch_index)
 
     async def _roll_out(self, batch_index: int) -> RolloutBatch:
         """Roll out the batch trained in step ``batch_index``, on the sampler of

@@ -21,7 +21,7 @@ from searchr1.core.reference import reference_step
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.core.datum import DatumError
-from searchr1.core.trainer import RolloutBatch, Trainer
+from searchr1.core.trainer import OnPolicy, RolloutBatch, Trainer
 from searchr1.core.update import substep_batches
 from searchr1.core.types import Exclusion, SearchExample, SearchItem, SearchResult
 from searchr1.twin import Strictness, start_twin
@@ -119,6 +119,10 @@ class RecordedClient:
     async def optim_step_async(self, adam):
         self.calls.append(("optim_step", adam.learning_rate, adam.beta1, adam.beta2))
         return await self.client.optim_step_async(adam)
+
+    async def save_weights_and_get_sampling_client_async(self):
+        self.calls.append(("sampler",))
+        return await self.client.save_weights_and_get_sampling_client_async()
 
     async def save_state_async(self, name, **options):
         self.calls.append(("save_state", name, options))
@@ -307,6 +311,43 @@ class RecordingService:
     def create_training_client_from_state_with_optimizer(self, path):
         self.asked.append(("restore", path))
         return "restored"
+
+
+@pytest.mark.slow  # two rollouts and two training steps through a twin (seconds)
+def test_on_policy_steps_sample_each_batch_on_the_weights_about_to_be_trained(twins, tokenizer):
+    """Invariant: with the core's own source, every step saves the weights it is about to train
+    and makes a sampling client of them before its rollout, rolls out that step's questions on
+    it (each turn records the step as its sampler), and only then sends its update; the harness's
+    watch sees each batch's sampler and tools and its tools are the ones called."""
+    examples, results = world()
+    recorder = Recorder([])
+    config = step_config()
+    trainer = trainer_on(twins[0], config, tokenizer, recorder)
+    watched, called = [], []
+
+    class Counted:
+        def __init__(self, tool):
+            self.tool = tool
+
+        async def call(self, call):
+            called.append(call.name)
+            return await self.tool.call(call)
+
+    def watch(step, sampler, tools):
+        watched.append((step, sorted(tools)))
+        return sampler, {name: Counted(tool) for name, tool in tools.items()}, None
+
+    source = OnPolicy(trainer.training_client, tokenizer, with_search(ScriptedSearch(results, default=NOTHING)),
+                      lambda step: examples[2 * step: 2 * step + 2], config.rollout, watch=watch)
+    records = [asyncio.run(trainer.step(step, source)) for step in (0, 1)]
+    for step, record in enumerate(records):
+        assert [t.example for t in record.trajectories][::4] == examples[2 * step: 2 * step + 2]
+        assert {turn.sampler for t in record.trajectories for turn in t.turns} == {step}
+        assert record.batch.sampler_version == step and record.update is not None
+    assert [call[0] for call in recorder.calls] == ["sampler", "forward_backward", "optim_step"] * 2
+    assert watched == [(0, ["search"]), (1, ["search"])]
+    searched = sum(t.search_calls for record in records for t in record.trajectories)
+    assert searched > 0 and called == ["search"] * searched
 
 
 @pytest.mark.parametrize("train_unembed", [True, False])

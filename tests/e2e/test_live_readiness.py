@@ -366,18 +366,18 @@ def _train_in_process(tmp_path, tokenizer, *, steps=2, reduction="per_token", **
 def test_sampling_a_step_on_the_previous_steps_sampler_is_refused(tmp_path, tokenizer, monkeypatch):
     """The mutation: each step after the first reuses the sampler of the step before (while
     claiming fresh weights). The twin's strict mode refuses the stale samples."""
-    from searchr1.training.pipeline import RolloutPipeline
+    import pytrio
+
     from searchr1.twin.server import untaken_violations
 
-    original = RolloutPipeline._make_sampler
+    original = pytrio.TrainingClient.save_weights_and_get_sampling_client_async
+    made = []
 
-    async def reuse_previous(self, version):
-        if version == 0:
-            return await original(self, version)
-        sampler, _ = await self._sampler(version - 1)
-        return sampler, version
+    async def reuse_previous(self):
+        made.append(await original(self))
+        return made[-2] if len(made) > 1 else made[-1]
 
-    monkeypatch.setattr(RolloutPipeline, "_make_sampler", reuse_previous)
+    monkeypatch.setattr(pytrio.TrainingClient, "save_weights_and_get_sampling_client_async", reuse_previous)
     metrics, outcome = _train_in_process(tmp_path, tokenizer, steps=3)
     assert isinstance(outcome, TrainingStopped) and "twin.protocol_violation" in str(outcome)
     assert [m["step"] for m in metrics] == [0]  # step 1 sampled on step 0's weights: refused

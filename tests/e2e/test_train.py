@@ -191,6 +191,7 @@ INTERRUPTER = textwrap.dedent(
     """
     import os, signal, sys
     from searchr1.run import directory as run_dir
+    from searchr1.core import trainer
     from searchr1.training import pipeline
     where, at_step, presses = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     def press():
@@ -202,12 +203,12 @@ INTERRUPTER = textwrap.dedent(
         if where == "after_step" and record["step"] == at_step:
             press()
     run_dir.RunDir.append_metrics = append
-    original_rollout = pipeline.rollout_batch_async
+    original_rollout = trainer.rollout_batch_async
     async def rollout(*args, step, **kwargs):
         if where == "in_rollout" and step == at_step:
             press()
         return await original_rollout(*args, step=step, **kwargs)
-    pipeline.rollout_batch_async = rollout
+    trainer.rollout_batch_async = pipeline.rollout_batch_async = rollout  # on-policy: the core's own
     from searchr1.cli import main
     main(sys.argv[4:])
     """
@@ -244,15 +245,17 @@ def test_a_second_ctrl_c_quits_at_once_and_resume_restarts_at_the_last_checkpoin
 
 
 def test_quitting_at_once_before_any_checkpoint_does_not_promise_a_checkpoint(tmp_path, monkeypatch):
+    from searchr1.core import trainer
     from searchr1.training import pipeline
 
-    original = pipeline.rollout_batch_async
+    original = trainer.rollout_batch_async
 
     async def rollout(*args, step, **kwargs):
         if step == 1:  # what the second Ctrl-C does: KeyboardInterrupt wherever the run is
             raise KeyboardInterrupt
         return await original(*args, step=step, **kwargs)
 
+    monkeypatch.setattr(trainer, "rollout_batch_async", rollout)  # on-policy: the core's own source
     monkeypatch.setattr(pipeline, "rollout_batch_async", rollout)
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(main, [*BASE, "--max-steps", "4", "--save-every", "50", "--run-dir", str(run_dir)])

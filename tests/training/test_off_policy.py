@@ -19,6 +19,7 @@ from searchr1.cli import main
 from searchr1.training.config import TrainConfig
 from searchr1.run.reporting import SilentReporter
 from searchr1.training import pipeline as pipeline_module
+from searchr1.core import trainer as trainer_module
 from searchr1.training.off_policy import batches_in_flight, sampler_version, step_batch, versions_to_record
 from searchr1.training.pipeline import RolloutPipeline
 from searchr1.run.directory import RunDir
@@ -138,11 +139,11 @@ def _drive_pipeline(config: TrainConfig, client: _FakeTrainingClient, turns: _Yi
         return batches
 
     original = pipeline_module.rollout_batch_async
-    pipeline_module.rollout_batch_async = fake_rollout
+    pipeline_module.rollout_batch_async = trainer_module.rollout_batch_async = fake_rollout  # on-policy: the core's
     try:
         return asyncio.run(drive())
     finally:
-        pipeline_module.rollout_batch_async = original
+        pipeline_module.rollout_batch_async = trainer_module.rollout_batch_async = original
 
 
 @given(k=st.integers(0, 3), max_steps=st.integers(1, 14), skipped=st.sets(st.integers(0, 13)),
