@@ -118,6 +118,9 @@ def test_each_context_is_one_datum_and_each_sampled_token_is_trained_once_with_i
         assert logprobs.tolist() == [float32(v) for v in context.logprobs[1:]]
         assert advantages.tolist() == [float32(v) for v in context.advantages[1:]]
     assert [item.first_turn for item in built] == [context.first_turn for context in sent]
+    trajectory = generated.trajectory  # every datum names its own trajectory: groups stay apart
+    assert {(item.question_index, item.group_index) for item in built} <= {(trajectory.question_index,
+                                                                          trajectory.group_index)}
     trained = [token for item in built for token, advantage in zip(arrays(item)[1], arrays(item)[3]) if advantage]
     expected = [token for turn in generated.trajectory.turns if turn.advantage for token in turn.completion_tokens]
     assert trained == expected

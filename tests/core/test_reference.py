@@ -488,3 +488,21 @@ def test_the_engine_produces_the_reference_trajectories_with_declared_tools(
     assert exact_match_only(trajectories) == expected
     assert [datum_values(d.datum) for d in datums] == [datum_values(d) for d in
                                                          reference_datums(expected, len(tokenizer))]
+
+
+@given(tools=st.sampled_from([("search",), ("search", "open_page"), ("open_page", "search")]),
+       calls=st.integers(1, 3), stated=st.booleans(),
+       description=st.none() | st.text(min_size=1, max_size=40),
+       system=st.none() | st.text(max_size=40).map(lambda text: text + " {max_search_calls} {x}"))
+def test_the_reference_tells_the_model_what_the_engine_tells_it(tools, calls, stated, description, system):
+    """Invariant: for any tool list, calls a turn, stated budget, tool description and system prompt
+    of the user's, the reference's system message and tool schemas are the engine's (the equality
+    properties above draw none of these wordings)."""
+    from searchr1.core.budgets import RolloutBudgets, tool_schemas
+    from searchr1.core.rollout import effective_system_prompt
+    from searchr1.core.reference_text import system_message, tool_schemas as reference_schemas
+
+    budgets = RolloutBudgets(tools=tools, max_calls_per_turn=calls, state_search_budget=stated,
+                             tool_description=description, system_prompt=system)
+    assert system_message(budgets) == {"role": "system", "content": effective_system_prompt(budgets)}
+    assert reference_schemas(budgets) == tool_schemas(budgets)
