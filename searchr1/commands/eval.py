@@ -181,6 +181,7 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
     The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
     from searchr1.run.fileio import file_sha256
     from searchr1.offline import SCENARIO
+    from searchr1.core.budgets import tool_schemas
     from searchr1.core.rollout import effective_system_prompt
     from searchr1.runtime.services import describe_search
 
@@ -202,7 +203,7 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
                      "max_tokens": rollout.max_assistant_tokens},
         "rollout": asdict(rollout),
         "system_prompt": effective_system_prompt(rollout),
-        "tool_description": rollout.tool_schemas[0]["function"]["description"],
+        "tool_description": tool_schemas(rollout)[0]["function"]["description"],
         "dataset": str(data),
         "dataset_sha256": file_sha256(data),
         "manifest_sha256": _manifest_sha256(data),

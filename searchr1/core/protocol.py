@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from searchr1.core.observation.tokens import (TemplateBoundaries, observation_wrapper, plain_tokens,
                                               split_at_control_tokens)
@@ -38,10 +37,12 @@ You answer factual questions. A `search` tool returns short passages from the we
 
 How to work:
 - Search whenever you are not sure of a fact. You may search several times, one short English query per turn.
-- Make at most one tool call in a turn, then wait for its result before going on.
+- {calls}
 - Never make a tool call and give the final answer in the same turn.
 - When you know the answer, end your reply with exactly one line `Answer: <short answer>`."""
 
+_PROMPT_ONE_CALL = "Make at most one tool call in a turn, then wait for its result before going on."
+_PROMPT_CALLS = "Make at most {n} tool calls in a turn (they run together), then wait for their results before going on."
 _PROMPT_BUDGET = "- You can search at most {n} times in total; after that, answer with what you have."
 
 _PROMPT_EXAMPLE = """\
@@ -52,11 +53,7 @@ Example. Question: Which country was the author of The Little Prince from?
 - The result says he was a French writer. Third turn, no tool call:
 Answer: France"""
 
-SYSTEM_PROMPT = _PROMPT_HEAD + "\n" + _PROMPT_EXAMPLE
-
-
-_PROMPT_ONE_CALL = "- Make at most one tool call in a turn, then wait for its result before going on."
-_PROMPT_CALLS = "- Make at most {n} tool calls in a turn (they run together), then wait for their results before going on."
+SYSTEM_PROMPT = _PROMPT_HEAD.format(calls=_PROMPT_ONE_CALL) + "\n" + _PROMPT_EXAMPLE
 
 
 def system_prompt(max_search_calls: int | None = None, template: str | None = None,
@@ -70,10 +67,9 @@ def system_prompt(max_search_calls: int | None = None, template: str | None = No
     so other braces stay as written).
     """
     if template is not None:
-        budget = "" if max_search_calls is None else str(max_search_calls)
-        return template.replace(BUDGET_PLACEHOLDER, budget)
-    head = _PROMPT_HEAD if max_calls == 1 else _PROMPT_HEAD.replace(_PROMPT_ONE_CALL, _PROMPT_CALLS.format(n=max_calls))
-    lines = [head] + [guidance for name in tools if (guidance := DECLARED[name].guidance)]
+        return template.replace(BUDGET_PLACEHOLDER, "" if max_search_calls is None else str(max_search_calls))
+    calls = _PROMPT_ONE_CALL if max_calls == 1 else _PROMPT_CALLS.format(n=max_calls)
+    lines = [_PROMPT_HEAD.format(calls=calls)] + [line for name in tools if (line := DECLARED[name].guidance)]
     if max_search_calls is not None:
         lines.append(_PROMPT_BUDGET.format(n=max_search_calls))
     return "\n".join(lines) + "\n" + _PROMPT_EXAMPLE
@@ -106,45 +102,20 @@ def stop_sequences(tokenizer: Tokenizer) -> list[str]:
 # --------------------------------------------------------------------------- rendering
 
 
-def _as_token_list(rendered: Any) -> list[int]:
-    """Normalise every shape ``apply_chat_template`` may return into ``list[int]``."""
-    if isinstance(rendered, Mapping) or hasattr(rendered, "keys"):
-        rendered = rendered["input_ids"]
-    if hasattr(rendered, "tolist"):
-        rendered = rendered.tolist()
-    if isinstance(rendered, Sequence) and rendered and not isinstance(rendered[0], (int,)):
-        first = rendered[0]
-        if isinstance(first, Sequence) or getattr(first, "ndim", 0) > 0:
-            if len(rendered) != 1:
-                raise ValueError(f"expected one rendered sequence, got a batch of {len(rendered)}")
-            rendered = first.tolist() if hasattr(first, "tolist") else first
-    return [int(token) for token in rendered]
+def render_text(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool,
+                tools: list[JsonObject] | None = None) -> str:
+    """``messages`` under the model's chat template, as text, with the search tool (or ``tools``)
+    and thinking disabled (the generation prompt then ends with an empty think block)."""
+    return str(tokenizer.apply_chat_template(messages, tools=tools or [SEARCH_TOOL], tokenize=False,
+                                             add_generation_prompt=add_generation_prompt, enable_thinking=False))
 
 
 def render(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool,
            tools: list[JsonObject] | None = None) -> list[int]:
-    """Token ids of ``messages`` under the model's chat template, with the search tool (or
-    ``tools``) and thinking disabled (the generation prompt then ends with an empty think block)."""
-    rendered = tokenizer.apply_chat_template(
-        messages,
-        tools=tools or [SEARCH_TOOL],
-        tokenize=True,
-        add_generation_prompt=add_generation_prompt,
-        enable_thinking=False,
-        return_dict=False,
-    )
-    return _as_token_list(rendered)
-
-
-def render_text(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool,
-                tools: list[JsonObject] | None = None) -> str:
-    return tokenizer.apply_chat_template(
-        messages,
-        tools=tools or [SEARCH_TOOL],
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        enable_thinking=False,
-    )
+    """The same render as token ids: its text encoded without added special tokens, as
+    ``apply_chat_template(tokenize=True)`` does."""
+    text = render_text(tokenizer, messages, add_generation_prompt, tools)
+    return [int(token) for token in tokenizer.encode(text, add_special_tokens=False)]
 
 
 def build_prompt(tokenizer: Tokenizer, messages: list[Message],

@@ -3,7 +3,7 @@ reads (the system prompt, the conversation under the chat template with the tool
 tool's result as an observation, cut to the room left) and what it writes (the turn's tool calls,
 read against the declared schemas with each value converted to its declared type, and its
 ``Answer:`` line). Like the reference it uses none of the engine's helpers: only the data types,
-the budgets, the declared tools as data (``DECLARED``) and the tokenizer.
+the budgets, the declared tools as data (``DECLARED``: schemas, wording, rules) and the tokenizer.
 ``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` what only moves data."""
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def parse_turn(text: str, budgets: RolloutBudgets) -> tuple[str, str, list[Call]
 def parse_call(inside: str, budgets: RolloutBudgets) -> Call:
     """ALGORITHM: one call, checked against the offered tools: the function, then each parameter
     in order (markup, given twice, undeclared, type), then what is left over, the required ones,
-    and the tool's own rules."""
+    and the rule the tool declares beside its schema (a search query is not blank, has no ``<``)."""
     function = FUNCTION.fullmatch(inside)
     if function is None:
         return "", "the tool call is not one <function=…> block"
@@ -218,7 +218,7 @@ def parse_call(inside: str, budgets: RolloutBudgets) -> Call:
                if key not in arguments]
     if missing:
         return name, f"{name} needs the parameter {', '.join(missing)}"
-    rule = ARGUMENT_RULES.get(name)
+    rule = DECLARED[name].check  # what the schema cannot say
     broken = rule(arguments) if rule else None
     return (name, broken) if broken else (name, arguments)
 
@@ -266,26 +266,6 @@ def quoted_in_refusal(text: str) -> str:
     """PLUMBING: a name or value as a refusal quotes it: on one line, cut to 40 characters."""
     line = " ".join(text.split())
     return repr(line if len(line) <= 40 else line[:39] + "…")
-
-
-def search_query_refusal(arguments: dict[str, JsonValue]) -> str | None:
-    """ALGORITHM: a search query holds text, and no ``<`` or ``>``."""
-    query = str(arguments["query"])
-    if not query.strip():
-        return "the search query is blank"
-    return "the search query holds < or >" if "<" in query or ">" in query else None
-
-
-def open_page_refusal(arguments: dict[str, JsonValue]) -> str | None:
-    """ALGORITHM: a page is named, and read from an offset of 0 or more."""
-    if not str(arguments["page"]).strip():
-        return "the page name is blank"
-    return "the offset is negative" if int(str(arguments.get("offset", 0))) < 0 else None
-
-
-# the rules of each tool that its schema cannot say
-ARGUMENT_RULES: dict[str, Callable[[dict[str, JsonValue]], str | None]] = {
-    SEARCH: search_query_refusal, "open_page": open_page_refusal}
 
 
 def answer_line(text: str) -> str | None:

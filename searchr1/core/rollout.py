@@ -53,7 +53,6 @@ from searchr1.core.settings import check_settings, setting
 from searchr1.core.tools import CallError, ParsedCall, ToolBackend, ToolCall, shown_call, without_ids
 from searchr1.core.types import (
     CallRecord,
-    JsonObject,
     Message,
     SampledSequence,
     SamplingClient,
@@ -94,10 +93,6 @@ class RolloutConfig(SamplingRuntime, RolloutBudgets):
 
     def __post_init__(self) -> None:
         RolloutBudgets.__post_init__(self)  # the tool list as names, then every setting's rule
-
-    @property
-    def tool_schemas(self) -> list[JsonObject]:
-        return tool_schemas(self)
 
 
 def effective_system_prompt(budgets: RolloutBudgets) -> str:
@@ -222,11 +217,6 @@ class PendingCall:
     call_ids: tuple[str, ...]
     calls: tuple[ParsedCall, ...]
 
-    @property
-    def query(self) -> str:
-        """The first call as shown (for logs): a search's query, another call's arguments."""
-        return shown_call(self.calls[0])
-
 
 def record_turn(trajectory: Trajectory, turn: Turn, tokenizer: Tokenizer,
                 budgets: RolloutBudgets) -> PendingCall | None:
@@ -291,7 +281,7 @@ def add_observation(pending: PendingCall, results: Sequence[SearchResult], token
                            pending.prompt_tokens, pending.completion_tokens, answered, budgets)
     except Exception as error:  # noqa: BLE001 - one bad tool result must not end the run
         reason = f"the {pending.calls[0].name or 'tool'} result could not become an observation ({type(error).__name__})"
-        log.warning("query %r: %s; the trajectory ends as a search failure", pending.query[:80], reason)
+        log.warning("query %r: %s; the trajectory ends as a search failure", shown_call(pending.calls[0])[:80], reason)
         for call, result in zip(pending.calls, results):
             record_call(trajectory, call, result, ok=False, observation="", error=reason)
         trajectory.finish(Termination.SEARCH_ERROR, pending.assistant_text)

@@ -206,13 +206,11 @@ def split_calls(body: str) -> tuple[str, list[str]] | None:
     run of ``<tool_call>…</tool_call>`` blocks with only whitespace between and after them."""
     start = body.find("<tool_call>")
     before, rest = body[:start], body[start:]
-    if any(tag in before for tag in ("</tool_call>",)):
+    if "</tool_call>" in before:
         return None
     blocks, position = [], 0
     for match in _BLOCK.finditer(rest):
-        if rest[position:match.start()].strip():
-            return None
-        if "<tool_call>" in match.group(1):
+        if rest[position:match.start()].strip() or "<tool_call>" in match.group(1):
             return None
         blocks.append(match.group(1))
         position = match.end()
@@ -222,32 +220,28 @@ def split_calls(body: str) -> tuple[str, list[str]] | None:
 
 
 def _one_type(text: str, kind: str) -> tuple[bool, JsonValue]:
-    """``(converted, value)`` of ``text`` read as the JSON-schema type ``kind``."""
-    if kind == "string":
-        return True, text
+    """``(converted, value)`` of ``text`` read as the JSON-schema type ``kind`` (the value only
+    counts when converted)."""
+    word = text.strip()
+    if kind in ("integer", "number") and re.fullmatch(r"[-+]?\d+", word):
+        return True, int(word)
     if kind == "null":
-        return (True, None) if text.strip().lower() in ("null", "none") else (False, None)
+        return word.lower() in ("null", "none"), None
     if kind == "boolean":
-        word = text.strip().lower()
-        return (True, word == "true") if word in ("true", "false") else (False, None)
-    if kind == "integer":
-        return (True, int(text.strip())) if re.fullmatch(r"\s*[-+]?\d+\s*", text) else (False, None)
+        return word.lower() in ("true", "false"), word.lower() == "true"
     if kind == "number":
-        if re.fullmatch(r"\s*[-+]?\d+\s*", text):
-            return True, int(text.strip())
         try:
-            number = float(text.strip())
+            number = float(word)
         except ValueError:
             return False, None
-        return (True, number) if math.isfinite(number) else (False, None)
+        return math.isfinite(number), number
     if kind in ("array", "object"):
         try:
             value = json.loads(text)
         except ValueError:
             return False, None
-        wanted = list if kind == "array" else dict
-        return (True, value) if isinstance(value, wanted) else (False, None)
-    return True, text  # a type the parser does not know: the text as written, as vLLM does
+        return isinstance(value, list if kind == "array" else dict), value
+    return kind != "integer", text  # a string, or a type the parser does not know: as written, as vLLM does
 
 
 def convert_value(text: str, schema: JsonObject) -> tuple[bool, JsonValue]:
@@ -290,9 +284,7 @@ def read_call(inside: str, tools: Mapping[str, ToolSpec]) -> ParsedCall:
     arguments: dict[str, JsonValue] = {}
     position = 0
     properties = tool.properties
-    for parameter in _PARAMETER.finditer(body):
-        if parameter.start() != position:
-            break
+    while (parameter := _PARAMETER.match(body, position)) is not None:
         position = parameter.end()
         key, raw = parameter.group(1), parameter.group(2)
         value = raw[1:] if raw.startswith("\n") else raw

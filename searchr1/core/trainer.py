@@ -191,12 +191,3 @@ class Trainer:
         return StepRecord(step, batch, groups, datums, dropped, micro_batches, kl_metrics, update,
                           waited_seconds=waited, train_seconds=time.perf_counter() - train_started,
                           step_seconds=time.perf_counter() - started)
-
-    async def save(self, name: str) -> tuple[str, str]:
-        """Save the training state (weights and optimizer) and the sampler weights under ``name``;
-        returns their paths. A name is never reused (no ``overwrite``)."""
-        client = self.training_client
-        assert client is not None, "connect() first"
-        state = await (await client.save_state_async(name=f"{name}-state", overwrite=False))
-        weights = await (await client.save_weights_for_sampler_async(name=f"{name}-weights"))
-        return state.path, weights.path

@@ -61,6 +61,7 @@ def _with_saves(per_step: Usage, steps: int, checkpoints: int) -> Usage:
 
 def configured_estimate(config: Any, tokenizer: Any, examples: Sequence[Any]) -> Estimate:
     """The ranges from the configured sizes (nothing is sampled; the tokenizer measures the first prompts)."""
+    from searchr1.core.budgets import tool_schemas
     from searchr1.core.protocol import build_prompt, initial_messages
     from searchr1.data.dataset import take_batch
 
@@ -71,7 +72,7 @@ def configured_estimate(config: Any, tokenizer: Any, examples: Sequence[Any]) ->
     budget = rollout.max_search_calls if rollout.state_search_budget else None
     lengths = [len(build_prompt(tokenizer, initial_messages(e.question, max_search_calls=budget,
                                                             system_template=rollout.system_prompt),
-                                tools=rollout.tool_schemas)) for e in drawn] or [1]
+                                tools=tool_schemas(rollout))) for e in drawn] or [1]
     shortest, longest = min(lengths), max(lengths)
     window = rollout.max_trajectory_tokens
     later_turns = rollout.max_assistant_turns - 1

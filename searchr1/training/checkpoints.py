@@ -1,10 +1,11 @@
-"""The names a run's checkpoints and samplers are saved under on PyTRIO: never reused, so no save
-needs ``overwrite``."""
+"""A run's checkpoints on PyTRIO: the names they are saved under (never reused, so no save needs
+``overwrite``) and the save itself."""
 
 from __future__ import annotations
 
 import secrets
 
+from searchr1.core.types import TrainingClient
 from searchr1.training.config import TrainConfig
 
 
@@ -25,3 +26,11 @@ def checkpoint_name(config: TrainConfig, completed_steps: int, session: int = 0)
     written from its retry after the resume, so no name is ever reused (no ``overwrite``)."""
     name = f"{checkpoint_prefix(config)}step-{completed_steps:06d}"
     return f"{name}-resume{session}" if session else name
+
+
+async def save_checkpoint(client: TrainingClient, name: str) -> tuple[str, str]:
+    """Save the training state (weights and optimizer) and the sampler weights under ``name``;
+    returns their paths. A name is never reused (no ``overwrite``)."""
+    state = await (await client.save_state_async(name=f"{name}-state", overwrite=False))
+    weights = await (await client.save_weights_for_sampler_async(name=f"{name}-weights"))
+    return state.path, weights.path

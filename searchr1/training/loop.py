@@ -36,7 +36,7 @@ from searchr1.run.directory import ResumePoint, RunDir
 from searchr1.run.transcripts import append_transcripts, select_transcripts, transcript_record
 from searchr1.runtime.preflight import PreflightError, check_service_tokenizer, check_template
 from searchr1.training.base_model import BaseModelPenalty
-from searchr1.training.checkpoints import checkpoint_name
+from searchr1.training.checkpoints import checkpoint_name, save_checkpoint
 from searchr1.training.off_policy import off_policy_metrics, versions_to_record
 from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for_global_mean
 from searchr1.training.pipeline import RolloutPipeline
@@ -169,7 +169,8 @@ class TrainingRun:
 
     async def save(self, completed: int, *, final: bool = False) -> dict[str, Any]:
         name = checkpoint_name(self.config, completed, self.session)
-        state_path, weights_path = await self.trainer.save(name)
+        assert self.trainer.training_client is not None, "connect() first"
+        state_path, weights_path = await save_checkpoint(self.trainer.training_client, name)
         entry = {
             "name": name,
             "final": final,

@@ -18,6 +18,7 @@ from searchr1.core.reward import score_trajectories
 from searchr1.health.metrics import rollout_metrics
 from searchr1.core.protocol import missing_closing, observation_tokens, template_boundaries
 from searchr1.core.observation.fit import TRUNCATION_MARKER
+from searchr1.core.tools import shown_call
 from searchr1.core.rollout import (
     MalformedSampleError,
     RolloutConfig,
@@ -545,7 +546,7 @@ def test_a_search_is_recorded_with_what_its_result_says(tokenizer):
         completion = tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
         pending = record_turn(t, Turn(request.prompt_tokens, completion, [-0.5] * len(completion), text,
                                                "stop"), tokenizer, config)
-        assert pending is not None and pending.query == "alpha query"
+        assert pending is not None and shown_call(pending.calls[0]) == "alpha query"
         add_observation(pending, [result], tokenizer, config)
         record = t.calls[-1]
         assert (record.query, record.ok, record.items, record.error, record.cached, record.truncated) == (
