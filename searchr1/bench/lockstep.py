@@ -27,6 +27,7 @@ from typing import Any
 from searchr1.core.types import SearchExample, Trajectory, Turn
 from searchr1.search.tool import SearchBackend
 from searchr1.core.protocol import stop_sequences, template_boundaries
+from searchr1.core.tools import shown_call
 from searchr1.core.rollout import (
     PendingCall,
     RolloutConfig,
@@ -89,7 +90,7 @@ class LockstepRollout:
             async with pool:
                 return await self.search.search(query)
 
-        results = await asyncio.gather(*(one(p.query) for p in pending))
+        results = await asyncio.gather(*(one(shown_call(p.calls[0])) for p in pending))
         self.stats.searches += len(pending)
         for item, result in zip(pending, results):
             add_observation(item, [result], self.tokenizer, self.config)

@@ -222,6 +222,6 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
     found_answer = ANSWER_PATTERN.findall(trajectory.final_text or "")
     click.secho(f"answer: {found_answer[-1] if found_answer else '(none)'}", bold=True, fg="green")
     if answers:
-        click.echo(f"reward {trajectory.reward:+.1f}   EM {'yes' if trajectory.exact_match else 'no'}   "
-                   f"F1 {trajectory.f1:.3f}   cover EM {'yes' if trajectory.cover_em else 'no'}   "
+        click.echo(f"reward {trajectory.reward:+.1f}   EM {'yes' if trajectory.score.exact_match else 'no'}   "
+                   f"F1 {trajectory.score.f1:.3f}   cover EM {'yes' if trajectory.score.cover_em else 'no'}   "
                    f"(gold: {' | '.join(answers)})")

@@ -51,6 +51,11 @@ class GroupSummary:
     degenerate: int
     env_failure: int
 
+    @classmethod
+    def of(cls, kinds: list[Exclusion | None]) -> GroupSummary:
+        """The counts of the groups classified as ``kinds``."""
+        return cls(len(kinds), kinds.count(Exclusion.DEGENERATE_GROUP), kinds.count(Exclusion.ENV_FAILURE_GROUP))
+
     @property
     def trained(self) -> int:
         """Groups that may send datums to the trainer."""
@@ -88,16 +93,10 @@ def classified_groups(trajectories: Iterable[Trajectory], *,
             for question, group in group_by_question(trajectories).items()]
 
 
-def summarize_groups(
-    trajectories: Iterable[Trajectory], *, keep_env_failures: bool = False
-) -> GroupSummary:
+def summarize_groups(trajectories: Iterable[Trajectory], *, keep_env_failures: bool = False) -> GroupSummary:
     """Pure: what :func:`assign_group_advantages` would decide, without touching anything."""
     kinds = [kind for _, _, kind in classified_groups(trajectories, keep_env_failures=keep_env_failures)]
-    return GroupSummary(
-        groups=len(kinds),
-        degenerate=kinds.count(Exclusion.DEGENERATE_GROUP),
-        env_failure=kinds.count(Exclusion.ENV_FAILURE_GROUP),
-    )
+    return GroupSummary.of(kinds)
 
 
 def group_advantages(rewards: Sequence[float], *, mode: AdvantageMode = "mean") -> list[float]:
@@ -155,5 +154,4 @@ def assign_group_advantages(
         for trajectory in group:
             if trajectory.sampler_error:
                 trajectory.excluded = Exclusion.SAMPLER_ERROR
-    return GroupSummary(groups=len(kinds), degenerate=kinds.count(Exclusion.DEGENERATE_GROUP),
-                        env_failure=kinds.count(Exclusion.ENV_FAILURE_GROUP))
+    return GroupSummary.of(kinds)

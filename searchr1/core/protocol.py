@@ -25,14 +25,11 @@ from searchr1.core.types import JsonObject, Message, Tokenizer
 BUDGET_PLACEHOLDER = "{max_search_calls}"
 
 
-def search_tool(description: str | None = None) -> JsonObject:
-    """The ``search`` function schema shown to the model."""
-    return search_spec(description).schema()
+SEARCH_TOOL: JsonObject = SEARCH.schema()  # the search function schema shown to the model
 
+# The system prompt's wording (the reference step composes it in its own code)
 
-SEARCH_TOOL: JsonObject = search_tool()
-
-_PROMPT_HEAD = """\
+PROMPT_HEAD = """\
 You answer factual questions. A `search` tool returns short passages from the web.
 
 How to work:
@@ -41,11 +38,11 @@ How to work:
 - Never make a tool call and give the final answer in the same turn.
 - When you know the answer, end your reply with exactly one line `Answer: <short answer>`."""
 
-_PROMPT_ONE_CALL = "Make at most one tool call in a turn, then wait for its result before going on."
-_PROMPT_CALLS = "Make at most {n} tool calls in a turn (they run together), then wait for their results before going on."
-_PROMPT_BUDGET = "- You can search at most {n} times in total; after that, answer with what you have."
+PROMPT_ONE_CALL = "Make at most one tool call in a turn, then wait for its result before going on."
+PROMPT_CALLS = "Make at most {n} tool calls in a turn (they run together), then wait for their results before going on."
+PROMPT_BUDGET = "- You can search at most {n} times in total; after that, answer with what you have."
 
-_PROMPT_EXAMPLE = """\
+PROMPT_EXAMPLE = """\
 
 Example. Question: Which country was the author of The Little Prince from?
 - First turn: call search with the query "The Little Prince author".
@@ -53,7 +50,7 @@ Example. Question: Which country was the author of The Little Prince from?
 - The result says he was a French writer. Third turn, no tool call:
 Answer: France"""
 
-SYSTEM_PROMPT = _PROMPT_HEAD.format(calls=_PROMPT_ONE_CALL) + "\n" + _PROMPT_EXAMPLE
+SYSTEM_PROMPT = PROMPT_HEAD.format(calls=PROMPT_ONE_CALL) + "\n" + PROMPT_EXAMPLE
 
 
 def system_prompt(max_search_calls: int | None = None, template: str | None = None,
@@ -68,11 +65,11 @@ def system_prompt(max_search_calls: int | None = None, template: str | None = No
     """
     if template is not None:
         return template.replace(BUDGET_PLACEHOLDER, "" if max_search_calls is None else str(max_search_calls))
-    calls = _PROMPT_ONE_CALL if max_calls == 1 else _PROMPT_CALLS.format(n=max_calls)
-    lines = [_PROMPT_HEAD.format(calls=calls)] + [line for name in tools if (line := DECLARED[name].guidance)]
+    calls = PROMPT_ONE_CALL if max_calls == 1 else PROMPT_CALLS.format(n=max_calls)
+    lines = [PROMPT_HEAD.format(calls=calls)] + [line for name in tools if (line := DECLARED[name].guidance)]
     if max_search_calls is not None:
-        lines.append(_PROMPT_BUDGET.format(n=max_search_calls))
-    return "\n".join(lines) + "\n" + _PROMPT_EXAMPLE
+        lines.append(PROMPT_BUDGET.format(n=max_search_calls))
+    return "\n".join(lines) + "\n" + PROMPT_EXAMPLE
 
 
 def initial_messages(question: str, *, max_search_calls: int | None = None, system_template: str | None = None,

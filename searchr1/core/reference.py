@@ -11,7 +11,8 @@ advantages and datums are its own code (the text the model reads and writes is i
 :mod:`~searchr1.core.reference_text`), so a bug in one of the engine's shows as a difference.
 Shared with the engine: the tokenizer and its chat template, the data types
 (:mod:`~searchr1.core.types`), the budgets (``RolloutBudgets``), the declared tools as data
-(``DECLARED``: schemas, budgets and what the model reads of each), numpy and pytrio. Search
+(``DECLARED``: schemas, budgets and what the model reads of each), the system prompt's wording,
+numpy and pytrio. Search
 results holding special-token strings are outside it (the engine keeps those plain text).
 
 A tool is a function from a call's arguments, as the model wrote them, to its result; ``search``

@@ -3,7 +3,8 @@ reads (the system prompt, the conversation under the chat template with the tool
 tool's result as an observation, cut to the room left) and what it writes (the turn's tool calls,
 read against the declared schemas with each value converted to its declared type, and its
 ``Answer:`` line). Like the reference it uses none of the engine's helpers: only the data types,
-the budgets, the declared tools as data (``DECLARED``: schemas, wording, rules) and the tokenizer.
+the budgets, the declared tools as data (``DECLARED``: schemas, wording, rules), the system
+prompt's wording (:mod:`~searchr1.core.protocol`'s ``PROMPT_*``) and the tokenizer.
 ``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` what only moves data."""
 
 from __future__ import annotations
@@ -14,32 +15,14 @@ import re
 from collections.abc import Callable
 
 from searchr1.core.budgets import RolloutBudgets
+from searchr1.core.protocol import (PROMPT_BUDGET, PROMPT_CALLS, PROMPT_EXAMPLE, PROMPT_HEAD,
+                                    PROMPT_ONE_CALL)
 from searchr1.core.tools import DECLARED
 from searchr1.core.types import JsonObject, JsonValue, Message, SearchItem, SearchResult, Tokenizer
 
 SEARCH = "search"  # the tool that --tool-description describes and --max-search-calls budgets
 
 # ---------------------------------------------------------------- what the model reads
-
-# a line that ends in a backslash goes on on the next one
-SYSTEM_PROMPT = """\
-You answer factual questions. A `search` tool returns short passages from the web.
-
-How to work:
-- Search whenever you are not sure of a fact. You may search several times, one short English \
-query per turn.
-- {calls}
-- Never make a tool call and give the final answer in the same turn.
-- When you know the answer, end your reply with exactly one line `Answer: <short answer>`.\
-{guidance}{budget}
-
-Example. Question: Which country was the author of The Little Prince from?
-- First turn: call search with the query "The Little Prince author".
-- The result names Antoine de Saint-Exupery. Second turn: call search with the query \
-"Antoine de Saint-Exupery nationality".
-- The result says he was a French writer. Third turn, no tool call:
-Answer: France"""
-
 
 def system_message(budgets: RolloutBudgets) -> Message:
     """The instructions: how many calls a turn may make, each offered tool's guidance line, and
@@ -49,13 +32,10 @@ def system_message(budgets: RolloutBudgets) -> Message:
         content = budgets.system_prompt.replace("{max_search_calls}", budget)
         return {"role": "system", "content": content}
     n = budgets.max_calls_per_turn
-    calls = (f"Make at most {n} tool calls in a turn (they run together), then wait for their "
-             "results before going on." if n > 1 else
-             "Make at most one tool call in a turn, then wait for its result before going on.")
-    guidance = "".join(f"\n{line}" for name in budgets.tools if (line := DECLARED[name].guidance))
-    stated = (f"\n- You can search at most {budget} times in total; after that, answer with what "
-              "you have.") if budget else ""
-    content = SYSTEM_PROMPT.format(calls=calls, guidance=guidance, budget=stated)
+    calls = PROMPT_CALLS.format(n=n) if n > 1 else PROMPT_ONE_CALL
+    guidance = [line for name in budgets.tools if (line := DECLARED[name].guidance)]
+    stated = [PROMPT_BUDGET.format(n=budget)] if budget else []
+    content = "\n".join([PROMPT_HEAD.format(calls=calls), *guidance, *stated, PROMPT_EXAMPLE])
     return {"role": "system", "content": content}
 
 

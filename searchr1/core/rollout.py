@@ -281,7 +281,8 @@ def add_observation(pending: PendingCall, results: Sequence[SearchResult], token
                            pending.prompt_tokens, pending.completion_tokens, answered, budgets)
     except Exception as error:  # noqa: BLE001 - one bad tool result must not end the run
         reason = f"the {pending.calls[0].name or 'tool'} result could not become an observation ({type(error).__name__})"
-        log.warning("query %r: %s; the trajectory ends as a search failure", shown_call(pending.calls[0])[:80], reason)
+        shown = shown_call(pending.calls[0])[:80]
+        log.warning("query %r: %s; the trajectory ends as a search failure", shown, reason)
         for call, result in zip(pending.calls, results):
             record_call(trajectory, call, result, ok=False, observation="", error=reason)
         trajectory.finish(Termination.SEARCH_ERROR, pending.assistant_text)
@@ -330,11 +331,6 @@ class BatchRollout:
         self.first_failure: str | None = None
         # a passage id is shown only where a declared tool takes one
         self.shows_ids = any(tool.takes_ids for tool in declared_tools(budgets))
-
-    def report_finished(self) -> None:
-        """Tell the progress callback one more trajectory has ended."""
-        if self.progress is not None:
-            self.progress(1)
 
     async def send_with_retries(self, request: SampleRequest) -> list[SampledSequence]:
         """One request with retries; returns exactly ``num_samples`` sequences or raises."""
@@ -411,7 +407,8 @@ class BatchRollout:
             add_observation(pending, await self.run_calls(pending), self.tokenizer, self.budgets)
             request = None if trajectory.done else next_request(self.tokenizer, trajectory, self.step, self.budgets)
             turn = None if request is None else (await self.sample_turns([trajectory], request))[0]
-        self.report_finished()
+        if self.progress is not None:  # one more trajectory has ended
+            self.progress(1)
 
 
 async def rollout_batch_async(
@@ -427,22 +424,15 @@ async def rollout_batch_async(
     first_question_index: int = 0,
     sampler_version: int = 0,
 ) -> list[Trajectory]:
-    """Roll out ``group_size`` trajectories per example (unscored: scoring and advantages are
-    the caller's next steps, :func:`searchr1.core.reward.score_trajectories` and
-    :func:`searchr1.core.advantage.assign_group_advantages`).
-
-    ``sampling_slots`` caps sampling requests across several batches rolling out at once (the
-    trainer's off-policy pipeline); by default the batch has ``sampling_concurrency`` of its own.
-    ``tools`` runs each declared tool (``config.tools``, search among them), by name.
-    ``first_question_index`` numbers the questions from there (question indices group the
-    trajectories and seed the sampling: dynamic sampling's extra draws of one step use fresh ones).
-    ``sampler_version``: the weights ``sampling_client`` serves (training steps finished before
-    them), recorded on every turn.
-
-    Returns trajectories ordered by question, then sample. Raises
-    :class:`SamplerFailureError` when more than ``max_sampler_failure_fraction`` of them could
-    not be sampled (a smaller share ends as ``sampler_error`` and is left out of the update).
-    """
+    """``group_size`` trajectories per example, ordered by question, then sample; unscored (the
+    step scores them next). ``tools`` runs each declared tool by name, search among them.
+    ``sampling_slots``: a cap on sampling requests shared by batches rolling out at once (the
+    off-policy pipeline; by default the batch has ``sampling_concurrency`` of its own).
+    ``first_question_index``: where question numbers (which group and seed) start; dynamic
+    sampling's extra draws of a step use fresh ones. ``sampler_version``: the training steps
+    finished before the weights ``sampling_client`` serves, recorded on every turn. Raises
+    :class:`SamplerFailureError` when more than ``max_sampler_failure_fraction`` could not be
+    sampled (a smaller share ends as ``sampler_error`` and is left out of the update)."""
     template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
     missing = [name for name in config.tools if name not in tools]
     if missing:

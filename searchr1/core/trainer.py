@@ -10,13 +10,12 @@
     update       <- forward_backward(importance_sampling) -> optim_step(AdamParams), once per
                     --num-substeps mini-batch (core.update)
 
-The first two lines are :class:`OnPolicy`, the seed's source of batches. The trainer is given
-its source (a :class:`BatchSource`): :class:`OnPolicy`, or an alternative the harness plugs in,
-the off-policy pipeline or dynamic sampling (:mod:`searchr1.training.pipeline`); with
-``--accumulation manual`` how to pack the datums into the seed's weighted micro-batches, and with
-``--kl-coef`` the penalty that asks the base model for its logprobs. It returns
-a :class:`StepRecord` of what the step produced; the metrics, the health guard, the transcripts,
-checkpoints and the run directory are the run loop's (:mod:`searchr1.training.loop`).
+The first two lines are :class:`OnPolicy`, the seed's source of batches; the harness may plug in
+another :class:`BatchSource` (the off-policy pipeline, dynamic sampling:
+:mod:`searchr1.training.pipeline`), with ``--accumulation manual`` how to pack the seed's weighted
+micro-batches, and with ``--kl-coef`` the base model's penalty. A step returns a
+:class:`StepRecord`; metrics, health guard, transcripts, checkpoints and the run directory are the
+run loop's (:mod:`searchr1.training.loop`).
 
 Accumulation. ``sdk`` (default) sends every datum of the step in ONE ``forward_backward``
 call: PyTRIO splits it itself and normalises every chunk by batch-global totals, so the

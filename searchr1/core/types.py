@@ -213,26 +213,13 @@ class Trajectory:
         return any(not call.ok and not call.refused for call in self.calls)
 
     @property
+    def score(self) -> RewardResult:
+        """Every score of its answer (those of an unanswered trajectory until it is scored)."""
+        return self.reward_result or NOT_ANSWERED
+
+    @property
     def reward(self) -> float:
-        return (self.reward_result or NOT_ANSWERED).reward
-
-    @property
-    def valid_format(self) -> bool:
-        return (self.reward_result or NOT_ANSWERED).valid_format
-
-    @property
-    def exact_match(self) -> bool:
-        return (self.reward_result or NOT_ANSWERED).exact_match
-
-    @property
-    def f1(self) -> float:
-        """Token F1 of the answer (0 unless it ended by answering)."""
-        return (self.reward_result or NOT_ANSWERED).f1
-
-    @property
-    def cover_em(self) -> bool:
-        """A reference occurs inside the answer."""
-        return (self.reward_result or NOT_ANSWERED).cover_em
+        return self.score.reward
 
     def finish(self, reason: Termination, final_text: str | None = None) -> None:
         reason = Termination(reason)  # refuses an unknown reason

@@ -153,11 +153,8 @@ async def apply_update(client: TrainingClient, calls: Sequence[Sequence[Training
     outputs, tokens = [], []
     for call in calls:
         data = [item.datum for item in call]
-        if loss_fn_config:  # sent only when given: PyTRIO's defaults otherwise
-            sent = client.forward_backward_async(data, loss_fn=config.loss_fn, loss_fn_config=loss_fn_config)
-        else:
-            sent = client.forward_backward_async(data, loss_fn=config.loss_fn)
-        result = await (await sent)
+        options = {"loss_fn_config": loss_fn_config} if loss_fn_config else {}  # PyTRIO's defaults otherwise
+        result = await (await client.forward_backward_async(data, loss_fn=config.loss_fn, **options))
         outputs.append(dict(result.metrics))
         tokens += learner_tokens(data, getattr(result, "loss_fn_outputs", None))
     problem = non_finite_outputs(outputs, [t.learned for t in tokens])

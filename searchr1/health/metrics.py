@@ -63,8 +63,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary,
     scored = [t for t in trajectories if not t.sampler_error]
     metrics: dict[str, float] = {
         "reward/mean": _mean([t.reward for t in scored]),
-        "reward/correct": _mean([float(t.exact_match) for t in scored]),
-        "reward/format": _mean([float(t.valid_format) for t in scored]),
+        "reward/correct": _mean([float(t.score.exact_match) for t in scored]),
+        "reward/format": _mean([float(t.score.valid_format) for t in scored]),
         "rollout/trajectories": float(len(trajectories)),
         "rollout/turns": _mean([len(t.turns) for t in trajectories]),
         "rollout/search_calls": _mean([t.search_calls for t in trajectories]),

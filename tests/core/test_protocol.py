@@ -14,6 +14,7 @@ import unicodedata
 from searchr1.runtime.preflight import check_template
 from searchr1.core.observation.text import error_text
 from searchr1.core.rollout import RolloutConfig, effective_system_prompt
+from searchr1.core.tools import search_spec
 from searchr1.core.types import SearchResult
 from searchr1.core.protocol import (
     SEARCH_TOOL,
@@ -26,7 +27,6 @@ from searchr1.core.protocol import (
     observation_tokens,
     parse_assistant,
     render,
-    search_tool,
     stop_sequences,
     system_prompt,
     template_boundaries,
@@ -176,9 +176,9 @@ def test_a_rollouts_system_prompt_tells_the_calls_a_turn_may_make_and_the_budget
 
 
 def test_the_search_tool_shows_the_description_it_is_given_and_the_default_without_one():
-    assert search_tool("Look it up in the encyclopedia.")["function"]["description"] == \
+    assert search_spec("Look it up in the encyclopedia.").schema()["function"]["description"] == \
         "Look it up in the encyclopedia."
-    assert search_tool() == SEARCH_TOOL and SEARCH_TOOL["function"]["description"].strip()
+    assert search_spec().schema() == SEARCH_TOOL and SEARCH_TOOL["function"]["description"].strip()
 
 
 def test_a_tool_message_is_searchs_unless_another_tool_is_named():

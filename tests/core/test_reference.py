@@ -356,7 +356,9 @@ def test_the_reference_step_and_the_trainer_send_the_same_update(twins, tokenize
 # ---------------------------------------------------------------- the reference stands apart
 
 # the data types, the budgets' settings class, and the tools as data
-ALLOWED = {("searchr1.core.types", "*"), ("searchr1.core.budgets", "RolloutBudgets"), ("searchr1.core.tools", "DECLARED")}
+ALLOWED = {("searchr1.core.types", "*"), ("searchr1.core.budgets", "RolloutBudgets"), ("searchr1.core.tools", "DECLARED"),
+           # the system prompt's wording, as data (the reference composes it in its own code)
+           *{("searchr1.core.protocol", f"PROMPT_{part}") for part in ("HEAD", "ONE_CALL", "CALLS", "BUDGET", "EXAMPLE")}}
 # the reference's two modules: the step, and the text the model reads and writes
 REFERENCE_MODULES = (searchr1.core.reference, searchr1.core.reference_text)
 
@@ -383,8 +385,8 @@ def source_of(module) -> str:
 
 def test_the_reference_imports_from_the_package_only_the_data_types():
     """Invariant: reference.py and its text module (reference_text.py) import nothing from searchr1
-    but the data types (``searchr1.core.types``), the budgets (``RolloutBudgets``) and the declared
-    tools as data (``DECLARED``), and the reference its text module: no helper of the engine they
+    but the data types (``searchr1.core.types``), the budgets (``RolloutBudgets``), the declared
+    tools as data (``DECLARED``) and the system prompt's wording (``PROMPT_*``), and the reference its text module: no helper of the engine they
     are held against (parser, stitching, observations, seeds, reward, advantages, datums), nor its
     configuration class."""
     reference, text = (searchr1_imports(source_of(module)) for module in REFERENCE_MODULES)

@@ -138,7 +138,7 @@ def test_a_reply_without_a_tool_call_or_a_scorable_answer_ends_as_no_answer(serv
     ]
     trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
     assert [t.termination for t in trajectories] == ["answer", "no_answer", "no_answer", "no_answer"]
-    assert [t.valid_format for t in trajectories] == [True, False, False, False]
+    assert [t.score.valid_format for t in trajectories] == [True, False, False, False]
     assert [t.reward for t in trajectories] == [1.0, -0.1, -0.1, -0.1]
     metrics = rollout_metrics(trajectories, summarize_groups(trajectories))
     assert metrics["rollout/termination/answer"] == metrics["reward/format"] == 0.25
@@ -153,7 +153,7 @@ def test_a_tool_call_after_the_search_budget_ends_the_trajectory(served, tokeniz
     assert t.search_calls == 2 and len(search.calls) == 2
     assert t.final_text == samples[0][2]
     # the seed scored this turn's "Answer: France" as 1.0; a tool call is not an answer
-    assert (t.reward, t.valid_format) == (-0.1, False)
+    assert (t.reward, t.score.valid_format) == (-0.1, False)
 
 
 def test_the_turn_budget_binds_when_lower_than_the_search_budget(served, tokenizer):

@@ -34,15 +34,15 @@ lines = st.lists(st.sampled_from(["I checked.", "Answer: {}", "answer:{}", "Fina
 def test_reward_is_the_same_whether_or_not_the_sampler_keeps_the_stop_string(tokenizer, lines, answer, stop):
     text = "\n".join(line.format(answer) for line in lines)
     plain, stopped = _scored(tokenizer, text), _scored(tokenizer, text + stop)
-    assert (stopped.reward, stopped.exact_match, stopped.valid_format) == (
-        plain.reward, plain.exact_match, plain.valid_format)
+    assert (stopped.reward, stopped.score.exact_match, stopped.score.valid_format) == (
+        plain.reward, plain.score.exact_match, plain.score.valid_format)
     assert stopped.final_text == plain.final_text
     assert stopped.messages[-1]["content"] == plain.messages[-1]["content"]
 
 
 def test_a_correct_answer_followed_by_the_stop_string_earns_full_reward(tokenizer):
     trajectory = _scored(tokenizer, "Answer: France<|im_end|>")
-    assert trajectory.reward == 1.0 and trajectory.exact_match
+    assert trajectory.reward == 1.0 and trajectory.score.exact_match
     assert "<|im_end|>" not in trajectory.final_text
 
 

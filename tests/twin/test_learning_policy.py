@@ -31,7 +31,7 @@ from searchr1.core.datum import build_datums
 from searchr1.offline import QUESTIONS
 from searchr1.core.protocol import assistant_message, build_prompt, initial_messages, parse_assistant, tool_message
 from searchr1.core.reward import score_answer, score_trajectories
-from searchr1.core.tools import OPEN_PAGE, SEARCH, ToolCall, ToolSpec, parse_tool_calls
+from searchr1.core.tools import OPEN_PAGE, SEARCH, ToolCall, ToolSpec, parse_tool_calls, shown_call
 from searchr1.core.types import FORMAT_PENALTY
 from searchr1.core.reference import reference_datums, reference_rewards_and_advantages, reference_rollout
 from searchr1.core.rollout import RolloutConfig, add_observation, make_request, record_turn
@@ -446,7 +446,7 @@ def scripted_trajectory(policy, tokenizer, question: WorldQuestion, kinds: Seque
         turn = Turn(request.prompt_tokens, tokens, logprobs, state.texts[index], "stop")
         pending = record_turn(trajectory, turn, tokenizer, config)
         if pending is not None:
-            hop = passages_by_query([question])[pending.query]
+            hop = passages_by_query([question])[shown_call(pending.calls[0])]
             found = SearchResult(ok=True, items=(SearchItem(hop.title, hop.text, source="Wikipedia"),))
             add_observation(pending, [found], tokenizer, config)
     score_trajectories([trajectory])
@@ -624,7 +624,7 @@ def dev_exact_match(policy, tokenizer, world, params, *, temperature: float, gro
     dev = [example_of(q) for q in world if q.split == "dev"]
     config = RolloutConfig(group_size=group_size, seed=7, temperature=temperature)
     trajectories = roll_out(policy, params, tokenizer, dev, config, 0, world)
-    return float(np.mean([t.exact_match for t in trajectories]))
+    return float(np.mean([t.score.exact_match for t in trajectories]))
 
 
 def negate_advantages(trajectories: list[Trajectory], rng: np.random.Generator) -> None:
