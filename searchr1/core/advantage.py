@@ -41,7 +41,6 @@ ADVANTAGE_MODES: tuple[AdvantageMode, ...] = get_args(AdvantageMode)
 ZSCORE_EPSILON = 1e-6
 
 
-
 @dataclass(frozen=True)
 class GroupSummary:
     """Counts for metrics. Each group is counted in at most one of ``env_failure`` and

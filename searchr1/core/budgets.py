@@ -35,7 +35,6 @@ def unknown_tools(names: object) -> str | None:
     return None
 
 
-
 class InvalidCallPolicy(StrEnum):
     """What a refused call (unknown function, missing or unknown parameter, wrong type) does."""
 

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from pytrio.types import Datum, TensorData
 
 
-
 class DatumError(ValueError):
     """A trajectory cannot become a datum. The message names it (question/group, turn)."""
 

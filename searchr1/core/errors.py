@@ -1,12 +1,8 @@
 """The base of every error that is the user's to fix: a file, a flag or a setting we cannot take.
-
-An error deriving from :class:`UserError` carries one line that names the thing at fault (the
-file and line, the flag, the field). The command layer prints that line and exits (``exit_code``:
-1, or 2 for a usage error such as a flag's value) instead of a traceback, so a new kind of
-refusal only has to derive from this class to be reported that way.
-
-This module is pure (no imports): the core raises these errors too.
-"""
+Its one line names the thing at fault (file and line, flag, field); the command layer prints it and
+exits with ``exit_code`` (1, or 2 for a usage error such as a flag's value) instead of a traceback,
+so a new kind of refusal only has to derive from :class:`UserError`. Pure (no imports): the core
+raises these errors too."""
 
 from __future__ import annotations
 

@@ -47,6 +47,24 @@ Tool = Callable[[dict[str, JsonValue]], SearchResult]  # a call's arguments in, 
 Tools = Mapping[str, Tool]  # every offered tool by name, search among them
 
 
+def reference_step(sampler: SamplingClient, training_client: TrainingClient, tokenizer: Tokenizer,
+                   tools: Tools, examples: Sequence[SearchExample], budgets: RolloutBudgets, *,
+                   step: int, learning_rate: float, betas: tuple[float, float] = (0.9, 0.95),
+                   ) -> tuple[list[Trajectory], list[Datum], dict[str, float] | None]:
+    """One whole step: its trajectories, datums and loss metrics (None when nothing was sent)."""
+    from pytrio import AdamParams
+    trajectories = reference_rollout(sampler, tokenizer, tools, examples, budgets, step=step)
+    reference_rewards_and_advantages(trajectories)
+    datums = reference_datums(trajectories, len(tokenizer))
+    if not datums:
+        return trajectories, datums, None
+    # ALGORITHM: one forward_backward of the importance-sampling loss, one optimiser step
+    output = training_client.forward_backward(datums, loss_fn="importance_sampling").result()
+    adam = AdamParams(learning_rate=learning_rate, beta1=betas[0], beta2=betas[1])
+    training_client.optim_step(adam).result()
+    return trajectories, datums, dict(output.metrics)
+
+
 # ---------------------------------------------------------------- rollout
 
 def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, tools: Tools,
@@ -269,21 +287,3 @@ def reference_datums(trajectories: list[Trajectory], vocab_size: int) -> list[Da
                 "logprobs": TensorData.from_numpy(np.asarray(logprobs[1:], dtype=np.float32)),
                 "advantages": TensorData.from_numpy(np.asarray(advantages[1:], dtype=np.float32))}))
     return datums
-
-
-def reference_step(sampler: SamplingClient, training_client: TrainingClient, tokenizer: Tokenizer,
-                   tools: Tools, examples: Sequence[SearchExample], budgets: RolloutBudgets, *,
-                   step: int, learning_rate: float, betas: tuple[float, float] = (0.9, 0.95),
-                   ) -> tuple[list[Trajectory], list[Datum], dict[str, float] | None]:
-    """One whole step: its trajectories, datums and loss metrics (None when nothing was sent)."""
-    from pytrio import AdamParams
-    trajectories = reference_rollout(sampler, tokenizer, tools, examples, budgets, step=step)
-    reference_rewards_and_advantages(trajectories)
-    datums = reference_datums(trajectories, len(tokenizer))
-    if not datums:
-        return trajectories, datums, None
-    # ALGORITHM: one forward_backward of the importance-sampling loss, one optimiser step
-    output = training_client.forward_backward(datums, loss_fn="importance_sampling").result()
-    adam = AdamParams(learning_rate=learning_rate, beta1=betas[0], beta2=betas[1])
-    training_client.optim_step(adam).result()
-    return trajectories, datums, dict(output.metrics)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -38,7 +39,6 @@ from searchr1.core.protocol import (
     TurnKind,
     assistant_message,
     build_prompt,
-    initial_messages,
     observation_tokens,
     parse_assistant,
     stop_sequences,
@@ -72,7 +72,7 @@ T = TypeVar("T")
 class SamplingRuntime:
     """How the sampling service is driven: requests in flight, timeouts, retries (not in the seed).
     None of it changes what a trajectory is, only how long it takes and whether a failing service
-    ends it. Declared as :class:`~searchr1.core.types.RolloutBudgets` is."""
+    ends it. Declared as :class:`~searchr1.core.budgets.RolloutBudgets` is."""
 
     sampling_concurrency: int = setting(64, at_least=1, at_most=4096, help="Sampling requests in flight at once.")
     sample_timeout: float | None = setting(
@@ -88,7 +88,7 @@ class SamplingRuntime:
 @dataclass(frozen=True)
 class RolloutConfig(SamplingRuntime, RolloutBudgets):
     """A rollout's settings as the commands and ``config.json`` hold them, in one flat object: the
-    algorithm's budgets (:class:`~searchr1.core.types.RolloutBudgets`) and the sampling runtime
+    algorithm's budgets (:class:`~searchr1.core.budgets.RolloutBudgets`) and the sampling runtime
     (:class:`SamplingRuntime`). The rollout's steps take the part they need."""
 
     def __post_init__(self) -> None:
@@ -143,9 +143,8 @@ def start_group(tokenizer: Tokenizer, example: SearchExample, question_index: in
                 budgets: RolloutBudgets) -> tuple[list[Trajectory], SampleRequest | None]:
     """The ``group_size`` trajectories of one question and their shared first request
     (``num_samples = group_size``; ``None`` when the prompt alone is over the budget)."""
-    budget = budgets.max_search_calls if budgets.state_search_budget else None
-    messages = initial_messages(example.question, max_search_calls=budget, system_template=budgets.system_prompt,
-                                tools=budgets.tools, max_calls=budgets.max_calls_per_turn)
+    messages: list[Message] = [{"role": "system", "content": effective_system_prompt(budgets)},
+                               {"role": "user", "content": example.question}]
     group = [Trajectory(example, question_index, g, [m.copy() for m in messages]) for g in range(budgets.group_size)]
     return group, make_request(tokenizer, group, sampling_seed(budgets.seed, step, question_index, 0, 0), budgets)
 
@@ -238,15 +237,11 @@ def record_turn(trajectory: Trajectory, turn: Turn, tokenizer: Tokenizer,
     calls = parsed.calls
     if len(calls) > budgets.max_calls_per_turn:  # too many calls: the model reads why, and none runs
         calls = calls[-1:]
-    budgets_of = {tool.name: tool.budget for tool in tools}
-    made: dict[str, int] = {}
-    for call in calls:
-        if isinstance(call, ToolCall):
-            made[call.name] = made.get(call.name, trajectory.calls_of(call.name)) + 1
-            budget = budgets_of.get(call.name)
-            if budget is not None and made[call.name] > budget:
-                trajectory.finish(Termination.SEARCH_BUDGET, text)
-                return None
+    made = Counter(call.name for call in calls if isinstance(call, ToolCall))  # refused calls count for none
+    if any(tool.budget is not None and trajectory.calls_of(tool.name) + made[tool.name] > tool.budget
+           for tool in tools):
+        trajectory.finish(Termination.SEARCH_BUDGET, text)
+        return None
     if len(trajectory.turns) >= budgets.max_assistant_turns:
         trajectory.finish(Termination.TURN_BUDGET, text)
         return None

@@ -201,22 +201,16 @@ _PARAMETER = re.compile(r"\s*<parameter=([^<>\n]+)>(.*?)</parameter>", re.DOTALL
 _TAGS = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
 
 
-def split_calls(body: str) -> tuple[str, list[str]] | None:
-    """``(text before the first call, each call's inside)``, or ``None`` when the calls are not a
-    run of ``<tool_call>…</tool_call>`` blocks with only whitespace between and after them."""
-    start = body.find("<tool_call>")
-    before, rest = body[:start], body[start:]
-    if "</tool_call>" in before:
-        return None
+def call_blocks(calls: str) -> list[str] | None:
+    """Each call's inside, or ``None`` when ``calls`` (a turn from its first ``<tool_call>`` on) is
+    not a run of ``<tool_call>…</tool_call>`` blocks with only whitespace between and after them."""
     blocks, position = [], 0
-    for match in _BLOCK.finditer(rest):
-        if rest[position:match.start()].strip() or "<tool_call>" in match.group(1):
+    for match in _BLOCK.finditer(calls):
+        if calls[position:match.start()].strip() or "<tool_call>" in match.group(1):
             return None
         blocks.append(match.group(1))
         position = match.end()
-    if not blocks or rest[position:].strip():
-        return None
-    return before, blocks
+    return blocks if blocks and not calls[position:].strip() else None
 
 
 def _one_type(text: str, kind: str) -> tuple[bool, JsonValue]:
@@ -320,12 +314,12 @@ def parse_tool_calls(body: str, tools: Sequence[ToolSpec]) -> tuple[str, list[Pa
     """The text before the calls and each call read against ``tools``; ``None`` when ``body``
     has no ``<tool_call>``. Calls that cannot be told apart (an unclosed call, text after the
     last call, a stray closing tag) come back as one :class:`CallError`."""
-    if "<tool_call>" not in body:
+    start = body.find("<tool_call>")
+    if start < 0:
         return None
-    split = split_calls(body)
-    if split is None:
-        before = body[: body.find("<tool_call>")]
+    before = body[:start]
+    blocks = None if "</tool_call>" in before else call_blocks(body[start:])
+    if blocks is None:
         return before, [CallError("", "the tool calls are not closed <tool_call> blocks ending the turn")]
-    before, blocks = split
     by_name = {tool.name: tool for tool in tools}
     return before, [read_call(block, by_name) for block in blocks]

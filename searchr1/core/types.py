@@ -42,13 +42,10 @@ class SearchItem:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """Outcome of one ``search(query)`` call.
-
-    ``ok=False`` carries a short, sanitised ``error`` (failure class and status; never a
-    response body dump, never a secret). ``cached`` is true when no request was made.
-    ``attempts`` counts the requests sent to the service for this call (0: none was) and
-    ``usage`` what the service reported consuming (DeepSeek's tokens), failed attempts included.
-    """
+    """Outcome of one tool call. ``ok=False`` carries a short, sanitised ``error`` (failure class
+    and status; never a response body, never a secret). ``cached``: no request was made.
+    ``attempts``: requests sent to the service for this call (0: none); ``usage``: what the service
+    reported consuming (DeepSeek's tokens), failed attempts included."""
 
     ok: bool
     items: tuple[SearchItem, ...] = ()
@@ -70,10 +67,8 @@ class ReportedUsage:
     web_search_requests: int = 0
 
     def add(self, other: ReportedUsage) -> None:
-        self.input_tokens += other.input_tokens
-        self.cache_read_input_tokens += other.cache_read_input_tokens
-        self.output_tokens += other.output_tokens
-        self.web_search_requests += other.web_search_requests
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
 
 
 class Termination(StrEnum):
@@ -117,6 +112,8 @@ DEFAULT_MAX_TRAJECTORY_TOKENS = 8192  # the seed's whole-sequence budget, also t
 FORMAT_PENALTY = -0.1  # the reward of a format failure, and of a trajectory that did not answer
 NOT_ANSWERED = RewardResult(FORMAT_PENALTY, False, False, None)
 MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger
+
+
 class Message(TypedDict):
     """One chat message as the chat template reads it; a tool message also names its call."""
 

@@ -3,15 +3,15 @@
 values before the optimiser sees them.
 
 Substeps. The step's datums are put in an order drawn from the run's seed and the step index
-(a resumed run repeats it) and divided into N mini-batches of near-equal size. Each is one update,
-normalised by its own totals (``sdk``) or packed into its own weighted micro-batches
-(``manual``). The first trains on the weights that sampled it (ratio 1 on-policy); every later
-one on weights the earlier updates moved, so the ratio leaves 1 and ppo's and cispo's clipping
-engages, as with Search-R1's mini-batch updates and tinker-cookbook's ``num_substeps``.
+(a resumed run repeats it) and divided into N near-equal mini-batches, each one update normalised
+by its own totals (``sdk``) or packed into its own weighted micro-batches (``manual``). The first
+trains on the weights that sampled it (ratio 1 on-policy), every later one on weights the earlier
+updates moved, so the ratio leaves 1 and ppo's and cispo's clipping engages (Search-R1's
+mini-batch updates, tinker-cookbook's ``num_substeps``).
 
-The loss is the run's ``--loss-fn`` with its ``--loss-fn-config``, sent as they are. The
-learner's logprobs of the trained tokens come back in :class:`UpdateResult` (the health
-diagnostics compare them with the sampler's: the sampler-learner mismatch of every metrics line).
+The loss is the run's ``--loss-fn`` with its ``--loss-fn-config``, sent as they are; the learner's
+logprobs of the trained tokens come back in :class:`UpdateResult` (the sampler-learner mismatch
+of every metrics line compares them with the sampler's).
 """
 
 from __future__ import annotations
