@@ -32,13 +32,16 @@ def heading(section: str) -> str:
 
 class SectionOption(click.Option):
     """An option that knows the heading (one of :data:`SECTIONS`) :class:`SectionedCommand`
-    lists it under and, for ``train``'s flags, what a resume does with it (``on_resume``)."""
+    lists it under and, for ``train``'s flags, what a resume does with it (``on_resume``) and,
+    where the run's record holds its value under a setting of another name, that setting's name
+    (``recorded_as``: ``--system-prompt-file`` is recorded as the file's text, ``system_prompt``)."""
 
     def __init__(self, *args: Any, section: str | None = None, on_resume: OnResume | None = None,
-                 **kwargs: Any) -> None:
+                 recorded_as: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.section = section
         self.on_resume = on_resume
+        self.recorded_as = recorded_as
 
 
 class SectionedCommand(click.Command):

@@ -62,6 +62,7 @@ def rollout_options(*, group_size: int = 8, temperature: float = 1.0,
                                helps=helps, section="rollout")
     system_prompt_file = click.option(
         "--system-prompt-file", cls=SectionOption, section="rollout", on_resume=OnResume.FIXED,
+        recorded_as="system_prompt",
         type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
         help="Use this file's text as the system prompt ({max_search_calls} in it becomes the search "
              "budget) instead of the project's wording; recorded in config.json and eval summaries.")

@@ -25,6 +25,7 @@ from click.core import ParameterSource
 
 from searchr1.commands.help_layout import SectionOption
 from searchr1.core.settings import LARGEST, OnResume, Rule, flag_of, settings_of
+from searchr1.runtime import invocation
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -208,17 +209,38 @@ def _expected_kind(param: click.Option) -> tuple[tuple[type, ...], str]:
     return (str,), "a string"
 
 
-def _shaped(param: click.Option, value: Any) -> str | None:
+def _shaped(param: click.Option, value: Any, kind: Callable[[Any], str]) -> str | None:
     """Why ``value`` is not the shape ``param`` takes (``None`` when it is): a scalar of the
     flag's type, or an array of them for a repeatable flag. An integer flag refuses 8.5 (click
-    would truncate it to 8) and every flag refuses dates."""
+    would truncate it to 8) and every flag refuses dates. ``kind`` names what a value is in the
+    file's own words (TOML's, JSON's)."""
     types_, words = _expected_kind(param)
     items = value if param.multiple and isinstance(value, list) else [value]
     for item in items:
         if isinstance(item, bool) != (types_ == (bool,)) or not isinstance(item, types_):
             many = f"{words} or an array of them" if param.multiple else words
-            return f"must be {many}, not {_toml_kind(item)}" + (f" ({item!r})" if isinstance(item, int | float) else "")
+            return f"must be {many}, not {kind(item)}" + (f" ({item!r})" if isinstance(item, int | float) else "")
     return None
+
+
+def checked_value(ctx: click.Context, param: click.Option, value: Any, *, where: str, key: str,
+                  kind: Callable[[Any], str] = _toml_kind) -> Any:
+    """A value read from a file for ``param``, as the flag takes it (a lone value of a repeatable
+    flag as a list of one), checked as the flag would check it: its shape, click's conversion and
+    the declared rule. A refusal is one ``BadParameter`` naming ``where`` (the file, its line or
+    key) and ``key``."""
+    wrong = _shaped(param, value, kind)
+    if wrong:
+        raise click.BadParameter(f"{where}: {key} {wrong}", param_hint="--config")
+    if param.multiple and not isinstance(value, list):
+        value = [value]
+    try:
+        converted = param.type_cast_value(ctx, value)
+        if param.callback is not None:
+            param.callback(ctx, param, converted)
+    except click.BadParameter as error:
+        raise click.BadParameter(f"{where}: {key} {error.message}", param_hint="--config") from None
+    return value
 
 
 PRESET_READERS = ("train", "eval")  # the commands that take --config; one preset serves them all
@@ -245,6 +267,12 @@ def _sibling_options(ctx: click.Context) -> dict[str, str]:
 PRESET_ORIGINS = "searchr1.preset_origins"  # ctx.meta key: {parameter name: "FILE, line N"}
 
 
+def preset_params(ctx: click.Context) -> dict[str, click.Option]:
+    """The options of ``ctx``'s command a ``--config`` file may set, by parameter name."""
+    return {param.name: param for param in ctx.command.params
+            if isinstance(param, click.Option) and param.name and param.name not in ("config", "help")}
+
+
 def read_preset(ctx: click.Context, path: Path) -> dict[str, Any]:
     """The preset's values by parameter name, each checked as its flag would be; an unknown key,
     a value of the wrong shape or a bad value names the file, the line and the key. A key
@@ -257,8 +285,7 @@ def read_preset(ctx: click.Context, path: Path) -> dict[str, Any]:
         raise click.BadParameter(f"cannot read {path}: {error.strerror or error}", param_hint="--config") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise click.BadParameter(f"{path} is not valid TOML: {error}", param_hint="--config") from None
-    params = {param.name: param for param in ctx.command.params
-              if isinstance(param, click.Option) and param.name not in ("config", "help")}
+    params = preset_params(ctx)
     aliases = {param_name(opt): param.name for param in params.values() for opt in param.opts}
     others = _sibling_options(ctx)
     values: dict[str, Any] = {}
@@ -279,19 +306,7 @@ def read_preset(ctx: click.Context, path: Path) -> dict[str, Any]:
             raise click.BadParameter(f"{where}: {key!r} and {spelled[name]!r} are the same setting; keep one",
                                      param_hint="--config")
         spelled[name] = key
-        param = params[name]
-        wrong = _shaped(param, value)
-        if wrong:
-            raise click.BadParameter(f"{where}: {key} {wrong}", param_hint="--config")
-        if param.multiple and not isinstance(value, list):
-            value = [value]
-        try:
-            converted = param.type_cast_value(ctx, value)
-            if param.callback is not None:
-                converted = param.callback(ctx, param, converted)
-        except click.BadParameter as error:
-            raise click.BadParameter(f"{where}: {key} {error.message}", param_hint="--config") from None
-        values[name] = value
+        values[name] = checked_value(ctx, params[name], value, where=where, key=key)
         origins[name] = where
     for command, keys in ignored.items():
         click.echo(f"note: {path}: {', '.join(keys)} {'is a setting' if len(keys) == 1 else 'are settings'} "
@@ -316,18 +331,43 @@ def preset_origin(ctx: click.Context | None, message: str) -> str:
     return message
 
 
-def config_file_option(records: str = "config.json records the merged result") -> Decorator:
+RecordReader = Callable[[click.Context, Path], dict[str, Any]]
+
+
+def is_run_record(path: Path) -> bool:
+    """Whether ``--config PATH`` names a run's record (its directory or a ``.json`` file) rather
+    than a TOML preset."""
+    return path.is_dir() or path.suffix.lower() == ".json"
+
+
+def config_file_option(records: str = "config.json records the merged result", *,
+                       read_record: RecordReader | None = None) -> Decorator:
     """``--config FILE.toml``: settings from a preset file; flags on the command line win.
-    ``records`` says where the command records the merged settings."""
+    ``records`` says where the command records the merged settings. With ``read_record``, the
+    command also takes a run's record (``RUN`` or ``RUN/config.json``) there: the reader gives its
+    settings by parameter name, as a preset's, and the command line wins over them too."""
 
     def load(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
-        if value is not None:
-            ctx.default_map = {**(ctx.default_map or {}), **read_preset(ctx, value)}
+        if value is None:
+            return None
+        if is_run_record(value):
+            if read_record is None:
+                raise click.BadParameter(f"{value} is a run's record, not a TOML preset; "
+                                         f"`{invocation.command('train --config RUN')}` runs a run again from it",
+                                         param_hint="--config")
+            values = read_record(ctx, value)
+        else:
+            values = read_preset(ctx, value)
+        ctx.default_map = {**(ctx.default_map or {}), **values}
         return value
 
-    return click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                        is_eager=True, expose_value=True, callback=load, metavar="FILE.toml",
+    takes_runs = read_record is not None
+    text = ("Read settings from this TOML file (keys are the flag names, e.g. group_size = 16; train and eval "
+            "read the same file, each noting the other's keys it ignores)")
+    if takes_runs:
+        text += ", or from a run's record (RUN or RUN/config.json: the run's settings, to run it again)"
+    return click.option("--config", "config", type=click.Path(dir_okay=takes_runs, path_type=Path), default=None,
+                        is_eager=True, expose_value=True, callback=load,
+                        metavar="FILE.toml|RUN" if takes_runs else "FILE.toml",
                         cls=SectionOption, section="run", on_resume=OnResume.FREE,
-                        help="Read settings from this TOML file (keys are the flag names, e.g. "
-                             "group_size = 16; train and eval read the same file, each noting the other's "
-                             f"keys it ignores); flags given on the command line override it, and {records}.")
+                        help=f"{text}; flags given on the command line override it, and {records}.")

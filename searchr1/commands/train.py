@@ -33,6 +33,15 @@ from searchr1.commands.options import (
     run_guarded,
 )
 from searchr1.commands.help_layout import SectionedCommand, SectionOption
+from searchr1.commands.run_record import (
+    RUN_RECORD,
+    RunRecord,
+    command_line_params,
+    read_run_record,
+    record_warnings,
+    same_directory,
+    with_unflagged,
+)
 from searchr1.commands.settings_options import (
     config_file_option,
     given_params,
@@ -48,7 +57,7 @@ BUDGET_EXIT_CODE = 4
 # The settings --help lists first, in this order, where the run's (TrainConfig's) and the core step's
 # (StepConfig's) share a section; any other setting follows in declaration order.
 @click.command(cls=SectionedCommand, context_settings={"show_default": True})
-@config_file_option()
+@config_file_option(read_record=read_run_record)
 @click.option("--offline-policy", type=click.Choice(OFFLINE_POLICIES), default=OfflinePolicy.LEARNING.value,
               cls=SectionOption, section="service", on_resume=OnResume.FIXED,
               help="With --offline: the policy the twin serves. learning: a small model over whole assistant "
@@ -174,9 +183,13 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         kwargs["loss_fn_config"] = parse_loss_fn_config(kwargs["loss_fn_config"])
     except ValueError as error:
         raise click.UsageError(str(error)) from None
+    record: RunRecord | None = ctx.meta.get(RUN_RECORD)  # --config RUN: a new run with that run's settings
     if resume_dir is not None:
         if kwargs["run_dir"] is not None:
             raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
+        if record is not None:
+            raise click.UsageError(f"--config {record.run_dir} starts a new run with that run's settings; "
+                                   "--resume continues a run with its own: use one of them")
         run = RunDir(resume_dir)
         stored = run.open()
         held.enter_context(run.locked())  # before anything is read for good or written
@@ -283,7 +296,10 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             search=_search_record(search, offline),
             run_id=new_run_id(), code_version=__version__, **settings,
         )
-        run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name)
+        if record is not None:
+            config = _from_record(ctx, record, config, run_dir)
+        run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name,
+                                           keep=record.run_dir if record is not None else None)
         run = RunDir(run_dir)
         taken = sorted(name for name in recorded_checkpoints(run.path.parent)
                        if name.startswith(checkpoint_prefix(config)))
@@ -553,13 +569,30 @@ def _flags(role: OnResume) -> set[str]:
     return {param.name for param in train.params if param.name and getattr(param, "on_resume", None) is role}
 
 
-def _free_run_dir(root: Path, name: str) -> Path:
+def _from_record(ctx: click.Context, record: RunRecord, config: TrainConfig, run_dir: Path | None) -> TrainConfig:
+    """A new run's settings with those of the run whose record ``--config`` read that no flag
+    carries; refused when it would write over that run, or could not search as it did."""
+    command_line = command_line_params(ctx)
+    if run_dir is not None and same_directory(run_dir, record.run_dir):
+        raise click.UsageError(f"--run-dir {run_dir} is the run --config reads; a new run needs its own directory "
+                               f"(continue that one with: {invocation.command(f'train --resume {run_dir}')})")
+    if record.credentials_removed and "retriever_url" not in command_line:
+        raise click.UsageError(f"the --retriever-url of {record.path} carried credentials, which config.json does "
+                               "not keep; pass the same --retriever-url again")
+    config = with_unflagged(config, record, command_line)
+    for warning in record_warnings(record, config, __version__):
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    return config
+
+
+def _free_run_dir(root: Path, name: str, *, keep: Path | None = None) -> Path:
     """``runs/<name>``, or ``runs/<name>-2``, ``-3``… when taken (a directory whose run never
-    finished a step is not taken): a default never collides."""
+    finished a step is not taken, unless it is ``keep``, the run ``--config`` reads): a default
+    never collides."""
     from searchr1.run.directory import RunDir
 
     candidate, number = root / name, 1
-    while not RunDir(candidate).can_start_over():
+    while not RunDir(candidate).can_start_over() or (keep is not None and same_directory(candidate, keep)):
         number += 1
         candidate = root / f"{name}-{number}"
     return candidate
