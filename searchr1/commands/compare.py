@@ -1,6 +1,7 @@
 """``compare EVAL_A EVAL_B``: is B really better than A on the same questions?
-Paired bootstrap intervals of the EM, F1 and cover-EM differences per source and macro, exact
-McNemar tests, the flipped questions, a plot (:mod:`searchr1.evaluation.compare`)."""
+Paired 95% intervals of the EM, F1 and cover-EM differences per source and macro (wide, never a
+point, at a handful of questions), exact McNemar tests, the flipped questions, a plot
+(:mod:`searchr1.evaluation.compare`)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,12 @@ from searchr1.commands.help_layout import SectionedCommand
 @click.option("--json", "as_json", is_flag=True, help="Print the whole comparison as one JSON object.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw the differences with their intervals into this PNG.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the paired bootstrap.")
-def compare(eval_a: Path, eval_b: Path, as_json: bool, plot_path: Path | None, seed: int) -> None:
+def compare(eval_a: Path, eval_b: Path, as_json: bool, plot_path: Path | None) -> None:
     """Compare two evaluations question by question (differences are B - A).
 
     Only questions both files answered count. Refused (exit 2) when the files used another
     question set, protocol, search backend, top-k, decoding, or differ in any card field that
-    changes the numbers.
+    changes the numbers. Sources with too few paired questions to read alone are marked with *.
 
     \b
     %(prog)s compare eval_result/base.jsonl eval_result/step20.jsonl --plot cmp.png
@@ -44,10 +44,12 @@ def compare(eval_a: Path, eval_b: Path, as_json: bool, plot_path: Path | None, s
     except EvalFileError as error:
         raise click.ClickException(str(error)) from None
     try:
-        result = compare_evals(a, b, seed=seed)
+        result = compare_evals(a, b)
     except IncomparableEvals as error:
         click.echo(f"Error: {eval_a} and {eval_b} are not comparable: {error}", err=True)
         sys.exit(2)
+    except EvalFileError as error:
+        raise click.ClickException(str(error)) from None
     if plot_path is not None:
         from searchr1.commands.plot import _save
         from searchr1.view.plots import comparison_figure

@@ -104,7 +104,7 @@ RESULT_DIR = Path("eval_result")
 @search_options(default_backend="deepseek")
 def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> None:
     """Evaluate a model on the dev set: exact match per source, macro and micro EM with
-    bootstrap 95% intervals, format rate, rollout and search metrics.
+    95% intervals (Wilson, never a point), format rate, rollout and search metrics.
 
     \b
     Offline:     %(prog)s eval --offline --output eval_result/offline.jsonl
@@ -594,7 +594,10 @@ def _search_success(metrics: dict[str, Any]) -> str:
 
 def format_summary(summary: dict[str, Any]) -> str:
     """The console view of a summary: macro/micro EM, F1 and cover EM with intervals, format,
-    per-source table (F1 and cover EM only when the summary has them: older files do not)."""
+    per-source table (F1 and cover EM only when the summary has them: older files do not), its
+    sources with fewer than FEW_QUESTIONS questions marked ``*`` and a footnote saying why."""
+    from searchr1.evaluation.intervals import FEW_QUESTIONS, few_questions
+
     m = summary["metrics"]
     sources = sorted(key.split("/", 1)[1] for key in m if key.startswith("questions/"))
     names = [(n, label) for n, label in (("em", "EM"), ("f1", "F1"), ("cover_em", "cover EM"), ("judge", "judge"))
@@ -633,9 +636,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append("  usage: " + ", ".join(parts) + cost)
     lines.append(f"  {'source':<18}{'n':>5}" + "".join(f"{label:>10}   {'95% CI':<15}" for _, label in names)
                  + f"{'format':>7}")
+    few = [source for source in sources if few_questions(int(m[f"questions/{source}"]))]
     for source in sources:
         cells = "".join(
             f"{m[f'{name}/{source}']:>10.3f}   [{m[f'{name}_ci95_low/{source}']:.3f}, "
             f"{m[f'{name}_ci95_high/{source}']:.3f}] " for name, _ in names)
-        lines.append(f"  {source:<18}{int(m[f'questions/{source}']):>5}{cells}{m[f'format/{source}']:>7.3f}")
+        named = f"{source}*" if source in few else source
+        lines.append(f"  {named:<18}{int(m[f'questions/{source}']):>5}{cells}{m[f'format/{source}']:>7.3f}")
+    if few:
+        lines.append(f"  * fewer than {FEW_QUESTIONS} questions: a wide interval, and one question moves the score "
+                     f"by {1 / FEW_QUESTIONS:.1f} or more; read it with care")
     return "\n".join(lines)

@@ -46,6 +46,8 @@ class Selection:
     notes: list[str] = field(default_factory=list)
     shown: int = 0
     available: int = 0
+    scores: dict[str, float] | None = None  # an eval's metrics over all its questions, for the page's summary
+    scores_caption: str = ""
 
 
 def offline_policy(config: dict[str, Any]) -> str:
@@ -147,13 +149,30 @@ def select_from_eval(path: Path, limit: int | None, ids: tuple[str, ...] = ()) -
         missing = [i for i in ids if i not in {str(r.get("id")) for r in records}]
         if missing:
             raise click.ClickException(f"{path} has no question with id {missing[0]!r}")
+    scores, caption = _eval_scores(records)
+    if ids:
         records = [r for r in records if str(r.get("id")) in ids]
     shown = records[:limit]
     notes = [f"source: {path}"]
     described = _describe_config(config)
     if described:
         notes.append(described)
-    return Selection(f"Eval transcripts: {path.name}", [(None, shown)], notes, len(shown), len(records))
+    return Selection(f"Eval transcripts: {path.name}", [(None, shown)], notes, len(shown), len(records),
+                     scores, caption)
+
+
+def _eval_scores(records: list[dict[str, Any]]) -> tuple[dict[str, float] | None, str]:
+    """The metrics of every question in an eval file (its intervals by today's rules) and a
+    caption for them; (None, why) when the records do not aggregate (the page still shows them)."""
+    from searchr1.evaluation.metrics import evaluation_metrics
+    from searchr1.view.wording import plural
+
+    try:
+        metrics = evaluation_metrics(records)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        return None, f"no score summary: a record lacks a field the scores are computed from ({type(error).__name__})"
+    return metrics, (f"over all {plural(int(metrics['eval/questions']), 'question')} of the file, whatever "
+                     "this page shows; EM, F1 and cover EM as the eval summary defines them")
 
 
 def load_selection(source: Path, step: int | str | None, limit: int | None, ids: tuple[str, ...] = ()) -> Selection:
@@ -221,7 +240,12 @@ def show(source: Path, step: int | str | None, limit: int | None, html_path: Pat
     if html_path is not None:
         from searchr1.view.html import transcript_page
 
-        page = transcript_page(selection.sections, heading=selection.heading, notes=selection.notes)
+        from searchr1.view.html_scores import scores_section
+
+        if selection.scores is None and selection.scores_caption:
+            selection.notes.append(selection.scores_caption)
+        scores = "" if selection.scores is None else scores_section(selection.scores, caption=selection.scores_caption)
+        page = transcript_page(selection.sections, heading=selection.heading, notes=selection.notes, scores=scores)
         try:
             write_text_atomically(html_path, page)
         except OSError as error:

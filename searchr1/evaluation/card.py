@@ -1,13 +1,15 @@
 """The comparability card of an evaluation: everything a reader needs to decide whether two
 sets of numbers can be compared (the corpus and its version, the retriever, top-k, the turn
 and token budgets, decoding, what each metric means and where its definition comes from, how
-many questions each source had, how the intervals were computed).
+many questions each source had, which sources had too few to read alone, how the intervals were
+computed).
 
 Every eval summary carries one under ``card``; ``eval --protocol search-r1`` prints it, and each
 published row has its own (:mod:`searchr1.evaluation.published`). :func:`card_differences`
-lists the fields of two cards that change the numbers (every field except ``n_per_source``,
-which describes the sample rather than the setting): ``compare`` refuses evaluations whose
-cards differ in any of them.
+lists the fields of two cards that change the numbers (every field except ``n_per_source`` and
+``few_questions``, which describe the sample, and ``interval``, which says how the file's own
+intervals were drawn and leaves the scores alone): ``compare`` refuses evaluations whose cards
+differ in any of them.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from searchr1.evaluation.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CI_LEVEL
+from searchr1.evaluation.intervals import FEW_QUESTIONS, describe_rules, few_questions
 
 CARD_VERSION = 1
-# Card fields that describe the sample, not the setting: they may differ between comparable cards.
-DESCRIPTIVE_FIELDS = frozenset({"n_per_source", "card_version"})
+# Card fields that describe the sample or how its intervals were drawn, not the setting: they may
+# differ between comparable cards (a file written with an older interval rule compares with a new one).
+DESCRIPTIVE_FIELDS = frozenset({"n_per_source", "card_version", "interval", "few_questions"})
 
 METRIC_DEFINITIONS: dict[str, dict[str, str]] = {
     "em": {
@@ -47,9 +50,13 @@ JUDGE_DEFINITION = {
 
 
 def interval_method() -> str:
-    return (f"{CI_LEVEL:.0%} percentile bootstrap, {BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}: "
-            "per source over its questions, macro stratified by source (each resample keeps every "
-            "source's size), micro over all questions")
+    return describe_rules()
+
+
+def few_questions_field(n_per_source: Mapping[str, int]) -> dict[str, Any]:
+    """The card's ``few_questions``: the threshold and the sources under it, which every table
+    marks (their intervals are wide; one question moves them by a tenth or more)."""
+    return {"under": FEW_QUESTIONS, "sources": [s for s, n in n_per_source.items() if few_questions(n)]}
 
 
 def _corpus(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -77,6 +84,8 @@ def eval_card(config: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str
     rollout = config.get("rollout") if isinstance(config.get("rollout"), Mapping) else {}
     sampling = config.get("sampling") if isinstance(config.get("sampling"), Mapping) else {}
     definitions = {name: dict(text) for name, text in METRIC_DEFINITIONS.items()}
+    n_per_source = {key.split("/", 1)[1]: int(value) for key, value in sorted(metrics.items())
+                    if key.startswith("questions/")}
     judge = config.get("judge")
     if isinstance(judge, Mapping):
         definitions["judge"] = {**JUDGE_DEFINITION, "model": judge.get("model"),
@@ -95,8 +104,8 @@ def eval_card(config: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str
                      "top_p": sampling.get("top_p", rollout.get("top_p")),
                      "samples_per_question": rollout.get("group_size")},
         "metrics": definitions,
-        "n_per_source": {key.split("/", 1)[1]: int(value) for key, value in sorted(metrics.items())
-                         if key.startswith("questions/")},
+        "n_per_source": n_per_source,
+        "few_questions": few_questions_field(n_per_source),
         "interval": interval_method(),
     }
 
@@ -137,6 +146,9 @@ def format_card(card: Mapping[str, Any]) -> str:
     n = card.get("n_per_source") or {}
     if n:
         lines.append("  questions   " + ", ".join(f"{k} {v}" for k, v in n.items()))
+        few = [k for k, v in n.items() if isinstance(v, int) and few_questions(v)]
+        if few:
+            lines.append(f"  few         fewer than {FEW_QUESTIONS} questions: {', '.join(few)} (wide intervals)")
     for name, text in (card.get("metrics") or {}).items():
         lines.append(f"  {name:<11} {text.get('definition')} [{text.get('source')}]")
     lines.append(f"  intervals   {card.get('interval')}")

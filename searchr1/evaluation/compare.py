@@ -4,11 +4,11 @@ Only the questions both files answered count (paired by data source and id). Dif
 ``B - A``:
 
 * per source and macro (the unweighted mean of the per-source differences, i.e. macro B minus
-  macro A on the paired questions), for EM, F1 and cover EM, with a paired percentile bootstrap
-  interval: questions are resampled with replacement and each keeps its pair of scores (a
-  resample of the per-question differences); the macro interval resamples within each source
-  (stratified), as the eval summary's macro interval does. Seeded, so the same files always
-  give the same intervals;
+  macro A on the paired questions), for EM, F1 and cover EM, with a paired 95% interval that
+  keeps a width at one or two questions (:mod:`searchr1.evaluation.paired_intervals`: Tango's
+  continuity-corrected score interval of the discordant counts, fractional for F1; the macro at
+  Kish's effective sample size). Closed forms, so the same files always give the same intervals;
+  sources with fewer than FEW_QUESTIONS paired questions are marked (``few_questions``);
 * an exact McNemar test for the yes/no scores (EM, cover EM, and the judge's when both files
   have one): under "no difference" each discordant question (right in one file only) is equally
   likely to favour either, so the two-sided p value is the binomial tail
@@ -34,17 +34,10 @@ from typing import Any
 
 
 from searchr1.evaluation.card import card_differences, eval_card
+from searchr1.evaluation.intervals import FEW_QUESTIONS, Interval, few_questions
+from searchr1.evaluation.metrics import EvalFileError, answer_score, load_summary, read_eval_records
+from searchr1.evaluation.paired_intervals import macro_paired_interval, paired_interval
 from searchr1.view.wording import plural
-from searchr1.evaluation.metrics import (
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
-    EvalFileError,
-    answer_score,
-    bootstrap_ci,
-    load_summary,
-    read_eval_records,
-    stratified_macro_ci,
-)
 from searchr1.runtime import invocation
 
 SCORES = ("em", "f1", "cover_em")
@@ -117,36 +110,28 @@ def mcnemar_exact(b_only: int, a_only: int) -> float:
     return float(min(Fraction(1), Fraction(2 * tail, 2 ** n)))
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float], *, seed: int = BOOTSTRAP_SEED,
-                      resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, float]:
-    """Mean of ``b - a`` over paired scores with its paired bootstrap interval."""
-    differences = [y - x for x, y in zip(a, b, strict=True)]
-    difference = math.fsum(differences) / len(differences)
-    low, high = _holding(bootstrap_ci(differences, resamples=resamples, seed=seed), difference)
-    return {"a": math.fsum(a) / len(a), "b": math.fsum(b) / len(b),
-            "difference": difference, "ci95_low": low, "ci95_high": high}
+def _entry(a: float, b: float, difference: float, interval: Interval) -> dict[str, Any]:
+    return {"a": a, "b": b, "difference": difference, "ci95_low": interval.low, "ci95_high": interval.high,
+            "interval_rule": interval.rule.value}
 
 
-def _holding(interval: tuple[float, float], estimate: float) -> tuple[float, float]:
-    """The interval widened, if need be, to hold the estimate: when every resample gives the
-    estimate's value, the percentiles may round a last digit away from it."""
-    low, high = interval
-    return min(low, estimate), max(high, estimate)
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """Mean of ``b - a`` over paired scores with its paired 95% interval."""
+    difference = math.fsum(y - x for x, y in zip(a, b, strict=True)) / len(a)
+    return _entry(math.fsum(a) / len(a), math.fsum(b) / len(b), difference, paired_interval(a, b))
 
 
-def macro_difference(groups: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
-                     seed: int = BOOTSTRAP_SEED, resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, float]:
-    """Macro ``b - a`` (unweighted mean over sources of the per-source mean differences), with a
-    bootstrap interval stratified by source."""
-    differences = {s: [y - x for x, y in zip(a, b, strict=True)] for s, (a, b) in groups.items()}
+def macro_difference(groups: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> dict[str, Any]:
+    """Macro ``b - a`` (unweighted mean over sources of the per-source mean differences), with
+    its 95% interval at Kish's effective sample size."""
     sources = sorted(groups)
-    difference = math.fsum(math.fsum(differences[s]) / len(differences[s]) for s in sources) / len(sources)
-    low, high = _holding(stratified_macro_ci(differences, resamples=resamples, seed=seed), difference)
 
     def macro(side: int) -> float:
         return math.fsum(math.fsum(groups[s][side]) / len(groups[s][side]) for s in sources) / len(sources)
 
-    return {"a": macro(0), "b": macro(1), "difference": difference, "ci95_low": low, "ci95_high": high}
+    difference = math.fsum(math.fsum(y - x for x, y in zip(*groups[s], strict=True)) / len(groups[s][0])
+                           for s in sources) / len(sources)
+    return _entry(macro(0), macro(1), difference, macro_paired_interval(groups))
 
 
 def _judge_score(record: Mapping[str, Any]) -> float | None:
@@ -168,8 +153,7 @@ def _show_command(path: Path, question_id: str) -> str:
     return invocation.command(f"show {shlex.quote(str(path))} --id {shlex.quote(question_id)}")
 
 
-def compare_evals(a: LoadedEval, b: LoadedEval, *, seed: int = BOOTSTRAP_SEED,
-                  resamples: int = BOOTSTRAP_RESAMPLES) -> dict[str, Any]:
+def compare_evals(a: LoadedEval, b: LoadedEval) -> dict[str, Any]:
     """The whole comparison as plain JSON (see the module docstring). Raises
     :class:`IncomparableEvals` when the files are not comparable or share no question."""
     problems = comparability_problems(a, b)
@@ -183,8 +167,13 @@ def compare_evals(a: LoadedEval, b: LoadedEval, *, seed: int = BOOTSTRAP_SEED,
         scores.append(JUDGE_SCORE)
 
     def score(record: Mapping[str, Any], name: str) -> float:
-        value = _judge_score(record) if name == JUDGE_SCORE else answer_score(record, name)
-        assert value is not None
+        try:
+            value = _judge_score(record) if name == JUDGE_SCORE else answer_score(record, name)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not 0.0 <= value <= 1.0:  # NaN fails too
+            path = a.path if any(record is r for r in a.records.values()) else b.path
+            raise EvalFileError(f"{path}: question {record.get('id')!r} has no {name} score in [0, 1]")
         return value
 
     by_source: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -200,19 +189,20 @@ def compare_evals(a: LoadedEval, b: LoadedEval, *, seed: int = BOOTSTRAP_SEED,
         "only_in_a": len(set(a.records) - set(b.records)),
         "only_in_b": len(set(b.records) - set(a.records)),
         "difference": "b - a",
-        "interval": (f"paired percentile bootstrap over questions, {resamples} resamples, seed {seed}; "
-                     "macro stratified by source"),
+        "interval": ("paired 95%: Tango's score interval with continuity correction of the discordant counts "
+                     "(fractional for F1); macro at Kish's effective sample size"),
+        "few_questions_under": FEW_QUESTIONS,
         "test": "exact McNemar (two-sided binomial on the discordant questions)",
         "sources": {}, "macro": {}, "p_value": {}, "mcnemar": {}, "flipped": {},
     }
-    for index, name in enumerate(scores):
-        offset = seed + 1000 * index
+    for name in scores:
         groups = {s: ([score(a.records[k], name) for k in by_source[s]],
                       [score(b.records[k], name) for k in by_source[s]]) for s in sources}
-        result["macro"][name] = macro_difference(groups, seed=offset, resamples=resamples)
-        for position, source in enumerate(sources):
-            entry = result["sources"].setdefault(source, {"n": len(by_source[source]), "p_value": {}})
-            entry[name] = paired_difference(*groups[source], seed=offset + 1 + position, resamples=resamples)
+        result["macro"][name] = macro_difference(groups)
+        for source in sources:
+            n = len(by_source[source])
+            entry = result["sources"].setdefault(source, {"n": n, "few_questions": few_questions(n), "p_value": {}})
+            entry[name] = paired_difference(*groups[source])
         if name == "f1":
             continue
         better = [k for k in paired if score(b.records[k], name) > score(a.records[k], name)]
@@ -252,11 +242,16 @@ def format_comparison(result: Mapping[str, Any], *, flips_shown: int = 10) -> st
         p = result["p_value"].get(name)
         lines.append(f"  macro {labels[name]:<9}{cell(result['macro'][name])}"
                      + (f"  p={p:.4g}" if p is not None else ""))
+    marked = False
     for source, entry in result["sources"].items():
-        lines.append(f"  {source} (n={entry['n']})")
+        few = few_questions(int(entry["n"]))
+        marked = marked or few
+        lines.append(f"  {source} (n={entry['n']}{'*' if few else ''})")
         for name in names:
             p = entry["p_value"].get(name)
             lines.append(f"    {labels[name]:<9}{cell(entry[name])}" + (f"  p={p:.4g}" if p is not None else ""))
+    if marked:
+        lines.append(f"  * fewer than {FEW_QUESTIONS} paired questions: a wide interval, read it with care")
     flips = result["flipped"].get("em", {})
     counts = result["mcnemar"].get("em", {})
     lines.append(f"EM flips: {counts.get('b_only_right', 0)} right only in B, {counts.get('a_only_right', 0)} "

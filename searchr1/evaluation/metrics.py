@@ -5,19 +5,11 @@ An eval JSONL file holds one ``type="trajectory"`` record per question (written 
 finish, so a crash keeps what was done) followed by one ``type="summary"`` record. A resumed or
 interrupted run may append more than one summary; the last one wins.
 
-Confidence intervals (``*_ci95_low`` / ``*_ci95_high``) are percentile bootstrap intervals over
-BOOTSTRAP_RESAMPLES resamples with a fixed seed, so the same records always give the same
-interval:
-
-* micro EM resamples questions with replacement from the whole pool;
-* macro EM resamples within each source (stratified: every resample keeps each source's size)
-  and averages the per-source means, matching how macro EM itself is computed;
-* per-source EM resamples that source's questions.
-
-Resampling n values with replacement is drawn as a multinomial over the distinct scores, which
-is the same distribution as drawing indices but costs O(distinct values) per resample instead
-of O(n). The percentile interval is widened to include the point estimate in the rare case the
-finite resample set would exclude it.
+Confidence intervals (``*_ci95_low`` / ``*_ci95_high``) are 95% intervals that keep a width at
+a handful of questions (:mod:`searchr1.evaluation.intervals`): Wilson score with continuity
+correction for 0/1 scores, Student's t for others, per source over its questions, micro over all
+questions, macro at Kish's effective sample size. They are closed forms: the same records always
+give the same intervals.
 """
 
 from __future__ import annotations
@@ -29,16 +21,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from searchr1.core.errors import UserError
 from searchr1.core.types import Termination, Trajectory
+from searchr1.evaluation.intervals import macro_interval, mean_interval
 from searchr1.health.diagnostics import mean
 from searchr1.run.jsonl import iter_json_lines
 
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
-CI_LEVEL = 0.95
 
 # Summary-config fields that must agree for two evaluations to be comparable (plots refuse to
 # mix files that differ in any of them). The eval runner writes its config under these names.
@@ -104,45 +92,6 @@ def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
-# --- bootstrap (pure) ---------------------------------------------------------------------
-
-
-def _resampled_means(scores: Sequence[float], rng: np.random.Generator, resamples: int) -> np.ndarray:
-    """``resamples`` bootstrap means of ``scores`` (multinomial over distinct values)."""
-    values, counts = np.unique(np.asarray(scores, dtype=float), return_counts=True)
-    n = int(counts.sum())
-    draws = rng.multinomial(n, counts / n, size=resamples)
-    return draws @ values / n
-
-
-def _interval(point: float, means: np.ndarray) -> tuple[float, float]:
-    tail = (1.0 - CI_LEVEL) / 2
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return float(min(low, point)), float(max(high, point))
-
-
-def bootstrap_ci(
-    scores: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
-) -> tuple[float, float]:
-    """95% percentile bootstrap interval of the mean of ``scores`` (non-empty)."""
-    if not scores:
-        raise ValueError("bootstrap_ci needs at least one score")
-    rng = np.random.default_rng(seed)
-    return _interval(float(np.mean(scores)), _resampled_means(scores, rng, resamples))
-
-
-def stratified_macro_ci(
-    groups: Mapping[str, Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
-) -> tuple[float, float]:
-    """95% interval of the unweighted mean of per-group means, resampling within each group."""
-    if not groups or any(len(g) == 0 for g in groups.values()):
-        raise ValueError("stratified_macro_ci needs non-empty groups")
-    rng = np.random.default_rng(seed)
-    per_group = [_resampled_means(groups[k], rng, resamples) for k in sorted(groups)]
-    point = float(np.mean([np.mean(groups[k]) for k in sorted(groups)]))
-    return _interval(point, np.mean(per_group, axis=0))
-
-
 # --- aggregate metrics (pure) ---------------------------------------------------------------
 
 
@@ -174,12 +123,10 @@ def answer_score(record: Mapping[str, Any], name: str) -> float:
     return result.f1 if name == "f1" else float(result.cover_em)
 
 
-def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Sequence[Mapping[str, Any]], *,
-                       resamples: int, seed: int) -> int:
-    """``<name>/<source>``, ``<name>/macro``, ``<name>/micro`` and their bootstrap intervals,
+def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Sequence[Mapping[str, Any]]) -> int:
+    """``<name>/<source>``, ``<name>/macro``, ``<name>/micro`` and their intervals,
     ``questions/<source>``; returns the number of questions. Scores are averaged per question
-    first. The seeds of ``em`` are those it always had; the others offset them."""
-    offset = 1000 * SCORED_METRICS.index(name)
+    first."""
     question_scores: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in trajectories:
         question_scores[(str(r["data_source"]), str(r["id"]))].append(answer_score(r, name))
@@ -187,26 +134,24 @@ def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Seque
     for (source, _), scores in question_scores.items():
         by_source[source].append(mean(scores))
     sources = sorted(by_source)
-    for index, source in enumerate(sources):
+    for source in sources:
         scores = by_source[source]
-        low, high = bootstrap_ci(scores, resamples=resamples, seed=seed + offset + 1 + index)
+        interval = mean_interval(scores)
         metrics[f"{name}/{source}"] = mean(scores)
-        metrics[f"{name}_ci95_low/{source}"] = low
-        metrics[f"{name}_ci95_high/{source}"] = high
+        metrics[f"{name}_ci95_low/{source}"] = interval.low
+        metrics[f"{name}_ci95_high/{source}"] = interval.high
         metrics[f"questions/{source}"] = len(scores)
     all_scores = [score for source in sources for score in by_source[source]]
+    macro = macro_interval({source: by_source[source] for source in sources})
     metrics[f"{name}/macro"] = mean(metrics[f"{name}/{s}"] for s in sources)
-    metrics[f"{name}/macro_ci95_low"], metrics[f"{name}/macro_ci95_high"] = stratified_macro_ci(
-        by_source, resamples=resamples, seed=seed + offset)
+    metrics[f"{name}/macro_ci95_low"], metrics[f"{name}/macro_ci95_high"] = macro.low, macro.high
+    micro = mean_interval(all_scores)
     metrics[f"{name}/micro"] = mean(all_scores)
-    metrics[f"{name}/micro_ci95_low"], metrics[f"{name}/micro_ci95_high"] = bootstrap_ci(
-        all_scores, resamples=resamples, seed=seed + offset)
+    metrics[f"{name}/micro_ci95_low"], metrics[f"{name}/micro_ci95_high"] = micro.low, micro.high
     return len(question_scores)
 
 
-def evaluation_metrics(
-    records: Iterable[Mapping[str, Any]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
-) -> dict[str, float]:
+def evaluation_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Aggregate trajectory records (others, e.g. summaries, are ignored) into flat metrics.
 
     EM is computed per question: records of the same question (same data_source and id) are
@@ -234,9 +179,9 @@ def evaluation_metrics(
     sources = sorted(by_source_traj)
     metrics: dict[str, float] = {}
     for name in ANSWER_METRICS:
-        question_count = _add_answer_metric(metrics, name, trajectories, resamples=resamples, seed=seed)
+        question_count = _add_answer_metric(metrics, name, trajectories)
     if all(judged(r) for r in trajectories):
-        _add_answer_metric(metrics, JUDGE_METRIC, trajectories, resamples=resamples, seed=seed)
+        _add_answer_metric(metrics, JUDGE_METRIC, trajectories)
     for source in sources:
         metrics[f"format/{source}"] = mean(1.0 if r["valid_format"] else 0.0 for r in by_source_traj[source])
 
@@ -312,15 +257,37 @@ def read_eval_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
+def _last_summary(records: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> dict[str, Any]:
+    summaries = [r for r in records if r.get("type") == "summary"]
+    if not summaries:
+        raise EvalFileError(f"{path}: no summary record (the evaluation may have stopped before finishing)")
+    summary = dict(summaries[-1])
+    if not isinstance(summary.get("metrics"), dict):
+        raise EvalFileError(f"{path}: the last summary record has no 'metrics' object")
+    return summary
+
+
 def load_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The last ``type="summary"`` record of an eval file (later summaries supersede earlier
     ones, e.g. after a resumed run)."""
-    summaries = [r for r in read_eval_records(path) if r.get("type") == "summary"]
-    if not summaries:
-        raise EvalFileError(f"{path}: no summary record (the evaluation may have stopped before finishing)")
-    summary = summaries[-1]
-    if not isinstance(summary.get("metrics"), dict):
-        raise EvalFileError(f"{path}: the last summary record has no 'metrics' object")
+    return _last_summary(read_eval_records(path), path)
+
+
+def load_summary_with_current_intervals(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """:func:`load_summary`, its ``*_ci95_*`` metrics recomputed from the file's trajectory
+    records by today's rules, so that a file written when the intervals were a percentile
+    bootstrap (a point at one or two questions a source) draws the same intervals as a new one.
+    Scores and every other field are kept as stored; a summary without trajectory records beside
+    it (the seed's format), or with records that no longer aggregate, keeps its own intervals."""
+    records = read_eval_records(path)
+    summary = _last_summary(records, path)
+    trajectories = [r for r in records if r.get("type", "trajectory") == "trajectory"]
+    try:
+        current = evaluation_metrics(trajectories)
+    except (KeyError, TypeError, ValueError):
+        return summary
+    intervals = {key: value for key, value in current.items() if "_ci95_" in key}
+    summary["metrics"] = {**summary["metrics"], **intervals}
     return summary
 
 

@@ -6,6 +6,11 @@ not make a browser fetch something). Long observations fold into ``<details>`` e
 browsers open and close without JavaScript. Every piece of text goes through
 :func:`html.escape` after :func:`~searchr1.view.terminal.printable`: transcripts hold model
 output and web pages, and neither may become markup.
+
+Each transcript is an ``<article id="t-N">`` (N its position on the page, never text from the
+file); an index after the heading links every answer that is not correct (wrong or in a bad
+format) to its article, and an eval's page opens with its score summary
+(:mod:`searchr1.view.html_scores`). The only links are these in-page fragments.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from searchr1.view.terminal import SearchEvent, TurnEvent, answers_text, conversation, outcome, printable, title, verdict
+
+INDEX_QUESTION_CHARS = 120  # a question longer than this is cut in the index (whole in its article)
 
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'"
 OPEN_OBSERVATIONS_UP_TO = 600  # characters; longer observations start folded
@@ -56,6 +63,17 @@ details > summary { cursor: pointer; }
 pre { margin: 4px 0 0; white-space: pre-wrap; overflow-wrap: anywhere;
   font: 13px/1.45 ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", monospace; }
 p.empty { color: var(--dim); font-style: italic; }
+section.scores, nav.index { background: var(--paper); border: 1px solid var(--line); border-radius: 6px;
+  margin: 14px 0; padding: 10px 16px; }
+section.scores h2, nav.index h2 { font-size: 16px; margin: 0 0 6px; }
+section.scores table { border-collapse: collapse; font-size: 13px; }
+section.scores th, section.scores td { padding: 2px 10px; text-align: right; border-bottom: 1px solid var(--line); }
+section.scores th[scope=row] { text-align: left; }
+section.scores tr.overall th, section.scores tr.overall td { font-weight: 600; }
+section.scores tr.few th { color: var(--wrong); }
+.ci, p.note { color: var(--dim); font-size: 12px; }
+nav.index ol { margin: 0; padding-left: 22px; font-size: 13px; }
+nav.index a { color: inherit; }
 """
 
 
@@ -63,12 +81,18 @@ def _e(text: Any) -> str:
     return html.escape(printable(text), quote=True)
 
 
-def _article(record: Mapping[str, Any]) -> str:
+def anchor(position: int) -> str:
+    """The id of the page's ``position``-th transcript (1-based): positional, so nothing read
+    from a file becomes an id or a link."""
+    return f"t-{position}"
+
+
+def _article(record: Mapping[str, Any], position: int) -> str:
     kind = verdict(record)
     answers = answers_text(record.get("answers"))
     items = "".join(f"<li><b>{_e(name)}</b>{_e(value)}</li>" for name, value in outcome(record))
     parts = [
-        f'<article class="{kind}">',
+        f'<article id="{anchor(position)}" class="{kind}">',
         f'<h3>{_e(title(record))}<span class="verdict {kind}">{_e(kind)}</span></h3>',
         '<dl class="facts">',
         f"<dt>question</dt><dd>{_e(record.get('question'))}</dd>",
@@ -102,19 +126,43 @@ def _article(record: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def wrong_answers_index(records: Sequence[Mapping[str, Any]]) -> str:
+    """A ``<nav>`` listing every transcript whose answer is not correct, each linked to its
+    article (``records`` in page order), or a line saying there is none."""
+    wrong = [(position, record) for position, record in enumerate(records, 1) if verdict(record) != "correct"]
+    if not wrong:
+        return ('<nav class="index" id="index"><h2>Wrong answers</h2><p class="note">none: every answer on '
+                "this page is correct</p></nav>")
+    items = []
+    for position, record in wrong:
+        question = printable(record.get("question"))
+        if len(question) > INDEX_QUESTION_CHARS:
+            question = question[:INDEX_QUESTION_CHARS].rstrip() + " …"
+        items.append(f'<li><a href="#{anchor(position)}">{_e(title(record))}</a> '
+                     f'<span class="verdict {verdict(record)}">{_e(verdict(record))}</span> {_e(question)}</li>')
+    return "\n".join([f'<nav class="index" id="index"><h2>Wrong answers ({len(wrong)} of {len(records)})</h2><ol>',
+                      *items, "</ol></nav>"])
+
+
 def transcript_page(
     sections: Sequence[tuple[str | None, Sequence[Mapping[str, Any]]]],
     *,
     heading: str,
     notes: Sequence[str] = (),
+    scores: str = "",
 ) -> str:
     """The whole page. ``sections`` are ``(section title or None, records)`` pairs, e.g. one per
-    training step; ``notes`` are lines under the heading (source, what was left out)."""
+    training step; ``notes`` are lines under the heading (source, what was left out); ``scores``
+    is the score summary's markup (:func:`searchr1.view.html_scores.scores_section`), if any,
+    placed before the index of wrong answers."""
     body = []
+    shown: list[Mapping[str, Any]] = []
     for name, records in sections:
         if name is not None:
             body.append(f'<h2 class="step">{_e(name)}</h2>')
-        body.extend(_article(record) for record in records)
+        start = len(shown)
+        body.extend(_article(record, start + offset) for offset, record in enumerate(records, 1))
+        shown.extend(records)
     note_lines = "".join(f"<p>{_e(note)}</p>" for note in notes)
     return "\n".join([
         "<!DOCTYPE html>",
@@ -130,6 +178,8 @@ def transcript_page(
         "<body>",
         f'<header class="page"><h1>{_e(heading)}</h1>{note_lines}</header>',
         "<main>",
+        scores,
+        wrong_answers_index(shown),
         *body,
         "</main>",
         "</body>",

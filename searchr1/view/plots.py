@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from searchr1.core.errors import UserError
 from searchr1.data.dataset import EVAL_SOURCES
-from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary
+from searchr1.evaluation.intervals import FEW_QUESTIONS, few_questions
+from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary_with_current_intervals
 from searchr1.run.fileio import replacing
 from searchr1.run.jsonl import Surrogates, iter_json_lines, read_json_document
 from searchr1.view.wording import plural
@@ -166,8 +167,10 @@ def default_label(path: Path, summary: Mapping[str, Any]) -> str:
 def load_eval_runs(
     paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | None = None
 ) -> list[EvalRun]:
-    """Read the last summary of each eval file and label it; labels that would repeat fall back
-    to the file stem so every checkpoint stays distinguishable."""
+    """Read the last summary of each eval file, its intervals recomputed from the file's records
+    by today's rules (an older file's percentile bootstrap is a point at one or two questions a
+    source), and label it; labels that would repeat fall back to the file stem so every
+    checkpoint stays distinguishable."""
     if not paths:
         raise PlotInputError("no eval files given")
     if labels and len(labels) != len(paths):
@@ -177,7 +180,7 @@ def load_eval_runs(
     runs: list[EvalRun] = []
     for index, raw in enumerate(paths):
         path = Path(raw)
-        summary = load_summary(path)
+        summary = load_summary_with_current_intervals(path)
         label = labels[index] if labels else default_label(path, summary)
         runs.append(EvalRun(path, label, summary))
     if not labels:
@@ -257,9 +260,10 @@ def questions_per_source(runs: Sequence[EvalRun], source: str) -> list[int]:
 
 
 def source_tick_label(runs: Sequence[EvalRun], source: str) -> str:
-    """``nq`` over ``n=50`` (``n=50/20`` when the runs evaluated different numbers)."""
+    """``nq`` over ``n=50`` (``n=50/20`` when the runs evaluated different numbers), each count
+    under FEW_QUESTIONS marked ``*`` as the tables mark it."""
     counts = questions_per_source(runs, source)
-    return f"{source}\nn={'/'.join(map(str, counts))}" if counts else source
+    return f"{source}\nn={'/'.join(f'{n}*' if few_questions(n) else str(n) for n in counts)}" if counts else source
 
 
 OFFLINE_NOTES = {
@@ -349,9 +353,10 @@ def _integer_ticks() -> object:
 def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
     """Two panels: ``metric`` (em, f1 or cover_em) per benchmark grouped by checkpoint, and, per
     checkpoint, its macro value and the format rate side by side, each checkpoint in the same
-    colour in both panels. Error bars are the summaries' bootstrap 95% intervals; every value
-    is written above its upper whisker (upright when the bars are too narrow); each
-    benchmark's tick says how many questions it had."""
+    colour in both panels. Error bars are the 95% intervals (:mod:`searchr1.evaluation.intervals`:
+    never a point at one or two questions); every value is written above its upper whisker
+    (upright when the bars are too narrow); each benchmark's tick says how many questions it had,
+    ``*`` marking fewer than FEW_QUESTIONS."""
     if not runs:
         raise PlotInputError("no evaluations to plot")
     if metric not in EVAL_METRICS:
@@ -401,7 +406,9 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
         heights_seen += [p + e[1] for p, e in zip(points, errors)]
     top.set_xticks(range(len(sources)), [source_tick_label(runs, s) for s in sources], fontsize=9)
     top.set_ylabel(axis)
-    top.set_title(f"{label} per benchmark (95% bootstrap CI; n = questions)", fontsize=10)
+    few = any(few_questions(n) for s in sources for n in questions_per_source(runs, s))
+    top.set_title(f"{label} per benchmark (95% CI; n = questions"
+                  + (f", * fewer than {FEW_QUESTIONS})" if few else ")"), fontsize=10)
     top.set_ylim(0, _y_top(heights_seen, upright_labels=not across))
     top.legend(fontsize=8, ncols=min(len(runs), 4), loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
 
@@ -455,11 +462,11 @@ COMPARE_FIGSIZE = (11.0, 6.0)  # inches -> 1100 x 600 px at DPI
 
 def comparison_figure(result: Mapping[str, Any]) -> Figure:
     """One panel: the paired differences ``B - A`` (percentage points) of every score in a
-    ``compare`` result, per source and macro, with their paired bootstrap 95% intervals and a
-    zero line; each group's tick says how many paired questions it had."""
+    ``compare`` result, per source and macro, with their paired 95% intervals and a zero line;
+    each group's tick says how many paired questions it had (``*``: fewer than FEW_QUESTIONS)."""
     names = [n for n in ("em", "f1", "cover_em", "judge") if n in result["macro"]]
     labels = {"em": "EM", "f1": "F1", "cover_em": "cover EM", "judge": "judge"}
-    groups = [(f"{s}\nn={e['n']}", e) for s, e in result["sources"].items()]
+    groups = [(f"{s}\nn={e['n']}{'*' if few_questions(int(e['n'])) else ''}", e) for s, e in result["sources"].items()]
     groups.append((f"macro\nn={result['paired_questions']}", result["macro"]))
     fig = _figure(COMPARE_FIGSIZE)
     ax = fig.subplots()
@@ -474,8 +481,8 @@ def comparison_figure(result: Mapping[str, Any]) -> Figure:
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(groups)), [g for g, _ in groups], fontsize=9)
     ax.set_ylabel("B - A (percentage points)")
-    ax.set_title(f"B - A on the paired questions (paired bootstrap 95% CI)\nA: {result['model_a']}   "
-                 f"B: {result['model_b']}", fontsize=10)
+    ax.set_title(f"B - A on the paired questions (paired 95% CI; * fewer than {FEW_QUESTIONS})\n"
+                 f"A: {result['model_a']}   B: {result['model_b']}", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return fig

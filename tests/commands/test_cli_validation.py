@@ -223,6 +223,23 @@ def test_an_eval_without_searches_reports_no_search_success_rate_rather_than_zer
     assert "search success 0.750" in searched
 
 
+def test_the_summary_table_marks_each_source_under_the_threshold_and_says_why():
+    from searchr1.commands.eval import format_summary
+    from searchr1.evaluation.intervals import FEW_QUESTIONS
+    from searchr1.evaluation.metrics import evaluation_metrics
+
+    def question(source: str, index: int) -> dict:
+        return {"type": "trajectory", "id": f"{source}/{index}", "data_source": source, "answers": ["a"],
+                "final_text": "Answer: a", "termination": "answer", "reward": 1.0, "exact_match": True,
+                "valid_format": True, "search_calls": 0, "assistant_turns": 1}
+
+    records = [question("nq", i) for i in range(FEW_QUESTIONS)] + [question("popqa", 0)]
+    rows = {line.split()[0]: line for line in format_summary({"metrics": evaluation_metrics(records),
+                                                              "evaluated_examples": 11}).splitlines()}
+    assert "popqa*" in rows and "nq" in rows and "nq*" not in rows
+    assert f"fewer than {FEW_QUESTIONS} questions" in rows["*"]
+
+
 def test_the_readme_quotes_one_starting_reward_for_the_offline_run():
     from pathlib import Path
 

@@ -123,7 +123,7 @@ def test_a_group_lists_each_subcommand_with_its_whole_first_sentence(words):
 def test_the_top_level_list_shows_descriptions_longer_than_clicks_cut():
     rows = described(help_of(()))
     assert rows["eval"] == ("Evaluate a model on the dev set: exact match per source, macro and micro EM with "
-                            "bootstrap 95% intervals, format rate, rollout and search metrics.")
+                            "95% intervals (Wilson, never a point), format rate, rollout and search metrics.")
     assert rows["ask"] == "Ask the agent one question and print each turn as it happens."
 
 

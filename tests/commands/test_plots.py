@@ -121,7 +121,8 @@ def test_eval_figure_y_axis_is_not_fixed(tmp_path):
     high = write_eval_file(tmp_path / "high.jsonl", {"nq": 10, "popqa": 9})
     low_top = plots.eval_figure(plots.load_eval_runs([low])).axes[0].get_ylim()[1]
     high_top = plots.eval_figure(plots.load_eval_runs([high])).axes[0].get_ylim()[1]
-    assert low_top < 50
+    whisker = 100 * max(load_summary(low)["metrics"][f"em_ci95_high/{s}"] for s in ("nq", "popqa"))
+    assert whisker < low_top <= whisker + 12 < 100
     assert high_top >= 100
 
 
@@ -300,7 +301,7 @@ def test_a_benchmark_evaluated_with_different_sizes_shows_both_counts(tmp_path):
     small = write_eval_file(tmp_path / "small.jsonl", {"nq": 2}, per_source=4)
     large = write_eval_file(tmp_path / "large.jsonl", {"nq": 2}, per_source=10)
     ticks = plots.eval_figure(plots.load_eval_runs([small, large])).axes[0].get_xticklabels()
-    assert [t.get_text() for t in ticks] == ["nq\nn=4/10"]
+    assert [t.get_text() for t in ticks] == ["nq\nn=4*/10"]  # 4 is under FEW_QUESTIONS: marked
 
 
 def test_offline_evaluations_are_marked_in_the_title_and_live_ones_are_not(tmp_path):
@@ -579,3 +580,30 @@ def test_steps_without_a_value_are_shaded_and_no_line_crosses_them(points):
         for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
             if y0 == y0 and y1 == y1:  # a drawn segment (NaN breaks the line)
                 assert not any(x0 < g < x1 for g in gap), f"the line crosses the missing steps {gap}"
+
+
+def whiskers(ax) -> list[tuple[float, float]]:
+    """(low, high) of every error bar drawn on ``ax``, in data units."""
+    found = []
+    for container in ax.containers:
+        if getattr(container, "errorbar", None) is not None:
+            for segment in container.errorbar.lines[2][0].get_segments():
+                found.append((float(segment[0][1]), float(segment[1][1])))
+    return found
+
+
+def test_error_bars_keep_their_length_at_one_question_a_source_even_from_a_file_written_with_a_bootstrap(tmp_path):
+    """One question a source, each right or wrong: every bar (per source and macro) has a
+    whisker of real length. A file whose stored intervals came from a percentile bootstrap
+    (a point here) is drawn with today's intervals, from its records."""
+    path = write_eval_file(tmp_path / "one.jsonl", {"nq": 1, "popqa": 0, "hotpotqa": 1}, per_source=1)
+    lines = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+    for key in list(lines[-1]["metrics"]):
+        if "_ci95_" in key:  # what the bootstrap stored: the estimate itself
+            lines[-1]["metrics"][key] = lines[-1]["metrics"][key.replace("_ci95_low", "").replace("_ci95_high", "")]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    fig = plots.eval_figure(plots.load_eval_runs([path]))
+    top, bottom = fig.axes
+    assert sorted(t.get_text() for t in top.get_xticklabels()) == ["hotpotqa\nn=1*", "nq\nn=1*", "popqa\nn=1*"]
+    drawn = whiskers(top) + whiskers(bottom)
+    assert len(drawn) == 4 and all(high - low > 50 for low, high in drawn)  # percentage points

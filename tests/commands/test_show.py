@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from searchr1.cli import main
+from searchr1.evaluation.intervals import FEW_QUESTIONS
 from searchr1.view.html import CONTENT_SECURITY_POLICY, transcript_page
 from searchr1.view.terminal import (
     OBSERVATION_CHARS,
@@ -333,7 +334,8 @@ def parse(page: str) -> PageParser:
 
 
 ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "h3", "p", "main",
-                "article", "span", "dl", "dt", "dd", "ul", "li", "b", "div", "pre", "details", "summary"}
+                "article", "span", "dl", "dt", "dd", "ul", "li", "b", "div", "pre", "details", "summary",
+                "nav", "ol", "a", "section", "table", "thead", "tbody", "tr", "th", "td"}
 
 
 @given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=200),
@@ -353,7 +355,10 @@ def test_the_page_needs_nothing_from_outside(eval_file, tmp_path):
     page = out.read_text("utf-8")
     parsed = parse(page)
     assert "script" not in parsed.tags and "link" not in parsed.tags and "img" not in parsed.tags
-    assert not [name for name, _ in parsed.attributes if name in ("src", "href", "srcset", "action")]
+    assert not [name for name, _ in parsed.attributes if name in ("src", "srcset", "action")]
+    ids = {value for name, value in parsed.attributes if name == "id"}
+    links = [value for name, value in parsed.attributes if name == "href"]
+    assert links and all(link.startswith("#") and link[1:] in ids for link in links)  # in-page fragments only
     assert ("content", CONTENT_SECURITY_POLICY) in parsed.attributes
     assert "default-src 'none'" in CONTENT_SECURITY_POLICY
     assert "url(" not in page and "@import" not in page
@@ -365,9 +370,10 @@ def test_the_page_holds_every_chosen_transcript_under_its_step(run_dir, tmp_path
     out = tmp_path / "run.html"
     code, output = show(run_dir, "--step", "all", "--html", out)
     assert code == 0 and "6 transcripts" in output
-    parsed = parse(out.read_text("utf-8"))
+    page = out.read_text("utf-8")
+    parsed = parse(page)
     assert parsed.tags.count("article") == 6
-    assert parsed.tags.count("h2") == 3
+    assert page.count('<h2 class="step">') == 3
 
 
 # --- a real browser (opt-in: SEARCHR1_BROWSER_TESTS=1, Debian's chromium) -------------------------------
@@ -403,3 +409,17 @@ def test_a_browser_renders_the_page_and_runs_nothing_from_the_transcripts(eval_f
     assert int.from_bytes(header[16:20], "big") == 1200
     if os.environ.get("SEARCHR1_BROWSER_PNG"):
         shutil.copy(png, os.environ["SEARCHR1_BROWSER_PNG"])  # to look at by eye
+
+
+def test_an_eval_page_opens_with_its_scores_over_every_question_and_marks_a_small_source(eval_file, tmp_path):
+    """The summary is over the whole file (one of the two questions is right: EM 0.5), even when
+    --limit shows one transcript; the source has two questions, so it is marked and footnoted."""
+    out = tmp_path / "page.html"
+    code, output = show(eval_file, "--html", out, "--limit", "1")
+    assert code == 0, output
+    page = out.read_text("utf-8")
+    scores = page.split('<section id="scores"', 1)[1].split("</section>", 1)[0]
+    macro = scores.split('<th scope="row">macro</th>', 1)[1].split("</tr>", 1)[0]
+    assert "<td>2</td>" in macro and "<td>0.500 " in macro  # 2 questions, EM 1/2
+    assert '<th scope="row">nq*</th>' in scores and f"fewer than {FEW_QUESTIONS} questions" in scores
+    assert parse(page).tags.count("article") == 1

@@ -17,11 +17,13 @@ from searchr1.evaluation.card import card_differences, eval_card
 from searchr1.evaluation.compare import (
     IncomparableEvals,
     compare_evals,
+    format_comparison,
     load_eval,
     macro_difference,
     mcnemar_exact,
     paired_difference,
 )
+from searchr1.evaluation.intervals import FEW_QUESTIONS
 from searchr1.evaluation.metrics import summary_record
 from eval_records import CONFIG, record
 
@@ -72,10 +74,11 @@ def test_paired_difference_is_the_mean_difference_inside_its_interval_and_antisy
     negates the difference."""
     n = min(len(left), len(right))
     a, b = [x[2] for x in left[:n]], [x[2] for x in right[:n]]
-    forward, backward = paired_difference(a, b, resamples=200), paired_difference(b, a, resamples=200)
+    forward, backward = paired_difference(a, b), paired_difference(b, a)
     assert forward["difference"] == pytest.approx(sum(b) / n - sum(a) / n, abs=1e-12)
     assert forward["ci95_low"] <= forward["difference"] <= forward["ci95_high"]
     assert backward["difference"] == pytest.approx(-forward["difference"], abs=1e-12)
+    assert (backward["ci95_low"], backward["ci95_high"]) == pytest.approx((-forward["ci95_high"], -forward["ci95_low"]))
 
 
 @settings(max_examples=30, deadline=None)
@@ -87,7 +90,7 @@ def test_macro_difference_is_the_mean_over_sources_of_per_source_differences(sco
         side = groups.setdefault(sources[i % len(sources)], ([], []))
         side[0].append(float(em))
         side[1].append(f1)
-    result = macro_difference(groups, resamples=100)
+    result = macro_difference(groups)
     direct = sum(sum(b) / len(b) - sum(a) / len(a) for a, b in groups.values()) / len(groups)
     assert result["difference"] == pytest.approx(direct, abs=1e-12)
     assert result["ci95_low"] <= result["difference"] <= result["ci95_high"]
@@ -161,9 +164,47 @@ def test_cards_differ_only_in_what_changes_the_numbers():
                                                              eval_card(other_judge, metrics_a)))
 
 
-def test_an_interval_of_resamples_that_all_equal_the_estimate_holds_it():
-    """Regression: every resample of this case equals the estimate, and the percentiles once
-    rounded the low end one unit in the last place above it."""
+def test_the_macro_interval_holds_its_estimate_and_is_wide_at_one_question_a_source():
+    """Three sources of one question, F1-like scores: the interval holds the macro difference
+    (a percentile bootstrap's could round its low end above it) and is wide."""
     groups = {"nq": ([0.0], [0.29083298245845685]), "popqa": ([0.0], [1.0]), "hotpotqa": ([1.0], [0.0])}
-    result = macro_difference(groups, resamples=100)
+    result = macro_difference(groups)
     assert result["ci95_low"] <= result["difference"] <= result["ci95_high"]
+    assert result["ci95_high"] - result["ci95_low"] > 0.5
+
+
+def test_seven_sources_of_one_question_give_wide_intervals_that_agree_with_the_p_value(tmp_path):
+    """Seven sources of one question, three turned right by B and none turned wrong: the macro
+    difference 3/7 has p = 0.25 (exact McNemar) and an interval that is no point and holds 0,
+    as a p of 0.25 says; each source's is wide; every source is marked as having few questions."""
+    sources = ("nq", "popqa", "hotpotqa", "musique", "bamboogle", "triviaqa", "2wikimultihopqa")
+    a_records = [record(s, i, False, 0.0, False) for i, s in enumerate(sources)]
+    b_records = [record(s, i, i < 3, 1.0 if i < 3 else 0.0, i < 3) for i, s in enumerate(sources)]
+    result = compare_evals(load_eval(write_eval(tmp_path / "a.jsonl", a_records)),
+                           load_eval(write_eval(tmp_path / "b.jsonl", b_records)))
+    macro = result["macro"]["em"]
+    assert macro["difference"] == pytest.approx(3 / 7) and result["p_value"]["em"] == pytest.approx(0.25)
+    assert macro["ci95_low"] < 0 < macro["ci95_high"] and macro["ci95_high"] - macro["ci95_low"] > 0.5
+    for entry in result["sources"].values():
+        assert entry["few_questions"] is True
+        assert entry["em"]["ci95_high"] - entry["em"]["ci95_low"] > 0.5
+    assert result["few_questions_under"] == FEW_QUESTIONS
+    printed = format_comparison(result)
+    assert "(n=1*)" in printed and f"fewer than {FEW_QUESTIONS} paired questions" in printed
+
+
+@pytest.mark.parametrize("f1", [1.5, -0.2, "high", None, float("nan")])
+def test_a_score_outside_0_1_is_one_line_naming_the_file_and_question(tmp_path, f1):
+    records = [record("nq", i, True, 1.0, True) for i in range(3)]
+    broken = [dict(r) for r in records]
+    broken[1]["f1"] = f1
+    a = tmp_path / "a.jsonl"
+    write_eval(a, records)
+    b = tmp_path / "b.jsonl"
+    lines = [{"type": "eval_config", "config": CONFIG}, *broken,
+             summary_record(records, config=CONFIG, search_metrics={}, partial=False)]
+    b.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    result = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert str(b) in result.output and "'nq-1'" in result.output and "f1" in result.output

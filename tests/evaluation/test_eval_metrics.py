@@ -1,11 +1,11 @@
-"""Evaluation aggregation: records, metrics, bootstrap intervals, summaries."""
+"""Evaluation aggregation: records, metrics, their intervals, summaries."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,12 +18,12 @@ from searchr1.core.types import (
     Trajectory,
     Turn,
 )
+from searchr1.evaluation.intervals import wilson_cc
 from searchr1.evaluation.metrics import (
     EvalFileError,
-    bootstrap_ci,
     evaluation_metrics,
     load_summary,
-    stratified_macro_ci,
+    load_summary_with_current_intervals,
     summary_record,
     trajectory_record,
 )
@@ -217,10 +217,10 @@ def test_metrics_do_not_depend_on_the_order_records_arrive_in(rewards, order):
     records = [record("nq", f"nq/{i}", r == 1.0, reward=r) for i, r in enumerate(rewards)]
     shuffled = list(records)
     order.shuffle(shuffled)
-    assert evaluation_metrics(shuffled, resamples=50) == evaluation_metrics(records, resamples=50)
+    assert evaluation_metrics(shuffled) == evaluation_metrics(records)
 
 
-# --- bootstrap ---------------------------------------------------------------------------------
+# --- intervals ---------------------------------------------------------------------------------
 
 
 @settings(max_examples=60, deadline=None)
@@ -230,15 +230,30 @@ def test_metrics_do_not_depend_on_the_order_records_arrive_in(rewards, order):
         st.lists(st.booleans(), min_size=1, max_size=25),
         min_size=1,
     ),
-    seed=st.integers(0, 1000),
 )
-def test_ci_contains_the_point_estimate(groups, seed):
+def test_every_interval_holds_its_estimate_within_0_1_and_is_never_a_point(groups):
+    """Invariants: for EM, per source, macro and micro, low <= estimate <= high, inside [0, 1],
+    and the interval has a width at any number of questions (1 of 1 right is not certainty)."""
     records = [record(s, f"{s}/{i}", em) for s, ems in groups.items() for i, em in enumerate(ems)]
-    m = evaluation_metrics(records, seed=seed, resamples=300)
+    m = evaluation_metrics(records)
     for name in ("macro", "micro"):
         assert 0.0 <= m[f"em/{name}_ci95_low"] <= m[f"em/{name}"] <= m[f"em/{name}_ci95_high"] <= 1.0
+        assert m[f"em/{name}_ci95_high"] - m[f"em/{name}_ci95_low"] > 0.01
     for s in groups:
-        assert m[f"em_ci95_low/{s}"] <= m[f"em/{s}"] <= m[f"em_ci95_high/{s}"]
+        assert 0.0 <= m[f"em_ci95_low/{s}"] <= m[f"em/{s}"] <= m[f"em_ci95_high/{s}"] <= 1.0
+        assert m[f"em_ci95_high/{s}"] - m[f"em_ci95_low/{s}"] > 0.01
+
+
+def test_one_or_two_questions_a_source_give_wide_intervals_not_points():
+    """One question a source, some right: every source is all right or all wrong, where a
+    percentile bootstrap (within sources, for the macro too) has no spread; these intervals do."""
+    records = [record(s, f"{s}/0", right) for s, right in
+               [("nq", True), ("popqa", False), ("hotpotqa", True), ("musique", False), ("bamboogle", False),
+                ("triviaqa", True), ("2wikimultihopqa", False)]]
+    m = evaluation_metrics(records)
+    assert m["em/macro"] == pytest.approx(3 / 7)
+    assert m["em/macro_ci95_high"] - m["em/macro_ci95_low"] > 0.5  # seven questions say little
+    assert m["em_ci95_low/nq"] < 0.1 and m["em_ci95_high/popqa"] > 0.9  # one question says less
 
 
 def test_ci_narrows_with_more_data():
@@ -247,43 +262,49 @@ def test_ci_narrows_with_more_data():
     for name in ("macro", "micro"):
         width_small = small[f"em/{name}_ci95_high"] - small[f"em/{name}_ci95_low"]
         width_large = large[f"em/{name}_ci95_high"] - large[f"em/{name}_ci95_low"]
-        assert width_small > 0.2  # about +-0.22 for n=20, p=0.5
+        assert width_small > 0.4  # about +-0.22 for n=20, p=0.5
         assert width_large < width_small / 5
 
 
-def test_ci_is_reproducible_and_depends_on_the_seed():
-    scores = [1.0] * 7 + [0.0] * 13
-    assert bootstrap_ci(scores, seed=3) == bootstrap_ci(scores, seed=3)
-    intervals = {bootstrap_ci(scores, seed=s, resamples=200) for s in range(10)}
-    assert len(intervals) > 1
+def test_a_source_interval_is_the_wilson_interval_of_its_count_and_equal_sources_pool_into_the_macro():
+    """Per source: the proportion's Wilson-CC interval. Two sources of equal size: the macro is
+    the pooled proportion over both, with the Wilson-CC interval of all their questions (Kish's
+    effective size is then the total)."""
+    m = evaluation_metrics(source_records("nq", 3, 8) + source_records("popqa", 6, 8))
+    nq = wilson_cc(3 / 8, 8)
+    assert (m["em_ci95_low/nq"], m["em_ci95_high/nq"]) == pytest.approx((nq.low, nq.high))
+    pooled = wilson_cc(9 / 16, 16)
+    assert (m["em/macro_ci95_low"], m["em/macro_ci95_high"]) == pytest.approx((pooled.low, pooled.high))
+    assert (m["em/micro_ci95_low"], m["em/micro_ci95_high"]) == pytest.approx((pooled.low, pooled.high))
 
 
-def test_bootstrap_matches_index_resampling():
-    """The multinomial shortcut draws from the same distribution as resampling indices."""
-    scores = [1.0] * 9 + [0.0] * 21 + [0.5] * 5
-    low, high = bootstrap_ci(scores, resamples=20000, seed=1)
-    rng = np.random.default_rng(2)
-    arr = np.asarray(scores)
-    naive = arr[rng.integers(0, len(arr), size=(20000, len(arr)))].mean(axis=1)
-    ref_low, ref_high = np.quantile(naive, [0.025, 0.975])
-    assert low == pytest.approx(ref_low, abs=0.03)
-    assert high == pytest.approx(ref_high, abs=0.03)
+def test_f1_gets_the_interval_of_a_0_1_score_with_its_mean_even_when_its_values_agree():
+    """F1 is mostly 0 with partial matches. Two questions at 0.5 each have no spread, yet say
+    little: the interval is the one two 0/1 answers with mean 0.5 get (Wilson-CC of 1 of 2,
+    computed here from Newcombe's formula), never the point a t interval would give."""
+    records = [{**record("nq", f"nq/{i}", False), "f1": 0.5} for i in range(2)]
+    m = evaluation_metrics(records)
+    z = 1.959963984540054
+    low = (2 * 2 * 0.5 + z * z - 1 - z * math.sqrt(z * z - 2 - 1 / 2 + 4 * 0.5 * (2 * 0.5 + 1))) / (2 * (2 + z * z))
+    assert m["f1/nq"] == 0.5
+    assert (m["f1_ci95_low/nq"], m["f1_ci95_high/nq"]) == pytest.approx((low, 1 - low))
+    assert m["f1/macro_ci95_high"] - m["f1/macro_ci95_low"] > 0.9
 
 
-def test_macro_ci_is_stratified_by_source():
-    """With each source all-right or all-wrong, resampling within sources cannot move macro EM,
-    while resampling the pooled questions moves micro EM."""
-    groups = {"nq": [1.0] * 10, "popqa": [0.0] * 30}
-    assert stratified_macro_ci(groups) == (0.5, 0.5)
-    low, high = bootstrap_ci(groups["nq"] + groups["popqa"])
-    assert low < 0.25 < high and high - low > 0.1
-
-
-def test_bootstrap_refuses_empty_input():
-    with pytest.raises(ValueError):
-        bootstrap_ci([])
-    with pytest.raises(ValueError):
-        stratified_macro_ci({"nq": []})
+def test_an_old_file_plots_the_intervals_of_todays_rules_and_keeps_its_scores(tmp_path):
+    """A summary written when the intervals were a percentile bootstrap ([1, 1] for one right
+    answer) reads back with today's interval; its scores and other fields stay as stored."""
+    records = source_records("nq", 1, 1) + source_records("popqa", 0, 1)
+    summary = summary_record(records, config=CONFIG, search_metrics={}, partial=False)
+    summary["metrics"].update({"em_ci95_low/nq": 1.0, "em_ci95_high/nq": 1.0, "em/macro_ci95_low": 0.5,
+                               "em/macro_ci95_high": 0.5, "search/requests": 7})
+    path = tmp_path / "old.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [*records, summary]), encoding="utf-8")
+    assert load_summary(path)["metrics"]["em_ci95_low/nq"] == 1.0  # as stored
+    current = load_summary_with_current_intervals(path)["metrics"]
+    assert current["em_ci95_low/nq"] == pytest.approx(wilson_cc(1.0, 1).low) and current["em_ci95_low/nq"] < 0.1
+    assert current["em/macro_ci95_high"] - current["em/macro_ci95_low"] > 0.5
+    assert current["em/macro"] == 0.5 and current["search/requests"] == 7
 
 
 # --- summary -----------------------------------------------------------------------------------
@@ -358,7 +379,7 @@ def test_load_summary_without_summary_says_so(tmp_path):
 def test_f1_and_cover_em_are_reported_per_source_with_intervals_whatever_the_training_reward():
     records = [{**record("nq", f"nq/{i}", i == 0), "f1": [1.0, 0.5, 0.0, 0.5][i], "cover_em": i < 3}
                for i in range(4)]
-    metrics = evaluation_metrics(records, resamples=200)
+    metrics = evaluation_metrics(records)
     assert metrics["em/nq"] == 0.25 and metrics["f1/nq"] == 0.5 and metrics["cover_em/nq"] == 0.75
     for name in ("em", "f1", "cover_em"):
         assert metrics[f"{name}_ci95_low/nq"] <= metrics[f"{name}/nq"] <= metrics[f"{name}_ci95_high/nq"]
@@ -367,5 +388,5 @@ def test_f1_and_cover_em_are_reported_per_source_with_intervals_whatever_the_tra
 
 def test_records_written_before_f1_existed_are_scored_from_their_final_text():
     old = {**record("nq", "nq/0", False), "answers": ["Paris France"], "final_text": "Answer: Paris"}
-    metrics = evaluation_metrics([old], resamples=50)
+    metrics = evaluation_metrics([old])
     assert metrics["f1/nq"] == pytest.approx(2 * 1 * 0.5 / 1.5) and metrics["cover_em/nq"] == 0.0
