@@ -267,7 +267,8 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
     check_writable(out / CARD_FILE, "export folder", click.ClickException)
     out.mkdir(parents=True, exist_ok=True)
     archive = from_archive if from_archive is not None else _download(source, out, connect_timeout)
-    limits = ExtractLimits() if max_bytes is None else ExtractLimits(max_member_bytes=max_bytes, max_total_bytes=max_bytes)
+    limits = ExtractLimits() if max_bytes is None else ExtractLimits(max_member_bytes=max_bytes,
+                                                                     max_total_bytes=max_bytes)
     with tempfile.TemporaryDirectory(prefix=".extract-", dir=out) as temporary:
         scratch = Path(temporary) / "archive"
         try:
@@ -341,17 +342,19 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
                       step=source.step, evals=_matching_evals(evals, source.path), commands=commands, upload=upload,
                       shape_source=shape_source, stand_in_note=stand_in, archive_readme=archive_readme)
     write_text_atomically(out / CARD_FILE, card)
-    folded = f", in_proj_q/k/v folded into in_proj_qkv in {converted.folded_layers} layers" if converted.folded_layers else ""
+    folded = (f", in_proj_q/k/v folded into in_proj_qkv in {converted.folded_layers} layers"
+              if converted.folded_layers else "")
     head = ", unembed_tokens as lm_head" if converted.has_unembed else ""
-    click.echo(f"{export_format.value} LoRA adapter for {base_model}, rank {adapter.rank}, {len(adapter.shapes)} tensors "
-               f"on {', '.join(adapter.target_modules)}{folded}{head} -> {out}")
+    click.echo(f"{export_format.value} LoRA adapter for {base_model}, rank {adapter.rank}, {len(adapter.shapes)} "
+               f"tensors on {', '.join(adapter.target_modules)}{folded}{head} -> {out}")
     click.echo(f"shapes checked against {shape_source}; module names for {converted.layout.value}"
                + ("" if base is not None or export_format is ExportFormat.VLLM else
                   " (assumed: what AutoModelForCausalLM builds; --base DIR follows a local model)"))
     if stand_in:
         click.secho(f"OFFLINE: {stand_in}", fg="yellow")
     if merged is not None:
-        click.echo(f"merged weights ({merged.merged} modules{', lm_head untied from the embeddings' if merged.untied else ''})"
+        click.echo(f"merged weights ({merged.merged} "
+                   f"modules{', lm_head untied from the embeddings' if merged.untied else ''})"
                    f" -> {merged.folder}")
     click.echo(f"model card: {out / CARD_FILE}")
     click.echo("serve with vLLM:" if export_format is ExportFormat.VLLM else "load with transformers + PEFT:")

@@ -32,10 +32,17 @@ EVAL_FIGURES = (("em/macro", "exact_match", "macro EM"), ("f1/macro", "f1", "mac
                 ("cover_em/macro", "cover_em", "macro cover EM"))
 
 
+REPO_NAME_LENGTH = 96  # the Hub's longest repository name
+
+
 def repo_name(folder: Path) -> str:
-    """A Hub repository name for ``folder`` (its name, with what a repository name cannot hold
-    replaced by ``-``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", folder.resolve().name).strip("-.") or "searchr1-adapter"
+    """A Hub repository name for ``folder``: its name, with each run of what a repository name
+    cannot hold (other characters, ``--``, ``..``) made one ``-``, starting and ending with a letter
+    or digit, at most 96 characters, not ending in ``.git``."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", folder.resolve().name)
+    name = re.sub(r"[-.]{2,}", "-", name)[:REPO_NAME_LENGTH].strip("-._")
+    name = name.removesuffix(".git").strip("-._")
+    return name or "searchr1-adapter"
 
 
 def upload_command(folder: Path, *, merged: bool) -> str:
@@ -112,7 +119,8 @@ def model_card(adapter: Adapter, *, name: str, checkpoint: str, run_config: Mapp
 
         rollout = run_config.get("rollout") if isinstance(run_config.get("rollout"), Mapping) else {}
         lines += ["## Training run", "",
-                  f"- run `{run_config.get('run_name')}` ({'offline twin' if run_config.get('offline') else 'live PyTRIO'})",
+                  f"- run `{run_config.get('run_name')}` "
+                  f"({'offline twin' if run_config.get('offline') else 'live PyTRIO'})",
                   f"- algorithm: {describe_algorithm(algorithm_of(dict(run_config)))}",  # names the reward
                   f"- learning rate {run_config.get('learning_rate')}, {run_config.get('questions_per_batch')} "
                   f"questions per batch, group size {rollout.get('group_size')}",

@@ -84,7 +84,8 @@ def live_service(connect_timeout: float | None = None, *,
         raise ServiceSetupError(strip_userinfo(str(error))) from None
     except pytrio.PyTrioError as error:
         code = getattr(error, "code", "") or type(error).__name__
-        raise ServiceSetupError(f"cannot connect to PyTRIO at {shown} ({code}); check the key and the network") from None
+        raise ServiceSetupError(f"cannot connect to PyTRIO at {shown} ({code}); check the key and the "
+                                "network") from None
 
 
 def offline_scenario(path: str | Path | None = None) -> Any:

@@ -14,7 +14,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from searchr1.view.terminal import SearchEvent, TurnEvent, answers_text, conversation, outcome, printable, title, verdict
+from searchr1.view.terminal import (SearchEvent, TurnEvent, answers_text, conversation, outcome, printable, title,
+                                   verdict)
 
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'"
 OPEN_OBSERVATIONS_UP_TO = 600  # characters; longer observations start folded
