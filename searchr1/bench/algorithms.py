@@ -214,8 +214,8 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
                "on-policy the importance ratio is 1, where ppo, cispo and dro have the gradient of "
                "importance_sampling: their rows can only differ through the sampler-learner mismatch",
                f"substep rows: --num-substeps {SUBSTEPS} at Adam {_SUBSTEP_SETTING}, {substep_steps} steps, "
-               f"{plural(len(seeds), 'training seed')} from {seeds[0]}; later mini-batches train on moved weights, so the "
-               "ratio leaves 1 and ppo's clip stops pushing what the first update already raised (without "
+               f"{plural(len(seeds), 'training seed')} from {seeds[0]}; later mini-batches train on moved weights, so "
+               "the ratio leaves 1 and ppo's clip stops pushing what the first update already raised (without "
                "momentum nothing carries it on)"],
     )
     figure.seconds = time.perf_counter() - started

@@ -187,7 +187,8 @@ def measure(kind: str, shape: LoadShape, *, request_timeout: float, body_budget:
             head = (f"POST /api/openapi/v1/service-sessions HTTP/1.1\r\nHost: x\r\nX-API-Key: {line.split()[2]}\r\n"
                     f"Content-Type: application/json\r\nContent-Length: {shape.upload_bytes}\r\n\r\n").encode()
             return load(port, child.pid, upload_head=head, chunked=False, shape=shape)
-        head = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        head = (b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
         return load(port, child.pid, upload_head=head, chunked=True, shape=shape)
     finally:
         if child.stdin:

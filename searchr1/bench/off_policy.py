@@ -146,7 +146,8 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
             served_twin(None, latencies, in_process=quick, tokenizer=tokenizer, policy="learning",
                         max_staleness=2) as service:
         for k in (0, 1, 2):
-            runs[k] = _train(service, _config(steps, k=k, **size), tokenizer, _world_search(seed, latency_tail=not quick),
+            runs[k] = _train(service, _config(steps, k=k, **size), tokenizer, _world_search(seed,
+                                                                                            latency_tail=not quick),
                              Path(scratch))
         for _ in range(repetitions - 1):  # K=0 and K=1 again, interleaved: the spread of the targeted ratio
             for k in (0, 1):
@@ -204,7 +205,8 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
                f"K=0 stages: rollout {rollout:.2f} s, training {train:.2f} s, weight save {save:.2f} s",
                "rollout is latency-bound (the twin models no sampler capacity beyond the sampling cap), so a "
                "deeper pipeline hides more of it; the training run's own queue (training + weight save) is the "
-               f"limit no K passes; K=0 and K=1 run {plural(repetitions, 'time')}, interleaved (the K=1 / K=0 spread), K=2 once"],
+               f"limit no K passes; K=0 and K=1 run {plural(repetitions, 'time')}, interleaved (the K=1 / K=0 "
+               f"spread), K=2 once"],
     )
     figure.seconds = time.perf_counter() - started
     return figure

@@ -1,7 +1,8 @@
 """Figure 3: the seed's micro-batch packing (first-fit decreasing) against its lower bound.
 
 Datum lengths are drawn from a trajectory-length model built on the real prompt length and
-the seed's limits (its ``train.py``: 32 items and 64,000 padded tokens per micro-batch): a prompt of about 520 tokens (the system prompt
+the seed's limits (its ``train.py``: 32 items and 64,000 padded tokens per micro-batch): a prompt of about 520 tokens
+(the system prompt
 with the tool block, measured with the real tokenizer, plus the question), 0-4 searches, each
 assistant turn lognormal (median 120 tokens, capped at ``max_assistant_tokens`` 1024), each
 observation three Wikipedia-sized items (60-300 tokens plus their title/source/URL lines),

@@ -3,7 +3,8 @@
 The seed built the next prompt once per candidate item with four chat-template renders each
 (canonical prompt, the same with an empty assistant turn to learn the closing tokens, the
 conversation ending with the assistant turn, and the next prompt), so a result of three items
-cost twelve renders (the seed's ``build_next_prompt`` and ``fit_tool_content``). Ours sizes the items with the tokenizer and
+cost twelve renders (the seed's ``build_next_prompt`` and ``fit_tool_content``). Ours sizes the items with the
+tokenizer and
 renders twice, once, for the chosen content (:func:`searchr1.core.observation.fit.fit_tool_content`).
 
 The tool turns are those of a real step: a zero-latency rollout of 8 questions x 8 samples with
@@ -152,7 +153,8 @@ def counted_renders(tokenizer: Any) -> Iterator[list[int]]:
         del tokenizer.apply_chat_template  # the class's method again
 
 
-def measure_pass(kind: str, tokenizer: Any, turns: Sequence[ToolTurn], config: RolloutConfig) -> tuple[float, int, list[Any]]:
+def measure_pass(kind: str, tokenizer: Any, turns: Sequence[ToolTurn],
+                 config: RolloutConfig) -> tuple[float, int, list[Any]]:
     """CPU seconds and renders to fit every turn once; and the fits."""
     fit = FITTERS[kind]
     forget_remembered_texts(tokenizer)  # every pass encodes its texts as a step meets them, from cold
@@ -202,7 +204,8 @@ def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     figure = Figure(
         number=2, name="protocol_cpu", title="Protocol CPU per tool turn",
         measures=[
-            Measure("renders_per_tool_turn", "ours: chat-template renders / tool turn", renders["ours"] / n, 2.0, "<=", digits=1),
+            Measure("renders_per_tool_turn", "ours: chat-template renders / tool turn", renders["ours"] / n, 2.0, "<=",
+                    digits=1),
             Measure.of_samples("cpu_speedup_over_seed", "seed CPU / ours CPU",
                                [seed / ours for seed, ours in zip(cpu["seed"], cpu["ours"])], 3.0, ">=", "x",
                                spread_bound=0.30),

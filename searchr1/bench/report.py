@@ -227,11 +227,13 @@ def print_report(figures: list[Figure], *, console: Any = None, output: str | Pa
             console = Console(width=110)
     title = invocation.command("bench") + (" (--quick: smoke sizes, not for quoting)" if quick else "")
     console.print(render_table(figures, title=title))
-    console.print("[dim]* target set by the benchmark (no requirement of the project names one); see docs/benchmarks.md[/dim]")
+    console.print("[dim]* target set by the benchmark (no requirement of the project names one); see "
+                  "docs/benchmarks.md[/dim]")
     for figure in sorted(figures, key=lambda f: f.number):
         for note in figure.notes:
             console.print(f"[dim]({figure.number}) {note}[/dim]")
-    wide = [f"{f.number}: {m.label.strip()} ({100 * (m.relative_spread or 0):.0f}% > {100 * (m.spread_bound or 0):.0f}%)"
+    wide = [f"{f.number}: {m.label.strip()} ({100 * (m.relative_spread or 0):.0f}% > "
+            f"{100 * (m.spread_bound or 0):.0f}%)"
             for f in sorted(figures, key=lambda f: f.number) for m in f.measures if m.spread_within_bound is False]
     if wide:
         console.print("[yellow]spread wider than its documented bound (marked !):[/yellow] " + "; ".join(wide))

@@ -73,7 +73,8 @@ def _coroutine(kind: str, setup: SchedulingSetup, tokenizer: Any, model: Latency
     return engine.run(workload.examples)
 
 
-def run_wall(kind: str, setup: SchedulingSetup, tokenizer: Any, model: LatencyModel) -> tuple[list[Any], float, float, dict[str, Any]]:
+def run_wall(kind: str, setup: SchedulingSetup, tokenizer: Any, model: LatencyModel) -> tuple[list[Any], float, float,
+                                                                                              dict[str, Any]]:
     """One run on the real clock: trajectories, wall seconds, process CPU seconds, info."""
     info: dict[str, Any] = {}
     coroutine = _coroutine(kind, setup, tokenizer, model, info)
@@ -134,7 +135,8 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
         },
         notes=[
             (f"step of {len(ours)} trajectories, latencies x{scale:g} (1 model s = {scale * 1000:g} ms); "
-            f"lower bound {bound.value:.1f} model s ({bound.binding}); medians of {plural(repetitions, 'interleaved run')}; "
+            f"lower bound {bound.value:.1f} model s ({bound.binding}); medians of "
+             f"{plural(repetitions, 'interleaved run')}; "
             "both schedulers produced identical trajectories"),
         ],
     )

@@ -145,7 +145,8 @@ class StepProbe:
                 return function(*args, **kwargs)
             finally:
                 record = self.current
-                pieces = {None: record.pieces, "memory": record.replay_pieces, "seed": record.seed_pieces}[self.replaying]
+                pieces = {None: record.pieces, "memory": record.replay_pieces,
+                          "seed": record.seed_pieces}[self.replaying]
                 pieces[name] = pieces.get(name, 0.0) + time.thread_time() - start
         return wrapper
 
@@ -381,7 +382,8 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
     measures += [
         Measure.of_samples("main_rest_seconds", "  main thread: asyncio, pytrio calls on our loop",
                            per_step(rest_main), unit="s"),
-        Measure.of_samples("client_rollout_seconds", "  pytrio thread during rollout", per_step(lambda r: r.rollout_client),
+        Measure.of_samples("client_rollout_seconds", "  pytrio thread during rollout",
+                           per_step(lambda r: r.rollout_client),
                            unit="s"),
         Measure.of_samples("datums_seconds", "  datums",
                            per_step(lambda r: r.datums), unit="s"),
@@ -420,7 +422,8 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
             "cpu_clock": "per-thread schedstat" if runs and runs[0].meter and runs[0].meter.proc else "process_time",
             "scaling": scaling,
         },
-        notes=[(f"{plural(repetitions, 'run')} x {plural(steps, 'step')}, the first step of each run left out (a sample is a run's mean "
+        notes=[(f"{plural(repetitions, 'run')} x {plural(steps, 'step')}, the first step of each run left out (a "
+                f"sample is a run's mean "
                 f"over the same steps), each step's rollout replayed from memory right after it, ours and the seed's "
                 f"observation fitting; {len(trajectories)} trajectories, {requests:.0f} sampling requests and "
                 f"{turns:.0f} assistant turns per step; CPU per thread (waiting adds nothing); the twin served from "

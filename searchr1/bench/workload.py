@@ -26,7 +26,11 @@ CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{}\n</parameter>\n</f
 
 # Common English words; each is one token (with its leading space) for the Qwen3.5 tokenizer,
 # so a filler of n words is about n tokens of "reasoning".
-WORDS = ["the", "river", "city", "first", "author", "novel", "year", "known", "found", "also", "which", "check", "need", "name", "born", "country", "capital", "french", "writer", "people", "state", "world", "after", "before", "between", "during", "under", "other", "about", "into", "through", "most", "some", "many", "more", "only", "still", "even", "well", "back", "time", "part", "place", "case", "point", "group", "number", "fact", "result", "source", "answer", "question", "page", "search", "look", "again", "maybe"]
+WORDS = ["the", "river", "city", "first", "author", "novel", "year", "known", "found", "also", "which", "check",
+         "need", "name", "born", "country", "capital", "french", "writer", "people", "state", "world", "after",
+         "before", "between", "during", "under", "other", "about", "into", "through", "most", "some", "many", "more",
+         "only", "still", "even", "well", "back", "time", "part", "place", "case", "point", "group", "number", "fact",
+         "result", "source", "answer", "question", "page", "search", "look", "again", "maybe"]
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ def fetch_corpus(dest: str | os.PathLike[str], *, url: str | None = None, source
                     raise DataError(f"--corpus-source {path} does not exist")
                 gzipped = path.suffix == ".gz" or (bool(fetched) and where.split("?", 1)[0].endswith(".gz"))
                 try:
-                    written, rows = _copy(_gunzip(_file_chunks(path), gzipped), out, where, None if fetched else progress)
+                    written, rows = _copy(_gunzip(_file_chunks(path), gzipped), out, where,
+                                          None if fetched else progress)
                 except zlib.error as error:
                     raise DataError(f"the corpus from {where} is not valid gzip ({error}); {OFFLINE_HINT}") from None
                 out.flush()

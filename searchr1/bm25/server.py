@@ -37,7 +37,8 @@ from typing import Any
 
 from searchr1.bm25.batcher import QueryBatcher
 from searchr1.bm25.index import BM25Index
-from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, PortTakenError, RequestError, RunningServer,
+from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, RequestError,
+                                          RunningServer,
                                           bounded_protocol, decode_body, listening_socket, read_capped_body, refused,
                                           run_in_thread, shown)
 

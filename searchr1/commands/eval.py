@@ -92,7 +92,8 @@ RESULT_DIR = Path("eval_result")
                    "'twin' offline (the twin's documented rule), a deepseek-* model (the DeepSeek chat API, "
                    "DEEPSEEK_API_KEY), or a PyTRIO model name. Not a training reward.")
 @click.option("--judge-cache", cls=SectionOption, section="judge", default=None, metavar="PATH|off",
-              help="Judgements by (question, gold, prediction, judge, prompt version) [default: runs/judge-cache.jsonl].")
+              help="Judgements by (question, gold, prediction, judge, prompt version) [default: "
+                   "runs/judge-cache.jsonl].")
 @click.option("--judge-cassette", cls=SectionOption, section="judge",
               type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With a deepseek-* judge: replay its answers from this cassette (offline), or record them "
@@ -283,7 +284,8 @@ def _sampling_client(service: Any, base_model: str, model_path: str | None, *, o
         hint = ""
         if offline and model_path:
             where = f"not in {offline_home}" if offline_home else "no --offline-home given"
-            hint = f"; a `train --offline` checkpoint needs --checkpoint RUN_DIR, or --offline-home runs/<run-name>/twin ({where})"
+            hint = (f"; a `train --offline` checkpoint needs --checkpoint RUN_DIR, or --offline-home "
+                    f"runs/<run-name>/twin ({where})")
         raise ServiceSetupError(f"cannot create a sampler for {base_model}"
                                 f"{' at ' + model_path if model_path else ''} ({code}){hint}") from None
 
@@ -556,7 +558,8 @@ def apply_search_r1_protocol(kwargs: dict[str, Any], search: SearchOptions, *, g
             raise click.UsageError(f"--protocol search-r1 fixes {flag} {value:g}; drop {flag} {kwargs[name]:g}")
         kwargs[name] = value
     if search.topk is not None and search.topk != SEARCH_R1_TOPK:
-        raise click.UsageError(f"--protocol search-r1 fixes --search-topk {SEARCH_R1_TOPK}; drop --search-topk {search.topk}")
+        raise click.UsageError(f"--protocol search-r1 fixes --search-topk {SEARCH_R1_TOPK}; drop --search-topk "
+                               f"{search.topk}")
     return replace(search, topk=SEARCH_R1_TOPK)
 
 
@@ -607,7 +610,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     head = "PARTIAL " if summary.get("partial") else ""
     evaluated = summary.get("evaluated_examples")
     lines = [
-        (f"{head}summary over {plural(evaluated, 'question') if isinstance(evaluated, int) else f'{evaluated} questions'} "
+        (f"{head}summary over "
+         f"{plural(evaluated, 'question') if isinstance(evaluated, int) else f'{evaluated} questions'} "
          f"({summary.get('questions_missing', 0)} of {summary.get('questions_planned', '?')} planned missing)"),
     ]
     trained_with = (summary.get("config") or {}).get("trained_with")
@@ -625,7 +629,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  searches/question {m['rollout/search_calls']:.2f}   no-search rate {m['rollout/no_search_rate']:.2f}   "
         f"turns {m['rollout/turns']:.2f}   search success {_search_success(m)}")
     if "usage/total_model_tokens" in m:
-        parts = [f"{m['usage/total_model_tokens']:.0f} model tokens ({m['usage/model_tokens_per_question']:.0f}/question)",
+        parts = [f"{m['usage/total_model_tokens']:.0f} model tokens "
+                 f"({m['usage/model_tokens_per_question']:.0f}/question)",
                  f"{m.get('usage/total_sample_requests', 0):.0f} sampling requests"]
         parts += [f"{m[key]:.0f} {key.removeprefix('usage/total_search_').removesuffix('_calls')} searches"
                   for key in sorted(m) if key.startswith("usage/total_search_") and key.endswith("_calls")]

@@ -4,7 +4,8 @@ it stopped when the command is run again), or take an archive already downloaded
 (``--from-archive``); extract it safely (:mod:`searchr1.export.extract`); convert the Tinker-format
 LoRA inside into what PEFT or vLLM loads (:mod:`searchr1.export.convert`), check it against the
 base model's config (:mod:`searchr1.export.qwen35`), optionally merge it into a local base model
-(:mod:`searchr1.export.merge`); write a model card and print the commands that load it."""
+(:mod:`searchr1.export.merge`); write a model card (:mod:`searchr1.export.card`) and print the commands
+that load and upload it."""
 
 from __future__ import annotations
 
@@ -251,7 +252,8 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
             max_bytes: int | None, connect_timeout: float | None) -> None:
     import shutil
 
-    from searchr1.export.adapter import CARD_FILE, check_adapter, find_adapter, model_card, use_commands
+    from searchr1.export.adapter import check_adapter, find_adapter, use_commands
+    from searchr1.export.card import CARD_FILE, model_card, repo_name, upload_command
     from searchr1.export.convert import ConversionError, convert, read_raw_adapter, write_converted
     from searchr1.export.extract import ArchiveError, ExtractLimits, list_members, safe_extract
     from searchr1.run.fileio import check_writable, write_text_atomically
@@ -265,7 +267,8 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
     check_writable(out / CARD_FILE, "export folder", click.ClickException)
     out.mkdir(parents=True, exist_ok=True)
     archive = from_archive if from_archive is not None else _download(source, out, connect_timeout)
-    limits = ExtractLimits() if max_bytes is None else ExtractLimits(max_member_bytes=max_bytes, max_total_bytes=max_bytes)
+    limits = ExtractLimits() if max_bytes is None else ExtractLimits(max_member_bytes=max_bytes,
+                                                                     max_total_bytes=max_bytes)
     with tempfile.TemporaryDirectory(prefix=".extract-", dir=out) as temporary:
         scratch = Path(temporary) / "archive"
         try:
@@ -334,21 +337,24 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
             raise click.ClickException(f"--merge: {error}") from None
         commands.append(f"vllm serve {shlex.quote(str(merged.folder))}")
     stand_in = raw.metadata.get("note") if raw.metadata.get("stand_in") == "true" else None
-    card = model_card(adapter, checkpoint=source.path, run_config=source.run_config, step=source.step,
-                      evals=_matching_evals(evals, source.path), commands=commands, shape_source=shape_source,
-                      stand_in_note=stand_in, archive_readme=archive_readme)
+    upload = upload_command(out, merged=merged is not None)
+    card = model_card(adapter, name=repo_name(out), checkpoint=source.path, run_config=source.run_config,
+                      step=source.step, evals=_matching_evals(evals, source.path), commands=commands, upload=upload,
+                      shape_source=shape_source, stand_in_note=stand_in, archive_readme=archive_readme)
     write_text_atomically(out / CARD_FILE, card)
-    folded = f", in_proj_q/k/v folded into in_proj_qkv in {converted.folded_layers} layers" if converted.folded_layers else ""
+    folded = (f", in_proj_q/k/v folded into in_proj_qkv in {converted.folded_layers} layers"
+              if converted.folded_layers else "")
     head = ", unembed_tokens as lm_head" if converted.has_unembed else ""
-    click.echo(f"{export_format.value} LoRA adapter for {base_model}, rank {adapter.rank}, {len(adapter.shapes)} tensors "
-               f"on {', '.join(adapter.target_modules)}{folded}{head} -> {out}")
+    click.echo(f"{export_format.value} LoRA adapter for {base_model}, rank {adapter.rank}, {len(adapter.shapes)} "
+               f"tensors on {', '.join(adapter.target_modules)}{folded}{head} -> {out}")
     click.echo(f"shapes checked against {shape_source}; module names for {converted.layout.value}"
                + ("" if base is not None or export_format is ExportFormat.VLLM else
                   " (assumed: what AutoModelForCausalLM builds; --base DIR follows a local model)"))
     if stand_in:
         click.secho(f"OFFLINE: {stand_in}", fg="yellow")
     if merged is not None:
-        click.echo(f"merged weights ({merged.merged} modules{', lm_head untied from the embeddings' if merged.untied else ''})"
+        click.echo(f"merged weights ({merged.merged} "
+                   f"modules{', lm_head untied from the embeddings' if merged.untied else ''})"
                    f" -> {merged.folder}")
     click.echo(f"model card: {out / CARD_FILE}")
     click.echo("serve with vLLM:" if export_format is ExportFormat.VLLM else "load with transformers + PEFT:")
@@ -356,6 +362,8 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
     if merged is not None:
         click.echo("serve the merged weights:")
         click.echo(f"  {commands[-1]}")
+    click.echo("upload the adapter to the Hugging Face Hub (your Hub name in place of your-hf-name):")
+    click.echo(f"  {upload}")
 
 
 def _drop_download(archive: Path, from_archive: Path | None) -> None:

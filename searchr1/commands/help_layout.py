@@ -89,12 +89,17 @@ class SectionedGroup(SectionedCommand, click.Group):
         whole, wrapped rather than cut off."""
         rows = []
         for name in self.list_commands(ctx):
-            command = self.get_command(ctx, name)
+            command = self.listed_command(ctx, name)
             if command is not None and not command.hidden:
                 rows.append((name, command.get_short_help_str(limit=sys.maxsize)))
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+    def listed_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        """What the list of subcommands shows for ``name``: the subcommand itself (a group that
+        loads its commands lazily gives one that only knows its help)."""
+        return self.get_command(ctx, name)
 
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:

@@ -1,7 +1,9 @@
 """The ``searchr1`` command group (``searchr1.cli:main``, also run by ``cli.py`` in a checkout).
 
 Commands are loaded lazily so that ``--help`` answers instantly and a command only imports
-what it needs (the tokenizer and the SDK are heavy). The group records the name it was invoked
+what it needs (the tokenizer and the SDK are heavy): the list of commands is made from the help
+written in each command's source (:mod:`searchr1.commands.declared_help`), and a command's module is
+imported only when the command is run or its own help is asked for. The group records the name it was invoked
 under, so that every command line printed during the run starts the same way
 (:mod:`searchr1.runtime.invocation`), and shows every help text with that name in place of
 :data:`~searchr1.runtime.invocation.PROGRAM`.
@@ -15,7 +17,9 @@ from typing import Any
 
 import click
 
+from searchr1.commands.declared_help import declared_command
 from searchr1.commands.help_layout import SectionedGroup
+from searchr1.commands.log_options import chosen_log_level, log_level_options
 from searchr1.runtime import invocation
 
 # command name -> "module:attribute" of a click.Command
@@ -108,6 +112,14 @@ class LazyGroup(SectionedGroup):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
+    def listed_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        """``name`` as the list of commands shows it, from the help its source declares, without
+        importing it (the command itself where the source does not say its help as a literal)."""
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        return declared_command(target, name) or self.get_command(ctx, name)
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)
         if target is None:
@@ -117,8 +129,9 @@ class LazyGroup(SectionedGroup):
 
 
 @click.group(invocation.INSTALLED, cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@log_level_options()
 @click.version_option(package_name="searchr1")
-def main() -> None:
+def main(verbose: int, log_level: str | None) -> None:
     """Search-R1 on PyTRIO: teach an LLM when to search, what to search for, and when to answer.
 
     Live runs need PYTRIO_API_KEY and a search backend key. With --offline, train, eval and
@@ -126,3 +139,8 @@ def main() -> None:
     server on 127.0.0.1, recorded search cassettes) and the exact Qwen3.5 tokenizer: no key, no
     network.
     """
+    chosen = chosen_log_level(verbose, log_level)
+    if chosen is not None:
+        from searchr1.run.log_output import showing_logs
+
+        click.get_current_context().with_resource(showing_logs(chosen))

@@ -53,7 +53,7 @@ class MutmutProgress:
 def last_progress(text: str) -> MutmutProgress | None:
     """The last of mutmut's status lines in ``text`` (``None`` when there is none yet)."""
     found = None
-    for found in MUTMUT_STATUS.finditer(text):
+    for found in MUTMUT_STATUS.finditer(text):  # noqa: B007 - the loop keeps the last match, used below
         pass
     return None if found is None else MutmutProgress(int(found["tested"]), int(found["total"]), int(found["survived"]))
 

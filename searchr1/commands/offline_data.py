@@ -15,7 +15,8 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
     """Regenerate the offline world from searchr1/offline/questions.json.
 
     Writes searchr1/offline/scenario.json (the scripted policy), train.jsonl, dev.jsonl,
-    pages_train.jsonl, pages_dev.jsonl (from pages.json) and cassettes/specs/offline.json, then records cassettes/<backend>/offline.yaml for every
+    pages_train.jsonl, pages_dev.jsonl (from pages.json) and cassettes/specs/offline.json, then records
+    cassettes/<backend>/offline.yaml for every
     backend through the real clients against the in-process fake services.
     """
     from searchr1.run.fileio import write_text_atomically

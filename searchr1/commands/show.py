@@ -196,7 +196,8 @@ def load_selection(source: Path, step: int | str | None, limit: int | None, ids:
             raise click.UsageError(f"--step applies to a run's transcripts; {source} is an eval file (no steps)")
         return select_from_eval(source, limit, ids)
     except (TranscriptFileError, UnicodeDecodeError) as error:
-        raise click.ClickException(f"{source}: {error}" if isinstance(error, UnicodeDecodeError) else str(error))
+        raise click.ClickException(f"{source}: {error}" if isinstance(error, UnicodeDecodeError)
+                                   else str(error)) from None
 
 
 @click.command("show", cls=SectionedCommand)

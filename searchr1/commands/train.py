@@ -322,7 +322,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     account = checks.check(_run_account, config)
     if estimate and measure:
         click.echo("estimate: measuring one step in a temporary directory", err=True)
-        run, measured_steps = RunDir(Path(held.enter_context(tempfile.TemporaryDirectory())) / "measure"), config.max_steps
+        run = RunDir(Path(held.enter_context(tempfile.TemporaryDirectory())) / "measure")
+        measured_steps = config.max_steps
         config = dataclasses.replace(config, max_steps=1, save_every=0, transcripts_per_step=0, budget=None,
                                      budget_tokens=None)
         account = checks.check(_run_account, config)
@@ -418,7 +419,8 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
             return await trainer.run_steps(resume)
 
     click.echo(f"{'preflight only, nothing is written; ' if preflight_only else ''}run directory: {run.path}  "
-               f"({'offline twin' if offline else 'live PyTRIO'}, backend {search.backend}, {plural(config.max_steps, 'step')})",
+               f"({'offline twin' if offline else 'live PyTRIO'}, backend {search.backend}, "
+               f"{plural(config.max_steps, 'step')})",
                err=True)
     try:
         with stop:

@@ -427,7 +427,8 @@ _NETWORK_FAILURES = {
 
 def modelscope_host() -> str:
     """The host the ModelScope SDK will contact (``MODELSCOPE_ENDPOINT`` or its default)."""
-    endpoint = os.environ.get("MODELSCOPE_ENDPOINT") or os.environ.get("MODELSCOPE_DOMAIN") or MODELSCOPE_DEFAULT_ENDPOINT
+    endpoint = (os.environ.get("MODELSCOPE_ENDPOINT") or os.environ.get("MODELSCOPE_DOMAIN")
+                or MODELSCOPE_DEFAULT_ENDPOINT)
     if "://" not in endpoint:
         endpoint = f"https://{endpoint}"
     return urlsplit(endpoint).hostname or endpoint
@@ -466,7 +467,8 @@ def describe_download_failure(error: BaseException, *, revision: str = DATASET_R
         return f"cannot reach ModelScope ({modelscope_host()}); {OFFLINE_HINT}"
     if any(type(e).__name__ == "NotExistError" for e in _error_chain(error)):
         return f"ModelScope has no dataset {DATASET_ID} at revision {revision} ({first})"
-    return f"download of {DATASET_ID}@{revision} from ModelScope failed ({type(error).__name__}: {first}); {OFFLINE_HINT}"
+    return (f"download of {DATASET_ID}@{revision} from ModelScope failed ({type(error).__name__}: {first}); "
+            f"{OFFLINE_HINT}")
 
 
 @contextmanager

@@ -258,7 +258,8 @@ def format_comparison(result: Mapping[str, Any], *, flips_shown: int = 10) -> st
                  "right only in A")
     for direction, heading in (("better_in_b", "right only in B"), ("worse_in_b", "right only in A")):
         for flip in flips.get(direction, [])[:flips_shown]:
-            lines.append(f"  {heading}: {flip['id']}  {flip['show'][1] if direction == 'better_in_b' else flip['show'][0]}")
+            lines.append(f"  {heading}: {flip['id']}  "
+                         f"{flip['show'][1] if direction == 'better_in_b' else flip['show'][0]}")
         hidden = len(flips.get(direction, [])) - flips_shown
         if hidden > 0:
             lines.append(f"  … {hidden} more {heading} (see --json)")

@@ -61,7 +61,8 @@ class PublishedRow:
         return sum(self.em[b] for b in BENCHMARKS) / len(BENCHMARKS)
 
 
-def _row(label: str, model: str, source: str, values: tuple[float, ...], average: float, note: str = "") -> PublishedRow:
+def _row(label: str, model: str, source: str, values: tuple[float, ...], average: float,
+         note: str = "") -> PublishedRow:
     return PublishedRow(label, model, source, dict(zip(BENCHMARKS, values)), average, note,
                         published_card(source=source))
 

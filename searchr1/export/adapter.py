@@ -1,5 +1,5 @@
-"""A converted LoRA adapter on disk: check it against the base model, describe it in a model card
-with Hugging Face front matter, and say how to load and serve it.
+"""A converted LoRA adapter on disk: check it against the base model and say how to load and serve
+it (its model card is :mod:`searchr1.export.card`'s).
 
 :func:`check_adapter` reads back what :mod:`searchr1.export.convert` wrote, the way PEFT will:
 every tensor must name a module of the base model (under the layout's prefix) as
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ from searchr1.export.qwen35 import Qwen35Text
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-CARD_FILE = "README.md"
 PEFT_TENSOR = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])\.weight$")
 
 
@@ -121,52 +120,3 @@ def use_commands(folder: Path, adapter: Adapter, export_format: ExportFormat, la
     auto = "AutoModelForCausalLM" if layout is Layout.CAUSAL_LM else "AutoModelForImageTextToText"
     return [f"python -c \"from transformers import {auto}; from peft import PeftModel; "
             f"model = PeftModel.from_pretrained({auto}.from_pretrained({base!r}), {str(folder)!r})\""]
-
-
-def front_matter(base_model: str) -> list[str]:
-    """Hugging Face model-card metadata: the base model, PEFT as the library, the tags the Hub
-    uses to link an adapter to its base."""
-    return ["---", f"base_model: {json.dumps(base_model)}", "library_name: peft",
-            "tags:", "- searchr1", "- search-r1", "- peft", "- lora", f"- {json.dumps('base_model:adapter:' + base_model)}",
-            "---", ""]
-
-
-def model_card(adapter: Adapter, *, checkpoint: str, run_config: Mapping[str, Any] | None, step: int | None,
-               evals: Sequence[tuple[str, Mapping[str, Any]]], commands: Sequence[str], shape_source: str,
-               stand_in_note: str | None, archive_readme: str | None) -> str:
-    """The README.md written beside the adapter; an archive's own README is kept below it."""
-    lines = [*front_matter(adapter.base_model), f"# Search-R1 LoRA adapter for {adapter.base_model}", ""]
-    if stand_in_note:
-        lines += [f"> **Offline twin export.** {stand_in_note}. It has the structure of a Qwen3.5 adapter at a "
-                  "tiny size; it is not a model to serve.", ""]
-    ranks = ", ".join(f"{k}: {v}" for k, v in (adapter.config.get("rank_pattern") or {}).items())
-    lines += ["| | |", "|---|---|", f"| base model | `{adapter.base_model}` |",
-              f"| LoRA rank | {adapter.rank}{f' ({ranks})' if ranks else ''} |",
-              f"| LoRA alpha | {adapter.config.get('lora_alpha')} |",
-              f"| target modules | {', '.join(adapter.target_modules)} |",
-              f"| checkpoint | `{checkpoint}` |", f"| training steps | {step if step is not None else 'unknown'} |",
-              f"| tensors | {len(adapter.shapes)} (shapes checked against {shape_source}) |", ""]
-    if run_config:
-        from searchr1.run.algorithm import algorithm_of, describe_algorithm
-
-        rollout = run_config.get("rollout") if isinstance(run_config.get("rollout"), Mapping) else {}
-        lines += ["## Training run", "",
-                  f"- run `{run_config.get('run_name')}` ({'offline twin' if run_config.get('offline') else 'live PyTRIO'})",
-                  f"- algorithm: {describe_algorithm(algorithm_of(dict(run_config)))}",
-                  f"- learning rate {run_config.get('learning_rate')}, {run_config.get('questions_per_batch')} "
-                  f"questions per batch, group size {rollout.get('group_size')}, reward {run_config.get('reward')}",
-                  f"- search backend {(run_config.get('search') or {}).get('backend')}, at most "
-                  f"{rollout.get('max_search_calls')} searches and {rollout.get('max_assistant_turns')} turns", ""]
-    if evals:
-        lines += ["## Evaluation", "", "| eval file | questions | macro EM | macro F1 | macro cover EM |",
-                  "|---|---|---|---|---|"]
-        for path, summary in evals:
-            m = summary.get("metrics") or {}
-            cells = [f"{m[k]:.3f} [{m[k + '_ci95_low']:.3f}, {m[k + '_ci95_high']:.3f}]" if k in m else "-"
-                     for k in ("em/macro", "f1/macro", "cover_em/macro")]
-            lines.append(f"| `{Path(path).name}` | {summary.get('evaluated_examples')} | " + " | ".join(cells) + " |")
-        lines.append("")
-    lines += ["## Use", "", "```sh", *commands, "```", ""]
-    if archive_readme:
-        lines += ["## The archive's README", "", archive_readme.rstrip(), ""]
-    return "\n".join(lines)

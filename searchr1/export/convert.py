@@ -213,7 +213,8 @@ def _check_shapes(path: str, a: np.ndarray, b: np.ndarray, rank: int, expected: 
                               f"({fan_out}, {rank}) for the base model's {path}")
 
 
-def fold_qkv(parts: Mapping[str, Mapping[str, np.ndarray]], dims: Qwen35Text, rank: int) -> tuple[np.ndarray, np.ndarray]:
+def fold_qkv(parts: Mapping[str, Mapping[str, np.ndarray]], dims: Qwen35Text, rank: int) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
     """``(A, B)`` of the fused ``in_proj_qkv`` from the split parts present (``in_proj_q`` …):
     ``A`` is ``(3r, hidden)``, ``B`` is ``(2 key_dim + value_dim, 3r)`` and block-diagonal, so that
     ``B @ A`` stacks each part's ``B_i @ A_i`` in the rows of its output."""

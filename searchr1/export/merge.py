@@ -91,7 +91,8 @@ def merge_into(base: Path, converted: Converted, out: Path) -> MergeReport:
                     weight = (weight.astype(np.float32) + delta).astype(weight.dtype)
                 tensors[key] = weight
                 if needs_head and path == "embed_tokens":
-                    tensors["lm_head.weight"] = (weight.astype(np.float32) + pending.pop("lm_head")).astype(weight.dtype)
+                    head = weight.astype(np.float32) + pending.pop("lm_head")
+                    tensors["lm_head.weight"] = head.astype(weight.dtype)
                     untied, embed_file = True, file.name
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(staging / file.name), metadata=metadata)
     if pending:

@@ -325,8 +325,10 @@ class RunDir:
         starts) and write ``config`` (the new segment included). Returns how many lines of each
         file moved. Nothing is deleted; a second call for the same step moves nothing."""
         moved = {
-            CHECKPOINTS: self._move_lines(CHECKPOINTS, CHECKPOINTS_REWOUND, lambda r: int(r.get("step", -1)) > step, step),
-            TRANSCRIPTS: self._move_lines(TRANSCRIPTS, TRANSCRIPTS_REWOUND, lambda r: int(r.get("step", -1)) >= step, step),
+            CHECKPOINTS: self._move_lines(CHECKPOINTS, CHECKPOINTS_REWOUND, lambda r: int(r.get("step", -1)) > step,
+                                          step),
+            TRANSCRIPTS: self._move_lines(TRANSCRIPTS, TRANSCRIPTS_REWOUND, lambda r: int(r.get("step", -1)) >= step,
+                                          step),
         }
         self.write_config(config)
         state, point = self.state(), self.resume_point(step)

@@ -89,7 +89,8 @@ def configured_estimate(config: Any, tokenizer: Any, examples: Sequence[Any]) ->
     high.forward_backward_calls = 1 if config.accumulation == "sdk" else trajectories
     high.optim_steps = 1
     if config.kl_coef:
-        high.kl_requests, high.kl_prompt_tokens, high.kl_generated_tokens = trajectories, trajectories * window, trajectories
+        high.kl_requests, high.kl_generated_tokens = trajectories, trajectories
+        high.kl_prompt_tokens = trajectories * window
     low.weight_saves = high.weight_saves = 1  # the sampler of each step's weights
     high.searched(backend).calls = high.searched(backend).requests = trajectories * searches
     low.searched(backend)

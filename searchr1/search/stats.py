@@ -33,18 +33,18 @@ The other metrics are 0.0.
 
 from __future__ import annotations
 
-# Metrics that are shares of the window's calls: undefined (left out) when it has none.
-PER_CALL_SHARES = frozenset({
-    "search/success_rate", "search/error_rate", "search/429_rate", "search/timeout_rate", "search/results",
-    "search/cache_hit_rate", "search/no_web_search_rate", "search/credential_failover_rate",
-})
-
 import math
 import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
 from searchr1.core.types import ReportedUsage
+
+# Metrics that are shares of the window's calls: undefined (left out) when it has none.
+PER_CALL_SHARES = frozenset({
+    "search/success_rate", "search/error_rate", "search/429_rate", "search/timeout_rate", "search/results",
+    "search/cache_hit_rate", "search/no_web_search_rate", "search/credential_failover_rate",
+})
 
 Origin = Literal["network", "cache", "shared", "local"]
 

@@ -62,4 +62,5 @@ class BaseModelPenalty:
             self._slots = asyncio.Semaphore(self.config.rollout.sampling_concurrency)
         base = await base_logprobs_async(MeteredSampler(self._sampler, self._usage, kl=True), datums, self._slots)
         datums, metrics = penalize(datums, base, coef=self.config.kl_coef, estimator=self.config.kl_estimator)
-        return datums, {**metrics, "kl/base_requests": float(len(base)), "time/kl_seconds": time.perf_counter() - started}
+        return datums, {**metrics, "kl/base_requests": float(len(base)),
+                        "time/kl_seconds": time.perf_counter() - started}

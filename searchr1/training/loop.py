@@ -224,7 +224,8 @@ class TrainingRun:
             self._write_state(first)
         rewound = self.run.rewind_to(first)
         if rewound:
-            self.reporter.note(f"resuming at step {first}: {plural(rewound, 'later metrics line')} moved to metrics.rewound.jsonl")
+            self.reporter.note(f"resuming at step {first}: {plural(rewound, 'later metrics line')} moved to "
+                               f"metrics.rewound.jsonl")
         assert self.trainer.training_client is not None
         self.pipeline = RolloutPipeline(
             config, training_client=self.trainer.training_client, tokenizer=self.trainer.tokenizer,

@@ -35,7 +35,7 @@ from searchr1.training.off_policy import batches_in_flight, sampler_version, ste
 from searchr1.run.reporting import Reporter
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import rollout_batch_async
-from searchr1.search.tool import with_search
+from searchr1.search.tool import SearchBackend, with_search
 from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import OnPolicy, RolloutBatch
 from searchr1.training.config import TrainConfig
@@ -72,7 +72,8 @@ class BatchProgress:
 class RolloutPipeline:
     """Samplers (a task per weights version) and rollouts (a task per batch index) of one run."""
 
-    def __init__(self, config: TrainConfig, *, training_client: TrainingClient, tokenizer: Tokenizer, search: SearchBackend,
+    def __init__(self, config: TrainConfig, *, training_client: TrainingClient, tokenizer: Tokenizer,
+                 search: SearchBackend,
                  examples: Sequence[SearchExample], reporter: Reporter, session: int,
                  sampler_paths: dict[int, str], weights_version: int, cursor: int = 0,
                  tools: Mapping[str, ToolBackend] | None = None) -> None:
@@ -197,7 +198,8 @@ class RolloutPipeline:
     # -- rollouts ------------------------------------------------------------------------------
 
     def _watch(self, batch_index: int, sampler: SamplingClient,
-               tools: Mapping[str, ToolBackend]) -> tuple[SamplingClient, dict[str, ToolBackend], Callable[[int], None]]:
+               tools: Mapping[str, ToolBackend]) -> tuple[SamplingClient, dict[str, ToolBackend], Callable[[int],
+                                                                                                           None]]:
         """An on-policy batch as this run meters it: its sampler, search and other tools counted
         into the batch's usage (with the save of the weights it samples on), and its progress."""
         usage = Usage()

@@ -64,7 +64,8 @@ def trained_shapes(config: dict[str, object], *, train_attn: bool, train_mlp: bo
         if train_attn and kind is LayerType.LINEAR_ATTENTION:
             for module in LINEAR_ATTENTION_MODULES:
                 shapes[f"layers.{n}.linear_attn.{module}"] = (
-                    (dims.hidden_size, split[module]) if module in split else linear[f"layers.{n}.linear_attn.{module}"])
+                    (dims.hidden_size,
+                     split[module]) if module in split else linear[f"layers.{n}.linear_attn.{module}"])
         if train_mlp:
             for module in MLP_MODULES:
                 shapes[f"layers.{n}.mlp.{module}"] = linear[f"layers.{n}.mlp.{module}"]

@@ -62,7 +62,8 @@ from searchr1.twin.config import (
 from searchr1.twin.policy import PolicySample, Reduction, SampledSequence, TwinPolicy
 from searchr1.twin.served import ServedCounter
 from searchr1.twin.stops import StopRules, finish
-from searchr1.twin.store import STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, InvalidName, RunConfig, check_checkpoint_name
+from searchr1.twin.store import (STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, InvalidName, RunConfig,
+                                 check_checkpoint_name)
 from searchr1.twin.strict import (
     BASE_LINEAGE,
     VIOLATION_CODE,
@@ -362,7 +363,8 @@ class TwinBackend:
     def create_training_run(self, sid: str, request: TrainingRunCreateRequest) -> TrainingRunCreateResponse:
         session = self._session(sid)
         if request.lora_rank not in range(4, 65):
-            raise ApiError(400, "validation.invalid_lora_rank", f"lora_rank must be in [4, 64], got {request.lora_rank}")
+            raise ApiError(400, "validation.invalid_lora_rank",
+                           f"lora_rank must be in [4, 64], got {request.lora_rank}")
         base_model = request.base_model
         if request.source_checkpoint_uri:
             checkpoint = self._checkpoint(request.source_checkpoint_uri)
@@ -570,7 +572,8 @@ class TwinBackend:
         try:
             payload = payload_model_for_event(envelope.type).model_validate(envelope.payload)
         except Exception as error:  # noqa: BLE001 - a pydantic or schema error is a bad request
-            raise ApiError(422, "validation_error", f"{envelope.type.value} payload: {str(error).splitlines()[0]}") from None
+            raise ApiError(422, "validation_error",
+                           f"{envelope.type.value} payload: {str(error).splitlines()[0]}") from None
         if envelope.type in (EventType.TRAINER_SAVE_STATE, EventType.TRAINER_SAVE_WEIGHTS):
             check_checkpoint_name(payload.name)  # InvalidName: answered 400 before anything runs
         record = EventRecord(envelope, run)
@@ -698,7 +701,8 @@ class TwinBackend:
                                f"{len(samples)} datums in one chunk; max_batch_size is {limits.max_batch_size}")
         if limits.max_tokens_per_request is not None and tokens > limits.max_tokens_per_request:
             raise EventFailure("twin.training_request_too_large",
-                               f"{tokens} tokens in one chunk; max_tokens_per_request is {limits.max_tokens_per_request}")
+                               f"{tokens} tokens in one chunk; max_tokens_per_request is "
+                               f"{limits.max_tokens_per_request}")
         longest = max(len(s.inputs) + int(payload.auto_shift) for s in samples)
         if limits.max_seq_len is not None and longest > limits.max_seq_len:
             raise EventFailure("twin.training_sample_too_long",

@@ -188,7 +188,8 @@ class TwinFaults:
             for number, status in calls.items():
                 _numbers(f"http_errors[{operation!r}]", [number])
                 if not isinstance(status, int) or not 400 <= status <= 599:
-                    raise ValueError(f"TwinFaults.http_errors[{operation!r}][{number}]: {status!r} is not an HTTP error status")
+                    raise ValueError(f"TwinFaults.http_errors[{operation!r}][{number}]: {status!r} is not an HTTP "
+                                     f"error status")
             errors[operation] = MappingProxyType(dict(calls))
         dropped = {}
         for operation, calls in self.dropped_connections.items():

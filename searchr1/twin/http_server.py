@@ -268,7 +268,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._unread = self._length > 0
         if not self._unread:
             self.server.watch(self.connection, None)  # headers in, no body: the request is in
-        for route_method, pattern, operation, handler in ROUTES:
+        for route_method, pattern, operation, handler in ROUTES:  # noqa: B007 - the matched route's, used below
             match = pattern.fullmatch(path)
             if route_method == method and match:
                 break

@@ -42,7 +42,8 @@ def rule(gold: Sequence[str], prediction: str) -> bool:
     return False
 
 
-def judge_reply(tokenizer: Any, prompt: Sequence[int], num_samples: int, end_of_turn: int) -> list[SampledSequence] | None:
+def judge_reply(tokenizer: Any, prompt: Sequence[int], num_samples: int,
+                end_of_turn: int) -> list[SampledSequence] | None:
     """The twin's verdict on a judge prompt (``num_samples`` copies), or None for any other prompt."""
     if HEADER not in tokenizer.decode(list(prompt[:32]), skip_special_tokens=False):  # cheap: the opening only
         return None

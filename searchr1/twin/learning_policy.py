@@ -129,7 +129,8 @@ GENERATION_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 STOP_TOKEN = "<|im_end|>"
 _USER_HEADER = "<|im_start|>user\n"
 _OPENING = "I need evidence for this."
-_OPEN_PAGE = "The page should say more.\n\n<tool_call>\n<function=open_page>\n<parameter=page>\n{page}\n</parameter>\n</function>\n</tool_call>"
+_OPEN_PAGE = ("The page should say more.\n\n<tool_call>\n<function=open_page>\n<parameter=page>\n{page}\n"
+              "</parameter>\n</function>\n</tool_call>")
 _OPEN_PAGE_DECLARED = '"name": "open_page"'  # how the template lists the tool in the system prompt
 
 

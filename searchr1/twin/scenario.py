@@ -62,7 +62,8 @@ def _require(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...]
         raise ScenarioError(f"{where}: missing field {key!r}")
     value = mapping[key]
     if not isinstance(value, kind):
-        raise ScenarioError(f"{where}: field {key!r} must be {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
+        raise ScenarioError(f"{where}: field {key!r} must be {getattr(kind, '__name__', kind)}, got "
+                            f"{type(value).__name__}")
     return value
 
 

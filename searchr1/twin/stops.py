@@ -53,7 +53,8 @@ class FinishedSequence:
     stop_reason: str
 
 
-def stop_position(tokens: Sequence[int], rules: StopRules, decode: Callable[[list[int]], str]) -> tuple[int, str | None] | None:
+def stop_position(tokens: Sequence[int], rules: StopRules,
+                  decode: Callable[[list[int]], str]) -> tuple[int, str | None] | None:
     """Index of the stop token and the stop string it completed (``None`` for a token id),
     or ``None`` when no rule matches."""
     longest = max((len(s) for s in rules.strings), default=0)

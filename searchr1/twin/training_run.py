@@ -4,7 +4,8 @@ and what each trainer event does to them.
 ``forward`` / ``forward_backward`` compute the loss the payload names
 (:mod:`searchr1.core.objective`; a ``loss_fn_config`` key that loss does not take fails the event
 under strict mode, ``twin.unsupported_loss_config``, and is ignored otherwise) and reduce every
-chunk with the totals of its whole call (as pytrio sends them), so a call split into chunks accumulates exactly the gradient of the
+chunk with the totals of its whole call (as pytrio sends them), so a call split into chunks accumulates exactly the
+gradient of the
 unsplit call. Chunks of one call share pytrio's ``step``; at ``optimize_step`` the calls
 accumulated since the last step combine by ``sum`` (default) or ``mean``. The twin invents
 (the service does not publish): the reduction switch, the combination switch, the metrics
@@ -167,7 +168,8 @@ class TrainingRun:
 
     # --- checkpoints --------------------------------------------------------------------
 
-    def save(self, payload: TrainerSavePayload, kind: str, store: CheckpointStore, model_name: str) -> dict[str, object]:
+    def save(self, payload: TrainerSavePayload, kind: str, store: CheckpointStore,
+             model_name: str) -> dict[str, object]:
         if kind not in (STATE, WEIGHTS):
             raise ValueError(kind)
         if store.exists(self.cuid, kind, payload.name) and not payload.overwrite:

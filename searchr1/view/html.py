@@ -19,7 +19,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from searchr1.view.terminal import SearchEvent, TurnEvent, answers_text, conversation, outcome, printable, title, verdict
+from searchr1.view.terminal import (SearchEvent, TurnEvent, answers_text, conversation, outcome, printable, title,
+                                   verdict)
 
 INDEX_QUESTION_CHARS = 120  # a question longer than this is cut in the index (whole in its article)
 

@@ -255,7 +255,8 @@ def _labels(values: Sequence[float]) -> list[str]:
 def questions_per_source(runs: Sequence[EvalRun], source: str) -> list[int]:
     """The distinct question counts of ``source`` across the runs (sorted; runs that did not
     record one are left out)."""
-    counts = {int(r.metrics[f"questions/{source}"]) for r in runs if is_finite_number(r.metrics.get(f"questions/{source}"))}
+    key = f"questions/{source}"
+    counts = {int(r.metrics[key]) for r in runs if is_finite_number(r.metrics.get(key))}
     return sorted(counts)
 
 
@@ -665,7 +666,8 @@ def run_figure(
     if not present:
         logged = sorted({k for r in rows for k in r if k != "step"})
         raise PlotInputError(
-            f"none of the requested metrics ({', '.join(metrics)}) were logged; available: {', '.join(logged) or 'none'}"
+            f"none of the requested metrics ({', '.join(metrics)}) were logged; available: "
+                             f"{', '.join(logged) or 'none'}"
         )
     fig = _figure(RUN_FIGSIZE)
     ncols = min(4, len(present))
@@ -717,7 +719,8 @@ def run_figure(
     if windows:
         footer.append(f"dots: each step; line: centred mean over {'/'.join(map(str, sorted(windows)))} steps")
     if flagged:
-        footer.append(f"red lines: {plural(len(flagged), 'unhealthy step')} ({invocation.command('show RUN --step K')})")
+        footer.append(f"red lines: {plural(len(flagged), 'unhealthy step')} "
+                      f"({invocation.command('show RUN --step K')})")
     if gaps:
         footer.append("grey: steps that logged no value (a step with nothing to train logs no loss)")
     if constant:

@@ -108,7 +108,8 @@ def conversation(record: Mapping[str, Any]) -> list[TurnEvent | SearchEvent]:
     the turn of its own position: one call a turn)."""
     turns = [t for t in _list(record.get("turns")) if isinstance(t, Mapping)]
     searches = [s for s in _list(record.get("searches")) if isinstance(s, Mapping)]
-    made_by = [count(s.get("turn")) if isinstance(s.get("turn"), int) else index + 1 for index, s in enumerate(searches)]
+    made_by = [count(s.get("turn")) if isinstance(s.get("turn"), int) else index + 1 for index,
+               s in enumerate(searches)]
 
     def call(number: int, s: Mapping[str, Any]) -> SearchEvent:
         return SearchEvent(
@@ -206,7 +207,8 @@ def token_counts(record: Mapping[str, Any]) -> str:
     """``N generated over T turns, S in the last prompt+reply`` from the turns' counts ("" when
     the record has none: files written before they were recorded)."""
     turns = [t for t in _list(record.get("turns")) if isinstance(t, Mapping)]
-    counted = [t for t in turns if isinstance(t.get("generated_tokens"), int) and isinstance(t.get("prompt_tokens"), int)]
+    counted = [t for t in turns if isinstance(t.get("generated_tokens"), int) and isinstance(t.get("prompt_tokens"),
+                                                                                             int)]
     if not counted or len(counted) != len(turns):
         return ""
     generated = sum(t["generated_tokens"] for t in counted)

@@ -139,8 +139,18 @@ def test_export_a_run_writes_a_checked_adapter_a_model_card_and_the_serve_comman
     assert {r for k, r in ranks.items() if ".in_proj_qkv." in k} == {config["rank_pattern"]["in_proj_qkv"]}
     assert any(k.startswith("base_model.model.lm_head.") for k in ranks)  # the run trained the unembedding
     card = (out / "README.md").read_text()
-    assert card.startswith(f'---\nbase_model: "{run_config["base_model"]}"\nlibrary_name: peft\n')
+    import yaml
+
+    assert card.startswith("---\n")
+    metadata = yaml.safe_load(card.split("\n---\n", 1)[0].removeprefix("---\n"))
+    assert metadata["base_model"] == run_config["base_model"] and metadata["library_name"] == "peft"
+    step6 = load_summary(trained["step6"])["metrics"]
+    (scores,) = metadata["model-index"][0]["results"]
+    assert {m["type"]: m["value"] for m in scores["metrics"]} == pytest.approx(
+        {"exact_match": step6["em/macro"], "f1": step6["f1/macro"], "cover_em": step6["cover_em/macro"]}, abs=1e-4)
     assert "step6.jsonl" in card and "Offline twin export" in card
+    upload = f"hf upload your-hf-name/exported {out} ."
+    assert f"```sh\n{upload}\n```" in card and f"  {upload}" in result.output
     assert "PeftModel.from_pretrained" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
 

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchr1.export.adapter import check_adapter, front_matter, vllm_max_lora_rank
+from searchr1.export.adapter import check_adapter, vllm_max_lora_rank
+from searchr1.export.card import front_matter
 from searchr1.export.convert import (
     ConversionError,
     ExportFormat,
@@ -219,9 +220,13 @@ def test_the_written_adapter_reads_back_clean_and_a_stray_key_is_named(tmp_path)
 
 
 def test_the_model_card_front_matter_links_the_adapter_to_its_base():
+    import yaml
+
     lines = front_matter("Qwen/Qwen3.5-4B")
-    assert lines[0] == "---" and "base_model: \"Qwen/Qwen3.5-4B\"" in lines and "library_name: peft" in lines
-    assert "- \"base_model:adapter:Qwen/Qwen3.5-4B\"" in lines and lines[lines.index("---", 1)] == "---"
+    assert lines[0] == "---" and lines[lines.index("---", 1)] == "---"
+    metadata = yaml.safe_load("\n".join(lines[1:lines.index("---", 1)]))
+    assert metadata["base_model"] == "Qwen/Qwen3.5-4B" and metadata["library_name"] == "peft"
+    assert "base_model:adapter:Qwen/Qwen3.5-4B" in metadata["tags"]
 
 
 def _base_checkpoint(folder: Path, dims, *, seed: int = 1, layout: Layout = Layout.CAUSAL_LM) -> dict[str, np.ndarray]:

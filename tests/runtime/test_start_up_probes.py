@@ -61,3 +61,23 @@ def test_the_first_example_is_read_without_the_rest_of_the_file(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"id": "1"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:1: missing field 'question'"):
         first_example(tmp_path / "bad.jsonl")
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_connect_failure_is_named_whether_the_server_or_a_proxy_in_between_refuses(monkeypatch):
+    for name in (*connect.PROXY_VARIABLES, *(n.lower() for n in connect.PROXY_VARIABLES)):
+        monkeypatch.delenv(name, raising=False)
+    assert connect.proxies_set() == []
+    assert connect.connect_failure(f"http://127.0.0.1:{_closed_port()}").startswith("ConnectError: ")
+    with socket.create_server(("127.0.0.1", 0)) as server:  # connects, never answers: left to the client
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        assert connect.connect_failure(url, timeout=0.2) is None
+        monkeypatch.setenv("http_proxy", f"http://user:hunter2@127.0.0.1:{_closed_port()}")
+        assert connect.proxies_set() == ["HTTP_PROXY"]
+        failure = connect.connect_failure(url, timeout=0.2)
+        assert failure is not None and failure.startswith("ConnectError: ") and "hunter2" not in failure

