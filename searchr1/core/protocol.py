@@ -19,7 +19,7 @@ from enum import StrEnum
 from searchr1.core.observation.tokens import (TemplateBoundaries, observation_wrapper, plain_tokens,
                                               split_at_control_tokens)
 from searchr1.core.tools import (DECLARED, SEARCH, CallError, ParsedCall, ToolCall, ToolSpec, parse_tool_calls,
-                                 search_spec, shown_call)
+                                 shown_call)
 from searchr1.core.types import JsonObject, Message, Tokenizer
 
 BUDGET_PLACEHOLDER = "{max_search_calls}"
