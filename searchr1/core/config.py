@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from searchr1.core.advantage import ADVANTAGE_MODES, AdvantageMode
+from searchr1.core.credit import Credit, StepReward
 from searchr1.core.reward import REWARD_KINDS, RewardKind
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.settings import OnResume, SettingError, check_settings, setting
@@ -48,6 +49,23 @@ class StepConfig:
         False, on_resume=OnResume.SEGMENT,
         help="Train on groups hit by search or sampler failures (default: leave them out and "
              "count them).")
+    credit: Credit = setting(
+        Credit.TRAJECTORY, choices=tuple(c.value for c in Credit), on_resume=OnResume.SEGMENT,
+        help="How a trajectory's reward reaches its turns: every turn carries the trajectory's advantage "
+             "(seed), or gigpo adds each turn's advantage among the turns that start from the same state.")
+    step_weight: float = setting(1.0, at_least=0.0, at_most=100.0, on_resume=OnResume.SEGMENT,
+                                 help="gigpo: the weight of a turn's step advantage (the paper's omega).")
+    discount: float = setting(0.95, at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
+                              help="gigpo: the discount of later rewards in a turn's return (gamma).")
+    step_reward: StepReward = setting(
+        StepReward.NONE, choices=tuple(r.value for r in StepReward), on_resume=OnResume.SEGMENT,
+        help="Rewards a turn earns on its own (with --credit gigpo): evidence pays a first sight of a "
+             "reference answer in a tool result and charges each repeated call.")
+    evidence_bonus: float = setting(0.1, at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
+                                    help="--step-reward evidence: what a turn earns for the first result "
+                                         "showing a reference answer.")
+    repeat_penalty: float = setting(0.1, at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
+                                    help="--step-reward evidence: what each call repeating an earlier one costs.")
     num_substeps: int = setting(
         1, at_least=1, metavar="N", on_resume=OnResume.SEGMENT,
         help="Split each step's datums into N mini-batches (a seeded order), each its own "
@@ -69,6 +87,9 @@ class StepConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.step_reward != StepReward.NONE and self.credit != Credit.GIGPO:
+            raise SettingError("--step-reward", f"{self.step_reward}: a step reward moves a turn's advantage "
+                               "only through its return, under --credit gigpo; add --credit gigpo")
         if self.rollout.group_size < 2:
             raise SettingError(
                 "--group-size", f"{self.rollout.group_size}: group advantages compare a question's "

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
-import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -32,8 +30,9 @@ import numpy as np
 
 from searchr1.core.budgets import RolloutBudgets
 from searchr1.core.reference_text import (SEARCH, TRUNCATION_MARKER, Call, answer_line,
-                                          fit_observation, observation_items, parse_turn,
-                                          render_text, render_tokens, system_message)
+                                          call_as_shown, fit_observation, normalise_answer,
+                                          observation_items, parse_turn, render_text,
+                                          render_tokens, sample_turns, system_message)
 from searchr1.core.tools import DECLARED
 from searchr1.core.types import (NOT_ANSWERED, CallRecord, Exclusion, JsonValue, Message,
                                  RewardResult, SearchExample, SearchResult, Termination, Tokenizer,
@@ -106,28 +105,6 @@ def sampling_seed(budgets: RolloutBudgets, step: int, question: int, sample: int
     counter: the first 4 bytes of its BLAKE2b digest, big-endian, below 2**31."""
     key = f"{budgets.seed}/{step}/{question}/{sample}/{turn}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big") % 2**31
-
-
-def sample_turns(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: int,
-                 seed: int, budgets: RolloutBudgets) -> list[Turn] | None:
-    """``n`` completions of ``prompt``, or None when the trajectory has no room left to generate."""
-    from pytrio import ModelInput, SamplingParams
-    room = budgets.max_trajectory_tokens - len(prompt)
-    max_tokens = min(budgets.max_assistant_tokens, room)  # ALGORITHM: the budgets
-    if max_tokens <= 0:
-        return None
-    stop = [tokenizer.eos_token] if tokenizer.eos_token else None  # the sampler stops at <|im_end|>
-    params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=stop,
-                            temperature=budgets.temperature, top_p=budgets.top_p)
-    response = sampler.sample(prompt=ModelInput.from_ints(prompt), num_samples=n,
-                              sampling_params=params, return_text=True).result()
-    turns = []
-    for s in response.sequences:  # PLUMBING
-        tokens, logprobs = [int(x) for x in s.tokens], [float(x) for x in s.logprobs]
-        text = s.text if s.text is not None else tokenizer.decode(tokens, skip_special_tokens=True)
-        stop_reason = str(getattr(s, "stop_reason", "") or "")
-        turns.append(Turn(list(prompt), tokens, logprobs, text, stop_reason))
-    return turns
 
 
 def take_turn(t: Trajectory, turn: Turn, tokenizer: Tokenizer, tools: Tools,
@@ -213,16 +190,6 @@ def call_tools_and_stitch(t: Trajectory, turn: Turn, text: str, calls: list[Call
     t.next_prompt_tokens = stitched + observation_tokens(contents)
 
 
-def call_as_shown(name: str, arguments: dict[str, JsonValue] | str) -> str:
-    """PLUMBING: a call in one line: a refused call's function; the value of a tool's only
-    parameter (a search's query), stripped; another tool's arguments as ``key=value``."""
-    if isinstance(arguments, str):
-        return name
-    if len(DECLARED[name].properties) == 1:
-        return str(next(iter(arguments.values()))).strip()
-    return ", ".join(f"{key}={value}" for key, value in arguments.items())
-
-
 # ---------------------------------------------------------------- score and advantage
 
 def reference_rewards_and_advantages(trajectories: list[Trajectory]) -> None:
@@ -251,11 +218,46 @@ def reference_rewards_and_advantages(trajectories: list[Trajectory]) -> None:
                 turn.advantage = t.advantage
 
 
-def normalise_answer(text: str) -> str:
-    """SQuAD's rule: lowercase, drop punctuation (Unicode category P*), then the articles, one
-    space between words."""
-    text = "".join(c for c in text.lower() if not unicodedata.category(c).startswith("P"))
-    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+def reference_turn_credit(trajectories: list[Trajectory], *, weight: float, discount: float,
+                          bonus: float | None = None, penalty: float = 0.0) -> None:
+    """ALGORITHM (GiGPO, mean-centred): a turn's return is what it earned (``bonus`` for the first
+    result showing a reference answer, less ``penalty`` per repeated call) plus ``discount`` times
+    the next turn's return, the trajectory's reward on the last. A turn adds ``weight`` times its
+    return less the mean return of the turns of its group that saw the same calls and results."""
+    steps: dict[tuple, list[tuple[Trajectory, Turn, float]]] = {}
+    for t in trajectories:
+        answers = [a for a in map(normalise_answer, t.example.answers) if a]
+        seen: set[tuple[str, str]] = set()
+        found, earned = False, []
+        for turn in t.turns:
+            own = 0.0
+            for c in (c for c in turn.calls if not c.refused):
+                key = (c.tool, " ".join(c.query.casefold().split()))
+                own -= penalty if key in seen else 0.0
+                seen.add(key)
+                if bonus is not None and not found and c.ok and any(
+                        a in normalise_answer(c.observation) for a in answers):
+                    found, own = True, own + bonus
+            turn.reward = own if bonus is not None else turn.reward
+            earned.append(own)
+        future = 0.0
+        returns: list[float] = []
+        for k in reversed(range(len(t.turns))):
+            future = earned[k] + (t.reward if k == len(t.turns) - 1 else 0.0) + discount * future
+            returns.insert(0, future)
+        shown: tuple = ()  # what the environment showed before a turn: each call and its result
+        for turn, value in zip(t.turns, returns):
+            if t.excluded is None:
+                steps.setdefault((t.question_index, shown), []).append((t, turn, value))
+            shown += tuple((c.tool, " ".join(c.query.casefold().split()), c.ok, c.observation)
+                           for c in turn.calls)
+    for members in steps.values():
+        values = [value for _, _, value in members]
+        mean = math.fsum(values) / len(values)
+        for t, turn, value in members:  # a lone turn, or equal returns, add nothing
+            moved = len(members) > 1 and len(set(values)) > 1
+            turn.advantage = t.advantage + weight * (value - mean if moved else 0.0)
+            turn.step_group = len(members)
 
 
 # ---------------------------------------------------------------- datums and update

@@ -1,10 +1,11 @@
 """The text of the reference step (:mod:`searchr1.core.reference`), in its own code: what the model
 reads (the system prompt, the conversation under the chat template with the tools declared, a
-tool's result as an observation, cut to the room left) and what it writes (the turn's tool calls,
-read against the declared schemas with each value converted to its declared type, and its
-``Answer:`` line). Like the reference it uses none of the engine's helpers: only the data types,
-the budgets, the declared tools as data (``DECLARED``: schemas, wording, rules), the system
-prompt's wording (:mod:`~searchr1.core.protocol`'s ``PROMPT_*``) and the tokenizer.
+tool's result as an observation, cut to the room left) and what it writes (the sampled turns; their
+tool calls, read against the declared schemas with each value converted to its declared type; its
+``Answer:`` line, normalised as SQuAD normalises it). Like the reference it uses none of the
+engine's helpers: only the data types, the budgets, the declared tools as data (``DECLARED``:
+schemas, wording, rules), the system prompt's wording (:mod:`~searchr1.core.protocol`'s
+``PROMPT_*``) and the tokenizer.
 ``# ALGORITHM`` marks a decision of Search-R1; ``# PLUMBING`` what only moves data."""
 
 from __future__ import annotations
@@ -12,13 +13,19 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from searchr1.core.budgets import RolloutBudgets
 from searchr1.core.protocol import (PROMPT_BUDGET, PROMPT_CALLS, PROMPT_EXAMPLE, PROMPT_HEAD,
                                     PROMPT_ONE_CALL)
 from searchr1.core.tools import DECLARED
-from searchr1.core.types import JsonObject, JsonValue, Message, SearchItem, SearchResult, Tokenizer
+from searchr1.core.types import (JsonObject, JsonValue, Message, SearchItem, SearchResult,
+                                 Tokenizer, Turn)
+
+if TYPE_CHECKING:  # pytrio is loaded when first used, as everywhere in the core
+    from pytrio import SamplingClient
 
 SEARCH = "search"  # the tool that --tool-description describes and --max-search-calls budgets
 
@@ -126,6 +133,28 @@ def fit_observation(tokenizer: Tokenizer, items: list[str], observation: Callabl
 
 
 # ---------------------------------------------------------------- what the model writes
+
+def sample_turns(sampler: SamplingClient, tokenizer: Tokenizer, prompt: list[int], n: int,
+                 seed: int, budgets: RolloutBudgets) -> list[Turn] | None:
+    """``n`` completions of ``prompt``, or None when the trajectory has no room left to generate."""
+    from pytrio import ModelInput, SamplingParams
+    room = budgets.max_trajectory_tokens - len(prompt)
+    max_tokens = min(budgets.max_assistant_tokens, room)  # ALGORITHM: the budgets
+    if max_tokens <= 0:
+        return None
+    stop = [tokenizer.eos_token] if tokenizer.eos_token else None  # the sampler stops at <|im_end|>
+    params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=stop,
+                            temperature=budgets.temperature, top_p=budgets.top_p)
+    response = sampler.sample(prompt=ModelInput.from_ints(prompt), num_samples=n,
+                              sampling_params=params, return_text=True).result()
+    turns = []
+    for s in response.sequences:  # PLUMBING
+        tokens, logprobs = [int(x) for x in s.tokens], [float(x) for x in s.logprobs]
+        text = s.text if s.text is not None else tokenizer.decode(tokens, skip_special_tokens=True)
+        stop_reason = str(getattr(s, "stop_reason", "") or "")
+        turns.append(Turn(list(prompt), tokens, logprobs, text, stop_reason))
+    return turns
+
 
 STOPS = re.compile(r"(<\|im_end\|>|<\|endoftext\|>)(\s*(<\|im_end\|>|<\|endoftext\|>))*\s*\Z")
 FUNCTION = re.compile(r"\s*<function=([^<>\n]+)>(.*)</function>\s*", re.DOTALL)
@@ -253,3 +282,20 @@ def answer_line(text: str) -> str | None:
     may go on on the next line); None when no line or several do, or it is empty."""
     found = re.findall(r"^\s*answer:\s*(.*?)\s*$", text, re.IGNORECASE | re.MULTILINE)
     return (found[0].strip() or None) if len(found) == 1 else None
+
+
+def normalise_answer(text: str) -> str:
+    """SQuAD's rule: lowercase, drop punctuation (Unicode category P*), then the articles, one
+    space between words."""
+    text = "".join(c for c in text.lower() if not unicodedata.category(c).startswith("P"))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def call_as_shown(name: str, arguments: dict[str, JsonValue] | str) -> str:
+    """PLUMBING: a call in one line: a refused call's function; the value of a tool's only
+    parameter (a search's query), stripped; another tool's arguments as ``key=value``."""
+    if isinstance(arguments, str):
+        return name
+    if len(DECLARED[name].properties) == 1:
+        return str(next(iter(arguments.values()))).strip()
+    return ", ".join(f"{key}={value}" for key, value in arguments.items())

@@ -4,7 +4,7 @@
     trajectories <- the step's questions rolled out on it (sample, parse, call, stitch: core.rollout)
     score        <- the final answer of each against the references (core.reward)
     advantage    <- reward minus its group's mean, carried by every turn; groups without a signal
-                    are left out (core.advantage)
+                    are left out (core.advantage); --credit gigpo adds each turn's own (core.credit)
     datums       <- one Datum per context of each trajectory that carries signal (core.datum)
     (kl)         <- --kl-coef: the base model's penalty in the advantages (core.kl)
     update       <- forward_backward(importance_sampling) -> optim_step(AdamParams), once per
@@ -35,6 +35,7 @@ from typing import Protocol
 
 from searchr1.core.advantage import GroupSummary, assign_group_advantages
 from searchr1.core.config import StepConfig
+from searchr1.core.credit import Credit, StepReward, assign_step_advantages, assign_step_rewards
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
@@ -122,6 +123,7 @@ class StepRecord:
     dropped_out_of_vocab: int
     micro_batches: list[list[TrainingDatum]] | None
     kl_metrics: dict[str, float]
+    credit_metrics: dict[str, float]  # --credit gigpo, --step-reward: how the turns were credited
     update: UpdateResult | None  # None when no datum carried a signal
     waited_seconds: float
     train_seconds: float
@@ -170,9 +172,16 @@ class Trainer:
         waited = time.perf_counter() - started
         trajectories = batch.trajectories
         score_trajectories(trajectories, reward=config.reward)
+        credit: dict[str, float] = {}
+        if config.step_reward == StepReward.EVIDENCE:  # what each turn earns on its own
+            credit |= assign_step_rewards(trajectories, evidence_bonus=config.evidence_bonus,
+                                          repeat_penalty=config.repeat_penalty).metrics()
         groups = assign_group_advantages(trajectories, mode=config.advantage_mode,
                                          keep_env_failures=config.keep_env_failures,
                                          surplus=batch.surplus_questions)
+        if config.credit == Credit.GIGPO:  # each turn's advantage among the turns from its state
+            credit |= assign_step_advantages(trajectories, mode=config.advantage_mode, weight=config.step_weight,
+                                             discount=config.discount).metrics()
         datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
         kl_metrics: dict[str, float] = {}
@@ -187,6 +196,6 @@ class Trainer:
         batches.weights_updated(step)  # saving the new weights overlaps with the bookkeeping
         # The micro-batches recorded are the forward_backward calls sent (manual accumulation only).
         micro_batches = (update.sent if update is not None else []) if self.micro_batcher is not None else None
-        return StepRecord(step, batch, groups, datums, dropped, micro_batches, kl_metrics, update,
+        return StepRecord(step, batch, groups, datums, dropped, micro_batches, kl_metrics, credit, update,
                           waited_seconds=waited, train_seconds=time.perf_counter() - train_started,
                           step_seconds=time.perf_counter() - started)

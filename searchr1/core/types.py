@@ -156,6 +156,7 @@ class Turn:
     calls: list[CallRecord] = field(default_factory=list)
     reward: float | None = None    # a reward earned by this turn alone (None: only the trajectory's)
     advantage: float = 0.0         # what its completion tokens carry (set with the trajectory's)
+    step_group: int = 0            # turns in its GiGPO step group (0: no step credit was given)
 
 
 @dataclass

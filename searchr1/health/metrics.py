@@ -31,6 +31,7 @@ def step_metrics(record: StepRecord, config: TrainConfig) -> dict[str, float]:
     metrics["train/datums_dropped_out_of_vocab"] = float(record.dropped_out_of_vocab)
     metrics.update(record.batch.metrics)
     metrics.update(record.kl_metrics)
+    metrics.update(record.credit_metrics)
     if config.dynamic_sampling:
         metrics["train/groups_trained"] = record.batch.metrics["dynamic/groups_kept"]
     update = record.update

@@ -7,7 +7,8 @@ Each line is :func:`searchr1.evaluation.metrics.trajectory_record` (every turn's
 and observation, reward, EM, format, termination) plus what only training has: ``step``,
 ``question_index``, ``advantage`` (the trajectory's, group-relative), each turn's ``advantage``
 (what its tokens were trained with) and ``sampler`` (the weights that sampled it, in finished
-steps), and ``excluded`` (why the trajectory sent no datum, if it did not). The trainer calls::
+steps), with ``--credit gigpo`` its ``step_group`` (turns its step advantage was measured among)
+and with ``--step-reward`` its ``step_reward``, and ``excluded`` (why the trajectory sent no datum, if it did not). The trainer calls::
 
     records = [transcript_record(t, step) for t in select_transcripts(trajectories, count)]
     append_transcripts(run_dir, step, records)
@@ -87,10 +88,15 @@ def select_transcripts(
 
 def transcript_record(trajectory: Trajectory, step: int) -> dict[str, Any]:
     """The eval record of a trajectory plus the training-only fields: each turn's advantage (what
-    its tokens were trained with) and the weights that sampled it."""
+    its tokens were trained with), the weights that sampled it, and with step credit its step
+    group's size and its step reward."""
     record = trajectory_record(trajectory)
     for fields, turn in zip(record["turns"], trajectory.turns, strict=True):
         fields.update(advantage=float(turn.advantage), sampler=turn.sampler)
+        if turn.step_group:  # --credit gigpo: the turns its advantage was measured among
+            fields.update(step_group=turn.step_group)
+        if turn.reward is not None:  # --step-reward: what the turn earned on its own
+            fields.update(step_reward=float(turn.reward))
     return {
         **record,
         "step": int(step),
