@@ -233,6 +233,7 @@ def test_each_request_is_one_access_line_holding_neither_body_nor_header_nor_key
     assert KEY not in everything and "body text" not in everything and "Bearer" not in everything
 
 
+@pytest.mark.slow  # 16 agent runs through the chat server (about a second)
 def test_a_question_without_tools_is_answered_by_the_agent_without_call_markup(client):
     """A plain chat (no tools, no agent field) asking a question gets the agent's answer: the
     server ran the calls the model wrote (its turns are attached), and the content holds no call
@@ -297,6 +298,7 @@ def test_a_turn_without_tools_stops_where_a_call_would_begin_and_never_shows_one
     assert with_tools.choices[0].finish_reason == "tool_calls" and "<tool_call>" not in sampler.stops[3]
 
 
+@pytest.mark.slow  # three servers started and stopped, one waits out a timeout (about a second)
 def test_a_turn_samples_with_the_rollouts_timeout_and_retries(tokenizer):
     messages, plain = [{"role": "user", "content": "hi"}], {"agent": False}
     with chat_with(tokenizer, ScriptedSampler("Hello.", failures=2), sample_retries=2) as running:
