@@ -26,6 +26,10 @@ Requests are untrusted (the server may listen on 0.0.0.0), so every resource is 
   keep-alive connection is closed after :data:`KEEP_ALIVE_TIMEOUT` seconds;
 * a body nested too deeply for the JSON decoder, or holding a number too long to convert, is a
   400 like any other body that is not JSON.
+
+Given an ``api_key``, every request but ``GET /healthz`` must send ``Authorization: Bearer <key>``
+(:class:`~searchr1.runtime.api_key.ApiKeyGuard`: 401 in OpenAI's error shape otherwise, before the
+body is read).
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ from typing import Any
 
 from searchr1.bm25.batcher import QueryBatcher
 from searchr1.bm25.index import BM25Index
+from searchr1.runtime.api_key import ApiKeyGuard
 from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, RequestError,
                                           RunningServer,
                                           bounded_protocol, decode_body, listening_socket, read_capped_body, refused,
                                           run_in_thread, shown)
+from searchr1.search.secrets import Secret
 
 MAX_BODY_BYTES = 1 << 20
 MAX_QUERIES = 1024
@@ -107,8 +113,9 @@ def parse_page_request(body: bytes) -> tuple[str, int, int]:
 
 
 def make_app(index: BM25Index, batcher: QueryBatcher | None = None, *,
-             max_concurrent_bodies: int = MAX_CONCURRENT_BODIES) -> Any:
+             max_concurrent_bodies: int = MAX_CONCURRENT_BODIES, api_key: Secret | None = None) -> Any:
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
@@ -162,17 +169,18 @@ def make_app(index: BM25Index, batcher: QueryBatcher | None = None, *,
     app = Starlette(routes=[Route("/retrieve", retrieve, methods=["POST"]),
                             Route("/page", page, methods=["POST"]),
                             Route("/healthz", health, methods=["GET"])],
-                    lifespan=lifespan)
+                    lifespan=lifespan, middleware=[Middleware(ApiKeyGuard, key=api_key)] if api_key is not None else [])
     app.state.batcher = batcher
     return app
 
 
 def make_server(index: BM25Index, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
                 request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                max_concurrent_bodies: int = MAX_CONCURRENT_BODIES) -> Any:
+                max_concurrent_bodies: int = MAX_CONCURRENT_BODIES, api_key: Secret | None = None) -> Any:
     import uvicorn
 
-    config = uvicorn.Config(make_app(index, max_concurrent_bodies=max_concurrent_bodies), host=host, port=port,
+    app = make_app(index, max_concurrent_bodies=max_concurrent_bodies, api_key=api_key)
+    config = uvicorn.Config(app, host=host, port=port,
                             log_level=log_level, access_log=False, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             lifespan="on", http=bounded_protocol(request_timeout), limit_concurrency=max_connections)
     return uvicorn.Server(config)
@@ -180,7 +188,8 @@ def make_server(index: BM25Index, *, host: str = "127.0.0.1", port: int = 8000, 
 
 def start_in_thread(index: BM25Index, *, host: str = "127.0.0.1", port: int = 0, **bounds: Any) -> RunningServer:
     """Serve ``index`` on ``host:port`` (0: any free port) from a daemon thread; ``bounds`` are
-    :func:`make_server`'s (``request_timeout``, ``max_connections``, ``max_concurrent_bodies``).
+    :func:`make_server`'s (``request_timeout``, ``max_connections``, ``max_concurrent_bodies``,
+    ``api_key``).
     The running server's ``url`` is its ``/retrieve``."""
     sock = listening_socket(host, port)
     server = make_server(index, host=host, port=sock.getsockname()[1], **bounds)

@@ -53,13 +53,13 @@ def offline_fault_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]
              "collapse guard. train records it in config.json and --resume keeps it; none clears it.")
 
 
-def rollout_options(*, group_size: int = 8, temperature: float = 1.0,
-                    helps: dict[str, str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def rollout_options(*, group_size: int = 8, temperature: float = 1.0, helps: dict[str, str] | None = None,
+                    exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Budgets and sampling flags, made from :class:`RolloutConfig`'s declarations (the seed's
-    names and defaults; a command may start from others, e.g. eval's greedy sampling, and say
-    more about a flag in ``helps``)."""
+    names and defaults; a command may start from others, e.g. eval's greedy sampling, say more
+    about a flag in ``helps``, and leave out, in ``exclude``, the settings it fixes itself)."""
     declared = setting_options(RolloutConfig, defaults={"group_size": group_size, "temperature": temperature},
-                               helps=helps, section="rollout")
+                               helps=helps, section="rollout", exclude=exclude)
     system_prompt_file = click.option(
         "--system-prompt-file", cls=SectionOption, section="rollout", on_resume=OnResume.FIXED,
         recorded_as="system_prompt",
@@ -86,11 +86,12 @@ def read_system_prompt(path: Path | None) -> str | None:
     return text
 
 
-def rollout_config_from(kwargs: dict[str, Any], *, seed: int) -> RolloutConfig:
-    """Pop the rollout flags out of a command's kwargs into a :class:`RolloutConfig`."""
-    values = take_settings(RolloutConfig, kwargs)
+def rollout_config_from(kwargs: dict[str, Any], *, seed: int, **fixed: Any) -> RolloutConfig:
+    """Pop the rollout flags out of a command's kwargs into a :class:`RolloutConfig`; ``fixed``
+    holds the settings the command left out of its flags (``rollout_options(exclude=...)``)."""
+    values = take_settings(RolloutConfig, kwargs, exclude=tuple(fixed))
     values["system_prompt"] = read_system_prompt(kwargs.pop("system_prompt_file"))
-    return RolloutConfig(seed=seed, **values)
+    return RolloutConfig(seed=seed, **values, **fixed)
 
 
 def check_offline_group_size(policy: str | None, group_size: int) -> None:

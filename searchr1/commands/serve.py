@@ -11,6 +11,8 @@ from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.options import (connect_timeout_option, rollout_config_from, rollout_options, run_guarded,
                                        sigterm_exits)
 from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.commands.server_access import server_access_options, server_key
+from searchr1.commands.settings_options import given_params
 from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
 
 
@@ -28,10 +30,11 @@ from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
               help="With --offline: the policy the twin serves.")
 @click.option("--base-model", cls=SectionOption, section="run", default="Qwen/Qwen3.5-4B")
 @click.option("--host", cls=SectionOption, section="run", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0 to serve other machines).")
+              help="Address to listen on (0.0.0.0 to serve other machines; then --api-key).")
 @click.option("--port", cls=SectionOption, section="run", type=click.IntRange(0, 65535), default=8000,
               show_default=True, help="Port to listen on (0: any free port, printed).")
-@rollout_options(group_size=1, temperature=0.0)
+@server_access_options(section="run")
+@rollout_options(temperature=0.0, exclude=("group_size",))  # one trajectory per request
 @click.option("--seed", cls=SectionOption, section="run", type=int, default=42, help="Sampling seed.")
 @connect_timeout_option()
 @search_options(default_backend="deepseek")
@@ -39,9 +42,11 @@ def serve(search: SearchOptions, **kwargs: Any) -> None:
     """Serve a trained agent on an OpenAI-compatible /v1/chat/completions.
 
     A client that sends its own `tools` gets the model's calls back as OpenAI tool_calls and
-    sends tool messages back; with "agent": true (extra_body in the openai client) the server
-    searches itself and answers with the final reply, its turns attached. "stream": true streams
-    chunks as OpenAI does. Rollout and search flags set what agent mode uses. Ctrl-C stops it.
+    sends tool messages back. A question without tools (or with "agent": true, extra_body in the
+    openai client) is answered by the agent: the server searches itself and answers with the
+    final reply, its turns attached. Any other conversation without tools gets one turn, never
+    tool-call markup. "stream": true streams chunks as OpenAI does. Rollout and search flags set
+    what agent mode uses. A --host other machines reach needs --api-key. Ctrl-C stops it.
 
     \b
     %(prog)s serve --offline --checkpoint runs/<run-name>
@@ -57,22 +62,26 @@ def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     from searchr1.runtime.services import (check_base_model, check_search_setup, check_tool_setup, live_service,
                                            load_tokenizer, offline_scenario, offline_service, search_backend,
                                            tool_backends)
+    from searchr1.runtime.api_key import is_loopback
+    from searchr1.serve.access_log import print_to_stderr
     from searchr1.serve.app import make_server
     from searchr1.serve.model import ChatModel
     from searchr1.twin.policies import offline_policy_label
 
+    named = given_params(click.get_current_context())
+    host, port = kwargs.pop("host"), kwargs.pop("port")
+    api_key = server_key(host, kwargs)  # who may call it: refused before anything is read or started
     checkpoint, offline = kwargs.pop("checkpoint"), kwargs.pop("offline")
     offline_home, policy = kwargs.pop("offline_home"), kwargs.pop("offline_policy")
     base_model, connect_timeout = kwargs.pop("base_model"), kwargs.pop("connect_timeout")
-    host, port = kwargs.pop("host"), kwargs.pop("port")
-    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
-    if rollout.group_size != 1:
-        raise click.BadParameter("serve answers one trajectory per request", param_hint="--group-size")
+    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"), group_size=1)
     model_path: str | None = None
     if checkpoint is not None and not checkpoint.startswith("trio://"):
         if offline_home is not None:
             raise click.UsageError("--offline-home is for a checkpoint path; a run directory names its own twin")
         found = checkpoint_of(Path(checkpoint))
+        refuse_overridden({"--base-model": (base_model, found.base_model), "--offline": (offline, found.offline),
+                           "--offline-policy": (policy, found.offline_policy or policy)}, named, checkpoint)
         offline, base_model, model_path = found.offline, found.base_model, found.weights_path
         offline_home, policy = found.offline_home, found.offline_policy or policy
     elif checkpoint is not None:
@@ -82,6 +91,8 @@ def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
                                    "the run directory")
     if offline_home is not None and not offline:
         raise click.UsageError("--offline-home only applies with --offline")
+    if "offline_policy" in named and not offline:
+        raise click.UsageError("--offline-policy only applies with --offline")
     check_base_model(base_model)
     check_search_setup(search, offline=offline)
     check_tool_setup(rollout.tools, search)
@@ -106,6 +117,21 @@ def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
                           tools=tool_backends(rollout.tools, backend), name=model_path or base_model, policy=who,
                           check_question=(lambda question: check_offline_question(question, policy)) if offline
                           else None)
+        access = "callers send the API key" if api_key is not None else (
+            "anyone on this machine may call it" if is_loopback(host) else "ANYONE who reaches the port may call it")
         click.echo(f"serving {who} on http://{host}:{port}/v1/chat/completions (OpenAI-compatible; agent mode "
-                   f"searches with {search.backend}; Ctrl-C stops)", err=True)
-        make_server(model, host=host, port=port).run(sockets=[sock])  # its shutdown closes the search backend
+                   f"searches with {search.backend}; {access}; Ctrl-C stops)", err=True)
+        print_to_stderr()  # one line per request
+        make_server(model, host=host, port=port, api_key=api_key).run(sockets=[sock])  # its shutdown closes search
+
+
+def refuse_overridden(given: dict[str, tuple[object, object]], named: set[str], run_dir: str) -> None:
+    """A flag the user set (its parameter in ``named``) to another value than the run directory
+    records (``given``: flag -> (as given, as recorded)) is a one-line usage error: the run's
+    value would win."""
+    for flag, (value, recorded) in given.items():
+        name = flag.removeprefix("--").replace("-", "_")
+        if name in named and value != recorded:
+            shown = flag if isinstance(value, bool) else f"{flag} {value}"
+            raise click.UsageError(f"{shown} contradicts {run_dir}, which records {name} = {recorded}; a run's "
+                                   f"checkpoint is served as it was trained: drop {flag}")

@@ -8,7 +8,8 @@ and observation, reward, EM, format, termination) plus what only training has: `
 ``question_index``, ``advantage`` (the trajectory's, group-relative), each turn's ``advantage``
 (what its tokens were trained with) and ``sampler`` (the weights that sampled it, in finished
 steps), with ``--credit gigpo`` its ``step_group`` (turns its step advantage was measured among)
-and with ``--step-reward`` its ``step_reward``, and ``excluded`` (why the trajectory sent no datum, if it did not). The trainer calls::
+and with ``--step-reward`` its ``step_reward``, and ``excluded`` (why the trajectory sent no datum,
+if it did not). The trainer calls::
 
     records = [transcript_record(t, step) for t in select_transcripts(trajectories, count)]
     append_transcripts(run_dir, step, records)

@@ -15,12 +15,13 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from searchr1.search import deepseek, wikipedia, zhihu
+from searchr1.search import deepseek, retriever, wikipedia, zhihu
 from searchr1.search.base import HttpSearchBackend
 from searchr1.search.deepseek import DeepSeekSearchBackend
 from searchr1.search.env import coerce_keys, lookup, require_keys
 from searchr1.search.local import INDEX_ENV, LocalSearchBackend
 from searchr1.search.retriever import RetrieverSearchBackend
+from searchr1.search.secrets import Secret
 from searchr1.search.wikipedia import WikipediaSearchBackend
 from searchr1.search.zhihu import ZhihuSearchBackend
 from searchr1.runtime import invocation
@@ -77,7 +78,8 @@ def create_search_backend(
     (a :class:`~searchr1.search.cache.QueryCache`), ``clock``, ``transport``/``client``,
     ``max_retries``, ``total_timeout``, ``deadline``; backend ones e.g. ``model``/``tool_type`` (deepseek),
     ``contact``/``api_url``/``rate_limit_per_minute`` (wikipedia), ``keys`` (zhihu),
-    ``api_key`` (deepseek), ``url`` (retriever), ``index``/``topk`` (local)."""
+    ``api_key`` (deepseek; retriever: optional, else ``$SEARCHR1_RETRIEVER_API_KEY``), ``url`` (retriever),
+    ``index``/``topk`` (local)."""
     cls = BACKENDS[check_backend_name(name)]
     accepted = _accepted_options(cls)
     unknown = sorted(set(options) - accepted)
@@ -102,11 +104,15 @@ def create_search_backend(
         )
     elif name == "wikipedia" and options.get("contact") is None:
         options["contact"] = lookup((wikipedia.CONTACT_ENV,), env_file=env_file)
-    elif name == "retriever" and options.get("url") is None:
-        options.pop("url", None)
-        url = lookup((RETRIEVER_URL_ENV,), env_file=env_file)
-        if url:
-            options["url"] = url
+    elif name == "retriever":
+        if options.get("url") is None:
+            options.pop("url", None)
+            url = lookup((RETRIEVER_URL_ENV,), env_file=env_file)
+            if url:
+                options["url"] = url
+        if options.get("api_key") is None:
+            key = lookup((retriever.KEY_ENV,), env_file=env_file)
+            options["api_key"] = Secret(key) if key else None
     elif name == "local" and options.get("index") is None:
         options.pop("index", None)
         directory = lookup((INDEX_ENV,), env_file=env_file)

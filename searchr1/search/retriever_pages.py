@@ -34,7 +34,8 @@ from searchr1.runtime import invocation
 from searchr1.search.base import (CallContext, HttpSearchBackend, Outcome, PayloadError, SearchRefusedError,
                                   check_url, http_status_outcome, read_json, truncate)
 from searchr1.search.pages import PAGE_WINDOW, page_name, page_offset
-from searchr1.search.retriever import DEFAULT_SOURCE, DEFAULT_URL, RetrieverSearchBackend
+from searchr1.search.retriever import (DEFAULT_SOURCE, DEFAULT_URL, REFUSED_STATUSES, RetrieverRefusedError,
+                                       RetrieverSearchBackend, key_headers)
 from searchr1.search.secrets import Secret, redact_url, url_secrets
 from searchr1.search.stats import RecentSearchStats
 
@@ -93,6 +94,7 @@ class RetrieverPageBackend(HttpSearchBackend):
         url: str = DEFAULT_URL,
         source: str = DEFAULT_SOURCE,
         window: int = PAGE_WINDOW,
+        api_key: Secret | None = None,
         concurrency: int = 32,
         timeout: float = 30.0,
         **kwargs: Any,
@@ -104,12 +106,14 @@ class RetrieverPageBackend(HttpSearchBackend):
         self.url = check_url(page_url(check_url(url, "retriever url")), "retriever page url")
         self.source = source
         self.window = window
+        self.api_key = api_key
 
     @classmethod
     def beside(cls, search: RetrieverSearchBackend, **options: Any) -> RetrieverPageBackend:
         """A page backend at the ``/page`` beside ``search``'s ``/retrieve``, sharing its HTTP
-        client, clock, backoff and retry settings (its client stays ``search``'s to close)."""
-        return cls(url=search.url, source=search.source, client=search._client, clock=search.clock,
+        client, key, clock, backoff and retry settings (its client stays ``search``'s to close)."""
+        return cls(url=search.url, source=search.source, api_key=search.api_key, client=search._client,
+                   clock=search.clock,
                    backoff=search.backoff, max_retries=search.max_retries, timeout=search.timeout,
                    total_timeout=search.total_timeout, max_retry_after=search.max_retry_after,
                    concurrency=search.concurrency, remember=search.remember, **options)
@@ -118,7 +122,7 @@ class RetrieverPageBackend(HttpSearchBackend):
         return {"url": redact_url(self.url), "window": self.window}
 
     def secrets(self) -> tuple[Secret, ...]:
-        return url_secrets(self.url)
+        return (*url_secrets(self.url), *((self.api_key,) if self.api_key else ()))
 
     async def call(self, call: ToolCall) -> SearchResult:
         name = page_name(str(call.arguments["page"]))
@@ -130,7 +134,9 @@ class RetrieverPageBackend(HttpSearchBackend):
     async def _attempt(self, ctx: CallContext) -> Outcome:
         name, offset = json.loads(ctx.query)
         body = {"page": name, "offset": offset, "window": self.window}
-        async with self._client.stream("POST", self.url, json=body, headers={"Accept": "application/json"}) as response:
+        async with self._client.stream("POST", self.url, json=body, headers=key_headers(self.api_key)) as response:
+            if response.status_code in REFUSED_STATUSES:
+                raise RetrieverRefusedError(self.url, response.status_code, key_sent=self.api_key is not None)
             if response.status_code in NO_PAGES_STATUSES:
                 raise RetrieverServesNoPagesError(self.url, response.status_code)
             status = http_status_outcome(response)

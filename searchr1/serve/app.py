@@ -7,7 +7,9 @@ a few bodies are read and :data:`~searchr1.serve.model.MAX_CONCURRENT_COMPLETION
 sampled at once, and connections beyond ``max_connections`` get 503. A request this server
 cannot honour is a 4xx in OpenAI's error shape (``{"error": {"message", "type", "param"}}``)
 naming the field; a failure of the sampler or the search service is a 502 saying which, never
-a 500.
+a 500. Given an ``api_key``, every request but ``GET /healthz`` must send it
+(:class:`~searchr1.runtime.api_key.ApiKeyGuard`: 401 otherwise). Each request is one line on the
+``searchr1.serve.access`` logger (:mod:`~searchr1.serve.access_log`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from searchr1.runtime.api_key import ApiKeyGuard
 from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, RequestError, RunningServer,
                                           bounded_protocol, decode_body, listening_socket, read_capped_body,
                                           run_in_thread)
+from searchr1.search.secrets import Secret
+from searchr1.serve.access_log import AccessLog
 from searchr1.serve.chat_api import MAX_BODY_BYTES, ChatRequest, FieldError, Reply, chunks, completion, \
     parse_chat_request, sse
 from searchr1.serve.model import ChatModel
@@ -38,8 +43,10 @@ def error_response(status: int, message: str, param: str | None = None) -> Any:
                         status_code=status, headers={"connection": "close"} if status < 500 else None)
 
 
-def make_app(model: ChatModel, *, max_concurrent_bodies: int = MAX_CONCURRENT_BODIES) -> Any:
+def make_app(model: ChatModel, *, max_concurrent_bodies: int = MAX_CONCURRENT_BODIES,
+             api_key: Secret | None = None) -> Any:
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
@@ -98,18 +105,22 @@ def make_app(model: ChatModel, *, max_concurrent_bodies: int = MAX_CONCURRENT_BO
         if closing is not None:
             await closing()
 
+    guard = [Middleware(ApiKeyGuard, key=api_key)] if api_key is not None else []
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                              Route("/v1/models", models, methods=["GET"]),
-                             Route("/healthz", health, methods=["GET"])], lifespan=lifespan)
+                             Route("/healthz", health, methods=["GET"])], lifespan=lifespan,
+                     middleware=[Middleware(AccessLog, secrets=(api_key,) if api_key else ()), *guard])
 
 
 def make_server(model: ChatModel, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
                 request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                max_concurrent_bodies: int = MAX_CONCURRENT_BODIES) -> Any:
+                max_concurrent_bodies: int = MAX_CONCURRENT_BODIES, api_key: Secret | None = None) -> Any:
     import uvicorn
 
-    config = uvicorn.Config(make_app(model, max_concurrent_bodies=max_concurrent_bodies), host=host, port=port,
-                            log_level=log_level, access_log=False, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
+    app = make_app(model, max_concurrent_bodies=max_concurrent_bodies, api_key=api_key)
+    config = uvicorn.Config(app, host=host, port=port,
+                            log_level=log_level, access_log=False,  # AccessLog writes ours
+                            timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             lifespan="on", http=bounded_protocol(request_timeout), limit_concurrency=max_connections,
                             loop="asyncio")
     return uvicorn.Server(config)

@@ -7,7 +7,11 @@ string on the wire, becomes the mapping the template renders), the client's ``to
 client's own schemas, with the same parser the rollout uses), and the sampling fields. Anything
 this server cannot honour is a :class:`FieldError` naming the field (``messages[2].role``), never
 a guess. One extension: ``"agent": true`` asks the server to run its own declared tools and
-answer with the final reply, the turns attached.
+answer with the final reply, the turns attached. A request that leaves ``agent`` out is an agent
+request when it is a question (system and user messages only) and declares no tools: the served
+model is a search agent, and a client that does not run its tools gets its answer the way an
+OpenAI model that searches on its own gives one. A turn sampled for a request without tools
+never carries tool-call markup (:func:`without_call_markup`).
 
 An answer is written as OpenAI writes it: a ``chat.completion`` with one choice whose message has
 ``content`` and, when the model called tools, ``tool_calls`` (``id``, ``type: "function"``,
@@ -39,6 +43,9 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 FIELDS = ("model", "messages", "tools", "tool_choice", "stream", "stream_options", "agent", "max_tokens",
           "max_completion_tokens", "temperature", "top_p", "seed", "n", "parallel_tool_calls", "user")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# What the Qwen3.5 chat template writes around a call; a turn for a request without tools ends before any of it.
+CALL_MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
+QUESTION_ROLES = ("system", "user")  # the messages of an agent request
 
 
 class FieldError(RequestError):
@@ -102,12 +109,16 @@ def parse_chat_request(payload: object) -> ChatRequest:
     tool_choice = payload.get("tool_choice", "auto")
     if tool_choice not in ("auto", "none"):
         raise FieldError("tool_choice", f"only 'auto' and 'none' are served, got {shown(tool_choice)}")
-    agent = _flag(payload, "agent")
     tools = () if tool_choice == "none" else parse_tools(payload.get("tools", []))
+    messages = parse_messages(payload.get("messages"))
+    is_question = all(m["role"] in QUESTION_ROLES for m in messages)
+    if payload.get("agent") is None:  # left out: a question without tools is the agent's
+        agent = is_question and not tools and tool_choice == "auto"
+    else:
+        agent = _flag(payload, "agent")
     if agent and tools:
         raise FieldError("tools", "an agent request runs the server's own tools; send no tools with agent: true")
-    messages = parse_messages(payload.get("messages"))
-    if agent and any(m["role"] in ("assistant", "tool") for m in messages):
+    if agent and not is_question:
         raise FieldError("messages", "an agent request is a question: system and user messages only")
     limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
     name = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
@@ -246,12 +257,22 @@ def parse_tools(value: object) -> tuple[ToolSpec, ...]:
 # --------------------------------------------------------------------------- writing an answer
 
 
+def without_call_markup(text: str) -> str:
+    """``text`` up to the first piece of tool-call markup (:data:`CALL_MARKUP`), trailing space
+    removed; ``text`` itself when it holds none."""
+    cut = min((text.find(tag) for tag in CALL_MARKUP if tag in text), default=-1)
+    return text if cut < 0 else text[:cut].rstrip()
+
+
 def read_reply(text: str, tools: Sequence[ToolSpec]) -> tuple[str | None, tuple[ToolCall, ...]]:
     """``(content, tool_calls)`` of a sampled turn: the calls it makes of ``tools``, and the text
-    before them. A turn whose calls the tools do not accept (an undeclared function, a bad
-    argument) is returned as text, as it was written."""
+    before them. With tools, a turn whose calls the tools do not accept (an undeclared function,
+    a bad argument) is returned as text, as it was written; without tools, the text before any
+    call markup is the content (a client that declared no tools is never shown a call)."""
     body = without_stop_strings(text)
-    parsed = parse_tool_calls(body, tools) if tools else None
+    if not tools:
+        return without_call_markup(body), ()
+    parsed = parse_tool_calls(body, tools)
     if parsed is None or not parsed[1] or not all(isinstance(call, ToolCall) for call in parsed[1]):
         return body, ()
     before, calls = parsed

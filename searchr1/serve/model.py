@@ -3,8 +3,10 @@
 :class:`ChatModel` holds what ``serve`` started: a ``pytrio.SamplingClient`` (a trained run's
 weights, live or on the offline twin), the tokenizer, the rollout settings, and the search and
 tool backends. :meth:`ChatModel.turn` renders the client's messages and tools with the official
-Qwen3.5 chat template (thinking off, as in training), samples one assistant turn and reads its
-calls against the client's schemas. :meth:`ChatModel.agent` runs the training engine's rollout
+Qwen3.5 chat template (thinking off, as in training), samples one assistant turn (with the
+rollout's ``sample_timeout`` and ``sample_retries``) and reads its calls against the client's
+schemas; for a request without tools, sampling stops where a call would begin and the reply holds
+the text before it. :meth:`ChatModel.agent` runs the training engine's rollout
 (:func:`~searchr1.core.rollout.rollout_batch_async`, one trajectory) with the server's declared
 tools, and answers with the final reply and every turn.
 """
@@ -17,10 +19,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from searchr1.core.protocol import stop_sequences
-from searchr1.core.rollout import RolloutConfig, read_sequence, rollout_batch_async
+from searchr1.core.rollout import RolloutConfig, is_retryable, read_sequence, rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.core.types import SearchExample, Trajectory
-from searchr1.serve.chat_api import ChatRequest, Reply, read_reply
+from searchr1.serve.chat_api import CALL_MARKUP, ChatRequest, Reply, read_reply, without_call_markup
 
 MAX_CONCURRENT_COMPLETIONS = 16  # completions sampled at once; later requests wait their turn
 
@@ -60,19 +62,34 @@ class ChatModel:
         import pytrio as trio
 
         prompt = self.prompt_tokens(request)
+        stop = stop_sequences(self.tokenizer) + ([] if request.tools else [CALL_MARKUP[0]])
         params = trio.SamplingParams(
             max_tokens=request.max_tokens or self.rollout.max_assistant_tokens,
             seed=self.rollout.seed if request.seed is None else request.seed,
-            stop=stop_sequences(self.tokenizer) or None,
+            stop=stop or None,
             temperature=self.rollout.temperature if request.temperature is None else request.temperature,
             top_p=self.rollout.top_p if request.top_p is None else request.top_p)
         async with self.slots:
-            response = await self.sampler.sample_async(prompt=trio.ModelInput.from_ints(prompt), num_samples=1,
-                                                       sampling_params=params, return_text=True)
+            response = await self.sample(trio.ModelInput.from_ints(prompt), params)
         tokens, _, text, stop_reason = read_sequence(response.sequences[0], self.tokenizer)
         content, calls = read_reply(text, request.tools)
         finish = "tool_calls" if calls else "length" if stop_reason == "length" else "stop"
         return Reply(content, calls, finish, len(prompt), len(tokens), {"policy": self.policy})
+
+    async def sample(self, prompt: Any, params: Any) -> Any:
+        """One sample of ``prompt``, abandoned after the rollout's ``sample_timeout`` and tried
+        again ``sample_retries`` times on a retryable failure, as the rollout samples."""
+        attempt = 0
+        while True:
+            try:
+                async with asyncio.timeout(self.rollout.sample_timeout):
+                    return await self.sampler.sample_async(prompt=prompt, num_samples=1, sampling_params=params,
+                                                           return_text=True)
+            except Exception as error:  # noqa: BLE001 - retried or raised, never swallowed
+                if attempt >= self.rollout.sample_retries or not is_retryable(error):
+                    raise
+                attempt += 1
+                await asyncio.sleep(self.rollout.sample_retry_backoff * 2 ** (attempt - 1))
 
     async def agent(self, request: ChatRequest) -> Reply:
         """The agent's final reply to the request's question, its turns attached."""
@@ -90,11 +107,12 @@ class ChatModel:
 
 
 def agent_reply(trajectory: Trajectory, policy: str) -> Reply:
-    """A finished trajectory as an answer: its last assistant text, every message after the
-    system prompt as ``turns``, and how it ended."""
+    """A finished trajectory as an answer: its last assistant text (without the call markup of a
+    trajectory that ended on a call: a refused one, or one past its budget), every message after
+    the system prompt as ``turns``, and how it ended."""
     prompt = sum(len(turn.prompt_tokens) for turn in trajectory.turns[:1])
     completion = sum(len(turn.completion_tokens) for turn in trajectory.turns)
     turns = [message for message in trajectory.messages if message.get("role") != "system"]
-    return Reply(trajectory.final_text or "", (), "stop", prompt, completion,
+    return Reply(without_call_markup(trajectory.final_text or ""), (), "stop", prompt, completion,
                  {"policy": policy, "turns": turns, "termination": str(trajectory.termination),
                   "tool_calls_made": len(trajectory.calls)})

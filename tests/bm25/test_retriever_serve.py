@@ -1,4 +1,5 @@
-"""`retriever serve`: the official /retrieve API over a local index, on loopback."""
+"""`retriever serve`: the official /retrieve API over a local index, on loopback; started with a
+key, it answers only clients that send it, ours reading it from $SEARCHR1_RETRIEVER_API_KEY."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from hypothesis import strategies as st
 from searchr1.bm25.corpus import passage_row
 from searchr1.bm25.index import BM25Index, build_index
 from searchr1.bm25.server import RequestError, parse_request, start_in_thread
+from searchr1.core.tools import ToolCall
 from searchr1.search.factory import create_search_backend
+from searchr1.search.retriever import KEY_ENV, RetrieverRefusedError
+from searchr1.search.retriever_pages import RetrieverPageBackend
+from searchr1.search.secrets import Secret
 
 TOPICS = ["Hamlet", "Paris", "Danube", "Mona Lisa", "Everest", "Amazon", "Sahara", "Nile", "Tokyo", "Sydney",
           "Jupiter", "Mozart"]
@@ -100,3 +105,54 @@ def test_any_json_body_is_accepted_or_refused_with_a_4xx_never_an_exception(payl
         assert 400 <= error.status < 500 and str(error)
     else:
         assert queries and all(isinstance(q, str) for q in queries) and 1 <= topk <= 100 and isinstance(scores, bool)
+
+
+KEY = "retriever-test-key-5fQ9wZ2c"
+
+
+@pytest.fixture(scope="module")
+def keyed(served):
+    _, index = served
+    with start_in_thread(index, api_key=Secret(KEY)) as server:
+        yield server
+
+
+def test_a_server_with_a_key_answers_only_requests_that_send_it(keyed):
+    bare = httpx.post(keyed.url, json={"queries": ["Nile"]})
+    assert bare.status_code == 401 and bare.json()["error"]["code"] == "invalid_api_key"
+    wrong = httpx.post(keyed.url, json={"queries": ["Nile"]}, headers={"authorization": f"Bearer x{KEY}"})
+    assert wrong.status_code == 401 and KEY not in wrong.text
+    right = httpx.post(keyed.url, json={"queries": ["Nile"]}, headers={"authorization": f"Bearer {KEY}"})
+    assert right.status_code == 200 and right.json()["result"][0][0]["id"] == "d7"
+    assert httpx.get(keyed.url.replace("/retrieve", "/healthz")).json()["status"] == "ok"
+
+
+async def test_our_backend_sends_the_key_from_the_environment_and_stops_in_one_line_without_it(
+        keyed, served, monkeypatch, tmp_path):
+    """With $SEARCHR1_RETRIEVER_API_KEY set, search and open_page read the keyed server as the
+    open one; without it, or with another key, the first call stops the run with one line naming
+    the variable and never the key."""
+    open_server, _ = served
+    no_env_file = tmp_path / "absent.env"
+    monkeypatch.setenv(KEY_ENV, KEY)
+    async with create_search_backend("retriever", url=keyed.url, env_file=no_env_file) as remote, \
+            create_search_backend("retriever", url=open_server.url, env_file=no_env_file) as reference:
+        assert KEY not in repr(remote)
+        for topic in TOPICS[:4]:
+            assert (await remote.search(topic)).items == (await reference.search(topic)).items
+        pages = RetrieverPageBackend.beside(remote)
+        page = await pages.call(ToolCall("open_page", {"page": "Everest"}))
+        assert page.ok and page.items and page.items[0].title.startswith("Everest")
+    for key in (None, "other-key-0123456789"):
+        if key is None:
+            monkeypatch.delenv(KEY_ENV)
+        else:
+            monkeypatch.setenv(KEY_ENV, key)
+        async with create_search_backend("retriever", url=keyed.url, env_file=no_env_file, max_retries=0) as remote:
+            with pytest.raises(RetrieverRefusedError) as refused:
+                await remote.search("Nile")
+            with pytest.raises(RetrieverRefusedError):
+                await RetrieverPageBackend.beside(remote).call(ToolCall("open_page", {"page": "Nile"}))
+        message = str(refused.value)
+        assert "HTTP 401" in message and KEY_ENV in message and "\n" not in message
+        assert KEY not in message and (key is None or key not in message)

@@ -17,6 +17,7 @@ from searchr1.search.clock import RealClock
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.testing import mock_backend
 from searchr1.core.observation.text import format_observation
+from searchr1.search.retriever import RetrieverRefusedError
 from searchr1.search.wikipedia import WikipediaRefusedError
 
 BACKENDS = ["wikipedia", "zhihu", "deepseek", "retriever"]
@@ -342,7 +343,7 @@ content_types = st.sampled_from(["application/json", "text/html", "text/event-st
     content_type=content_types,
     retry_after=st.one_of(st.none(), st.sampled_from(["0", "1", "x", "-5", "1e9"])),
 )
-def test_search_never_raises_whatever_the_server_answers_but_a_wikimedia_refusal_stops(
+def test_search_never_raises_whatever_the_server_answers_but_a_refusal_of_the_client_stops(
     name, code, body, content_type, retry_after
 ):
     marker = b"BODYMARKER"
@@ -355,6 +356,10 @@ def test_search_never_raises_whatever_the_server_answers_but_a_wikimedia_refusal
 
     if name == "wikipedia" and code == 403:  # the run must stop: see WikipediaRefusedError
         with pytest.raises(WikipediaRefusedError):
+            search(mock_backend(name, handler, max_retries=1))
+        return
+    if name == "retriever" and code in (401, 403):  # the server takes a key we lack: RetrieverRefusedError
+        with pytest.raises(RetrieverRefusedError, match=f"HTTP {code}"):
             search(mock_backend(name, handler, max_retries=1))
         return
     result = search(mock_backend(name, handler, max_retries=1))

@@ -1,10 +1,13 @@
 """``serve`` as the official ``openai`` client sees it, against 127.0.0.1: tool calls come back
 as OpenAI tool_calls and tool messages go back in, agent mode answers with its turns, streaming
-follows the chunk format, and a bad request is a 4xx naming the field."""
+follows the chunk format, a bad request is a 4xx naming the field, and a server started with a
+key answers only the client that sends it."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import tempfile
 
 import httpx
@@ -15,6 +18,8 @@ from searchr1.core.rollout import RolloutConfig
 from searchr1.offline import load_source
 from searchr1.runtime.services import offline_scenario, offline_service, search_backend
 from searchr1.search.options import SearchOptions
+from searchr1.search.secrets import Secret
+from searchr1.serve.access_log import ACCESS_LOGGER
 from searchr1.serve.app import start_in_thread
 from searchr1.serve.model import ChatModel
 
@@ -23,6 +28,7 @@ SEARCH_TOOL = {"type": "function", "function": {
     "name": "search", "description": "Look up evidence on the web.",
     "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
 QUESTION = load_source()["train"][0]["question"]
+KEY = "serve-test-key-7Q2xV9pL4mK8"  # the served twin's key: every client of it sends this
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +42,13 @@ def served(tokenizer):
         model = ChatModel(sampler=sampler, tokenizer=tokenizer, rollout=RolloutConfig(group_size=1, temperature=0.0),
                           search=backend, tools={}, name=MODEL, policy="the offline twin learning policy (not the model)",
                           check_question=lambda question: check_offline_question(question, "learning"))
-        with start_in_thread(model) as running:
+        with start_in_thread(model, api_key=Secret(KEY)) as running:
             yield running.url
 
 
 @pytest.fixture
 def client(served):
-    return openai.OpenAI(base_url=served, api_key="not-needed", max_retries=0)
+    return openai.OpenAI(base_url=served, api_key=KEY, max_retries=0)
 
 
 def calling(client, **options):
@@ -128,10 +134,10 @@ def test_a_bad_request_is_a_4xx_naming_the_field(client, body, field):
 
 
 def test_a_body_that_is_not_json_or_too_large_is_a_4xx_not_a_500(served):
-    url = served + "/chat/completions"
-    assert httpx.post(url, content=b"{not json").status_code == 400
-    assert httpx.post(url, content=b"x" * (2 << 20)).status_code == 413
-    assert httpx.get(served + "/models").json()["data"][0]["id"] == MODEL
+    url, key = served + "/chat/completions", {"authorization": f"Bearer {KEY}"}
+    assert httpx.post(url, content=b"{not json", headers=key).status_code == 400
+    assert httpx.post(url, content=b"x" * (2 << 20), headers=key).status_code == 413
+    assert httpx.get(served + "/models", headers=key).json()["data"][0]["id"] == MODEL
 
 
 class FailingSampler:
@@ -140,12 +146,13 @@ class FailingSampler:
 
 
 def test_a_sampler_that_fails_is_a_502_saying_so_never_a_500(tokenizer):
-    model = ChatModel(sampler=FailingSampler(), tokenizer=tokenizer, rollout=RolloutConfig(group_size=1), search=None,
-                      tools={}, name=MODEL, policy="a failing sampler")
+    model = ChatModel(sampler=FailingSampler(), tokenizer=tokenizer, search=None, tools={}, name=MODEL,
+                      rollout=RolloutConfig(group_size=1, sample_retries=0), policy="a failing sampler")
     with start_in_thread(model) as running:
         client = openai.OpenAI(base_url=running.url, api_key="x", max_retries=0)
         with pytest.raises(openai.APIStatusError) as raised:
-            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                           extra_body={"agent": False})
     assert raised.value.status_code == 502
     assert raised.value.body["message"] == "the model could not answer: ConnectionError: sampler down"
 
@@ -160,7 +167,8 @@ def test_the_serve_command_answers_the_openai_client_and_says_where(tmp_path):
     scratch.mkdir()
     process = subprocess.Popen([sys.executable, "cli.py", "serve", "--offline", "--port", "0"],
                                cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch)})
+                               stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(scratch), "SEARCHR1_SERVE_API_KEY": KEY})
     try:
         line = ""
         while "serving" not in line:
@@ -168,12 +176,142 @@ def test_the_serve_command_answers_the_openai_client_and_says_where(tmp_path):
             assert line, "serve exited before it served"
         assert "(not the model)" in line
         url = line.split(" on ", 1)[1].split()[0].removesuffix("/chat/completions")
-        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        assert "callers send the API key" in line
+        client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
         reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
                                                extra_body={"agent": True})
         assert reply.choices[0].message.content and "twin" in reply.model_extra["policy"]
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="not-" + KEY, max_retries=0).models.list()
     finally:
         process.terminate()
-        process.wait(timeout=20)
+        _, rest = process.communicate(timeout=20)
+    lines = rest.splitlines()  # after "serving": one access line per request, in order, the key in none
+    assert [line.rsplit(" ", 2)[0] for line in lines if line.endswith(" ms")] == \
+        ["POST /v1/chat/completions 200", "GET /v1/models 401"]
+    assert KEY not in rest
     assert list(scratch.iterdir()) == []  # SIGTERM ends it as cleanly as Ctrl-C: its twin's home is gone
     assert process.returncode == 143
+
+
+def test_the_openai_client_is_answered_with_the_servers_key_and_refused_without_it(served):
+    """With the key the official client is answered; with any other it raises AuthenticationError
+    (401, OpenAI's error shape, code invalid_api_key), and the answer quotes neither key. Without
+    an Authorization header it is the same 401; GET /healthz needs no key."""
+    assert openai.OpenAI(base_url=served, api_key=KEY, max_retries=0).models.list().data[0].id == MODEL
+    for wrong in ("not-" + KEY, KEY[:-1], KEY + "x", KEY.lower()):
+        with pytest.raises(openai.AuthenticationError) as raised:
+            openai.OpenAI(base_url=served, api_key=wrong, max_retries=0).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": QUESTION}])
+        assert raised.value.status_code == 401 and raised.value.code == "invalid_api_key"
+        assert raised.value.body["type"] == "invalid_request_error" and raised.value.body["param"] is None
+        assert wrong not in json.dumps(raised.value.body) and KEY not in json.dumps(raised.value.body)
+    bare = httpx.post(served + "/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}]})
+    assert bare.status_code == 401 and bare.headers["www-authenticate"] == "Bearer"
+    assert bare.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(served.removesuffix("/v1") + "/healthz").json()["status"] == "ok"
+
+
+def test_each_request_is_one_access_line_holding_neither_body_nor_header_nor_key(tokenizer, caplog):
+    caplog.set_level(logging.DEBUG)
+    key = {"authorization": f"Bearer {KEY}"}
+    with chat_with(tokenizer, ScriptedSampler("Hello."), api_key=Secret(KEY)) as running:  # its own: no late lines
+        served, root = running.url, running.url.removesuffix("/v1")
+        requests = [("GET", served + "/models", key), ("POST", served + "/chat/completions", {}),
+                    ("GET", root + "/healthz", {}), ("GET", served + "/" + KEY, {}),
+                    ("POST", served + "/chat/completions", key)]
+        for method, url, headers in requests:
+            body = b'{"messages": "body text"}' if method == "POST" else None
+            httpx.request(method, url, headers=headers, content=body)
+        server = running.thread.ident  # its lines, all logged once it stopped; none of another test's server
+    lines = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER and r.thread == server]
+    assert sorted(line.rsplit(" ", 2)[0] for line in lines) == sorted([
+        "GET /v1/models 200", "POST /v1/chat/completions 401", "GET /healthz 200", "GET /v1/[redacted] 401",
+        "POST /v1/chat/completions 422"])
+    assert all(re.fullmatch(r"\S+ \S+ \d{3} \d+\.\d ms", line) for line in lines)
+    everything = "\n".join(record.getMessage() for record in caplog.records if record.name.startswith("searchr1"))
+    assert KEY not in everything and "body text" not in everything and "Bearer" not in everything
+
+
+@pytest.mark.slow  # 16 agent runs through the chat server (about a second)
+def test_a_question_without_tools_is_answered_by_the_agent_without_call_markup(client):
+    """A plain chat (no tools, no agent field) asking a question gets the agent's answer: the
+    server ran the calls the model wrote (its turns are attached), and the content holds no call
+    markup, also where the trajectory ended on a call the rollout refused."""
+    called = 0
+    for seed in range(16):
+        answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                                temperature=1, seed=seed)
+        assert answer.choices[0].finish_reason == "stop" and not answer.choices[0].message.tool_calls
+        assert "<tool_call>" not in answer.choices[0].message.content
+        turns = answer.model_extra["turns"]
+        assert turns[0] == {"role": "user", "content": QUESTION}
+        called += any("<tool_call>" in turn["content"] for turn in turns if turn["role"] == "assistant")
+    assert called, "no seed of 16 wrote a call: the test shows nothing about markup"
+
+
+class ScriptedSampler:
+    """Answers every request with ``text``, after ``failures`` retryable failures (or hangs for
+    ever when ``hang``); records the stop strings it was asked to honour."""
+
+    def __init__(self, text: str, failures: int = 0, hang: bool = False) -> None:
+        self.text, self.failures, self.hang, self.stops, self.calls = text, failures, hang, [], 0
+
+    async def sample_async(self, *, prompt, num_samples, sampling_params, return_text):
+        import asyncio
+        from types import SimpleNamespace
+
+        self.calls += 1
+        self.stops.append(list(sampling_params.stop or []))
+        if self.hang:
+            await asyncio.sleep(3600)
+        if self.calls <= self.failures:
+            raise ConnectionError("sampler dropped the connection")
+        sequence = SimpleNamespace(tokens=[1, 2, 3], logprobs=[0.0] * 3, text=self.text, stop_reason="stop")
+        return SimpleNamespace(sequences=[sequence])
+
+
+def chat_with(tokenizer, sampler, api_key=None, **rollout):
+    """A server of ``sampler`` (no search), with ``rollout``'s settings."""
+    model = ChatModel(sampler=sampler, tokenizer=tokenizer, search=None, tools={}, name=MODEL, policy="scripted",
+                      rollout=RolloutConfig(group_size=1, sample_retry_backoff=0.0, **rollout))
+    return start_in_thread(model, api_key=api_key)
+
+
+CALLING = "I should look this up.\n<tool_call>\n<function=search>\n<parameter=query>\npenicillin\n</parameter>\n" \
+          "</function>\n</tool_call>"
+
+
+def test_a_turn_without_tools_stops_where_a_call_would_begin_and_never_shows_one(tokenizer):
+    sampler = ScriptedSampler(CALLING)
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."},
+                    {"role": "user", "content": "who discovered penicillin?"}]
+    with chat_with(tokenizer, sampler) as running:
+        client = openai.OpenAI(base_url=running.url, api_key="x", max_retries=0)
+        for messages, extra in ((conversation, {}), (conversation[-1:], {"agent": False}),
+                                (conversation[-1:], {"tool_choice": "none"})):
+            reply = client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra)
+            assert reply.choices[0].message.content == "I should look this up."
+            assert reply.choices[0].finish_reason == "stop" and not reply.choices[0].message.tool_calls
+        with_tools = client.chat.completions.create(model=MODEL, messages=conversation, tools=[SEARCH_TOOL])
+    assert all("<tool_call>" in stops for stops in sampler.stops[:3])
+    assert with_tools.choices[0].finish_reason == "tool_calls" and "<tool_call>" not in sampler.stops[3]
+
+
+@pytest.mark.slow  # three servers started and stopped, one waits out a timeout (about a second)
+def test_a_turn_samples_with_the_rollouts_timeout_and_retries(tokenizer):
+    messages, plain = [{"role": "user", "content": "hi"}], {"agent": False}
+    with chat_with(tokenizer, ScriptedSampler("Hello.", failures=2), sample_retries=2) as running:
+        reply = openai.OpenAI(base_url=running.url, api_key="x", max_retries=0).chat.completions.create(
+            model=MODEL, messages=messages, extra_body=plain)
+    assert reply.choices[0].message.content == "Hello."
+    with chat_with(tokenizer, ScriptedSampler("Hello.", failures=1), sample_retries=0) as running, \
+            pytest.raises(openai.APIStatusError) as failed:
+        openai.OpenAI(base_url=running.url, api_key="x", max_retries=0).chat.completions.create(
+            model=MODEL, messages=messages, extra_body=plain)
+    assert failed.value.status_code == 502 and "sampler dropped the connection" in failed.value.body["message"]
+    with chat_with(tokenizer, ScriptedSampler("", hang=True), sample_timeout=0.2, sample_retries=0) as running, \
+            pytest.raises(openai.APIStatusError) as timed_out:
+        openai.OpenAI(base_url=running.url, api_key="x", max_retries=0).chat.completions.create(
+            model=MODEL, messages=messages, extra_body=plain)
+    assert timed_out.value.status_code == 502 and "TimeoutError" in timed_out.value.body["message"]
