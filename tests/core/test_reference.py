@@ -26,7 +26,9 @@ from searchr1.core.advantage import assign_group_advantages
 from searchr1.core.datum import build_training_datums, drop_out_of_vocab
 from searchr1.core.observation.text import observation_candidates
 from searchr1.core.protocol import observation_tokens
-from searchr1.core.reference import reference_datums, reference_rollout, reference_rewards_and_advantages, reference_step
+from searchr1.core.credit import assign_step_advantages, assign_step_rewards
+from searchr1.core.reference import (reference_datums, reference_rollout, reference_rewards_and_advantages, reference_step,
+                                     reference_turn_credit)
 from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.tool import with_search
@@ -334,6 +336,41 @@ def test_the_engine_produces_the_reference_trajectories_and_datums_at_every_budg
     assert exact_match_only(trajectories) == expected
     assert [datum_values(d.datum) for d in datums] == [datum_values(d) for d in
                                                          reference_datums(expected, len(tokenizer))]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(start=st.integers(0, 40), seed=st.integers(0, 2**20), step=st.integers(0, 3),
+       weight=st.sampled_from([1.0, 0.5, 2.0]), discount=st.sampled_from([0.95, 1.0, 0.0]),
+       step_rewards=st.sampled_from([None, (0.1, 0.1), (0.3, 0.05)]))
+@example(start=6, seed=1, step=1, weight=1.0, discount=0.95, step_rewards=(0.1, 0.1))  # later states shared, calls repeated
+def test_the_engine_gives_the_reference_turn_credit(twins, loop_tokenizer, start, seed, step, weight, discount,
+                                                    step_rewards):
+    """Invariant: with GiGPO's step credit (and with or without step rewards) the engine's turn
+    advantages, step groups and step rewards, and so its datums, are the reference's."""
+    samplers, _ = twins
+    examples, results = world()
+    examples = [examples[(start + i) % len(examples)] for i in range(3)]
+    config = RolloutConfig(group_size=6, seed=seed, sample_retry_backoff=0.0)
+    trajectories = asyncio.run(rollout_batch_async(samplers["learning"], loop_tokenizer, with_search(
+        ScriptedSearch(results, default=NOTHING)), examples, config, step=step))
+    score_trajectories(trajectories)
+    if step_rewards is not None:
+        assign_step_rewards(trajectories, evidence_bonus=step_rewards[0], repeat_penalty=step_rewards[1])
+    assign_group_advantages(trajectories)
+    assign_step_advantages(trajectories, mode="mean", weight=weight, discount=discount)
+    datums, _ = drop_out_of_vocab(build_training_datums(trajectories, max_tokens=config.max_trajectory_tokens),
+                                  len(loop_tokenizer))
+    expected = reference_rollout(samplers["learning"], loop_tokenizer, search_tools(results), examples, config,
+                                 step=step)
+    reference_rewards_and_advantages(expected)
+    bonus, penalty = step_rewards or (None, 0.0)
+    reference_turn_credit(expected, weight=weight, discount=discount, bonus=bonus, penalty=penalty)
+    if (start, seed, step) == (6, 1, 1):  # the explicit example reaches what a first turn cannot show
+        assert sum(turn.step_group > 1 for t in expected for turn in t.turns[1:]) == 6
+        assert sum(1 for t in expected for turn in t.turns if turn.reward and turn.reward < 0) == 3
+    assert exact_match_only(trajectories) == expected
+    assert [datum_values(d.datum) for d in datums] == [datum_values(d) for d in
+                                                         reference_datums(expected, len(loop_tokenizer))]
 
 
 @pytest.mark.slow  # two training steps through a twin

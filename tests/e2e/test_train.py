@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from searchr1.cli import main
 from searchr1.run.directory import RunDir
+from searchr1.run.transcripts import read_run_transcripts
 from twin_support import KILL_AFTER_STEP, without_timing_metrics
 from warm_python import run_python
 
@@ -70,8 +71,9 @@ def test_both_accumulation_modes_train_and_record_the_calls_they_sent(tmp_path, 
             assert line["train/micro_batches_per_step"] >= substeps
 
 
-def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path):
-    args = [*BASE, "--max-steps", "6", "--save-every", "2", "--run-dir"]
+@pytest.mark.parametrize("credit", [[], ["--credit", "gigpo", "--step-reward", "evidence"]], ids=["trajectory", "gigpo"])
+def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path, credit):
+    args = [*BASE, *credit, "--max-steps", "6", "--save-every", "2", "--run-dir"]
     killed = tmp_path / "killed"
     process = run_python(["-c", KILL_AFTER_STEP, "3", *args, str(killed)], cwd=REPO, timeout=300)
     assert process.returncode == -9, process.stderr[-2000:]
@@ -81,7 +83,7 @@ def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run
 
     code, output = train("--resume", str(killed))
     assert code == 0, output
-    code, output = train("--max-steps", "6", "--save-every", "2", "--run-dir", str(tmp_path / "straight"))
+    code, output = train(*credit, "--max-steps", "6", "--save-every", "2", "--run-dir", str(tmp_path / "straight"))
     assert code == 0, output
 
     resumed = [comparable(m) for m in RunDir(killed).metrics()]
@@ -90,6 +92,13 @@ def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run
     assert resumed == straight
     rewound = [json.loads(line) for line in (killed / "metrics.rewound.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rewound] == [2, 3]  # undone work is kept aside, not lost
+    if credit:  # each turn's step group and step reward are in the transcripts, and its own advantage
+        records = [record for step in read_run_transcripts(killed / "transcripts.jsonl").by_step.values()
+                   for record in step]
+        assert records and all("step_reward" in turn for record in records for turn in record["turns"])
+        trained = [turn for record in records if record["excluded"] is None for turn in record["turns"]]
+        assert trained and all(turn["step_group"] >= 1 for turn in trained)
+        assert resumed[0]["credit/step_group_share"] > 0
 
 
 def test_resume_may_raise_max_steps(tmp_path):
