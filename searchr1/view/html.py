@@ -59,6 +59,7 @@ ul.outcome b { font-weight: 600; color: var(--dim); margin-right: 4px; }
 .role { font-size: 12px; font-weight: 600; color: var(--dim); text-transform: uppercase; letter-spacing: .04em; }
 .role .query { text-transform: none; letter-spacing: 0; color: var(--ink); font-weight: 600; }
 .role .status { text-transform: none; letter-spacing: 0; font-weight: 400; }
+.role .credit { text-transform: none; letter-spacing: 0; font-weight: 400; margin-left: 8px; }
 .role .status.failed { color: var(--bad-format); }
 details > summary { cursor: pointer; }
 pre { margin: 4px 0 0; white-space: pre-wrap; overflow-wrap: anywhere;
@@ -107,8 +108,9 @@ def _article(record: Mapping[str, Any], position: int) -> str:
     for event in events:
         if isinstance(event, TurnEvent):
             stopped = f" (stopped: {_e(event.stop_reason)})" if event.stop_reason not in ("", "stop") else ""
+            credit = f' <span class="credit">{_e(event.credit)}</span>' if event.credit else ""
             parts.append(
-                f'<div class="event assistant"><div class="role">assistant · turn {event.number}{stopped}</div>'
+                f'<div class="event assistant"><div class="role">assistant · turn {event.number}{stopped}{credit}</div>'
                 f"<pre>{_e(event.text)}</pre></div>"
             )
         else:

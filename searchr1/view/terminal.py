@@ -71,6 +71,20 @@ class TurnEvent:
     number: int  # 1-based
     text: str
     stop_reason: str
+    credit: str = ""  # with credit per turn: its advantage, step group and step reward
+
+
+def turn_credit(turn: Mapping[str, Any]) -> str:
+    """``advantage +0.123 · step group of 4 · step reward -0.100`` for a training transcript's turn
+    that was credited on its own (``--credit gigpo``, ``--step-reward``); "" for any other."""
+    if "step_group" not in turn and "step_reward" not in turn:
+        return ""
+    parts = [f"advantage {_signed(turn.get('advantage'), 3)}"]
+    if "step_group" in turn:
+        parts.append(f"step group of {count(turn.get('step_group'))}")
+    if "step_reward" in turn:
+        parts.append(f"step reward {_signed(turn.get('step_reward'), 3)}")
+    return " · ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -121,7 +135,8 @@ def conversation(record: Mapping[str, Any]) -> list[TurnEvent | SearchEvent]:
         )
     events: list[TurnEvent | SearchEvent] = []
     for index, turn in enumerate(turns, 1):
-        events.append(TurnEvent(index, printable(turn.get("text")), printable(turn.get("stop_reason") or "")))
+        events.append(TurnEvent(index, printable(turn.get("text")), printable(turn.get("stop_reason") or ""),
+                                turn_credit(turn)))
         events += [call(number, s) for number, s in enumerate(searches, 1) if made_by[number - 1] == index]
     # a call whose turn is not in the record comes last, in order
     events += [call(number, s) for number, s in enumerate(searches, 1) if not 1 <= made_by[number - 1] <= len(turns)]
@@ -247,6 +262,8 @@ def renderables(record: Mapping[str, Any], *, full: bool = False) -> list[Any]:
             head = Text(f"assistant {event.number}", style="bold cyan")
             if event.stop_reason and event.stop_reason != "stop":
                 head.append(f"  (stopped: {event.stop_reason})", style="dim")
+            if event.credit:
+                head.append(f"  {event.credit}", style="dim")
             body = event.text if full else abbreviate(event.text, TURN_CHARS, TURN_LINES)
         else:
             head = Text(f"{event.tool or 'call'} {event.number}  ", style="bold magenta").append(event.query)

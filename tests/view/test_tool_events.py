@@ -45,3 +45,16 @@ def test_any_turn_a_record_names_keeps_every_call_once_and_every_turn_in_order(t
     events = conversation(record)
     assert sorted(e.number for e in events if isinstance(e, SearchEvent)) == list(range(1, len(turns_named) + 1))
     assert [e.number for e in events if isinstance(e, TurnEvent)] == list(range(1, turn_count + 1))
+
+
+def test_a_turn_credited_on_its_own_shows_its_advantage_step_group_and_step_reward_beside_it():
+    credited = {**RECORD, "turns": [{"text": "two calls", "advantage": 0.25, "step_group": 4, "step_reward": -0.1},
+                                    {"text": "a bad call", "advantage": -0.5, "step_group": 1, "step_reward": 0.0},
+                                    {"text": "Answer: x", "advantage": 0.75}]}
+    turns = [e for e in conversation(credited) if isinstance(e, TurnEvent)]
+    assert [t.credit for t in turns] == ["advantage +0.250 · step group of 4 · step reward -0.100",
+                                         "advantage -0.500 · step group of 1 · step reward +0.000", ""]
+    page = transcript_page([(None, [credited])], heading="run")
+    assert page.count('<span class="credit">') == 2 and "step group of 4" in page
+    assert not any(e.credit for e in conversation(RECORD) if isinstance(e, TurnEvent))  # trajectory credit: none
+    assert '<span class="credit">' not in transcript_page([(None, [RECORD])], heading="run")
