@@ -7,19 +7,20 @@ from typing import Any
 
 from searchr1.bench.report import Figure
 
-FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
 # Figures 8 and 9 (BM25 over a generated 1M-passage corpus, and against Lucene) and 10 (six
 # learning runs and the KL penalty's cost) take minutes and figure 9 needs its own set-up; figure
 # 11 (pytrio's CPU per request beside a busy loop) explains figure 5 and holds no target; figure
 # 12 (sixteen learning runs on the page questions, one tool against two) takes minutes; 13 (a
-# paper-sized step's search over figure 8's index) builds that index first: they run only when
-# named with --only.
+# paper-sized step's search over figure 8's index) builds that index first; 14 (24 learning runs:
+# three kinds of credit on 8 seeds) takes minutes: they run only when named with --only.
 DEFAULT_FIGURES = (1, 2, 3, 4, 5, 6, 7)
 
 
 def _builders() -> dict[int, Callable[..., Figure]]:
     from searchr1.bench.algorithms import algorithms_figure
     from searchr1.bench.client_contention import client_contention_figure
+    from searchr1.bench.credit import credit_figure
     from searchr1.bench.local_search import local_search_figure
     from searchr1.bench.lucene import lucene_figure
     from searchr1.bench.off_policy import learning_speed_figure, off_policy_throughput_figure
@@ -45,6 +46,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
         11: client_contention_figure,
         12: page_world_figure,
         13: paper_step_figure,
+        14: credit_figure,
     }
 
 
