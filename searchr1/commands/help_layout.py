@@ -21,7 +21,7 @@ from searchr1.core.settings import OnResume
 
 # Every heading a command's --help may have, in the order they are listed ("run" first: where a
 # newcomer looks for --offline, the data and the output).
-SECTIONS = ("run", "rollout", "algorithm", "search", "judge", "archive", "service", "latency", "health", "cost",
+SECTIONS = ("run", "rollout", "algorithm", "credit", "search", "judge", "archive", "service", "latency", "health", "cost",
             "logging")
 
 

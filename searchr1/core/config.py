@@ -50,21 +50,21 @@ class StepConfig:
         help="Train on groups hit by search or sampler failures (default: leave them out and "
              "count them).")
     credit: Credit = setting(
-        Credit.TRAJECTORY, choices=tuple(c.value for c in Credit), on_resume=OnResume.SEGMENT,
+        Credit.TRAJECTORY, group="credit", choices=tuple(c.value for c in Credit), on_resume=OnResume.SEGMENT,
         help="How a trajectory's reward reaches its turns: every turn carries the trajectory's advantage "
              "(seed), or gigpo adds each turn's advantage among the turns that start from the same state.")
-    step_weight: float = setting(1.0, at_least=0.0, at_most=100.0, on_resume=OnResume.SEGMENT,
+    step_weight: float = setting(1.0, group="credit", at_least=0.0, at_most=100.0, on_resume=OnResume.SEGMENT,
                                  help="gigpo: the weight of a turn's step advantage (the paper's omega).")
-    discount: float = setting(0.95, at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
+    discount: float = setting(0.95, group="credit", at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
                               help="gigpo: the discount of later rewards in a turn's return (gamma).")
     step_reward: StepReward = setting(
-        StepReward.NONE, choices=tuple(r.value for r in StepReward), on_resume=OnResume.SEGMENT,
+        StepReward.NONE, group="credit", choices=tuple(r.value for r in StepReward), on_resume=OnResume.SEGMENT,
         help="Rewards a turn earns on its own (with --credit gigpo): evidence pays a first sight of a "
              "reference answer in a tool result and charges each repeated call.")
-    evidence_bonus: float = setting(0.1, at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
+    evidence_bonus: float = setting(0.1, group="credit", at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
                                     help="--step-reward evidence: what a turn earns for the first result "
                                          "showing a reference answer.")
-    repeat_penalty: float = setting(0.1, at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
+    repeat_penalty: float = setting(0.1, group="credit", at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
                                     help="--step-reward evidence: what each call repeating an earlier one costs.")
     num_substeps: int = setting(
         1, at_least=1, metavar="N", on_resume=OnResume.SEGMENT,
