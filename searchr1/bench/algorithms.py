@@ -67,7 +67,7 @@ from searchr1.bench.off_policy import (
     steps_to_reward,
 )
 from searchr1.bench.report import Figure, Measure
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 
 KL_COEF = 0.05
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from searchr1.bench.report import Figure, Measure
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 from searchr1.bench.served import BASE_MODEL, served_twin
 from searchr1.bench.thread_cpu import ThreadCpuMeter, client_thread_roles
 

@@ -25,7 +25,7 @@ from typing import Any
 from searchr1.bench.off_policy import LEARN_STEPS, QUICK_LEARN_STEPS, QUICK_SIZE, REWARD_TARGET, _config, _world_search
 from searchr1.bench.off_policy import steps_to_reward
 from searchr1.bench.report import Figure, Measure
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 
 SEEDS, QUICK_SEEDS = 8, 1
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from searchr1.bench.report import Figure, Measure
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 from searchr1.bench.served import served_twin
 
 BASE_STEPS, QUICK_STEPS = 7, 2
@@ -97,7 +97,7 @@ async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any
     from searchr1.core.reward import score_trajectories
     from searchr1.data.dataset import shuffled_examples, take_batch
     from searchr1.core.datum import build_training_datums
-    from searchr1.health.metrics import rollout_metrics
+    from searchr1.training.step_metrics import rollout_metrics
     from searchr1.core.rollout import rollout_batch_async
     from searchr1.search.tool import with_search
 

@@ -48,7 +48,7 @@ def _train(service: Any, config: Any, tokenizer: Any, home: Path) -> list[dict[s
     from searchr1.bm25.shipped import offline_index
     from searchr1.data.dataset import shuffled_examples
     from searchr1.run.directory import RunDir
-    from searchr1.runtime.services import tool_backends
+    from searchr1.wiring.services import tool_backends
     from searchr1.search.local import LocalSearchBackend
     from searchr1.training.loop import TrainingRun
 

@@ -172,7 +172,7 @@ def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     spec = spec or (quick_spec(items_per_result=3) if quick else WorkloadSpec(items_per_result=3))
     repetitions = repetitions if repetitions is not None else (1 if quick else 3)
     workload = build_workload(spec, seed + 101)
-    from searchr1.runtime.services import scripted_sampling_client
+    from searchr1.wiring.services import scripted_sampling_client
 
     search = ScriptedSearch(workload.results)
     with scripted_sampling_client(workload.scenario, tokenizer) as sampler:  # the step itself is not timed

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchr1.run import fileio
-from searchr1.view.wording import plural
-from searchr1.runtime import invocation
+from searchr1.basics import fileio
+from searchr1.basics.wording import plural
+from searchr1.basics import invocation
 
 SCHEMA_VERSION = 1
 

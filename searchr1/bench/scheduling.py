@@ -31,7 +31,7 @@ from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout
 from searchr1.bench.report import Figure, Measure
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 from searchr1.bench.served import BASE_MODEL, served_twin
 from searchr1.bench.workload import (
     LatencyModel,

@@ -31,7 +31,7 @@ from searchr1.search.tool import with_search
 from searchr1.search.cache import QueryCache, normalise_query
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.testing import mock_backend
-from searchr1.runtime.services import scripted_sampling_client
+from searchr1.wiring.services import scripted_sampling_client
 from searchr1.bench.report import Figure, Measure
 from searchr1.bench.workload import (
     LatencyModel,

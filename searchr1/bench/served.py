@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.runtime.connect import sampling_capacity
-from searchr1.runtime.services import SAMPLING_CONCURRENCY
+from searchr1.wiring.services import SAMPLING_CONCURRENCY
 from searchr1.twin.client import LOCAL_RETRIES, connect, session_closer
 from searchr1.twin.config import Latencies
 

@@ -64,7 +64,7 @@ from searchr1.bench.protocol_cpu import seed_fit_tool_content
 from searchr1.bench.report import Figure, Measure
 from searchr1.bench.samplers import CountingSampler, InMemorySampler
 from searchr1.core.observation.tokens import forget_remembered_texts
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 from searchr1.bench.served import served_twin
 from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
 from searchr1.bench.workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec

@@ -4,7 +4,7 @@
 :func:`iter_corpus` streams the file (never holding it whole) and hashes it on the way, so an
 index can record which corpus it was built from. A row that is not such an object, or one
 longer than :data:`MAX_PASSAGE_BYTES`, stops the read with :class:`CorpusError` naming the file
-and the line (the rules of every JSON file we read: ``searchr1.run.jsonl``).
+and the line (the rules of every JSON file we read: ``searchr1.basics.jsonl``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchr1.core.errors import UserError
-from searchr1.run.jsonl import JsonLines, decode_json
+from searchr1.basics.jsonl import JsonLines, decode_json
 
 # One passage's row, at most. A wiki-18 passage is about 100 words (under 1 KiB); a longer row
 # is not a passage and would cost its size several times over while it is tokenized and indexed.

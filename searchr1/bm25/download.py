@@ -28,7 +28,7 @@ import httpx
 
 from searchr1.data.dataset import DataError
 from searchr1.bm25.corpus import CorpusError, parse_row
-from searchr1.run.fileio import follow_umask, removing_new_directories
+from searchr1.basics.fileio import follow_umask, removing_new_directories
 
 CORPUS_REPO = "PeterJinGo/wiki-18-corpus"
 CORPUS_FILE = "wiki-18.jsonl.gz"

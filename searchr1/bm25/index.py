@@ -53,9 +53,9 @@ import numpy as np
 from searchr1.bm25.corpus import CorpusError, CorpusReader, split_contents
 from searchr1.bm25.pages import TABLE_FILES, TABLES, KeyTable, sorted_table, table_paths, text_keys
 from searchr1.core.errors import UserError
-from searchr1.run.fileio import WRITE_FAILURES, exclusive_lock, file_sha256, write_json_atomically
-from searchr1.run.jsonl import read_json_document
-from searchr1.runtime import invocation
+from searchr1.basics.fileio import WRITE_FAILURES, exclusive_lock, file_sha256, write_json_atomically
+from searchr1.basics.jsonl import read_json_document
+from searchr1.basics import invocation
 
 FORMAT = "searchr1-bm25-index"
 FORMAT_VERSION = 3

@@ -41,12 +41,13 @@ from typing import Any
 
 from searchr1.bm25.batcher import QueryBatcher
 from searchr1.bm25.index import BM25Index
+from searchr1.bm25.page_naming import PAGE_WINDOW, page_name, page_passages
 from searchr1.runtime.api_key import ApiKeyGuard
 from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, RequestError,
                                           RunningServer,
                                           bounded_protocol, decode_body, listening_socket, read_capped_body, refused,
                                           run_in_thread, shown)
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 
 MAX_BODY_BYTES = 1 << 20
 MAX_QUERIES = 1024
@@ -92,8 +93,6 @@ def parse_request(body: bytes) -> tuple[list[str], int, bool]:
 
 def parse_page_request(body: bytes) -> tuple[str, int, int]:
     """``(page, offset, window)`` of a ``/page`` body, or :class:`RequestError` naming the field."""
-    from searchr1.search.pages import PAGE_WINDOW
-
     payload = decode_body(body, MAX_BODY_BYTES)
     if not isinstance(payload, dict):
         raise RequestError(422, "body must be a JSON object with 'page'")
@@ -144,8 +143,6 @@ def make_app(index: BM25Index, batcher: QueryBatcher | None = None, *,
         return JSONResponse({"result": result})
 
     async def page(request: Request) -> Response:
-        from searchr1.search.pages import page_name, page_passages
-
         try:
             name, offset, window = parse_page_request(await read_body(request))
         except RequestError as error:

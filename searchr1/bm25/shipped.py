@@ -27,8 +27,8 @@ import numpy as np
 from searchr1.offline import CASSETTE_SPEC, OFFLINE_DIR, PAGES, REPO_ROOT
 from searchr1.bm25.corpus import passage_row
 from searchr1.bm25.synthetic import synthetic_passages, vocabulary
-from searchr1.run.fileio import file_sha256
-from searchr1.runtime import invocation
+from searchr1.basics.fileio import file_sha256
+from searchr1.basics import invocation
 
 CORPUS = OFFLINE_DIR / "corpus.jsonl"
 SPEC_SOURCES = (CASSETTE_SPEC, REPO_ROOT / "cassettes" / "specs" / "demo.json")
@@ -106,7 +106,7 @@ def offline_index(corpus: Path = CORPUS) -> Path:
     """The index of the shipped corpus, built into the user cache on first use."""
     from searchr1.runtime.tokenizer import cache_root
     from searchr1.bm25.index import BM25IndexError, build_index, read_manifest
-    from searchr1.run.fileio import exclusive_lock
+    from searchr1.basics.fileio import exclusive_lock
 
     if not corpus.is_file():
         raise BM25IndexError(f"the shipped corpus {corpus} is missing; regenerate it with "

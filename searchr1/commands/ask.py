@@ -141,7 +141,7 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
     from searchr1.core.rollout import rollout_batch_async
     from searchr1.search.tool import with_search
     from searchr1.data.dataset import SearchExample
-    from searchr1.runtime.services import (
+    from searchr1.wiring.services import (
         check_base_model,
         check_search_setup,
         check_tool_setup,

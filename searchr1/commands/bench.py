@@ -70,7 +70,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     from rich.console import Console
 
     from searchr1.bench.report import Figure, bench_json, print_report, write_json_atomically
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
     from searchr1.bench.runner import parse_only, run_figures
 
     if strict and quick:
@@ -80,7 +80,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
         numbers = parse_only(only)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--only") from None
-    from searchr1.run.fileio import check_writable
+    from searchr1.basics.fileio import check_writable
 
     check_writable(output, "bench report", click.ClickException)  # before minutes of measuring
     if 9 in numbers:

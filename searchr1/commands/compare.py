@@ -33,7 +33,7 @@ def compare(eval_a: Path, eval_b: Path, as_json: bool, plot_path: Path | None) -
     """
     from searchr1.evaluation.compare import IncomparableEvals, compare_evals, format_comparison, load_eval
     from searchr1.evaluation.metrics import EvalFileError
-    from searchr1.run.fileio import check_writable
+    from searchr1.basics.fileio import check_writable
 
     if plot_path is not None:
         if plot_path.suffix.lower() != ".png":

@@ -30,7 +30,7 @@ from searchr1.commands.options import (
 from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.settings_options import config_file_option
 from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 LIVE_DATA = Path("datasets/dev.jsonl")
 PROTOCOL_DATA = Path("datasets/test.jsonl")
@@ -157,7 +157,7 @@ def default_output(base_model: str, model_path: str | None, backend: str, offlin
 
 def _manifest_sha256(data: Path) -> str | None:
     from searchr1.data.dataset import MANIFEST_NAME
-    from searchr1.run.fileio import file_sha256
+    from searchr1.basics.fileio import file_sha256
 
     manifest = data.parent / MANIFEST_NAME
     return file_sha256(manifest) if manifest.is_file() else None
@@ -180,11 +180,11 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
                      offline_home: Path | None, offline_policy: str = OfflinePolicy.LEARNING) -> dict[str, Any]:
     """The exact configuration stored in the header and summary (plain JSON, nothing secret).
     The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
-    from searchr1.run.fileio import file_sha256
+    from searchr1.basics.fileio import file_sha256
     from searchr1.offline import SCENARIO
     from searchr1.core.budgets import tool_schemas
     from searchr1.core.rollout import effective_system_prompt
-    from searchr1.runtime.services import describe_search
+    from searchr1.wiring.services import describe_search
 
     described = describe_search(search, offline=offline)
     return {
@@ -271,7 +271,7 @@ def checkpoint_of(run_dir: Path) -> RunCheckpoint:
 
 def _sampling_client(service: Any, base_model: str, model_path: str | None, *, offline: bool,
                      offline_home: Path | None) -> Any:
-    from searchr1.runtime.services import ServiceSetupError
+    from searchr1.wiring.services import ServiceSetupError
 
     try:
         return service.create_sampling_client(base_model=base_model, model_path=model_path)
@@ -300,7 +300,7 @@ def output_lock_path(output: Path) -> Path:
 def _claim_output(output: Path, held: contextlib.ExitStack) -> None:
     """Refuse an output that cannot be written, or that another eval is writing, before any
     work: the output is checked, then locked for the life of the command."""
-    from searchr1.run.fileio import check_writable, exclusive_lock
+    from searchr1.basics.fileio import check_writable, exclusive_lock
 
     check_writable(output, "eval output", click.ClickException)
     try:
@@ -321,7 +321,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     from searchr1.evaluation.evaluate import EvalResumeError, evaluate
     from searchr1.evaluation.judge import JudgeError
     from searchr1.offline import DEV
-    from searchr1.runtime.services import (check_base_model, check_search_setup, check_tool_setup, load_tokenizer,
+    from searchr1.wiring.services import (check_base_model, check_search_setup, check_tool_setup, load_tokenizer,
                                            open_search, start_service, tool_backends)
 
     checks = Prerequisites()  # what is missing is said all at once, before the tokenizer loads
@@ -440,7 +440,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
                 bar.close()
     for note in outcome.notes:
         click.echo(f"note: {note}", err=True)
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     judged = f", {outcome.judged} judged" if judge_model is not None else ""  # kept questions are judged too
     click.echo(f"{plural(outcome.evaluated, 'question')} evaluated{judged}, {outcome.skipped} already in {output}",
@@ -450,7 +450,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         if protocol == "search-r1":
             from searchr1.evaluation.published import comparison_table
 
-            from searchr1.search.secrets import redact_url
+            from searchr1.basics.secrets import redact_url
 
             shown_url = redact_url(search.retriever_url) if search.retriever_url else "the default URL"
             retriever = (f"BM25 over {run_config.get('search_index')}" if search.backend == "local"
@@ -525,7 +525,7 @@ def make_judge(model: str, *, service: Any, tokenizer: Any, base_model: str, off
         return Judge(DeepSeekJudge(model, httpx.AsyncClient(transport=transport, timeout=60.0), key), judge_cache)
     from pytrio import PyTrioError
 
-    from searchr1.runtime.services import ServiceSetupError
+    from searchr1.wiring.services import ServiceSetupError
 
     try:
         sampler = service.create_sampling_client(base_model=base_model if model == TWIN_JUDGE else model)
@@ -579,7 +579,7 @@ def _report_interrupted(output: Path, error: BaseException) -> bool:
     summary = "a partial summary" if existing.summary is not None else "no summary (nothing finished)"
     then = ("rerun the same command to resume" if transient
             else "fix the error below, then rerun the same command to resume")
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     click.secho(f"{what}: {plural(len(existing.records), 'record')} kept in {output} with {summary}; {then}",
                 fg="yellow", err=True)
@@ -605,7 +605,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     sources = sorted(key.split("/", 1)[1] for key in m if key.startswith("questions/"))
     names = [(n, label) for n, label in (("em", "EM"), ("f1", "F1"), ("cover_em", "cover EM"), ("judge", "judge"))
              if f"{n}/macro" in m]
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     head = "PARTIAL " if summary.get("partial") else ""
     evaluated = summary.get("evaluated_examples")

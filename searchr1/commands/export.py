@@ -73,7 +73,7 @@ def _step_of(path: str) -> int | None:
 
 @contextlib.contextmanager
 def _service(source: Source, connect_timeout: float | None) -> Iterator[Any]:
-    from searchr1.runtime.services import live_service, load_tokenizer, offline_scenario, offline_service
+    from searchr1.wiring.services import live_service, load_tokenizer, offline_scenario, offline_service
 
     if not source.offline:
         yield live_service(connect_timeout)
@@ -256,7 +256,7 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
     from searchr1.export.card import CARD_FILE, model_card, repo_name, upload_command
     from searchr1.export.convert import ConversionError, convert, read_raw_adapter, write_converted
     from searchr1.export.extract import ArchiveError, ExtractLimits, list_members, safe_extract
-    from searchr1.run.fileio import check_writable, write_text_atomically
+    from searchr1.basics.fileio import check_writable, write_text_atomically
 
     base_dims = _check_flags(checkpoint, from_archive, base, merge, offline, offline_home)
     if from_archive is not None:
@@ -278,7 +278,7 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
         if refused:
             for line in refused:
                 click.echo(f"refused: {line}", err=True)
-            from searchr1.view.wording import plural
+            from searchr1.basics.wording import plural
 
             raise click.ClickException(f"{archive}: {plural(len(refused), 'unsafe member')}; nothing extracted")
         members = list_members(archive)
@@ -317,7 +317,7 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
                                          **{k: v for k, v in raw.metadata.items() if k in ("stand_in", "note")}})
     _drop_download(archive, from_archive)
     adapter = check_adapter(out, dims, converted.layout)
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     if adapter.problems:
         for line in adapter.problems:

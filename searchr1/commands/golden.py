@@ -7,7 +7,7 @@ import json
 import click
 
 from searchr1.commands.help_layout import SectionedCommand
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 
 @click.command(cls=SectionedCommand)
@@ -30,7 +30,7 @@ def _golden(update: bool, only: str | None) -> None:
     import tempfile
 
     from searchr1.tools.golden import scenario_paths
-    from searchr1.runtime.services import load_tokenizer
+    from searchr1.wiring.services import load_tokenizer
     from searchr1.twin import start_twin
 
     tokenizer = load_tokenizer()
@@ -48,7 +48,7 @@ def _golden(update: bool, only: str | None) -> None:
             stale = _compare_or_write(paths, tokenizer, twin, update)
     finally:
         search_log.setLevel(level)
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     if stale:
         raise click.ClickException(f"{plural(stale, 'golden file')} {'differs' if stale == 1 else 'differ'}; inspect, "
@@ -58,7 +58,7 @@ def _golden(update: bool, only: str | None) -> None:
 
 
 def _compare_or_write(paths: list, tokenizer: object, twin: object, update: bool) -> int:
-    from searchr1.run.fileio import write_text_atomically
+    from searchr1.basics.fileio import write_text_atomically
     from searchr1.tools.golden import differences, dumps, generate, golden_path
 
     stale = 0

@@ -11,7 +11,7 @@ import click
 
 from searchr1.commands.help_layout import SectionedGroup
 from searchr1.commands.options import run_guarded
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 
 @click.group("index", cls=SectionedGroup)
@@ -74,7 +74,7 @@ class _BuildProgress:
 
 def _build(corpus: Path, out: Path, shard_passages: int | None, workers: int, overwrite: bool, quiet: bool) -> None:
     from searchr1.bm25.index import DEFAULT_SHARD_PASSAGES, build_index
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     manifest = build_index(corpus, out, overwrite=overwrite, shard_passages=shard_passages or DEFAULT_SHARD_PASSAGES,
                            workers=workers, progress=_BuildProgress(quiet))
@@ -111,7 +111,7 @@ def offline_corpus(check: bool) -> None:
 
 def _offline_corpus(check: bool) -> None:
     from searchr1.bm25.shipped import CORPUS, build_corpus_text, check_hops_found
-    from searchr1.run.fileio import write_text_atomically
+    from searchr1.basics.fileio import write_text_atomically
 
     text = build_corpus_text()
     if check:

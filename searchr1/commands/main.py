@@ -5,8 +5,8 @@ what it needs (the tokenizer and the SDK are heavy): the list of commands is mad
 written in each command's source (:mod:`searchr1.commands.declared_help`), and a command's module is
 imported only when the command is run or its own help is asked for. The group records the name it was invoked
 under, so that every command line printed during the run starts the same way
-(:mod:`searchr1.runtime.invocation`), and shows every help text with that name in place of
-:data:`~searchr1.runtime.invocation.PROGRAM`.
+(:mod:`searchr1.basics.invocation`), and shows every help text with that name in place of
+:data:`~searchr1.basics.invocation.PROGRAM`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import click
 from searchr1.commands.declared_help import declared_command
 from searchr1.commands.help_layout import SectionedGroup
 from searchr1.commands.log_options import chosen_log_level, log_level_options
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
@@ -101,7 +101,7 @@ class LazyGroup(SectionedGroup):
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         """Click's context; the group's own is named as the program runs
-        (:func:`~searchr1.runtime.invocation.program_for`: a script file runs with python, also in
+        (:func:`~searchr1.basics.invocation.program_for`: a script file runs with python, also in
         click's usage lines and its "Try ... -h" hints), and that program is recorded for the
         command lines the run prints."""
         if parent is None and info_name:  # the program's name, as click detected it or was given it

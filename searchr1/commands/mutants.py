@@ -25,8 +25,8 @@ from typing import IO
 import click
 
 from searchr1.commands.help_layout import SectionedCommand
-from searchr1.runtime import invocation
-from searchr1.view.wording import plural
+from searchr1.basics import invocation
+from searchr1.basics.wording import plural
 
 TARGET_KILL_RATE = 0.90
 # docs/mutants.md's table of the survivors that are left on purpose: | `mutant name` | why |

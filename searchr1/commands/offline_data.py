@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from searchr1.commands.help_layout import SectionedCommand
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 
 @click.command("offline-data", cls=SectionedCommand)
@@ -19,7 +19,7 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
     cassettes/<backend>/offline.yaml for every
     backend through the real clients against the in-process fake services.
     """
-    from searchr1.run.fileio import write_text_atomically
+    from searchr1.basics.fileio import write_text_atomically
     from searchr1.offline import PAGES, build_offline_files, build_page_files, load_source
     from searchr1.search.cassette_specs import build_cassettes
 
@@ -43,7 +43,7 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
         report = build_cassettes(only="offline")
         for path in report.written:
             click.echo(f"wrote     {path}")
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     kept = len(files) - len(stale)
     click.echo(f"{plural(kept, 'generated file')} {'was' if kept == 1 else 'were'} already up to date")

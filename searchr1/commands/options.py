@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from searchr1.core.errors import UserError
-from searchr1.run.fileio import is_write_failure, write_failure_line
+from searchr1.basics.fileio import is_write_failure, write_failure_line
 from searchr1.core.rollout import RolloutConfig
 from searchr1.commands.help_layout import SectionOption
 from searchr1.core.settings import OnResume
@@ -99,7 +99,7 @@ def check_offline_group_size(policy: str | None, group_size: int) -> None:
     one-line error before anything starts (the learning policy has no such limit)."""
     if policy != OfflinePolicy.SCRIPTED:
         return
-    from searchr1.runtime.services import offline_scenario
+    from searchr1.wiring.services import offline_scenario
 
     scripted = min(len(question.samples) for question in offline_scenario().questions)
     if group_size > scripted:
@@ -122,7 +122,7 @@ def on_interrupt(message: str) -> None:
 def interrupted_message(ctx: click.Context | None) -> str:
     """What a Ctrl-C says: the command's own words (:func:`on_interrupt`), else which command
     was interrupted and that what it finished is kept (every file is written whole or not at
-    all, ``run/fileio.py``)."""
+    all, ``basics/fileio.py``)."""
     if ctx is not None and ctx.meta.get(INTERRUPTED_NOTE):
         return str(ctx.meta[INTERRUPTED_NOTE])
     name = " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""

@@ -9,7 +9,7 @@ import click
 from searchr1.commands.help_layout import SectionedGroup
 from searchr1.view import plots
 from searchr1.evaluation.metrics import EvalFileError
-from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line
+from searchr1.basics.fileio import check_writable, is_write_failure, write_failure_line
 
 
 def _png(ctx: click.Context, param: click.Parameter, value: Path) -> Path:

@@ -8,7 +8,7 @@ import click
 
 from searchr1.commands.help_layout import SectionedCommand
 from searchr1.data import dataset as data
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 
 def _local_sources(

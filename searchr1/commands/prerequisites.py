@@ -63,7 +63,7 @@ class Prerequisites:
         the command first): 2 for a usage error, else 1. ``what`` names what cannot start."""
         if not self._problems:
             return
-        from searchr1.view.wording import plural
+        from searchr1.basics.wording import plural
 
         lines = self.lines
         message = lines[0] if len(lines) == 1 else (
@@ -95,8 +95,8 @@ def check_pytrio(checks: Prerequisites) -> None:
     connection (one TCP connect, waited for at most a moment; an answer that does not come in
     time is left to the connection itself, with its own deadline)."""
     from searchr1.runtime.connect import configured_base_url, refused_within
-    from searchr1.runtime.services import require_pytrio_key
-    from searchr1.search.secrets import redact_url
+    from searchr1.wiring.services import require_pytrio_key
+    from searchr1.basics.secrets import redact_url
 
     checks.check(require_pytrio_key)
     try:

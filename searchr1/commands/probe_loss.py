@@ -85,7 +85,7 @@ def probe_loss(
         click.echo(report.render())
         return
 
-    from searchr1.runtime.services import ServiceSetupError, live_service, require_pytrio_key
+    from searchr1.wiring.services import ServiceSetupError, live_service, require_pytrio_key
 
     try:
         require_pytrio_key()

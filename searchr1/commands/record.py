@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from searchr1.commands.help_layout import SectionedCommand
-from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line
+from searchr1.basics.fileio import check_writable, is_write_failure, write_failure_line
 from searchr1.search.base import SearchRefusedError
 from searchr1.search.cache import normalise_query
 from searchr1.search.env import MissingApiKeyError
@@ -18,7 +18,7 @@ from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
 from searchr1.search.factory import create_search_backend
 from searchr1.search.recording import SecretLeakError, recording
 from searchr1.commands.settings_options import FiniteFloatRange
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 
 class RecordingFailed(click.ClickException):
@@ -34,7 +34,7 @@ def read_queries_file(path: Path) -> list[str]:
 
 def read_dataset_questions(path: Path, limit: int | None) -> list[str]:
     """The ``question`` of each JSONL row (a bad row is an error naming its line)."""
-    from searchr1.run.jsonl import JsonInputError, iter_json_lines
+    from searchr1.basics.jsonl import JsonInputError, iter_json_lines
 
     questions: list[str] = []
     try:

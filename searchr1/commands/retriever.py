@@ -10,7 +10,7 @@ import click
 from searchr1.commands.help_layout import SectionedGroup
 from searchr1.commands.options import run_guarded
 from searchr1.commands.server_access import server_access_options, server_key
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 
 MAX_WORKERS = 64
 

@@ -49,11 +49,11 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
     from searchr1.core.rollout import rollout_batch_async
     from searchr1.search.tool import with_search
     from searchr1.offline import SCENARIO
-    from searchr1.runtime.services import (check_search_setup, check_tool_setup, load_tokenizer,
+    from searchr1.wiring.services import (check_search_setup, check_tool_setup, load_tokenizer,
                                            scripted_sampling_client,
                                            search_backend, tool_backends)
     from searchr1.twin.scenario import load_scenario
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     config = rollout_config_from(kwargs, seed=seed)
     scenario = load_scenario(scenario_path or SCENARIO)

@@ -44,7 +44,7 @@ from searchr1.commands.settings_options import (
 from searchr1.core.settings import Rule, rule_of
 from searchr1.core.types import JsonValue
 from searchr1.run.directory import CONFIG
-from searchr1.run.jsonl import JsonInputError, read_json_object
+from searchr1.basics.jsonl import JsonInputError, read_json_object
 from searchr1.search.options import SearchOptions
 from searchr1.training.config import TrainConfig
 

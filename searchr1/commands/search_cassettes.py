@@ -10,7 +10,7 @@ import click
 from searchr1.commands.help_layout import SectionedGroup
 from searchr1.search.cache import normalise_query
 from searchr1.search.cassette_specs import CASSETTE_ROOT, SpecError, build_cassettes, discover_specs
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 
 @click.group(cls=SectionedGroup,
@@ -56,7 +56,7 @@ def build(check: bool, only: str | None, root: Path) -> None:
         click.echo(f"ORPHAN    {path} (no spec makes it; delete it or add a spec)")
     if report.readme_stale:
         click.echo(f"STALE     {root / 'README.md'} (generated table)")
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     click.echo(f"{plural(len(report.unchanged), 'cassette')} up to date")
     if check and not report.clean:

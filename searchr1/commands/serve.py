@@ -59,7 +59,7 @@ def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     from searchr1.commands.ask import check_offline_question
     from searchr1.commands.eval import _sampling_client, checkpoint_of
     from searchr1.runtime.http_bounds import PortTakenError, listening_socket
-    from searchr1.runtime.services import (check_base_model, check_search_setup, check_tool_setup, live_service,
+    from searchr1.wiring.services import (check_base_model, check_search_setup, check_tool_setup, live_service,
                                            load_tokenizer, offline_scenario, offline_service, search_backend,
                                            tool_backends)
     from searchr1.runtime.api_key import is_loopback

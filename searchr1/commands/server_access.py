@@ -2,7 +2,7 @@
 
 Declared once here and taken by both commands; the rule they follow and the check of each
 request are :mod:`searchr1.runtime.api_key`'s. The key is read from the flag or from
-``$SEARCHR1_SERVE_API_KEY`` and held as a :class:`~searchr1.search.secrets.Secret` from the moment
+``$SEARCHR1_SERVE_API_KEY`` and held as a :class:`~searchr1.basics.secrets.Secret` from the moment
 click reads it, so no ``repr`` of the command's arguments shows it.
 """
 
@@ -15,7 +15,7 @@ import click
 
 from searchr1.commands.help_layout import SectionOption
 from searchr1.runtime.api_key import API_KEY_ENV, check_key_text, required_key
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 
 
 def _secret(ctx: click.Context, param: click.Parameter, value: str | None) -> Secret | None:

@@ -25,7 +25,7 @@ from click.core import ParameterSource
 
 from searchr1.commands.help_layout import SectionOption
 from searchr1.core.settings import LARGEST, OnResume, Rule, flag_of, settings_of
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 

@@ -95,8 +95,8 @@ def _step_ranges(steps: list[int]) -> str:
 
 def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | str | None,
                     limit: int | None) -> Selection:
-    from searchr1.run.jsonl import JsonInputError, Surrogates, read_json_document
-    from searchr1.run.transcripts import read_run_transcripts
+    from searchr1.basics.jsonl import JsonInputError, Surrogates, read_json_document
+    from searchr1.evaluation.transcripts import read_run_transcripts
 
     found = read_run_transcripts(transcripts_path)
     if not found.by_step:
@@ -140,7 +140,7 @@ def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | st
 
 
 def select_from_eval(path: Path, limit: int | None, ids: tuple[str, ...] = ()) -> Selection:
-    from searchr1.run.transcripts import read_eval_transcripts
+    from searchr1.evaluation.transcripts import read_eval_transcripts
 
     config, records = read_eval_transcripts(path)
     if not records:
@@ -165,7 +165,7 @@ def _eval_scores(records: list[dict[str, Any]]) -> tuple[dict[str, float] | None
     """The metrics of every question in an eval file (its intervals by today's rules) and a
     caption for them; (None, why) when the records do not aggregate (the page still shows them)."""
     from searchr1.evaluation.metrics import evaluation_metrics
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     try:
         metrics = evaluation_metrics(records)
@@ -176,7 +176,7 @@ def _eval_scores(records: list[dict[str, Any]]) -> tuple[dict[str, float] | None
 
 
 def load_selection(source: Path, step: int | str | None, limit: int | None, ids: tuple[str, ...] = ()) -> Selection:
-    from searchr1.run.transcripts import TRANSCRIPTS_FILE, TranscriptFileError, transcript_source_kind
+    from searchr1.evaluation.transcripts import TRANSCRIPTS_FILE, TranscriptFileError, transcript_source_kind
 
     try:
         if ids and (source.is_dir() or transcript_source_kind(source) == "run"):
@@ -222,7 +222,7 @@ def show(source: Path, step: int | str | None, limit: int | None, html_path: Pat
     %(prog)s show eval_result/offline_base.jsonl --limit 5
     %(prog)s show eval_result/offline_base.jsonl --id off-dev-03
     """
-    from searchr1.run.fileio import check_writable, is_write_failure, write_failure_line, write_text_atomically
+    from searchr1.basics.fileio import check_writable, is_write_failure, write_failure_line, write_text_atomically
 
     if html_path is not None:
         check_writable(html_path, "page", click.ClickException)  # before reading anything

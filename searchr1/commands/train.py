@@ -17,7 +17,7 @@ from searchr1 import __version__
 from searchr1.run.loggers import LOGGER_NAMES, SWANLAB_MODES
 from searchr1.run.algorithm import parse_loss_fn_config
 from searchr1.core.rollout import RolloutConfig
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 from searchr1.commands.search_options import search_options
 from searchr1.search.options import SearchOptions
 from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
@@ -149,15 +149,15 @@ def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
 def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
     from searchr1.commands.prerequisites import Prerequisites, check_examples_file, check_pytrio
     from searchr1.data.dataset import shuffled_examples
-    from searchr1.run.fileio import file_sha256
+    from searchr1.basics.fileio import file_sha256
     from searchr1.offline import TRAIN
     from searchr1.run.directory import TWIN_HOME, RunDir, recorded_checkpoints
-    from searchr1.runtime.services import (check_base_model, check_search_setup, check_tool_setup, load_tokenizer,
+    from searchr1.wiring.services import (check_base_model, check_search_setup, check_tool_setup, load_tokenizer,
                                            open_search, start_service, tool_backends)
     from searchr1.training.checkpoints import checkpoint_prefix, new_run_id
     from searchr1.training.loop import CollapseDetected, TrainingRun, TrainingStopped
     from searchr1.run.costs import BudgetReached
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
     checks = Prerequisites()  # what is missing is said all at once, before the tokenizer loads
@@ -542,7 +542,7 @@ def _interrupted_at_once(run: Any, stop: _StopOnInterrupt, *, resuming: bool) ->
     """What a second Ctrl-C (or one during start-up) leaves, and what can be done with it."""
     if stop.trainer is None or not run.file("config.json").is_file():
         return _interrupted_in_start_up(run, resuming=resuming)
-    from searchr1.view.wording import plural
+    from searchr1.basics.wording import plural
 
     last = run.resume_point()
     if last is None:
@@ -645,7 +645,7 @@ def _stored_value(stored: dict[str, Any], name: str) -> Any:
 
 def _as_recorded(name: str, value: Any) -> Any:
     """A flag's value as config.json records it (a private value is kept only in part)."""
-    from searchr1.search.secrets import redact_url
+    from searchr1.basics.secrets import redact_url
     from searchr1.search.wikipedia import CONTACT_PLACEHOLDER
 
     if name == "retriever_url" and value:
@@ -668,8 +668,8 @@ def _search_options_record(search: SearchOptions) -> dict[str, Any]:
 
 def _search_record(search: SearchOptions, offline: bool) -> dict[str, Any]:
     """``config.json``'s ``search``: what was used, and whether a credential was left out."""
-    from searchr1.search.secrets import redact_url
-    from searchr1.runtime.services import describe_search
+    from searchr1.basics.secrets import redact_url
+    from searchr1.wiring.services import describe_search
 
     record = {**describe_search(search, offline=offline), "options": _search_options_record(search)}
     if search.retriever_url and redact_url(search.retriever_url) != search.retriever_url:

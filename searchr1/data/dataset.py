@@ -32,9 +32,9 @@ from urllib.parse import urlsplit
 
 from searchr1.core.errors import UserError
 from searchr1.core.types import SearchExample
-from searchr1.run.fileio import file_sha256, follow_umask, naming, removing_new_directories
-from searchr1.run.jsonl import iter_json_lines
-from searchr1.runtime import invocation
+from searchr1.basics.fileio import file_sha256, follow_umask, naming, removing_new_directories
+from searchr1.basics.jsonl import iter_json_lines
+from searchr1.basics import invocation
 
 
 class DataError(UserError, ValueError):

@@ -1,1 +1,1 @@
-"""Evaluation: the eval loop, its metrics and the published rows."""
+"""Evaluation: the eval loop, its metrics, the published rows, and the transcripts of a run."""

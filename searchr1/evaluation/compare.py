@@ -37,8 +37,8 @@ from searchr1.evaluation.card import card_differences, eval_card
 from searchr1.evaluation.intervals import FEW_QUESTIONS, Interval, few_questions
 from searchr1.evaluation.metrics import EvalFileError, answer_score, load_summary, read_eval_records
 from searchr1.evaluation.paired_intervals import macro_paired_interval, paired_interval
-from searchr1.view.wording import plural
-from searchr1.runtime import invocation
+from searchr1.basics.wording import plural
+from searchr1.basics import invocation
 
 SCORES = ("em", "f1", "cover_em")
 BINARY_SCORES = ("em", "cover_em")

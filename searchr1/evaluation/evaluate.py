@@ -50,8 +50,8 @@ from searchr1.core.reward import score_trajectories
 from searchr1.core.types import SearchExample
 from searchr1.data.dataset import DataError, spread_across_sources
 from searchr1.evaluation.metrics import EvalFileError, summary_record, trajectory_record
-from searchr1.run.fileio import append_text, write_text_atomically
-from searchr1.run.jsonl import JsonLines, Surrogates, TornLines
+from searchr1.basics.fileio import append_text, write_text_atomically
+from searchr1.basics.jsonl import JsonLines, Surrogates, TornLines
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools, question_usage_metrics
 from searchr1.core.rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
 from searchr1.search.tool import with_search

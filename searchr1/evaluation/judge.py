@@ -107,7 +107,7 @@ class JudgeCache:
         entry = {"key": key, "correct": correct, "reply": reply}
         self.entries[key] = entry
         if self.path is not None:
-            from searchr1.run.fileio import append_text
+            from searchr1.basics.fileio import append_text
 
             self.path.parent.mkdir(parents=True, exist_ok=True)
             append_text(self.path, json.dumps(entry, ensure_ascii=False) + "\n")
@@ -200,7 +200,7 @@ class DeepSeekJudge:
     def __init__(self, model: str, client: Any, api_key: Any | None) -> None:
         self.model = model
         self.client = client  # an httpx.AsyncClient (its transport replays a cassette offline)
-        self._key = api_key  # a searchr1.search.secrets.Secret, or None when replaying
+        self._key = api_key  # a searchr1.basics.secrets.Secret, or None when replaying
 
     async def ask(self, prompt: str) -> str:
         headers = {"Content-Type": "application/json"}

@@ -18,7 +18,7 @@ from vcr.request import Request as VcrRequest
 from vcr.serialize import serialize
 from vcr.serializers import yamlserializer
 
-from searchr1.run.fileio import write_text_atomically
+from searchr1.basics.fileio import write_text_atomically
 from searchr1.search.recording import SECRET_REQUEST_HEADERS, SecretLeakError, find_leaks
 
 

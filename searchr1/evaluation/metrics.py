@@ -23,9 +23,10 @@ from typing import Any
 
 from searchr1.core.errors import UserError
 from searchr1.core.types import Termination, Trajectory
+from searchr1.evaluation.card import eval_card
 from searchr1.evaluation.intervals import macro_interval, mean_interval
 from searchr1.health.diagnostics import mean
-from searchr1.run.jsonl import iter_json_lines
+from searchr1.basics.jsonl import iter_json_lines
 
 
 # Summary-config fields that must agree for two evaluations to be comparable (plots refuse to
@@ -232,8 +233,6 @@ def summary_record(
         json.dumps(config, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"summary config is not plain JSON: {exc}") from exc
-    from searchr1.evaluation.card import eval_card
-
     return {
         "type": "summary",
         "partial": bool(partial),

@@ -139,7 +139,7 @@ def read_raw_adapter(folder: Path) -> RawAdapter:
     import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy, which safetensors then reads
     from safetensors import SafetensorError, safe_open
 
-    from searchr1.run.jsonl import read_json_object
+    from searchr1.basics.jsonl import read_json_object
 
     weights_path = folder / "adapter_model.safetensors"
     config = read_json_object(folder / "adapter_config.json", ConversionError, "the adapter config")
@@ -282,7 +282,7 @@ def write_converted(converted: Converted, folder: Path, metadata: Mapping[str, s
     import ml_dtypes  # noqa: F401 - lets safetensors.numpy write bfloat16
     from safetensors.numpy import save
 
-    from searchr1.run.fileio import write_bytes_atomically, write_text_atomically
+    from searchr1.basics.fileio import write_bytes_atomically, write_text_atomically
 
     folder.mkdir(parents=True, exist_ok=True)
     data = save({k: np.ascontiguousarray(v) for k, v in converted.tensors.items()}, metadata=dict(metadata))

@@ -155,7 +155,7 @@ def text_dims(config: Mapping[str, object], source: str) -> Qwen35Text:
 
 def read_config(path: Path) -> Qwen35Text:
     """The text dimensions of the ``config.json`` at ``path`` (a file, or a model folder holding one)."""
-    from searchr1.run.jsonl import read_json_object
+    from searchr1.basics.jsonl import read_json_object
 
     file = path / "config.json" if path.is_dir() else path
     return text_dims(read_json_object(file, ConfigError, "the model config"), str(file))

@@ -1,1 +1,1 @@
-"""Run health: per-step metrics, policy diagnostics and the collapse rules."""
+"""Run health: policy diagnostics and the collapse rules."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from searchr1.core.settings import key_value
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 REWARD_WINDOW = 5  # steps in the rolling mean the reward_drop rule compares against
 FALL_MARGIN = 0.1  # a step falls when its reward or format is this far below the best rolling mean

@@ -25,7 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 
 class OfflinePolicy(StrEnum):

@@ -1,1 +1,1 @@
-"""Run directories, files, transcripts, loggers and progress."""
+"""Run directories, loggers, progress, usage, prices and estimates."""

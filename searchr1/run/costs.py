@@ -37,8 +37,8 @@ from typing import Any
 from searchr1.core.errors import UserError
 from searchr1.core.tools import DECLARED
 from searchr1.run.usage import Usage, count_checkpoint, step_means, totals_before, unit_kind, usage_metrics
-from searchr1.view.wording import plural
-from searchr1.runtime import invocation
+from searchr1.basics.wording import plural
+from searchr1.basics import invocation
 
 COST = "cost/"
 TOKEN_KINDS = ("sample_prompt_tokens", "sample_generated_tokens", "train_tokens", "kl_prompt_tokens",

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from searchr1.core.errors import UserError
-from searchr1.run.jsonl import JsonLines, Surrogates, TornLines, read_json_document
-from searchr1.view.wording import plural
-from searchr1.run.fileio import (
+from searchr1.basics.jsonl import JsonLines, Surrogates, TornLines, read_json_document
+from searchr1.basics.wording import plural
+from searchr1.basics.fileio import (
     append_json_line,
     append_text,
     check_writable,
@@ -49,7 +49,7 @@ CHECKPOINTS = "checkpoints.jsonl"
 STATE = "run_state.json"
 REWOUND = "metrics.rewound.jsonl"
 CHECKPOINTS_REWOUND = "checkpoints.rewound.jsonl"
-TRANSCRIPTS = "transcripts.jsonl"  # written by searchr1.run.transcripts
+TRANSCRIPTS = "transcripts.jsonl"  # written by searchr1.evaluation.transcripts
 TRANSCRIPTS_REWOUND = "transcripts.rewound.jsonl"
 TWIN_HOME = "twin"  # the offline twin's runs and checkpoints, kept with the run (offline runs only)
 LOCK = ".lock"

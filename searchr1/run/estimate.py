@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from searchr1.run.usage import Usage
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 
 PROMPT_SAMPLE = 256  # first prompts measured with the tokenizer (the run's first questions)
 TWIN_NOTE = ("measured on the offline twin: its reply lengths and searches are the twin's, not the real "

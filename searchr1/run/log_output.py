@@ -6,7 +6,7 @@ logger's WARNING and above on standard error, as the bare message, when nothing 
 that is :data:`DEFAULT_LOG_LEVEL`, and a command run without a chosen level keeps it. A chosen
 level (:func:`showing_logs`) sets the ``searchr1`` logger's level and prints each of its
 records, as the bare message with anything that looks like a credential masked
-(:func:`searchr1.search.secrets.redact`), to the standard error of the moment; other libraries'
+(:func:`searchr1.basics.secrets.redact`), to the standard error of the moment; other libraries'
 loggers are left as they are.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 
-from searchr1.search.secrets import redact
+from searchr1.basics.secrets import redact
 
 PACKAGE_LOGGER = "searchr1"
 

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 
 FIELD_SEPARATOR = "  "
 

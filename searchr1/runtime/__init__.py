@@ -1,1 +1,1 @@
-"""The runtime around the core: tokenizer, PyTRIO connection, preflight, services."""
+"""The runtime around the core: tokenizer, PyTRIO connection, preflight, what our servers share."""

@@ -11,7 +11,7 @@
   connection after the answer does not reset it under a client still reading the 401. The check
   compares SHA-256 digests with :func:`hmac.compare_digest`, so it takes the same time whatever
   the key sent, its length included. The guard keeps only the key's digest; the key itself
-  lives in a :class:`~searchr1.search.secrets.Secret` and is never in a log line, an answer or a
+  lives in a :class:`~searchr1.basics.secrets.Secret` and is never in a log line, an answer or a
   ``repr``.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from searchr1.core.errors import UsageError
 from searchr1.runtime.http_bounds import shown
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 
 API_KEY_ENV = "SEARCHR1_SERVE_API_KEY"  # where --api-key is read from when the flag is not given
 OPEN_PATHS = ("/healthz",)  # answered without a key: what is served, for load balancers and probes

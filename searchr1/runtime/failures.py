@@ -28,7 +28,7 @@ def describe_failure(error: BaseException) -> str:
     ``user:password@``: a client's error names the server it called). A service's
     storage failure is its own message alone (the path and the cause), without the client's
     generic retry hint."""
-    from searchr1.search.secrets import strip_userinfo
+    from searchr1.basics.secrets import strip_userinfo
 
     code = getattr(error, "code", None) or type(error).__name__
     if code == STORAGE_FAILURE_CODE and isinstance(getattr(error, "message", None), str):

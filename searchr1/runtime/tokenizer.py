@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from searchr1.core.errors import UserError
 
-from searchr1.run.fileio import file_sha256, staging_directory
+from searchr1.basics.fileio import file_sha256, staging_directory
 
 TEMPLATE_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
 VOCAB_SHA256 = "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd"

@@ -25,17 +25,17 @@ from typing import Any, ClassVar
 import httpx
 
 from searchr1 import __version__
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 from searchr1.core.errors import UserError
-from searchr1.run.jsonl import JsonInputError, Surrogates, decode_json
+from searchr1.basics.jsonl import JsonInputError, Surrogates, decode_json
 from searchr1.search.cache import QueryCache, cache_key, normalise_query
 from searchr1.search.clock import Clock, RealClock
 from searchr1.search.limits import Backoff, parse_retry_after
-from searchr1.search.secrets import Secret, redact, redact_known, redact_url, sanitise_error
+from searchr1.basics.secrets import Secret, redact, redact_known, redact_url, sanitise_error
 from searchr1.search.singleflight import SingleFlight
 from searchr1.search.stats import CallRecord, SearchStats
 from searchr1.core.types import ReportedUsage, SearchItem, SearchResult
-from searchr1.search.unicode import valid_text
+from searchr1.basics.unicode import valid_text
 
 log = logging.getLogger("searchr1.search")
 
@@ -154,7 +154,7 @@ async def read_body(response: httpx.Response, max_bytes: int) -> bytes:
 
 
 def parse_json(raw: bytes | str) -> Any:
-    """Parse JSON from outside by the rules of every file we read (:mod:`searchr1.run.jsonl`:
+    """Parse JSON from outside by the rules of every file we read (:mod:`searchr1.basics.jsonl`:
     strict UTF-8, bounded nesting and integers), every lone surrogate mended to U+FFFD.
     Raises ``json.JSONDecodeError`` when it is not such JSON."""
     try:

@@ -69,8 +69,8 @@ from searchr1.search.fake_service import PAGE_BACKENDS, FakeSearchService, check
 from searchr1.search.limits import Backoff
 from searchr1.search.recording import recording
 from searchr1.search.replay import read_cassette_metadata
-from searchr1.search.secrets import Secret
-from searchr1.runtime import invocation
+from searchr1.basics.secrets import Secret
+from searchr1.basics import invocation
 
 CASSETTE_ROOT = Path(__file__).resolve().parents[2] / "cassettes"
 GENERATOR = invocation.command("cassettes build", checkout=True)  # generated files read the same whoever ran it

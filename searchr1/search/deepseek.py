@@ -31,7 +31,7 @@ from searchr1.search.base import (
     parse_json,
 )
 from searchr1.search.evidence import EVIDENCE_SYSTEM_PROMPT, EvidenceStream, build_request, parse_evidence
-from searchr1.search.secrets import Secret, redact_url, sanitise_error, url_secrets
+from searchr1.basics.secrets import Secret, redact_url, sanitise_error, url_secrets
 from searchr1.search.sse import NotAnEventStream, read_events
 
 DEFAULT_BASE_URL = "https://api.deepseek.com/anthropic"

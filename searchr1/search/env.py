@@ -15,7 +15,7 @@ from pathlib import Path
 from dotenv import dotenv_values
 
 from searchr1.core.errors import UserError
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 
 DEFAULT_ENV_FILE = Path(".env")
 

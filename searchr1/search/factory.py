@@ -21,10 +21,10 @@ from searchr1.search.deepseek import DeepSeekSearchBackend
 from searchr1.search.env import coerce_keys, lookup, require_keys
 from searchr1.search.local import INDEX_ENV, LocalSearchBackend
 from searchr1.search.retriever import RetrieverSearchBackend
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 from searchr1.search.wikipedia import WikipediaSearchBackend
 from searchr1.search.zhihu import ZhihuSearchBackend
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 BACKENDS: dict[str, type[HttpSearchBackend]] = {
     "deepseek": DeepSeekSearchBackend,

@@ -14,7 +14,7 @@ from searchr1.search.base import HttpSearchBackend
 from searchr1.search.cache import QueryCache
 from searchr1.search.factory import BACKEND_NAMES, create_search_backend
 from searchr1.search.replay import ReplayBackend, open_replay_backend
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 DEFAULT_CACHE_PATH = Path("runs/search-cache.sqlite")
 log = logging.getLogger("searchr1.search")

@@ -8,9 +8,11 @@ results. Each item says where it stands in the page (``Paris (passage 2 of 5)``)
 knows which ``offset`` reads on. A page that does not exist, or an offset past its end, is an
 answer with nothing in it (the policy's miss, not a tool failure: it stays in the reward).
 
-The index finds a page through its title and id tables (:mod:`searchr1.bm25.pages`) without
-scanning the corpus; the lookup runs in a worker thread, since a cold memory-mapped page of a
-21M-passage index is a disk read.
+How a call names a page and its offset, and the page's passages in the index, are
+:mod:`searchr1.bm25.page_naming`'s (every page backend reads a call the same way). The index
+finds a page through its title and id tables (:mod:`searchr1.bm25.pages`) without scanning the
+corpus; the lookup runs in a worker thread, since a cold memory-mapped page of a 21M-passage
+index is a disk read.
 
 The other page backends: :mod:`searchr1.search.wikipedia_pages` (the Action API, each page
 pinned to one revision) and :mod:`searchr1.search.retriever_pages` (``POST /page`` of
@@ -21,38 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
 
 from searchr1.bm25.corpus import split_contents
 from searchr1.bm25.index import BM25Index, Hit
+from searchr1.bm25.page_naming import PAGE_WINDOW, page_name, page_offset, page_passages
 from searchr1.core.tools import ToolBackend, ToolCall
-from searchr1.core.types import JsonValue, SearchItem, SearchResult
+from searchr1.core.types import SearchItem, SearchResult
 from searchr1.search.tool import SearchBackend
 from searchr1.search.base import truncate
 from searchr1.search.retriever import DEFAULT_SOURCE
-
-PAGE_WINDOW = 4  # passages one call returns at most (about 400 words of wiki-18)
-
-
-def page_name(text: str) -> str:
-    """The page a call names, as the model wrote it: trimmed, one pair of quotes dropped."""
-    name = text.strip()
-    if len(name) >= 2 and name[0] == name[-1] == '"':
-        name = name[1:-1].strip()
-    return name
-
-
-def page_offset(arguments: Mapping[str, JsonValue]) -> int:
-    """The passages a call skips: its ``offset`` when that is a positive whole number, else 0."""
-    offset = arguments.get("offset", 0)
-    return offset if isinstance(offset, int) and not isinstance(offset, bool) and offset > 0 else 0
-
-
-def page_passages(index: BM25Index, name: str) -> list[Hit]:
-    """Every passage of the page ``name`` names in ``index``: a passage id's page, else the page
-    of that title."""
-    by_id = index.passage_of_id(name)
-    return index.page(split_contents(by_id.contents)[0] if by_id is not None else name)
 
 
 def page_backend_for(search: SearchBackend) -> ToolBackend:

@@ -46,7 +46,7 @@ from vcr.serialize import serialize
 from vcr.serializers import yamlserializer
 
 from searchr1.search.base import CLIENT_PRODUCT
-from searchr1.search.secrets import Secret, redact_url, secret_forms
+from searchr1.basics.secrets import Secret, redact_url, secret_forms
 
 SECRET_REQUEST_HEADERS = (
     "authorization",

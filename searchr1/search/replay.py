@@ -43,15 +43,15 @@ from vcr.request import Request as VcrRequest
 from vcr.serializers import yamlserializer
 
 from searchr1.core.errors import UserError
-from searchr1.run.jsonl import JsonInputError, Surrogates, decode_json
+from searchr1.basics.jsonl import JsonInputError, Surrogates, decode_json
 from searchr1.search.base import HttpSearchBackend
 from searchr1.search.clock import Clock, VirtualClock
 from searchr1.search.factory import check_backend_name, create_search_backend
 from searchr1.search.limits import Backoff
 from searchr1.search.retriever import DEFAULT_URL as DEFAULT_RETRIEVER_URL
-from searchr1.search.secrets import redact, redact_url
+from searchr1.basics.secrets import redact, redact_url
 from searchr1.core.types import SearchResult
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 MATCH_ON = (
     matchers.method,

@@ -27,7 +27,7 @@ from searchr1.search.base import (
     passage_ident,
     truncate,
 )
-from searchr1.search.secrets import Secret, redact_url, url_secrets
+from searchr1.basics.secrets import Secret, redact_url, url_secrets
 from searchr1.core.types import SearchItem
 from searchr1.bm25.corpus import split_contents  # the wiki-18 layout, also read by the local index
 

@@ -30,13 +30,13 @@ import httpx
 from searchr1.bm25.corpus import split_contents
 from searchr1.core.tools import ToolCall
 from searchr1.core.types import SearchItem, SearchResult
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 from searchr1.search.base import (CallContext, HttpSearchBackend, Outcome, PayloadError, SearchRefusedError,
                                   check_url, http_status_outcome, read_json, truncate)
-from searchr1.search.pages import PAGE_WINDOW, page_name, page_offset
+from searchr1.bm25.page_naming import PAGE_WINDOW, page_name, page_offset
 from searchr1.search.retriever import (DEFAULT_SOURCE, DEFAULT_URL, REFUSED_STATUSES, RetrieverRefusedError,
                                        RetrieverSearchBackend, key_headers)
-from searchr1.search.secrets import Secret, redact_url, url_secrets
+from searchr1.basics.secrets import Secret, redact_url, url_secrets
 from searchr1.search.stats import RecentSearchStats
 
 NO_PAGES_STATUSES = (404, 405)

@@ -36,7 +36,7 @@ from searchr1.search.base import (
     truncate,
 )
 from searchr1.search.limits import StartRateLimiter, parse_retry_after
-from searchr1.search.secrets import Secret, redact_url, url_secrets
+from searchr1.basics.secrets import Secret, redact_url, url_secrets
 from searchr1.core.types import SearchItem
 
 log = logging.getLogger("searchr1.search")

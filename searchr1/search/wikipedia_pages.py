@@ -59,9 +59,9 @@ from searchr1.core.tools import ToolCall
 from searchr1.core.types import SearchItem, SearchResult
 from searchr1.search.base import CONTENT_LIMIT, CallContext, Outcome, PayloadError, truncate
 from searchr1.search.cache import normalise_query
-from searchr1.search.pages import PAGE_WINDOW, page_name, page_offset
+from searchr1.bm25.page_naming import PAGE_WINDOW, page_name, page_offset
 from searchr1.search.stats import RecentSearchStats
-from searchr1.search.unicode import valid_text
+from searchr1.basics.unicode import valid_text
 from searchr1.search.wikipedia import WikipediaApiBackend, WikipediaSearchBackend, mediawiki_params
 
 WIKI18_DUMP_DATE = "2018-12-20T00:00:00Z"  # the Wikipedia dump behind wiki-18

@@ -34,7 +34,7 @@ from searchr1.search.base import (
 )
 from searchr1.search.clock import Clock
 from searchr1.search.limits import parse_retry_after
-from searchr1.search.secrets import Secret, redact_url, sanitise_error, url_secrets
+from searchr1.basics.secrets import Secret, redact_url, sanitise_error, url_secrets
 from searchr1.core.types import SearchItem
 
 log = logging.getLogger("searchr1.search")

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from urllib.parse import quote, unquote
 
 from searchr1.runtime.api_key import AsgiApp, Message, Receive, Scope, Send
-from searchr1.search.secrets import MASK, Secret, redact, redact_known, secret_forms
+from searchr1.basics.secrets import MASK, Secret, redact, redact_known, secret_forms
 
 ACCESS_LOGGER = "searchr1.serve.access"
 MAX_PATH_CHARS = 200

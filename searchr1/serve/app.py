@@ -24,7 +24,7 @@ from searchr1.runtime.api_key import ApiKeyGuard
 from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, RequestError, RunningServer,
                                           bounded_protocol, decode_body, listening_socket, read_capped_body,
                                           run_in_thread)
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 from searchr1.serve.access_log import AccessLog
 from searchr1.serve.chat_api import MAX_BODY_BYTES, ChatRequest, FieldError, Reply, chunks, completion, \
     parse_chat_request, sse

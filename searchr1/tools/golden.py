@@ -120,7 +120,7 @@ async def _run(scenario: Scenario, tokenizer: Any, sampler: Any) -> tuple[Rollou
 
 def generate(scenario_path: Path, tokenizer: Any, *, twin: Any = None) -> dict[str, Any]:
     """Replay one scenario (on ``twin`` when given, else on a twin started for it)."""
-    from searchr1.runtime.services import scripted_sampling_client
+    from searchr1.wiring.services import scripted_sampling_client
 
     scenario = load_scenario(scenario_path)
     if not scenario.backend or not scenario.cassette:

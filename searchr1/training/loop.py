@@ -3,7 +3,7 @@ before the next starts.
 
 Per step: the core's :meth:`~searchr1.core.trainer.Trainer.step` (its batch from the rollout
 pipeline, :mod:`searchr1.training.pipeline`), then its metrics line
-(:func:`searchr1.health.metrics.step_metrics`), the collapse guard's verdict
+(:func:`searchr1.training.step_metrics.step_metrics`), the collapse guard's verdict
 (:mod:`searchr1.health.rules`), the transcripts, a checkpoint when one is due, and the run state.
 
 Before the first step, :meth:`TrainingRun.connect` checks the chat template, creates the training
@@ -30,10 +30,10 @@ from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import MicroBatcher, StepRecord, Trainer
 from searchr1.core.types import SearchExample, ServiceClient, Tokenizer
 from searchr1.search.tool import SearchBackend
-from searchr1.health.metrics import step_metrics
+from searchr1.training.step_metrics import step_metrics
 from searchr1.health.rules import CollapseGuard, collapse_report, configured_rules, last_healthy_checkpoint
 from searchr1.run.directory import ResumePoint, RunDir
-from searchr1.run.transcripts import append_transcripts, select_transcripts, transcript_record
+from searchr1.evaluation.transcripts import append_transcripts, select_transcripts, transcript_record
 from searchr1.runtime.preflight import PreflightError, check_service_tokenizer, check_template
 from searchr1.training.base_model import BaseModelPenalty
 from searchr1.training.checkpoints import checkpoint_name, save_checkpoint
@@ -42,8 +42,8 @@ from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for
 from searchr1.training.pipeline import RolloutPipeline
 from searchr1.run.costs import BudgetReached, RunAccount
 from searchr1.run.usage import Usage, count_update
-from searchr1.view.wording import plural
-from searchr1.runtime import invocation
+from searchr1.basics.wording import plural
+from searchr1.basics import invocation
 
 
 class TrainingStopped(RuntimeError):

@@ -10,7 +10,7 @@ calls accumulate, limits, the stop-token convention, latencies and faults. Stric
 command line with ``python cli.py twin serve``.
 
 The core (protocol, rollout, reward, advantage, datum, packing, trainer) never imports from
-here; commands reach it through ``searchr1.runtime.services``.
+here; commands reach it through ``searchr1.wiring.services``.
 """
 
 from searchr1.twin.client import TWIN_API_KEY, connect

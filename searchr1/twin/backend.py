@@ -48,7 +48,7 @@ from pytrio.protocol.control.training_run.renew import TrainingRunRenewResponse
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest, TrainingRunUpdateResponse
 
 from searchr1.runtime.failures import STORAGE_FAILURE_CODE
-from searchr1.run.fileio import is_write_failure, write_failure_line
+from searchr1.basics.fileio import is_write_failure, write_failure_line
 from searchr1.twin.collapse import collapsed_sequences, is_collapsed
 from searchr1.twin.config import (
     INJECTED_FAILURE_CODE,

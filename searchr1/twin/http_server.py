@@ -56,7 +56,7 @@ from pytrio.protocol.control.training_run.create import TrainingRunCreateRequest
 from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest
 
 from searchr1.runtime.failures import STORAGE_FAILURE_CODE
-from searchr1.run.fileio import is_write_failure, write_failure_line
+from searchr1.basics.fileio import is_write_failure, write_failure_line
 from searchr1.twin.backend import ApiError, TwinBackend
 from searchr1.twin.store import InvalidName
 from searchr1.twin.config import SampleRequestInfo

@@ -20,7 +20,7 @@ from typing import Any
 
 from searchr1.core.errors import UserError
 from searchr1.offline import PAGES, QUESTIONS
-from searchr1.run.jsonl import read_json_object
+from searchr1.basics.jsonl import read_json_object
 
 SPLITS = ("train", "dev")
 

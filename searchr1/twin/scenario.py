@@ -24,7 +24,7 @@ from typing import Any
 
 from searchr1.core.errors import UserError
 from searchr1.core.types import SearchExample
-from searchr1.run.jsonl import read_json_object
+from searchr1.basics.jsonl import read_json_object
 
 
 class ScenarioError(UserError, ValueError):

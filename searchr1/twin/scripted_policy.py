@@ -28,7 +28,7 @@ import numpy as np
 from searchr1.twin.policy import LossResult, PolicySample, Reduction, SampledSequence, Totals
 from searchr1.twin.scenario import Scenario, ScenarioError, ScriptedQuestion, normalise
 from searchr1.twin.toy_policy import ToyPolicy
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 
 _ASSISTANT_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 _USER_HEADER = "<|im_start|>user\n"

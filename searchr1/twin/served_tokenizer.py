@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from searchr1.run.fileio import staging_directory
+from searchr1.basics.fileio import staging_directory
 from searchr1.runtime.tokenizer import list_added_tokens
 
 TOKENIZER_FILE = "tokenizer.json"

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from pytrio.client.builders.training import CHECKPOINT_NAME_MAX_LENGTH, CHECKPOINT_NAME_PATTERN
 
-from searchr1.run.fileio import write_bytes_atomically
+from searchr1.basics.fileio import write_bytes_atomically
 
 PATH_PREFIX = "trio://twin/"
 PATH_PATTERN = re.compile(r"^trio://twin/(?P<run>run-\d+)/(?P<kind>state|weights)/(?P<name>[^/]+)$")

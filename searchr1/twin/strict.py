@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from searchr1.twin.policy import IGNORE_INDEX, PolicySample
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 
 VIOLATION_CODE = "twin.protocol_violation"
 RULES = ("event_order", "accumulation_totals", "token_range", "sampled_action", "sampled_logprob",

@@ -23,10 +23,10 @@ from searchr1.core.errors import UserError
 from searchr1.data.dataset import EVAL_SOURCES
 from searchr1.evaluation.intervals import FEW_QUESTIONS, few_questions
 from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary_with_current_intervals
-from searchr1.run.fileio import replacing
-from searchr1.run.jsonl import Surrogates, iter_json_lines, read_json_document
-from searchr1.view.wording import plural
-from searchr1.runtime import invocation
+from searchr1.basics.fileio import replacing
+from searchr1.basics.jsonl import Surrogates, iter_json_lines, read_json_document
+from searchr1.basics.wording import plural
+from searchr1.basics import invocation
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -1,7 +1,7 @@
 """How a transcript record reads: the conversation in order, its outcome in a few words, long
 text shortened with a visible count of what was left out, and text made safe to print.
 
-Pure functions over the records of :mod:`searchr1.run.transcripts` (and eval files, which hold the
+Pure functions over the records of :mod:`searchr1.evaluation.transcripts` (and eval files, which hold the
 same records); the terminal view (rich) is here too, the HTML page in
 :mod:`searchr1.view.html`. Records come from the model and from the web, so nothing in
 them is markup: rich gets :class:`rich.text.Text` objects (never markup strings) and control
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 
 REPLACEMENT = "\ufffd"
 TURN_CHARS, TURN_LINES = 1200, 30

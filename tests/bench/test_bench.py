@@ -22,7 +22,7 @@ from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.core.types import SearchItem, SearchResult
-from searchr1.runtime.services import scripted_sampling_client
+from searchr1.wiring.services import scripted_sampling_client
 from searchr1.twin import Latencies
 from searchr1.twin.scenario import parse_scenario
 

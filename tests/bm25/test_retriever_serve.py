@@ -18,7 +18,7 @@ from searchr1.core.tools import ToolCall
 from searchr1.search.factory import create_search_backend
 from searchr1.search.retriever import KEY_ENV, RetrieverRefusedError
 from searchr1.search.retriever_pages import RetrieverPageBackend
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 
 TOPICS = ["Hamlet", "Paris", "Danube", "Mona Lisa", "Everest", "Amazon", "Sahara", "Nile", "Tokyo", "Sydney",
           "Jupiter", "Mozart"]

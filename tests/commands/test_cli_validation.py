@@ -265,7 +265,7 @@ def test_a_ctrl_c_names_the_command_it_interrupted_and_says_what_is_kept(tmp_pat
 
 @pytest.mark.parametrize("policy", ["learning", "scripted"])
 def test_ask_offline_refuses_a_question_the_twin_does_not_know_in_one_line_before_starting(monkeypatch, policy):
-    import searchr1.runtime.services as services
+    import searchr1.wiring.services as services
 
     def not_reached(*args, **kwargs):
         raise AssertionError("started although the question cannot be answered")

@@ -12,7 +12,7 @@ from cli_support import command_paths
 
 from searchr1.cli import main
 from searchr1.commands.help_layout import SECTIONS, SectionedCommand, heading
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 # More options than this under one heading is a flat list again (eval had 48 under "Options").
 MAX_PER_HEADING = 20

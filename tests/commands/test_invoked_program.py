@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from cli_support import command_paths
 
 from searchr1.cli import COMMANDS, main
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKOUT = re.compile(r"\bcli\.py\b")

@@ -32,7 +32,7 @@ URL_PASSWORD = "url-pass-0044"
 WITHOUT_TOKENIZER = textwrap.dedent(
     """
     import os, sys
-    from searchr1.runtime import services
+    from searchr1.wiring import services
     def load_tokenizer(*args, **kwargs):
         sys.stderr.write("THE TOKENIZER WAS LOADED\\n")
         sys.stderr.flush()
@@ -156,7 +156,7 @@ def no_keys(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the tokenizer was loaded before the start-up checks reported")
 
-    monkeypatch.setattr("searchr1.runtime.services.load_tokenizer", refuse)
+    monkeypatch.setattr("searchr1.wiring.services.load_tokenizer", refuse)
 
 
 def test_the_first_problem_decides_the_exit_code(no_keys, tmp_path):

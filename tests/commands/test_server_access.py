@@ -13,7 +13,7 @@ from searchr1.cli import main
 from searchr1.commands.retriever import serve as retriever_serve
 from searchr1.commands.serve import refuse_overridden, serve
 from searchr1.runtime.api_key import API_KEY_ENV
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 
 KEY = "cli-test-key-0123456789abcdef"
 COMMANDS = {"serve": ["serve"], "retriever serve": ["retriever", "serve", "--index", "no-such-index"]}

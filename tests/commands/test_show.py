@@ -26,7 +26,7 @@ from searchr1.view.terminal import (
     conversation,
     printable,
 )
-from searchr1.run.transcripts import TRANSCRIPTS_FILE, append_transcripts
+from searchr1.evaluation.transcripts import TRANSCRIPTS_FILE, append_transcripts
 
 HOSTILE = '<script>document.title="pwned"</script><img src="http://127.0.0.1:9/x.png"> & "quotes" \x1b[31mred\x1b[0m'
 LONG_OBSERVATION = "[1] Source: Long page\n" + "evidence " * 200

@@ -15,7 +15,7 @@ from twin_support import MODEL
 
 from searchr1.core.advantage import assign_group_advantages, summarize_groups
 from searchr1.core.reward import score_trajectories
-from searchr1.health.metrics import rollout_metrics
+from searchr1.training.step_metrics import rollout_metrics
 from searchr1.core.protocol import missing_closing, observation_tokens, template_boundaries
 from searchr1.core.observation.fit import TRUNCATION_MARKER
 from searchr1.core.tools import shown_call

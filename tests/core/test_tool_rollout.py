@@ -270,7 +270,7 @@ def test_an_earlier_call_takes_what_fits_beside_one_letter_for_each_later_call(t
 def test_each_declared_tool_has_its_calls_metric_and_a_refused_call_is_counted_under_either_policy(
         sampler, tokenizer, policy):
     from searchr1.core.advantage import summarize_groups
-    from searchr1.health.metrics import rollout_metrics
+    from searchr1.training.step_metrics import rollout_metrics
 
     bad = "<tool_call>\n<function=open_page>\n<parameter=offset>\ntwo\n</parameter>\n</function>\n</tool_call>"
     opened, _ = run(sampler, tokenizer, [SEARCH.format("tower"), OPEN.format("Eiffel Tower", 1), "Answer: 330 m"])

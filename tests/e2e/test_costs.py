@@ -122,7 +122,7 @@ def test_a_bad_price_table_is_one_line_before_anything_runs(tmp_path):
 
 
 def test_an_estimate_spends_nothing(tmp_path, monkeypatch):
-    from searchr1.runtime import services
+    from searchr1.wiring import services
 
     def no_service(*args, **kwargs):
         raise AssertionError("an estimate contacted the service")

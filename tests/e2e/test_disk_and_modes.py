@@ -129,7 +129,7 @@ EVAL = ["eval", "--offline", "--offline-policy", "scripted", "--quiet", "--limit
 
 def test_an_eval_output_named_through_a_link_shares_the_lock_of_the_file_it_points_to(tmp_path):
     from searchr1.commands.eval import output_lock_path
-    from searchr1.run.fileio import FileInUseError, exclusive_lock
+    from searchr1.basics.fileio import FileInUseError, exclusive_lock
 
     real, link = tmp_path / "a.jsonl", tmp_path / "link.jsonl"
     link.symlink_to(real.name)

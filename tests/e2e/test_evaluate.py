@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from searchr1.cli import main
 from searchr1.core.types import SearchExample
 from searchr1.data.dataset import DataError, load_examples
-from searchr1.run.fileio import file_sha256
+from searchr1.basics.fileio import file_sha256
 from searchr1.evaluation.metrics import (
     COMPARABLE_CONFIG_FIELDS,
     load_summary,
@@ -30,7 +30,7 @@ from searchr1.evaluation.evaluate import (
 from searchr1.offline import DEV
 from searchr1.core.rollout import RolloutConfig
 from searchr1.search.options import SearchOptions
-from searchr1.runtime.services import offline_scenario, offline_service, search_backend
+from searchr1.wiring.services import offline_scenario, offline_service, search_backend
 from twin_support import without_timing_metrics
 
 SECRET = "sk-eval-test-secret-0123456789"

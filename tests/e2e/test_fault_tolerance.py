@@ -47,7 +47,7 @@ from searchr1.search.cache import normalise_query
 from searchr1.search.factory import BACKEND_NAMES
 from searchr1.search.fake_service import FakeSearchService, wikipedia_query
 from searchr1.search.testing import mock_backend
-from searchr1.runtime.services import offline_scenario
+from searchr1.wiring.services import offline_scenario
 from searchr1.training.config import TrainConfig
 from searchr1.training.loop import TrainingRun, TrainingStopped
 from searchr1.twin import TwinFaults, start_twin
@@ -482,7 +482,7 @@ class SearchSpy:
     """Wraps the command's search backend to note which queries each step asked."""
 
     def __init__(self, monkeypatch, run_dir: Path) -> None:
-        from searchr1.runtime import services
+        from searchr1.wiring import services
 
         self.queries: list[tuple[int, str]] = []  # (step in progress, query)
         original = services.search_backend

@@ -332,7 +332,7 @@ from searchr1.data.dataset import shuffled_examples  # noqa: E402
 from searchr1.offline import TRAIN  # noqa: E402
 from searchr1.run.directory import RunDir  # noqa: E402
 from searchr1.search.options import SearchOptions  # noqa: E402
-from searchr1.runtime.services import search_backend  # noqa: E402
+from searchr1.wiring.services import search_backend  # noqa: E402
 from searchr1.training.config import TrainConfig
 from searchr1.training.loop import TrainingRun, TrainingStopped  # noqa: E402
 

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from warm_python import run_python
 
 from searchr1.cli import main
-from searchr1.run.fileio import cut_torn_tail, write_json_atomically, write_text_atomically
+from searchr1.basics.fileio import cut_torn_tail, write_json_atomically, write_text_atomically
 from searchr1.run.directory import RunDir
-from searchr1.run.transcripts import TRANSCRIPTS_FILE, read_run_transcripts
+from searchr1.evaluation.transcripts import TRANSCRIPTS_FILE, read_run_transcripts
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = ["train", "--offline", "--offline-policy", "scripted", "--quiet", "--questions-per-batch", "4",
@@ -43,7 +43,7 @@ HOLD_LOCK = textwrap.dedent(
         held = RunDir(path).locked()
     else:
         from searchr1.commands.eval import output_lock_path
-        from searchr1.run.fileio import exclusive_lock
+        from searchr1.basics.fileio import exclusive_lock
         held = exclusive_lock(output_lock_path(path), "eval output")
     with held:
         print("locked", flush=True)
@@ -169,7 +169,7 @@ def test_resume_refuses_a_directory_whose_files_disagree(run_copy, damage, named
 TEAR_TRANSCRIPTS = textwrap.dedent(
     """
     import os, sys
-    from searchr1.run import transcripts
+    from searchr1.evaluation import transcripts
     original = transcripts.append_text
     def append_then_die(path, text):
         if '"step": 1,' in text:  # the process dies half way through writing step 1's records
@@ -373,7 +373,7 @@ def test_a_refused_pytrio_port_is_said_at_once_not_after_the_connect_timeout(tmp
 INTERRUPT_START = textwrap.dedent(
     """
     import signal, sys
-    from searchr1.runtime import services
+    from searchr1.wiring import services
     # Python's own Ctrl-C handler, as in a terminal (a shell starts background jobs with SIGINT ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     def load_tokenizer(*args, **kwargs):

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from searchr1.cli import main
 from searchr1.run.directory import RunDir
-from searchr1.run.transcripts import read_run_transcripts
+from searchr1.evaluation.transcripts import read_run_transcripts
 from twin_support import KILL_AFTER_STEP, without_timing_metrics
 from warm_python import run_python
 

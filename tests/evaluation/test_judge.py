@@ -25,7 +25,7 @@ from searchr1.evaluation.judge import (
 from searchr1.evaluation.judge_recording import RecordingTransport
 from searchr1.evaluation.metrics import evaluation_metrics
 from searchr1.search.replay import CassetteTransport
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 from searchr1.twin import judge as twin_judge
 from eval_records import record
 

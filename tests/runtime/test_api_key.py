@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from searchr1.core.errors import UsageError
 from searchr1.runtime.api_key import (MIN_KEY_CHARS, ApiKeyGuard, check_key_text, is_loopback, presented_key,
                                       required_key, unauthorized_body)
-from searchr1.search.secrets import Secret, secret_forms
+from searchr1.basics.secrets import Secret, secret_forms
 
 keys = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=MIN_KEY_CHARS, max_size=40)
 hosts = (st.ip_addresses().map(str) | st.text(max_size=30)

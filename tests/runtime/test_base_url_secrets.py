@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import searchr1.runtime.connect as connect
 from searchr1.runtime.failures import describe_failure
-from searchr1.runtime.services import ServiceSetupError, live_service
-from searchr1.search.secrets import strip_userinfo
+from searchr1.wiring.services import ServiceSetupError, live_service
+from searchr1.basics.secrets import strip_userinfo
 
 PASSWORD = "s3cret-pass-99"
 

@@ -10,7 +10,7 @@ import pytest
 from pytrio.types import ModelInput, SamplingParams
 
 from searchr1.runtime.connect import sampling_capacity
-from searchr1.runtime.services import SAMPLING_CONCURRENCY, offline_service
+from searchr1.wiring.services import SAMPLING_CONCURRENCY, offline_service
 from searchr1.twin.config import Latencies
 
 LATENCY = 1.0  # seconds the twin takes for every sampling request: long beside the client's own work,

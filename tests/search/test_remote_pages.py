@@ -21,7 +21,7 @@ from searchr1.core.observation.text import observation_candidates
 from searchr1.core.settings import SettingError
 from searchr1.core.tools import ToolCall
 from searchr1.core.types import SearchResult
-from searchr1.runtime.services import ServiceSetupError, check_tool_setup, tool_backends
+from searchr1.wiring.services import ServiceSetupError, check_tool_setup, tool_backends
 from searchr1.search.base import CONTENT_LIMIT
 from searchr1.search.cassette_specs import PageSpec, discover_specs
 from searchr1.search.clock import VirtualClock
@@ -29,7 +29,8 @@ from searchr1.search.factory import create_search_backend
 from searchr1.search.fake_service import FakeSearchService, page_html, page_revision, page_title
 from searchr1.search.limits import Backoff
 from searchr1.search.options import SearchOptions
-from searchr1.search.pages import PAGE_WINDOW, LocalPageBackend, page_backend_for
+from searchr1.bm25.page_naming import PAGE_WINDOW
+from searchr1.search.pages import LocalPageBackend, page_backend_for
 from searchr1.search.replay import ReplayBackend, open_replay_backend
 from searchr1.search.retriever_pages import RetrieverPageBackend, RetrieverServesNoPagesError, page_url
 from searchr1.search.stats import CallRecord, RecentSearchStats

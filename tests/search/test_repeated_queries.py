@@ -13,7 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from searchr1.run.usage import MeteredSearch, Usage
-from searchr1.runtime.services import search_backend
+from searchr1.wiring.services import search_backend
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.options import SearchOptions
 from searchr1.search.replay import ReplayBackend

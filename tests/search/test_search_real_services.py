@@ -17,7 +17,7 @@ import pytest
 
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.tool import with_search
-from searchr1.runtime.services import scripted_sampling_client
+from searchr1.wiring.services import scripted_sampling_client
 from searchr1.twin.scenario import parse_scenario
 from searchr1.search.cache import QueryCache
 from searchr1.search.clock import RealClock

@@ -16,7 +16,7 @@ from searchr1.search.env import MissingApiKeyError
 from searchr1.search.factory import create_search_backend
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.recording import SecretLeakError, recording
-from searchr1.search.secrets import Secret, redact, sanitise_error
+from searchr1.basics.secrets import Secret, redact, sanitise_error
 from searchr1.search.testing import mock_backend
 from searchr1.core.observation.text import format_observation
 

@@ -20,7 +20,7 @@ from searchr1.search.replay import open_replay_backend
 from searchr1.search.sse import EventReader
 from searchr1.search.testing import TEST_DEEPSEEK_KEY, mock_backend
 from searchr1.core.observation.text import format_observation
-from searchr1.search.unicode import valid_text, valid_tree
+from searchr1.basics.unicode import valid_text, valid_tree
 
 BACKENDS = ["wikipedia", "zhihu", "deepseek", "retriever"]
 MARK = "LONE-SURROGATE-HERE"

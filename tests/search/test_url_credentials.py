@@ -20,7 +20,7 @@ from searchr1.commands.train import _as_recorded, _resumed_search_options, _sear
 from searchr1.search.options import SearchOptions
 from searchr1.search.fake_service import FakeSearchService
 from searchr1.search.replay import CassetteMissError, open_replay_backend
-from searchr1.search.secrets import Secret, redact, redact_url, sanitise_error
+from searchr1.basics.secrets import Secret, redact, redact_url, sanitise_error
 
 PASSWORD = "hunter2-pass"
 TOKEN = "tok-0123456789abcdef"

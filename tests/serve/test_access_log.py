@@ -13,7 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from searchr1.runtime.api_key import MIN_KEY_CHARS
-from searchr1.search.secrets import Secret, secret_forms
+from searchr1.basics.secrets import Secret, secret_forms
 from searchr1.serve.access_log import ACCESS_LOGGER, MAX_PATH_CHARS, AccessLog, access_line
 
 keys = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=MIN_KEY_CHARS, max_size=30)

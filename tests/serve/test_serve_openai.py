@@ -16,9 +16,9 @@ import pytest
 
 from searchr1.core.rollout import RolloutConfig
 from searchr1.offline import load_source
-from searchr1.runtime.services import offline_scenario, offline_service, search_backend
+from searchr1.wiring.services import offline_scenario, offline_service, search_backend
 from searchr1.search.options import SearchOptions
-from searchr1.search.secrets import Secret
+from searchr1.basics.secrets import Secret
 from searchr1.serve.access_log import ACCESS_LOGGER
 from searchr1.serve.app import start_in_thread
 from searchr1.serve.model import ChatModel

@@ -69,7 +69,7 @@ def live_service(connect_timeout: float | None = None, *,
     from searchr1.runtime.connect import (DEFAULT_CONNECT_TIMEOUT, ConnectTimeout, call_with_deadline, diagnose,
                                           pytrio_base_url, refusal, sampling_capacity)
 
-    from searchr1.search.secrets import redact_url, strip_userinfo
+    from searchr1.basics.secrets import redact_url, strip_userinfo
 
     url = pytrio_base_url()
     shown = redact_url(url)  # a user:password@ in PYTRIO_BASE_URL is never printed
@@ -311,7 +311,7 @@ def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:
 
     if offline and options.backend == "local" and options.index is None:
         from searchr1.bm25.shipped import CORPUS
-        from searchr1.run.fileio import file_sha256
+        from searchr1.basics.fileio import file_sha256
 
         effective = replace(options, cache="off")
         index: str | None = f"shipped:{CORPUS.name}@{file_sha256(CORPUS)[:16]}"

@@ -17,10 +17,10 @@ from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.offline import SCENARIO
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.runtime.services import scripted_sampling_client
+from searchr1.wiring.services import scripted_sampling_client
 from searchr1.twin.scenario import load_scenario
 from searchr1.view.terminal import outcome
-from searchr1.run.transcripts import (
+from searchr1.evaluation.transcripts import (
     TRANSCRIPTS_FILE,
     append_transcripts,
     is_run_transcript_file,

@@ -1,5 +1,5 @@
 """Command lines the program prints start the way the user started it, and only
-:func:`searchr1.runtime.invocation.command` writes that start: no other string the package can
+:func:`searchr1.basics.invocation.command` writes that start: no other string the package can
 print names the program (``python cli.py``, ``cli.py``, ``searchr1 <command>``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 import searchr1
 from searchr1.commands.main import COMMANDS
-from searchr1.runtime import invocation
+from searchr1.basics import invocation
 
 PACKAGE = Path(searchr1.__file__).resolve().parent
 NAMES_THE_PROGRAM = re.compile(r"\bcli\.py\b|\bsearchr1 (?:%s)\b" % "|".join(map(re.escape, COMMANDS)))
@@ -41,7 +41,7 @@ def program_names(path: Path) -> list[str]:
 
 @pytest.mark.slow  # reads every string in the package (a second)
 def test_no_string_but_the_invocation_modules_names_the_program():
-    own = PACKAGE / "runtime" / "invocation.py"
+    own = PACKAGE / "basics" / "invocation.py"
     found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path != own for hit in program_names(path)]
     assert found == []
     assert program_names(own)  # the probe does see the one module that names it

@@ -1,5 +1,5 @@
 """Writing files so that a crash never leaves half of one. Every module that persists something
-goes through here (``searchr1.run.jsonl`` reads what it wrote)."""
+goes through here (``searchr1.basics.jsonl`` reads what it wrote)."""
 
 from __future__ import annotations
 

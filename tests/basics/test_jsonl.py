@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from searchr1.bm25.corpus import MAX_PASSAGE_BYTES, CorpusError, CorpusReader
 from searchr1.bm25.index import FORMAT, FORMAT_VERSION
 from searchr1.data.dataset import DataError, load_examples
-from searchr1.run.jsonl import (
+from searchr1.basics.jsonl import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
     JsonInputError,

@@ -31,8 +31,8 @@ from typing import Any
 
 from searchr1.core.errors import UserError
 from searchr1.evaluation.metrics import EvalFileError, read_eval_records, trajectory_record
-from searchr1.run.fileio import append_text, json_line
-from searchr1.run.jsonl import JsonLines, Surrogates, TornLines, decode_json
+from searchr1.basics.fileio import append_text, json_line
+from searchr1.basics.jsonl import JsonLines, Surrogates, TornLines, decode_json
 from searchr1.core.types import Trajectory
 
 TRANSCRIPTS_FILE = "transcripts.jsonl"

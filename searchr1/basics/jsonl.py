@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from searchr1.core.errors import UserError
-from searchr1.search.unicode import valid_tree
+from searchr1.basics.unicode import valid_tree
 
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 64

@@ -2,7 +2,7 @@
 
 JSON may spell a lone surrogate (``"\\ud800"``) and ``json.loads`` hands it over as is: a
 Python ``str`` that no UTF-8 encoder, tokenizer or file writer accepts. Every backend parses
-with ``searchr1.search.base.parse_json``, which mends them (``searchr1.run.jsonl``, the rules of
+with ``searchr1.search.base.parse_json``, which mends them (``searchr1.basics.jsonl``, the rules of
 every JSON we read; a replayed cassette goes through the same parsing), so search items, titles,
 error texts and echoed queries are always encodable; :func:`valid_text` mends a single string.
 A lone surrogate becomes U+FFFD; a proper pair never survives ``json.loads`` as two code points,

@@ -7,8 +7,8 @@ import pytest
 import hashlib
 import os
 
-from searchr1.run.fileio import append_json_line, file_sha256, removing_new_directories, replacing, write_text_atomically
-from searchr1.run.jsonl import iter_json_lines
+from searchr1.basics.fileio import append_json_line, file_sha256, removing_new_directories, replacing, write_text_atomically
+from searchr1.basics.jsonl import iter_json_lines
 
 
 def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
@@ -109,7 +109,7 @@ def test_a_lock_that_cannot_write_its_pid_names_the_lock_file(tmp_path, monkeypa
     import errno
     import os
 
-    from searchr1.run.fileio import exclusive_lock
+    from searchr1.basics.fileio import exclusive_lock
 
     def full(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -123,7 +123,7 @@ def test_a_lock_that_cannot_write_its_pid_names_the_lock_file(tmp_path, monkeypa
 
 
 def test_a_lock_file_is_removed_when_its_holder_is_done_and_refuses_a_second_holder_meanwhile(tmp_path):
-    from searchr1.run.fileio import FileInUseError, exclusive_lock
+    from searchr1.basics.fileio import FileInUseError, exclusive_lock
 
     path = tmp_path / ".run.lock"
     with exclusive_lock(path, "the run"):
@@ -143,7 +143,7 @@ def test_a_process_that_opened_a_lock_file_before_its_holder_removed_it_locks_th
     """The race that removing lock files opens: B opens the file, A finishes (removing it), B
     gets the flock of a file no path names, while C locks a new one. B must notice and start
     over, or B and C would both hold "the" lock."""
-    import searchr1.run.fileio as fileio
+    import searchr1.basics.fileio as fileio
 
     path = tmp_path / ".run.lock"
     path.write_text("1\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import searchr1
-from searchr1.view.wording import plural
+from searchr1.basics.wording import plural
 
 PACKAGE = Path(searchr1.__file__).resolve().parent
 # A placeholder, at most two words, then a noun with "(s)": "{n} step(s)", "{k} unhealthy step(s)".
