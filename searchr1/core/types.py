@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, Self, TypedDict
 
 
 if TYPE_CHECKING:
@@ -57,18 +57,21 @@ class SearchResult:
     usage: ReportedUsage | None = None
 
 
+class Counts:
+    """Base of a dataclass of counts: ``a.add(b)`` adds each field of ``b`` into ``a`` with ``+``."""
+    def add(self, other: Self) -> None:
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+
 @dataclass
-class ReportedUsage:
+class ReportedUsage(Counts):
     """Tokens and searches a search service reported for one call (summed over its attempts)."""
 
     input_tokens: int = 0
     cache_read_input_tokens: int = 0
     output_tokens: int = 0
     web_search_requests: int = 0
-
-    def add(self, other: ReportedUsage) -> None:
-        for name, value in vars(other).items():
-            setattr(self, name, getattr(self, name) + value)
 
 
 class Termination(StrEnum):
