@@ -34,7 +34,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gigpo_step": {"credit": "gigpo", "step_reward": "evidence"},
 }
 LABELS = {
-    "grpo": "trajectory credit (GRPO, the seed)",
+    "grpo": "trajectory credit (GRPO, the lab port)",
     "gigpo": "--credit gigpo (omega 1, gamma 0.95)",
     "gigpo_step": "--credit gigpo --step-reward evidence (+0.1 first sight, -0.1 a repeat)",
 }

@@ -1,18 +1,18 @@
-"""The seed's rollout scheduling, rebuilt as a benchmark baseline: lock-step rounds.
+"""The lab port's rollout scheduling, rebuilt as a benchmark baseline: lock-step rounds.
 
 Round 1 sends one request per question with ``num_samples = group_size``. Every later round
 sends one request for every unfinished trajectory, waits for ALL of them, then runs every
 pending search of the batch in a pool ``search_concurrency`` wide and waits for ALL of those,
 before the next round may start. So each round lasts as long as its slowest sample plus its
-slowest search (head-of-line blocking, the seed's rollout loop).
+slowest search (head-of-line blocking, the lab port's rollout loop).
 
-Only the scheduling is the seed's. Everything else is the engine's own pieces of
+Only the scheduling is the lab port's. Everything else is the engine's own pieces of
 :mod:`searchr1.core.rollout`: the group and its first request (``start_group``), each later
 request and its seed (``next_request``), the sampling call (``send_request``), the turn's
 parsing and budgets (``record_turn``) and the observation fitting and token stitching
 (``add_observation``), so for the same scenario both schedulers produce the same trajectories
 token for token; the benchmark asserts that before it compares
-their timings. (The seed's other differences, such as its seeds and its ``tool_overflow="end"``
+their timings. (The lab port's other differences, such as its sampling seeds and its ``tool_overflow="end"``
 behaviour, are deliberately not reproduced: they would change the trajectories, not the
 schedule.)
 """
@@ -40,7 +40,7 @@ from searchr1.core.rollout import (
     start_group,
 )
 
-DEFAULT_SEARCH_CONCURRENCY = 16  # the seed's RolloutConfig.search_concurrency
+DEFAULT_SEARCH_CONCURRENCY = 16  # the lab port's RolloutConfig.search_concurrency
 
 
 @dataclass
@@ -68,7 +68,7 @@ class LockstepRollout:
         self.stats = LockstepStats()
 
     async def _sample(self, request: SampleRequest) -> list[Any]:
-        """One request, no retry, no semaphore (as the seed)."""
+        """One request, no retry, no semaphore (as the lab port)."""
         sequences = await send_request(self.sampler, request, self.config, self.stop)
         self.stats.sample_requests += 1
         return sequences

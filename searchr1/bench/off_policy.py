@@ -15,8 +15,8 @@ forward_backward, one optim_step), runs on the same twin: K=0 must produce its m
 
 Figure 7 (learning speed). On an in-process twin with no latency, the steps until the mean
 reward over the last three steps reaches 0.8: our defaults, the same at K=1 (the target:
-at most 20 % more steps), and the seed's settings (the sampling seeds of every step equal,
-as the seed reused ``seed + index``, and manual micro-batch accumulation with n_k/N weights).
+at most 20 % more steps), and the lab port's settings (the sampling seeds of every step equal,
+as the lab port reused ``seed + index``, and manual micro-batch accumulation with n_k/N weights).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from searchr1.bench.report import Figure, Measure
+from searchr1.bench.report import LAB_PORT, Figure, Measure
 from searchr1.basics.wording import plural
 from searchr1.bench.served import served_twin
 
@@ -213,8 +213,8 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
 
 
 @contextlib.contextmanager
-def _seed_systems_seeds() -> Iterator[None]:
-    """Every step samples with the same seeds (the seed's ``seed + index``)."""
+def _lab_port_sampling_seeds() -> Iterator[None]:
+    """Every step samples with the same seeds (the lab port's ``seed + index``)."""
     from searchr1.core import rollout
 
     original = rollout.sampling_seed
@@ -249,9 +249,9 @@ def learning_speed_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False)
             service = twin.service_client()
             runs["ours"] = _train(service, _config(steps, **size), tokenizer, _world_search(seed), home)
             runs["ours_k1"] = _train(service, _config(steps, k=1, **size), tokenizer, _world_search(seed), home)
-            with _seed_systems_seeds():
-                runs["seed"] = _train(service, _config(steps, accumulation="manual", **size), tokenizer,
-                                      _world_search(seed), home)
+            with _lab_port_sampling_seeds():
+                runs[LAB_PORT] = _train(service, _config(steps, accumulation="manual", **size), tokenizer,
+                                        _world_search(seed), home)
     reached = {name: steps_to_reward(lines) for name, lines in runs.items()}
     never = steps + 1  # a run that never reaches the target counts as one step past the end
 
@@ -265,7 +265,7 @@ def learning_speed_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False)
                 value("ours"), unit="steps", digits=0),
         Measure("steps_ours_k1", "  the same with --max-steps-off-policy 1", value("ours_k1"), unit="steps",
                 digits=0),
-        Measure("steps_seed", "  the seed's settings (same seeds every step, n_k/N micro-batches)", value("seed"),
+        Measure("steps_seed", "  the lab port's settings (same seeds every step, n_k/N micro-batches)", value(LAB_PORT),
                 unit="steps", digits=0),
     ]
     figure = Figure(

@@ -1,12 +1,12 @@
-"""Figure 3: the seed's micro-batch packing (first-fit decreasing) against its lower bound.
+"""Figure 3: the lab port's micro-batch packing (first-fit decreasing) against its lower bound.
 
 Datum lengths are drawn from a trajectory-length model built on the real prompt length and
-the seed's limits (its ``train.py``: 32 items and 64,000 padded tokens per micro-batch): a prompt of about 520 tokens
-(the system prompt
-with the tool block, measured with the real tokenizer, plus the question), 0-4 searches, each
-assistant turn lognormal (median 120 tokens, capped at ``max_assistant_tokens`` 1024), each
-observation three Wikipedia-sized items (60-300 tokens plus their title/source/URL lines),
-kept whole while under ``max_tool_response_tokens`` 1024, and the trajectory cut at 8192.
+the lab port's limits (its ``train.py``: 32 items and 64,000 padded tokens per micro-batch): a
+prompt of about 520 tokens (the system prompt with the tool block, measured with the real
+tokenizer, plus the question), 0-4 searches, each assistant turn lognormal (median 120 tokens,
+capped at ``max_assistant_tokens`` 1024), each observation three Wikipedia-sized items (60-300
+tokens plus their title/source/URL lines), kept whole while under ``max_tool_response_tokens``
+1024, and the trajectory cut at 8192.
 All 64 trajectories of a step send a datum (the most packing pressure; degenerate groups
 send none in practice).
 
@@ -109,7 +109,7 @@ def packing_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False,
         padded += sum(padded_tokens(batch) for batch in packed)
     quantiles = np.percentile(lengths_seen, [10, 50, 90, 99]).tolist()
     figure = Figure(
-        number=3, name="packing", title="Packing (seed limits)",
+        number=3, name="packing", title="Packing (the lab port's limits)",
         measures=[
             Measure("micro_batches_over_lower_bound", "micro-batches / lower bound", batches / bound,
                     1.25, "<=", "x", target_source="bench"),

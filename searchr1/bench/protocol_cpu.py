@@ -1,9 +1,9 @@
-"""Figure 2: local CPU of a tool turn, ours against the seed's way of fitting the observation.
+"""Figure 2: local CPU of a tool turn, ours against the lab port's way of fitting the observation.
 
-The seed built the next prompt once per candidate item with four chat-template renders each
+The lab port built the next prompt once per candidate item with four chat-template renders each
 (canonical prompt, the same with an empty assistant turn to learn the closing tokens, the
 conversation ending with the assistant turn, and the next prompt), so a result of three items
-cost twelve renders (the seed's ``build_next_prompt`` and ``fit_tool_content``). Ours sizes the items with the
+cost twelve renders (the lab port's ``build_next_prompt`` and ``fit_tool_content``). Ours sizes the items with the
 tokenizer and
 renders twice, once, for the chosen content (:func:`searchr1.core.observation.fit.fit_tool_content`).
 
@@ -38,7 +38,7 @@ from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.core.types import SearchResult, Trajectory
 from searchr1.core.observation.text import observation_candidates
-from searchr1.bench.report import Figure, Measure
+from searchr1.bench.report import LAB_PORT, Figure, Measure
 from searchr1.bench.workload import WorkloadSpec, build_workload, quick_spec
 
 
@@ -72,13 +72,13 @@ def tool_turns(trajectories: Sequence[Trajectory], results: dict[str, SearchResu
     return turns
 
 
-# ------------------------------------------------------------------------------- the seed's way
+# ------------------------------------------------------------------------------- the lab port's way
 
 
-def seed_build_next_prompt(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
+def lab_port_build_next_prompt(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
                            previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
                            next_tool_message: dict[str, Any]) -> list[int]:
-    """The seed's stitching: four renders, the closing tokens learnt afresh on every call."""
+    """The lab port's stitching: four renders, the closing tokens learnt afresh on every call."""
     canonical_prompt = build_prompt(tokenizer, messages_before_assistant)
     empty_turn = render(tokenizer, list(messages_before_assistant) + [assistant_message("")],
                         add_generation_prompt=False)
@@ -95,10 +95,10 @@ def seed_build_next_prompt(tokenizer: Any, messages_before_assistant: list[dict[
     return list(previous_prompt_tokens) + list(completion_tokens) + list(closing[overlap:]) + observation
 
 
-def seed_fit_tool_content(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
+def lab_port_fit_tool_content(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
                           previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
                           result: SearchResult, config: RolloutConfig) -> tuple[str, list[int]] | None:
-    """The seed's greedy fit: for every candidate item, the token count of the joined content,
+    """The lab port's greedy fit: for every candidate item, the token count of the joined content,
     then a whole next prompt (four renders) to check the trajectory budget; stop at the first
     item that does not fit. ``None`` when not even the first fits (no truncation)."""
     accepted: list[str] = []
@@ -107,7 +107,7 @@ def seed_fit_tool_content(tokenizer: Any, messages_before_assistant: list[dict[s
         joined = "\n\n".join(accepted + [candidate])
         if len(tokenizer.encode(joined, add_special_tokens=False)) > config.max_tool_response_tokens:
             break
-        next_prompt = seed_build_next_prompt(tokenizer, messages_before_assistant, assistant_text,
+        next_prompt = lab_port_build_next_prompt(tokenizer, messages_before_assistant, assistant_text,
                                              previous_prompt_tokens, completion_tokens,
                                              tool_message(call_id, joined))
         if len(next_prompt) > config.max_trajectory_tokens:
@@ -127,13 +127,13 @@ def _fit_ours(tokenizer: Any, turn: ToolTurn, config: RolloutConfig) -> tuple[st
     return None if fitted is None else (fitted.content, fitted.next_prompt)
 
 
-def _fit_seed(tokenizer: Any, turn: ToolTurn, config: RolloutConfig) -> tuple[str, list[int]] | None:
-    return seed_fit_tool_content(tokenizer, turn.messages_before_assistant, turn.assistant_text,
+def _fit_lab_port(tokenizer: Any, turn: ToolTurn, config: RolloutConfig) -> tuple[str, list[int]] | None:
+    return lab_port_fit_tool_content(tokenizer, turn.messages_before_assistant, turn.assistant_text,
                                  turn.previous_prompt_tokens, turn.completion_tokens, turn.call_id,
                                  turn.result, config)
 
 
-FITTERS = {"ours": _fit_ours, "seed": _fit_seed}
+FITTERS = {"ours": _fit_ours, LAB_PORT: _fit_lab_port}
 
 
 @contextlib.contextmanager
@@ -185,10 +185,10 @@ def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
         raise RuntimeError("the protocol workload produced no tool turns")
     config = workload.config
 
-    cpu: dict[str, list[float]] = {"ours": [], "seed": []}
+    cpu: dict[str, list[float]] = {"ours": [], LAB_PORT: []}
     renders: dict[str, int] = {}
     for rep in range(repetitions):
-        order = ("ours", "seed") if rep % 2 == 0 else ("seed", "ours")
+        order = ("ours", LAB_PORT) if rep % 2 == 0 else (LAB_PORT, "ours")
         for kind in order:
             seconds, count, fits = measure_pass(kind, tokenizer, turns, config)
             cpu[kind].append(seconds)
@@ -206,14 +206,15 @@ def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
         measures=[
             Measure("renders_per_tool_turn", "ours: chat-template renders / tool turn", renders["ours"] / n, 2.0, "<=",
                     digits=1),
-            Measure.of_samples("cpu_speedup_over_seed", "seed CPU / ours CPU",
-                               [seed / ours for seed, ours in zip(cpu["seed"], cpu["ours"])], 3.0, ">=", "x",
+            Measure.of_samples("cpu_speedup_over_seed", "lab port CPU / ours CPU",
+                               [theirs / ours for theirs, ours in zip(cpu[LAB_PORT], cpu["ours"])], 3.0, ">=", "x",
                                spread_bound=0.30),
-            Measure("seed_renders_per_tool_turn", "seed: renders / tool turn", renders["seed"] / n, digits=1),
+            Measure("seed_renders_per_tool_turn", "lab port: renders / tool turn", renders[LAB_PORT] / n,
+                    digits=1),
             Measure.of_samples("ours_cpu_ms_per_tool_turn", "ours: CPU / tool turn",
                                [1000.0 * c / n for c in cpu["ours"]], unit="ms", digits=1),
-            Measure.of_samples("seed_cpu_ms_per_tool_turn", "seed: CPU / tool turn",
-                               [1000.0 * c / n for c in cpu["seed"]], unit="ms", digits=1),
+            Measure.of_samples("seed_cpu_ms_per_tool_turn", "lab port: CPU / tool turn",
+                               [1000.0 * c / n for c in cpu[LAB_PORT]], unit="ms", digits=1),
         ],
         details={
             "tool_turns": n,

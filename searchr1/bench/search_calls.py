@@ -12,7 +12,7 @@ handler that answers every query and counts the requests that reach it, after th
 Request counts do not depend on the machine; the makespan ratio is wall clock.
 
 The baseline is the same step with neither (no cache, single-flight replaced by a pass-through),
-which is the seed's one request per ``search()`` call. Ideal: one request per distinct query.
+which is the lab port's one request per ``search()`` call. Ideal: one request per distinct query.
 """
 
 from __future__ import annotations
@@ -113,16 +113,16 @@ def search_calls_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
             ours = _run_step(tokenizer, workload, model, sampler, cache=cache, single_flight=True)
         finally:
             cache.close()
-        seed_way = _run_step(tokenizer, workload, model, sampler, cache=None, single_flight=False)
-    if seed_way["requests"] != seed_way["calls"]:
+        lab_port_way = _run_step(tokenizer, workload, model, sampler, cache=None, single_flight=False)
+    if lab_port_way["requests"] != lab_port_way["calls"]:
         raise AssertionError(
             f"without cache and single-flight every search() call should reach the service once, "
-            f"got {seed_way['requests']} requests for {seed_way['calls']} calls"
+            f"got {lab_port_way['requests']} requests for {lab_port_way['calls']} calls"
         )
-    if sorted(ours["queries"]) != sorted(seed_way["queries"]):
+    if sorted(ours["queries"]) != sorted(lab_port_way["queries"]):
         raise AssertionError("the two runs searched different queries")
     distinct = len({normalise_query(q) for q in ours["queries"]})
-    without = seed_way["requests"]
+    without = lab_port_way["requests"]
     saved = 1.0 - ours["requests"] / without
     ideal = 1.0 - distinct / without
     figure = Figure(
@@ -137,7 +137,7 @@ def search_calls_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
             Measure("saved_by_cache", "  answered by the cache", 100.0 * ours["cache_hits"] / without,
                     unit="%", digits=1),
             Measure("step_speedup", "step makespan without / with (wall clock)",
-                    seed_way["wall_seconds"] / ours["wall_seconds"], unit="x"),
+                    lab_port_way["wall_seconds"] / ours["wall_seconds"], unit="x"),
         ],
         details={
             "search_calls": without,
@@ -147,7 +147,7 @@ def search_calls_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
             "shared_in_flight": ours["shared"],
             "cache_hits": ours["cache_hits"],
             "failed_searches": ours["failed"],
-            "wall_seconds": {"with": ours["wall_seconds"], "without": seed_way["wall_seconds"]},
+            "wall_seconds": {"with": ours["wall_seconds"], "without": lab_port_way["wall_seconds"]},
             "search_latency_scale": SCALE,
             "backend": "wikipedia (real client, SQLite cache, single-flight) over httpx.MockTransport",
         },

@@ -1,4 +1,4 @@
-"""Figure 5: the local CPU of one offline training step against the seed's way, whose it is, and
+"""Figure 5: the local CPU of one offline training step against the lab port's way, whose it is, and
 what the wire costs.
 
 The real :class:`~searchr1.core.trainer.Trainer` runs a few steps of 8 questions x 8 samples with the
@@ -15,16 +15,16 @@ CPU. The twin's process is read too and reported, never counted.
 Every step's rollout is measured three times, seconds apart, so that they see the same
 machine: as it runs (the real sampling client over HTTP); once more with an in-memory sampler
 that replays the answers the first rollout got (no pytrio, no HTTP); and that replay again
-the seed's way, fitting every observation as the seed did (a whole next prompt, four
-chat-template renders, per candidate item: :func:`searchr1.bench.protocol_cpu.seed_fit_tool_content`).
+the lab port's way, fitting every observation as the lab port did (a whole next prompt, four
+chat-template renders, per candidate item: :func:`searchr1.bench.protocol_cpu.lab_port_fit_tool_content`).
 Both replays must give the same trajectories as the step. The in-memory step is the real step
 with its rollout swapped for the replay (datums and training calls are the same work for the
-same trajectories), so ``wire / in-memory`` is what the sampling wire itself costs; the seed's
-step is the real step with our replayed rollout swapped for the seed's (the wire does the same
+same trajectories), so ``wire / in-memory`` is what the sampling wire itself costs; the lab port's
+step is the real step with our replayed rollout swapped for the lab port's (the wire does the same
 requests either way). The target is a ratio of the two ways, measured side by side, so it does
-not move with the machine's speed as seconds do: ``ours / the seed's way`` of the step's local
+not move with the machine's speed as seconds do: ``ours / the lab port's way`` of the step's local
 CPU, which is also the ratio of their shares of the modelled service time (the same for both).
-The rest of the seed's step costs about the same local CPU either way (its lock-step rounds
+The rest of the lab port's step costs about the same local CPU either way (its lock-step rounds
 and hand packing are figures 1 and 3). Runs are repeated; a run's sample is its mean over the
 steps after the first (the same steps in every run), and figures print the median of the runs
 with the lowest and highest.
@@ -60,8 +60,8 @@ from typing import Any
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.bench.client_scaling import client_scaling, settled_heap as heap_settled
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY
-from searchr1.bench.protocol_cpu import seed_fit_tool_content
-from searchr1.bench.report import Figure, Measure
+from searchr1.bench.protocol_cpu import lab_port_fit_tool_content
+from searchr1.bench.report import LAB_PORT, Figure, Measure
 from searchr1.bench.samplers import CountingSampler, InMemorySampler
 from searchr1.core.observation.tokens import forget_remembered_texts
 from searchr1.basics.wording import plural
@@ -70,11 +70,11 @@ from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread
 from searchr1.bench.workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
 
 SPREAD_BOUND = 0.15  # (highest - lowest) / median of the runs, documented in docs/benchmarks.md
-# Our step's local CPU at most this share of the same step done the seed's way: the former
-# absolute targets restated (1.5 s against the seed's 7.8 s of local CPU per step, and 0.035x
+# Our step's local CPU at most this share of the same step done the lab port's way: the former
+# absolute targets restated (1.5 s against the lab port's 7.8 s of local CPU per step, and 0.035x
 # against its 0.17x of the modelled service time, are both 0.2 on the machine that measured
 # them); documented in docs/benchmarks.md.
-SEED_RATIO_TARGET = 0.2
+LAB_PORT_RATIO_TARGET = 0.2
 LOCAL_ROLES = ("main", "client")  # threads whose CPU is the step's local CPU
 MAIN_PIECES = {
     "fit": "fitting and stitching observations (tokenizer, template)",
@@ -94,9 +94,9 @@ class StepRecord:
     replay_main: float = 0.0
     replay_client: float = 0.0
     replay_pieces: dict[str, float] = field(default_factory=dict)
-    seed_main: float = 0.0  # the replay again, observations fitted the seed's way
-    seed_client: float = 0.0
-    seed_pieces: dict[str, float] = field(default_factory=dict)
+    lab_port_main: float = 0.0  # the replay again, observations fitted the lab port's way
+    lab_port_client: float = 0.0
+    lab_port_pieces: dict[str, float] = field(default_factory=dict)
     datums: float = 0.0
     bench_main: float = 0.0  # the bench's own main-thread work inside the step (collections, checks)
     requests: int = 0
@@ -113,10 +113,10 @@ class StepRecord:
         return self.local - self.rollout_main - self.rollout_client + self.replay_main + self.replay_client
 
     @property
-    def seed_way(self) -> float:
-        """The same step with the seed's observation fitting: our replayed rollout swapped for
-        the seed's replay of it."""
-        return self.local - self.replay_main - self.replay_client + self.seed_main + self.seed_client
+    def lab_port_way(self) -> float:
+        """The same step with the lab port's observation fitting: our replayed rollout swapped for
+        the lab port's replay of it."""
+        return self.local - self.replay_main - self.replay_client + self.lab_port_main + self.lab_port_client
 
 
 class StepProbe:
@@ -127,7 +127,7 @@ class StepProbe:
         self.twin_pid: int | None = None
         self.steps: list[StepRecord] = []
         self.current = StepRecord()
-        self.replaying: str | None = None  # None: the step itself; "memory" or "seed": a replay
+        self.replaying: str | None = None  # None: the step itself; "memory" or LAB_PORT: a replay
         self.trajectories: list[list[Any]] = []
 
     def attach(self, service: Any) -> None:
@@ -146,7 +146,7 @@ class StepProbe:
             finally:
                 record = self.current
                 pieces = {None: record.pieces, "memory": record.replay_pieces,
-                          "seed": record.seed_pieces}[self.replaying]
+                          LAB_PORT: record.lab_port_pieces}[self.replaying]
                 pieces[name] = pieces.get(name, 0.0) + time.thread_time() - start
         return wrapper
 
@@ -161,14 +161,14 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
         setattr(target, name, original)
 
 
-def seed_fit(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
+def lab_port_fit(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
              previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
              result: Any, config: Any, tool: str = "search") -> Any:
-    """:func:`searchr1.core.observation.fit.fit_tool_content` done the seed's way (figure 2's
-    :func:`seed_fit_tool_content`), in the engine's own return type (the seed has search alone)."""
+    """:func:`searchr1.core.observation.fit.fit_tool_content` done the lab port's way (figure 2's
+    :func:`lab_port_fit_tool_content`), in the engine's own return type (the lab port has search alone)."""
     from searchr1.core.observation.fit import FittedObservation
 
-    fitted = seed_fit_tool_content(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
+    fitted = lab_port_fit_tool_content(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
                                    completion_tokens, call_id, result, config)
     return None if fitted is None else FittedObservation(fitted[0], fitted[1], False)
 
@@ -228,16 +228,16 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         if len(replay_args) > 4:
             replay_args[4] = None
         replay = await replayed("memory", answers, replay_args, kwargs, trajectories)
-        with patched(fit_module, "fit_tool_content", seed_fit):
-            seed = await replayed("seed", answers, replay_args, kwargs, trajectories)
+        with patched(fit_module, "fit_tool_content", lab_port_fit):
+            theirs = await replayed(LAB_PORT, answers, replay_args, kwargs, trajectories)
         record = probe.current
         record.rollout_main += spent.roles.get("main", 0.0)
         record.rollout_client += spent.roles.get("client", 0.0)
         record.replay_main += replay.roles.get("main", 0.0)
         record.replay_client += replay.roles.get("client", 0.0)
-        record.seed_main += seed.roles.get("main", 0.0)
-        record.seed_client += seed.roles.get("client", 0.0)
-        record.local -= replay.total(LOCAL_ROLES) + seed.total(LOCAL_ROLES)  # taken out of the step's own CPU below
+        record.lab_port_main += theirs.roles.get("main", 0.0)
+        record.lab_port_client += theirs.roles.get("client", 0.0)
+        record.local -= replay.total(LOCAL_ROLES) + theirs.total(LOCAL_ROLES)  # taken out of the step's own CPU below
         record.requests += counted.requests
         record.turns += sum(len(t.turns) for t in trajectories)
         probe.trajectories.append(trajectories)
@@ -332,21 +332,21 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
 
     wire_local = per_step(lambda r: r.local)
     memory_local = per_step(lambda r: r.in_memory)
-    seed_local = per_step(lambda r: r.seed_way)
-    over_seed = ratio(lambda r: r.local, lambda i, r: r.seed_way)
+    lab_port_local = per_step(lambda r: r.lab_port_way)
+    over_lab_port = ratio(lambda r: r.local, lambda i, r: r.lab_port_way)
     pairs = ratio(lambda r: r.local, lambda i, r: r.in_memory)
     over_service = ratio(lambda r: r.local, lambda i, r: service_seconds[i])
-    seed_over_service = ratio(lambda r: r.seed_way, lambda i, r: service_seconds[i])
+    lab_port_over_service = ratio(lambda r: r.lab_port_way, lambda i, r: service_seconds[i])
 
     def rest_main(r: StepRecord) -> float:
         return max(0.0, r.rollout_main - sum(r.pieces.values()))
 
     def main_outside(r: StepRecord) -> float:  # the trainer's bookkeeping and its pytrio calls
-        return max(0.0, r.roles.get("main", 0.0) - r.rollout_main - r.replay_main - r.seed_main - r.datums
+        return max(0.0, r.roles.get("main", 0.0) - r.rollout_main - r.replay_main - r.lab_port_main - r.datums
                    - r.bench_main)
 
     def client_outside(r: StepRecord) -> float:  # training calls and the sampler checkpoint
-        return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client - r.seed_client)
+        return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client - r.lab_port_client)
 
     requests = statistics.median([float(r.requests) for _, r in wire_steps])
     turns = statistics.median([float(r.turns) for _, r in wire_steps])
@@ -357,20 +357,20 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
     per_turn = [1000.0 * v for v in ratio(lambda r: r.rollout_main + r.rollout_client, lambda i, r: r.turns)]
 
     measures = [
-        Measure.of_samples("local_cpu_over_seed_way", "local CPU per step, ours / the seed's observation fitting",
-                           over_seed, SEED_RATIO_TARGET, "<=", "x", target_source="bench",
+        Measure.of_samples("local_cpu_over_seed_way", "local CPU per step, ours / the lab port's observation fitting",
+                           over_lab_port, LAB_PORT_RATIO_TARGET, "<=", "x", target_source="bench",
                            spread_bound=SPREAD_BOUND),
         # Rows in CPU seconds (over a fixed modelled time or not) carry no spread bound: they also
         # measure the machine's speed, which drifts between runs minutes apart; the ratios
         # measured side by side cancel it.
         Measure.of_samples("local_overhead_over_service_time", "local CPU / modelled service time of the step",
                            over_service, unit="x", digits=3),
-        Measure.of_samples("seed_way_over_service_time", "  the seed's way / modelled service time",
-                           seed_over_service, unit="x", digits=3),
+        Measure.of_samples("seed_way_over_service_time", "  the lab port's way / modelled service time",
+                           lab_port_over_service, unit="x", digits=3),
         Measure.of_samples("local_cpu_seconds_per_step", "local CPU per step (main + pytrio threads)",
                            wire_local, unit="s"),
-        Measure.of_samples("seed_way_cpu_seconds_per_step", "  the same step, the seed's observation fitting",
-                           seed_local, unit="s"),
+        Measure.of_samples("seed_way_cpu_seconds_per_step", "  the same step, the lab port's observation fitting",
+                           lab_port_local, unit="s"),
         Measure.of_samples("wire_over_in_memory", "local CPU, real client / in-memory sampler", pairs,
                            unit="x", spread_bound=SPREAD_BOUND),
         Measure.of_samples("in_memory_cpu_seconds_per_step", "  the same step, in-memory sampler",
@@ -410,12 +410,13 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
             "trajectories_per_step": len(trajectories),
             "sampling_requests_per_step": requests, "assistant_turns_per_step": turns,
             "modelled_service_seconds": service_seconds,
+            # "seed_*": the lab port's way, as bench.json already names it (report.LAB_PORT)
             "per_step": [{"step": i, "local": r.local, "in_memory": r.in_memory, "roles": r.roles, "twin": r.twin,
-                          "seed_way": r.seed_way, "pieces": r.pieces, "replay_pieces": r.replay_pieces,
-                          "seed_pieces": r.seed_pieces, "rollout_main": r.rollout_main,
+                          "seed_way": r.lab_port_way, "pieces": r.pieces, "replay_pieces": r.replay_pieces,
+                          "seed_pieces": r.lab_port_pieces, "rollout_main": r.rollout_main,
                           "rollout_client": r.rollout_client, "replay_main": r.replay_main,
-                          "replay_client": r.replay_client, "seed_main": r.seed_main, "seed_client": r.seed_client,
-                          "datums": r.datums, "requests": r.requests,
+                          "replay_client": r.replay_client, "seed_main": r.lab_port_main,
+                          "seed_client": r.lab_port_client, "datums": r.datums, "requests": r.requests,
                           "turns": r.turns} for i, r in wire_steps],
             "latency_model": {"sample_base": model.sample_base, "sample_per_token": model.sample_per_token,
                               "search_median": model.search_median, "search_sigma": model.search_sigma},
@@ -423,9 +424,9 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
             "scaling": scaling,
         },
         notes=[(f"{plural(repetitions, 'run')} x {plural(steps, 'step')}, the first step of each run left out (a "
-                f"sample is a run's mean "
-                f"over the same steps), each step's rollout replayed from memory right after it, ours and the seed's "
-                f"observation fitting; {len(trajectories)} trajectories, {requests:.0f} sampling requests and "
+                f"sample is a run's mean over the same steps), each step's rollout replayed from memory right after "
+                f"it, ours and the lab port's observation fitting; {len(trajectories)} trajectories, "
+                f"{requests:.0f} sampling requests and "
                 f"{turns:.0f} assistant turns per step; CPU per thread (waiting adds nothing); the twin served from "
                 f"another process{' (in this process: --quick)' if quick else ''}"),
                "scaling rows: one whole rollout per size (" + ", ".join(f"{size['trajectories']:,}" for size in scaling)

@@ -137,7 +137,8 @@ def ask(search: SearchOptions, question: str, **kwargs: Any) -> None:
 
 
 def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
-    from searchr1.commands.eval import _sampling_client, checkpoint_of
+    from searchr1.commands.checkpoint_flag import resolve_checkpoint
+    from searchr1.commands.eval import _sampling_client
     from searchr1.core.rollout import rollout_batch_async
     from searchr1.search.tool import with_search
     from searchr1.data.dataset import SearchExample
@@ -162,20 +163,10 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
     rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
     if rollout.group_size != 1:
         raise click.BadParameter("ask follows one trajectory; use eval for groups", param_hint="--group-size")
-    model_path: str | None = None
-    if checkpoint is not None and not checkpoint.startswith("trio://"):
-        if offline_home is not None:
-            raise click.UsageError("--offline-home is for a checkpoint path; a run directory names its own twin")
-        found = checkpoint_of(Path(checkpoint))
-        offline, base_model, model_path = found.offline, found.base_model, found.weights_path
-        offline_home, policy = found.offline_home, found.offline_policy or policy
-    elif checkpoint is not None:
-        model_path = checkpoint
-        if offline and offline_home is None:
-            raise click.UsageError("an offline checkpoint path needs --offline-home (runs/<run>/twin), or pass "
-                                   "the run directory")
-    if offline_home is not None and not offline:
-        raise click.UsageError("--offline-home only applies with --offline")
+    chosen = resolve_checkpoint(checkpoint, base_model=base_model, offline=offline, offline_home=offline_home,
+                                offline_policy=policy)
+    base_model, model_path, offline = chosen.base_model, chosen.model_path, chosen.offline
+    offline_home, policy = chosen.offline_home, chosen.offline_policy
     if offline:
         check_offline_question(question, policy)
     check_base_model(base_model)

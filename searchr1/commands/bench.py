@@ -1,4 +1,4 @@
-"""``searchr1 bench``: how much faster and cheaper than the seed's way (see ``searchr1.bench``)."""
+"""``searchr1 bench``: how much faster and cheaper than the lab port's way (see ``searchr1.bench``)."""
 
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ TITLES = {
 @click.option("--strict", is_flag=True, help="Exit with status 1 when a figure misses a target (not with --quick).")
 def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, passages: int | None,
           paper_sizes: bool) -> None:
-    """Measure this implementation against the seed's way, side by side in one run.
+    """Measure this implementation against the lab port's way, side by side in one run.
 
     \b
     1  rollout makespan / lower bound, ours and lock-step rounds (simulated latencies)
-    2  chat-template renders and CPU per tool turn, ours and the seed's fit
-    3  micro-batches / lower bound and padding of the seed's packer
+    2  chat-template renders and CPU per tool turn, ours and the lab port's fit
+    3  micro-batches / lower bound and padding of the lab port's packer
     4  search requests saved by single-flight and the query cache
-    5  local CPU of one offline training step, ours and with the seed's observation fitting, by phase
+    5  local CPU of one offline training step, ours and with the lab port's observation fitting, by phase
     6  steps per hour with rollouts overlapping training
     7  steps to reward 0.8 on the offline world
     8  BM25 of our own over 21M generated passages (wiki-18's size): build rate and memory, queries/s, serve

@@ -55,7 +55,7 @@ def offline_fault_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 def rollout_options(*, group_size: int = 8, temperature: float = 1.0, helps: dict[str, str] | None = None,
                     exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Budgets and sampling flags, made from :class:`RolloutConfig`'s declarations (the seed's
+    """Budgets and sampling flags, made from :class:`RolloutConfig`'s declarations (the lab port's
     names and defaults; a command may start from others, e.g. eval's greedy sampling, say more
     about a flag in ``helps``, and leave out, in ``exclude``, the settings it fixes itself)."""
     declared = setting_options(RolloutConfig, defaults={"group_size": group_size, "temperature": temperature},

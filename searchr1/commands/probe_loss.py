@@ -59,7 +59,7 @@ def probe_loss(
     connect_timeout: float,
 ) -> None:
     """Find out whether the service reduces a loss per token, per sample or by sum, and
-    whether the seed's manual n_k/N micro-batch reweighting is therefore exact; and whether its
+    whether the lab port's manual n_k/N micro-batch reweighting is therefore exact; and whether its
     ppo, cispo and dro losses compute what Tinker documents (clip bounds, which tokens keep a
     gradient, dro's beta). --offline shows the expected answers against the twin.
 

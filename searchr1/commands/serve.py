@@ -57,7 +57,8 @@ def serve(search: SearchOptions, **kwargs: Any) -> None:
 
 def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     from searchr1.commands.ask import check_offline_question
-    from searchr1.commands.eval import _sampling_client, checkpoint_of
+    from searchr1.commands.checkpoint_flag import resolve_checkpoint
+    from searchr1.commands.eval import _sampling_client
     from searchr1.runtime.http_bounds import PortTakenError, listening_socket
     from searchr1.wiring.services import (check_base_model, check_search_setup, check_tool_setup, live_service,
                                            load_tokenizer, offline_scenario, offline_service, search_backend,
@@ -75,22 +76,13 @@ def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     offline_home, policy = kwargs.pop("offline_home"), kwargs.pop("offline_policy")
     base_model, connect_timeout = kwargs.pop("base_model"), kwargs.pop("connect_timeout")
     rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"), group_size=1)
-    model_path: str | None = None
-    if checkpoint is not None and not checkpoint.startswith("trio://"):
-        if offline_home is not None:
-            raise click.UsageError("--offline-home is for a checkpoint path; a run directory names its own twin")
-        found = checkpoint_of(Path(checkpoint))
-        refuse_overridden({"--base-model": (base_model, found.base_model), "--offline": (offline, found.offline),
-                           "--offline-policy": (policy, found.offline_policy or policy)}, named, checkpoint)
-        offline, base_model, model_path = found.offline, found.base_model, found.weights_path
-        offline_home, policy = found.offline_home, found.offline_policy or policy
-    elif checkpoint is not None:
-        model_path = checkpoint
-        if offline and offline_home is None:
-            raise click.UsageError("an offline checkpoint path needs --offline-home (runs/<run>/twin), or pass "
-                                   "the run directory")
-    if offline_home is not None and not offline:
-        raise click.UsageError("--offline-home only applies with --offline")
+    chosen = resolve_checkpoint(checkpoint, base_model=base_model, offline=offline, offline_home=offline_home,
+                                offline_policy=policy)
+    if chosen.from_run_dir:
+        refuse_overridden({"--base-model": (base_model, chosen.base_model), "--offline": (offline, chosen.offline),
+                           "--offline-policy": (policy, chosen.offline_policy)}, named, checkpoint)
+    base_model, model_path, offline = chosen.base_model, chosen.model_path, chosen.offline
+    offline_home, policy = chosen.offline_home, chosen.offline_policy
     if "offline_policy" in named and not offline:
         raise click.UsageError("--offline-policy only applies with --offline")
     check_base_model(base_model)

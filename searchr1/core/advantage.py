@@ -16,7 +16,7 @@ Three decisions matter more than the formula:
   policy did not earn. ``keep_env_failures=True`` keeps such groups; sampler-error
   trajectories then still take no part (their reward is a placeholder and they may have no
   tokens), while search-error trajectories are scored like any other.
-* **Normalisation is a choice.** ``mode="mean"`` (default, as the seed and Dr. GRPO):
+* **Normalisation is a choice.** ``mode="mean"`` (default, as the lab port and Dr. GRPO):
   ``reward - group mean``. ``mode="zscore"``: divided by the group's sample standard
   deviation (``ddof=1``) plus ``ZSCORE_EPSILON``, as verl's GRPO that official Search-R1
   trains with. ``mode="rloo"``: the reward minus the mean of the *other* rewards of the group

@@ -44,7 +44,7 @@ class InvalidCallPolicy(StrEnum):
 
 @dataclass(frozen=True)
 class RolloutBudgets:
-    """What the algorithm allows one rollout and how it samples and prompts (the seed's names and
+    """What the algorithm allows one rollout and how it samples and prompts (the lab port's names and
     defaults). Each field is declared once with its rule and help (:mod:`searchr1.core.settings`):
     the flags of train, eval and rollout are made from these lines. How the sampling service is
     driven (concurrency, timeouts, retries) is apart: :class:`searchr1.core.rollout.SamplingRuntime`."""
@@ -61,11 +61,11 @@ class RolloutBudgets:
     top_p: float = setting(1.0, above=0.0, at_most=1.0, help="Nucleus sampling mass.")
     seed: int = setting(42, cli=False)  # the command's --seed
     # "truncate": when not even the first item fits, truncate it at a token boundary and say so;
-    # "end": the seed's behaviour, the trajectory ends on its tool call.
+    # "end": the lab port's behaviour, the trajectory ends on its tool call.
     tool_overflow: ToolOverflow = setting(
         "truncate", choices=TOOL_OVERFLOW_MODES,
-        help="When even the first search item does not fit: truncate it (marked), or end the trajectory (seed).")
-    # Tell the model its search budget in the system prompt (docs/seed-differences.md).
+        help="When even the first search item does not fit: truncate it (marked) or end the trajectory (the lab port).")
+    # Tell the model its search budget in the system prompt (docs/lab-port-differences.md).
     state_search_budget: bool = setting(True, cli=False)
     # The user's own wording (--system-prompt-file, --tool-description); None = the default.
     system_prompt: str | None = setting(None, cli=False)

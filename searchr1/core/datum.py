@@ -10,7 +10,7 @@ completion token in exactly one of them. Only completion tokens were chosen by t
 
 * completion tokens carry their turn's advantage and the sampler's (old-policy) logprob;
 * prompt and observation tokens carry advantage 0 and logprob 0 and keep their real target
-  (masking by advantage, as the seed; PyTRIO would also accept ``-100`` targets).
+  (masking by advantage, as the lab port; PyTRIO would also accept ``-100`` targets).
 
 Then ONE shift turns a sequence into next-token prediction: ``input = tokens[:-1]``,
 ``target = tokens[1:]``, and the logprob and advantage arrays are shifted the same way, so

@@ -37,7 +37,7 @@ import numpy as np
 
 LossFn = Literal["importance_sampling", "ppo", "cispo", "dro"]  # the policy losses PyTRIO accepts
 POLICY_LOSS_FNS: tuple[LossFn, ...] = get_args(LossFn)
-DEFAULT_LOSS_FN: LossFn = "importance_sampling"  # the seed's
+DEFAULT_LOSS_FN: LossFn = "importance_sampling"  # the lab port's
 
 # Every loss defined here: the loss_fn_config keys it takes (Tinker's names), with their defaults.
 LOSS_CONFIG_DEFAULTS: dict[str, dict[str, float]] = {

@@ -4,7 +4,7 @@ A format failure (no single non-empty ``Answer:`` line) is exactly ``FORMAT_PENA
 whatever the reward kind. Otherwise the reward is one of three scores of the normalised answer, each the best over
 the references (``--reward``):
 
-* ``em`` (default, the seed): 1.0 for an exact match after normalisation, else 0.0;
+* ``em`` (default, the lab port): 1.0 for an exact match after normalisation, else 0.0;
 * ``f1``: token F1, the harmonic mean of token precision and recall (tokens counted with
   multiplicity, as SQuAD's scorer; 0.0 with no common token);
 * ``cover_em``: 1.0 when a normalised reference is a substring of the normalised answer, else
@@ -62,7 +62,7 @@ def extract_answer(text: str) -> str | None:
 def normalize_answer(text: str, *, normalization: Normalization = "unicode") -> str:
     """Lowercase, drop punctuation, drop English articles, collapse whitespace.
 
-    ``unicode`` (the seed's rule) drops every character whose Unicode category is
+    ``unicode`` (the lab port's rule) drops every character whose Unicode category is
     punctuation (P*), including curly quotes and dashes. ``official`` follows the official
     Search-R1 scorer and drops only ``string.punctuation`` (ASCII, symbols included); use it
     when comparing with paper numbers.

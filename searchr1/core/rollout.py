@@ -70,7 +70,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SamplingRuntime:
-    """How the sampling service is driven: requests in flight, timeouts, retries (not in the seed).
+    """How the sampling service is driven: requests in flight, timeouts, retries (not in the lab port).
     None of it changes what a trajectory is, only how long it takes and whether a failing service
     ends it. Declared as :class:`~searchr1.core.budgets.RolloutBudgets` is."""
 

@@ -113,7 +113,7 @@ KlPenalty = Callable[[list[TrainingDatum]], Awaitable[tuple[list[TrainingDatum],
 
 @dataclass(frozen=True)
 class StepRecord:
-    """Everything one step produced, for the metrics (:func:`searchr1.health.metrics.step_metrics`)
+    """Everything one step produced, for the metrics (:func:`searchr1.training.step_metrics.step_metrics`)
     and the transcripts."""
 
     step: int

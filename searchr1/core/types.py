@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, Self, TypedDict
 
 
 if TYPE_CHECKING:
@@ -57,18 +57,21 @@ class SearchResult:
     usage: ReportedUsage | None = None
 
 
+class Counts:
+    """Base of a dataclass of counts: ``a.add(b)`` adds each field of ``b`` into ``a`` with ``+``."""
+    def add(self, other: Self) -> None:
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+
 @dataclass
-class ReportedUsage:
+class ReportedUsage(Counts):
     """Tokens and searches a search service reported for one call (summed over its attempts)."""
 
     input_tokens: int = 0
     cache_read_input_tokens: int = 0
     output_tokens: int = 0
     web_search_requests: int = 0
-
-    def add(self, other: ReportedUsage) -> None:
-        for name, value in vars(other).items():
-            setattr(self, name, getattr(self, name) + value)
 
 
 class Termination(StrEnum):
@@ -81,7 +84,7 @@ class Termination(StrEnum):
     SEARCH_BUDGET = "search_budget"      # a valid tool call after its tool's budget (search's or another's) was spent
     TURN_BUDGET = "turn_budget"          # a valid tool call on the last allowed assistant turn
     TOKEN_BUDGET = "token_budget"        # no room left in the trajectory for another assistant turn
-    TOOL_OVERFLOW = "tool_overflow"      # the observation could not be fitted (seed behaviour, opt-in)
+    TOOL_OVERFLOW = "tool_overflow"      # the observation could not be fitted (the lab port's behaviour, opt-in)
     SEARCH_ERROR = "search_error"        # the search result could not be turned into an observation at all
     SAMPLER_ERROR = "sampler_error"      # sampling failed after retries
     PROMPT_TOO_LONG = "prompt_too_long"  # the initial prompt alone exceeds the trajectory budget
@@ -108,7 +111,7 @@ class RewardResult:
     cover_em: bool = False
 
 
-DEFAULT_MAX_TRAJECTORY_TOKENS = 8192  # the seed's whole-sequence budget, also the training datum limit
+DEFAULT_MAX_TRAJECTORY_TOKENS = 8192  # the lab port's whole-sequence budget, also the training datum limit
 FORMAT_PENALTY = -0.1  # the reward of a format failure, and of a trajectory that did not answer
 NOT_ANSWERED = RewardResult(FORMAT_PENALTY, False, False, None)
 MAX_TOKENS = 262_144  # Qwen3.5's context: no token budget can be larger

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 # What forward_backward optimises per trained token, each loss as code: searchr1.core.objective.
-# --accumulation manual: one mini-batch packed into the seed's weighted micro-batches, one call each
+# --accumulation manual: one mini-batch packed into the lab port's weighted micro-batches, one call each
 MicroBatcher = Callable[[list[TrainingDatum]], list[list[TrainingDatum]]]
 
 
@@ -141,7 +141,7 @@ def non_finite_outputs(metrics: Sequence[Mapping[str, float]],
 async def apply_update(client: TrainingClient, calls: Sequence[Sequence[TrainingDatum]],
                        config: UpdateConfig) -> UpdateResult:
     """One ``forward_backward`` per entry of ``calls`` (one call with every datum by default;
-    the seed's weighted micro-batches with ``--accumulation manual``), then one ``optim_step``.
+    the lab port's weighted micro-batches with ``--accumulation manual``), then one ``optim_step``.
     A non-finite input or result raises :class:`NonFiniteValues` before optim_step (the weights
     stay as they were)."""
     import pytrio as trio

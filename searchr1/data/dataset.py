@@ -44,7 +44,7 @@ class DataError(UserError, ValueError):
 # --- the pinned source ---------------------------------------------------------------------
 
 DATASET_ID = "zhuangzhuang2023/nq_hotpotqa_train"  # ModelScope mirror of PeterJinGo/nq_hotpotqa_train
-DATASET_REVISION = "aa2da0496c1b1a50a66af7acabdf09c07a0cb79e"  # the revision the seed system used
+DATASET_REVISION = "aa2da0496c1b1a50a66af7acabdf09c07a0cb79e"  # the revision the lab port used
 RAW_FILES = {"train": "train.parquet", "test": "test.parquet"}
 # Columns we read; the others (prompt, ability, extra_info, metadata) carry nothing we need.
 RAW_COLUMNS = ("id", "question", "golden_answers", "data_source", "reward_model")
@@ -550,7 +550,7 @@ def prepare_dataset(
     test, and write ``train.jsonl``, ``test.jsonl``, ``dev.jsonl`` and ``manifest.json``
     (atomically, manifest last). Returns the manifest.
 
-    ``test.jsonl`` is the whole eval pool and ``dev.jsonl`` a subset of it (as in the seed);
+    ``test.jsonl`` is the whole eval pool and ``dev.jsonl`` a subset of it (as in the lab port);
     neither shares a question with ``train.jsonl``."""
     train = clean_rows(read_parquet_rows(train_parquet), "train")
     test = clean_rows(read_parquet_rows(test_parquet), "test")

@@ -24,7 +24,7 @@ Crash safety and resuming:
 Seeds: question ``i`` (its position in the *whole* dataset file, not in the ``--limit``
 selection) is rolled out alone as ``rollout_batch_async(..., [example], step=i)``, so its
 sampling seeds are ``sampling_seed(seed, i, 0, sample, turn)``: distinct for every question
-(the seed reused them per chunk) and independent of ``--limit``, concurrency, completion order
+(the lab port reused them per chunk) and independent of ``--limit``, concurrency, completion order
 and of how many sessions the evaluation took. A resumed evaluation therefore produces the same
 records as an uninterrupted one.
 

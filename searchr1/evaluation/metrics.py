@@ -51,7 +51,7 @@ class EvalFileError(UserError, ValueError):
 
 def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
     """One JSON-ready record per evaluated question, with the whole transcript so that queries,
-    observations and the model's text can be audited after the fact (the seed kept only the
+    observations and the model's text can be audited after the fact (the lab port kept only the
     final text). ``turns[i]`` is the i-th assistant turn; ``searches[j]`` the j-th tool call, in
     the order they ran, with its tool, the turn that made it (1-based) and whether it was refused.
     Each turn carries its prompt's and its reply's token counts."""
@@ -277,7 +277,7 @@ def load_summary_with_current_intervals(path: str | os.PathLike[str]) -> dict[st
     records by today's rules, so that a file written when the intervals were a percentile
     bootstrap (a point at one or two questions a source) draws the same intervals as a new one.
     Scores and every other field are kept as stored; a summary without trajectory records beside
-    it (the seed's format), or with records that no longer aggregate, keeps its own intervals."""
+    it (the lab port's format), or with records that no longer aggregate, keeps its own intervals."""
     records = read_eval_records(path)
     summary = _last_summary(records, path)
     trajectories = [r for r in records if r.get("type", "trajectory") == "trajectory"]

@@ -1,7 +1,7 @@
 """A run's algorithm as its ``config.json`` records it (for ``show`` and ``eval``), and the
 ``--loss-fn-config`` flag's parser.
 
-PyTRIO 0.2.9 accepts ``importance_sampling`` (the seed's), ``ppo``, ``cispo`` and ``dro`` with
+PyTRIO 0.2.9 accepts ``importance_sampling`` (the lab port's), ``ppo``, ``cispo`` and ``dro`` with
 the same three inputs (target tokens, the sampler's logprobs, advantages) and sends
 ``loss_fn_config`` to the server unchanged. The keys a server reads are its own (Tinker
 documents ``clip_low_threshold`` / ``clip_high_threshold`` for ``ppo`` and ``cispo`` and
@@ -51,7 +51,7 @@ def _value(item: str, raw: str) -> float | int | str | bool:
 
 
 # What a training run's config.json records about its algorithm, with the defaults a config
-# written before these options existed implies (the seed's recipe).
+# written before these options existed implies (the lab port's recipe).
 ALGORITHM_DEFAULTS: dict[str, object] = {
     "loss_fn": DEFAULT_LOSS_FN, "loss_fn_config": {}, "kl_coef": 0.0, "kl_estimator": "k3",
     "advantage_mode": "mean", "reward": "em", "dynamic_sampling": False,

@@ -108,7 +108,8 @@ def measured_estimate(line: Mapping[str, Any], steps: int, *, offline: bool, bou
     """``bounds`` with the projection of a run of ``steps`` steps like the measured one (its metrics line)."""
     measured = Usage.from_metrics(line)
     checkpoints = int(bounds.run_high.state_saves)  # the schedule's checkpoints
-    per_step = Usage().add(measured)
+    per_step = Usage()
+    per_step.add(measured)
     per_step.state_saves = 0
     per_step.weight_saves = measured.weight_saves - measured.state_saves  # the step's sampler(s) alone
     bounds.step_measured = measured

@@ -1,9 +1,10 @@
 """What a run used: tokens, requests and saves, counted from what was sent and received.
 
 One :class:`Usage` per unit of work (a batch's rollout, a step's update, a whole run), added
-together with :meth:`Usage.add`. Every metrics line carries the step's usage as ``usage/<kind>``
-and the run's running total as ``usage/total_<kind>`` (:func:`usage_metrics`); a resumed run
-starts its totals from the last line before its first step (:func:`totals_before`), so a
+together with :meth:`Usage.add` (:class:`searchr1.core.types.Counts`: field by field, the
+per-backend and per-tool tables key by key). Every metrics line carries the step's usage as
+``usage/<kind>`` and the run's running total as ``usage/total_<kind>`` (:func:`usage_metrics`); a
+resumed run starts its totals from the last line before its first step (:func:`totals_before`), so a
 resumed run's totals equal an uninterrupted run's.
 
 Kinds (``usage/...``):
@@ -45,9 +46,10 @@ import enum
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from searchr1.core.tools import DECLARED
+from searchr1.core.types import Counts
 
 PREFIX = "usage/"
 _NESTED = ("search", "tools")  # the per-backend and per-tool tables of Usage
@@ -66,15 +68,23 @@ class Billing(enum.Enum):
 BACKEND_BILLING = {"deepseek": Billing.TOKENS, "zhihu": Billing.QUOTA, "wikipedia": Billing.HTTP_REQUESTS}
 
 
-def add_counts(target: SearchUsage | Usage, other: SearchUsage | Usage, *, leave_out: tuple[str, ...] = ()) -> None:
-    """Add every count field of the dataclass ``other`` into ``target`` (same class), but ``leave_out``."""
-    for f in fields(target):
-        if f.name not in leave_out:
-            setattr(target, f.name, getattr(target, f.name) + getattr(other, f.name))
+CountsT = TypeVar("CountsT", bound=Counts)
+
+
+class CountsTable(dict[str, CountsT]):
+    """Counts by name (a search backend's, a tool's) that add up key by key: ``a + b`` is a new
+    table holding, for each name in either, the sum of their counts (a missing one is zero)."""
+
+    def __add__(self, other: Mapping[str, CountsT]) -> CountsTable[CountsT]:
+        out: CountsTable[CountsT] = CountsTable()
+        for table in (self, other):
+            for name, counts in table.items():
+                out.setdefault(name, type(counts)()).add(counts)
+        return out
 
 
 @dataclass
-class SearchUsage:
+class SearchUsage(Counts):
     """One backend's searches."""
 
     calls: int = 0
@@ -85,9 +95,6 @@ class SearchUsage:
     web_searches: int = 0
     quota_units: int = 0
     http_requests: int = 0
-
-    def add(self, other: SearchUsage) -> None:
-        add_counts(self, other)
 
     def kinds(self, backend: str) -> dict[str, int]:
         """``search_<backend>_<unit>`` -> count, the units ``backend`` bills by."""
@@ -104,16 +111,13 @@ class SearchUsage:
 
 
 @dataclass
-class ToolUsage:
+class ToolUsage(Counts):
     """One declared tool's calls (search has :class:`SearchUsage`, per backend)."""
 
     calls: int = 0
     requests: int = 0
     http_requests: int = 0
     units: int = 0  # answered calls, in the unit the tool declares
-
-    def add(self, other: ToolUsage) -> None:
-        add_counts(self, other)
 
     def kinds(self, tool: str) -> dict[str, int]:
         """``tool_<tool>_<count>`` -> count; ``units`` is named by the declared unit (``pages``)."""
@@ -128,7 +132,7 @@ def unit_kind(tool: str) -> str:
 
 
 @dataclass
-class Usage:
+class Usage(Counts):
     """Counts of one unit of work; :meth:`as_metrics` names them ``usage/<kind>``."""
 
     sample_requests: int = 0
@@ -142,17 +146,11 @@ class Usage:
     kl_generated_tokens: int = 0
     weight_saves: int = 0
     state_saves: int = 0
-    search: dict[str, SearchUsage] = field(default_factory=dict)
-    tools: dict[str, ToolUsage] = field(default_factory=dict)
+    search: CountsTable[SearchUsage] = field(default_factory=CountsTable)
+    tools: CountsTable[ToolUsage] = field(default_factory=CountsTable)
 
-    def add(self, other: Usage) -> Usage:
-        """Add ``other`` into this one; returns self."""
-        add_counts(self, other, leave_out=_NESTED)
-        for backend, searched in other.search.items():
-            self.search.setdefault(backend, SearchUsage()).add(searched)
-        for tool, used in other.tools.items():
-            self.tools.setdefault(tool, ToolUsage()).add(used)
-        return self
+    def __post_init__(self) -> None:
+        self.search, self.tools = CountsTable(self.search), CountsTable(self.tools)  # a plain dict given
 
     def searched(self, backend: str) -> SearchUsage:
         return self.search.setdefault(backend, SearchUsage())

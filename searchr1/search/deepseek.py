@@ -7,7 +7,7 @@ becomes ``ok=False`` with a short, sanitised message. Every attempt's token usag
 failed ones included. The model name and the web-search tool type are settings because the
 service renamed both in 2026.
 
-Timeouts, as in the seed: ``timeout`` (60 s) is httpx's limit per read, so an evidence text
+Timeouts, as in the lab port: ``timeout`` (60 s) is httpx's limit per read, so an evidence text
 that keeps streaming is never cut by it; ``total_timeout`` (default 300 s) is the separate
 wall-clock limit of one attempt. The error text says which one fired.
 

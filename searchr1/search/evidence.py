@@ -75,9 +75,9 @@ def parse_evidence(text: str | None) -> tuple[SearchItem, ...]:
     """Split the model's evidence text into items.
 
     Items need a blank line between them. Text that does not follow the numbered format
-    becomes one item titled ``DeepSeek Web Search`` (the seed's fallback), bounded to 1200
+    becomes one item titled ``DeepSeek Web Search`` (the lab port's fallback), bounded to 1200
     characters. The "insufficient evidence" sentence (case and final full stop aside), or
-    empty text, means no results; the seed showed that sentence as an evidence item.
+    empty text, means no results; the lab port showed that sentence as an evidence item.
     """
     if text is None or not text.strip() or is_insufficient(text):
         return ()

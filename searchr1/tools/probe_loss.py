@@ -3,7 +3,7 @@
 The second part (``probe_policy_losses``, below) checks that ``ppo``, ``cispo`` and ``dro``
 compute what Tinker documents: clip bounds, which factor carries no gradient, DRO's beta.
 
-Whether the seed's hand micro-batching with n_k/N weights reproduces the full-batch
+Whether the lab port's hand micro-batching with n_k/N weights reproduces the full-batch
 gradient depends on two server behaviours that pytrio 0.2.9 does not document: how one
 ``forward_backward`` call is reduced, and how several calls before one ``optim_step``
 combine. The checks, on ONE training client with
@@ -61,7 +61,7 @@ class ProbeReport:
 
     @property
     def nk_over_n_exact(self) -> bool | None:
-        """Whether the seed's n_k/N reweighting reproduces the full-batch gradient."""
+        """Whether the lab port's n_k/N reweighting reproduces the full-batch gradient."""
         if self.reduction == "undetermined" or self.accumulation == "undetermined":
             return None
         return self.reduction == "per_sample" and self.accumulation == "sum"

@@ -60,7 +60,7 @@ class TrainConfig(StepConfig):
     accumulation: Accumulation = setting("sdk", choices=ACCUMULATION_MODES,
                                          on_resume=OnResume.SEGMENT,
                                          help="sdk: one forward_backward per step (exact whatever the server's "
-                                              "reduction); manual: the seed's micro-batches with n_k/N weights.")
+                                              "reduction); manual: the lab port's micro-batches with n_k/N weights.")
     max_micro_batch_items: int = setting(32, at_least=1, cli=False)
     max_micro_batch_padded_tokens: int = setting(64_000, at_least=1, cli=False)
     search: dict[str, JsonValue] = field(default_factory=dict)  # backend settings, recorded as given
@@ -99,7 +99,7 @@ class TrainConfig(StepConfig):
     kl_coef: float = setting(0.0, at_least=0.0,
                              on_resume=OnResume.SEGMENT,
                              help="KL penalty toward the base model, subtracted from each action token's advantage "
-                                  "(0 = off, the seed); one prompt-logprob request per datum to a base-weights "
+                                  "(0 = off, the lab port); one prompt-logprob request per datum to a base-weights "
                                   "sampler.")
     kl_estimator: KlEstimator = setting("k3", choices=KL_ESTIMATORS,
                                         on_resume=OnResume.SEGMENT,

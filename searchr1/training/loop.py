@@ -68,7 +68,7 @@ class CollapseDetected(RuntimeError):
 
 
 def manual_micro_batches(config: TrainConfig) -> MicroBatcher:
-    """``--accumulation manual``: the seed's first-fit-decreasing micro-batches, each datum's
+    """``--accumulation manual``: the lab port's first-fit-decreasing micro-batches, each datum's
     advantages scaled by n_k/N (N: the datums sent)."""
 
     def cut(datums: list[TrainingDatum]) -> list[list[TrainingDatum]]:

@@ -1,11 +1,11 @@
-"""Hand micro-batching and n_k/N reweighting, kept from the seed for comparison.
+"""Hand micro-batching and n_k/N reweighting, kept from the lab port for comparison.
 
 The recommended path sends every datum of a step in ONE ``forward_backward`` call: pytrio
 splits it internally and normalises every chunk by totals of the whole call, so the result
 does not depend on the split (pytrio's ``forward_backward`` computes the totals before it
 splits; proven in ``tests/core/test_accumulation.py``).
 
-The seed instead packed datums into micro-batches itself (first-fit decreasing over the
+The lab port instead packed datums into micro-batches itself (first-fit decreasing over the
 padded area ``items x longest``), sent one call per micro-batch and multiplied each
 micro-batch's advantages by ``n_k / N``. That reproduces the full-batch gradient only if the
 server takes a per-sample mean within each call and *sums* the calls' gradients; under a
@@ -105,7 +105,7 @@ def weight_micro_batch_for_global_mean(
     """New datums with advantages multiplied by ``n_k / N`` (``n_k = len(micro_batch)``,
     ``N = total_samples``). The inputs are not modified.
 
-    The seed passed ``N = len(trajectories)``, counting trajectories that sent no datum; pass
+    The lab port passed ``N = len(trajectories)``, counting trajectories that sent no datum; pass
     the number of datums instead if the weights are to sum to 1 over the micro-batches.
     """
     if not micro_batch:

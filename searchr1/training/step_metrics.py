@@ -1,6 +1,6 @@
 """Per-step training metrics, computed from what the step produced (pure functions).
 
-Names follow the seed (``reward/mean``, ``rollout/degenerate_group_rate``,
+Names follow the lab port (``reward/mean``, ``rollout/degenerate_group_rate``,
 ``train/tokens_per_rollout_batch``, …) so its dashboards and plots keep working; additions
 are termination-reason rates, groups left out for environment failures, tokens actually
 sent to the trainer, and the step time.
@@ -103,7 +103,7 @@ def datum_metrics(
     datums: Sequence[TrainingDatum], micro_batches: Sequence[Sequence[TrainingDatum]] | None = None
 ) -> dict[str, float]:
     """Sizes of the step's datums; with ``micro_batches`` (manual accumulation only: the
-    default sends one call and lets PyTRIO split it) also the seed's packing metrics."""
+    default sends one call and lets PyTRIO split it) also the lab port's packing metrics."""
     metrics = {
         "train/datums_per_rollout_batch": float(len(datums)),
         "train/tokens_per_rollout_batch": float(sum(d.num_tokens for d in datums)),

@@ -20,11 +20,15 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from searchr1.core.types import Counts
+
 SERVED_FILE = "served.json"
 
 
 @dataclass
-class ServedUsage:
+class ServedUsage(Counts):
+    """What one twin (or every twin on one home) answered, by kind; :meth:`add` sums field by field."""
+
     sample_requests: int = 0
     sample_prompt_tokens: int = 0
     sample_generated_tokens: int = 0

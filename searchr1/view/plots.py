@@ -1,7 +1,7 @@
 """Figures from eval summaries and from a training run's metrics.
 
 Everything is data-driven: which checkpoint is best, the annotations and the range of every
-unbounded axis come from the files (the seed hard-coded a "best" index, y-ranges and a footer
+unbounded axis come from the files (the lab port hard-coded a "best" index, y-ranges and a footer
 claim); only bounded metrics (rates, the mean reward) sit on their fixed range, so curves
 compare at a glance. Offline (scripted) results say so in the title. Figures
 are built with ``matplotlib.figure.Figure`` directly (no pyplot state, no GUI backend; the Agg
@@ -110,7 +110,7 @@ class EvalRun:
         return bool(self.summary.get("partial", False))
 
     def config_value(self, field: str) -> Any:
-        """A config field; seed-format summaries keep these at the top level instead."""
+        """A config field; lab-port-format summaries keep these at the top level instead."""
         config = self.summary.get("config")
         if isinstance(config, Mapping):
             return config.get(field)
@@ -218,7 +218,7 @@ def check_comparable(runs: Sequence[EvalRun]) -> None:
 def eval_sources(runs: Sequence[EvalRun]) -> list[str]:
     """Sources present in any run: the seven benchmarks in release order, then others sorted."""
     found = {key.split("/", 1)[1] for run in runs for key in run.metrics if key.startswith("questions/")}
-    if not found:  # seed-format summaries: em/<source> without question counts
+    if not found:  # lab-port-format summaries: em/<source> without question counts
         reserved = {"macro", "micro"}
         found = {
             key.split("/", 1)[1]

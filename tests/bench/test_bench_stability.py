@@ -71,12 +71,12 @@ def test_a_measure_without_a_target_shows_a_dash_for_its_target_and_its_verdict(
     assert cells[3:7] == ["1.25 s", "", "-", "-"]  # value, spread, target, met
 
 
-def test_the_seed_way_of_a_step_swaps_our_replayed_rollout_for_the_seeds():
+def test_the_lab_port_way_of_a_step_swaps_our_replayed_rollout_for_the_lab_ports():
     from searchr1.bench.step_overhead import StepRecord
 
     record = StepRecord(local=1.0, rollout_main=0.3, rollout_client=0.2, replay_main=0.25, replay_client=0.0,
-                        seed_main=0.75, seed_client=0.0)
-    assert record.seed_way == pytest.approx(1.5) and record.in_memory == pytest.approx(0.75)
+                        lab_port_main=0.75, lab_port_client=0.0)
+    assert record.lab_port_way == pytest.approx(1.5) and record.in_memory == pytest.approx(0.75)
 
 
 def test_per_thread_cpu_counts_a_busy_thread_and_not_a_sleeping_one():

@@ -64,7 +64,7 @@ def test_degenerate_detection_for_all_equal_groups_of_any_size_and_value(size, v
 
 @pytest.mark.parametrize("size", [3, 6, 7, 8, 16])
 def test_minus_point_one_groups_are_degenerate_although_naive_centring_is_not_zero(size):
-    # The seed's bug, reproduced independently: mean-centred advantages are not exactly 0.
+    # The lab port's bug, reproduced independently: mean-centred advantages are not exactly 0.
     naive = [-0.1 - sum([-0.1] * size) / size for _ in range(size)]
     assert any(a != 0.0 for a in naive)
     trajectories = make([[-0.1] * size, [0.0, 1.0]])

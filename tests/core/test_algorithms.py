@@ -171,7 +171,7 @@ def test_algorithm_flags_that_cannot_run_are_refused_in_one_line_before_anything
     assert not (tmp_path / "run").exists()
 
 
-def test_a_run_config_written_before_the_options_existed_reads_as_the_seeds_recipe():
+def test_a_run_config_written_before_the_options_existed_reads_as_the_lab_ports_recipe():
     from searchr1.run.algorithm import algorithm_of, describe_algorithm
 
     assert describe_algorithm(algorithm_of({"max_steps": 3})) == "importance_sampling, advantage mean, reward em"

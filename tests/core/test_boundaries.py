@@ -22,7 +22,7 @@ EXAMPLE = SearchExample("q", "Which river?", ("Seine",), "nq")
 MARKER = " [... truncated to fit the budget]"
 FIRST = SearchItem("Seine", "The Seine flows through Paris, a city of many bridges and quays.", "Wikipedia")
 SECOND = SearchItem("Loire", "The Loire is the longest river of France.", "Wikipedia")
-# the seed's layout of an item with a source and no url, numbered from 1; items joined by a blank line
+# the lab port's layout of an item with a source and no url, numbered from 1; items joined by a blank line
 ONE = f"[1] Title: {FIRST.title}\n    Content: {FIRST.content}\n    Source: {FIRST.source}"
 TWO = ONE + f"\n\n[2] Title: {SECOND.title}\n    Content: {SECOND.content}\n    Source: {SECOND.source}"
 MODES = ("truncate", "end")

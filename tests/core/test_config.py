@@ -30,7 +30,7 @@ def test_each_settings_rule_is_checked_when_a_config_is_made():
         StepConfig(advantage_mode="median")  # type: ignore[arg-type]
 
 
-def test_the_defaults_are_the_seeds_recipe():
+def test_the_defaults_are_the_lab_ports_recipe():
     config = StepConfig()
     assert (config.loss_fn, config.reward, config.advantage_mode, config.num_substeps) == (
         "importance_sampling", "em", "mean", 1)

@@ -75,7 +75,7 @@ def call(query: str, before: str = "") -> str:
         ("Answer: Paris<|im_end|>", "answer", None, "Answer: Paris"),
     ],
 )
-def test_parse_assistant_seed_rules(text, kind, query, content):
+def test_parse_assistant_lab_port_rules(text, kind, query, content):
     parsed = parse_assistant(text)
     assert parsed.kind == kind
     assert parsed.query == query

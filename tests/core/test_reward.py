@@ -31,7 +31,7 @@ from searchr1.core.types import FORMAT_PENALTY
         ("", None),
     ],
 )
-def test_extract_answer_seed_cases(text, expected):
+def test_extract_answer_lab_port_cases(text, expected):
     assert extract_answer(text) == expected
 
 

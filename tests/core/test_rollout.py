@@ -152,7 +152,7 @@ def test_a_tool_call_after_the_search_budget_ends_the_trajectory(served, tokeniz
     assert t.termination == "search_budget"
     assert t.search_calls == 2 and len(search.calls) == 2
     assert t.final_text == samples[0][2]
-    # the seed scored this turn's "Answer: France" as 1.0; a tool call is not an answer
+    # the lab port scored this turn's "Answer: France" as 1.0; a tool call is not an answer
     assert (t.reward, t.score.valid_format) == (-0.1, False)
 
 
@@ -168,7 +168,7 @@ def test_search_errors_become_observations_and_flag_the_trajectory(served, token
     trajectories, _, _ = run(served, tokenizer, [question("q", samples)])
     failed = trajectories[0]
     assert failed.env_error and failed.calls[0].observation == "Search error: HTTP 503"
-    assert failed.search_calls == 1  # a failed search still spends budget, as in the seed
+    assert failed.search_calls == 1  # a failed search still spends budget, as in the lab port
     assert {t.excluded for t in trajectories} == {"env_failure_group"}
 
 
@@ -212,7 +212,7 @@ def test_an_oversized_first_item_is_truncated_with_a_marker(served, tokenizer):
     assert t.termination == "answer"
 
 
-def test_the_seed_overflow_mode_ends_the_trajectory_instead(served, tokenizer):
+def test_the_lab_port_overflow_mode_ends_the_trajectory_instead(served, tokenizer):
     config = RolloutConfig(group_size=1, max_tool_response_tokens=100, tool_overflow="end", **FAST)
     (t,), _, _ = run(served, tokenizer, [question("q", [[call("long"), "Answer: France"]])], config)
     assert t.termination == "tool_overflow" and t.reward == -0.1 and t.search_calls == 0

@@ -404,16 +404,16 @@ def test_the_optimizer_receives_exactly_the_configured_adam_parameters(tmp_path,
 
 
 def test_manual_accumulation_applies_the_full_batch_gradient_when_the_server_averages_per_sample(tmp_path, tokenizer):
-    """n_k/N weights over the seed's micro-batches reproduce one call's gradient exactly under a
+    """n_k/N weights over the lab port's micro-batches reproduce one call's gradient exactly under a
     per-sample mean; the gradient norm the optimizer reports tells N off by one apart (Adam's
     update alone would hide a rescaled gradient)."""
     sdk, _ = _train_in_process(tmp_path, tokenizer, steps=2, reduction="per_sample", accumulation="sdk")
     manual, _ = _train_in_process(tmp_path, tokenizer, steps=2, reduction="per_sample", accumulation="manual",
                                   max_micro_batch_items=3)
     assert [m["train/forward_backward_calls"] for m in manual] != [1.0, 1.0]  # really split
-    for ours, seeds in zip(sdk, manual):
-        assert seeds["optim/grad_norm"] == pytest.approx(ours["optim/grad_norm"], rel=1e-6)  # float32 advantages
-        assert seeds["reward/mean"] == ours["reward/mean"]
+    for ours, theirs in zip(sdk, manual):
+        assert theirs["optim/grad_norm"] == pytest.approx(ours["optim/grad_norm"], rel=1e-6)  # float32 advantages
+        assert theirs["reward/mean"] == ours["reward/mean"]
 
 
 def test_without_network_the_sdks_tokenizer_load_stops_the_run_before_any_sample(tmp_path, tokenizer, monkeypatch):

@@ -130,7 +130,7 @@ def test_a_fresh_run_whose_checkpoint_names_are_already_recorded_is_refused(tmp_
     assert not (tmp_path / "second").exists()
 
 
-def test_a_trajectory_budget_beyond_the_seeds_packer_limit_trains_with_one_call_per_step(tmp_path):
+def test_a_trajectory_budget_beyond_the_lab_ports_packer_limit_trains_with_one_call_per_step(tmp_path):
     code, output = train("--max-steps", "1", "--max-trajectory-tokens", "70000", "--run-dir", str(tmp_path / "r"))
     assert code == 0, output
     assert RunDir(tmp_path / "r").metrics()[0]["train/forward_backward_calls"] == 1

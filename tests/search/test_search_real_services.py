@@ -1,6 +1,6 @@
 """The backends behave like the real services.
 
-Every body below is written from the services' documentation and the seed's client
+Every body below is written from the services' documentation and the lab port's client
 (its ``search.py``) and served through ``httpx.MockTransport``; no
 network, no key.
 """
@@ -218,7 +218,7 @@ def test_deepseek_insufficient_evidence_sentence_means_no_results(text):
     assert result.ok and result.items == ()
 
 
-# What the search model must be told (the seed's constraints), each as words its
+# What the search model must be told (the lab port's constraints), each as words its
 # instructions must contain; the test reads the request as it goes over the wire.
 CONSTRAINTS = {
     "use only what the search returned": [r"\bonly\b.*\bsearch results\b", r"own knowledge"],
@@ -231,7 +231,7 @@ CONSTRAINTS = {
 }
 
 
-def test_the_search_model_is_told_the_seeds_constraints():
+def test_the_search_model_is_told_the_lab_ports_constraints():
     bodies = []
 
     def handler(request):

@@ -61,8 +61,8 @@ def test_each_batch_is_sorted_longest_first(sizes):
         assert lengths == sorted(lengths, reverse=True)
 
 
-def test_at_most_seven_full_length_datums_share_a_batch_under_the_seed_limits():
-    # 8 x 8192 = 65,536 > 64,000 (the seed's padded-token limit)
+def test_at_most_seven_full_length_datums_share_a_batch_under_the_lab_ports_limits():
+    # 8 x 8192 = 65,536 > 64,000 (the lab port's padded-token limit)
     assert [len(b) for b in pack_micro_batches(sized([8192] * 8))] == [7, 1]
 
 
@@ -111,7 +111,7 @@ def test_nk_over_n_weights_sum_to_one_and_leave_inputs_untouched(items, max_item
         assert np.array_equal(datum.datum.loss_fn_inputs["advantages"].to_numpy(), original)
 
 
-def test_weighting_validates_like_the_seed():
+def test_weighting_validates_like_the_lab_port():
     items = sized([3, 4])
     assert weight_micro_batch_for_global_mean([], 5) == []
     with pytest.raises(ValueError, match="total_samples must be positive"):

@@ -76,10 +76,10 @@ def fit_tool_content(
 
     Whole items are added greedily in rank order while the joined content stays within
     ``max_tool_response_tokens`` and the next prompt leaves room for at least one generated
-    token; the first item that does not fit stops the loop (as the seed). Sizes come from the
+    token; the first item that does not fit stops the loop (as the lab port). Sizes come from the
     tokenizer directly; the template is rendered twice, and only for the chosen content. If not
     even the first item fits, ``tool_overflow="truncate"`` truncates it at a token boundary with a
-    visible marker; ``"end"`` returns ``None`` (the seed).
+    visible marker; ``"end"`` returns ``None`` (the lab port).
     """
     room = observation_room(tokenizer, previous_prompt_tokens, completion_tokens, budgets)
 

@@ -1,4 +1,4 @@
-"""How a tool's result becomes the text of the tool message (the seed's layout for search results)."""
+"""How a tool's result becomes the text of the tool message (the lab port's layout for search results)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from searchr1.core.types import SearchItem, SearchResult
 
 
 def format_item(item: SearchItem, index: int) -> str:
-    """One numbered item, in the seed's layout.
+    """One numbered item, in the lab port's layout.
 
     Evidence items (no source and no url, as DeepSeek returns) use ``Source:``/``Evidence:``;
     everything else uses ``Title:``/``Content:`` plus ``Id:`` (the passage id ``open_page``
