@@ -24,7 +24,7 @@ from searchr1.core.update import POLICY_LOSS_FNS, LossFn
 @dataclass(frozen=True)
 class StepConfig:
     """What :class:`searchr1.core.trainer.Trainer` reads: the LoRA client it creates, how it
-    scores, weighs and sends a step's trajectories, and the rollout they come from (the seed's
+    scores, weighs and sends a step's trajectories, and the rollout they come from (the lab port's
     recipe by default; docs/algorithms.md)."""
 
     base_model: str = setting("Qwen/Qwen3.5-4B", group="run",
@@ -43,7 +43,7 @@ class StepConfig:
                         help="Data order, LoRA init and sampling seeds.")
     advantage_mode: AdvantageMode = setting(
         "mean", flag="--advantage", choices=ADVANTAGE_MODES, on_resume=OnResume.SEGMENT,
-        help="Group-relative advantage: reward minus group mean (seed), z-score, leave-one-out "
+        help="Group-relative advantage: reward minus group mean (the lab port), z-score, leave-one-out "
              "(reward minus the mean of the other rewards), or raw reward.")
     keep_env_failures: bool = setting(
         False, on_resume=OnResume.SEGMENT,
@@ -52,7 +52,7 @@ class StepConfig:
     credit: Credit = setting(
         Credit.TRAJECTORY, group="credit", choices=tuple(c.value for c in Credit), on_resume=OnResume.SEGMENT,
         help="How a trajectory's reward reaches its turns: every turn carries the trajectory's advantage "
-             "(seed), or gigpo adds each turn's advantage among the turns that start from the same state.")
+             "(the lab port), or gigpo adds each turn's advantage among the turns that start from the same state.")
     step_weight: float = setting(1.0, group="credit", at_least=0.0, at_most=100.0, on_resume=OnResume.SEGMENT,
                                  help="gigpo: the weight of a turn's step advantage (the paper's omega).")
     discount: float = setting(0.95, group="credit", at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
@@ -70,18 +70,18 @@ class StepConfig:
         1, at_least=1, metavar="N", on_resume=OnResume.SEGMENT,
         help="Split each step's datums into N mini-batches (a seeded order), each its own "
              "forward_backward and optim_step; later mini-batches train on moved weights, so the "
-             "importance ratio leaves 1 and ppo/cispo clip. 1 = one update per step (the seed).")
+             "importance ratio leaves 1 and ppo/cispo clip. 1 = one update per step (the lab port).")
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     # The losses: searchr1.core.objective, searchr1.core.update; the rewards: searchr1.core.reward.
     loss_fn: LossFn = setting(
         "importance_sampling", choices=POLICY_LOSS_FNS, on_resume=OnResume.SEGMENT,
-        help="The service's policy loss: importance_sampling (seed), ppo (clipped ratio, GRPO), "
+        help="The service's policy loss: importance_sampling (the lab port), ppo (clipped ratio, GRPO), "
              "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
     # --loss-fn-config KEY=VALUE (repeatable) is its own flag: a dict is no single value
     loss_fn_config: dict[str, float | int | str | bool] = setting(default_factory=dict, cli=False)
     reward: RewardKind = setting(
         "em", choices=REWARD_KINDS, on_resume=OnResume.SEGMENT,
-        help="What a valid answer earns: exact match (seed), token F1, or cover EM (a reference "
+        help="What a valid answer earns: exact match (the lab port), token F1, or cover EM (a reference "
              "anywhere inside the answer, Search-R1's subem); a format failure is "
              f"{FORMAT_PENALTY:g} for all three.")
 

@@ -1,6 +1,6 @@
 """One Search-R1 step as plainly as possible: sample, parse, call the tools, stitch, score,
 advantage, datum, update. Synchronous, one trajectory after another, no metrics, no retries, the
-seed's recipe only (exact match, mean-centred advantages, env-failure groups left out, one
+lab port's recipe only (exact match, mean-centred advantages, env-failure groups left out, one
 ``forward_backward``, no KL), with the tools, calls a turn and refused-call policy the budgets
 declare.
 

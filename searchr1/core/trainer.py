@@ -10,16 +10,16 @@
     update       <- forward_backward(importance_sampling) -> optim_step(AdamParams), once per
                     --num-substeps mini-batch (core.update)
 
-The first two lines are :class:`OnPolicy`, the seed's source of batches; the harness may plug in
+The first two lines are :class:`OnPolicy`, the lab port's source of batches; the harness may plug in
 another :class:`BatchSource` (the off-policy pipeline, dynamic sampling:
-:mod:`searchr1.training.pipeline`), with ``--accumulation manual`` how to pack the seed's weighted
+:mod:`searchr1.training.pipeline`), with ``--accumulation manual`` how to pack the lab port's weighted
 micro-batches, and with ``--kl-coef`` the base model's penalty. A step returns a
 :class:`StepRecord`; metrics, health guard, transcripts, checkpoints and the run directory are the
 run loop's (:mod:`searchr1.training.loop`).
 
 Accumulation. ``sdk`` (default) sends every datum of the step in ONE ``forward_backward``
 call: PyTRIO splits it itself and normalises every chunk by batch-global totals, so the
-update is the full-batch one whatever the server's reduction. ``manual`` is the seed's way:
+update is the full-batch one whatever the server's reduction. ``manual`` is the lab port's way:
 first-fit-decreasing micro-batches, advantages scaled by n_k/N, one call per micro-batch.
 That is exact only if the server averages per sample (the loss-reduction probe tells); N is
 the number of datums sent, so both modes agree under a per-sample mean.
@@ -74,7 +74,7 @@ Watch = Callable[[int, SamplingClient, Mapping[str, ToolBackend]],
 
 
 class OnPolicy:
-    """The seed's batches: each step's questions are rolled out on the weights that step trains."""
+    """The lab port's batches: each step's questions are rolled out on the weights that step trains."""
 
     def __init__(self, training_client: TrainingClient, tokenizer: Tokenizer, tools: Mapping[str, ToolBackend],
                  questions: Callable[[int], Sequence[SearchExample]], rollout: RolloutConfig, *,
@@ -144,7 +144,7 @@ class Trainer:
         self.config = config
         self.service = service
         self.tokenizer = tokenizer
-        self.micro_batcher = micro_batcher  # --accumulation manual: the seed's weighted micro-batches
+        self.micro_batcher = micro_batcher  # --accumulation manual: the lab port's weighted micro-batches
         self.kl_penalty = kl_penalty  # --kl-coef: the base model's logprobs (searchr1.training.base_model)
         self.training_client: TrainingClient | None = None
         self.update_config = UpdateConfig(config.learning_rate, config.beta1, config.beta2, config.loss_fn,
