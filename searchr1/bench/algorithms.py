@@ -116,46 +116,17 @@ def _variant(config: Any, **changes: Any) -> Any:
 
 
 def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
-    from searchr1.twin import Latencies, Strictness, start_twin
-
     started = time.perf_counter()
     steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS
     size = QUICK_SIZE if quick else {}
-    runs: dict[str, list[dict[str, Any]]] = {}
-    seeded: dict[str, list[list[dict[str, Any]]]] = {}  # substep rows: one run per training seed
-    cost: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-    requests: dict[str, list[int]] = {"off": [], "on": []}
+    # a step's last mini-batch trains SUBSTEPS - 1 updates after its sampler
+    seeds = [seed + index for index in range(QUICK_SUBSTEP_SEEDS if quick else SUBSTEP_SEEDS)]
+    substep_steps = QUICK_LEARN_STEPS if quick else SUBSTEP_LEARN_STEPS
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-algorithms-") as scratch:
         home = Path(scratch)
-        with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning",
-                        strictness=Strictness()) as twin:
-            service = twin.service_client()
-            for name, changes in VARIANTS.items():
-                runs[name] = _train(service, _variant(_config(steps, **size), **changes), tokenizer,
-                                    _world_search(seed, latency_tail=False), home)
-        # a step's last mini-batch trains SUBSTEPS - 1 updates after its sampler
-        seeds = [seed + index for index in range(QUICK_SUBSTEP_SEEDS if quick else SUBSTEP_SEEDS)]
-        substep_steps = QUICK_LEARN_STEPS if quick else SUBSTEP_LEARN_STEPS
-        with start_twin(home=home / "twin-substeps", tokenizer=tokenizer, policy="learning",
-                        strictness=Strictness(max_staleness=SUBSTEPS - 1)) as twin:
-            service = twin.service_client()
-            for name, changes in SUBSTEP_VARIANTS.items():
-                seeded[name] = [_train(service, _variant(_config(substep_steps, **size), seed=train_seed, **changes),
-                                       tokenizer, _world_search(seed, latency_tail=False), home)
-                                for train_seed in seeds]
-        latencies = Latencies(sample_request=SAMPLE_REQUEST, sampled_token=SAMPLED_TOKEN,
-                              trained_token=TRAINED_TOKEN, optim_step=OPTIM_STEP, weight_save=WEIGHT_SAVE)
-        cost_steps = QUICK_COST_STEPS if quick else COST_STEPS
-        with start_twin(home=home / "twin-cost", tokenizer=tokenizer, policy="learning",
-                        latencies=latencies) as twin:
-            service = twin.service_client()
-            for _ in range(1 if quick else 2):  # interleaved, so drift hits both alike
-                for mode, coef in (("off", 0.0), ("on", KL_COEF)):
-                    before = len(twin.sample_log)
-                    config = _variant(_config(cost_steps, **size), kl_coef=coef)
-                    cost[mode] += _train(service, config, tokenizer, _world_search(seed, latency_tail=False),
-                                         home)[1:]
-                    requests[mode].append((len(twin.sample_log) - before) / cost_steps)
+        runs = _variant_runs(tokenizer, home, seed=seed, steps=steps, size=size)
+        seeded = _substep_runs(tokenizer, home, seed=seed, steps=substep_steps, size=size, seeds=seeds)
+        cost, requests = _kl_cost_runs(tokenizer, home, seed=seed, quick=quick, size=size)
     reached = {name: steps_to_reward(lines) for name, lines in runs.items()}
     never = steps + 1
 
@@ -175,26 +146,7 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
     for name in VARIANTS:
         measures.append(Measure(f"steps_{name}", f"  steps to reward {REWARD_TARGET}: {LABELS[name]}", value(name),
                                 unit="steps", digits=0))
-    substep_never = substep_steps + 1
-    for name in SUBSTEP_VARIANTS:
-        lines = seeded[name]
-        reached_runs = [steps_to_reward(run) for run in lines]
-        measures.append(Measure(f"reached_{name}", f"  runs reaching reward {REWARD_TARGET} (of {len(lines)} seeds): "
-                                f"{SUBSTEP_LABELS[name]}", sum(r is not None for r in reached_runs), unit="runs",
-                                digits=0))
-        mean_steps = statistics.fmean(r if r is not None else substep_never for r in reached_runs)
-        measures.append(Measure(f"steps_{name}", f"    mean steps to reward {REWARD_TARGET} (never: {substep_never})",
-                                mean_steps, unit="steps", digits=1))
-        measures.append(Measure(f"final_reward_{name}", f"    mean reward of the last {REWARD_WINDOW} steps",
-                                statistics.fmean(final_reward(run) for run in lines), unit="reward", digits=3))
-        clipped = [c for c in (clipped_fraction(run) for run in lines) if c is not None]
-        if clipped:
-            measures.append(Measure(f"clipped_{name}", "    clipped fraction of the trained tokens (mean over steps)",
-                                    statistics.fmean(clipped), unit="share", digits=3))
-        first = [c for run in lines for c in first_step_clipped(run)[1:] if c is not None]
-        if first:  # where the clip acts: substep 0 is on-policy and clips nothing
-            measures.append(Measure(f"clipped_first_step_{name}", "    the same on the first step's later mini-batches",
-                                    statistics.fmean(first), unit="share", digits=3))
+    measures += _substep_measures(seeded, substep_steps)
     figure = Figure(
         number=10, name="algorithms", title="Algorithm options on the offline world; the KL penalty's cost",
         measures=measures,
@@ -220,6 +172,90 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
     )
     figure.seconds = time.perf_counter() - started
     return figure
+
+
+def _variant_runs(tokenizer: Any, home: Path, *, seed: int, steps: int,
+                  size: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+    """The metrics lines of one run per algorithm option (VARIANTS), on one twin of no latency."""
+    from searchr1.twin import Strictness, start_twin
+
+    runs: dict[str, list[dict[str, Any]]] = {}
+    with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning", strictness=Strictness()) as twin:
+        service = twin.service_client()
+        for name, changes in VARIANTS.items():
+            runs[name] = _train(service, _variant(_config(steps, **size), **changes), tokenizer,
+                                _world_search(seed, latency_tail=False), home)
+    return runs
+
+
+def _substep_runs(tokenizer: Any, home: Path, *, seed: int, steps: int, size: dict[str, int],
+                  seeds: list[int]) -> dict[str, list[list[dict[str, Any]]]]:
+    """The metrics lines of the substep rows (SUBSTEP_VARIANTS): one run per training seed, on a
+    twin that lets a sampler lag SUBSTEPS - 1 updates behind."""
+    from searchr1.twin import Strictness, start_twin
+
+    seeded: dict[str, list[list[dict[str, Any]]]] = {}  # substep rows: one run per training seed
+    with start_twin(home=home / "twin-substeps", tokenizer=tokenizer, policy="learning",
+                    strictness=Strictness(max_staleness=SUBSTEPS - 1)) as twin:
+        service = twin.service_client()
+        for name, changes in SUBSTEP_VARIANTS.items():
+            seeded[name] = [_train(service, _variant(_config(steps, **size), seed=train_seed, **changes),
+                                   tokenizer, _world_search(seed, latency_tail=False), home)
+                            for train_seed in seeds]
+    return seeded
+
+
+def _kl_cost_runs(tokenizer: Any, home: Path, *, seed: int, quick: bool,
+                  size: dict[str, int]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
+    """Runs without (``off``) and with (``on``) the KL penalty, interleaved so that drift hits both
+    alike, on a twin that plays back modelled service times: the metrics lines after each run's
+    first step, and each run's sampling requests per step."""
+    from searchr1.twin import Latencies, start_twin
+
+    cost: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    requests: dict[str, list[float]] = {"off": [], "on": []}
+    latencies = Latencies(sample_request=SAMPLE_REQUEST, sampled_token=SAMPLED_TOKEN,
+                          trained_token=TRAINED_TOKEN, optim_step=OPTIM_STEP, weight_save=WEIGHT_SAVE)
+    cost_steps = QUICK_COST_STEPS if quick else COST_STEPS
+    with start_twin(home=home / "twin-cost", tokenizer=tokenizer, policy="learning",
+                    latencies=latencies) as twin:
+        service = twin.service_client()
+        for _ in range(1 if quick else 2):  # interleaved, so drift hits both alike
+            for mode, coef in (("off", 0.0), ("on", KL_COEF)):
+                before = len(twin.sample_log)
+                config = _variant(_config(cost_steps, **size), kl_coef=coef)
+                cost[mode] += _train(service, config, tokenizer, _world_search(seed, latency_tail=False),
+                                     home)[1:]
+                requests[mode].append((len(twin.sample_log) - before) / cost_steps)
+    return cost, requests
+
+
+def _substep_measures(seeded: dict[str, list[list[dict[str, Any]]]], substep_steps: int) -> list[Measure]:
+    """Per substep row: the runs reaching the target, their mean steps to it and final reward, and
+    beside the clipping losses the clipped fraction (over all steps, and on the first step's later
+    mini-batches)."""
+    measures = []
+    substep_never = substep_steps + 1
+    for name in SUBSTEP_VARIANTS:
+        lines = seeded[name]
+        reached_runs = [steps_to_reward(run) for run in lines]
+        measures.append(Measure(f"reached_{name}", f"  runs reaching reward {REWARD_TARGET} (of {len(lines)} seeds): "
+                                f"{SUBSTEP_LABELS[name]}", sum(r is not None for r in reached_runs), unit="runs",
+                                digits=0))
+        mean_steps = statistics.fmean(r if r is not None else substep_never for r in reached_runs)
+        measures.append(Measure(f"steps_{name}", f"    mean steps to reward {REWARD_TARGET} (never: {substep_never})",
+                                mean_steps, unit="steps", digits=1))
+        measures.append(Measure(f"final_reward_{name}", f"    mean reward of the last {REWARD_WINDOW} steps",
+                                statistics.fmean(final_reward(run) for run in lines), unit="reward", digits=3))
+        clipped = [c for c in (clipped_fraction(run) for run in lines) if c is not None]
+        if clipped:
+            measures.append(Measure(f"clipped_{name}", "    clipped fraction of the trained tokens (mean over steps)",
+                                    statistics.fmean(clipped), unit="share", digits=3))
+        first = [c for run in lines for c in first_step_clipped(run)[1:] if c is not None]
+        if first:  # where the clip acts: substep 0 is on-policy and clips nothing
+            measures.append(Measure(f"clipped_first_step_{name}", "    the same on the first step's later mini-batches",
+                                    statistics.fmean(first), unit="share", digits=3))
+    return measures
 
 
 def final_reward(lines: list[dict[str, Any]], window: int = REWARD_WINDOW) -> float:

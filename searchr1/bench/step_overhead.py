@@ -185,28 +185,28 @@ def settled_heap(record: StepRecord) -> Iterator[None]:
         yield
 
 
-def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps: int, probe: StepProbe) -> None:
-    """One training run of ``steps`` steps, every step recorded (and its rollout replayed) in ``probe``."""
-    from searchr1.training import pipeline as pipeline_module
-    from searchr1.core import rollout as rollout_module
-    from searchr1.core.observation import fit as fit_module
-    from searchr1.core import trainer as trainer_module
-    from searchr1.run.directory import RunDir
-    from searchr1.training.config import TrainConfig
-    from searchr1.training.loop import TrainingRun
+class _StepTimers:
+    """What one training run's steps are timed with, into ``probe``: each step's CPU per thread,
+    its rollout (replayed from memory right after it, ours and the lab port's way, both required to
+    roll out the same trajectories) and its datums. ``rollout`` and ``build_datums`` are the
+    functions they time."""
 
-    rollout = pipeline_module.rollout_batch_async
+    def __init__(self, probe: StepProbe, rollout: Callable[..., Any], build_datums: Callable[..., Any]) -> None:
+        self.probe = probe
+        self._rollout = rollout
+        self._build_datums = build_datums
 
-    async def replayed(mode: str, answers: dict[tuple[Any, ...], list[tuple[Any, ...]]], args: list[Any],
-                       kwargs: dict[str, Any], trajectories: list[Any]) -> CpuInterval:
+    async def _replayed(self, mode: str, answers: dict[tuple[Any, ...], list[tuple[Any, ...]]], args: list[Any],
+                        kwargs: dict[str, Any], trajectories: list[Any]) -> CpuInterval:
         """The CPU of the rollout once more, answered from memory, in ``mode``; it must roll out
         ``trajectories`` again."""
+        probe = self.probe
         probe.replaying = mode
         forget_remembered_texts(args[0])  # each replay encodes its texts from cold, as the other does
         with settled_heap(probe.current):
             start = probe.meter.snapshot()  # type: ignore[union-attr]
             try:
-                again = await rollout(InMemorySampler(answers), *args, **kwargs)
+                again = await self._rollout(InMemorySampler(answers), *args, **kwargs)
             finally:
                 probe.replaying = None
         spent = probe.interval(start)
@@ -216,20 +216,24 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         probe.current.leave_out(time.thread_time() - checked)
         return spent
 
-    async def timed_rollout(sampler: Any, *args: Any, **kwargs: Any) -> Any:
+    async def rollout(self, sampler: Any, *args: Any, **kwargs: Any) -> Any:
+        """The rollout as it runs, timed, then replayed from memory ours and the lab port's way."""
+        from searchr1.core.observation import fit as fit_module
+
+        probe = self.probe
         answers: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         counted = CountingSampler(sampler, answers)
         with settled_heap(probe.current):
             start = probe.meter.snapshot()  # type: ignore[union-attr]
-            trajectories = await rollout(counted, *args, **kwargs)
+            trajectories = await self._rollout(counted, *args, **kwargs)
             spent = probe.interval(start)
         # The same rollout, answered from memory (no progress display, the same seeds and step).
         replay_args = list(args)
         if len(replay_args) > 4:
             replay_args[4] = None
-        replay = await replayed("memory", answers, replay_args, kwargs, trajectories)
+        replay = await self._replayed("memory", answers, replay_args, kwargs, trajectories)
         with patched(fit_module, "fit_tool_content", lab_port_fit):
-            theirs = await replayed(LAB_PORT, answers, replay_args, kwargs, trajectories)
+            theirs = await self._replayed(LAB_PORT, answers, replay_args, kwargs, trajectories)
         record = probe.current
         record.rollout_main += spent.roles.get("main", 0.0)
         record.rollout_client += spent.roles.get("client", 0.0)
@@ -243,17 +247,17 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         probe.trajectories.append(trajectories)
         return trajectories
 
-    build_datums = trainer_module.build_training_datums
-
-    def timed_datums(*args: Any, **kwargs: Any) -> Any:
+    def datums(self, *args: Any, **kwargs: Any) -> Any:
         start = time.thread_time()
         try:
-            return build_datums(*args, **kwargs)
+            return self._build_datums(*args, **kwargs)
         finally:
-            probe.current.datums += time.thread_time() - start
+            self.probe.current.datums += time.thread_time() - start
 
-    def timed_step(trainer: Any) -> Any:
+    def step(self, trainer: Any) -> Callable[[int, Any], Any]:
+        """``trainer.step``, each step's CPU recorded in a :class:`StepRecord` of its own."""
         original = trainer.step
+        probe = self.probe
 
         async def step(number: int, batches: Any) -> Any:
             if probe.meter is None:
@@ -269,10 +273,21 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
             return metrics
         return step
 
+
+def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps: int, probe: StepProbe) -> None:
+    """One training run of ``steps`` steps, every step recorded (and its rollout replayed) in ``probe``."""
+    from searchr1.training import pipeline as pipeline_module
+    from searchr1.core import rollout as rollout_module
+    from searchr1.core import trainer as trainer_module
+    from searchr1.run.directory import RunDir
+    from searchr1.training.config import TrainConfig
+    from searchr1.training.loop import TrainingRun
+
+    timers = _StepTimers(probe, pipeline_module.rollout_batch_async, trainer_module.build_training_datums)
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-") as home, contextlib.ExitStack() as stack:
-        stack.enter_context(patched(pipeline_module, "rollout_batch_async", timed_rollout))
-        stack.enter_context(patched(trainer_module, "rollout_batch_async", timed_rollout))  # on-policy batches
-        stack.enter_context(patched(trainer_module, "build_training_datums", timed_datums))
+        stack.enter_context(patched(pipeline_module, "rollout_batch_async", timers.rollout))
+        stack.enter_context(patched(trainer_module, "rollout_batch_async", timers.rollout))  # on-policy batches
+        stack.enter_context(patched(trainer_module, "build_training_datums", timers.datums))
         stack.enter_context(patched(rollout_module, "add_observation",
                                     probe.piece("fit", rollout_module.add_observation)))
         stack.enter_context(patched(rollout_module, "record_turn",
@@ -287,8 +302,45 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         run.create(config.to_json())
         training = TrainingRun(config, run, service=service, tokenizer=tokenizer,
                           search=ScriptedSearch(workload.results), examples=workload.examples)
-        training.trainer.step = timed_step(training.trainer)  # type: ignore[method-assign]
+        training.trainer.step = timers.step(training.trainer)  # type: ignore[method-assign]
         asyncio.run(training.run_steps(None))
+
+
+class _RunSamples:
+    """The measured steps of every run (each run's first step left out when it has more than one:
+    it loads tokenizers and warms caches), made into one sample per run."""
+
+    def __init__(self, runs: list[StepProbe], steps: int) -> None:
+        skip = 1 if steps > 1 else 0  # the first step of a run loads tokenizers and warms caches
+        self.per_run = [[(index, record) for index, record in enumerate(probe.steps) if index >= skip]
+                        for probe in runs]
+        self.steps = [item for run in self.per_run for item in run]
+
+    def per_step(self, values: Callable[[StepRecord], float]) -> list[float]:
+        """One sample per run: the mean over the run's measured steps (every run measures the same
+        steps, so the spread is the runs' disagreement, not the difference between steps)."""
+        return [sum(values(r) for _, r in run) / len(run) for run in self.per_run if run]
+
+    def ratio(self, numerator: Callable[[StepRecord], float],
+              denominator: Callable[[int, StepRecord], float]) -> list[float]:
+        return [sum(numerator(r) for _, r in run) / max(1e-12, sum(denominator(i, r) for i, r in run))
+                for run in self.per_run if run]
+
+
+def _rest_main(r: StepRecord) -> float:
+    """The main thread during rollout outside the timed pieces: asyncio, pytrio calls on our loop."""
+    return max(0.0, r.rollout_main - sum(r.pieces.values()))
+
+
+def _main_outside(r: StepRecord) -> float:
+    """The main thread outside the rollout: the trainer's bookkeeping and its pytrio calls."""
+    return max(0.0, r.roles.get("main", 0.0) - r.rollout_main - r.replay_main - r.lab_port_main - r.datums
+               - r.bench_main)
+
+
+def _client_outside(r: StepRecord) -> float:
+    """pytrio's thread outside the rollout: training calls and the sampler checkpoint."""
+    return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client - r.lab_port_client)
 
 
 def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,
@@ -316,91 +368,11 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
                     search_concurrency=DEFAULT_SEARCH_CONCURRENCY).value
         for trajectories in runs[0].trajectories
     ]
-
-    skip = 1 if steps > 1 else 0  # the first step of a run loads tokenizers and warms caches
-    per_run = [[(index, record) for index, record in enumerate(probe.steps) if index >= skip] for probe in runs]
-    wire_steps = [item for run in per_run for item in run]
-
-    def per_step(values: Callable[[StepRecord], float]) -> list[float]:
-        """One sample per run: the mean over the run's measured steps (every run measures the same
-        steps, so the spread is the runs' disagreement, not the difference between steps)."""
-        return [sum(values(r) for _, r in run) / len(run) for run in per_run if run]
-
-    def ratio(numerator: Callable[[StepRecord], float], denominator: Callable[[int, StepRecord], float]) -> list[float]:
-        return [sum(numerator(r) for _, r in run) / max(1e-12, sum(denominator(i, r) for i, r in run))
-                for run in per_run if run]
-
-    wire_local = per_step(lambda r: r.local)
-    memory_local = per_step(lambda r: r.in_memory)
-    lab_port_local = per_step(lambda r: r.lab_port_way)
-    over_lab_port = ratio(lambda r: r.local, lambda i, r: r.lab_port_way)
-    pairs = ratio(lambda r: r.local, lambda i, r: r.in_memory)
-    over_service = ratio(lambda r: r.local, lambda i, r: service_seconds[i])
-    lab_port_over_service = ratio(lambda r: r.lab_port_way, lambda i, r: service_seconds[i])
-
-    def rest_main(r: StepRecord) -> float:
-        return max(0.0, r.rollout_main - sum(r.pieces.values()))
-
-    def main_outside(r: StepRecord) -> float:  # the trainer's bookkeeping and its pytrio calls
-        return max(0.0, r.roles.get("main", 0.0) - r.rollout_main - r.replay_main - r.lab_port_main - r.datums
-                   - r.bench_main)
-
-    def client_outside(r: StepRecord) -> float:  # training calls and the sampler checkpoint
-        return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client - r.lab_port_client)
-
+    samples = _RunSamples(runs, steps)
+    wire_steps = samples.steps
     requests = statistics.median([float(r.requests) for _, r in wire_steps])
     turns = statistics.median([float(r.turns) for _, r in wire_steps])
-    client_per_request = [1000.0 * v for v in ratio(lambda r: r.rollout_client, lambda i, r: r.requests)]
-    glue_per_request = [1000.0 * v for v in ratio(
-        lambda r: max(0.0, rest_main(r) - max(0.0, r.replay_main - sum(r.replay_pieces.values()))),
-        lambda i, r: r.requests)]
-    per_turn = [1000.0 * v for v in ratio(lambda r: r.rollout_main + r.rollout_client, lambda i, r: r.turns)]
-
-    measures = [
-        Measure.of_samples("local_cpu_over_seed_way", "local CPU per step, ours / the lab port's observation fitting",
-                           over_lab_port, LAB_PORT_RATIO_TARGET, "<=", "x", target_source="bench",
-                           spread_bound=SPREAD_BOUND),
-        # Rows in CPU seconds (over a fixed modelled time or not) carry no spread bound: they also
-        # measure the machine's speed, which drifts between runs minutes apart; the ratios
-        # measured side by side cancel it.
-        Measure.of_samples("local_overhead_over_service_time", "local CPU / modelled service time of the step",
-                           over_service, unit="x", digits=3),
-        Measure.of_samples("seed_way_over_service_time", "  the lab port's way / modelled service time",
-                           lab_port_over_service, unit="x", digits=3),
-        Measure.of_samples("local_cpu_seconds_per_step", "local CPU per step (main + pytrio threads)",
-                           wire_local, unit="s"),
-        Measure.of_samples("seed_way_cpu_seconds_per_step", "  the same step, the lab port's observation fitting",
-                           lab_port_local, unit="s"),
-        Measure.of_samples("wire_over_in_memory", "local CPU, real client / in-memory sampler", pairs,
-                           unit="x", spread_bound=SPREAD_BOUND),
-        Measure.of_samples("in_memory_cpu_seconds_per_step", "  the same step, in-memory sampler",
-                           memory_local, unit="s"),
-    ]
-    for key, label in MAIN_PIECES.items():
-        measures.append(Measure.of_samples(f"main_{key}_seconds", f"  main thread: {label}",
-                                           per_step(lambda r, k=key: r.pieces.get(k, 0.0)), unit="s"))
-    measures += [
-        Measure.of_samples("main_rest_seconds", "  main thread: asyncio, pytrio calls on our loop",
-                           per_step(rest_main), unit="s"),
-        Measure.of_samples("client_rollout_seconds", "  pytrio thread during rollout",
-                           per_step(lambda r: r.rollout_client),
-                           unit="s"),
-        Measure.of_samples("datums_seconds", "  datums",
-                           per_step(lambda r: r.datums), unit="s"),
-        Measure.of_samples("main_outside_rollout_seconds", "  main thread outside rollout: trainer, metrics, "
-                           "run dir, pytrio calls", per_step(main_outside), unit="s"),
-        Measure.of_samples("client_outside_rollout_seconds", "  pytrio thread outside rollout: training calls, "
-                           "sampler checkpoint", per_step(client_outside), unit="s"),
-        Measure.of_samples("client_ms_per_sampling_request", "pytrio thread per sampling request",
-                           client_per_request, unit="ms", digits=2),
-        Measure.of_samples("main_glue_ms_per_sampling_request", "main thread per sampling request (wire - in-memory)",
-                           glue_per_request, unit="ms", digits=2),
-        Measure.of_samples("rollout_ms_per_turn", "rollout CPU per assistant turn (both threads)", per_turn,
-                           unit="ms", digits=2),
-        Measure.of_samples("twin_seconds_per_step", "the twin's process per step (not counted)",
-                           per_step(lambda r: r.twin), unit="s"),
-        *scaling_measures,
-    ]
+    measures = [*_step_measures(samples, service_seconds), *scaling_measures]
     trajectories = runs[0].trajectories[-1]
     figure = Figure(
         number=5, name="step_overhead", title="Local overhead of a step",
@@ -435,3 +407,64 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
     )
     figure.seconds = time.perf_counter() - started
     return figure
+
+
+def _step_measures(samples: _RunSamples, service_seconds: list[float]) -> list[Measure]:
+    """The figure's rows from the runs' samples: the step's local CPU against the lab port's way, the
+    wire and the modelled service time, then where it goes (threads, pieces, datums, per request
+    and per turn)."""
+    per_step, ratio = samples.per_step, samples.ratio
+    over_lab_port = ratio(lambda r: r.local, lambda i, r: r.lab_port_way)
+    pairs = ratio(lambda r: r.local, lambda i, r: r.in_memory)
+    over_service = ratio(lambda r: r.local, lambda i, r: service_seconds[i])
+    lab_port_over_service = ratio(lambda r: r.lab_port_way, lambda i, r: service_seconds[i])
+    client_per_request = [1000.0 * v for v in ratio(lambda r: r.rollout_client, lambda i, r: r.requests)]
+    glue_per_request = [1000.0 * v for v in ratio(
+        lambda r: max(0.0, _rest_main(r) - max(0.0, r.replay_main - sum(r.replay_pieces.values()))),
+        lambda i, r: r.requests)]
+    per_turn = [1000.0 * v for v in ratio(lambda r: r.rollout_main + r.rollout_client, lambda i, r: r.turns)]
+
+    measures = [
+        Measure.of_samples("local_cpu_over_seed_way", "local CPU per step, ours / the lab port's observation fitting",
+                           over_lab_port, LAB_PORT_RATIO_TARGET, "<=", "x", target_source="bench",
+                           spread_bound=SPREAD_BOUND),
+        # Rows in CPU seconds (over a fixed modelled time or not) carry no spread bound: they also
+        # measure the machine's speed, which drifts between runs minutes apart; the ratios
+        # measured side by side cancel it.
+        Measure.of_samples("local_overhead_over_service_time", "local CPU / modelled service time of the step",
+                           over_service, unit="x", digits=3),
+        Measure.of_samples("seed_way_over_service_time", "  the lab port's way / modelled service time",
+                           lab_port_over_service, unit="x", digits=3),
+        Measure.of_samples("local_cpu_seconds_per_step", "local CPU per step (main + pytrio threads)",
+                           per_step(lambda r: r.local), unit="s"),
+        Measure.of_samples("seed_way_cpu_seconds_per_step", "  the same step, the lab port's observation fitting",
+                           per_step(lambda r: r.lab_port_way), unit="s"),
+        Measure.of_samples("wire_over_in_memory", "local CPU, real client / in-memory sampler", pairs,
+                           unit="x", spread_bound=SPREAD_BOUND),
+        Measure.of_samples("in_memory_cpu_seconds_per_step", "  the same step, in-memory sampler",
+                           per_step(lambda r: r.in_memory), unit="s"),
+    ]
+    for key, label in MAIN_PIECES.items():
+        measures.append(Measure.of_samples(f"main_{key}_seconds", f"  main thread: {label}",
+                                           per_step(lambda r, k=key: r.pieces.get(k, 0.0)), unit="s"))
+    return measures + [
+        Measure.of_samples("main_rest_seconds", "  main thread: asyncio, pytrio calls on our loop",
+                           per_step(_rest_main), unit="s"),
+        Measure.of_samples("client_rollout_seconds", "  pytrio thread during rollout",
+                           per_step(lambda r: r.rollout_client),
+                           unit="s"),
+        Measure.of_samples("datums_seconds", "  datums",
+                           per_step(lambda r: r.datums), unit="s"),
+        Measure.of_samples("main_outside_rollout_seconds", "  main thread outside rollout: trainer, metrics, "
+                           "run dir, pytrio calls", per_step(_main_outside), unit="s"),
+        Measure.of_samples("client_outside_rollout_seconds", "  pytrio thread outside rollout: training calls, "
+                           "sampler checkpoint", per_step(_client_outside), unit="s"),
+        Measure.of_samples("client_ms_per_sampling_request", "pytrio thread per sampling request",
+                           client_per_request, unit="ms", digits=2),
+        Measure.of_samples("main_glue_ms_per_sampling_request", "main thread per sampling request (wire - in-memory)",
+                           glue_per_request, unit="ms", digits=2),
+        Measure.of_samples("rollout_ms_per_turn", "rollout CPU per assistant turn (both threads)", per_turn,
+                           unit="ms", digits=2),
+        Measure.of_samples("twin_seconds_per_step", "the twin's process per step (not counted)",
+                           per_step(lambda r: r.twin), unit="s"),
+    ]

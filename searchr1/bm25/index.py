@@ -375,14 +375,62 @@ def _score_into(directory: Path, idf_of_term: np.ndarray, avg_length: float) -> 
         os.rename(directory / f".{file}", directory / file)
 
 
+@dataclass
+class _Vocabulary:
+    """The shards' vocabularies merged: the corpus's terms (a term's id is the order it was first
+    seen in), their document frequencies, each shard's rows, and the corpus's tokens."""
+
+    terms: dict[str, int]
+    df: np.ndarray
+    shard_rows: list[int]
+    tokens: int
+
+
 def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, pool: _Workers,
            progress: Progress | None) -> dict[str, Any]:
+    """Build the index in a staging directory beside ``out`` (resuming the shards an interrupted
+    build finished), then rename it to ``out``: tokenise, merge the vocabularies, score, then the
+    page tables, the vocabulary and the manifest. Returns the manifest."""
     started = time.perf_counter()
     staging = _staging_for(out, _build_key(corpus, shard_passages))
     shards_dir = staging / "shards"
     finished = {p.name for p in shards_dir.iterdir() if p.is_dir() and not p.name.endswith(".tmp")}
-    resumed = len(finished)
-    # Pass one: tokenise the shards not yet on disk.
+    shard_names = _tokenize_pass(reader, shards_dir, shard_passages, finished, pool, progress)
+    tokenized = time.perf_counter() - started
+    vocabulary = _merge_vocabularies(staging, shard_names)
+    rows = reader.rows
+    avg_length = vocabulary.tokens / rows
+    shards = _score_pass(shards_dir, shard_names, vocabulary.shard_rows, idf(vocabulary.df, rows), avg_length,
+                         rows, pool, progress)
+    _write_page_tables(staging, shard_names)
+    _write_vocabulary(staging, vocabulary.terms)
+    (staging / "build.json").unlink()
+    files = {str(p.relative_to(staging)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+             for p in sorted(staging.rglob("*")) if p.is_file()}
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "corpus": {"path": str(corpus), "sha256": reader.sha256, "rows": rows, "bytes": reader.bytes_read},
+        "tokenizer": tokenizer_description(),
+        "scorer": {"method": METHOD, "k1": K1, "b": B, "idf": "lucene", "avg_length": avg_length,
+                   "as": f"bm25s {_version('bm25s')} lucene"},
+        "tokens": vocabulary.tokens,
+        "vocabulary": len(vocabulary.terms),
+        "shards": shards,
+        "shard_passages": shard_passages,
+        "resumed_shards": len(finished),
+        "files": files,
+        "build_seconds": round(time.perf_counter() - started, 3),
+        "tokenize_seconds": round(tokenized, 3),
+    }
+    write_json_atomically(staging / MANIFEST_NAME, manifest)
+    _move_into_place(staging, out)
+    return manifest
+
+
+def _tokenize_pass(reader: CorpusReader, shards_dir: Path, shard_passages: int, finished: set[str],
+                   pool: _Workers, progress: Progress | None) -> list[str]:
+    """Pass one: tokenise the shards not yet on disk (``finished`` are). Returns every shard's name."""
     count = 0
     for number, batch in enumerate(_shard_batches(reader, shard_passages, finished)):
         count = number + 1
@@ -393,12 +441,15 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
         if progress is not None:
             progress("tokenize", reader.rows, reader.bytes_read, reader.size)
     pool.wait()
-    shard_names = [f"{n:05d}" for n in range(count)]
-    tokenized = time.perf_counter() - started
-    # Merge the vocabularies and the document frequencies. Each shard's map from its term ids to
-    # the corpus's goes to disk beside it (int32: the vocabulary stays under 2**31 terms), and the
-    # document frequencies are summed shard by shard, so the merge holds the vocabulary and one
-    # shard's terms, not a map per shard.
+    return [f"{n:05d}" for n in range(count)]
+
+
+def _merge_vocabularies(staging: Path, shard_names: list[str]) -> _Vocabulary:
+    """Merge the vocabularies and the document frequencies. Each shard's map from its term ids to
+    the corpus's goes to disk beside it (int32: the vocabulary stays under 2**31 terms), and the
+    document frequencies are summed shard by shard, so the merge holds the vocabulary and one
+    shard's terms, not a map per shard."""
+    shards_dir = staging / "shards"
     vocab: dict[str, int] = {}
     df = np.zeros(0, dtype=np.int64)
     shard_rows: list[int] = []
@@ -419,10 +470,13 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
         lengths = np.load(directory / "lengths.npy")
         shard_rows.append(len(lengths))
         lengths_total += int(lengths.sum())
-    rows = reader.rows
-    idf_of_term = idf(df, rows)
-    avg_length = lengths_total / rows
-    # Pass two: score every shard with the corpus-wide statistics.
+    return _Vocabulary(vocab, df, shard_rows, lengths_total)
+
+
+def _score_pass(shards_dir: Path, shard_names: list[str], shard_rows: list[int], idf_of_term: np.ndarray,
+                avg_length: float, rows: int, pool: _Workers, progress: Progress | None) -> list[dict[str, int]]:
+    """Pass two: score every shard not yet scored with the corpus-wide statistics (``rows`` in the
+    corpus, for the progress). Returns each shard's first row and rows, for the manifest."""
     shards: list[dict[str, int]] = []
     first_row = 0
     for name, count_of_rows in zip(shard_names, shard_rows):
@@ -433,7 +487,13 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
         if progress is not None:
             progress("score", first_row, first_row, rows)
     pool.wait()
-    # The page tables: every passage's title and id key, sorted once over the whole corpus.
+    return shards
+
+
+def _write_page_tables(staging: Path, shard_names: list[str]) -> None:
+    """The page tables: every passage's title and id key, sorted once over the whole corpus; then
+    the shards' spilled working files are removed."""
+    shards_dir = staging / "shards"
     (staging / "pages").mkdir(exist_ok=True)
     for table in TABLES:
         keys, table_rows = sorted_table([np.load(shards_dir / name / f"{table}.keys.npy") for name in shard_names])
@@ -445,32 +505,14 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
         for spill in ("tokens.npy", "lengths.npy", "df.npy", "terms.json", "mapping.npy", "titles.keys.npy",
                       "ids.keys.npy"):
             (shards_dir / name / spill).unlink(missing_ok=True)
+
+
+def _write_vocabulary(staging: Path, vocab: dict[str, int]) -> None:
+    """``vocab.json``: the terms in the order of their ids."""
     terms_in_order = [""] * len(vocab)
     for term, index in vocab.items():
         terms_in_order[index] = term
     write_json_atomically(staging / VOCAB_NAME, terms_in_order)
-    (staging / "build.json").unlink()
-    files = {str(p.relative_to(staging)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-             for p in sorted(staging.rglob("*")) if p.is_file()}
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "corpus": {"path": str(corpus), "sha256": reader.sha256, "rows": rows, "bytes": reader.bytes_read},
-        "tokenizer": tokenizer_description(),
-        "scorer": {"method": METHOD, "k1": K1, "b": B, "idf": "lucene", "avg_length": avg_length,
-                   "as": f"bm25s {_version('bm25s')} lucene"},
-        "tokens": lengths_total,
-        "vocabulary": len(vocab),
-        "shards": shards,
-        "shard_passages": shard_passages,
-        "resumed_shards": resumed,
-        "files": files,
-        "build_seconds": round(time.perf_counter() - started, 3),
-        "tokenize_seconds": round(tokenized, 3),
-    }
-    write_json_atomically(staging / MANIFEST_NAME, manifest)
-    _move_into_place(staging, out)
-    return manifest
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

@@ -11,9 +11,9 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -31,6 +31,13 @@ from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.settings_options import config_file_option
 from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
 from searchr1.basics import invocation
+
+if TYPE_CHECKING:
+    from searchr1.commands.prerequisites import Prerequisites
+    from searchr1.core.rollout import RolloutConfig
+    from searchr1.core.types import SearchExample
+    from searchr1.evaluation.evaluate import EvalOutcome
+    from searchr1.run.costs import PriceTable
 
 LIVE_DATA = Path("datasets/dev.jsonl")
 PROTOCOL_DATA = Path("datasets/test.jsonl")
@@ -314,17 +321,64 @@ def _claim_output(output: Path, held: contextlib.ExitStack) -> None:
         raise click.ClickException(f"cannot write eval output {output}: {error.strerror or error}") from None
 
 
+@dataclass(frozen=True)
+class _EvalFlags:
+    """``eval``'s flags beside the rollout's and the search's; with ``--checkpoint`` the model,
+    the mode and the twin's home are the checkpoint's (``checkpoint``)."""
+
+    offline: bool
+    quiet: bool
+    overwrite: bool
+    prices: PriceTable | None
+    connect_timeout: float | None
+    base_model: str
+    model_path: str | None
+    limit: int | None
+    chat_template: str | None
+    offline_home: Path | None
+    offline_policy: str
+    checkpoint_run: Path | None
+    protocol: str | None
+    judge_model: str | None
+    judge_cache: str | None
+    judge_cassette: Path | None
+    checkpoint: RunCheckpoint | None = None
+
+
 def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
-    from searchr1.commands.prerequisites import Prerequisites, check_examples_file, check_pytrio
+    """The flags made the runner's inputs, every check bad input can fail, the evaluation, and
+    what it found."""
+    from searchr1.commands.prerequisites import Prerequisites
     from searchr1.data.dataset import load_examples
-    from searchr1.evaluation.metrics import EvalFileError
-    from searchr1.evaluation.evaluate import EvalResumeError, evaluate
-    from searchr1.evaluation.judge import JudgeError
     from searchr1.offline import DEV
-    from searchr1.wiring.services import (check_base_model, check_search_setup, check_tool_setup, load_tokenizer,
-                                           open_search, start_service, tool_backends)
 
     checks = Prerequisites()  # what is missing is said all at once, before the tokenizer loads
+    flags = _eval_flags(kwargs, checks)
+    if flags.protocol == "search-r1":
+        search = apply_search_r1_protocol(kwargs, search, given=_given_flags())
+    if flags.checkpoint_run is not None:
+        flags = _with_checkpoint(flags)
+    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
+    given = kwargs.pop("data")
+    data = given or (DEV if flags.offline else PROTOCOL_DATA if flags.protocol else LIVE_DATA)
+    _check_model_and_data(flags, rollout, data, given=given is not None, checks=checks)
+    output = kwargs.pop("output") or default_output(flags.base_model, flags.model_path, search.backend, flags.offline,
+                                                    flags.offline_policy)
+    checks.check(_claim_output, output, held)
+    on_interrupt(f"eval interrupted (Ctrl-C) during start-up, before any question was evaluated; {output} is "
+                 f"as it was, nothing in it lost: run the same command again to "
+                 f"{'resume' if output.exists() else 'start'}")
+    _check_services(flags, rollout, search, checks)  # before PyTRIO is contacted or anything written
+    checks.raise_failures("the evaluation")
+    examples = load_examples(data)  # every row, now that the first one passed
+    run_config = _eval_run_config(flags, search, rollout, data)
+    outcome = _run_evaluation(flags, search, rollout, examples, data, output, run_config)
+    _report_outcome(flags, search, outcome, output, run_config)
+
+
+def _eval_flags(kwargs: dict[str, Any], checks: Prerequisites) -> _EvalFlags:
+    """Take ``eval``'s own flags out of ``kwargs``; a bad ``--prices`` table goes to ``checks``
+    (one line, before anything is sampled)."""
     offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
     prices_path = kwargs.pop("prices")
     if prices_path is not None:
@@ -333,91 +387,129 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         prices = checks.check(load_prices, prices_path)  # a bad table is one line, before anything is sampled
     else:
         prices = None
-    connect_timeout = kwargs.pop("connect_timeout")
-    base_model, model_path = kwargs.pop("base_model"), kwargs.pop("model_path")
-    limit, chat_template, offline_home = kwargs.pop("limit"), kwargs.pop("chat_template"), kwargs.pop("offline_home")
-    offline_policy, checkpoint_run = kwargs.pop("offline_policy"), kwargs.pop("checkpoint_run")
-    protocol = kwargs.pop("protocol")
-    judge_model, judge_cache = kwargs.pop("judge_model"), kwargs.pop("judge_cache")
-    judge_cassette = kwargs.pop("judge_cassette")
-    if protocol == "search-r1":
-        search = apply_search_r1_protocol(kwargs, search, given=_given_flags())
-    if checkpoint_run is not None:
-        if model_path is not None or offline_home is not None:
-            raise click.UsageError("--checkpoint picks the model path (and, offline, the twin's home); "
-                                   "do not combine it with --model-path or --offline-home")
-        checkpoint = checkpoint_of(checkpoint_run)
-        offline, base_model, model_path = checkpoint.offline, checkpoint.base_model, checkpoint.weights_path
-        offline_home, offline_policy = checkpoint.offline_home, checkpoint.offline_policy or offline_policy
-    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
-    given = kwargs.pop("data")
-    data = given or (DEV if offline else PROTOCOL_DATA if protocol else LIVE_DATA)
-    if offline_home is not None and not offline:
+    return _EvalFlags(
+        offline=offline, quiet=quiet, overwrite=overwrite, prices=prices, connect_timeout=kwargs.pop("connect_timeout"),
+        base_model=kwargs.pop("base_model"), model_path=kwargs.pop("model_path"), limit=kwargs.pop("limit"),
+        chat_template=kwargs.pop("chat_template"), offline_home=kwargs.pop("offline_home"),
+        offline_policy=kwargs.pop("offline_policy"), checkpoint_run=kwargs.pop("checkpoint_run"),
+        protocol=kwargs.pop("protocol"), judge_model=kwargs.pop("judge_model"), judge_cache=kwargs.pop("judge_cache"),
+        judge_cassette=kwargs.pop("judge_cassette"))
+
+
+def _with_checkpoint(flags: _EvalFlags) -> _EvalFlags:
+    """``--checkpoint RUN_DIR``: the run's last weights, its base model, its mode and, offline, its
+    twin's home and policy; refused beside ``--model-path`` or ``--offline-home``."""
+    assert flags.checkpoint_run is not None
+    if flags.model_path is not None or flags.offline_home is not None:
+        raise click.UsageError("--checkpoint picks the model path (and, offline, the twin's home); "
+                               "do not combine it with --model-path or --offline-home")
+    checkpoint = checkpoint_of(flags.checkpoint_run)
+    return replace(flags, offline=checkpoint.offline, base_model=checkpoint.base_model,
+                   model_path=checkpoint.weights_path, offline_home=checkpoint.offline_home,
+                   offline_policy=checkpoint.offline_policy or flags.offline_policy, checkpoint=checkpoint)
+
+
+def _check_model_and_data(flags: _EvalFlags, rollout: RolloutConfig, data: Path, *, given: bool,
+                          checks: Prerequisites) -> None:
+    """Refuse a twin's home without ``--offline``, a group the offline script cannot serve and an
+    unknown base model; the eval data's first line goes to ``checks``."""
+    from searchr1.commands.prerequisites import check_examples_file
+    from searchr1.wiring.services import check_base_model
+
+    if flags.offline_home is not None and not flags.offline:
         raise click.UsageError("--offline-home only applies with --offline")
-    if offline:
-        check_offline_group_size(offline_policy, rollout.group_size)
-    check_base_model(base_model)
+    if flags.offline:
+        check_offline_group_size(flags.offline_policy, rollout.group_size)
+    check_base_model(flags.base_model)
     hint = ("" if given
-            else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not offline
+            else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not flags.offline
             else "; reinstall the package")
     checks.check(check_examples_file, data, what="eval data", missing_hint=hint,
                  empty=f"eval data {data} holds no questions")
-    output = kwargs.pop("output") or default_output(base_model, model_path, search.backend, offline, offline_policy)
-    sampled = model_path or base_model  # what the output names as the policy evaluated
-    if offline:
-        from searchr1.twin.policies import offline_policy_label
 
-        sampled = offline_policy_label(offline_policy) + (f" at {model_path}" if model_path else " (untrained)")
-    checks.check(_claim_output, output, held)
-    on_interrupt(f"eval interrupted (Ctrl-C) during start-up, before any question was evaluated; {output} is "
-                 f"as it was, nothing in it lost: run the same command again to "
-                 f"{'resume' if output.exists() else 'start'}")
-    checks.check(check_search_setup, search, offline=offline)  # before PyTRIO is contacted or anything written
+
+def _check_services(flags: _EvalFlags, rollout: RolloutConfig, search: SearchOptions, checks: Prerequisites) -> None:
+    """Into ``checks``: the search setup and keys, the tools, the judge and the PyTRIO key."""
+    from searchr1.commands.prerequisites import check_pytrio
+    from searchr1.wiring.services import check_search_setup, check_tool_setup
+
+    checks.check(check_search_setup, search, offline=flags.offline)
     checks.check(check_tool_setup, rollout.tools, search)
-    if judge_model is not None:
-        checks.check(check_judge, judge_model, offline=offline, cassette=judge_cassette, env_file=search.env_file)
-    if not offline:
+    if flags.judge_model is not None:
+        checks.check(check_judge, flags.judge_model, offline=flags.offline, cassette=flags.judge_cassette,
+                     env_file=search.env_file)
+    if not flags.offline:
         check_pytrio(checks)
-    checks.raise_failures("the evaluation")
-    examples = load_examples(data)  # every row, now that the first one passed
-    run_config = build_run_config(offline=offline, base_model=base_model, model_path=model_path, search=search,
-                                  rollout=rollout, data=data, limit=limit, chat_template=chat_template,
-                                  offline_home=offline_home, offline_policy=offline_policy)
-    if protocol:
-        run_config["protocol"] = protocol
-    if checkpoint_run is not None:
-        run_config["trained_with"] = checkpoint.algorithm  # shown in the summary, not binding on resume
-    if judge_model is not None:
+
+
+def _sampled_label(flags: _EvalFlags) -> str:
+    """What the output names as the policy evaluated: the model, or offline the twin's policy."""
+    if not flags.offline:
+        return flags.model_path or flags.base_model
+    from searchr1.twin.policies import offline_policy_label
+
+    return offline_policy_label(flags.offline_policy) + (f" at {flags.model_path}" if flags.model_path
+                                                         else " (untrained)")
+
+
+def _eval_run_config(flags: _EvalFlags, search: SearchOptions, rollout: RolloutConfig, data: Path) -> dict[str, Any]:
+    """The output's configuration: :func:`build_run_config`, the protocol, how a checkpoint was
+    trained and the judge."""
+    run_config = build_run_config(offline=flags.offline, base_model=flags.base_model, model_path=flags.model_path,
+                                  search=search, rollout=rollout, data=data, limit=flags.limit,
+                                  chat_template=flags.chat_template, offline_home=flags.offline_home,
+                                  offline_policy=flags.offline_policy)
+    if flags.protocol:
+        run_config["protocol"] = flags.protocol
+    if flags.checkpoint is not None:
+        run_config["trained_with"] = flags.checkpoint.algorithm  # shown in the summary, not binding on resume
+    if flags.judge_model is not None:
         from searchr1.evaluation.judge import JUDGE_PROMPT_VERSION
 
-        run_config["judge"] = {"model": judge_model, "prompt_version": JUDGE_PROMPT_VERSION}
-    tokenizer = load_tokenizer(chat_template)
+        run_config["judge"] = {"model": flags.judge_model, "prompt_version": JUDGE_PROMPT_VERSION}
+    return run_config
+
+
+def _run_evaluation(flags: _EvalFlags, search: SearchOptions, rollout: RolloutConfig, examples: list[SearchExample],
+                    data: Path, output: Path, run_config: dict[str, Any]) -> EvalOutcome:
+    """The evaluation on the service (the twin at home in a scratch folder unless one is named);
+    a failure says what the output kept: exit 130 on Ctrl-C, one line for a bad file, a judge's
+    or the service's failure."""
+    from searchr1.evaluation.evaluate import EvalResumeError, evaluate
+    from searchr1.evaluation.judge import JudgeError
+    from searchr1.evaluation.metrics import EvalFileError
+    from searchr1.wiring.services import load_tokenizer, open_search, start_service, tool_backends
+
+    tokenizer = load_tokenizer(flags.chat_template)
     with tempfile.TemporaryDirectory(prefix="searchr1-eval-") as scratch:
-        home = offline_home or Path(scratch)
-        service = start_service(tokenizer, offline=offline, home=home, policy=offline_policy,
-                                connect_timeout=connect_timeout, sampling_concurrency=rollout.sampling_concurrency)
-        sampler = _sampling_client(service, base_model, model_path, offline=offline, offline_home=offline_home)
-        bar = None if quiet else _Bar()
+        home = flags.offline_home or Path(scratch)
+        service = start_service(tokenizer, offline=flags.offline, home=home, policy=flags.offline_policy,
+                                connect_timeout=flags.connect_timeout,
+                                sampling_concurrency=rollout.sampling_concurrency)
+        sampler = _sampling_client(service, flags.base_model, flags.model_path, offline=flags.offline,
+                                   offline_home=flags.offline_home)
+        bar = None if flags.quiet else _Bar()
 
         async def main() -> Any:
-            judge = (None if judge_model is None else
-                     make_judge(judge_model, service=service, tokenizer=tokenizer, base_model=base_model,
-                                offline=offline, cassette=judge_cassette, cache=judge_cache, env_file=search.env_file))
+            judge = (None if flags.judge_model is None else
+                     make_judge(flags.judge_model, service=service, tokenizer=tokenizer, base_model=flags.base_model,
+                                offline=flags.offline, cassette=flags.judge_cassette, cache=flags.judge_cache,
+                                env_file=search.env_file))
             try:
-                async with open_search(search, offline=offline) as backend:
+                async with open_search(search, offline=flags.offline) as backend:
                     return await evaluate(sampler, tokenizer, backend, examples, rollout, output, run_config,
-                                          limit=limit, overwrite=overwrite, progress=bar, judge=judge, prices=prices,
-                                          tool_backends=tool_backends(rollout.tools, backend))
+                                          limit=flags.limit, overwrite=flags.overwrite, progress=bar, judge=judge,
+                                          prices=flags.prices, tool_backends=tool_backends(rollout.tools, backend))
             finally:
                 if judge is not None and hasattr(judge.backend, "aclose"):
                     await judge.backend.aclose()
 
-        click.echo(f"eval: {data} -> {output}  ({'offline twin' if offline else 'live PyTRIO'}, "
-                   f"{sampled}, backend {search.backend})", err=True)
+        click.echo(f"eval: {data} -> {output}  ({'offline twin' if flags.offline else 'live PyTRIO'}, "
+                   f"{_sampled_label(flags)}, backend {search.backend})", err=True)
         on_interrupt(f"eval interrupted (Ctrl-C); the records already in {output} are kept: run the same command "
                      "again to resume")
         try:
-            outcome = asyncio.run(main())
+            return asyncio.run(main())
         except (EvalFileError, EvalResumeError) as error:
             raise click.ClickException(str(error)) from None
         except JudgeError as error:
@@ -438,16 +530,23 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         finally:
             if bar is not None:
                 bar.close()
-    for note in outcome.notes:
-        click.echo(f"note: {note}", err=True)
+
+
+def _report_outcome(flags: _EvalFlags, search: SearchOptions, outcome: EvalOutcome, output: Path,
+                    run_config: dict[str, Any]) -> None:
+    """What the evaluation found: its notes, the summary (with ``--protocol search-r1``, beside the
+    published rows and the card), where the results are; questions whose sampling failed are named
+    and the command exits 1."""
     from searchr1.basics.wording import plural
 
-    judged = f", {outcome.judged} judged" if judge_model is not None else ""  # kept questions are judged too
+    for note in outcome.notes:
+        click.echo(f"note: {note}", err=True)
+    judged = f", {outcome.judged} judged" if flags.judge_model is not None else ""  # kept questions are judged too
     click.echo(f"{plural(outcome.evaluated, 'question')} evaluated{judged}, {outcome.skipped} already in {output}",
                err=True)
     if outcome.summary is not None:
         click.echo(format_summary(outcome.summary))
-        if protocol == "search-r1":
+        if flags.protocol == "search-r1":
             from searchr1.evaluation.published import comparison_table
 
             from searchr1.basics.secrets import redact_url
@@ -455,8 +554,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
             shown_url = redact_url(search.retriever_url) if search.retriever_url else "the default URL"
             retriever = (f"BM25 over {run_config.get('search_index')}" if search.backend == "local"
                          else f"the retrieval server at {shown_url}")
-            click.echo(comparison_table(outcome.summary["metrics"], model=sampled, retriever=retriever,
-                                        offline=offline))
+            click.echo(comparison_table(outcome.summary["metrics"], model=_sampled_label(flags), retriever=retriever,
+                                        offline=flags.offline))
             from searchr1.evaluation.card import format_card
 
             click.echo(format_card(outcome.summary["card"]))

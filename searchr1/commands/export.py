@@ -16,15 +16,20 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.options import connect_timeout_option, run_guarded
-from searchr1.export.convert import ExportFormat, Layout, RawAdapter
+from searchr1.export.convert import Converted, ExportFormat, Layout, RawAdapter
 from searchr1.export.qwen35 import Qwen35Text
 from searchr1.offline import OfflinePolicy
+
+if TYPE_CHECKING:
+    from searchr1.export.adapter import Adapter
+    from searchr1.export.extract import ExtractLimits, Member
+    from searchr1.export.merge import MergeReport
 
 DOWNLOADS = ".download"
 DEFAULT_BASE = "Qwen/Qwen3.5-4B"
@@ -247,15 +252,28 @@ def _download(source: Source, out: Path, connect_timeout: float | None) -> Path:
     return download
 
 
+@dataclass(frozen=True)
+class _Conversion:
+    """The adapter in an archive, converted: as it was read (``raw``), as it is written, the dims
+    its shapes were checked against and where they come from, its base model, and the archive's
+    own README."""
+
+    raw: RawAdapter
+    converted: Converted
+    dims: Qwen35Text
+    shape_source: str
+    base_model: str
+    archive_readme: str | None
+
+
 def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export_format: ExportFormat,
             base: Path | None, merge: bool, offline: bool, offline_home: Path | None, evals: tuple[Path, ...],
             max_bytes: int | None, connect_timeout: float | None) -> None:
-    import shutil
-
-    from searchr1.export.adapter import check_adapter, find_adapter, use_commands
+    """The checkpoint's archive (downloaded, or given) unpacked and converted into ``out``, checked
+    against its base model, merged into ``--base`` when asked, with its model card."""
+    from searchr1.export.adapter import check_adapter, use_commands
     from searchr1.export.card import CARD_FILE, model_card, repo_name, upload_command
-    from searchr1.export.convert import ConversionError, convert, read_raw_adapter, write_converted
-    from searchr1.export.extract import ArchiveError, ExtractLimits, list_members, safe_extract
+    from searchr1.export.extract import ExtractLimits
     from searchr1.basics.fileio import check_writable, write_text_atomically
 
     base_dims = _check_flags(checkpoint, from_archive, base, merge, offline, offline_home)
@@ -269,85 +287,145 @@ def _export(checkpoint: str | None, out: Path, from_archive: Path | None, export
     archive = from_archive if from_archive is not None else _download(source, out, connect_timeout)
     limits = ExtractLimits() if max_bytes is None else ExtractLimits(max_member_bytes=max_bytes,
                                                                      max_total_bytes=max_bytes)
-    with tempfile.TemporaryDirectory(prefix=".extract-", dir=out) as temporary:
-        scratch = Path(temporary) / "archive"
-        try:
-            refused = safe_extract(archive, scratch, limits)
-        except ArchiveError as error:
-            raise click.ClickException(str(error)) from None
-        if refused:
-            for line in refused:
-                click.echo(f"refused: {line}", err=True)
-            from searchr1.basics.wording import plural
-
-            raise click.ClickException(f"{archive}: {plural(len(refused), 'unsafe member')}; nothing extracted")
-        members = list_members(archive)
-        folder = find_adapter(scratch)
-        if folder is None:
-            for item in sorted(scratch.iterdir()):
-                target = out / item.name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                item.replace(target)
-            _drop_download(archive, from_archive)
-            click.echo(f"{out}: not a LoRA adapter (no adapter_config.json with adapter_model.safetensors); "
-                       "the archive holds:")
-            for member in members:
-                click.echo(f"  {member.kind:<5}{member.size:>12}  {member.name}")
-            return
-        run = source.run_config or {}
-        try:
-            raw = read_raw_adapter(folder)
-            if run.get("lora_rank") is not None and raw.rank != run["lora_rank"]:
-                raise ConversionError(f"adapter_config.json: r {raw.rank}, but the run trained LoRA rank "
-                                      f"{run['lora_rank']}")
-            named = raw.config.get("base_model_name_or_path")
-            if run.get("base_model") and isinstance(named, str) and named and named != run["base_model"]:
-                raise ConversionError(f"adapter_config.json: base model {named!r}, but the run trained "
-                                      f"{run['base_model']!r}")
-            base_model = str(run.get("base_model") or named or DEFAULT_BASE)
-            dims, shape_source = _shapes_of(raw, base_dims, base_model)
-            layout = _layout(export_format, base_dims)
-            converted = convert(raw, dims, export_format=export_format, layout=layout, base_model=base_model)
-        except ConversionError as error:
-            raise click.ClickException(f"invalid adapter: {error}") from None
-        readme = folder / CARD_FILE
-        archive_readme = readme.read_text("utf-8", errors="replace") if readme.is_file() else None
-        write_converted(converted, out, {"format": "pt", "producer": "searchr1 export",
-                                         **{k: v for k, v in raw.metadata.items() if k in ("stand_in", "note")}})
+    conversion = _unpack(archive, from_archive, out, limits, source, base_dims, export_format)
+    if conversion is None:
+        return
     _drop_download(archive, from_archive)
-    adapter = check_adapter(out, dims, converted.layout)
+    adapter = check_adapter(out, conversion.dims, conversion.converted.layout)
     from searchr1.basics.wording import plural
 
     if adapter.problems:
         for line in adapter.problems:
             click.echo(f"invalid adapter: {line}", err=True)
-        raise click.ClickException(f"{out}: the converted adapter does not fit {base_model} "
+        raise click.ClickException(f"{out}: the converted adapter does not fit {conversion.base_model} "
                                    f"({plural(len(adapter.problems), 'problem')})")
-    reference = str(base) if base is not None else base_model
-    commands = use_commands(out, adapter, export_format, converted.layout, base=reference)
-    merged = None
-    if merge:
-        from searchr1.export.merge import merge_into
-
-        assert base is not None
-        try:
-            merged = merge_into(base, converted, out / "merged")
-        except ConversionError as error:
-            raise click.ClickException(f"--merge: {error}") from None
-        commands.append(f"vllm serve {shlex.quote(str(merged.folder))}")
+    reference = str(base) if base is not None else conversion.base_model
+    commands = use_commands(out, adapter, export_format, conversion.converted.layout, base=reference)
+    merged = _merge(base, conversion.converted, out, commands) if merge else None
+    raw = conversion.raw
     stand_in = raw.metadata.get("note") if raw.metadata.get("stand_in") == "true" else None
     upload = upload_command(out, merged=merged is not None)
     card = model_card(adapter, name=repo_name(out), checkpoint=source.path, run_config=source.run_config,
                       step=source.step, evals=_matching_evals(evals, source.path), commands=commands, upload=upload,
-                      shape_source=shape_source, stand_in_note=stand_in, archive_readme=archive_readme)
+                      shape_source=conversion.shape_source, stand_in_note=stand_in,
+                      archive_readme=conversion.archive_readme)
     write_text_atomically(out / CARD_FILE, card)
+    _print_exported(out, export_format, base, conversion, adapter, merged, commands, upload, stand_in)
+
+
+def _unpack(archive: Path, from_archive: Path | None, out: Path, limits: ExtractLimits, source: Source,
+            base_dims: Qwen35Text | None, export_format: ExportFormat) -> _Conversion | None:
+    """Extract ``archive`` safely into a scratch folder in ``out`` and write its adapter into ``out``
+    converted. An archive without an adapter is moved into ``out`` as it is and listed (None)."""
+    from searchr1.export.adapter import find_adapter
+    from searchr1.export.convert import write_converted
+    from searchr1.export.extract import list_members
+
+    with tempfile.TemporaryDirectory(prefix=".extract-", dir=out) as temporary:
+        scratch = Path(temporary) / "archive"
+        _extract(archive, scratch, limits)
+        members = list_members(archive)
+        folder = find_adapter(scratch)
+        if folder is None:
+            _keep_as_it_is(scratch, out, archive, from_archive, members)
+            return None
+        conversion = _convert(folder, source, base_dims, export_format)
+        raw = conversion.raw
+        write_converted(conversion.converted, out, {"format": "pt", "producer": "searchr1 export",
+                                                    **{k: v for k, v in raw.metadata.items()
+                                                       if k in ("stand_in", "note")}})
+    return conversion
+
+
+def _extract(archive: Path, scratch: Path, limits: ExtractLimits) -> None:
+    """``archive`` into ``scratch``; an archive with any unsafe member is refused whole, each
+    refusal one line."""
+    from searchr1.export.extract import ArchiveError, safe_extract
+
+    try:
+        refused = safe_extract(archive, scratch, limits)
+    except ArchiveError as error:
+        raise click.ClickException(str(error)) from None
+    if refused:
+        for line in refused:
+            click.echo(f"refused: {line}", err=True)
+        from searchr1.basics.wording import plural
+
+        raise click.ClickException(f"{archive}: {plural(len(refused), 'unsafe member')}; nothing extracted")
+
+
+def _keep_as_it_is(scratch: Path, out: Path, archive: Path, from_archive: Path | None, members: list[Member]) -> None:
+    """An archive that holds no LoRA adapter: what it holds moved into ``out`` and listed."""
+    import shutil
+
+    for item in sorted(scratch.iterdir()):
+        target = out / item.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        item.replace(target)
+    _drop_download(archive, from_archive)
+    click.echo(f"{out}: not a LoRA adapter (no adapter_config.json with adapter_model.safetensors); "
+               "the archive holds:")
+    for member in members:
+        click.echo(f"  {member.kind:<5}{member.size:>12}  {member.name}")
+
+
+def _convert(folder: Path, source: Source, base_dims: Qwen35Text | None, export_format: ExportFormat) -> _Conversion:
+    """The adapter in ``folder`` converted to ``export_format``; refused (one line) when its rank or
+    base model is not the run's, or its shapes do not fit."""
+    from searchr1.export.card import CARD_FILE
+    from searchr1.export.convert import ConversionError, convert, read_raw_adapter
+
+    run = source.run_config or {}
+    try:
+        raw = read_raw_adapter(folder)
+        if run.get("lora_rank") is not None and raw.rank != run["lora_rank"]:
+            raise ConversionError(f"adapter_config.json: r {raw.rank}, but the run trained LoRA rank "
+                                  f"{run['lora_rank']}")
+        named = raw.config.get("base_model_name_or_path")
+        if run.get("base_model") and isinstance(named, str) and named and named != run["base_model"]:
+            raise ConversionError(f"adapter_config.json: base model {named!r}, but the run trained "
+                                  f"{run['base_model']!r}")
+        base_model = str(run.get("base_model") or named or DEFAULT_BASE)
+        dims, shape_source = _shapes_of(raw, base_dims, base_model)
+        layout = _layout(export_format, base_dims)
+        converted = convert(raw, dims, export_format=export_format, layout=layout, base_model=base_model)
+    except ConversionError as error:
+        raise click.ClickException(f"invalid adapter: {error}") from None
+    readme = folder / CARD_FILE
+    archive_readme = readme.read_text("utf-8", errors="replace") if readme.is_file() else None
+    return _Conversion(raw, converted, dims, shape_source, base_model, archive_readme)
+
+
+def _merge(base: Path | None, converted: Converted, out: Path, commands: list[str]) -> MergeReport:
+    """``--merge``: the adapter's deltas added to the base model's weights in ``out/merged``; the
+    command that serves them goes to ``commands``."""
+    from searchr1.export.convert import ConversionError
+    from searchr1.export.merge import merge_into
+
+    assert base is not None
+    try:
+        merged = merge_into(base, converted, out / "merged")
+    except ConversionError as error:
+        raise click.ClickException(f"--merge: {error}") from None
+    commands.append(f"vllm serve {shlex.quote(str(merged.folder))}")
+    return merged
+
+
+def _print_exported(out: Path, export_format: ExportFormat, base: Path | None, conversion: _Conversion,
+                    adapter: Adapter, merged: MergeReport | None, commands: list[str], upload: str,
+                    stand_in: str | None) -> None:
+    """What was written, what its shapes were checked against, and the commands that load, serve
+    and upload it."""
+    from searchr1.export.card import CARD_FILE
+
+    converted, base_model = conversion.converted, conversion.base_model
     folded = (f", in_proj_q/k/v folded into in_proj_qkv in {converted.folded_layers} layers"
               if converted.folded_layers else "")
     head = ", unembed_tokens as lm_head" if converted.has_unembed else ""
     click.echo(f"{export_format.value} LoRA adapter for {base_model}, rank {adapter.rank}, {len(adapter.shapes)} "
                f"tensors on {', '.join(adapter.target_modules)}{folded}{head} -> {out}")
-    click.echo(f"shapes checked against {shape_source}; module names for {converted.layout.value}"
+    click.echo(f"shapes checked against {conversion.shape_source}; module names for {converted.layout.value}"
                + ("" if base is not None or export_format is ExportFormat.VLLM else
                   " (assumed: what AutoModelForCausalLM builds; --base DIR follows a local model)"))
     if stand_in:

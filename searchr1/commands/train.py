@@ -9,7 +9,7 @@ import sys
 import time
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,7 +20,7 @@ from searchr1.core.rollout import RolloutConfig
 from searchr1.basics import invocation
 from searchr1.commands.search_options import search_options
 from searchr1.search.options import SearchOptions
-from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
+from searchr1.offline import OFFLINE_POLICIES, TRAIN, OfflinePolicy
 from searchr1.training.config import TrainConfig
 from searchr1.core.settings import OnResume, offline_defaults
 from searchr1.commands.options import (
@@ -49,6 +49,13 @@ from searchr1.commands.settings_options import (
     setting_params,
     take_settings,
 )
+
+if TYPE_CHECKING:
+    from searchr1.commands.prerequisites import Prerequisites
+    from searchr1.core.types import SearchExample
+    from searchr1.run.costs import RunAccount
+    from searchr1.run.directory import ResumePoint, RunDir
+    from searchr1.run.loggers import Loggers
 
 # Exit code of a run stopped by --stop-on-collapse.
 COLLAPSE_EXIT_CODE = 3
@@ -146,168 +153,63 @@ def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
         run_guarded(lambda: _train(ctx, search, kwargs, held))
 
 
+@dataclasses.dataclass(frozen=True)
+class _RunFlags:
+    """``train``'s flags that say how this command runs, not what the run is."""
+
+    resume_dir: Path | None
+    quiet: bool
+    swanlab_mode: str
+    logger_project: str
+    loggers: tuple[str, ...]
+    chat_template: str | None
+    preflight_only: bool
+    clamp: bool
+    connect_timeout: float | None
+    from_step: int | None
+    offline_fault: str | None
+    health_rules: dict[str, float | None]
+    estimate: bool
+    measure: bool
+
+    @property
+    def resuming(self) -> bool:
+        return self.resume_dir is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """The run this command starts or continues: its settings, directory and search flags. A
+    resume also carries config.json as recorded with this resume's changes (``stored``), the
+    segment it starts (a restart from step K, or guard flags changed) and whether it brings
+    another price table or budget."""
+
+    config: TrainConfig
+    run: RunDir
+    search: SearchOptions
+    stored: dict[str, Any] = dataclasses.field(default_factory=dict)
+    segment: dict[str, Any] | None = None
+    costs_changed: bool = False
+
+
 def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
-    from searchr1.commands.prerequisites import Prerequisites, check_examples_file, check_pytrio
-    from searchr1.data.dataset import shuffled_examples
-    from searchr1.basics.fileio import file_sha256
-    from searchr1.offline import TRAIN
-    from searchr1.run.directory import TWIN_HOME, RunDir, recorded_checkpoints
-    from searchr1.wiring.services import (check_base_model, check_search_setup, check_tool_setup, load_tokenizer,
-                                           open_search, start_service, tool_backends)
-    from searchr1.training.checkpoints import checkpoint_prefix, new_run_id
-    from searchr1.training.loop import CollapseDetected, TrainingRun, TrainingStopped
-    from searchr1.run.costs import BudgetReached
-    from searchr1.basics.wording import plural
+    """A resumed or a new run, every check that bad input can fail, then its steps (or the
+    estimate of them) and what they left."""
+    from searchr1.commands.prerequisites import Prerequisites
+    from searchr1.wiring.services import load_tokenizer
 
     explicit = given_params(ctx)  # on the command line or in the --config preset
     checks = Prerequisites()  # what is missing is said all at once, before the tokenizer loads
-    resume_dir: Path | None = kwargs.pop("resume")
-    quiet = kwargs.pop("quiet")
-    swanlab_mode, logger_project = kwargs.pop("swanlab_mode"), kwargs.pop("logger_project")
-    requested_loggers = kwargs.pop("logger")
-    chat_template = kwargs.pop("chat_template")
-    preflight_only, clamp = kwargs.pop("preflight_only"), kwargs.pop("clamp_to_server_limits")
-    connect_timeout = kwargs.pop("connect_timeout")
-    from_step, offline_fault = kwargs.pop("from_step"), kwargs.pop("offline_fault")
-    health_rules = _health_rules(kwargs.pop("health_rules"))
-    estimate, measure = kwargs.pop("estimate"), kwargs.pop("estimate_measure")
-    if measure and not estimate:
-        raise click.UsageError("--estimate-measure only applies with --estimate")
-    if estimate and resume_dir is not None:
-        raise click.UsageError("--estimate projects a new run; it does not apply with --resume")
-    segment: dict[str, Any] | None = None
-    costs_changed = False  # a resume with another price table or budget (config.json records it)
-    if from_step is not None and resume_dir is None:
-        raise click.UsageError("--from-step needs --resume RUN_DIR (the run to restart)")
+    flags = _run_flags(kwargs)
     try:
         kwargs["loss_fn_config"] = parse_loss_fn_config(kwargs["loss_fn_config"])
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     record: RunRecord | None = ctx.meta.get(RUN_RECORD)  # --config RUN: a new run with that run's settings
-    if resume_dir is not None:
-        if kwargs["run_dir"] is not None:
-            raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
-        if record is not None:
-            raise click.UsageError(f"--config {record.run_dir} starts a new run with that run's settings; "
-                                   "--resume continues a run with its own: use one of them")
-        run = RunDir(resume_dir)
-        stored = run.open()
-        held.enter_context(run.locked())  # before anything is read for good or written
-        run.check_writable()
-        run.check_consistent(stored)
-        for note in run.mend_torn_tails():
-            click.secho(f"note: {note}", fg="yellow", err=True)
-        recorded = _flags(OnResume.FIXED) | _flags(OnResume.SEGMENT)  # what a resume compares with config.json
-        changed = sorted(name for name in explicit & recorded
-                         if _stored_value(stored, name) != _given(kwargs, ctx.params, name))
-        fixed = [name for name in changed if from_step is None or name not in _flags(OnResume.SEGMENT)]
-        if fixed:
-            flags = ", ".join("--" + name.replace("_", "-") for name in fixed)
-            hint = ("only --max-steps may be raised; algorithm flags may change with --from-step K"
-                    if from_step is None else "a restart with --from-step may change only " +
-                    ", ".join("--" + name.replace("_", "-") for name in sorted(_flags(OnResume.SEGMENT))))
-            raise click.UsageError(f"{flags} cannot change when resuming; the run's settings are in "
-                                   f"{resume_dir / 'config.json'} ({hint})")
-        if ctx.params["max_steps"] is not None:
-            stored["max_steps"] = ctx.params["max_steps"]
-        for name in sorted(_flags(OnResume.COST)):  # a resume may bring another price table or budget
-            if name in explicit and stored.get(name) != _plain(ctx.params[name]):
-                stored[name] = _plain(ctx.params[name])
-                costs_changed = True
-        guard = {}
-        if "stop_on_collapse" in explicit:
-            guard["stop_on_collapse"] = ctx.params["stop_on_collapse"]
-        if "health_rules" in explicit:  # the rules named now change; the others stay as recorded
-            guard["health_rules"] = {**stored.get("health_rules", {}), **health_rules}
-        if offline_fault is not None:  # "none" clears the recorded fault
-            guard["offline_fault"] = None if offline_fault == "none" else offline_fault
-        elif stored.get("offline_fault"):
-            click.echo(f"offline fault {stored['offline_fault']} kept from {resume_dir / 'config.json'} "
-                       "(--offline-fault none clears it)", err=True)
-        guard = {name: value for name, value in guard.items()
-                 if stored.get(name, None if name == "offline_fault" else _MISSING) != value}
-        if from_step is not None or guard:
-            fields = setting_params(TrainConfig)  # flag -> config.json field
-            changes = {fields.get(name, name): {"from": _stored_value(stored, name),
-                                                "to": _given(kwargs, ctx.params, name)}
-                       for name in changed}
-            changes.update({name: {"from": stored.get(name), "to": value} for name, value in guard.items()})
-            segment = {"from_step": from_step, "changed": changes}
-            stored.update({name: change["to"] for name, change in changes.items()})
-        config = TrainConfig.from_json(stored)
-        if checks.check(check_examples_file, Path(config.data), what="training data",
-                        empty=f"no training examples in {config.data}") is not None \
-                and file_sha256(config.data) != config.data_sha256:
-            checks.add(f"{config.data} changed since the run started (sha256 differs); "
-                       "the data order could not be reproduced")
-        search = _resumed_search_options(search, config.search, explicit)
+    if flags.resume_dir is not None:
+        start = _resumed_run(ctx, flags, kwargs, explicit, record, search, checks, held)
     else:
-        offline, policy = kwargs.pop("offline"), kwargs.pop("offline_policy")
-        if not offline and "offline_policy" in explicit:
-            raise click.UsageError("--offline-policy only applies with --offline")
-        settings = take_settings(TrainConfig, kwargs)
-        settings["offline_policy"] = OfflinePolicy(policy) if offline else None
-        if offline and offline_fault not in (None, "none"):
-            settings["offline_fault"] = offline_fault
-        if offline:  # the twin's policy has its own defaults (declared with each setting)
-            fields = setting_params(TrainConfig)  # flag -> field name
-            given = {fields.get(name, name) for name in explicit}
-            settings.update({name: value for name, value in offline_defaults(TrainConfig, policy).items()
-                             if name not in given})
-        if settings["max_steps"] is None:
-            raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
-        if offline and policy == OfflinePolicy.SCRIPTED and "mismatch_k3" not in health_rules:
-            # the scripted sampler's logprobs are the script's, not the toy learner's: they never agree
-            health_rules = {**health_rules, "mismatch_k3": None}
-        settings["health_rules"] = health_rules
-        given_data = settings.pop("data")
-        data = Path(given_data or (TRAIN if offline else "datasets/train.jsonl"))
-        # the package's own offline file missing is a broken install; the user's, not
-        hint = ("" if given_data
-                else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not offline
-                else "; the package's offline data is missing: reinstall the package")
-        data_found = checks.check(check_examples_file, data, what="training data", missing_hint=hint,
-                                  empty=f"no training examples in {data}") is not None
-        if not offline:
-            check_base_model(settings["base_model"])
-        allow_tempered = kwargs.pop("allow_tempered_sampling")
-        rollout = rollout_config_from(kwargs, seed=settings["seed"])
-        check_offline_group_size(settings["offline_policy"], rollout.group_size)
-        settings["loss_fn_config"] = kwargs.pop("loss_fn_config")
-        if offline:  # the twin refuses what it cannot compute; say so before anything runs
-            from searchr1.core.objective import LossConfigError, resolve_loss_config
-
-            try:
-                resolve_loss_config(settings["loss_fn"], settings["loss_fn_config"])
-            except LossConfigError as error:
-                raise click.UsageError(f"--loss-fn-config: {error}") from None
-        if rollout.temperature != 1.0 or rollout.top_p != 1.0:
-            if not allow_tempered:
-                raise click.UsageError(
-                    f"--temperature {rollout.temperature} / --top-p {rollout.top_p}: the importance-sampling "
-                    "loss divides by the sampler's logprobs, which then belong to a tempered or truncated "
-                    "distribution, not the policy being trained; keep both at 1 or pass "
-                    "--allow-tempered-sampling to accept the bias")
-            click.secho("warning: --allow-tempered-sampling: importance ratios are biased by temperature/top-p",
-                        fg="yellow", err=True)
-        run_dir = kwargs.pop("run_dir")
-        config = TrainConfig(
-            data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data) if data_found else "",
-            search=_search_record(search, offline),
-            run_id=new_run_id(), code_version=__version__, **settings,
-        )
-        if record is not None:
-            config = _from_record(ctx, record, config, run_dir)
-        run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name,
-                                           keep=record.run_dir if record is not None else None)
-        run = RunDir(run_dir)
-        taken = sorted(name for name in recorded_checkpoints(run.path.parent)
-                       if name.startswith(checkpoint_prefix(config)))
-        if taken:
-            checks.add(
-                f"checkpoint names starting with {checkpoint_prefix(config)!r} are already recorded in "
-                f"{recorded_checkpoints(run.path.parent)[taken[0]]}; saving under them would overwrite "
-                "that run's checkpoints on PyTRIO")
+        start = _new_run(ctx, flags, kwargs, explicit, record, search, checks)
     # Everything bad input can break, before PyTRIO is contacted and before a new run
     # directory is written. First what needs no tokenizer, every failure said together: the
     # data, the price table, the search setup and keys, the loggers, the run directory, the
@@ -315,33 +217,331 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     # malformed line names file:line), the tokenizer and chat template; then the PyTRIO
     # connection, the server's limits and its tokenizer (searchr1.runtime.preflight). Only then
     # is the run directory written.
-    on_interrupt(_interrupted_in_start_up(run, resuming=resume_dir is not None))
-    offline = config.offline
-    if not offline and offline_fault is not None:
+    on_interrupt(_interrupted_in_start_up(start.run, resuming=flags.resuming))
+    if not start.config.offline and flags.offline_fault is not None:
         raise click.UsageError("--offline-fault only applies to offline runs")
-    account = checks.check(_run_account, config)
-    if estimate and measure:
-        click.echo("estimate: measuring one step in a temporary directory", err=True)
-        run = RunDir(Path(held.enter_context(tempfile.TemporaryDirectory())) / "measure")
-        measured_steps = config.max_steps
-        config = dataclasses.replace(config, max_steps=1, save_every=0, transcripts_per_step=0, budget=None,
-                                     budget_tokens=None)
-        account = checks.check(_run_account, config)
-        requested_loggers, quiet = ("none",), True
-    loggers = None
-    if not estimate or measure:  # a configured estimate samples nothing: it needs no search, service or run dir
-        checks.check(check_search_setup, search, offline=offline)
-        checks.check(check_tool_setup, config.rollout.tools, search)
-        if not preflight_only:
-            loggers = checks.check(_planned_loggers, requested_loggers, swanlab_mode, logger_project, config,
-                                   run.path)
-        if resume_dir is None:
-            if not preflight_only:  # a second process on this --run-dir is refused here
-                checks.check(held.enter_context, run.locked())
-            checks.check(run.check_creatable)
-        if not offline:
-            check_pytrio(checks)
+    account = checks.check(_run_account, start.config)
+    measured_steps = start.config.max_steps  # the steps --estimate-measure projects its one step to
+    if flags.estimate and flags.measure:
+        start, flags = _one_measured_step(start, flags, held)
+        account = checks.check(_run_account, start.config)
+    loggers = _check_setup(start, flags, checks, held)
     checks.raise_failures("the run")
+    examples = _training_examples(start.config)
+    tokenizer = load_tokenizer(flags.chat_template)
+    if flags.estimate and not flags.measure:
+        from searchr1.run.estimate import configured_estimate, render_estimate
+
+        click.echo(render_estimate(configured_estimate(start.config, tokenizer, examples), account.prices))
+        return
+    service = _start_service(start, flags, tokenizer, held)
+    start = dataclasses.replace(start, config=_fit_server_limits(service, start.config, clamp=flags.clamp,
+                                                                 resuming=flags.resuming))
+    completed, stop = _run_session(start, flags, service, tokenizer, examples, loggers, account)
+    if flags.preflight_only:
+        return
+    if flags.estimate:
+        from searchr1.run.estimate import configured_estimate, measured_estimate, render_estimate
+
+        config = start.config
+        click.echo(render_estimate(measured_estimate(start.run.metrics()[0], measured_steps, offline=config.offline,
+                                                     bounds=configured_estimate(
+                                                         dataclasses.replace(config, max_steps=measured_steps),
+                                                         tokenizer, examples)), account.prices))
+        return
+    _report_finished(start, completed, stop)
+
+
+def _run_flags(kwargs: dict[str, Any]) -> _RunFlags:
+    """Take ``train``'s flags that are not the run's settings out of ``kwargs``; refuse those that
+    do not go together."""
+    flags = _RunFlags(
+        resume_dir=kwargs.pop("resume"), quiet=kwargs.pop("quiet"), swanlab_mode=kwargs.pop("swanlab_mode"),
+        logger_project=kwargs.pop("logger_project"), loggers=kwargs.pop("logger"),
+        chat_template=kwargs.pop("chat_template"), preflight_only=kwargs.pop("preflight_only"),
+        clamp=kwargs.pop("clamp_to_server_limits"), connect_timeout=kwargs.pop("connect_timeout"),
+        from_step=kwargs.pop("from_step"), offline_fault=kwargs.pop("offline_fault"),
+        health_rules=_health_rules(kwargs.pop("health_rules")),
+        estimate=kwargs.pop("estimate"), measure=kwargs.pop("estimate_measure"))
+    if flags.measure and not flags.estimate:
+        raise click.UsageError("--estimate-measure only applies with --estimate")
+    if flags.estimate and flags.resuming:
+        raise click.UsageError("--estimate projects a new run; it does not apply with --resume")
+    if flags.from_step is not None and not flags.resuming:
+        raise click.UsageError("--from-step needs --resume RUN_DIR (the run to restart)")
+    return flags
+
+
+# --- a resumed run ---------------------------------------------------------------------------
+
+
+def _resumed_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, Any], explicit: set[str],
+                 record: RunRecord | None, search: SearchOptions, checks: Prerequisites,
+                 held: contextlib.ExitStack) -> _Start:
+    """The run in ``--resume``'s directory, locked before anything in it is read for good, torn
+    tails mended; its settings are config.json's with the changes a resume may make, and its
+    data must be the file it started with."""
+    from searchr1.commands.prerequisites import check_examples_file
+    from searchr1.run.directory import RunDir
+    from searchr1.basics.fileio import file_sha256
+
+    resume_dir = flags.resume_dir
+    assert resume_dir is not None
+    if kwargs["run_dir"] is not None:
+        raise click.UsageError("--resume and --run-dir contradict each other: --resume names the run directory")
+    if record is not None:
+        raise click.UsageError(f"--config {record.run_dir} starts a new run with that run's settings; "
+                               "--resume continues a run with its own: use one of them")
+    run = RunDir(resume_dir)
+    stored = run.open()
+    held.enter_context(run.locked())  # before anything is read for good or written
+    run.check_writable()
+    run.check_consistent(stored)
+    for note in run.mend_torn_tails():
+        click.secho(f"note: {note}", fg="yellow", err=True)
+    changed = _changed_on_resume(ctx.params, kwargs, explicit, stored, flags)
+    if ctx.params["max_steps"] is not None:
+        stored["max_steps"] = ctx.params["max_steps"]
+    costs_changed = _take_cost_changes(ctx.params, explicit, stored)
+    guard = _guard_changes(ctx.params, explicit, stored, flags)
+    segment = None
+    if flags.from_step is not None or guard:
+        segment = _resume_segment(ctx.params, kwargs, stored, changed, guard, flags.from_step)
+    config = TrainConfig.from_json(stored)
+    if checks.check(check_examples_file, Path(config.data), what="training data",
+                    empty=f"no training examples in {config.data}") is not None \
+            and file_sha256(config.data) != config.data_sha256:
+        checks.add(f"{config.data} changed since the run started (sha256 differs); "
+                   "the data order could not be reproduced")
+    search = _resumed_search_options(search, config.search, explicit)
+    return _Start(config, run, search, stored=stored, segment=segment, costs_changed=costs_changed)
+
+
+def _changed_on_resume(params: dict[str, Any], kwargs: dict[str, Any], explicit: set[str],
+                       stored: dict[str, Any], flags: _RunFlags) -> list[str]:
+    """The recorded flags given now with another value than config.json's, sorted; refused
+    unless each may change (an algorithm flag, with ``--from-step``)."""
+    recorded = _flags(OnResume.FIXED) | _flags(OnResume.SEGMENT)  # what a resume compares with config.json
+    changed = sorted(name for name in explicit & recorded
+                     if _stored_value(stored, name) != _given(kwargs, params, name))
+    fixed = [name for name in changed if flags.from_step is None or name not in _flags(OnResume.SEGMENT)]
+    if fixed:
+        assert flags.resume_dir is not None
+        names = ", ".join("--" + name.replace("_", "-") for name in fixed)
+        hint = ("only --max-steps may be raised; algorithm flags may change with --from-step K"
+                if flags.from_step is None else "a restart with --from-step may change only " +
+                ", ".join("--" + name.replace("_", "-") for name in sorted(_flags(OnResume.SEGMENT))))
+        raise click.UsageError(f"{names} cannot change when resuming; the run's settings are in "
+                               f"{flags.resume_dir / 'config.json'} ({hint})")
+    return changed
+
+
+def _take_cost_changes(params: dict[str, Any], explicit: set[str], stored: dict[str, Any]) -> bool:
+    """Put another price table or budget given on this resume into ``stored``; whether one was."""
+    changed = False
+    for name in sorted(_flags(OnResume.COST)):
+        if name in explicit and stored.get(name) != _plain(params[name]):
+            stored[name] = _plain(params[name])
+            changed = True
+    return changed
+
+
+def _guard_changes(params: dict[str, Any], explicit: set[str], stored: dict[str, Any],
+                   flags: _RunFlags) -> dict[str, Any]:
+    """The guard flags (collapse stop, health rules, offline fault) this resume sets to another
+    value than config.json's: the health rules named now change, the others stay as recorded;
+    ``--offline-fault none`` clears a recorded fault, which is otherwise kept (and said so)."""
+    guard: dict[str, Any] = {}
+    if "stop_on_collapse" in explicit:
+        guard["stop_on_collapse"] = params["stop_on_collapse"]
+    if "health_rules" in explicit:  # the rules named now change; the others stay as recorded
+        guard["health_rules"] = {**stored.get("health_rules", {}), **flags.health_rules}
+    if flags.offline_fault is not None:  # "none" clears the recorded fault
+        guard["offline_fault"] = None if flags.offline_fault == "none" else flags.offline_fault
+    elif stored.get("offline_fault"):
+        assert flags.resume_dir is not None
+        click.echo(f"offline fault {stored['offline_fault']} kept from {flags.resume_dir / 'config.json'} "
+                   "(--offline-fault none clears it)", err=True)
+    return {name: value for name, value in guard.items()
+            if stored.get(name, None if name == "offline_fault" else _MISSING) != value}
+
+
+def _resume_segment(params: dict[str, Any], kwargs: dict[str, Any], stored: dict[str, Any], changed: list[str],
+                    guard: dict[str, Any], from_step: int | None) -> dict[str, Any]:
+    """The segment a resume starts (config.json field -> its value before and after), its
+    changes applied to ``stored``."""
+    fields = setting_params(TrainConfig)  # flag -> config.json field
+    changes = {fields.get(name, name): {"from": _stored_value(stored, name), "to": _given(kwargs, params, name)}
+               for name in changed}
+    changes.update({name: {"from": stored.get(name), "to": value} for name, value in guard.items()})
+    stored.update({name: change["to"] for name, change in changes.items()})
+    return {"from_step": from_step, "changed": changes}
+
+
+# --- a new run -------------------------------------------------------------------------------
+
+
+def _new_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, Any], explicit: set[str],
+             record: RunRecord | None, search: SearchOptions, checks: Prerequisites) -> _Start:
+    """A new run: its settings from the flags (and from the run ``--config`` reads where no flag
+    is given), its data, a run directory (``runs/<run-name>`` unless named) and checkpoint names
+    that no run beside it has recorded."""
+    from searchr1.run.directory import RunDir
+    from searchr1.basics.fileio import file_sha256
+    from searchr1.training.checkpoints import new_run_id
+
+    offline, policy = kwargs.pop("offline"), kwargs.pop("offline_policy")
+    if not offline and "offline_policy" in explicit:
+        raise click.UsageError("--offline-policy only applies with --offline")
+    settings = _new_run_settings(kwargs, explicit, offline, policy, flags)
+    given_data = settings.pop("data")
+    data = Path(given_data or (TRAIN if offline else "datasets/train.jsonl"))
+    data_found = _check_training_data(data, given=bool(given_data), offline=offline, checks=checks)
+    if not offline:
+        from searchr1.wiring.services import check_base_model
+
+        check_base_model(settings["base_model"])
+    rollout = _new_rollout(kwargs, settings, offline)
+    run_dir = kwargs.pop("run_dir")
+    config = TrainConfig(
+        data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data) if data_found else "",
+        search=_search_record(search, offline),
+        run_id=new_run_id(), code_version=__version__, **settings,
+    )
+    if record is not None:
+        config = _from_record(ctx, record, config, run_dir)
+    run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name,
+                                       keep=record.run_dir if record is not None else None)
+    run = RunDir(run_dir)
+    _check_checkpoint_names(run, config, checks)
+    return _Start(config, run, search)
+
+
+def _new_run_settings(kwargs: dict[str, Any], explicit: set[str], offline: bool, policy: str,
+                      flags: _RunFlags) -> dict[str, Any]:
+    """The run's settings from the flags; offline, the twin's policy's own defaults for those not
+    given, and the fault it injects. The scripted policy's logprobs are the script's, so its
+    runs leave the sampler-learner mismatch rule off unless it is named."""
+    settings = take_settings(TrainConfig, kwargs)
+    settings["offline_policy"] = OfflinePolicy(policy) if offline else None
+    if offline and flags.offline_fault not in (None, "none"):
+        settings["offline_fault"] = flags.offline_fault
+    if offline:  # the twin's policy has its own defaults (declared with each setting)
+        fields = setting_params(TrainConfig)  # flag -> field name
+        given = {fields.get(name, name) for name in explicit}
+        settings.update({name: value for name, value in offline_defaults(TrainConfig, policy).items()
+                         if name not in given})
+    if settings["max_steps"] is None:
+        raise click.UsageError("--max-steps is required for a live run (or pass --offline)")
+    health_rules = flags.health_rules
+    if offline and policy == OfflinePolicy.SCRIPTED and "mismatch_k3" not in health_rules:
+        # the scripted sampler's logprobs are the script's, not the toy learner's: they never agree
+        health_rules = {**health_rules, "mismatch_k3": None}
+    settings["health_rules"] = health_rules
+    return settings
+
+
+def _check_training_data(data: Path, *, given: bool, offline: bool, checks: Prerequisites) -> bool:
+    """Whether the training data's first line reads; what is wrong with it goes to ``checks``."""
+    from searchr1.commands.prerequisites import check_examples_file
+
+    # the package's own offline file missing is a broken install; the user's, not
+    hint = ("" if given
+            else f"; run `{invocation.command('prepare-data')}` first, or pass --data" if not offline
+            else "; the package's offline data is missing: reinstall the package")
+    return checks.check(check_examples_file, data, what="training data", missing_hint=hint,
+                        empty=f"no training examples in {data}") is not None
+
+
+def _new_rollout(kwargs: dict[str, Any], settings: dict[str, Any], offline: bool) -> RolloutConfig:
+    """The rollout flags as a :class:`RolloutConfig`, and ``--loss-fn-config`` into ``settings``:
+    refused where the offline twin could not compute the loss, or the sampler would be tempered
+    without ``--allow-tempered-sampling``."""
+    allow_tempered = kwargs.pop("allow_tempered_sampling")
+    rollout = rollout_config_from(kwargs, seed=settings["seed"])
+    check_offline_group_size(settings["offline_policy"], rollout.group_size)
+    settings["loss_fn_config"] = kwargs.pop("loss_fn_config")
+    if offline:  # the twin refuses what it cannot compute; say so before anything runs
+        from searchr1.core.objective import LossConfigError, resolve_loss_config
+
+        try:
+            resolve_loss_config(settings["loss_fn"], settings["loss_fn_config"])
+        except LossConfigError as error:
+            raise click.UsageError(f"--loss-fn-config: {error}") from None
+    if rollout.temperature != 1.0 or rollout.top_p != 1.0:
+        if not allow_tempered:
+            raise click.UsageError(
+                f"--temperature {rollout.temperature} / --top-p {rollout.top_p}: the importance-sampling "
+                "loss divides by the sampler's logprobs, which then belong to a tempered or truncated "
+                "distribution, not the policy being trained; keep both at 1 or pass "
+                "--allow-tempered-sampling to accept the bias")
+        click.secho("warning: --allow-tempered-sampling: importance ratios are biased by temperature/top-p",
+                    fg="yellow", err=True)
+    return rollout
+
+
+def _check_checkpoint_names(run: RunDir, config: TrainConfig, checks: Prerequisites) -> None:
+    """Refuse (in ``checks``) checkpoint names that a run beside this one has recorded: saving
+    under them would overwrite that run's checkpoints on PyTRIO."""
+    from searchr1.run.directory import recorded_checkpoints
+    from searchr1.training.checkpoints import checkpoint_prefix
+
+    taken = sorted(name for name in recorded_checkpoints(run.path.parent)
+                   if name.startswith(checkpoint_prefix(config)))
+    if taken:
+        checks.add(
+            f"checkpoint names starting with {checkpoint_prefix(config)!r} are already recorded in "
+            f"{recorded_checkpoints(run.path.parent)[taken[0]]}; saving under them would overwrite "
+            "that run's checkpoints on PyTRIO")
+
+
+# --- the checks and the run ------------------------------------------------------------------
+
+
+def _one_measured_step(start: _Start, flags: _RunFlags, held: contextlib.ExitStack) -> tuple[_Start, _RunFlags]:
+    """``--estimate --estimate-measure``: the run cut to one step, in a temporary directory,
+    with no checkpoints, transcripts, budget, loggers or progress bars."""
+    click.echo("estimate: measuring one step in a temporary directory", err=True)
+    from searchr1.run.directory import RunDir
+
+    run = RunDir(Path(held.enter_context(tempfile.TemporaryDirectory())) / "measure")
+    config = dataclasses.replace(start.config, max_steps=1, save_every=0, transcripts_per_step=0, budget=None,
+                                 budget_tokens=None)
+    return (dataclasses.replace(start, config=config, run=run),
+            dataclasses.replace(flags, loggers=("none",), quiet=True))
+
+
+def _check_setup(start: _Start, flags: _RunFlags, checks: Prerequisites, held: contextlib.ExitStack) -> Loggers | None:
+    """Into ``checks``: the search setup and keys, the tools, the loggers, the run directory (a
+    new one locked: a second process on it is refused) and the PyTRIO key. A configured
+    estimate samples nothing: it needs no search, service or run directory. Returns the
+    loggers, not started yet."""
+    from searchr1.commands.prerequisites import check_pytrio
+    from searchr1.wiring.services import check_search_setup, check_tool_setup
+
+    if flags.estimate and not flags.measure:
+        return None
+    config, run = start.config, start.run
+    checks.check(check_search_setup, start.search, offline=config.offline)
+    checks.check(check_tool_setup, config.rollout.tools, start.search)
+    loggers = None
+    if not flags.preflight_only:
+        loggers = checks.check(_planned_loggers, flags.loggers, flags.swanlab_mode, flags.logger_project, config,
+                               run.path)
+    if not flags.resuming:
+        if not flags.preflight_only:  # a second process on this --run-dir is refused here
+            checks.check(held.enter_context, run.locked())
+        checks.check(run.check_creatable)
+    if not config.offline:
+        check_pytrio(checks)
+    return loggers
+
+
+def _training_examples(config: TrainConfig) -> list[SearchExample]:
+    """The run's examples in its seed's order (every line of the file read), cut to
+    ``--max-train-samples``; a warning when a step must repeat questions."""
+    from searchr1.data.dataset import shuffled_examples
+
     examples = shuffled_examples(config.data, config.seed)
     if config.max_train_samples:
         examples = examples[: config.max_train_samples]
@@ -350,81 +550,73 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     if config.questions_per_batch > len(examples):
         click.secho(f"warning: --questions-per-batch {config.questions_per_batch} is more than the "
                     f"{len(examples)} training examples, so every step repeats questions", fg="yellow", err=True)
-    tokenizer = load_tokenizer(chat_template)
-    if estimate and not measure:
-        from searchr1.run.estimate import configured_estimate, render_estimate
+    return examples
 
-        click.echo(render_estimate(configured_estimate(config, tokenizer, examples), account.prices))
-        return
-    if offline:
-        # --preflight-only writes nothing, not even the twin's home, for a new run (a temporary one,
-        # removed when the command ends)
-        home = (Path(held.enter_context(tempfile.TemporaryDirectory(prefix="searchr1-preflight-")))
-                if preflight_only and resume_dir is None else run.path / TWIN_HOME)
-        from searchr1.twin import TwinFaults
-        from searchr1.twin.config import parse_offline_fault
 
-        service = start_service(tokenizer, offline=True, home=home, policy=config.offline_policy,
-                                sampling_concurrency=config.rollout.sampling_concurrency,
-                                max_staleness=twin_staleness(config),
-                                faults=TwinFaults(**parse_offline_fault(config.offline_fault or "none")))
-    else:
-        service = start_service(tokenizer, offline=False, home=None, connect_timeout=connect_timeout,
-                                sampling_concurrency=config.rollout.sampling_concurrency)
-    config = _fit_server_limits(service, config, clamp=clamp, resuming=resume_dir is not None)
-    resume = run.resume_point(from_step) if resume_dir is not None else None
-    if from_step is not None and resume is None:
-        steps = run.checkpoint_steps()
-        raise click.ClickException(f"--from-step {from_step}: {run.path} has no checkpoint of step {from_step}; "
-                                   f"checkpoints: {', '.join(map(str, steps)) or 'none'}")
+def _start_service(start: _Start, flags: _RunFlags, tokenizer: Any, held: contextlib.ExitStack) -> Any:
+    """The PyTRIO service: live, or the offline twin with its home in the run directory."""
+    from searchr1.run.directory import TWIN_HOME
+    from searchr1.wiring.services import start_service
+
+    config = start.config
+    if not config.offline:
+        return start_service(tokenizer, offline=False, home=None, connect_timeout=flags.connect_timeout,
+                             sampling_concurrency=config.rollout.sampling_concurrency)
+    # --preflight-only writes nothing, not even the twin's home, for a new run (a temporary one,
+    # removed when the command ends)
+    home = (Path(held.enter_context(tempfile.TemporaryDirectory(prefix="searchr1-preflight-")))
+            if flags.preflight_only and not flags.resuming else start.run.path / TWIN_HOME)
+    from searchr1.twin import TwinFaults
+    from searchr1.twin.config import parse_offline_fault
+
+    return start_service(tokenizer, offline=True, home=home, policy=config.offline_policy,
+                         sampling_concurrency=config.rollout.sampling_concurrency,
+                         max_staleness=twin_staleness(config),
+                         faults=TwinFaults(**parse_offline_fault(config.offline_fault or "none")))
+
+
+def _run_session(start: _Start, flags: _RunFlags, service: Any, tokenizer: Any, examples: list[SearchExample],
+                 loggers: Loggers | None, account: RunAccount) -> tuple[int, _StopOnInterrupt]:
+    """Run the steps (or, with ``--preflight-only``, connect and stop); a run that stops early
+    exits with its code: 1 stopped, 3 collapsed, 4 over budget, 130 interrupted at once.
+    Returns the steps completed and the Ctrl-C handler (whether a stop was requested)."""
+    from searchr1.run.costs import BudgetReached
+    from searchr1.wiring.services import open_search, tool_backends
+    from searchr1.training.loop import CollapseDetected, TrainingRun, TrainingStopped
+    from searchr1.basics.wording import plural
+
+    config, run, search = start.config, start.run, start.search
+    resume = _resume_point(run, flags)
     reporter = None
-    if not preflight_only:
+    if not flags.preflight_only:
         from searchr1.run.progress import make_reporter
 
-        reporter = make_reporter(quiet=quiet)
+        reporter = make_reporter(quiet=flags.quiet)
     stop = _StopOnInterrupt()
 
     async def main() -> int:
-        async with open_search(search, offline=offline) as backend:
+        async with open_search(search, offline=config.offline) as backend:
             trainer = TrainingRun(config, run, service=service, tokenizer=tokenizer, search=backend,
                                   tools=tool_backends(config.rollout.tools, backend),
                                   examples=examples, reporter=reporter, logger=loggers, account=account)
             first = trainer.connect(resume)
-            if preflight_only:
+            if flags.preflight_only:
                 click.echo(f"preflight passed: the service's tokenizer matches; the run would start at step "
                            f"{first} of {config.max_steps}", err=True)
                 return first
-            if resume_dir is None:
-                run.create(config.to_json())
-            if costs_changed and segment is None:
-                run.write_config({**config.to_json(), **{k: stored[k] for k in ("segments",) if k in stored}})
-            if segment is not None:  # a restart from step K, or guard flags changed on resume
-                segments = [*stored.get("segments", []), {**segment, "from_step": first, "time": time.time()}]
-                recorded = {**config.to_json(), "segments": segments}
-                if from_step is None:
-                    run.write_config(recorded)
-                else:
-                    moved = run.restart_at(first, recorded)
-                    click.echo(f"restarting {run.path} at step {first}: "
-                               f"{plural(moved['checkpoints.jsonl'], 'later checkpoint')} and "
-                               f"{plural(moved['transcripts.jsonl'], 'transcript line')} moved to *.rewound.jsonl",
-                               err=True)
-                if segment["changed"]:
-                    click.echo(f"changed from step {first}: " + ", ".join(
-                        f"{name} {change['from']} -> {change['to']}" for name, change in segment["changed"].items()),
-                        err=True)
+            _write_run_config(start, first, flags)
             stop.trainer = trainer
             if loggers is not None:
                 _start_loggers(loggers, config)  # they write into the run directory, which exists now
             return await trainer.run_steps(resume)
 
-    click.echo(f"{'preflight only, nothing is written; ' if preflight_only else ''}run directory: {run.path}  "
-               f"({'offline twin' if offline else 'live PyTRIO'}, backend {search.backend}, "
+    click.echo(f"{'preflight only, nothing is written; ' if flags.preflight_only else ''}run directory: {run.path}  "
+               f"({'offline twin' if config.offline else 'live PyTRIO'}, backend {search.backend}, "
                f"{plural(config.max_steps, 'step')})",
                err=True)
     try:
         with stop:
-            completed = asyncio.run(main())
+            return asyncio.run(main()), stop
     except TrainingStopped as stopped:
         click.secho(str(stopped), fg="red", err=True)
         sys.exit(1)
@@ -435,21 +627,59 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
         click.secho(str(reached), fg="yellow", err=True)
         sys.exit(BUDGET_EXIT_CODE)
     except KeyboardInterrupt:
-        click.secho(_interrupted_at_once(run, stop, resuming=resume_dir is not None), fg="yellow", err=True)
+        click.secho(_interrupted_at_once(run, stop, resuming=flags.resuming), fg="yellow", err=True)
         sys.exit(130)
     finally:
         if loggers is not None:
             loggers.finish()
-    if preflight_only:
-        return
-    if estimate:
-        from searchr1.run.estimate import configured_estimate, measured_estimate, render_estimate
 
-        click.echo(render_estimate(measured_estimate(run.metrics()[0], measured_steps, offline=offline,
-                                                     bounds=configured_estimate(
-                                                         dataclasses.replace(config, max_steps=measured_steps),
-                                                         tokenizer, examples)), account.prices))
+
+def _resume_point(run: RunDir, flags: _RunFlags) -> ResumePoint | None:
+    """Where a resume starts: the last checkpoint, or that of ``--from-step K`` (refused when
+    there is none); None for a new run."""
+    resume = run.resume_point(flags.from_step) if flags.resuming else None
+    if flags.from_step is not None and resume is None:
+        steps = run.checkpoint_steps()
+        raise click.ClickException(f"--from-step {flags.from_step}: {run.path} has no checkpoint of step "
+                                   f"{flags.from_step}; checkpoints: {', '.join(map(str, steps)) or 'none'}")
+    return resume
+
+
+def _write_run_config(start: _Start, first: int, flags: _RunFlags) -> None:
+    """config.json as this session starts at step ``first``: a new run's; a resume's with another
+    price table or budget; or a resume's new segment (a restart from step K moves later
+    checkpoints and transcripts aside), saying what changed."""
+    from searchr1.basics.wording import plural
+
+    config, run, stored, segment = start.config, start.run, start.stored, start.segment
+    if not flags.resuming:
+        run.create(config.to_json())
+    if start.costs_changed and segment is None:
+        run.write_config({**config.to_json(), **{k: stored[k] for k in ("segments",) if k in stored}})
+    if segment is None:
         return
+    segments = [*stored.get("segments", []), {**segment, "from_step": first, "time": time.time()}]
+    recorded = {**config.to_json(), "segments": segments}
+    if flags.from_step is None:
+        run.write_config(recorded)
+    else:
+        moved = run.restart_at(first, recorded)
+        click.echo(f"restarting {run.path} at step {first}: "
+                   f"{plural(moved['checkpoints.jsonl'], 'later checkpoint')} and "
+                   f"{plural(moved['transcripts.jsonl'], 'transcript line')} moved to *.rewound.jsonl",
+                   err=True)
+    if segment["changed"]:
+        click.echo(f"changed from step {first}: " + ", ".join(
+            f"{name} {change['from']} -> {change['to']}" for name, change in segment["changed"].items()),
+            err=True)
+
+
+def _report_finished(start: _Start, completed: int, stop: _StopOnInterrupt) -> None:
+    """What a finished run says: where its metrics are, its first and last rewards, its last
+    checkpoint and how to evaluate it; a run stopped by Ctrl-C says how to continue (exit 130)."""
+    from searchr1.basics.wording import plural
+
+    config, run = start.config, start.run
     last = run.resume_point()
     if stop.requested and completed < config.max_steps:
         click.secho(f"stopped on Ctrl-C after step {completed - 1}; checkpoint {last.name if last else '-'} saved "
@@ -466,7 +696,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     if last is not None:
         click.echo(f"last checkpoint: {last.name}  weights: {last.weights_path}")
         click.echo(f"evaluate it with: {invocation.command(f'eval --checkpoint {run.path}')}"
-                   + (f" --backend {search.backend}" if not offline else ""))
+                   + (f" --backend {start.search.backend}" if not config.offline else ""))
 
 
 def _run_account(config: Any) -> Any:

@@ -227,6 +227,129 @@ def _search_stats(search_backend: Any) -> dict[str, float]:
 # --- the runner -----------------------------------------------------------------------------
 
 
+@dataclass
+class _KeptRecords:
+    """What earlier sessions left in the output for this one to continue: their records, their
+    sessions (from the last summary) and notes on what was dropped or replaced."""
+    records: list[dict[str, Any]] = field(default_factory=list)
+    sessions: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _kept_records(path: Path, run_config: Mapping[str, Any], *, overwrite: bool) -> _KeptRecords:
+    """The records ``path`` holds for an evaluation of ``run_config`` (none with ``overwrite``);
+    refused when it holds records of another configuration, or of none."""
+    kept = _KeptRecords()
+    if path.exists() and not overwrite:
+        existing = read_existing(path)
+        stored = (existing.header or {}).get("config") or (existing.summary or {}).get("config")
+        if stored is None and existing.records:
+            raise EvalResumeError(f"{path} holds {len(existing.records)} records but no configuration to "
+                                  "check them against; use another --output, or --overwrite to start afresh")
+        if stored is not None:
+            differences = config_differences(stored, run_config)
+            if differences:
+                raise EvalResumeError(f"{path} holds an evaluation with another configuration ("
+                                      + "; ".join(differences)
+                                      + "); use another --output, or --overwrite to start afresh")
+        if existing.torn_line:
+            kept.notes.append(f"{path}: dropped an incomplete last line (the previous run died while writing it)")
+        kept.records = existing.records
+        if existing.summary is not None:
+            kept.sessions = list(existing.summary.get("sessions") or [])
+    elif path.exists():
+        kept.notes.append(f"{path}: --overwrite: previous contents replaced")
+    return kept
+
+
+@dataclass
+class _Questions:
+    """One session's questions: each rolled out alone with its usage metered, scored, judged and
+    appended to ``path`` (and ``records``) as soon as it finishes. A question whose sampling
+    failed for good is not recorded; too many such failures stop the session."""
+    sampling_client: Any
+    tokenizer: Any
+    search_backend: Any
+    tool_backends: Mapping[str, Any] | None
+    config: RolloutConfig
+    path: Path
+    records: list[dict[str, Any]]
+    outcome: EvalOutcome
+    clock: Callable[[], float]
+    judge: Any
+    progress: EvalProgress | None
+    attempted: int = 0
+
+    def __post_init__(self) -> None:
+        self.question_config = replace(self.config, max_sampler_failure_fraction=1.0)  # failures handled here
+        self.slots = asyncio.Semaphore(max(1, self.config.sampling_concurrency // self.config.group_size))
+
+    async def evaluate(self, index: int, example: SearchExample) -> None:
+        async with self.slots:
+            started = self.clock()
+            usage = Usage()
+            trajectories = await rollout_batch_async(
+                MeteredSampler(self.sampling_client, usage), self.tokenizer,
+                with_search(MeteredSearch(self.search_backend, usage), metered_tools(self.tool_backends, usage)),
+                [example], self.question_config, step=index,
+            )
+            elapsed = self.clock() - started
+        score_trajectories(trajectories)
+        self.attempted += 1
+        if any(t.sampler_error for t in trajectories):
+            self._sampling_failed(example.id)
+            return
+        new = [{**trajectory_record(t), "index": index, "elapsed_seconds": round(elapsed, 6)}
+               for t in trajectories]
+        if self.judge is not None and await self.judge.annotate(new):
+            self.outcome.judged += 1
+        if new:
+            new[0]["usage"] = usage.kinds()  # the question's requests, shared by its samples
+        append_records(self.path, new)
+        self.records.extend(new)
+        self.outcome.evaluated += 1
+        if self.progress is not None:
+            self.progress.advance(1)
+
+    def _sampling_failed(self, question_id: str) -> None:
+        """Count a question whose sampling failed for good; stop once too many have."""
+        self.outcome.failed.append(question_id)
+        failed = len(self.outcome.failed)
+        fraction = self.config.max_sampler_failure_fraction
+        if failed >= MIN_FAILURES_TO_ABORT and failed > fraction * self.attempted:
+            raise SamplerFailureError(
+                f"sampling failed for {failed} of {self.attempted} questions tried (more than "
+                f"max_sampler_failure_fraction={fraction}); "
+                "the sampling service looks unhealthy"
+            )
+
+
+def _summary(ordered: list[dict[str, Any]], *, run_config: Mapping[str, Any], sessions: list[dict[str, Any]],
+             partial: bool, planned: int, missing: int, failed: list[str], position: Mapping[str, int],
+             prices: Any) -> dict[str, Any]:
+    """The closing summary line of the records in file order: their metrics, the search metrics of
+    every session, the usage of every recorded question and, with ``prices``, its cost."""
+    summary = summary_record(
+        ordered, config=run_config,
+        search_metrics=merge_search_metrics(s["search"] for s in sessions),
+        partial=partial,
+    )
+    used, questions, usage_keys = question_usage_metrics(ordered)
+    summary["metrics"].update(usage_keys)
+    if prices is not None:
+        summary["metrics"].update({f"cost/total_{kind}": value for kind, value in prices.costs(used).items()})
+        summary["metrics"]["cost/total"] = prices.cost(used)
+        summary["metrics"]["cost/per_question"] = prices.cost(used) / questions if questions else 0.0
+        summary["currency"] = prices.currency
+    summary.update({
+        "questions_planned": planned,
+        "questions_missing": missing,
+        "failed_questions": sorted(failed, key=lambda i: position.get(i, -1)),
+        "sessions": sessions,
+    })
+    return summary
+
+
 async def evaluate(
     sampling_client: Any,
     tokenizer: Any,
@@ -263,29 +386,8 @@ async def evaluate(
     planned = plan_questions(examples, limit)
     position = {e.id: i for i, e in enumerate(examples)}
     header = {"type": HEADER_TYPE, "config": run_config}
-
-    previous_sessions: list[dict[str, Any]] = []
-    notes: list[str] = []
-    records: list[dict[str, Any]] = []
-    if path.exists() and not overwrite:
-        existing = read_existing(path)
-        stored = (existing.header or {}).get("config") or (existing.summary or {}).get("config")
-        if stored is None and existing.records:
-            raise EvalResumeError(f"{path} holds {len(existing.records)} records but no configuration to "
-                                  "check them against; use another --output, or --overwrite to start afresh")
-        if stored is not None:
-            differences = config_differences(stored, run_config)
-            if differences:
-                raise EvalResumeError(f"{path} holds an evaluation with another configuration ("
-                                      + "; ".join(differences)
-                                      + "); use another --output, or --overwrite to start afresh")
-        if existing.torn_line:
-            notes.append(f"{path}: dropped an incomplete last line (the previous run died while writing it)")
-        records = existing.records
-        if existing.summary is not None:
-            previous_sessions = list(existing.summary.get("sessions") or [])
-    elif path.exists():
-        notes.append(f"{path}: --overwrite: previous contents replaced")
+    kept = _kept_records(path, run_config, overwrite=overwrite)
+    records = kept.records
 
     judged_kept = 0  # questions kept from an earlier session that get their judgement now
     if judge is not None and records:
@@ -293,56 +395,19 @@ async def evaluate(
         await judge.annotate(records)
     done_ids = {str(r.get("id")) for r in records}
     todo = [(i, e) for i, e in planned if e.id not in done_ids]
-    outcome = EvalOutcome(path=path, planned=len(planned), skipped=len(planned) - len(todo), notes=notes,
+    outcome = EvalOutcome(path=path, planned=len(planned), skipped=len(planned) - len(todo), notes=kept.notes,
                           judged=judged_kept)
     # Start from a clean file: header, the kept records, no stale summary.
     rewrite_file(path, [header, *sorted(records, key=_record_order(position))])
     if progress is not None:
         progress.start(len(planned), outcome.skipped)
 
-    question_config = replace(config, max_sampler_failure_fraction=1.0)  # failures handled here
-    slots = asyncio.Semaphore(max(1, config.sampling_concurrency // config.group_size))
-    attempted = 0
+    questions = _Questions(sampling_client, tokenizer, search_backend, tool_backends, config, path, records, outcome,
+                           clock, judge, progress)
     session_started = time.time()
-
-    async def one(index: int, example: SearchExample) -> None:
-        nonlocal attempted
-        async with slots:
-            started = clock()
-            usage = Usage()
-            trajectories = await rollout_batch_async(
-                MeteredSampler(sampling_client, usage), tokenizer,
-                with_search(MeteredSearch(search_backend, usage), metered_tools(tool_backends, usage)), [example],
-                question_config, step=index,
-            )
-            elapsed = clock() - started
-        score_trajectories(trajectories)
-        attempted += 1
-        if any(t.sampler_error for t in trajectories):
-            outcome.failed.append(example.id)
-            failed = len(outcome.failed)
-            if failed >= MIN_FAILURES_TO_ABORT and failed > config.max_sampler_failure_fraction * attempted:
-                raise SamplerFailureError(
-                    f"sampling failed for {failed} of {attempted} questions tried (more than "
-                    f"max_sampler_failure_fraction={config.max_sampler_failure_fraction}); "
-                    "the sampling service looks unhealthy"
-                )
-            return
-        new = [{**trajectory_record(t), "index": index, "elapsed_seconds": round(elapsed, 6)}
-               for t in trajectories]
-        if judge is not None and await judge.annotate(new):
-            outcome.judged += 1
-        if new:
-            new[0]["usage"] = usage.kinds()  # the question's requests, shared by its samples
-        append_records(path, new)
-        records.extend(new)
-        outcome.evaluated += 1
-        if progress is not None:
-            progress.advance(1)
-
     finished = False
     try:
-        await run_all(one(i, e) for i, e in todo)
+        await run_all(questions.evaluate(i, e) for i, e in todo)
         finished = True
     finally:
         session = {
@@ -352,31 +417,15 @@ async def evaluate(
             "code_version": run_config.get("code_version"),
             "search": _search_stats(search_backend),
         }
-        sessions = previous_sessions + ([session] if todo else [])
+        sessions = kept.sessions + ([session] if todo else [])
         recorded = {str(r.get("id")) for r in records}
         missing = [e.id for _, e in planned if e.id not in recorded]
         ordered = sorted(records, key=_record_order(position))  # file order, not finishing order
         lines: list[dict[str, Any]] = [header, *ordered]
         if records:
-            summary = summary_record(
-                ordered, config=run_config,
-                search_metrics=merge_search_metrics(s["search"] for s in sessions),
-                partial=not finished or bool(missing),
-            )
-            used, questions, usage_keys = question_usage_metrics(ordered)
-            summary["metrics"].update(usage_keys)
-            if prices is not None:
-                summary["metrics"].update({f"cost/total_{kind}": value for kind, value in prices.costs(used).items()})
-                summary["metrics"]["cost/total"] = prices.cost(used)
-                summary["metrics"]["cost/per_question"] = prices.cost(used) / questions if questions else 0.0
-                summary["currency"] = prices.currency
-            summary.update({
-                "questions_planned": len(planned),
-                "questions_missing": len(missing),
-                "failed_questions": sorted(outcome.failed, key=lambda i: position.get(i, -1)),
-                "sessions": sessions,
-            })
-            lines.append(summary)
-            outcome.summary = summary
+            outcome.summary = _summary(ordered, run_config=run_config, sessions=sessions,
+                                       partial=not finished or bool(missing), planned=len(planned),
+                                       missing=len(missing), failed=outcome.failed, position=position, prices=prices)
+            lines.append(outcome.summary)
         rewrite_file(path, lines)
     return outcome

@@ -40,7 +40,7 @@ from searchr1.training.checkpoints import checkpoint_name, save_checkpoint
 from searchr1.training.off_policy import off_policy_metrics, versions_to_record
 from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for_global_mean
 from searchr1.training.pipeline import RolloutPipeline
-from searchr1.run.costs import BudgetReached, RunAccount
+from searchr1.run.costs import BudgetReached, BudgetVerdict, RunAccount
 from searchr1.run.usage import Usage, count_update
 from searchr1.basics.wording import plural
 from searchr1.basics import invocation
@@ -218,19 +218,8 @@ class TrainingRun:
         """Run to ``max_steps`` (or, after :meth:`request_stop`, to the end of the current step,
         then checkpoint); returns the number of completed steps."""
         config = self.config
-        first = self.connect(resume)
-        if resume is not None:
-            self.session = int(self.run.state().get("session", 0)) + 1
-            self._write_state(first)
-        rewound = self.run.rewind_to(first)
-        if rewound:
-            self.reporter.note(f"resuming at step {first}: {plural(rewound, 'later metrics line')} moved to "
-                               f"metrics.rewound.jsonl")
-        assert self.trainer.training_client is not None
-        self.pipeline = RolloutPipeline(
-            config, training_client=self.trainer.training_client, tokenizer=self.trainer.tokenizer,
-            search=self.search, tools=self.tools, examples=self.examples, reporter=self.reporter, session=self.session,
-            sampler_paths=self.sampler_paths, weights_version=first, cursor=self.first_cursor)
+        first = self._open_session(resume)
+        assert self.pipeline is not None
         guard = CollapseGuard(configured_rules(config.health_rules), stop_after=config.stop_on_collapse,
                               history=self.run.metrics())
         self.account.start(self.run.metrics(), first)
@@ -247,28 +236,7 @@ class TrainingRun:
                 record = await self.trainer.step(step, self.pipeline)
                 metrics = self.metrics(record)
                 completed = step + 1
-                verdict = guard.observe(metrics)
-                metrics.update(verdict.metrics())
-                usage = self.usage(record)
-                self.account.add_step(usage)
-                budget = self.account.verdict()  # before a step projected to pass the budget, stop
-                stopping = (self.stop_requested or budget.stop) and completed < config.max_steps
-                due = bool(config.save_every and completed % config.save_every == 0) or stopping or verdict.stop
-                metrics.update(self.account.step_metrics(usage, checkpoint=due or completed >= config.max_steps))
-                if verdict.unhealthy:  # texts: in metrics.jsonl, not on the dashboards (numbers only)
-                    metrics["health/warnings"] = verdict.warnings()  # type: ignore[assignment]
-                    self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
-                                       "What the model did: "
-                                       + invocation.command(f"show {self.run.path} --step {step}"))
-                self._record(record, metrics)
-                stopping = stopping or (self.stop_requested and completed < config.max_steps)  # Ctrl-C meanwhile
-                if stopping:
-                    self.pipeline.drop_from(completed)  # in flight; redone exactly on resume
-                if (config.save_every and completed % config.save_every == 0) or stopping:
-                    await self.save(completed)
-                self._write_state(completed)
-                if verdict.stop:
-                    await self._stop_on_collapse(completed, verdict.streak)
+                stopping, budget = await self._end_step(step, record, metrics, guard)
                 if stopping:
                     break
             if self.last_saved_step != completed:
@@ -277,23 +245,83 @@ class TrainingRun:
             if budget.stop and completed < config.max_steps and not self.stop_requested:
                 raise BudgetReached(self.account.stop_message(budget, completed=completed, run_dir=str(self.run.path)),
                                     step=completed, run_dir=str(self.run.path))
-        except SamplerFailureError as error:
-            raise TrainingStopped(f"stopped in step {completed}: {error}", step=completed,
-                                  run_dir=str(self.run.path)) from error
-        except NonFiniteValues as error:
-            raise TrainingStopped(f"stopped in step {completed}: a non-finite value: {error}", step=completed,
-                                  run_dir=str(self.run.path)) from error
         except Exception as error:
-            if not is_service_failure(error):
+            stopped = self._stopped(error, completed)
+            if stopped is None:
                 raise
-            raise TrainingStopped(
-                f"stopped in step {completed}: the training service failed ({describe_failure(error)})",
-                step=completed, run_dir=str(self.run.path),
-            ) from error
+            raise stopped from error
         finally:
             self.pipeline.close()
             self.reporter.close()
         return completed
+
+    def _open_session(self, resume: ResumePoint | None) -> int:
+        """Connect, count a resume as a new session, set aside the metrics lines after the resume
+        point and make the rollout pipeline. Returns the first step."""
+        first = self.connect(resume)
+        if resume is not None:
+            self.session = int(self.run.state().get("session", 0)) + 1
+            self._write_state(first)
+        rewound = self.run.rewind_to(first)
+        if rewound:
+            self.reporter.note(f"resuming at step {first}: {plural(rewound, 'later metrics line')} moved to "
+                               f"metrics.rewound.jsonl")
+        assert self.trainer.training_client is not None
+        self.pipeline = RolloutPipeline(
+            self.config, training_client=self.trainer.training_client, tokenizer=self.trainer.tokenizer,
+            search=self.search, tools=self.tools, examples=self.examples, reporter=self.reporter, session=self.session,
+            sampler_paths=self.sampler_paths, weights_version=first, cursor=self.first_cursor)
+        return first
+
+    async def _end_step(self, step: int, record: StepRecord, metrics: dict[str, float],
+                        guard: CollapseGuard) -> tuple[bool, BudgetVerdict]:
+        """The end of step ``step``: judged by the collapse guard, charged to the account, recorded,
+        checkpointed when one is due (every ``save_every`` steps, and before the run stops early:
+        on Ctrl-C or before a step projected to pass the budget), the run state written; a
+        collapse stops the run here. Returns whether the run stops after this step, and the
+        budget's verdict."""
+        config = self.config
+        assert self.pipeline is not None
+        completed = step + 1
+        steps_left = completed < config.max_steps
+        periodic = bool(config.save_every and completed % config.save_every == 0)
+        verdict = guard.observe(metrics)
+        metrics.update(verdict.metrics())
+        usage = self.usage(record)
+        self.account.add_step(usage)
+        budget = self.account.verdict()  # before a step projected to pass the budget, stop
+        stopping = (self.stop_requested or budget.stop) and steps_left
+        due = periodic or stopping or verdict.stop
+        metrics.update(self.account.step_metrics(usage, checkpoint=due or not steps_left))
+        if verdict.unhealthy:  # texts: in metrics.jsonl, not on the dashboards (numbers only)
+            metrics["health/warnings"] = verdict.warnings()  # type: ignore[assignment]
+            self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
+                               "What the model did: "
+                               + invocation.command(f"show {self.run.path} --step {step}"))
+        self._record(record, metrics)
+        stopping = stopping or (self.stop_requested and steps_left)  # Ctrl-C meanwhile
+        if stopping:
+            self.pipeline.drop_from(completed)  # in flight; redone exactly on resume
+        if periodic or stopping:
+            await self.save(completed)
+        self._write_state(completed)
+        if verdict.stop:
+            await self._stop_on_collapse(completed, verdict.streak)
+        return stopping, budget
+
+    def _stopped(self, error: Exception, completed: int) -> TrainingStopped | None:
+        """The :class:`TrainingStopped` that a failure in step ``completed`` becomes (too many
+        sampler failures, a non-finite value, the training service failing); None for any other."""
+        run_dir = str(self.run.path)
+        if isinstance(error, SamplerFailureError):
+            return TrainingStopped(f"stopped in step {completed}: {error}", step=completed, run_dir=run_dir)
+        if isinstance(error, NonFiniteValues):
+            return TrainingStopped(f"stopped in step {completed}: a non-finite value: {error}", step=completed,
+                                   run_dir=run_dir)
+        if not is_service_failure(error):
+            return None
+        return TrainingStopped(f"stopped in step {completed}: the training service failed ({describe_failure(error)})",
+                               step=completed, run_dir=run_dir)
 
     def _record(self, record: StepRecord, metrics: dict[str, float]) -> None:
         """A finished step on disk (metrics line, transcripts), then in the dashboards and on screen."""

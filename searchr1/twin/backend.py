@@ -61,7 +61,7 @@ from searchr1.twin.config import (
 )
 from searchr1.twin.policy import PolicySample, Reduction, SampledSequence, TwinPolicy
 from searchr1.twin.served import ServedCounter
-from searchr1.twin.stops import StopRules, finish
+from searchr1.twin.stops import FinishedSequence, StopRules, finish
 from searchr1.twin.store import (STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, InvalidName, RunConfig,
                                  check_checkpoint_name)
 from searchr1.twin.strict import (
@@ -180,6 +180,16 @@ class EventLogEntry:
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def _prompt_tokens(request: SampleRequest) -> list[int]:
+    """The prompt's token ids; a prompt with anything but text is refused (400)."""
+    prompt: list[int] = []
+    for chunk in request.prompt.chunks:
+        if getattr(chunk, "type", None) != "encoded_text":
+            raise ApiError(400, "validation.image_unsupported", "the twin samples from text prompts only")
+        prompt.extend(int(t) for t in chunk.tokens)  # type: ignore[union-attr]
+    return prompt
 
 
 def _capability(limits: OperationLimits) -> dict[str, int | None]:
@@ -729,75 +739,19 @@ class TwinBackend:
         server's is, instead of coming on top."""
         sampling = self._sampling_run(owner)
         started = time.monotonic()
-        prompt: list[int] = []
-        for chunk in request.prompt.chunks:
-            if getattr(chunk, "type", None) != "encoded_text":
-                raise ApiError(400, "validation.image_unsupported", "the twin samples from text prompts only")
-            prompt.extend(int(t) for t in chunk.tokens)  # type: ignore[union-attr]
+        prompt = _prompt_tokens(request)
         params = request.sampling_params
         max_tokens = int(params["max_tokens"])  # type: ignore[call-overload]
-        limits = self.settings.limits.sampling
-        if any(t < 0 or t >= self.vocab_size for t in prompt):
-            raise ApiError(400, "validation.token_id_out_of_range",
-                           f"a prompt token id is outside [0, {self.vocab_size})")
-        if limits.max_batch_size is not None and request.num_samples > limits.max_batch_size:
-            raise ApiError(400, "sampling.batch_too_large",
-                           f"num_samples {request.num_samples} exceeds max_batch_size {limits.max_batch_size}")
-        if limits.max_seq_len is not None and len(prompt) + max_tokens > limits.max_seq_len:
-            raise ApiError(400, "sampling.sequence_too_long",
-                           f"prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds max_seq_len "
-                           f"{limits.max_seq_len}")
-        request_tokens = request.num_samples * (len(prompt) + max_tokens)
-        if limits.max_tokens_per_request is not None and request_tokens > limits.max_tokens_per_request:
-            raise ApiError(400, "sampling.request_too_large",
-                           f"num_samples x (prompt + max_tokens) = {request_tokens} exceeds max_tokens_per_request "
-                           f"{limits.max_tokens_per_request}")
+        self._check_sample_request(request, prompt, max_tokens)
         seed = params.get("seed")
         temperature = float(params.get("temperature", 1.0))  # type: ignore[arg-type]
-        try:
-            if is_collapsed(self.settings.faults.collapse_from, sampling.version):
-                drawn = collapsed_sequences(self.settings.tokenizer, request.num_samples, max_tokens=max_tokens)
-            else:
-                from searchr1.twin.judge import judge_reply  # the eval judge prompt: the twin's rule answers
-
-                judged = judge_reply(self.settings.tokenizer, prompt, request.num_samples, self._end_of_turn)
-                if judged is not None:
-                    drawn = judged
-                else:
-                    with self._policy_lock:
-                        drawn = self.policy.sample(sampling.params, prompt, request.num_samples,
-                                                   max_tokens=max_tokens,
-                                                   seed=None if seed is None else int(seed),  # type: ignore[call-overload]
-                                                   temperature=temperature)
-        except ValueError as error:  # the policy cannot answer this prompt (e.g. not in the script)
-            if not request.return_prompt_logprobs:
-                raise ApiError(422, "twin.policy_refused", str(error)) from None
-            # A prompt-logprob request (a KL penalty's base logprobs: a whole trajectory as the
-            # prompt) wants the prompt's logprobs, which every policy can give; where the policy
-            # has no continuation for the prompt, the twin ends the turn at once.
-            drawn = [SampledSequence([self._end_of_turn], [0.0], True)] * request.num_samples
-        tokenizer = self.settings.tokenizer
-        rules = self._stop_rules(params)
-
-        def decode(ids: list[int], skip_special: bool) -> str:
-            return tokenizer.decode(ids, skip_special_tokens=skip_special)
-
-        sequences = []
-        for sequence in drawn:
-            rounded = [float(np.float32(x)) for x in sequence.logprobs]  # a server returns float32 logprobs
-            done = finish(type(sequence)(list(sequence.tokens), rounded, sequence.stopped), rules,
-                          self.settings.convention, decode=decode, return_text=request.return_text)
-            sequences.append(done)
+        drawn = self._draw(sampling, request, prompt, max_tokens, seed=seed, temperature=temperature)
+        sequences = self._finished(drawn, params, return_text=request.return_text)
         if self.settings.strictness.enabled:
             self.ledger.record(prompt, [(s.tokens, s.logprobs) for s in sequences], lineage=sampling.lineage,
                                version=sampling.version)
         output = sum(len(s.tokens) for s in sequences)
-        latency = self.settings.latencies
-        # the sequences of one request are generated side by side: the longest sets the time
-        delay = latency.sample_request + latency.sampled_token * max((len(s.tokens) for s in sequences), default=0)
-        if latency.sample_jitter:
-            with self._lock:
-                delay += float(self._jitter.uniform(0.0, latency.sample_jitter))
+        delay = self._sampling_delay(sequences)
         body: dict[str, object] = {
             "request_id": request.request_id,
             "sampling_run": owner,
@@ -817,6 +771,79 @@ class TwinBackend:
                                                   tuple(len(s.tokens) for s in sequences), started,
                                                   started + delay))
         return body, started + delay
+
+    def _check_sample_request(self, request: SampleRequest, prompt: list[int], max_tokens: int) -> None:
+        """Refuse (400) a prompt token outside the vocabulary and a request over the sampling limits."""
+        limits = self.settings.limits.sampling
+        if any(t < 0 or t >= self.vocab_size for t in prompt):
+            raise ApiError(400, "validation.token_id_out_of_range",
+                           f"a prompt token id is outside [0, {self.vocab_size})")
+        if limits.max_batch_size is not None and request.num_samples > limits.max_batch_size:
+            raise ApiError(400, "sampling.batch_too_large",
+                           f"num_samples {request.num_samples} exceeds max_batch_size {limits.max_batch_size}")
+        if limits.max_seq_len is not None and len(prompt) + max_tokens > limits.max_seq_len:
+            raise ApiError(400, "sampling.sequence_too_long",
+                           f"prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds max_seq_len "
+                           f"{limits.max_seq_len}")
+        request_tokens = request.num_samples * (len(prompt) + max_tokens)
+        if limits.max_tokens_per_request is not None and request_tokens > limits.max_tokens_per_request:
+            raise ApiError(400, "sampling.request_too_large",
+                           f"num_samples x (prompt + max_tokens) = {request_tokens} exceeds max_tokens_per_request "
+                           f"{limits.max_tokens_per_request}")
+
+    def _draw(self, sampling: SamplingRun, request: SampleRequest, prompt: list[int], max_tokens: int, *,
+              seed: object, temperature: float) -> list[SampledSequence]:
+        """The sequences drawn for ``prompt``: a collapsed policy's, the judge's rule answers to
+        the eval judge prompt, else the policy's (with the request's ``seed``). A prompt the
+        policy cannot answer, or a seed that is not a number, is refused (422), unless the
+        request wants its prompt logprobs: then every sequence ends the turn at once."""
+        try:
+            if is_collapsed(self.settings.faults.collapse_from, sampling.version):
+                return collapsed_sequences(self.settings.tokenizer, request.num_samples, max_tokens=max_tokens)
+            from searchr1.twin.judge import judge_reply  # the eval judge prompt: the twin's rule answers
+
+            judged = judge_reply(self.settings.tokenizer, prompt, request.num_samples, self._end_of_turn)
+            if judged is not None:
+                return judged
+            with self._policy_lock:
+                return self.policy.sample(sampling.params, prompt, request.num_samples, max_tokens=max_tokens,
+                                          seed=None if seed is None else int(seed),  # type: ignore[call-overload]
+                                          temperature=temperature)
+        except ValueError as error:  # the policy cannot answer this prompt (e.g. not in the script)
+            if not request.return_prompt_logprobs:
+                raise ApiError(422, "twin.policy_refused", str(error)) from None
+            # A prompt-logprob request (a KL penalty's base logprobs: a whole trajectory as the
+            # prompt) wants the prompt's logprobs, which every policy can give; where the policy
+            # has no continuation for the prompt, the twin ends the turn at once.
+            return [SampledSequence([self._end_of_turn], [0.0], True)] * request.num_samples
+
+    def _finished(self, drawn: list[SampledSequence], params: dict[str, object], *,
+                  return_text: bool) -> list[FinishedSequence]:
+        """The drawn sequences as a server returns them: float32 logprobs, cut at the request's
+        stop rules under the twin's convention, with their text when asked for."""
+        tokenizer = self.settings.tokenizer
+        rules = self._stop_rules(params)
+
+        def decode(ids: list[int], skip_special: bool) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+        sequences = []
+        for sequence in drawn:
+            rounded = [float(np.float32(x)) for x in sequence.logprobs]  # a server returns float32 logprobs
+            done = finish(type(sequence)(list(sequence.tokens), rounded, sequence.stopped), rules,
+                          self.settings.convention, decode=decode, return_text=return_text)
+            sequences.append(done)
+        return sequences
+
+    def _sampling_delay(self, sequences: list[FinishedSequence]) -> float:
+        """The modelled service time of a request: the sequences of one request are generated side
+        by side, so the longest sets it, plus the jitter when one is set."""
+        latency = self.settings.latencies
+        delay = latency.sample_request + latency.sampled_token * max((len(s.tokens) for s in sequences), default=0)
+        if latency.sample_jitter:
+            with self._lock:
+                delay += float(self._jitter.uniform(0.0, latency.sample_jitter))
+        return delay
 
     def _stop_rules(self, params: dict[str, object]) -> StopRules:
         raw = params.get("stop") or ()

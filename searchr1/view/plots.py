@@ -29,6 +29,7 @@ from searchr1.basics.wording import plural
 from searchr1.basics import invocation
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 DPI = 100
@@ -358,6 +359,19 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
     never a point at one or two questions); every value is written above its upper whisker
     (upright when the bars are too narrow); each benchmark's tick says how many questions it had,
     ``*`` marking fewer than FEW_QUESTIONS."""
+    _check_eval_metric(runs, metric)
+    fig = _figure(EVAL_FIGSIZE)
+    top, bottom = fig.subplots(2, 1)
+    colours = run_colours(len(runs))
+    _draw_per_benchmark(top, runs, metric, colours)
+    _draw_macro_and_format(bottom, runs, metric, colours)
+    fig.suptitle(eval_title(runs), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _check_eval_metric(runs: Sequence[EvalRun], metric: str) -> None:
+    """Refuse no evaluations, an unknown metric, or one that a summary does not hold."""
     if not runs:
         raise PlotInputError("no evaluations to plot")
     if metric not in EVAL_METRICS:
@@ -369,13 +383,14 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
         if metric != "em" and f"{metric}/macro" not in run.metrics:
             raise PlotInputError(f"{run.path}: its summary has no {metric} (it was written before F1 and "
                                  "cover EM were reported); plot it with --metric em")
+
+
+def _draw_per_benchmark(top: Axes, runs: Sequence[EvalRun], metric: str, colours: list[str]) -> None:
+    """The upper panel: ``metric`` per benchmark, one bar per checkpoint, with its interval and value
+    (a bar of height 0 marked on the axis; partial evaluations hatched)."""
     label, axis = EVAL_METRICS[metric]
-    fig = _figure(EVAL_FIGSIZE)
-    top, bottom = fig.subplots(2, 1)
     sources = eval_sources(runs)
     label_size = _value_label_size(len(runs))
-    colours = run_colours(len(runs))
-
     width = 0.8 / len(runs)
     across = _label_fits_across(width, len(sources), label_size)
     heights_seen: list[float] = []
@@ -413,6 +428,11 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
     top.set_ylim(0, _y_top(heights_seen, upright_labels=not across))
     top.legend(fontsize=8, ncols=min(len(runs), 4), loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
 
+
+def _draw_macro_and_format(bottom: Axes, runs: Sequence[EvalRun], metric: str, colours: list[str]) -> None:
+    """The lower panel: two bars per checkpoint in its colour from the panel above, the macro value
+    solid with its interval and the format rate outlined, every value above its own bar."""
+    label = EVAL_METRICS[metric][0]
     xs = list(range(len(runs)))
     macro = [100 * _number(r.metrics, f"{metric}/macro") for r in runs]
     macro_err = [
@@ -452,10 +472,6 @@ def eval_figure(runs: Sequence[EvalRun], metric: str = "em") -> Figure:
     bottom.set_ylabel("%")
     bottom.set_title(f"Macro {label} and format rate per checkpoint (colours as above)", fontsize=10)
     bottom.set_ylim(0, bottom_top)
-
-    fig.suptitle(eval_title(runs), fontsize=10)
-    fig.tight_layout()
-    return fig
 
 
 COMPARE_FIGSIZE = (11.0, 6.0)  # inches -> 1100 x 600 px at DPI
