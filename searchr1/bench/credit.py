@@ -43,11 +43,14 @@ STEP_RATIO_TARGET = 0.8  # GiGPO's steps to the reward target over GRPO's (mean 
 
 @dataclasses.dataclass
 class CreditRun:
-    """One training run of a variant: its metrics, its repeated-search share and its dev EM."""
+    """One training run of a variant: its metrics, its repeated-search share, its dev EM, and how
+    far its turns' advantages moved from their trajectories'."""
 
     metrics: list[dict[str, Any]]
     repeat_share: float
     dev_em: float
+    reversed_share: float  # trained turns whose advantage has the other sign than their trajectory's
+    step_size: float  # mean |turn advantage - trajectory advantage| over mean |trajectory advantage|
 
 
 def repeated_search_share(transcripts: Path) -> float:
@@ -66,6 +69,28 @@ def repeated_search_share(transcripts: Path) -> float:
             repeats += key in seen
             seen.add(key)
     return repeats / calls if calls else 0.0
+
+
+def turn_credit_spread(transcripts: Path) -> tuple[float, float]:
+    """Over every trained turn of a run's transcripts: the share whose advantage has the sign
+    opposite to its trajectory's, and the mean distance of a turn's advantage from its
+    trajectory's relative to the mean size of a trajectory's advantage (0 and 0 for trajectory
+    credit)."""
+    import json
+
+    turns = reversed_turns = 0
+    moved = size = 0.0
+    for line in transcripts.read_text("utf-8").splitlines():
+        record = json.loads(line)
+        if record.get("excluded") is not None:
+            continue
+        whole = float(record["advantage"])
+        for turn in record["turns"]:
+            turns += 1
+            reversed_turns += float(turn["advantage"]) * whole < 0
+            moved += abs(float(turn["advantage"]) - whole)
+            size += abs(whole)
+    return (reversed_turns / turns if turns else 0.0), (moved / size if size else 0.0)
 
 
 def _train_and_evaluate(service: Any, config: Any, tokenizer: Any, home: Path) -> CreditRun:
@@ -89,8 +114,9 @@ def _train_and_evaluate(service: Any, config: Any, tokenizer: Any, home: Path) -
     greedy = RolloutConfig(group_size=1, temperature=0.0, seed=config.seed)
     dev = asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(search), load_examples(DEV), greedy))
     score_trajectories(dev)
-    return CreditRun(run.metrics(), repeated_search_share(run.path / "transcripts.jsonl"),
-                     statistics.fmean(t.score.exact_match for t in dev))
+    transcripts = run.path / "transcripts.jsonl"
+    dev_em = statistics.fmean(t.score.exact_match for t in dev)
+    return CreditRun(run.metrics(), repeated_search_share(transcripts), dev_em, *turn_credit_spread(transcripts))
 
 
 def credit_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
@@ -131,6 +157,13 @@ def credit_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figu
             Measure(f"dev_em_{name}", "    dev exact match after the last step (greedy)",
                     statistics.fmean(run.dev_em for run in lines), unit="EM", digits=3),
         ]
+        if name != "grpo":  # what step credit did to the turns: why the rows above differ, or do not
+            measures += [
+                Measure(f"reversed_{name}", "    trained turns whose advantage's sign is not their trajectory's",
+                        statistics.fmean(run.reversed_share for run in lines), unit="share", digits=3),
+                Measure(f"step_size_{name}", "    mean |turn - trajectory advantage| / mean |trajectory advantage|",
+                        statistics.fmean(run.step_size for run in lines), unit="x", digits=3),
+            ]
     figure = Figure(
         number=14, name="credit", title="Credit per turn on the offline world: GRPO, GiGPO, GiGPO with step rewards",
         measures=measures,
