@@ -59,14 +59,14 @@ def micro_em(path: Path) -> float:
     return json.loads(path.read_text("utf-8").splitlines()[-1])["metrics"]["em/micro"]
 
 
-def quoted(pattern: str) -> tuple[str, ...]:
-    """The groups of ``pattern`` in the README's prose (whitespace taken as it wraps)."""
-    found = re.search(pattern, " ".join(README.read_text("utf-8").split()))
-    assert found, f"the README no longer says {pattern!r}"
-    return found.groups()
-
-
 COSTS = README.parent / "docs" / "costs.md"
+
+
+def quoted(pattern: str, source: Path = README) -> tuple[str, ...]:
+    """The groups of ``pattern`` in the prose of ``source`` (whitespace taken as it wraps)."""
+    found = re.search(pattern, " ".join(source.read_text("utf-8").split()))
+    assert found, f"{source.name} no longer says {pattern!r}"
+    return found.groups()
 
 
 def whole(number: str) -> int:
@@ -129,7 +129,7 @@ def test_the_offline_blocks_run_one_after_another_as_printed_and_give_the_figure
     metrics = RunDir(tmp_path / run_dir).metrics()
     assert all(line["trainer/loss_mean"] != 0.0 for line in metrics[:5])  # a real loss
 
-    # the usage docs/costs.md and the README quote for this run (prices change no usage)
+    # the usage docs/costs.md quotes for this run, in its table and its prose (prices change no usage)
     totals = worked_example_totals()
     assert len(totals) >= 10 and totals == {kind: metrics[-1][f"usage/total_{kind}"] for kind in totals}
     rows, total = worked_example_costs()
@@ -137,7 +137,7 @@ def test_the_offline_blocks_run_one_after_another_as_printed_and_give_the_figure
     assert all(round(usage * price, 4) == cost for usage, price, cost in rows)
     assert round(sum(cost for _, _, cost in rows), 4) == total
     requests, searches, asked = quoted(
-        r"used ([\d,]+) sampling requests .*? and ([\d,]+) DeepSeek searches, (\d+) of them")
+        r"used ([\d,]+) sampling requests .*? and ([\d,]+) DeepSeek searches, (\d+) of them", COSTS)
     assert (whole(requests), whole(searches), whole(asked)) == (
         totals["sample_requests"], totals["search_deepseek_calls"], totals["search_deepseek_requests"])
 
