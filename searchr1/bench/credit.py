@@ -54,17 +54,19 @@ class CreditRun:
 
 
 def repeated_search_share(transcripts: Path) -> float:
-    """Search calls that repeat an earlier call of their trajectory, over all search calls that ran,
-    in every transcript of a run."""
+    """Search calls that repeat an earlier call of their trajectory (:func:`~searchr1.core.credit.call_key`,
+    as the step reward counts them), over all search calls that ran, in every transcript of a run."""
     import json
+
+    from searchr1.core.credit import call_key
 
     calls = repeats = 0
     for line in transcripts.read_text("utf-8").splitlines():
-        seen: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         for call in json.loads(line).get("searches", []):
             if call.get("tool", "search") != "search" or call.get("refused"):
                 continue
-            key = " ".join(str(call.get("query", "")).casefold().split())
+            key = call_key("search", str(call.get("query", "")))
             calls += 1
             repeats += key in seen
             seen.add(key)

@@ -31,7 +31,7 @@ from enum import StrEnum
 
 from searchr1.core.advantage import AdvantageMode, group_advantages, group_by_question
 from searchr1.core.reward import normalize_answer
-from searchr1.core.types import CallRecord, Trajectory
+from searchr1.core.types import Trajectory
 
 
 class Credit(StrEnum):
@@ -48,15 +48,15 @@ class StepReward(StrEnum):
     EVIDENCE = "evidence"  # a first sight of a reference answer, less a penalty per repeated call
 
 
-def call_key(call: CallRecord) -> tuple[str, str]:
-    """A call as its tool and its arguments, case and spacing aside."""
-    return call.tool, " ".join(call.query.casefold().split())
+def call_key(tool: str, arguments: str) -> tuple[str, str]:
+    """A call as its tool and its arguments as shown (a record's ``query``), case and spacing aside."""
+    return tool, " ".join(arguments.casefold().split())
 
 
 def anchor_state(trajectory: Trajectory, turn: int) -> Hashable:
     """What the environment has shown the trajectory before its ``turn``: each earlier call, as
     :func:`call_key`, with whether it succeeded and the observation it returned."""
-    return tuple((*call_key(call), call.ok, call.observation)
+    return tuple((*call_key(call.tool, call.query), call.ok, call.observation)
                  for earlier in trajectory.turns[:turn] for call in earlier.calls)
 
 
@@ -96,10 +96,11 @@ def assign_step_rewards(trajectories: Sequence[Trajectory], *, evidence_bonus: f
         for turn in trajectory.turns:
             reward = 0.0
             for call in (call for call in turn.calls if not call.refused):
-                if call_key(call) in made:
+                key = call_key(call.tool, call.query)
+                if key in made:
                     reward -= repeat_penalty
                     summary.repeats += 1
-                made.add(call_key(call))
+                made.add(key)
                 if not found and call.ok and shows_a_reference(call.observation, trajectory.example.answers):
                     found = True
                     reward += evidence_bonus
