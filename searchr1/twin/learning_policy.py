@@ -90,11 +90,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
 from searchr1.core.objective import loss_terms, resolve_loss_config
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.offline import CALL
 from searchr1.twin.offline_world import WorldQuestion, load_worlds, question_key
 from searchr1.twin.policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
@@ -258,7 +258,7 @@ class LearningPolicy:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Qwen35Tokenizer,
         questions: Sequence[WorldQuestion] | None = None,
         *,
         base_logits: np.ndarray = BASE_LOGITS,
@@ -360,7 +360,7 @@ class LearningPolicy:
 
     # -- reading prompts ----------------------------------------------------------------
 
-    def state(self, prompt: Sequence[int]) -> PolicyState:
+    def state(self, prompt: Sequence[int] | np.ndarray) -> PolicyState:
         """The state of a prompt that ends with the generation header (cached)."""
         return self._state_of(np.asarray(prompt, dtype=np.int64).tobytes())
 

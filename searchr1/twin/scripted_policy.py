@@ -21,10 +21,10 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.twin.policy import LossResult, PolicySample, Reduction, SampledSequence, Totals
 from searchr1.twin.scenario import Scenario, ScenarioError, ScriptedQuestion, normalise
 from searchr1.twin.toy_policy import ToyPolicy
@@ -68,7 +68,7 @@ class ScriptedPolicy:
     def __init__(
         self,
         scenario: Scenario | Sequence[ScriptedQuestion],
-        tokenizer: Any,
+        tokenizer: Qwen35Tokenizer,
         *,
         seed: int = 0,
         trainer: ToyPolicy | None = None,
