@@ -40,6 +40,8 @@ from searchr1.basics import invocation
 class DataError(UserError, ValueError):
     """A dataset file or row is unusable. The message names the file (and line) and the field."""
 
+    resumable = False  # a failed download whose bytes are kept for the next run to continue
+
 
 # --- the pinned source ---------------------------------------------------------------------
 
