@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
 
 from searchr1.core.tools import DECLARED, ToolBackend, ToolCall
 from searchr1.core.types import Counts, SamplingClient, SearchResult
-from searchr1.search.tool import SearchBackend
 
 if TYPE_CHECKING:
     from pytrio.types import ModelInput, SampleResponse, SamplingParams
@@ -409,10 +408,17 @@ class MeteredSampler:
         return getattr(self._sampler, name)
 
 
+class Searcher(Protocol):
+    """What :class:`MeteredSearch` counts the calls of: a search backend (:class:`searchr1.search.tool.SearchBackend`;
+    its ``name``, when it has one, names its counts)."""
+
+    async def search(self, query: str) -> SearchResult: ...
+
+
 class MeteredSearch:
     """A search backend whose calls are counted into ``usage`` under the backend's name."""
 
-    def __init__(self, backend: SearchBackend, usage: Usage) -> None:
+    def __init__(self, backend: Searcher, usage: Usage) -> None:
         self._backend = backend
         self._usage = usage
         self.name: str = getattr(backend, "name", type(backend).__name__)
