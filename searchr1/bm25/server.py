@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from searchr1.bm25.batcher import QueryBatcher
@@ -63,7 +63,7 @@ MAX_CONCURRENT_BODIES = 8  # bodies held in memory at once: at most 8 MiB
 MAX_CONNECTIONS = 256  # uvicorn's limit_concurrency: a connection beyond gets 503
 
 
-def refuse_unknown_fields(payload: dict[str, object], known: set[str]) -> None:
+def refuse_unknown_fields(payload: Mapping[str, object], known: set[str]) -> None:
     """A 422 naming the body's fields outside ``known`` (at most 5, each cut to 40 characters)."""
     unknown = sorted(set(payload) - known)
     if unknown:
@@ -81,18 +81,20 @@ def parse_request(body: bytes) -> tuple[list[str], int, bool]:
         raise RequestError(422, "'queries' must be a non-empty list of strings")
     if len(queries) > MAX_QUERIES:
         raise RequestError(422, f"'queries' holds {len(queries)} queries; at most {MAX_QUERIES} per request")
+    texts: list[str] = []
     for position, query in enumerate(queries):
         if not isinstance(query, str):
             raise RequestError(422, f"queries[{position}] is {type(query).__name__}, expected a string")
         if len(query) > MAX_QUERY_CHARS:
             raise RequestError(422, f"queries[{position}] is longer than {MAX_QUERY_CHARS} characters")
+        texts.append(query)
     topk = payload.get("topk", 3)
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
         raise RequestError(422, f"'topk' must be an integer from 1 to {MAX_TOPK}, got {shown(topk)}")
     scores = payload.get("return_scores", False)
     if not isinstance(scores, bool):
         raise RequestError(422, f"'return_scores' must be true or false, got {shown(scores)}")
-    return queries, topk, scores
+    return texts, topk, scores
 
 
 def parse_page_request(body: bytes) -> tuple[str, int, int]:

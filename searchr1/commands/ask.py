@@ -50,7 +50,7 @@ def check_offline_question(question: str, policy: str) -> None:
 
     files = (QUESTIONS, PAGES) if policy == OfflinePolicy.LEARNING else (QUESTIONS,)
     known = [item["question"] for path in files for split in ("dev", "train")
-             for item in load_source(path).get(split, [])]
+             for item in load_source(path)[split]]
     if key(question) in {key(q) for q in known}:
         return
     where = " and ".join(shown(path) for path in files)

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
     from searchr1.commands.prerequisites import Prerequisites
     from searchr1.core.rollout import RolloutConfig
-    from searchr1.core.types import SearchExample, Tokenizer
+    from searchr1.core.types import SearchExample
+    from searchr1.runtime.tokenizer import Qwen35Tokenizer
     from searchr1.evaluation.evaluate import EvalOutcome
     from searchr1.evaluation.judge import Judge
     from searchr1.run.costs import PriceTable
@@ -289,7 +290,7 @@ def checkpoint_of(run_dir: Path) -> RunCheckpoint:
     offline = bool(config.get("offline"))
     return RunCheckpoint(last.weights_path, str(config.get("base_model") or "Qwen/Qwen3.5-4B"), offline,
                          run_dir / TWIN_HOME if offline else None,
-                         config.get("offline_policy") if offline else None, algorithm_of(config))
+                         str(config.get("offline_policy") or "") or None if offline else None, algorithm_of(config))
 
 
 def _sampling_client(service: pytrio.ServiceClient, base_model: str, model_path: str | None, *, offline: bool,
@@ -610,7 +611,7 @@ def check_judge(model: str, *, offline: bool, cassette: Path | None, env_file: P
                                "replayed with --judge-cassette)")
 
 
-def make_judge(model: str, *, service: pytrio.ServiceClient, tokenizer: Tokenizer, base_model: str, offline: bool,
+def make_judge(model: str, *, service: pytrio.ServiceClient, tokenizer: Qwen35Tokenizer, base_model: str, offline: bool,
                cassette: Path | None, cache: str | None, env_file: Path | None) -> Judge:
     """The :class:`~searchr1.evaluation.judge.Judge` that ``--judge MODEL`` names."""
     from searchr1.evaluation.judge import (

@@ -126,7 +126,8 @@ def _matching_evals(paths: tuple[Path, ...], weights_path: str) -> list[tuple[st
                 summary = load_summary(path)
             except (EvalFileError, OSError, UnicodeDecodeError):
                 continue
-            if (summary.get("config") or {}).get("model_path") == weights_path:
+            config = summary.get("config")
+            if isinstance(config, dict) and config.get("model_path") == weights_path:
                 found.append((str(path), summary))
     return found
 

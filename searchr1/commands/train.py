@@ -64,7 +64,8 @@ if TYPE_CHECKING:
     import pytrio
 
     from searchr1.commands.prerequisites import Prerequisites
-    from searchr1.core.types import SearchExample, Tokenizer
+    from searchr1.core.types import SearchExample
+    from searchr1.runtime.tokenizer import Qwen35Tokenizer
     from searchr1.run.costs import RunAccount
     from searchr1.run.directory import ResumePoint, RunDir
     from searchr1.run.loggers import Loggers
@@ -595,7 +596,7 @@ def _training_examples(config: TrainConfig) -> list[SearchExample]:
     return examples
 
 
-def _start_service(start: _Start, flags: _RunFlags, tokenizer: Tokenizer,
+def _start_service(start: _Start, flags: _RunFlags, tokenizer: Qwen35Tokenizer,
                    held: contextlib.ExitStack) -> pytrio.ServiceClient:
     """The PyTRIO service: live, or the offline twin with its home in the run directory."""
     from searchr1.run.directory import TWIN_HOME
@@ -618,7 +619,7 @@ def _start_service(start: _Start, flags: _RunFlags, tokenizer: Tokenizer,
                          faults=TwinFaults(**parse_offline_fault(config.offline_fault or "none")))
 
 
-def _run_session(start: _Start, flags: _RunFlags, service: pytrio.ServiceClient, tokenizer: Tokenizer,
+def _run_session(start: _Start, flags: _RunFlags, service: pytrio.ServiceClient, tokenizer: Qwen35Tokenizer,
                  examples: list[SearchExample],
                  loggers: Loggers | None, account: RunAccount) -> tuple[int, _StopOnInterrupt]:
     """Run the steps (or, with ``--preflight-only``, connect and stop); a run that stops early

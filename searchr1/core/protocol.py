@@ -192,8 +192,9 @@ def parse_assistant(text: str, tools: Sequence[ToolSpec] = (SEARCH,), max_calls:
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     body, reasoning = without_stop_strings(text), None
-    if thinking:
+    if thinking:  # what the turn says starts after the newlines the template puts after </think>
         reasoning, body = split_reasoning(body)
+        body = body.lstrip("\n")
     parsed = parse_tool_calls(body, tools)
     if parsed is None:
         return ParsedAssistant(TurnKind.ANSWER, body, reasoning=reasoning)

@@ -181,7 +181,7 @@ class JudgeTokenizer(Protocol):
     prompt is one user message, rendered without tools."""
 
     def apply_chat_template(self, conversation: list[dict[str, str]], *, tokenize: bool, add_generation_prompt: bool,
-                            enable_thinking: bool, return_dict: bool) -> list[int]: ...
+                            enable_thinking: bool, return_dict: bool) -> object: ...  # token ids, some shape
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
@@ -199,7 +199,10 @@ class PyTrioJudge:
         rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
                                                       add_generation_prompt=True, enable_thinking=False,
                                                       return_dict=False)
-        tokens = [int(t) for t in (rendered.tolist() if hasattr(rendered, "tolist") else rendered)]
+        ids = rendered.tolist() if hasattr(rendered, "tolist") else rendered
+        if not isinstance(ids, list):
+            raise TypeError(f"the chat template gave {type(ids).__name__}, not token ids")
+        tokens = [int(t) for t in ids]
         params = trio.SamplingParams(max_tokens=JUDGE_MAX_TOKENS, temperature=0.0, top_p=1.0, seed=0)
         response = await self.sampler.sample_async(prompt=trio.ModelInput.from_ints(tokens), num_samples=1,
                                                    sampling_params=params, return_text=True)

@@ -216,20 +216,26 @@ def describe(limits: ServerLimits) -> Sequence[str]:
             f"  training: {fmt(limits.training)}", f"  sampling: {fmt(limits.sampling)}"]
 
 
-def check_template(tokenizer: Tokenizer) -> TemplateBoundaries:
-    """Start-up self-check of the stitching invariants on a probe conversation.
+GENERATION_PROMPTS = {False: "<|im_start|>assistant\n<think>\n\n</think>\n\n",  # thinking off: empty
+                      True: "<|im_start|>assistant\n<think>\n"}  # thinking on: open, the model reasons first
+PROBE_REASONING = "The question names a book; I need its author first."
+
+
+def check_template(tokenizer: Tokenizer, *, thinking: bool = False) -> TemplateBoundaries:
+    """Start-up self-check of the stitching invariants on a probe conversation, rendered as the run
+    renders (``thinking``: each probe turn then reasons first, and the template must keep it).
 
     A live run with an unexpected template fails here in seconds, with the failing check
     named, instead of after a paid training step.
     """
     messages = initial_messages("Which country was the author of The Little Prince from?")
-    prompt = build_prompt(tokenizer, messages)
-    generation_prompt = tokenizer.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)
+    prompt = build_prompt(tokenizer, messages, thinking=thinking)
+    generation_prompt = tokenizer.encode(GENERATION_PROMPTS[thinking], add_special_tokens=False)
     if prompt[-len(generation_prompt):] != generation_prompt:
-        raise TemplateDriftError(
-            "the generation prompt does not end with an empty think block; was enable_thinking=False ignored?"
-        )
-    boundaries = template_boundaries(tokenizer)
+        block = "an open think block; was enable_thinking=True" if thinking else \
+            "an empty think block; was enable_thinking=False"
+        raise TemplateDriftError(f"the generation prompt does not end with {block} ignored?")
+    boundaries = template_boundaries(tokenizer, thinking=thinking)
     turns = [
         "<tool_call>\n<function=search>\n<parameter=query>\nThe Little Prince author\n</parameter>\n</function>\n"
         "</tool_call>",
@@ -239,14 +245,17 @@ def check_template(tokenizer: Tokenizer) -> TemplateBoundaries:
     observations = ["[1] Title: The Little Prince\n    Content: A novella by Antoine de Saint-Exupery.",
                     "He was a French writer."]
     tokens = prompt
-    for index, (text, observation) in enumerate(zip(turns, observations), start=1):
-        if parse_assistant(text).kind != TurnKind.TOOL:
+    for index, (said, observation) in enumerate(zip(turns, observations), start=1):
+        text = f"{PROBE_REASONING}\n</think>\n\n{said}" if thinking else said
+        parsed = parse_assistant(text, thinking=thinking)
+        if parsed.kind != TurnKind.TOOL:
             raise TemplateDriftError(f"probe tool call {index} does not parse as a search call")
         completion = tokenizer.encode(text, add_special_tokens=False) + list(boundaries.closing[:1])
         tool = tool_message(f"probe-{index}", observation)
-        tokens = build_next_prompt(tokenizer, messages, text, tokens, completion, tool)
-        messages = messages + [assistant_message(text), tool]
-    if tokens != build_prompt(tokenizer, messages):
+        assistant = assistant_message(parsed.text, parsed.reasoning)
+        tokens = build_next_prompt(tokenizer, messages, assistant, tokens, completion, tool, thinking=thinking)
+        messages = messages + [assistant, tool]
+    if tokens != build_prompt(tokenizer, messages, thinking=thinking):
         raise TemplateDriftError(
             "stitched tokens differ from a full render of the same two-search conversation"
         )

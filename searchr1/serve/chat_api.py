@@ -97,6 +97,7 @@ class Reply:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     extra: ReplyExtra = field(default_factory=ReplyExtra)  # fields beside the message (agent turns, policy)
+    reasoning: str | None = None  # with thinking on, the turn's reasoning (``reasoning_content``, as vLLM names it)
 
 
 # --------------------------------------------------------------------------- reading a request
@@ -303,6 +304,8 @@ def _usage(reply: Reply) -> JsonObject:
 def completion(reply: Reply, model: str) -> dict[str, object]:
     """A ``chat.completion`` object."""
     message: dict[str, object] = {"role": "assistant", "content": reply.content}
+    if reply.reasoning is not None:
+        message["reasoning_content"] = reply.reasoning
     if reply.tool_calls:
         message["tool_calls"] = _tool_calls(reply.tool_calls)
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
@@ -320,6 +323,8 @@ def chunks(reply: Reply, model: str, *, include_usage: bool = False) -> Iterator
         return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
 
     yield chunk({"role": "assistant", "content": ""})
+    if reply.reasoning:
+        yield chunk({"reasoning_content": reply.reasoning})
     if reply.content:
         yield chunk({"content": reply.content})
     for index, call in enumerate(_tool_calls(reply.tool_calls)):

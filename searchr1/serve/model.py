@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from searchr1.core.protocol import stop_sequences
+from searchr1.core.protocol import split_reasoning, stop_sequences
 from searchr1.core.rollout import RolloutConfig, is_retryable, read_sequence, rollout_batch_async
 from searchr1.core.tools import ToolBackend
 from searchr1.runtime.tokenizer import Qwen35Tokenizer
@@ -59,7 +59,7 @@ class ChatModel:
     def prompt_tokens(self, request: ChatRequest) -> list[int]:
         text = str(self.tokenizer.apply_chat_template(
             request.messages, tools=[tool.schema() for tool in request.tools] or None, tokenize=False,
-            add_generation_prompt=True, enable_thinking=False))
+            add_generation_prompt=True, enable_thinking=self.rollout.thinking))
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def turn(self, request: ChatRequest) -> Reply:
@@ -77,9 +77,13 @@ class ChatModel:
         async with self.slots:
             response = await self.sample(trio.ModelInput.from_ints(prompt), params)
         tokens, _, text, stop_reason = read_sequence(response.sequences[0], self.tokenizer)
+        reasoning = None
+        if self.rollout.thinking:  # the reasoning comes first; what follows </think> is the reply
+            reasoning, text = split_reasoning(text)
+            text = text.lstrip("\n")
         content, calls = read_reply(text, request.tools)
         finish = "tool_calls" if calls else "length" if stop_reason == "length" else "stop"
-        return Reply(content, calls, finish, len(prompt), len(tokens), {"policy": self.policy})
+        return Reply(content, calls, finish, len(prompt), len(tokens), {"policy": self.policy}, reasoning)
 
     async def sample(self, prompt: ModelInput, params: SamplingParams) -> SampleResponse:
         """One sample of ``prompt``, abandoned after the rollout's ``sample_timeout`` and tried
@@ -119,6 +123,8 @@ def agent_reply(trajectory: Trajectory, policy: str) -> Reply:
     prompt = sum(len(turn.prompt_tokens) for turn in trajectory.turns[:1])
     completion = sum(len(turn.completion_tokens) for turn in trajectory.turns)
     turns = [message for message in trajectory.messages if message.get("role") != "system"]
+    last = trajectory.messages[-1] if trajectory.messages else None
+    reasoning = last.get("reasoning_content") if last is not None and last["role"] == "assistant" else None
     return Reply(without_call_markup(trajectory.final_text or ""), (), "stop", prompt, completion,
                  {"policy": policy, "turns": turns, "termination": str(trajectory.termination),
-                  "tool_calls_made": len(trajectory.calls)})
+                  "tool_calls_made": len(trajectory.calls)}, reasoning)

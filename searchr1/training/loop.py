@@ -129,7 +129,8 @@ class TrainingRun:
         with (:mod:`searchr1.runtime.preflight`). Returns the first step; idempotent."""
         if self._connected:
             return self.first_step
-        check_template(self.trainer.tokenizer)  # before anything that costs money
+        # before anything that costs money
+        check_template(self.trainer.tokenizer, thinking=self.config.rollout.thinking)
         try:
             client = self.trainer.connect(None if resume is None else resume.state_path)
         except Exception as error:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
-from searchr1.view.terminal import (SearchEvent, TurnEvent, answers_text, conversation, outcome, printable, title,
-                                   verdict)
+from searchr1.view.terminal import (SearchEvent, TurnEvent, answers_text, conversation, outcome, printable,
+                                    reasoning_fold, title, verdict)
 
 INDEX_QUESTION_CHARS = 120  # a question longer than this is cut in the index (whole in its article)
 
@@ -59,6 +59,7 @@ ul.outcome b { font-weight: 600; color: var(--dim); margin-right: 4px; }
 .role .query { text-transform: none; letter-spacing: 0; color: var(--ink); font-weight: 600; }
 .role .status { text-transform: none; letter-spacing: 0; font-weight: 400; }
 .role .credit { text-transform: none; letter-spacing: 0; font-weight: 400; margin-left: 8px; }
+details.reasoning > summary { color: #666; font-style: italic; }
 .role .status.failed { color: var(--bad-format); }
 details > summary { cursor: pointer; }
 pre { margin: 4px 0 0; white-space: pre-wrap; overflow-wrap: anywhere;
@@ -108,9 +109,12 @@ def _article(record: Mapping[str, object], position: int) -> str:
         if isinstance(event, TurnEvent):
             stopped = f" (stopped: {_e(event.stop_reason)})" if event.stop_reason not in ("", "stop") else ""
             credit = f' <span class="credit">{_e(event.credit)}</span>' if event.credit else ""
+            reasoning = ("" if event.reasoning is None else  # folded until clicked
+                         f'<details class="reasoning"><summary>{_e(reasoning_fold(event.reasoning))}, click to open'
+                         f"</summary><pre>{_e(event.reasoning)}</pre></details>")
             parts.append(
                 f'<div class="event assistant"><div class="role">assistant · turn {event.number}{stopped}{credit}</div>'
-                f"<pre>{_e(event.text)}</pre></div>"
+                f"{reasoning}<pre>{_e(event.text)}</pre></div>"
             )
         else:
             assert isinstance(event, SearchEvent)

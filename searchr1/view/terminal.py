@@ -72,9 +72,25 @@ def abbreviate(text: str, max_chars: int, max_lines: int) -> str:
 @dataclass(frozen=True)
 class TurnEvent:
     number: int  # 1-based
-    text: str
+    text: str  # what the turn said (after its reasoning, when it had one)
     stop_reason: str
     credit: str = ""  # with credit per turn: its advantage, step group and step reward
+    reasoning: str | None = None  # thinking on: the reasoning before </think>, shown folded
+
+
+def turn_event(number: int, text: str, stop_reason: str, credit: str = "") -> TurnEvent:
+    """A recorded turn, its reasoning (the text before ``</think>``, which a turn writes with
+    thinking on) set apart from what it said."""
+    reasoning, closed, said = text.partition("</think>")
+    if not closed:
+        return TurnEvent(number, text, stop_reason, credit)
+    return TurnEvent(number, said.lstrip("\n"), stop_reason, credit, reasoning.strip())
+
+
+def reasoning_fold(reasoning: str) -> str:
+    """The one line a folded reasoning shows."""
+    words = len(reasoning.split())
+    return f"reasoning: {words} word{'s' if words != 1 else ''}"
 
 
 def turn_credit(turn: Mapping[str, object]) -> str:
@@ -138,8 +154,8 @@ def conversation(record: Mapping[str, object]) -> list[TurnEvent | SearchEvent]:
         )
     events: list[TurnEvent | SearchEvent] = []
     for index, turn in enumerate(turns, 1):
-        events.append(TurnEvent(index, printable(turn.get("text")), printable(turn.get("stop_reason") or ""),
-                                turn_credit(turn)))
+        events.append(turn_event(index, printable(turn.get("text")), printable(turn.get("stop_reason") or ""),
+                                 turn_credit(turn)))
         events += [call(number, s) for number, s in enumerate(searches, 1) if made_by[number - 1] == index]
     # a call whose turn is not in the record comes last, in order
     events += [call(number, s) for number, s in enumerate(searches, 1) if not 1 <= made_by[number - 1] <= len(turns)]
@@ -268,6 +284,12 @@ def renderables(record: Mapping[str, object], *, full: bool = False) -> list[Ren
             if event.credit:
                 head.append(f"  {event.credit}", style="dim")
             body = event.text if full else abbreviate(event.text, TURN_CHARS, TURN_LINES)
+            if event.reasoning is not None:  # folded to one line unless --full
+                out.append(head)
+                head = Text("  " + reasoning_fold(event.reasoning) + ("" if full else " (--full shows it)"),
+                            style="dim italic")
+                if full:
+                    head.append("\n" + "\n".join("    " + line for line in event.reasoning.split("\n")))
         else:
             head = Text(f"{event.tool or 'call'} {event.number}  ", style="bold magenta").append(event.query)
             head.append(f"  [{event.status}]", style="red" if not event.ok else "dim")

@@ -17,7 +17,7 @@ from searchr1.basics.json_types import JsonObject
 from searchr1.core.errors import UserError
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.tools import ToolBackend
-from searchr1.core.types import Tokenizer
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.search.tool import SearchBackend
 from searchr1.offline import SCENARIO, cassette_path
 from searchr1.search.options import SearchOptions, build_search_backend
@@ -78,7 +78,7 @@ def check_base_model(base_model: str) -> None:
         )
 
 
-def load_tokenizer(chat_template: str | None = None) -> Tokenizer:
+def load_tokenizer(chat_template: str | None = None) -> Qwen35Tokenizer:
     from searchr1.runtime.tokenizer import shared_tokenizer
 
     return shared_tokenizer(chat_template)
@@ -122,8 +122,8 @@ def offline_scenario(path: str | Path | None = None) -> Scenario:
     return load_scenario(path or SCENARIO)
 
 
-def offline_service(home: Path, tokenizer: Tokenizer, scenario: Scenario | None = None, *, policy: str = "scripted",
-                    max_staleness: int = 0, sampling_concurrency: int = SAMPLING_CONCURRENCY,
+def offline_service(home: Path, tokenizer: Qwen35Tokenizer, scenario: Scenario | None = None, *,
+                    policy: str = "scripted", max_staleness: int = 0, sampling_concurrency: int = SAMPLING_CONCURRENCY,
                     **twin_options: Unpack[TwinOptions]) -> pytrio.ServiceClient:
     """A real ``pytrio.ServiceClient`` connected to an offline twin started for it on 127.0.0.1
     (checkpoints under ``home``, strict mode on, ``policy`` replying from ``scenario``), whose
@@ -171,7 +171,7 @@ def check_twin_reachable(base_url: str) -> None:
         raise ServiceSetupError(f"cannot connect to the offline twin at {base_url} ({problem}){_proxy_hint()}")
 
 
-def start_service(tokenizer: Tokenizer, *, offline: bool, home: Path | None, sampling_concurrency: int,
+def start_service(tokenizer: Qwen35Tokenizer, *, offline: bool, home: Path | None, sampling_concurrency: int,
                   policy: str | None = None, connect_timeout: float | None = None, max_staleness: int = 0,
                   **twin_options: Unpack[TwinOptions]) -> pytrio.ServiceClient:
     """The ``pytrio.ServiceClient`` that ``train`` and ``eval`` work with: offline, one on a twin
@@ -200,7 +200,7 @@ async def open_search(options: SearchOptions, *,
 
 
 @contextmanager
-def scripted_sampling_client(scenario: Scenario, tokenizer: Tokenizer, *, twin: Twin | None = None,
+def scripted_sampling_client(scenario: Scenario, tokenizer: Qwen35Tokenizer, *, twin: Twin | None = None,
                              **twin_options: Unpack[TwinOptions]) -> Iterator[pytrio.SamplingClient]:
     """A real ``pytrio.SamplingClient`` for the base model on a twin serving ``scenario``'s script.
 

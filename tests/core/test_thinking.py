@@ -128,3 +128,32 @@ def test_whitespace_the_template_trims_stays_as_sampled_and_is_all_that_differs(
         full = render_text(tokenizer, messages, True, thinking=True)
         ours = tokenizer.decode(stitched, skip_special_tokens=False)
         assert _reasoning_blocks_trimmed(ours) == _reasoning_blocks_trimmed(full)
+
+
+class _IgnoresThinking:
+    """The real tokenizer behind a template that renders thinking off whatever it is asked."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def apply_chat_template(self, *args, **kwargs):
+        return self._tokenizer.apply_chat_template(*args, **{**kwargs, "enable_thinking": False})
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def __len__(self):
+        return len(self._tokenizer)
+
+
+def test_preflight_checks_the_template_as_the_run_renders_it(tokenizer):
+    from searchr1.core.protocol import TemplateDriftError
+    from searchr1.runtime.preflight import check_template
+
+    assert check_template(tokenizer, thinking=True).observation_suffix.endswith("<think>\n")
+    try:
+        check_template(_IgnoresThinking(tokenizer), thinking=True)
+    except TemplateDriftError as error:
+        assert "open think block" in str(error)
+    else:
+        raise AssertionError("a template that ignores enable_thinking=True passed the thinking preflight")
