@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from searchr1.training.config import TrainConfig
 from searchr1.core.datum import NonFiniteValues, TrainingDatum
@@ -167,7 +166,7 @@ class TrainingRun:
             "session": self.session,
         })
 
-    async def save(self, completed: int, *, final: bool = False) -> dict[str, Any]:
+    async def save(self, completed: int, *, final: bool = False) -> dict[str, object]:
         name = checkpoint_name(self.config, completed, self.session)
         assert self.trainer.training_client is not None, "connect() first"
         state_path, weights_path = await save_checkpoint(self.trainer.training_client, name)
@@ -293,12 +292,12 @@ class TrainingRun:
         stopping = (self.stop_requested or budget.stop) and steps_left
         due = periodic or stopping or verdict.stop
         metrics.update(self.account.step_metrics(usage, checkpoint=due or not steps_left))
-        if verdict.unhealthy:  # texts: in metrics.jsonl, not on the dashboards (numbers only)
-            metrics["health/warnings"] = verdict.warnings()  # type: ignore[assignment]
-            self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
+        warnings = verdict.warnings() if verdict.unhealthy else None  # texts: in metrics.jsonl, not the dashboards
+        if warnings is not None:
+            self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(warnings)}. "
                                "What the model did: "
                                + invocation.command(f"show {self.run.path} --step {step}"))
-        self._record(record, metrics)
+        self._record(record, metrics, warnings=warnings)
         stopping = stopping or (self.stop_requested and steps_left)  # Ctrl-C meanwhile
         if stopping:
             self.pipeline.drop_from(completed)  # in flight; redone exactly on resume
@@ -323,10 +322,13 @@ class TrainingRun:
         return TrainingStopped(f"stopped in step {completed}: the training service failed ({describe_failure(error)})",
                                step=completed, run_dir=run_dir)
 
-    def _record(self, record: StepRecord, metrics: dict[str, float]) -> None:
-        """A finished step on disk (metrics line, transcripts), then in the dashboards and on screen."""
+    def _record(self, record: StepRecord, metrics: dict[str, float], *, warnings: list[str] | None = None) -> None:
+        """A finished step on disk (metrics line, transcripts), then in the dashboards and on screen.
+        An unhealthy step's ``warnings`` (texts) end its metrics line, and only there: the
+        dashboards take numbers."""
         step = record.step
-        self.run.append_metrics({"step": step, **metrics})
+        texts = {"health/warnings": warnings} if warnings is not None else {}
+        self.run.append_metrics({"step": step, **metrics, **texts})
         if self.config.transcripts_per_step:
             chosen = select_transcripts(record.trajectories, self.config.transcripts_per_step)
             append_transcripts(self.run.path, step, [transcript_record(t, step) for t in chosen])
