@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.bench.report import Measure
 from searchr1.bench.samplers import CountingSampler
@@ -51,6 +51,9 @@ from searchr1.core.rollout import rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.core.types import SamplingClient, Tokenizer, Trajectory
 from searchr1.twin.scripted_search import ScriptedSearch
+
+if TYPE_CHECKING:
+    from pytrio import ServiceClient
 
 # (questions, samples per question): 64 is figure 5's step, 2,560 the paper's (512 prompts x 5).
 FULL_SIZES: tuple[tuple[int, int], ...] = ((8, 8), (32, 8), (128, 8), (512, 5), (512, 8))
@@ -170,7 +173,7 @@ def _rollout(sampler: SamplingClient, tokenizer: Tokenizer, workload: Workload,
                                            examples, workload.config))
 
 
-def _measure(service: Any, tokenizer: Tokenizer, workload: Workload, twin_pid: int | None) -> SizeRecord:
+def _measure(service: ServiceClient, tokenizer: Tokenizer, workload: Workload, twin_pid: int | None) -> SizeRecord:
     """One rollout of the whole workload on ``service``, its CPU by thread and its memory. The
     twin's CPU is its process's (``twin_pid``) or, served in this process, our other threads'."""
     sampler = CountingSampler(service.create_sampling_client(base_model=BASE_MODEL))
