@@ -12,7 +12,6 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 from searchr1.core.errors import UserError
 
 
@@ -275,11 +274,11 @@ def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
     write_bytes_atomically(path, text.encode("utf-8"))
 
 
-def write_json_atomically(path: str | os.PathLike[str], payload: Any, *, sort_keys: bool = True) -> None:
+def write_json_atomically(path: str | os.PathLike[str], payload: object, *, sort_keys: bool = True) -> None:
     write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys, ensure_ascii=False) + "\n")
 
 
-def json_line(record: Any) -> str:
+def json_line(record: object) -> str:
     return json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n"
 
 
@@ -309,5 +308,5 @@ def append_text(path: str | os.PathLike[str], text: str) -> None:
         os.close(descriptor)
 
 
-def append_json_line(path: str | os.PathLike[str], record: Any) -> None:
+def append_json_line(path: str | os.PathLike[str], record: object) -> None:
     append_text(path, json_line(record))

@@ -26,9 +26,10 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Protocol
 
 from searchr1.core.errors import UserError
+from searchr1.basics.json_types import JsonObject, JsonValue
 from searchr1.basics.unicode import valid_tree
 
 MAX_DEPTH = 64
@@ -81,7 +82,7 @@ def json_error_text(error: json.JSONDecodeError, *, one_line: bool = True) -> st
     return f"{error.msg} {where}" if error.msg.endswith(" at") else f"{error.msg} at {where}"
 
 
-def _too_deep(value: Any) -> bool:
+def _too_deep(value: JsonValue) -> bool:
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -92,7 +93,7 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
-def _lone_surrogate(value: Any, path: str = "") -> str | None:
+def _lone_surrogate(value: JsonValue, path: str = "") -> str | None:
     """The path (``answers[0]``, ``meta.title``, or ``(top level)``) of the first string, key
     included, holding a lone surrogate."""
     if isinstance(value, str):
@@ -117,7 +118,7 @@ def _field_words(path: str) -> str:
 
 
 def decode_json(data: str | bytes, *, where: str, error: type[Exception] = JsonInputError,
-                surrogates: Surrogates = Surrogates.REFUSE, one_line: bool = True) -> Any:
+                surrogates: Surrogates = Surrogates.REFUSE, one_line: bool = True) -> JsonValue:
     """One JSON value from ``data`` under the rules of the module docstring; ``error`` with a
     message starting ``where:`` otherwise. ``one_line``: positions are columns of a line, not
     lines of a document."""
@@ -174,7 +175,7 @@ class JsonLines:
         self.torn_text: list[str] = []  # each skipped line as text (bytes that are not UTF-8 mended)
         self.bytes_read = 0
 
-    def _read(self, handle: Any, limit: int) -> bytes:
+    def _read(self, handle: IO[bytes], limit: int) -> bytes:
         raw = handle.readline(limit)
         self.bytes_read += len(raw)
         if self.digest is not None:
@@ -185,7 +186,7 @@ class JsonLines:
         self.torn_lines.append(number)
         self.torn_text.append(raw.decode("utf-8", "replace").rstrip("\n"))
 
-    def __iter__(self) -> Iterator[tuple[int, Any]]:
+    def __iter__(self) -> Iterator[tuple[int, JsonValue]]:
         try:
             handle = open(self.path, "rb")
         except OSError as problem:
@@ -216,13 +217,13 @@ class JsonLines:
 
 
 def iter_json_lines(path: str | os.PathLike[str], *, error: type[Exception] = JsonInputError,
-                    surrogates: Surrogates = Surrogates.REFUSE) -> Iterator[tuple[int, Any]]:
+                    surrogates: Surrogates = Surrogates.REFUSE) -> Iterator[tuple[int, JsonValue]]:
     """``(line number, value)`` for every non-blank line; any bad line raises ``error``."""
     return iter(JsonLines(path, error=error, surrogates=surrogates))
 
 
 def read_json_document(path: str | os.PathLike[str], *, error: type[Exception] = JsonInputError,
-                       surrogates: Surrogates = Surrogates.REFUSE, max_bytes: int = MAX_LINE_BYTES) -> Any:
+                       surrogates: Surrogates = Surrogates.REFUSE, max_bytes: int = MAX_LINE_BYTES) -> JsonValue:
     """The one JSON value a whole file holds (``config.json``, a manifest), by the same rules;
     a missing file is ``FileNotFoundError`` for the caller to word."""
     path = Path(path)
@@ -233,7 +234,7 @@ def read_json_document(path: str | os.PathLike[str], *, error: type[Exception] =
     return decode_json(data, where=str(path), error=error, surrogates=surrogates, one_line=False)
 
 
-def read_json_object(path: str | os.PathLike[str], error: type[Exception], what: str) -> dict[str, Any]:
+def read_json_object(path: str | os.PathLike[str], error: type[Exception], what: str) -> JsonObject:
     """The JSON object in ``path``; otherwise ``error`` with one line naming the file (and the
     line of a syntax error). ``what`` says what the file is meant to be."""
     path = Path(path)

@@ -12,7 +12,8 @@ so nothing valid is changed.
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from searchr1.basics.json_types import JsonValue
 
 REPLACEMENT = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -29,12 +30,12 @@ def valid_text(text: str) -> str:
     return text
 
 
-def valid_tree(value: Any) -> Any:
+def valid_tree(value: JsonValue) -> JsonValue:
     """A parsed JSON value with :func:`valid_text` applied to every string, keys included."""
     if isinstance(value, str):
         return valid_text(value)
     if isinstance(value, dict):
-        return {valid_tree(key): valid_tree(item) for key, item in value.items()}
+        return {valid_text(key): valid_tree(item) for key, item in value.items()}
     if isinstance(value, list):
         return [valid_tree(item) for item in value]
     return value

@@ -162,7 +162,7 @@ def _download_resumably(url: str, partial: Path, transport: httpx.BaseTransport 
         kept = f"the {partial.stat().st_size:,} bytes downloaded are kept and the next run continues them; " \
             if partial.is_file() and partial.stat().st_size else ""
         failure = DataError(f"cannot reach {host} ({type(error).__name__}); {kept}{OFFLINE_HINT}")
-        failure.resumable = True  # type: ignore[attr-defined]
+        failure.resumable = True
         raise failure from None
     digest = hashlib.sha256()
     for chunk in _file_chunks(partial):

@@ -41,12 +41,12 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypedDict, TypeVar, cast
 
 import numpy as np
 
@@ -78,6 +78,12 @@ _CHUNK = 1 << 22  # elements per slice when range-checking a memory-mapped array
 _PASSAGE_READERS = 8  # threads reading a batch's passages (disk reads in flight at once)
 
 
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
+
+T = TypeVar("T")
+
+
 class BM25IndexError(UserError, ValueError):
     """An index directory cannot be built or opened; the message names the file and says why."""
 
@@ -99,7 +105,77 @@ def _version(package: str) -> str:
         return "unknown"
 
 
-def make_tokenizer() -> Any:
+class CorpusTokenizer(Protocol):
+    """What the index asks of bm25s's tokenizer (lowercase, stopwords, stems)."""
+
+    def streaming_tokenize(self, texts: list[str]) -> Iterator[list[int]]: ...
+
+    def get_vocab_dict(self) -> dict[str, int]: ...
+
+    def tokenize(self, texts: list[str], *, update_vocab: bool, return_as: str,
+                 show_progress: bool) -> list[list[str]]: ...
+
+
+class TokenizerInfo(TypedDict):
+    pattern: str
+    lowercase: bool
+    stopwords: str
+    stemmer: str
+    pystemmer_version: str
+
+
+class CorpusInfo(TypedDict):
+    path: str
+    sha256: str
+    rows: int
+    bytes: int
+
+
+# "as" is a keyword: this TypedDict is spelled as a call.
+ScorerInfo = TypedDict("ScorerInfo", {"method": str, "k1": float, "b": float, "idf": str, "avg_length": float,
+                                      "as": str})
+
+
+class ShardInfo(TypedDict):
+    first_row: int
+    rows: int
+
+
+class FileInfo(TypedDict):
+    bytes: int
+    sha256: str
+
+
+class IndexManifest(TypedDict):
+    """``manifest.json`` of an index directory (:func:`read_manifest` checks the fields an open reads)."""
+
+    format: str
+    format_version: int
+    corpus: CorpusInfo
+    tokenizer: TokenizerInfo
+    scorer: ScorerInfo
+    tokens: int
+    vocabulary: int
+    shards: list[ShardInfo]
+    shard_passages: int
+    resumed_shards: int
+    files: dict[str, FileInfo]
+    build_seconds: float
+    tokenize_seconds: float
+
+
+class BuildKey(TypedDict):
+    """``build.json`` of a staging directory: what a build must match to resume it."""
+
+    format_version: int
+    corpus: str
+    bytes: int
+    mtime_ns: int
+    shard_passages: int
+    tokenizer: TokenizerInfo
+
+
+def make_tokenizer() -> CorpusTokenizer:
     import bm25s
     import Stemmer
 
@@ -108,7 +184,7 @@ def make_tokenizer() -> Any:
     )
 
 
-def tokenizer_description() -> dict[str, Any]:
+def tokenizer_description() -> TokenizerInfo:
     return {"pattern": TOKEN_PATTERN, "lowercase": True, "stopwords": STOPWORDS,
             "stemmer": f"PyStemmer {STEMMER_LANGUAGE} (Snowball)", "pystemmer_version": _version("PyStemmer")}
 
@@ -178,14 +254,14 @@ def _save(path: Path, array: np.ndarray) -> None:
         os.fsync(handle.fileno())
 
 
-def _build_key(corpus: Path, shard_passages: int) -> dict[str, Any]:
+def _build_key(corpus: Path, shard_passages: int) -> BuildKey:
     """What a staging directory must match to be resumed."""
     info = corpus.stat()
     return {"format_version": FORMAT_VERSION, "corpus": str(corpus.resolve()), "bytes": info.st_size,
             "mtime_ns": info.st_mtime_ns, "shard_passages": shard_passages, "tokenizer": tokenizer_description()}
 
 
-def _staging_for(out: Path, key: dict[str, Any]) -> Path:
+def _staging_for(out: Path, key: BuildKey) -> Path:
     staging = out.parent / f".{out.name}.building"
     key_path = staging / "build.json"
     if staging.is_dir():
@@ -248,7 +324,7 @@ def _shard_batches(reader: CorpusReader, shard_passages: int, skip: set[str]) ->
 
 def build_index(corpus: str | os.PathLike[str], out: str | os.PathLike[str], *, overwrite: bool = False,
                 shard_passages: int = DEFAULT_SHARD_PASSAGES, workers: int = 1,
-                progress: Progress | None = None) -> dict[str, Any]:
+                progress: Progress | None = None) -> IndexManifest:
     """Build the index of ``corpus`` into the directory ``out``; returns the manifest.
 
     ``workers`` > 1 tokenises and scores that many shards at once in child processes (the
@@ -318,8 +394,8 @@ class _Workers:
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self._pool: Any = None
-        self._pending: list[Any] = []
+        self._pool: ProcessPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
 
     def __enter__(self) -> _Workers:
         if self.count > 1:
@@ -333,7 +409,7 @@ class _Workers:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def submit(self, task: Callable[..., None], *args: Any) -> None:
+    def submit(self, task: Callable[..., None], *args: object) -> None:
         if self._pool is None:
             task(*args)
             return
@@ -387,7 +463,7 @@ class _Vocabulary:
 
 
 def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, pool: _Workers,
-           progress: Progress | None) -> dict[str, Any]:
+           progress: Progress | None) -> IndexManifest:
     """Build the index in a staging directory beside ``out`` (resuming the shards an interrupted
     build finished), then rename it to ``out``: tokenise, merge the vocabularies, score, then the
     page tables, the vocabulary and the manifest. Returns the manifest."""
@@ -405,9 +481,9 @@ def _build(reader: CorpusReader, corpus: Path, out: Path, shard_passages: int, p
     _write_page_tables(staging, shard_names)
     _write_vocabulary(staging, vocabulary.terms)
     (staging / "build.json").unlink()
-    files = {str(p.relative_to(staging)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-             for p in sorted(staging.rglob("*")) if p.is_file()}
-    manifest = {
+    files: dict[str, FileInfo] = {str(p.relative_to(staging)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+                                  for p in sorted(staging.rglob("*")) if p.is_file()}
+    manifest: IndexManifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "corpus": {"path": str(corpus), "sha256": reader.sha256, "rows": rows, "bytes": reader.bytes_read},
@@ -474,10 +550,10 @@ def _merge_vocabularies(staging: Path, shard_names: list[str]) -> _Vocabulary:
 
 
 def _score_pass(shards_dir: Path, shard_names: list[str], shard_rows: list[int], idf_of_term: np.ndarray,
-                avg_length: float, rows: int, pool: _Workers, progress: Progress | None) -> list[dict[str, int]]:
+                avg_length: float, rows: int, pool: _Workers, progress: Progress | None) -> list[ShardInfo]:
     """Pass two: score every shard not yet scored with the corpus-wide statistics (``rows`` in the
     corpus, for the progress). Returns each shard's first row and rows, for the manifest."""
-    shards: list[dict[str, int]] = []
+    shards: list[ShardInfo] = []
     first_row = 0
     for name, count_of_rows in zip(shard_names, shard_rows):
         if not (shards_dir / name / "data.npy").exists():
@@ -530,8 +606,8 @@ def _move_into_place(staging: Path, out: Path) -> None:
 # -- opening ---------------------------------------------------------------------------------
 
 
-def _field(manifest: dict[str, Any], where: str, *path: str, kind: type | tuple[type, ...]) -> Any:
-    value: Any = manifest
+def _field(manifest: Mapping[str, object], where: str, *path: str, kind: type[T] | tuple[type[T], ...]) -> T:
+    value: object = manifest
     for key in path:
         if not isinstance(value, dict) or key not in value:
             raise BM25IndexError(f"{where}: no {'.'.join(path)!r}")
@@ -547,7 +623,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def read_manifest(directory: str | os.PathLike[str]) -> IndexManifest:
     """The manifest of the index in ``directory``, its fields checked for shape."""
     directory = Path(directory)
     if not directory.is_dir():
@@ -599,7 +675,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     missing = [n for n in needed if n not in files]
     if missing:
         raise BM25IndexError(f"{path}: lists no {missing[0]}")
-    return manifest
+    return cast(IndexManifest, manifest)  # the fields an open reads are checked above
 
 
 def _inside(directory: Path, name: str) -> Path:
@@ -621,7 +697,7 @@ def _inside(directory: Path, name: str) -> Path:
     return path
 
 
-def _check_sizes(directory: Path, manifest: dict[str, Any]) -> None:
+def _check_sizes(directory: Path, manifest: IndexManifest) -> None:
     for name, entry in manifest["files"].items():
         path = _inside(directory, name)
         size = path.stat().st_size
@@ -629,7 +705,7 @@ def _check_sizes(directory: Path, manifest: dict[str, Any]) -> None:
             raise BM25IndexError(f"{path}: {size} bytes, the manifest says {entry['bytes']}; damaged, build again")
 
 
-def verify_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def verify_index(directory: str | os.PathLike[str]) -> IndexManifest:
     """Check every file's sha256 against the manifest (and everything an open checks); returns
     the manifest. Raises :class:`BM25IndexError` naming the first damaged file."""
     directory = Path(directory)
@@ -735,7 +811,7 @@ class BM25Index:
         _check_range(rows_path, rows, self.rows)
         return KeyTable(keys, rows)
 
-    def _open_shard(self, number: int, shard: dict[str, int]) -> _Shard:
+    def _open_shard(self, number: int, shard: ShardInfo) -> _Shard:
         base = f"shards/{number:05d}"
         path = {f: _inside(self.directory, f"{base}/{f}") for f in SHARD_FILES}
         rows = shard["rows"]

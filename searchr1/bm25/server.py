@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from searchr1.bm25.batcher import QueryBatcher
 from searchr1.bm25.index import BM25Index
@@ -48,6 +48,10 @@ from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, R
                                           bounded_protocol, decode_body, listening_socket, read_capped_body, refused,
                                           run_in_thread, shown)
 from searchr1.basics.secrets import Secret
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.applications import Starlette
 
 MAX_BODY_BYTES = 1 << 20
 MAX_QUERIES = 1024
@@ -112,7 +116,7 @@ def parse_page_request(body: bytes) -> tuple[str, int, int]:
 
 
 def make_app(index: BM25Index, batcher: QueryBatcher | None = None, *,
-             max_concurrent_bodies: int = MAX_CONCURRENT_BODIES, api_key: Secret | None = None) -> Any:
+             max_concurrent_bodies: int = MAX_CONCURRENT_BODIES, api_key: Secret | None = None) -> Starlette:
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect, Request
@@ -159,7 +163,7 @@ def make_app(index: BM25Index, batcher: QueryBatcher | None = None, *,
                              "scorer": index.manifest["scorer"]})
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         batcher.close()
 
@@ -173,7 +177,7 @@ def make_app(index: BM25Index, batcher: QueryBatcher | None = None, *,
 
 def make_server(index: BM25Index, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
                 request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                max_concurrent_bodies: int = MAX_CONCURRENT_BODIES, api_key: Secret | None = None) -> Any:
+                max_concurrent_bodies: int = MAX_CONCURRENT_BODIES, api_key: Secret | None = None) -> uvicorn.Server:
     import uvicorn
 
     app = make_app(index, max_concurrent_bodies=max_concurrent_bodies, api_key=api_key)
@@ -183,7 +187,18 @@ def make_server(index: BM25Index, *, host: str = "127.0.0.1", port: int = 8000, 
     return uvicorn.Server(config)
 
 
-def start_in_thread(index: BM25Index, *, host: str = "127.0.0.1", port: int = 0, **bounds: Any) -> RunningServer:
+class ServerBounds(TypedDict, total=False):
+    """:func:`make_server`'s options besides the address."""
+
+    log_level: str
+    request_timeout: float
+    max_connections: int
+    max_concurrent_bodies: int
+    api_key: Secret | None
+
+
+def start_in_thread(index: BM25Index, *, host: str = "127.0.0.1", port: int = 0,
+                    **bounds: Unpack[ServerBounds]) -> RunningServer:
     """Serve ``index`` on ``host:port`` (0: any free port) from a daemon thread; ``bounds`` are
     :func:`make_server`'s (``request_timeout``, ``max_connections``, ``max_concurrent_bodies``,
     ``api_key``).

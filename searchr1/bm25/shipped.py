@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 
-from searchr1.offline import CASSETTE_SPEC, OFFLINE_DIR, PAGES, REPO_ROOT
+from searchr1.offline import CASSETTE_SPEC, OFFLINE_DIR, PAGES, REPO_ROOT, Hop, load_source
 from searchr1.bm25.corpus import passage_row
 from searchr1.bm25.synthetic import synthetic_passages, vocabulary
 from searchr1.basics.fileio import file_sha256
@@ -75,10 +73,10 @@ def build_corpus_text(paths: tuple[Path, ...] = SPEC_SOURCES, *, bulk: int = BUL
     return "".join(rows)
 
 
-def page_hops(path: Path = PAGES) -> list[dict[str, Any]]:
+def page_hops(path: Path = PAGES) -> list[Hop]:
     """Every page hop of the page questions, each page once, in file order."""
-    source = json.loads(path.read_text("utf-8"))
-    pages: dict[str, dict[str, Any]] = {}
+    source = load_source(path)
+    pages: dict[str, Hop] = {}
     for split in ("train", "dev"):
         for question in source[split]:
             for hop in question["hops"]:
@@ -87,7 +85,7 @@ def page_hops(path: Path = PAGES) -> list[dict[str, Any]]:
     return list(pages.values())
 
 
-def page_rows(hops: list[dict[str, Any]], filler: list[str]) -> list[str]:
+def page_rows(hops: list[Hop], filler: list[str]) -> list[str]:
     """Each page's passages (``page-<n>-<k>``, lead first) and three distractors holding its
     title and query words with generated filler (``page-<n>-<suffix>``); pure."""
     rows = []
@@ -133,7 +131,6 @@ def check_hops_found(text: str, k: int = 3) -> list[str]:
     import tempfile
 
     from searchr1.bm25.index import BM25Index, build_index
-    from searchr1.offline import load_source
 
     with tempfile.TemporaryDirectory(prefix="searchr1-corpus-check-") as scratch:
         corpus = Path(scratch) / "corpus.jsonl"

@@ -76,7 +76,7 @@ def _worker(run: Callable[[socket.socket], None], sock: socket.socket) -> None:
     os._exit(code)
 
 
-def _stop_all(processes: list[multiprocessing.process.BaseProcess]) -> None:
+def _stop_all(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
     for process in processes:
         if process.is_alive():
             process.terminate()  # SIGTERM: uvicorn finishes its requests and exits

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,7 +18,14 @@ from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.options import (connect_timeout_option, rollout_config_from, rollout_options, run_guarded,
                                        sigterm_exits)
 from searchr1.commands.search_options import SearchOptions, search_options
+from searchr1.commands.settings_options import pop_flag, pop_optional
 from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
+
+if TYPE_CHECKING:
+    from pytrio.types import ModelInput, SampleResponse, SamplingParams
+
+    from searchr1.core.types import SamplingClient, SearchResult, Trajectory
+    from searchr1.search.tool import SearchBackend
 
 FOLDED_LINES = 3
 EXAMPLES_SHOWN = 3
@@ -64,15 +71,21 @@ def _fold(text: str, lines: int = FOLDED_LINES) -> str:
 class _Printing:
     """The sampler, printing each assistant turn as it comes back."""
 
-    def __init__(self, sampler: Any) -> None:
+    def __init__(self, sampler: SamplingClient) -> None:
         self._sampler = sampler
         self.turns = 0
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._sampler, name)
 
-    async def sample_async(self, **kwargs: Any) -> Any:
-        response = await self._sampler.sample_async(**kwargs)
+    async def sample_async(self, prompt: ModelInput, num_samples: int = 1,
+                           sampling_params: SamplingParams | None = None, include_prompt_logprobs: bool = False,
+                           return_text: bool = True) -> SampleResponse:
+        # the call as the rollout made it: the sampler's own defaults for what it left out
+        given = {"sampling_params": sampling_params} if sampling_params is not None else {}
+        response = await self._sampler.sample_async(prompt=prompt, num_samples=num_samples,
+                                                    include_prompt_logprobs=include_prompt_logprobs,
+                                                    return_text=return_text, **given)
         for sequence in response.sequences:
             self.turns += 1
             text = getattr(sequence, "text", None) or ""
@@ -84,14 +97,14 @@ class _Printing:
 class _PrintingSearch:
     """The search backend, printing each query and its folded results."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: SearchBackend) -> None:
         self._backend = backend
-        self.name = getattr(backend, "name", "search")
+        self.name: str = getattr(backend, "name", "search")
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._backend, name)
 
-    async def search(self, query: str) -> Any:
+    async def search(self, query: str) -> SearchResult:
         from searchr1.core.observation.text import format_item
 
         click.secho(f"search: {query}", bold=True, fg="magenta")
@@ -125,7 +138,7 @@ class _PrintingSearch:
 @click.option("--seed", cls=SectionOption, section="run", type=int, default=42, help="Sampling seed.")
 @connect_timeout_option()
 @search_options(default_backend="deepseek")
-def ask(search: SearchOptions, question: str, **kwargs: Any) -> None:
+def ask(search: SearchOptions, question: str, **kwargs: object) -> None:
     """Ask the agent one question and print each turn as it happens.
 
     \b
@@ -136,7 +149,7 @@ def ask(search: SearchOptions, question: str, **kwargs: Any) -> None:
     run_guarded(lambda: _ask(search, question, kwargs))
 
 
-def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
+def _ask(search: SearchOptions, question: str, kwargs: dict[str, object]) -> None:
     from searchr1.commands.checkpoint_flag import resolve_checkpoint
     from searchr1.commands.eval import _sampling_client
     from searchr1.core.rollout import rollout_batch_async
@@ -156,11 +169,12 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
 
     if not question.strip():
         raise click.BadParameter("the question is empty", param_hint="QUESTION")
-    answers = tuple(a for a in kwargs.pop("answers"))
-    checkpoint, offline = kwargs.pop("checkpoint"), kwargs.pop("offline")
-    offline_home, policy = kwargs.pop("offline_home"), kwargs.pop("offline_policy")
-    base_model, connect_timeout = kwargs.pop("base_model"), kwargs.pop("connect_timeout")
-    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
+    answers: tuple[str, ...] = tuple(a for a in pop_flag(kwargs, "answers", tuple))
+    checkpoint, offline = pop_optional(kwargs, "checkpoint", str), pop_flag(kwargs, "offline", bool)
+    offline_home, policy = pop_optional(kwargs, "offline_home", Path), pop_flag(kwargs, "offline_policy", str)
+    base_model = pop_flag(kwargs, "base_model", str)
+    connect_timeout = pop_optional(kwargs, "connect_timeout", float)
+    rollout = rollout_config_from(kwargs, seed=pop_flag(kwargs, "seed", int))
     if rollout.group_size != 1:
         raise click.BadParameter("ask follows one trajectory; use eval for groups", param_hint="--group-size")
     chosen = resolve_checkpoint(checkpoint, base_model=base_model, offline=offline, offline_home=offline_home,
@@ -184,7 +198,7 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, Any]) -> None:
         sampler = _Printing(_sampling_client(service, base_model, model_path, offline=offline,
                                              offline_home=offline_home))
 
-        async def main() -> Any:
+        async def main() -> Trajectory:
             backend = search_backend(search, offline=offline)
             try:
                 tools = with_search(_PrintingSearch(backend), tool_backends(rollout.tools, backend))

@@ -11,9 +11,10 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import click
 
@@ -28,22 +29,27 @@ from searchr1.commands.options import (
     run_guarded,
 )
 from searchr1.commands.help_layout import SectionedCommand, SectionOption
-from searchr1.commands.settings_options import config_file_option
+from searchr1.commands.settings_options import config_file_option, pop_flag, pop_optional
 from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
 from searchr1.basics import invocation
+from searchr1.basics.json_types import as_float, as_object, as_str
 
 if TYPE_CHECKING:
+    import pytrio
+
     from searchr1.commands.prerequisites import Prerequisites
     from searchr1.core.rollout import RolloutConfig
-    from searchr1.core.types import SearchExample
+    from searchr1.core.types import SearchExample, Tokenizer
     from searchr1.evaluation.evaluate import EvalOutcome
+    from searchr1.evaluation.judge import Judge
     from searchr1.run.costs import PriceTable
+    from searchr1.run.progress import CountingBar
 
 LIVE_DATA = Path("datasets/dev.jsonl")
 PROTOCOL_DATA = Path("datasets/test.jsonl")
 # What `--protocol search-r1` fixes: the paper's retrieval (top-3 wiki-18 passages), greedy
 # decoding with one sample, its action budget B = 4, 500-token responses and observations.
-SEARCH_R1_SETTINGS: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "group_size": 1, "max_search_calls": 4,
+SEARCH_R1_SETTINGS: dict[str, float] = {"temperature": 0.0, "top_p": 1.0, "group_size": 1, "max_search_calls": 4,
                                       "max_assistant_turns": 5, "max_assistant_tokens": 500,
                                       "max_tool_response_tokens": 500}
 SEARCH_R1_TOPK = 3
@@ -110,7 +116,7 @@ RESULT_DIR = Path("eval_result")
               help="TOML price table (docs/prices.example.toml): the summary's cost/... next to its usage/... counts.")
 @connect_timeout_option()
 @search_options(default_backend="deepseek")
-def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> None:
+def eval_command(search: SearchOptions, config: Path | None, **kwargs: object) -> None:
     """Evaluate a model on the dev set: exact match per source, macro and micro EM with
     95% intervals (Wilson, never a point), format rate, rollout and search metrics.
 
@@ -131,11 +137,19 @@ def eval_command(search: SearchOptions, config: Path | None, **kwargs: Any) -> N
         run_guarded(lambda: _eval(search, kwargs, held))
 
 
-def code_version() -> dict[str, Any]:
+class CodeVersion(TypedDict):
+    """An eval output's ``code_version``."""
+
+    searchr1: str
+    git_commit: str | None
+    git_dirty: bool | None
+
+
+def code_version() -> CodeVersion:
     """The package version and, in a git checkout, the commit and whether tracked files differ."""
     from searchr1 import __version__
 
-    version: dict[str, Any] = {"searchr1": __version__, "git_commit": None, "git_dirty": None}
+    version: CodeVersion = {"searchr1": __version__, "git_commit": None, "git_dirty": None}
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return version
@@ -146,7 +160,7 @@ def code_version() -> dict[str, Any]:
                                 capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return version
-    version.update(git_commit=commit or None, git_dirty=bool(status.strip()))
+    version["git_commit"], version["git_dirty"] = commit or None, bool(status.strip())
     return version
 
 
@@ -183,8 +197,8 @@ def _repo_relative(path: str | None) -> str | None:
 
 
 def build_run_config(*, offline: bool, base_model: str, model_path: str | None, search: SearchOptions,
-                     rollout: Any, data: Path, limit: int | None, chat_template: str | None,
-                     offline_home: Path | None, offline_policy: str = OfflinePolicy.LEARNING) -> dict[str, Any]:
+                     rollout: RolloutConfig, data: Path, limit: int | None, chat_template: str | None,
+                     offline_home: Path | None, offline_policy: str = OfflinePolicy.LEARNING) -> dict[str, object]:
     """The exact configuration stored in the header and summary (plain JSON, nothing secret).
     The flat ``search_*`` and ``dataset_sha256`` names are the ones ``plot eval`` compares."""
     from searchr1.basics.fileio import file_sha256
@@ -194,6 +208,8 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
     from searchr1.wiring.services import describe_search
 
     described = describe_search(search, offline=offline)
+    cassette = described["cassette"]  # its path's text, or null
+    tool = as_object(tool_schemas(rollout)[0]["function"], "function")
     return {
         "sampling_backend": f"offline-{offline_policy}" if offline else "pytrio",
         "offline": offline,
@@ -203,7 +219,7 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
         "search_concurrency": described["concurrency"],
         "search_timeout": described["timeout"],
         "search_model": described["model"],
-        "search_cassette": _repo_relative(described["cassette"]),
+        "search_cassette": _repo_relative(cassette if isinstance(cassette, str) else None),
         "search_cache": described["cache"],
         **({"search_index": described["index"], "search_topk": described["topk"]}
            if described["backend"] == "local" else {}),
@@ -211,7 +227,7 @@ def build_run_config(*, offline: bool, base_model: str, model_path: str | None, 
                      "max_tokens": rollout.max_assistant_tokens},
         "rollout": asdict(rollout),
         "system_prompt": effective_system_prompt(rollout),
-        "tool_description": tool_schemas(rollout)[0]["function"]["description"],
+        "tool_description": as_str(tool["description"], "description"),
         "dataset": str(data),
         "dataset_sha256": file_sha256(data),
         "manifest_sha256": _manifest_sha256(data),
@@ -227,14 +243,14 @@ class _Bar:
     """:class:`~searchr1.run.progress.CountingBar` over questions, opened once the total is known."""
 
     def __init__(self) -> None:
-        self.bar: Any = None
+        self.bar: CountingBar | None = None
 
     def start(self, total: int, done: int) -> None:
         from searchr1.run.progress import CountingBar
 
-        self.bar = CountingBar("questions", total).__enter__()
+        bar = self.bar = CountingBar("questions", total).__enter__()
         if done:
-            self.bar.advance(done)
+            bar.advance(done)
 
     def advance(self, count: int = 1) -> None:
         if self.bar is not None:
@@ -255,7 +271,7 @@ class RunCheckpoint:
     offline: bool
     offline_home: Path | None
     offline_policy: str | None
-    algorithm: dict[str, Any] | None = None  # how the run trained (searchr1.run.algorithm.algorithm_of)
+    algorithm: dict[str, object] | None = None  # how the run trained (searchr1.run.algorithm.algorithm_of)
 
 
 def checkpoint_of(run_dir: Path) -> RunCheckpoint:
@@ -276,8 +292,8 @@ def checkpoint_of(run_dir: Path) -> RunCheckpoint:
                          config.get("offline_policy") if offline else None, algorithm_of(config))
 
 
-def _sampling_client(service: Any, base_model: str, model_path: str | None, *, offline: bool,
-                     offline_home: Path | None) -> Any:
+def _sampling_client(service: pytrio.ServiceClient, base_model: str, model_path: str | None, *, offline: bool,
+                     offline_home: Path | None) -> pytrio.SamplingClient:
     from searchr1.wiring.services import ServiceSetupError
 
     try:
@@ -345,7 +361,7 @@ class _EvalFlags:
     checkpoint: RunCheckpoint | None = None
 
 
-def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
+def _eval(search: SearchOptions, kwargs: dict[str, object], held: contextlib.ExitStack) -> None:
     """The flags made the runner's inputs, every check bad input can fail, the evaluation, and
     what it found."""
     from searchr1.commands.prerequisites import Prerequisites
@@ -358,12 +374,12 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
         search = apply_search_r1_protocol(kwargs, search, given=_given_flags())
     if flags.checkpoint_run is not None:
         flags = _with_checkpoint(flags)
-    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"))
-    given = kwargs.pop("data")
+    rollout = rollout_config_from(kwargs, seed=pop_flag(kwargs, "seed", int))
+    given = pop_optional(kwargs, "data", Path)
     data = given or (DEV if flags.offline else PROTOCOL_DATA if flags.protocol else LIVE_DATA)
     _check_model_and_data(flags, rollout, data, given=given is not None, checks=checks)
-    output = kwargs.pop("output") or default_output(flags.base_model, flags.model_path, search.backend, flags.offline,
-                                                    flags.offline_policy)
+    output = pop_optional(kwargs, "output", Path) or default_output(flags.base_model, flags.model_path,
+                                                                    search.backend, flags.offline, flags.offline_policy)
     checks.check(_claim_output, output, held)
     on_interrupt(f"eval interrupted (Ctrl-C) during start-up, before any question was evaluated; {output} is "
                  f"as it was, nothing in it lost: run the same command again to "
@@ -376,11 +392,12 @@ def _eval(search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitSt
     _report_outcome(flags, search, outcome, output, run_config)
 
 
-def _eval_flags(kwargs: dict[str, Any], checks: Prerequisites) -> _EvalFlags:
+def _eval_flags(kwargs: dict[str, object], checks: Prerequisites) -> _EvalFlags:
     """Take ``eval``'s own flags out of ``kwargs``; a bad ``--prices`` table goes to ``checks``
     (one line, before anything is sampled)."""
-    offline, quiet, overwrite = kwargs.pop("offline"), kwargs.pop("quiet"), kwargs.pop("overwrite")
-    prices_path = kwargs.pop("prices")
+    offline, quiet = pop_flag(kwargs, "offline", bool), pop_flag(kwargs, "quiet", bool)
+    overwrite = pop_flag(kwargs, "overwrite", bool)
+    prices_path = pop_optional(kwargs, "prices", Path)
     if prices_path is not None:
         from searchr1.run.costs import load_prices
 
@@ -388,12 +405,14 @@ def _eval_flags(kwargs: dict[str, Any], checks: Prerequisites) -> _EvalFlags:
     else:
         prices = None
     return _EvalFlags(
-        offline=offline, quiet=quiet, overwrite=overwrite, prices=prices, connect_timeout=kwargs.pop("connect_timeout"),
-        base_model=kwargs.pop("base_model"), model_path=kwargs.pop("model_path"), limit=kwargs.pop("limit"),
-        chat_template=kwargs.pop("chat_template"), offline_home=kwargs.pop("offline_home"),
-        offline_policy=kwargs.pop("offline_policy"), checkpoint_run=kwargs.pop("checkpoint_run"),
-        protocol=kwargs.pop("protocol"), judge_model=kwargs.pop("judge_model"), judge_cache=kwargs.pop("judge_cache"),
-        judge_cassette=kwargs.pop("judge_cassette"))
+        offline=offline, quiet=quiet, overwrite=overwrite, prices=prices,
+        connect_timeout=pop_optional(kwargs, "connect_timeout", float), base_model=pop_flag(kwargs, "base_model", str),
+        model_path=pop_optional(kwargs, "model_path", str), limit=pop_optional(kwargs, "limit", int),
+        chat_template=pop_optional(kwargs, "chat_template", str),
+        offline_home=pop_optional(kwargs, "offline_home", Path), offline_policy=pop_flag(kwargs, "offline_policy", str),
+        checkpoint_run=pop_optional(kwargs, "checkpoint_run", Path), protocol=pop_optional(kwargs, "protocol", str),
+        judge_model=pop_optional(kwargs, "judge_model", str), judge_cache=pop_optional(kwargs, "judge_cache", str),
+        judge_cassette=pop_optional(kwargs, "judge_cassette", Path))
 
 
 def _with_checkpoint(flags: _EvalFlags) -> _EvalFlags:
@@ -452,7 +471,8 @@ def _sampled_label(flags: _EvalFlags) -> str:
                                                          else " (untrained)")
 
 
-def _eval_run_config(flags: _EvalFlags, search: SearchOptions, rollout: RolloutConfig, data: Path) -> dict[str, Any]:
+def _eval_run_config(flags: _EvalFlags, search: SearchOptions, rollout: RolloutConfig,
+                     data: Path) -> dict[str, object]:
     """The output's configuration: :func:`build_run_config`, the protocol, how a checkpoint was
     trained and the judge."""
     run_config = build_run_config(offline=flags.offline, base_model=flags.base_model, model_path=flags.model_path,
@@ -471,7 +491,7 @@ def _eval_run_config(flags: _EvalFlags, search: SearchOptions, rollout: RolloutC
 
 
 def _run_evaluation(flags: _EvalFlags, search: SearchOptions, rollout: RolloutConfig, examples: list[SearchExample],
-                    data: Path, output: Path, run_config: dict[str, Any]) -> EvalOutcome:
+                    data: Path, output: Path, run_config: dict[str, object]) -> EvalOutcome:
     """The evaluation on the service (the twin at home in a scratch folder unless one is named);
     a failure says what the output kept: exit 130 on Ctrl-C, one line for a bad file, a judge's
     or the service's failure."""
@@ -490,7 +510,7 @@ def _run_evaluation(flags: _EvalFlags, search: SearchOptions, rollout: RolloutCo
                                    offline_home=flags.offline_home)
         bar = None if flags.quiet else _Bar()
 
-        async def main() -> Any:
+        async def main() -> EvalOutcome:
             judge = (None if flags.judge_model is None else
                      make_judge(flags.judge_model, service=service, tokenizer=tokenizer, base_model=flags.base_model,
                                 offline=flags.offline, cassette=flags.judge_cassette, cache=flags.judge_cache,
@@ -533,7 +553,7 @@ def _run_evaluation(flags: _EvalFlags, search: SearchOptions, rollout: RolloutCo
 
 
 def _report_outcome(flags: _EvalFlags, search: SearchOptions, outcome: EvalOutcome, output: Path,
-                    run_config: dict[str, Any]) -> None:
+                    run_config: dict[str, object]) -> None:
     """What the evaluation found: its notes, the summary (with ``--protocol search-r1``, beside the
     published rows and the card), where the results are; questions whose sampling failed are named
     and the command exits 1."""
@@ -576,7 +596,7 @@ def check_judge(model: str, *, offline: bool, cassette: Path | None, env_file: P
     if model.startswith(DEEPSEEK_PREFIX):
         if offline and cassette is None:
             raise click.UsageError(f"--judge {model} offline replays a cassette: pass --judge-cassette PATH")
-        if offline and not cassette.is_file():  # type: ignore[union-attr]
+        if offline and cassette is not None and not cassette.is_file():
             raise click.UsageError(f"--judge-cassette {cassette} does not exist")
         if not offline:
             from searchr1.search.env import require_keys
@@ -590,8 +610,8 @@ def check_judge(model: str, *, offline: bool, cassette: Path | None, env_file: P
                                "replayed with --judge-cassette)")
 
 
-def make_judge(model: str, *, service: Any, tokenizer: Any, base_model: str, offline: bool,
-               cassette: Path | None, cache: str | None, env_file: Path | None) -> Any:
+def make_judge(model: str, *, service: pytrio.ServiceClient, tokenizer: Tokenizer, base_model: str, offline: bool,
+               cassette: Path | None, cache: str | None, env_file: Path | None) -> Judge:
     """The :class:`~searchr1.evaluation.judge.Judge` that ``--judge MODEL`` names."""
     from searchr1.evaluation.judge import (
         DEEPSEEK_PREFIX,
@@ -610,7 +630,7 @@ def make_judge(model: str, *, service: Any, tokenizer: Any, base_model: str, off
         if offline:
             from searchr1.search.replay import CassetteTransport
 
-            client = httpx.AsyncClient(transport=CassetteTransport(cassette), timeout=60.0)  # type: ignore[arg-type]
+            client = httpx.AsyncClient(transport=CassetteTransport(cassette), timeout=60.0)
             return Judge(DeepSeekJudge(model, client, None), judge_cache)
         from searchr1.search.env import require_keys
 
@@ -618,7 +638,7 @@ def make_judge(model: str, *, service: Any, tokenizer: Any, base_model: str, off
         if cassette is not None:
             from searchr1.evaluation.judge_recording import RecordingTransport
 
-            transport: Any = RecordingTransport(cassette, secrets=[key])
+            transport: httpx.AsyncBaseTransport = RecordingTransport(cassette, secrets=[key])
         else:
             transport = httpx.AsyncHTTPTransport(retries=2)
         return Judge(DeepSeekJudge(model, httpx.AsyncClient(transport=transport, timeout=60.0), key), judge_cache)
@@ -643,7 +663,7 @@ def _given_flags() -> set[str]:
             if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
 
 
-def apply_search_r1_protocol(kwargs: dict[str, Any], search: SearchOptions, *, given: set[str]) -> SearchOptions:
+def apply_search_r1_protocol(kwargs: dict[str, object], search: SearchOptions, *, given: set[str]) -> SearchOptions:
     """Set the Search-R1 protocol's rollout flags in ``kwargs`` and its retrieval in ``search``;
     a flag the user set to another value is a one-line usage error naming it."""
     from dataclasses import replace
@@ -685,7 +705,7 @@ def _report_interrupted(output: Path, error: BaseException) -> bool:
     return True
 
 
-def _search_success(metrics: dict[str, Any]) -> str:
+def _search_success(metrics: Mapping[str, object]) -> str:
     """The share of searches that succeeded, or a dash when nothing was searched (0 of 0 is not
     a success rate of 0)."""
     searched = metrics.get("search/requests") or metrics.get("rollout/search_calls")
@@ -694,13 +714,13 @@ def _search_success(metrics: dict[str, Any]) -> str:
     return f"{metrics['search/success_rate']:.3f}"
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: Mapping[str, object]) -> str:
     """The console view of a summary: macro/micro EM, F1 and cover EM with intervals, format,
     per-source table (F1 and cover EM only when the summary has them: older files do not), its
     sources with fewer than FEW_QUESTIONS questions marked ``*`` and a footnote saying why."""
     from searchr1.evaluation.intervals import FEW_QUESTIONS, few_questions
 
-    m = summary["metrics"]
+    m = as_object(summary["metrics"], "metrics")
     sources = sorted(key.split("/", 1)[1] for key in m if key.startswith("questions/"))
     names = [(n, label) for n, label in (("em", "EM"), ("f1", "F1"), ("cover_em", "cover EM"), ("judge", "judge"))
              if f"{n}/macro" in m]
@@ -713,7 +733,8 @@ def format_summary(summary: dict[str, Any]) -> str:
          f"{plural(evaluated, 'question') if isinstance(evaluated, int) else f'{evaluated} questions'} "
          f"({summary.get('questions_missing', 0)} of {summary.get('questions_planned', '?')} planned missing)"),
     ]
-    trained_with = (summary.get("config") or {}).get("trained_with")
+    config = summary.get("config")
+    trained_with = config.get("trained_with") if isinstance(config, Mapping) else None
     if isinstance(trained_with, dict):
         from searchr1.run.algorithm import describe_algorithm
 
@@ -740,14 +761,19 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append("  usage: " + ", ".join(parts) + cost)
     lines.append(f"  {'source':<18}{'n':>5}" + "".join(f"{label:>10}   {'95% CI':<15}" for _, label in names)
                  + f"{'format':>7}")
-    few = [source for source in sources if few_questions(int(m[f"questions/{source}"]))]
+    few = [source for source in sources if few_questions(_count(m, f"questions/{source}"))]
     for source in sources:
         cells = "".join(
             f"{m[f'{name}/{source}']:>10.3f}   [{m[f'{name}_ci95_low/{source}']:.3f}, "
             f"{m[f'{name}_ci95_high/{source}']:.3f}] " for name, _ in names)
         named = f"{source}*" if source in few else source
-        lines.append(f"  {named:<18}{int(m[f'questions/{source}']):>5}{cells}{m[f'format/{source}']:>7.3f}")
+        lines.append(f"  {named:<18}{_count(m, f'questions/{source}'):>5}{cells}{m[f'format/{source}']:>7.3f}")
     if few:
         lines.append(f"  * fewer than {FEW_QUESTIONS} questions: a wide interval, and one question moves the score "
                      f"by {1 / FEW_QUESTIONS:.1f} or more; read it with care")
     return "\n".join(lines)
+
+
+def _count(metrics: Mapping[str, object], key: str) -> int:
+    """A count among the metrics (a number as JSON holds it)."""
+    return int(as_float(metrics[key], key))

@@ -13,10 +13,10 @@ import contextlib
 import re
 import shlex
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -27,6 +27,8 @@ from searchr1.export.qwen35 import Qwen35Text
 from searchr1.offline import OfflinePolicy
 
 if TYPE_CHECKING:
+    import pytrio
+
     from searchr1.export.adapter import Adapter
     from searchr1.export.extract import ExtractLimits, Member
     from searchr1.export.merge import MergeReport
@@ -44,7 +46,7 @@ class Source:
     offline: bool
     offline_home: Path | None
     offline_policy: str
-    run_config: dict[str, Any] | None
+    run_config: Mapping[str, object] | None
     step: int | None
 
 
@@ -77,7 +79,7 @@ def _step_of(path: str) -> int | None:
 
 
 @contextlib.contextmanager
-def _service(source: Source, connect_timeout: float | None) -> Iterator[Any]:
+def _service(source: Source, connect_timeout: float | None) -> Iterator[pytrio.ServiceClient]:
     from searchr1.wiring.services import live_service, load_tokenizer, offline_scenario, offline_service
 
     if not source.offline:
@@ -89,7 +91,7 @@ def _service(source: Source, connect_timeout: float | None) -> Iterator[Any]:
     yield offline_service(source.offline_home, load_tokenizer(), offline_scenario(), policy=source.offline_policy)
 
 
-def checkpoint_id(rest: Any, path: str) -> str:
+def checkpoint_id(rest: pytrio.RestClient, path: str) -> str:
     """The id of the checkpoint at ``path``, from the workspace's checkpoint list."""
     offset = 0
     while True:
@@ -105,12 +107,12 @@ def checkpoint_id(rest: Any, path: str) -> str:
         offset += len(page.checkpoints)
 
 
-def _matching_evals(paths: tuple[Path, ...], weights_path: str) -> list[tuple[str, dict[str, Any]]]:
+def _matching_evals(paths: tuple[Path, ...], weights_path: str) -> list[tuple[str, Mapping[str, object]]]:
     """Eval summaries to put in the model card: the files given, and those in eval_result/ whose
     model path is this checkpoint."""
     from searchr1.evaluation.metrics import EvalFileError, load_summary
 
-    found: list[tuple[str, dict[str, Any]]] = []
+    found: list[tuple[str, Mapping[str, object]]] = []
     for path in paths:
         try:
             found.append((str(path), load_summary(path)))

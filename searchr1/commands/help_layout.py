@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -36,9 +37,10 @@ class SectionOption(click.Option):
     where the run's record holds its value under a setting of another name, that setting's name
     (``recorded_as``: ``--system-prompt-file`` is recorded as the file's text, ``system_prompt``)."""
 
-    def __init__(self, *args: Any, section: str | None = None, on_resume: OnResume | None = None,
-                 recorded_as: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, param_decls: Sequence[str] | None = None, *, section: str | None = None,
+                 on_resume: OnResume | None = None, recorded_as: str | None = None,
+                 **attrs: Any) -> None:  # click.Option's own keywords, as click types them
+        super().__init__(param_decls, **attrs)
         self.section = section
         self.on_resume = on_resume
         self.recorded_as = recorded_as
@@ -48,8 +50,9 @@ class SectionedCommand(click.Command):
     """A command whose ``--help`` lists its options under the headings of :data:`SECTIONS`, in
     that order (``sections`` names the section of options that are not :class:`SectionOption`)."""
 
-    def __init__(self, *args: Any, sections: dict[str, str] | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, name: str | None = None, *, sections: dict[str, str] | None = None,
+                 **attrs: Any) -> None:  # click.Command's own keywords, as click types them
+        super().__init__(name, **attrs)
         self.sections = dict(sections or {})
 
     def section_of(self, param: click.Parameter) -> str | None:

@@ -5,16 +5,14 @@ options, given before the command: ``%(prog)s -v train ...``). The levels and th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import click
 
+from searchr1.commands.settings_options import F
 from searchr1.run.log_output import DEFAULT_LOG_LEVEL, LogLevel, more_verbose
 
-Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
-
-def log_level_options() -> Decorator:
+def log_level_options() -> Callable[[F], F]:
     """The two flags: ``-v`` (repeatable) and ``--log-level LEVEL``; the command's callback gets
     ``verbose`` (a count) and ``log_level`` (a level's name, or None)."""
     once, twice = more_verbose(DEFAULT_LOG_LEVEL, 1), more_verbose(DEFAULT_LOG_LEVEL, 2)
@@ -27,7 +25,7 @@ def log_level_options() -> Decorator:
         help=f"Show the program's log messages from LEVEL on ({', '.join(level.value for level in LogLevel)}) "
              f"[default: {DEFAULT_LOG_LEVEL.value}].")
 
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(command: F) -> F:
         return verbose(level(command))
 
     return decorate

@@ -12,7 +12,7 @@ under, so that every command line printed during the run starts the same way
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import click
@@ -61,7 +61,7 @@ class InvokedHelpFormatter(click.HelpFormatter):
     def write_text(self, text: str) -> None:
         super().write_text(invocation.fill(text))
 
-    def write_dl(self, rows: Sequence[tuple[str, str]], col_max: int = 30, col_spacing: int = 2) -> None:
+    def write_dl(self, rows: Iterable[tuple[str, str]], col_max: int = 30, col_spacing: int = 2) -> None:
         super().write_dl([(invocation.fill(term), invocation.fill(text)) for term, text in rows],
                          col_max, col_spacing)
 
@@ -90,7 +90,7 @@ class LazyGroup(SectionedGroup):
 
     context_class = InvokedContext
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # click's overloads (NoReturn when standalone), passed on
         """Click's ``main``; the program recorded while it runs is forgotten when it returns."""
         before = invocation.recorded()
         try:
@@ -99,7 +99,7 @@ class LazyGroup(SectionedGroup):
             invocation.record(before)
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
-                     **extra: Any) -> click.Context:
+                     **extra: object) -> click.Context:
         """Click's context; the group's own is named as the program runs
         (:func:`~searchr1.basics.invocation.program_for`: a script file runs with python, also in
         click's usage lines and its "Try ... -h" hints), and that program is recorded for the

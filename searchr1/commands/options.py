@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import click
 
@@ -17,10 +17,13 @@ from searchr1.core.rollout import RolloutConfig
 from searchr1.commands.help_layout import SectionOption
 from searchr1.core.settings import OnResume
 from searchr1.offline import OfflinePolicy
-from searchr1.commands.settings_options import FiniteFloatRange, preset_origin, setting_options, take_settings
+from searchr1.commands.settings_options import (F, FiniteFloatRange, call_with, pop_optional,
+                                                preset_origin, setting_options, take_settings)
+
+T = TypeVar("T")
 
 
-def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def connect_timeout_option() -> Callable[[F], F]:
     """``--connect-timeout``: how long to wait for PyTRIO to answer before naming the cause."""
     return click.option("--connect-timeout", type=FiniteFloatRange(min=0, min_open=True), default=30.0,
                         show_default=True, metavar="SECONDS", cls=SectionOption, section="service",
@@ -29,7 +32,7 @@ def connect_timeout_option() -> Callable[[Callable[..., Any]], Callable[..., Any
                              "refused); the run's own calls keep PyTRIO's retry windows.")
 
 
-def _offline_fault(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+def _offline_fault(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
     from searchr1.twin.config import parse_offline_fault
@@ -41,7 +44,7 @@ def _offline_fault(ctx: click.Context, param: click.Parameter, value: Any) -> An
     return f"collapse@{parsed['collapse_from']}" if parsed else "none"  # one spelling, as recorded
 
 
-def offline_fault_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def offline_fault_option() -> Callable[[F], F]:
     """``--offline-fault collapse@N|none`` (train --offline and twin serve): from the N-th weight
     update on, the twin's sampler degenerates (searchr1.twin.collapse). The value is the
     canonical text (``collapse@N`` or ``none``), or None when the flag is not given."""
@@ -54,7 +57,7 @@ def offline_fault_option() -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def rollout_options(*, group_size: int = 8, temperature: float = 1.0, helps: dict[str, str] | None = None,
-                    exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+                    exclude: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Budgets and sampling flags, made from :class:`RolloutConfig`'s declarations (the lab port's
     names and defaults; a command may start from others, e.g. eval's greedy sampling, say more
     about a flag in ``helps``, and leave out, in ``exclude``, the settings it fixes itself)."""
@@ -67,7 +70,7 @@ def rollout_options(*, group_size: int = 8, temperature: float = 1.0, helps: dic
         help="Use this file's text as the system prompt ({max_search_calls} in it becomes the search "
              "budget) instead of the project's wording; recorded in config.json and eval summaries.")
 
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(command: F) -> F:
         return declared(system_prompt_file(command))
 
     return decorate
@@ -86,12 +89,12 @@ def read_system_prompt(path: Path | None) -> str | None:
     return text
 
 
-def rollout_config_from(kwargs: dict[str, Any], *, seed: int, **fixed: Any) -> RolloutConfig:
+def rollout_config_from(kwargs: dict[str, object], *, seed: int, **fixed: object) -> RolloutConfig:
     """Pop the rollout flags out of a command's kwargs into a :class:`RolloutConfig`; ``fixed``
     holds the settings the command left out of its flags (``rollout_options(exclude=...)``)."""
     values = take_settings(RolloutConfig, kwargs, exclude=tuple(fixed))
-    values["system_prompt"] = read_system_prompt(kwargs.pop("system_prompt_file"))
-    return RolloutConfig(seed=seed, **values, **fixed)
+    values["system_prompt"] = read_system_prompt(pop_optional(kwargs, "system_prompt_file", Path))
+    return call_with(RolloutConfig, {"seed": seed, **values, **fixed})
 
 
 def check_offline_group_size(policy: str | None, group_size: int) -> None:
@@ -152,7 +155,7 @@ def sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_guarded(function: Callable[[], Any]) -> Any:
+def run_guarded(function: Callable[[], T]) -> T:
     """Turn expected failures (every :class:`UserError`, a missing file, a disk that cannot be
     written) into one clear line and a non-zero exit (no traceback). A line that names a flag set
     by the ``--config`` preset names the file and line too."""
@@ -166,7 +169,8 @@ def run_guarded(function: Callable[[], Any]) -> Any:
         raise click.ClickException(message) from None
     except click.ClickException as error:  # a flag's value refused by a later check: name a preset it came from
         shown = error.format_message()
-        error.message += preset_origin(ctx, shown)[len(shown):]
+        # click declares ClickException.message Final; amended in place, the error keeps its class, hint and code
+        error.message += preset_origin(ctx, shown)[len(shown):]  # type: ignore[misc]  # Final in click's types
         raise
     except FileNotFoundError as error:
         raise click.ClickException(str(error)) from None

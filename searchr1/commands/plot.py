@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,6 +11,9 @@ from searchr1.commands.help_layout import SectionedGroup
 from searchr1.view import plots
 from searchr1.evaluation.metrics import EvalFileError
 from searchr1.basics.fileio import check_writable, is_write_failure, write_failure_line
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _png(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
@@ -19,7 +23,7 @@ def _png(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
     return value
 
 
-def _save(fig: object, output: Path) -> Path:
+def _save(fig: Figure, output: Path) -> Path:
     """Save the figure; a full, read-only or forbidden disk is one line naming the file."""
     try:
         return plots.save_figure(fig, output)
@@ -108,7 +112,7 @@ def plot_run(run: Path, output: Path, metrics: tuple[str, ...], smooth: int | No
     axis, unhealthy steps (the collapse guard's) as red vertical lines; the run's name and
     settings (from config.json) in the title. Metrics the run never logged are skipped with
     a note."""
-    default = plots.HEALTH_RUN_METRICS if health else plots.DEFAULT_RUN_METRICS
+    default: tuple[str, ...] = plots.HEALTH_RUN_METRICS if health else plots.DEFAULT_RUN_METRICS
     try:
         path = plots.resolve_metrics_path(run)
         rows = plots.load_run_metrics(path)

@@ -19,7 +19,7 @@ def _local_sources(
         raise click.UsageError("give either --source DIR or --train-parquet/--test-parquet, not both")
     if (train_parquet is None) != (test_parquet is None):
         raise click.UsageError("--train-parquet and --test-parquet must be given together")
-    if train_parquet is not None:
+    if train_parquet is not None and test_parquet is not None:  # given together, as checked above
         return {"train": train_parquet, "test": test_parquet}
     if source is None:
         return None

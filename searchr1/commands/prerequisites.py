@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import click
 
 from searchr1.core.errors import UserError
 
+if TYPE_CHECKING:
+    from searchr1.core.types import SearchExample
+
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class MissingPrerequisites(UserError):
@@ -35,7 +39,7 @@ class Prerequisites:
     def __init__(self) -> None:
         self._problems: list[tuple[str, int]] = []
 
-    def check(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    def check(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
         """``function(*args, **kwargs)``; when it refuses (a :class:`UserError`, a click
         exception or a missing file), its line is kept and None is returned."""
         try:
@@ -72,7 +76,8 @@ class Prerequisites:
         raise MissingPrerequisites(message, self._problems[0][1])
 
 
-def check_examples_file(path: Path, *, what: str, missing_hint: str = "", empty: str | None = None) -> Any:
+def check_examples_file(path: Path, *, what: str, missing_hint: str = "",
+                        empty: str | None = None) -> SearchExample:
     """The first example of a data file that exists and can be read (one line is read; the whole
     file is read, and every row checked, once the start-up checks have passed)."""
     from searchr1.data.dataset import DataError, first_example

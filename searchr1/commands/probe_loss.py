@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import TYPE_CHECKING
 
 import click
 
 from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.tools.probe_loss import DEFAULT_BASE_MODEL
 from searchr1.commands.options import connect_timeout_option
+
+if TYPE_CHECKING:
+    from searchr1.twin.policy import Reduction
+    from searchr1.twin.training_run import Accumulation
 
 REDUCTION_CHOICES = ("per_token", "per_sample", "sum")
 
@@ -53,8 +58,8 @@ def probe_loss(
     base_model: str,
     lora_rank: int,
     offline: bool,
-    twin_reduction: str,
-    twin_accumulation: str,
+    twin_reduction: Reduction,  # one of REDUCTION_CHOICES, as click.Choice gives it
+    twin_accumulation: Accumulation,
     yes: bool,
     connect_timeout: float,
 ) -> None:
@@ -78,7 +83,7 @@ def probe_loss(
         # the importance ratio), which strict mode's sampled-action rule would refuse
         with tempfile.TemporaryDirectory(prefix="searchr1-probe-") as home, \
                 start_twin(home=home, tokenizer=tokenizer, policy="toy", model_name=base_model,
-                           reduction=twin_reduction, accumulation=twin_accumulation,  # type: ignore[arg-type]
+                           reduction=twin_reduction, accumulation=twin_accumulation,
                            strictness=Strictness(sampled_actions=False)) as twin:
             report = run_probe(twin.service_client(), base_model=base_model, lora_rank=lora_rank,
                                tokenizer=tokenizer, check_losses=True)

@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import click
 
 from searchr1.commands.help_layout import SectionedCommand
 from searchr1.basics.fileio import check_writable, is_write_failure, write_failure_line
-from searchr1.search.base import SearchRefusedError
+from searchr1.search.base import HttpSearchBackend, SearchRefusedError
 from searchr1.search.cache import normalise_query
 from searchr1.search.env import MissingApiKeyError
 from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
 from searchr1.search.factory import create_search_backend
 from searchr1.search.recording import SecretLeakError, recording
+from searchr1.search.wikipedia import WikipediaApiBackend
+from searchr1.search.zhihu import ZhihuSearchBackend
 from searchr1.commands.settings_options import FiniteFloatRange
 from searchr1.basics import invocation
 
@@ -168,6 +170,7 @@ def record(
     elif queries_file is not None:
         queries = read_queries_file(queries_file)
     else:
+        assert dataset is not None  # exactly one source is given
         queries = read_dataset_questions(dataset, limit)
     queries = unique(queries)[:limit] if limit else unique(queries)
     if not queries:
@@ -176,11 +179,14 @@ def record(
         raise click.ClickException(f"cassette {cassette} already exists; pass --overwrite to replace it")
     check_writable(cassette, "cassette", click.ClickException)  # before any (paid) search
 
-    options: dict[str, Any] = {}
+    options: _BackendOptions = {}
     if search_total_timeout is not None:
         options["total_timeout"] = search_total_timeout
     if backend == "deepseek":
-        options.update({k: v for k, v in (("model", search_model), ("tool_type", search_tool_type)) if v})
+        if search_model:
+            options["model"] = search_model
+        if search_tool_type:
+            options["tool_type"] = search_tool_type
     elif backend == "retriever":
         options["url"] = retriever_url  # None: $SEARCHR1_RETRIEVER_URL or the default
     elif backend == "wikipedia":
@@ -189,7 +195,7 @@ def record(
         client = create_search_backend(backend, timeout=search_timeout, env_file=search_env_file, **options)
     except (MissingApiKeyError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    if backend == "wikipedia" and client.contact is None:
+    if backend == "wikipedia" and isinstance(client, WikipediaApiBackend) and client.contact is None:
         click.echo(
             "warning: no Wikipedia contact set (--wikipedia-contact or SEARCHR1_CONTACT); "
             "Wikimedia may refuse anonymous User-Agents",
@@ -224,19 +230,29 @@ def recording_verdict(queries: list[str], failed: list[str], allow_failures: boo
     return None
 
 
+class _BackendOptions(TypedDict, total=False):
+    """The flags ``record`` hands the backend (``create_search_backend``'s options of those names)."""
+
+    total_timeout: float
+    model: str
+    tool_type: str
+    url: str | None
+    contact: str | None
+
+
 async def _record(
-    client, queries: list[str], cassette: Path, overwrite: bool, allow_failures: bool
+    client: HttpSearchBackend, queries: list[str], cassette: Path, overwrite: bool, allow_failures: bool
 ) -> list[str]:
     """Record the queries; returns the ones that failed. Raises :class:`RecordingFailed`
     (inside the recording, so nothing is written) when the recording is not worth keeping."""
-    metadata: dict[str, Any] = {
+    metadata: dict[str, object] = {
         "backend": client.name,
         "generator": invocation.command("record"),
         "provenance": "live",
         "recorded_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "options": client.replay_options(),
     }
-    if client.name == "zhihu":
+    if client.name == "zhihu" and isinstance(client, ZhihuSearchBackend):
         metadata["keys"] = len(client.pool)
     failed: list[str] = []
     async with client:

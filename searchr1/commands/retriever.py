@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -30,7 +29,7 @@ def retriever() -> None:
               help="Processes answering from the one memory-mapped index (its pages are cached once); "
                    "each has the bounds of a single server.")
 @server_access_options()
-def serve(index_dir: Path, host: str, port: int, workers: int, **access: Any) -> None:
+def serve(index_dir: Path, host: str, port: int, workers: int, **access: object) -> None:
     """Serve INDEX on POST /retrieve ({"queries": [...], "topk": 3, "return_scores": true}) with
     uvicorn, so `--backend retriever`, the official Search-R1 code and other machines share one
     index. Concurrent requests are answered in shared batches; malformed ones get a 4xx naming
@@ -40,7 +39,7 @@ def serve(index_dir: Path, host: str, port: int, workers: int, **access: Any) ->
     run_guarded(lambda: _serve(index_dir, host, port, workers, access))
 
 
-def _serve(index_dir: Path, host: str, port: int, workers: int, access: dict[str, Any]) -> None:
+def _serve(index_dir: Path, host: str, port: int, workers: int, access: dict[str, object]) -> None:
     from searchr1.bm25.index import BM25Index
     from searchr1.bm25.server import make_server
     from searchr1.runtime.http_bounds import PortTakenError, listening_socket, listening_sockets

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
@@ -14,6 +14,9 @@ from searchr1.commands.help_layout import SectionedCommand, SectionOption
 from searchr1.commands.search_options import search_options
 from searchr1.search.options import SearchOptions
 from searchr1.commands.options import rollout_config_from, rollout_options, run_guarded
+
+if TYPE_CHECKING:
+    from searchr1.core.types import SamplingClient, Trajectory
 
 
 @click.command(cls=SectionedCommand)
@@ -28,7 +31,7 @@ from searchr1.commands.options import rollout_config_from, rollout_options, run_
 @rollout_options(group_size=8)
 @search_options(default_backend="deepseek")
 def rollout(offline: bool, scenario: Path | None, questions: int | None, seed: int, search: SearchOptions,
-            **kwargs: Any) -> None:
+            **kwargs: object) -> None:
     """Roll out a scripted batch and print each trajectory's outcome.
 
     Without --cassette, search replays the scenario's cassette (or cassettes/<backend>/offline.yaml).
@@ -39,7 +42,7 @@ def rollout(offline: bool, scenario: Path | None, questions: int | None, seed: i
 
 
 def _rollout(scenario_path: Path | None, questions: int | None, seed: int, search: SearchOptions,
-             kwargs: dict[str, Any]) -> None:
+             kwargs: dict[str, object]) -> None:
     from dataclasses import replace
 
     from searchr1.offline import REPO_ROOT
@@ -79,7 +82,7 @@ def _rollout(scenario_path: Path | None, questions: int | None, seed: int, searc
     check_tool_setup(config.tools, search)
     tokenizer = load_tokenizer()
 
-    async def main(sampler: Any) -> list[Any]:
+    async def main(sampler: SamplingClient) -> list[Trajectory]:
         backend = search_backend(search, offline=True)
         try:
             with CountingBar("trajectories", len(examples) * config.group_size) as bar:

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -37,6 +37,7 @@ from click.core import ParameterSource
 from searchr1.commands.settings_options import (
     PRESET_ORIGINS,
     NameList,
+    call_with,
     checked_value,
     preset_params,
     setting_params,
@@ -72,7 +73,7 @@ class RunRecord:
     settings no flag carries, and the recorded run's facts."""
 
     path: Path  # the config.json read
-    flags: dict[str, Any]
+    flags: dict[str, object]
     unflagged: tuple[UnflaggedSetting, ...]
     facts: dict[str, JsonValue]
     credentials_removed: bool  # the run's --retriever-url carried credentials config.json does not keep
@@ -147,7 +148,7 @@ class _Reader:
         self.params = preset_params(ctx)
         recorded_as = {name: getattr(param, "recorded_as", None) for name, param in self.params.items()}
         self.recorded_as = {setting: name for name, setting in recorded_as.items() if setting}
-        self.flags: dict[str, Any] = {}
+        self.flags: dict[str, object] = {}
         self.origins: dict[str, str] = {}
         self.keys: dict[str, str] = {}  # parameter name -> the key that set it
         self.unflagged: list[UnflaggedSetting] = []
@@ -219,11 +220,11 @@ class _Reader:
             value = [f"{item}={_item_text(setting)}" for item, setting in value.items()]
         elif isinstance(param.type, NameList) and isinstance(value, list) and all(isinstance(v, str) for v in value):
             value = ",".join(str(v) for v in value)
-        value = checked_value(self.ctx, param, value, where=str(self.path), key=key, kind=json_kind)
-        if name in self.flags and self.flags[name] != value:
-            raise self.refuse(f"{key} ({value!r}) and {self.keys[name]} ({self.flags[name]!r}) are the same "
+        taken = checked_value(self.ctx, param, value, where=str(self.path), key=key, kind=json_kind)
+        if name in self.flags and self.flags[name] != taken:
+            raise self.refuse(f"{key} ({taken!r}) and {self.keys[name]} ({self.flags[name]!r}) are the same "
                               f"setting ({param.opts[0]}) and differ")
-        self.flags[name], self.keys[name] = value, key
+        self.flags[name], self.keys[name] = taken, key
         self.origins[name] = f"{self.path}, key {key}"
 
     def setting(self, scope: str | None, name: str, rule: Rule, annotation: object, value: JsonValue,
@@ -237,7 +238,7 @@ class _Reader:
         self.unflagged.append(UnflaggedSetting(scope, name, value, self.recorded_as.get(name)))
 
 
-def read_run_record(ctx: click.Context, given: Path) -> dict[str, Any]:
+def read_run_record(ctx: click.Context, given: Path) -> dict[str, object]:
     """The settings of the run recorded at ``given`` (``RUN`` or ``RUN/config.json``) by
     parameter name, each checked as its flag checks it; the whole :class:`RunRecord` goes to
     ``ctx.meta[RUN_RECORD]``, and each flag's key to the origins a later check names."""
@@ -263,14 +264,14 @@ def command_line_params(ctx: click.Context) -> set[str]:
 def with_unflagged(config: TrainConfig, record: RunRecord, command_line: set[str]) -> TrainConfig:
     """``config`` with the record's settings that no flag carries, as recorded (a nested one in
     its settings object), except those whose flag the command line gives."""
-    top: dict[str, Any] = {}
-    nested: dict[str, dict[str, Any]] = {}
+    top: dict[str, object] = {}
+    nested: dict[str, dict[str, JsonValue]] = {}
     for setting in record.unflagged:
         if setting.overridden_by not in command_line:
             (top if setting.scope is None else nested.setdefault(setting.scope, {}))[setting.name] = setting.value
     for scope, values in nested.items():
         top[scope] = dataclasses.replace(getattr(config, scope), **values)
-    return dataclasses.replace(config, **top) if top else config
+    return call_with(functools.partial(dataclasses.replace, config), top) if top else config
 
 
 def record_warnings(record: RunRecord, config: TrainConfig, version: str) -> list[str]:
@@ -279,7 +280,7 @@ def record_warnings(record: RunRecord, config: TrainConfig, version: str) -> lis
     its settings on the way (the new run uses the last ones throughout)."""
     warnings = []
     sha256, data = record.facts.get("data_sha256"), record.flags.get("data")
-    if data is not None and Path(data) == Path(config.data) and sha256 and sha256 != config.data_sha256:
+    if isinstance(data, str) and Path(data) == Path(config.data) and sha256 and sha256 != config.data_sha256:
         warnings.append(f"{config.data} changed since {record.path} was written (sha256 differs): "
                         "this run will not repeat that one")
     written_by = record.facts.get("code_version")

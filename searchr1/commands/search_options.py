@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
-from searchr1.commands.settings_options import setting_options, take_settings
+from searchr1.commands.settings_options import call_with, setting_options, take_settings
 from searchr1.search.options import SearchOptions
 
 
-def search_options(default_backend: str = "wikipedia"):
+def search_options(default_backend: str = "wikipedia") -> Callable[[Callable[..., object]], Callable[..., object]]:
     """Decorator adding the search flags; the command receives ``search: SearchOptions``."""
     declared = setting_options(SearchOptions, defaults={"backend": default_backend}, section="search")
 
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(command: Callable[..., object]) -> Callable[..., object]:
         @functools.wraps(command)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: object, **kwargs: object) -> object:
             kwargs["search"] = options_from_kwargs(kwargs)
             return command(*args, **kwargs)
 
@@ -35,6 +34,6 @@ def search_options(default_backend: str = "wikipedia"):
     return decorate
 
 
-def options_from_kwargs(kwargs: dict[str, Any]) -> SearchOptions:
+def options_from_kwargs(kwargs: dict[str, object]) -> SearchOptions:
     """Pop the search flags out of a command's kwargs."""
-    return SearchOptions(**take_settings(SearchOptions, kwargs))
+    return call_with(SearchOptions, take_settings(SearchOptions, kwargs))

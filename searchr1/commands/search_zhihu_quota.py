@@ -10,7 +10,7 @@ import click
 from searchr1.commands.help_layout import SectionedCommand
 from searchr1.search.env import MissingApiKeyError
 from searchr1.search.factory import create_search_backend
-from searchr1.search.zhihu import DEFAULT_BASE_URL, KeyQuota
+from searchr1.search.zhihu import DEFAULT_BASE_URL, KeyQuota, ZhihuSearchBackend
 
 
 def format_quota_table(quotas: list[KeyQuota]) -> str:
@@ -60,6 +60,7 @@ def zhihu_quota(search_env_file: Path | None, base_url: str, api_ids: tuple[str,
         backend = create_search_backend("zhihu", env_file=search_env_file, base_url=base_url)
     except MissingApiKeyError as exc:
         raise click.ClickException(str(exc)) from None
+    assert isinstance(backend, ZhihuSearchBackend)  # the factory's zhihu backend
 
     async def ask() -> list[KeyQuota]:
         async with backend:

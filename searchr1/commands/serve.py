@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -12,7 +11,7 @@ from searchr1.commands.options import (connect_timeout_option, rollout_config_fr
                                        sigterm_exits)
 from searchr1.commands.search_options import SearchOptions, search_options
 from searchr1.commands.server_access import server_access_options, server_key
-from searchr1.commands.settings_options import given_params
+from searchr1.commands.settings_options import given_params, pop_flag, pop_optional
 from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
 
 
@@ -38,7 +37,7 @@ from searchr1.offline import OFFLINE_POLICIES, OfflinePolicy
 @click.option("--seed", cls=SectionOption, section="run", type=int, default=42, help="Sampling seed.")
 @connect_timeout_option()
 @search_options(default_backend="deepseek")
-def serve(search: SearchOptions, **kwargs: Any) -> None:
+def serve(search: SearchOptions, **kwargs: object) -> None:
     """Serve a trained agent on an OpenAI-compatible /v1/chat/completions.
 
     A client that sends its own `tools` gets the model's calls back as OpenAI tool_calls and
@@ -55,7 +54,7 @@ def serve(search: SearchOptions, **kwargs: Any) -> None:
     run_guarded(lambda: _serve(search, kwargs))
 
 
-def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
+def _serve(search: SearchOptions, kwargs: dict[str, object]) -> None:
     from searchr1.commands.ask import check_offline_question
     from searchr1.commands.checkpoint_flag import resolve_checkpoint
     from searchr1.commands.eval import _sampling_client
@@ -70,17 +69,18 @@ def _serve(search: SearchOptions, kwargs: dict[str, Any]) -> None:
     from searchr1.twin.policies import offline_policy_label
 
     named = given_params(click.get_current_context())
-    host, port = kwargs.pop("host"), kwargs.pop("port")
+    host, port = pop_flag(kwargs, "host", str), pop_flag(kwargs, "port", int)
     api_key = server_key(host, kwargs)  # who may call it: refused before anything is read or started
-    checkpoint, offline = kwargs.pop("checkpoint"), kwargs.pop("offline")
-    offline_home, policy = kwargs.pop("offline_home"), kwargs.pop("offline_policy")
-    base_model, connect_timeout = kwargs.pop("base_model"), kwargs.pop("connect_timeout")
-    rollout = rollout_config_from(kwargs, seed=kwargs.pop("seed"), group_size=1)
+    checkpoint, offline = pop_optional(kwargs, "checkpoint", str), pop_flag(kwargs, "offline", bool)
+    offline_home, policy = pop_optional(kwargs, "offline_home", Path), pop_flag(kwargs, "offline_policy", str)
+    base_model = pop_flag(kwargs, "base_model", str)
+    connect_timeout = pop_optional(kwargs, "connect_timeout", float)
+    rollout = rollout_config_from(kwargs, seed=pop_flag(kwargs, "seed", int), group_size=1)
     chosen = resolve_checkpoint(checkpoint, base_model=base_model, offline=offline, offline_home=offline_home,
                                 offline_policy=policy)
     if chosen.from_run_dir:
         refuse_overridden({"--base-model": (base_model, chosen.base_model), "--offline": (offline, chosen.offline),
-                           "--offline-policy": (policy, chosen.offline_policy)}, named, checkpoint)
+                           "--offline-policy": (policy, chosen.offline_policy)}, named, str(checkpoint))
     base_model, model_path, offline = chosen.base_model, chosen.model_path, chosen.offline
     offline_home, policy = chosen.offline_home, chosen.offline_policy
     if "offline_policy" in named and not offline:

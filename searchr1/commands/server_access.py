@@ -9,11 +9,11 @@ click reads it, so no ``repr`` of the command's arguments shows it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import click
 
 from searchr1.commands.help_layout import SectionOption
+from searchr1.commands.settings_options import F, pop_flag, pop_optional
 from searchr1.runtime.api_key import API_KEY_ENV, check_key_text, required_key
 from searchr1.basics.secrets import Secret
 
@@ -27,7 +27,7 @@ def _secret(ctx: click.Context, param: click.Parameter, value: str | None) -> Se
     return Secret(value)
 
 
-def server_access_options(section: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def server_access_options(section: str | None = None) -> Callable[[F], F]:
     """The two flags, listed under ``section`` of the command's --help (``None``: its own options)."""
     api_key = click.option(
         "--api-key", "api_key", envvar=API_KEY_ENV, show_envvar=True, default=None, metavar="KEY",
@@ -39,13 +39,13 @@ def server_access_options(section: str | None = None) -> Callable[[Callable[...,
         help="Serve without a key on a --host other machines reach: anyone who reaches the port may call it. "
              "Without it, such a --host needs --api-key.")
 
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(command: F) -> F:
         return api_key(allow_anyone(command))
 
     return decorate
 
 
-def server_key(host: str, kwargs: dict[str, Any]) -> Secret | None:
+def server_key(host: str, kwargs: dict[str, object]) -> Secret | None:
     """Pop the two flags out of a command's kwargs: the key a server on ``host`` requires
     (``None``: anyone may call it), or a usage error in one line (:func:`required_key`)."""
-    return required_key(host, kwargs.pop("api_key"), kwargs.pop("allow_anyone"))
+    return required_key(host, pop_optional(kwargs, "api_key", Secret), pop_flag(kwargs, "allow_anyone", bool))

@@ -16,9 +16,9 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import click
 from click.core import ParameterSource
@@ -27,7 +27,8 @@ from searchr1.commands.help_layout import SectionOption
 from searchr1.core.settings import LARGEST, OnResume, Rule, flag_of, settings_of
 from searchr1.basics import invocation
 
-Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+F = TypeVar("F", bound=Callable[..., object])  # a command's function, as click's decorators hand it on
+T = TypeVar("T")
 
 
 def param_name(flag: str) -> str:
@@ -41,7 +42,7 @@ def setting_params(cls: type, *, exclude: tuple[str, ...] = ()) -> dict[str, str
             if rule.cli and field.name not in exclude}
 
 
-def _base_type(annotation: Any) -> Any:
+def _base_type(annotation: object) -> object:
     """``int | None`` -> ``int``."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         members = [member for member in typing.get_args(annotation) if member is not type(None)]
@@ -54,7 +55,7 @@ class FiniteFloatRange(click.FloatRange):
     number a setting takes: finite (click's range lets nan and inf through) and within
     :data:`~searchr1.core.settings.LARGEST`."""
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: float, param: click.Parameter | None, ctx: click.Context | None) -> float:
         number = super().convert(value, param, ctx)
         if not math.isfinite(number) or abs(number) > LARGEST:
             self.fail(f"must be a finite number within ±{LARGEST}, got {value}", param, ctx)
@@ -66,14 +67,14 @@ class NameList(click.ParamType):
 
     name = "names"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, ...]:
         if isinstance(value, tuple):
             return value
         return tuple(name.strip() for name in str(value).split(","))
 
 
-def _validator(rule: Rule) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+def _validator(rule: Rule) -> Callable[[click.Context, click.Parameter, object], object]:
+    def check(ctx: click.Context, param: click.Parameter, value: object) -> object:
         broken = rule.violation(value)
         if broken:
             raise click.BadParameter(broken)
@@ -82,15 +83,15 @@ def _validator(rule: Rule) -> Callable[[click.Context, click.Parameter, Any], An
     return check
 
 
-def _default(field: dataclasses.Field[Any]) -> Any:
+def _default(field: dataclasses.Field[object]) -> object:
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
     return None if field.default is dataclasses.MISSING else field.default
 
 
-def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *,
-                   default: Any = dataclasses.MISSING, help: str | None = None,
-                   section: str | None = None) -> Decorator:
+def setting_option(annotation: object, field: dataclasses.Field[object], rule: Rule, *,
+                   default: object = dataclasses.MISSING, help: str | None = None,
+                   section: str | None = None) -> Callable[[F], F]:
     """The click option of one declared setting (``annotation``: the field's resolved type;
     ``section``: its heading in --help unless the declaration names one)."""
     base = _base_type(annotation)
@@ -103,34 +104,35 @@ def setting_option(annotation: Any, field: dataclasses.Field[Any], rule: Rule, *
         text = f"{text} [{rule.describe()}]".strip()
     flag = flag_of(field)
     names = (flag, *rule.aliases, param_name(flag))
-    common: dict[str, Any] = {"help": text, "metavar": rule.metavar, "cls": SectionOption,
-                              "section": rule.group or section, "on_resume": rule.on_resume}
+    show_default: bool | str | None = None  # click's own default: the command's show_default
     if rule.default_text is not None:
-        common["show_default"] = rule.default_text
+        show_default = rule.default_text
     elif rule.offline_defaults:
         offline = ", ".join(f"{default:g} with --offline-policy {policy}"
                             for policy, default in rule.offline_defaults.items())
-        common["show_default"] = offline if value is None else f"{value:g}; {offline}"
+        show_default = offline if value is None else f"{value:g}; {offline}"
     elif value is not None:
-        common["show_default"] = True
+        show_default = True
     if base is bool:
         # A setting on by default can be turned off: --name/--no-name.
         switch = (f"{flag}/--no-{flag.removeprefix('--')}", *rule.aliases, param_name(flag)) if value else names
         return click.option(*switch, is_flag=True, default=bool(value), help=text, cls=SectionOption,
                             section=rule.group or section, on_resume=rule.on_resume)
     if rule.choices is not None:
-        kind: Any = click.Choice(rule.choices)
+        kind: object = click.Choice(rule.choices)
     elif listed:
         kind = NameList()
     elif base is Path:
         kind = click.Path(dir_okay=False, path_type=Path)
     else:
         kind = base if base in (int, float) else str
-    return click.option(*names, type=kind, default=value, callback=_validator(rule), **common)
+    return click.option(*names, type=kind, default=value, callback=_validator(rule), help=text, metavar=rule.metavar,
+                        cls=SectionOption, section=rule.group or section, on_resume=rule.on_resume,
+                        show_default=show_default)
 
 
-def setting_options(cls: type, *, defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None,
-                    exclude: tuple[str, ...] = (), section: str | None = None) -> Decorator:
+def setting_options(cls: type, *, defaults: Mapping[str, object] | None = None, helps: Mapping[str, str] | None = None,
+                    exclude: tuple[str, ...] = (), section: str | None = None) -> Callable[[F], F]:
     """One click option per declared setting of ``cls``, in declaration order (a subclass's fields
     follow its base's); ``defaults``/``helps`` per field name for a command whose default differs,
     e.g. eval's greedy temperature; ``section``: the --help heading of the settings that declare
@@ -142,7 +144,7 @@ def setting_options(cls: type, *, defaults: dict[str, Any] | None = None, helps:
                               section=section)
                for field, rule in settings_of(cls) if rule.cli and field.name not in exclude]
 
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(command: F) -> F:
         for option in reversed(options):
             command = option(command)
         return command
@@ -150,9 +152,41 @@ def setting_options(cls: type, *, defaults: dict[str, Any] | None = None, helps:
     return decorate
 
 
-def take_settings(cls: type, kwargs: dict[str, Any], *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+def take_settings(cls: type, kwargs: dict[str, object], *, exclude: tuple[str, ...] = ()) -> dict[str, object]:
     """Pop the flags of ``setting_options(cls)`` out of a command's kwargs, as field values."""
     return {field: kwargs.pop(param) for param, field in setting_params(cls, exclude=exclude).items()}
+
+
+def call_with(function: Callable[..., T], values: Mapping[str, object]) -> T:
+    """``function(**values)``: a settings class made from its field values by name
+    (:func:`take_settings`'s), or a command's body called with its flags. Each value is what its
+    flag's declaration makes of it (click converts it); the class checks it by the setting's rule
+    as it is made."""
+    return function(**values)
+
+
+def flag_value(values: Mapping[str, object], name: str, kind: type[T]) -> T:
+    """A command's flag (or the setting taken from it), as the ``kind`` its declaration makes of it
+    (click converts every value; another kind is a declaration's mistake, not the user's)."""
+    value = values[name]
+    if not isinstance(value, kind):
+        raise TypeError(f"flag {name}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def pop_flag(kwargs: dict[str, object], name: str, kind: type[T]) -> T:
+    """Pop a command's flag out of its kwargs, as the ``kind`` its declaration makes of it."""
+    value = flag_value(kwargs, name, kind)
+    del kwargs[name]
+    return value
+
+
+def pop_optional(kwargs: dict[str, object], name: str, kind: type[T]) -> T | None:
+    """:func:`pop_flag` of a flag that may be left out (``None``)."""
+    if kwargs.get(name) is None:
+        kwargs.pop(name)
+        return None
+    return pop_flag(kwargs, name, kind)
 
 
 # --- --config FILE.toml ---------------------------------------------------------------------------
@@ -174,7 +208,7 @@ def _key_line(text: str, key: str) -> int | None:
     return None
 
 
-def _toml_kind(value: Any) -> str:
+def _toml_kind(value: object) -> str:
     """What a TOML value is, in the words of the TOML spec."""
     if isinstance(value, bool):
         return "a boolean"
@@ -209,7 +243,7 @@ def _expected_kind(param: click.Option) -> tuple[tuple[type, ...], str]:
     return (str,), "a string"
 
 
-def _shaped(param: click.Option, value: Any, kind: Callable[[Any], str]) -> str | None:
+def _shaped(param: click.Option, value: object, kind: Callable[[object], str]) -> str | None:
     """Why ``value`` is not the shape ``param`` takes (``None`` when it is): a scalar of the
     flag's type, or an array of them for a repeatable flag. An integer flag refuses 8.5 (click
     would truncate it to 8) and every flag refuses dates. ``kind`` names what a value is in the
@@ -223,8 +257,8 @@ def _shaped(param: click.Option, value: Any, kind: Callable[[Any], str]) -> str 
     return None
 
 
-def checked_value(ctx: click.Context, param: click.Option, value: Any, *, where: str, key: str,
-                  kind: Callable[[Any], str] = _toml_kind) -> Any:
+def checked_value(ctx: click.Context, param: click.Option, value: object, *, where: str, key: str,
+                  kind: Callable[[object], str] = _toml_kind) -> object:
     """A value read from a file for ``param``, as the flag takes it (a lone value of a repeatable
     flag as a list of one), checked as the flag would check it: its shape, click's conversion and
     the declared rule. A refusal is one ``BadParameter`` naming ``where`` (the file, its line or
@@ -273,7 +307,7 @@ def preset_params(ctx: click.Context) -> dict[str, click.Option]:
             if isinstance(param, click.Option) and param.name and param.name not in ("config", "help")}
 
 
-def read_preset(ctx: click.Context, path: Path) -> dict[str, Any]:
+def read_preset(ctx: click.Context, path: Path) -> dict[str, object]:
     """The preset's values by parameter name, each checked as its flag would be; an unknown key,
     a value of the wrong shape or a bad value names the file, the line and the key. A key
     another command takes (a train setting in a file eval reads) is noted and left out; two
@@ -288,7 +322,7 @@ def read_preset(ctx: click.Context, path: Path) -> dict[str, Any]:
     params = preset_params(ctx)
     aliases = {param_name(opt): param.name for param in params.values() for opt in param.opts}
     others = _sibling_options(ctx)
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     spelled: dict[str, str] = {}
     ignored: dict[str, list[str]] = {}
     origins: dict[str, str] = {}
@@ -331,7 +365,7 @@ def preset_origin(ctx: click.Context | None, message: str) -> str:
     return message
 
 
-RecordReader = Callable[[click.Context, Path], dict[str, Any]]
+RecordReader = Callable[[click.Context, Path], Mapping[str, object]]
 
 
 def is_run_record(path: Path) -> bool:
@@ -341,7 +375,7 @@ def is_run_record(path: Path) -> bool:
 
 
 def config_file_option(records: str = "config.json records the merged result", *,
-                       read_record: RecordReader | None = None) -> Decorator:
+                       read_record: RecordReader | None = None) -> Callable[[F], F]:
     """``--config FILE.toml``: settings from a preset file; flags on the command line win.
     ``records`` says where the command records the merged settings. With ``read_record``, the
     command also takes a run's record (``RUN`` or ``RUN/config.json``) there: the reader gives its

@@ -6,9 +6,9 @@ The source is a run directory (its ``transcripts.jsonl``: a sample of every trai
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -24,9 +24,11 @@ class StepType(click.ParamType):
 
     name = "N|all"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
-        if isinstance(value, int) or value == "all":
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, int):
             return value
+        if value == "all":
+            return "all"
         text = str(value).strip().lower()
         if text == "all":
             return "all"
@@ -42,7 +44,7 @@ class StepType(click.ParamType):
 @dataclass
 class Selection:
     heading: str
-    sections: list[tuple[str | None, list[dict[str, Any]]]]
+    sections: list[tuple[str | None, Sequence[Mapping[str, object]]]]  # transcript records, by step
     notes: list[str] = field(default_factory=list)
     shown: int = 0
     available: int = 0
@@ -50,7 +52,7 @@ class Selection:
     scores_caption: str = ""
 
 
-def offline_policy(config: dict[str, Any]) -> str:
+def offline_policy(config: Mapping[str, object]) -> str:
     """The twin policy a run or an evaluation used, as its configuration records it: a run's
     ``offline_policy``, an eval file's ``sampling_backend`` (``offline-<policy>``)."""
     policy = config.get("offline_policy")
@@ -60,7 +62,7 @@ def offline_policy(config: dict[str, Any]) -> str:
     return str(policy or OfflinePolicy.SCRIPTED)  # files from before the learning policy existed
 
 
-def _describe_config(config: dict[str, Any] | None) -> str | None:
+def _describe_config(config: Mapping[str, object] | None) -> str | None:
     if not config or not isinstance(config, dict):
         return None
     offline = bool(config.get("offline"))
@@ -82,9 +84,10 @@ def _describe_config(config: dict[str, Any] | None) -> str | None:
 def _step_ranges(steps: list[int]) -> str:
     """``0-3, 7, 9-10``."""
     ranges: list[str] = []
-    start = previous = None
-    for step in steps + [None]:  # type: ignore[list-item]
-        if start is not None and (step is None or step != previous + 1):
+    start: int | None = None
+    previous: int | None = None
+    for step in [*steps, None]:
+        if start is not None and previous is not None and (step is None or step != previous + 1):
             ranges.append(str(start) if start == previous else f"{start}-{previous}")
             start = None
         if step is not None and start is None:
@@ -120,7 +123,7 @@ def select_from_run(transcripts_path: Path, run_dir: Path | None, step: int | st
             config = None
     config = config if isinstance(config, dict) else None
     name = (config or {}).get("run_name") or (run_dir.name if run_dir else transcripts_path.parent.name)
-    sections: list[tuple[str | None, list[dict[str, Any]]]] = []
+    sections: list[tuple[str | None, Sequence[Mapping[str, object]]]] = []
     remaining = limit
     for number in chosen:
         records = found.by_step[number] if remaining is None else found.by_step[number][:remaining]
@@ -161,7 +164,7 @@ def select_from_eval(path: Path, limit: int | None, ids: tuple[str, ...] = ()) -
                      scores, caption)
 
 
-def _eval_scores(records: list[dict[str, Any]]) -> tuple[dict[str, float] | None, str]:
+def _eval_scores(records: Sequence[Mapping[str, object]]) -> tuple[dict[str, float] | None, str]:
     """The metrics of every question in an eval file (its intervals by today's rules) and a
     caption for them; (None, why) when the records do not aggregate (the page still shows them)."""
     from searchr1.evaluation.metrics import evaluation_metrics

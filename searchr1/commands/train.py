@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import sys
 import time
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 import click
 
@@ -18,6 +20,7 @@ from searchr1.run.loggers import LOGGER_NAMES, SWANLAB_MODES
 from searchr1.run.algorithm import parse_loss_fn_config
 from searchr1.core.rollout import RolloutConfig
 from searchr1.basics import invocation
+from searchr1.basics.json_types import JsonObject, JsonValue, as_float, as_list
 from searchr1.commands.search_options import search_options
 from searchr1.search.options import SearchOptions
 from searchr1.offline import OFFLINE_POLICIES, TRAIN, OfflinePolicy
@@ -43,19 +46,31 @@ from searchr1.commands.run_record import (
     with_unflagged,
 )
 from searchr1.commands.settings_options import (
+    call_with,
     config_file_option,
+    flag_value,
     given_params,
+    pop_flag,
+    pop_optional,
     setting_options,
     setting_params,
     take_settings,
 )
 
 if TYPE_CHECKING:
+    import signal
+    from types import FrameType
+
+    import pytrio
+
     from searchr1.commands.prerequisites import Prerequisites
-    from searchr1.core.types import SearchExample
+    from searchr1.core.types import SearchExample, Tokenizer
     from searchr1.run.costs import RunAccount
     from searchr1.run.directory import ResumePoint, RunDir
     from searchr1.run.loggers import Loggers
+    from searchr1.training.loop import TrainingRun
+
+T = TypeVar("T")
 
 # Exit code of a run stopped by --stop-on-collapse.
 COLLAPSE_EXIT_CODE = 3
@@ -137,7 +152,7 @@ BUDGET_EXIT_CODE = 4
                    "project the run from what it used.")
 @search_options(default_backend="deepseek")
 @click.pass_context
-def train(ctx: click.Context, search: SearchOptions, **kwargs: Any) -> None:
+def train(ctx: click.Context, search: SearchOptions, **kwargs: object) -> None:
     """Train a search policy with GRPO-style group advantages and importance sampling.
 
     \b
@@ -187,12 +202,33 @@ class _Start:
     config: TrainConfig
     run: RunDir
     search: SearchOptions
-    stored: dict[str, Any] = dataclasses.field(default_factory=dict)
-    segment: dict[str, Any] | None = None
+    stored: JsonObject = dataclasses.field(default_factory=dict)
+    segment: Segment | None = None
     costs_changed: bool = False
 
 
-def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], held: contextlib.ExitStack) -> None:
+class _Missing(enum.Enum):
+    """What ``_stored_value`` gives for a flag config.json does not record."""
+
+    MISSING = "missing"
+
+
+_MISSING = _Missing.MISSING
+
+# A setting a resume changes: its value in config.json before, and the one given now ("from" is a
+# keyword, hence the functional form).
+Change = TypedDict("Change", {"from": "JsonValue | _Missing", "to": "JsonValue"})
+
+
+class Segment(TypedDict):
+    """What a resume changed from a step on (config.json's ``segments`` record each, with the step
+    it started at and its time)."""
+
+    from_step: int | None
+    changed: dict[str, Change]
+
+
+def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, object], held: contextlib.ExitStack) -> None:
     """A resumed or a new run, every check that bad input can fail, then its steps (or the
     estimate of them) and what they left."""
     from searchr1.commands.prerequisites import Prerequisites
@@ -202,7 +238,7 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     checks = Prerequisites()  # what is missing is said all at once, before the tokenizer loads
     flags = _run_flags(kwargs)
     try:
-        kwargs["loss_fn_config"] = parse_loss_fn_config(kwargs["loss_fn_config"])
+        kwargs["loss_fn_config"] = parse_loss_fn_config(flag_value(kwargs, "loss_fn_config", tuple))
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     record: RunRecord | None = ctx.meta.get(RUN_RECORD)  # --config RUN: a new run with that run's settings
@@ -220,13 +256,15 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     on_interrupt(_interrupted_in_start_up(start.run, resuming=flags.resuming))
     if not start.config.offline and flags.offline_fault is not None:
         raise click.UsageError("--offline-fault only applies to offline runs")
-    account = checks.check(_run_account, start.config)
+    found = checks.check(_run_account, start.config)
     measured_steps = start.config.max_steps  # the steps --estimate-measure projects its one step to
     if flags.estimate and flags.measure:
         start, flags = _one_measured_step(start, flags, held)
-        account = checks.check(_run_account, start.config)
+        found = checks.check(_run_account, start.config)
     loggers = _check_setup(start, flags, checks, held)
     checks.raise_failures("the run")
+    account = found
+    assert account is not None  # its check passed
     examples = _training_examples(start.config)
     tokenizer = load_tokenizer(flags.chat_template)
     if flags.estimate and not flags.measure:
@@ -252,17 +290,18 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, Any], he
     _report_finished(start, completed, stop)
 
 
-def _run_flags(kwargs: dict[str, Any]) -> _RunFlags:
+def _run_flags(kwargs: dict[str, object]) -> _RunFlags:
     """Take ``train``'s flags that are not the run's settings out of ``kwargs``; refuse those that
     do not go together."""
     flags = _RunFlags(
-        resume_dir=kwargs.pop("resume"), quiet=kwargs.pop("quiet"), swanlab_mode=kwargs.pop("swanlab_mode"),
-        logger_project=kwargs.pop("logger_project"), loggers=kwargs.pop("logger"),
-        chat_template=kwargs.pop("chat_template"), preflight_only=kwargs.pop("preflight_only"),
-        clamp=kwargs.pop("clamp_to_server_limits"), connect_timeout=kwargs.pop("connect_timeout"),
-        from_step=kwargs.pop("from_step"), offline_fault=kwargs.pop("offline_fault"),
-        health_rules=_health_rules(kwargs.pop("health_rules")),
-        estimate=kwargs.pop("estimate"), measure=kwargs.pop("estimate_measure"))
+        resume_dir=pop_optional(kwargs, "resume", Path), quiet=pop_flag(kwargs, "quiet", bool),
+        swanlab_mode=pop_flag(kwargs, "swanlab_mode", str), logger_project=pop_flag(kwargs, "logger_project", str),
+        loggers=pop_flag(kwargs, "logger", tuple), chat_template=pop_optional(kwargs, "chat_template", str),
+        preflight_only=pop_flag(kwargs, "preflight_only", bool), clamp=pop_flag(kwargs, "clamp_to_server_limits", bool),
+        connect_timeout=pop_optional(kwargs, "connect_timeout", float),
+        from_step=pop_optional(kwargs, "from_step", int), offline_fault=pop_optional(kwargs, "offline_fault", str),
+        health_rules=_health_rules(pop_flag(kwargs, "health_rules", tuple)),
+        estimate=pop_flag(kwargs, "estimate", bool), measure=pop_flag(kwargs, "estimate_measure", bool))
     if flags.measure and not flags.estimate:
         raise click.UsageError("--estimate-measure only applies with --estimate")
     if flags.estimate and flags.resuming:
@@ -275,7 +314,7 @@ def _run_flags(kwargs: dict[str, Any]) -> _RunFlags:
 # --- a resumed run ---------------------------------------------------------------------------
 
 
-def _resumed_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, Any], explicit: set[str],
+def _resumed_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, object], explicit: set[str],
                  record: RunRecord | None, search: SearchOptions, checks: Prerequisites,
                  held: contextlib.ExitStack) -> _Start:
     """The run in ``--resume``'s directory, locked before anything in it is read for good, torn
@@ -293,7 +332,7 @@ def _resumed_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, Any], e
         raise click.UsageError(f"--config {record.run_dir} starts a new run with that run's settings; "
                                "--resume continues a run with its own: use one of them")
     run = RunDir(resume_dir)
-    stored = run.open()
+    stored: JsonObject = run.open()
     held.enter_context(run.locked())  # before anything is read for good or written
     run.check_writable()
     run.check_consistent(stored)
@@ -317,8 +356,8 @@ def _resumed_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, Any], e
     return _Start(config, run, search, stored=stored, segment=segment, costs_changed=costs_changed)
 
 
-def _changed_on_resume(params: dict[str, Any], kwargs: dict[str, Any], explicit: set[str],
-                       stored: dict[str, Any], flags: _RunFlags) -> list[str]:
+def _changed_on_resume(params: Mapping[str, object], kwargs: dict[str, object], explicit: set[str],
+                       stored: JsonObject, flags: _RunFlags) -> list[str]:
     """The recorded flags given now with another value than config.json's, sorted; refused
     unless each may change (an algorithm flag, with ``--from-step``)."""
     recorded = _flags(OnResume.FIXED) | _flags(OnResume.SEGMENT)  # what a resume compares with config.json
@@ -336,7 +375,7 @@ def _changed_on_resume(params: dict[str, Any], kwargs: dict[str, Any], explicit:
     return changed
 
 
-def _take_cost_changes(params: dict[str, Any], explicit: set[str], stored: dict[str, Any]) -> bool:
+def _take_cost_changes(params: Mapping[str, object], explicit: set[str], stored: JsonObject) -> bool:
     """Put another price table or budget given on this resume into ``stored``; whether one was."""
     changed = False
     for name in sorted(_flags(OnResume.COST)):
@@ -346,16 +385,16 @@ def _take_cost_changes(params: dict[str, Any], explicit: set[str], stored: dict[
     return changed
 
 
-def _guard_changes(params: dict[str, Any], explicit: set[str], stored: dict[str, Any],
-                   flags: _RunFlags) -> dict[str, Any]:
+def _guard_changes(params: Mapping[str, object], explicit: set[str], stored: JsonObject,
+                   flags: _RunFlags) -> dict[str, JsonValue]:
     """The guard flags (collapse stop, health rules, offline fault) this resume sets to another
     value than config.json's: the health rules named now change, the others stay as recorded;
     ``--offline-fault none`` clears a recorded fault, which is otherwise kept (and said so)."""
-    guard: dict[str, Any] = {}
+    guard: dict[str, JsonValue] = {}
     if "stop_on_collapse" in explicit:
-        guard["stop_on_collapse"] = params["stop_on_collapse"]
+        guard["stop_on_collapse"] = _plain(params["stop_on_collapse"])
     if "health_rules" in explicit:  # the rules named now change; the others stay as recorded
-        guard["health_rules"] = {**stored.get("health_rules", {}), **flags.health_rules}
+        guard["health_rules"] = {**_json_object(stored.get("health_rules", {}), "health_rules"), **flags.health_rules}
     if flags.offline_fault is not None:  # "none" clears the recorded fault
         guard["offline_fault"] = None if flags.offline_fault == "none" else flags.offline_fault
     elif stored.get("offline_fault"):
@@ -366,13 +405,14 @@ def _guard_changes(params: dict[str, Any], explicit: set[str], stored: dict[str,
             if stored.get(name, None if name == "offline_fault" else _MISSING) != value}
 
 
-def _resume_segment(params: dict[str, Any], kwargs: dict[str, Any], stored: dict[str, Any], changed: list[str],
-                    guard: dict[str, Any], from_step: int | None) -> dict[str, Any]:
+def _resume_segment(params: Mapping[str, object], kwargs: dict[str, object], stored: JsonObject, changed: list[str],
+                    guard: dict[str, JsonValue], from_step: int | None) -> Segment:
     """The segment a resume starts (config.json field -> its value before and after), its
     changes applied to ``stored``."""
     fields = setting_params(TrainConfig)  # flag -> config.json field
-    changes = {fields.get(name, name): {"from": _stored_value(stored, name), "to": _given(kwargs, params, name)}
-               for name in changed}
+    changes: dict[str, Change] = {
+        fields.get(name, name): {"from": _stored_value(stored, name), "to": _given(kwargs, params, name)}
+        for name in changed}
     changes.update({name: {"from": stored.get(name), "to": value} for name, value in guard.items()})
     stored.update({name: change["to"] for name, change in changes.items()})
     return {"from_step": from_step, "changed": changes}
@@ -381,7 +421,7 @@ def _resume_segment(params: dict[str, Any], kwargs: dict[str, Any], stored: dict
 # --- a new run -------------------------------------------------------------------------------
 
 
-def _new_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, Any], explicit: set[str],
+def _new_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, object], explicit: set[str],
              record: RunRecord | None, search: SearchOptions, checks: Prerequisites) -> _Start:
     """A new run: its settings from the flags (and from the run ``--config`` reads where no flag
     is given), its data, a run directory (``runs/<run-name>`` unless named) and checkpoint names
@@ -390,24 +430,25 @@ def _new_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, Any], expli
     from searchr1.basics.fileio import file_sha256
     from searchr1.training.checkpoints import new_run_id
 
-    offline, policy = kwargs.pop("offline"), kwargs.pop("offline_policy")
+    offline, policy = pop_flag(kwargs, "offline", bool), pop_flag(kwargs, "offline_policy", str)
     if not offline and "offline_policy" in explicit:
         raise click.UsageError("--offline-policy only applies with --offline")
     settings = _new_run_settings(kwargs, explicit, offline, policy, flags)
     given_data = settings.pop("data")
+    assert given_data is None or isinstance(given_data, str)  # --data, as click gives it
     data = Path(given_data or (TRAIN if offline else "datasets/train.jsonl"))
     data_found = _check_training_data(data, given=bool(given_data), offline=offline, checks=checks)
     if not offline:
         from searchr1.wiring.services import check_base_model
 
-        check_base_model(settings["base_model"])
+        check_base_model(flag_value(settings, "base_model", str))
     rollout = _new_rollout(kwargs, settings, offline)
-    run_dir = kwargs.pop("run_dir")
-    config = TrainConfig(
-        data=str(data), rollout=rollout, offline=offline, data_sha256=file_sha256(data) if data_found else "",
-        search=_search_record(search, offline),
-        run_id=new_run_id(), code_version=__version__, **settings,
-    )
+    run_dir = pop_optional(kwargs, "run_dir", Path)
+    config = call_with(TrainConfig, {
+        "data": str(data), "rollout": rollout, "offline": offline,
+        "data_sha256": file_sha256(data) if data_found else "", "search": _search_record(search, offline),
+        "run_id": new_run_id(), "code_version": __version__, **settings,
+    })
     if record is not None:
         config = _from_record(ctx, record, config, run_dir)
     run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name,
@@ -417,8 +458,8 @@ def _new_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, Any], expli
     return _Start(config, run, search)
 
 
-def _new_run_settings(kwargs: dict[str, Any], explicit: set[str], offline: bool, policy: str,
-                      flags: _RunFlags) -> dict[str, Any]:
+def _new_run_settings(kwargs: dict[str, object], explicit: set[str], offline: bool, policy: str,
+                      flags: _RunFlags) -> dict[str, object]:
     """The run's settings from the flags; offline, the twin's policy's own defaults for those not
     given, and the fault it injects. The scripted policy's logprobs are the script's, so its
     runs leave the sampler-learner mismatch rule off unless it is named."""
@@ -453,19 +494,20 @@ def _check_training_data(data: Path, *, given: bool, offline: bool, checks: Prer
                         empty=f"no training examples in {data}") is not None
 
 
-def _new_rollout(kwargs: dict[str, Any], settings: dict[str, Any], offline: bool) -> RolloutConfig:
+def _new_rollout(kwargs: dict[str, object], settings: dict[str, object], offline: bool) -> RolloutConfig:
     """The rollout flags as a :class:`RolloutConfig`, and ``--loss-fn-config`` into ``settings``:
     refused where the offline twin could not compute the loss, or the sampler would be tempered
     without ``--allow-tempered-sampling``."""
-    allow_tempered = kwargs.pop("allow_tempered_sampling")
-    rollout = rollout_config_from(kwargs, seed=settings["seed"])
-    check_offline_group_size(settings["offline_policy"], rollout.group_size)
-    settings["loss_fn_config"] = kwargs.pop("loss_fn_config")
+    allow_tempered = pop_flag(kwargs, "allow_tempered_sampling", bool)
+    rollout = rollout_config_from(kwargs, seed=flag_value(settings, "seed", int))
+    policy = settings["offline_policy"]
+    check_offline_group_size(policy if isinstance(policy, OfflinePolicy) else None, rollout.group_size)
+    settings["loss_fn_config"] = loss_config = pop_flag(kwargs, "loss_fn_config", dict)
     if offline:  # the twin refuses what it cannot compute; say so before anything runs
         from searchr1.core.objective import LossConfigError, resolve_loss_config
 
         try:
-            resolve_loss_config(settings["loss_fn"], settings["loss_fn_config"])
+            resolve_loss_config(flag_value(settings, "loss_fn", str), loss_config)
         except LossConfigError as error:
             raise click.UsageError(f"--loss-fn-config: {error}") from None
     if rollout.temperature != 1.0 or rollout.top_p != 1.0:
@@ -553,7 +595,8 @@ def _training_examples(config: TrainConfig) -> list[SearchExample]:
     return examples
 
 
-def _start_service(start: _Start, flags: _RunFlags, tokenizer: Any, held: contextlib.ExitStack) -> Any:
+def _start_service(start: _Start, flags: _RunFlags, tokenizer: Tokenizer,
+                   held: contextlib.ExitStack) -> pytrio.ServiceClient:
     """The PyTRIO service: live, or the offline twin with its home in the run directory."""
     from searchr1.run.directory import TWIN_HOME
     from searchr1.wiring.services import start_service
@@ -575,7 +618,8 @@ def _start_service(start: _Start, flags: _RunFlags, tokenizer: Any, held: contex
                          faults=TwinFaults(**parse_offline_fault(config.offline_fault or "none")))
 
 
-def _run_session(start: _Start, flags: _RunFlags, service: Any, tokenizer: Any, examples: list[SearchExample],
+def _run_session(start: _Start, flags: _RunFlags, service: pytrio.ServiceClient, tokenizer: Tokenizer,
+                 examples: list[SearchExample],
                  loggers: Loggers | None, account: RunAccount) -> tuple[int, _StopOnInterrupt]:
     """Run the steps (or, with ``--preflight-only``, connect and stop); a run that stops early
     exits with its code: 1 stopped, 3 collapsed, 4 over budget, 130 interrupted at once.
@@ -658,7 +702,7 @@ def _write_run_config(start: _Start, first: int, flags: _RunFlags) -> None:
         run.write_config({**config.to_json(), **{k: stored[k] for k in ("segments",) if k in stored}})
     if segment is None:
         return
-    segments = [*stored.get("segments", []), {**segment, "from_step": first, "time": time.time()}]
+    segments = [*as_list(stored.get("segments", []), "segments"), {**segment, "from_step": first, "time": time.time()}]
     recorded = {**config.to_json(), "segments": segments}
     if flags.from_step is None:
         run.write_config(recorded)
@@ -688,7 +732,7 @@ def _report_finished(start: _Start, completed: int, stop: _StopOnInterrupt) -> N
                     fg="yellow", err=True)
         sys.exit(130)
     click.echo(f"done: {plural(completed, 'step')}. metrics: {run.file('metrics.jsonl')}")
-    rewards = [line["reward/mean"] for line in run.metrics() if "reward/mean" in line]
+    rewards = [as_float(line["reward/mean"], "reward/mean") for line in run.metrics() if "reward/mean" in line]
     if len(rewards) >= 2:
         n = min(5, len(rewards) // 2)
         click.echo(f"mean reward: first {plural(n, 'step')} {sum(rewards[:n]) / n:+.3f}, "
@@ -699,7 +743,7 @@ def _report_finished(start: _Start, completed: int, stop: _StopOnInterrupt) -> N
                    + (f" --backend {start.search.backend}" if not config.offline else ""))
 
 
-def _run_account(config: Any) -> Any:
+def _run_account(config: TrainConfig) -> RunAccount:
     """The run's price table and budgets (a bad price table is one line naming file, line and key)."""
     from searchr1.run.costs import Budget, RunAccount, load_prices
 
@@ -710,14 +754,15 @@ def _run_account(config: Any) -> Any:
     return RunAccount(prices, Budget(config.budget, config.budget_tokens))
 
 
-def twin_staleness(config: Any) -> int:
+def twin_staleness(config: TrainConfig) -> int:
     """Weight-changing optimiser steps a sampler of this run may lag behind the training run:
     every step makes ``num_substeps`` of them and a batch samples on weights up to K steps old,
     so the last mini-batch of a step trains ``(K + 1) * N - 1`` updates after its sampler."""
     return (config.max_steps_off_policy + 1) * config.num_substeps - 1
 
 
-def _fit_server_limits(service: Any, config: Any, *, clamp: bool, resuming: bool) -> Any:
+def _fit_server_limits(service: pytrio.ServiceClient, config: TrainConfig, *, clamp: bool,
+                       resuming: bool) -> TrainConfig:
     """Check the trajectory budget against the service's limits for the model (or lower it
     with --clamp-to-server-limits on a fresh run); the limits are recorded in config.json."""
     import dataclasses
@@ -741,9 +786,9 @@ class _StopOnInterrupt:
     point is the last checkpoint)."""
 
     def __init__(self) -> None:
-        self.trainer: Any = None
+        self.trainer: TrainingRun | None = None
         self.requested = False
-        self._previous: Any = None
+        self._previous: signal._HANDLER = None
 
     def __enter__(self) -> _StopOnInterrupt:
         import signal
@@ -759,7 +804,7 @@ class _StopOnInterrupt:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested or self.trainer is None:
             raise KeyboardInterrupt
         self.requested = True
@@ -768,7 +813,7 @@ class _StopOnInterrupt:
                     "(press Ctrl-C again to quit at once)", fg="yellow", err=True)
 
 
-def _interrupted_at_once(run: Any, stop: _StopOnInterrupt, *, resuming: bool) -> str:
+def _interrupted_at_once(run: RunDir, stop: _StopOnInterrupt, *, resuming: bool) -> str:
     """What a second Ctrl-C (or one during start-up) leaves, and what can be done with it."""
     if stop.trainer is None or not run.file("config.json").is_file():
         return _interrupted_in_start_up(run, resuming=resuming)
@@ -784,16 +829,13 @@ def _interrupted_at_once(run: Any, stop: _StopOnInterrupt, *, resuming: bool) ->
             f"(step {last.step}) with: {invocation.command(f'train --resume {run.path}')}")
 
 
-def _interrupted_in_start_up(run: Any, *, resuming: bool) -> str:
+def _interrupted_in_start_up(run: RunDir, *, resuming: bool) -> str:
     """What a Ctrl-C before the first step leaves: nothing trained, nothing lost."""
     if resuming:
         return (f"train interrupted (Ctrl-C) during start-up, before its next step; {run.path} is as it was, "
                 f"nothing in it lost (continue with: {invocation.command(f'train --resume {run.path}')})")
     return ("train interrupted (Ctrl-C) during start-up, before the first step: nothing was trained, so "
             "nothing is lost or to resume; run the same command again to start")
-
-
-_MISSING = object()
 
 
 def _flags(role: OnResume) -> set[str]:
@@ -844,51 +886,69 @@ def _health_rules(given: tuple[str, ...]) -> dict[str, float | None]:
     return rules
 
 
-def _given(kwargs: dict[str, Any], params: dict[str, Any], name: str) -> Any:
+def _given(kwargs: dict[str, object], params: Mapping[str, object], name: str) -> JsonValue:
     """A flag's value as config.json would record it (``--loss-fn-config`` already parsed, the
     system prompt file's text)."""
     from searchr1.commands.options import read_system_prompt
 
     if name == "system_prompt_file":
-        return read_system_prompt(params[name])
-    return kwargs[name] if name == "loss_fn_config" else _plain(_as_recorded(name, params[name]))
+        path = params[name]
+        assert path is None or isinstance(path, Path)  # --system-prompt-file, as click gives it
+        return read_system_prompt(path)
+    return _plain(kwargs[name]) if name == "loss_fn_config" else _plain(_as_recorded(name, params[name]))
 
 
-def _plain(value: Any) -> Any:
-    """A value as config.json holds it: a path as text, a tuple of names as a list."""
-    return str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+def _plain(value: object) -> JsonValue:
+    """A value as config.json holds it: a path as text, a tuple of names as a list (click gives
+    every flag as one of these, or as a JSON value already)."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value)
+    if value is None or isinstance(value, str | int | float | bool | list | dict):
+        return value
+    raise TypeError(f"a flag's value of type {type(value).__name__} has no JSON form")
 
 
-def _stored_value(stored: dict[str, Any], name: str) -> Any:
+def _json_object(value: JsonValue, name: str) -> JsonObject:
+    """A JSON object of config.json, kept a JSON object (its values are written back as read)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{name}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _stored_value(stored: JsonObject, name: str) -> JsonValue | _Missing:
     """A flag's value as the run's config.json recorded it (``_MISSING`` if it was not), found
     through the declarations: a TrainConfig setting at the top, a RolloutConfig one under
     ``rollout`` (the system prompt file as its text), a search one under ``search.options``."""
     if name == "system_prompt_file":
-        return stored.get("rollout", {}).get("system_prompt", _MISSING)
-    scopes = ((setting_params(TrainConfig), stored), (setting_params(RolloutConfig), stored.get("rollout", {})),
-              (setting_params(SearchOptions), stored.get("search", {}).get("options", {})))
+        return _json_object(stored.get("rollout", {}), "rollout").get("system_prompt", _MISSING)
+    search = _json_object(stored.get("search", {}), "search")
+    scopes = ((setting_params(TrainConfig), stored),
+              (setting_params(RolloutConfig), _json_object(stored.get("rollout", {}), "rollout")),
+              (setting_params(SearchOptions), _json_object(search.get("options", {}), "search.options")))
     for params, scope in scopes:
         if name in params:
             return scope.get(params[name], _MISSING)
     return stored.get(name, _MISSING)
 
 
-def _as_recorded(name: str, value: Any) -> Any:
+def _as_recorded(name: str, value: T) -> T | str:
     """A flag's value as config.json records it (a private value is kept only in part)."""
     from searchr1.basics.secrets import redact_url
     from searchr1.search.wikipedia import CONTACT_PLACEHOLDER
 
     if name == "retriever_url" and value:
-        return redact_url(value)
+        return redact_url(str(value))  # a URL's text
     if name == "wikipedia_contact" and value:
         return CONTACT_PLACEHOLDER
     return value
 
 
-def _search_options_record(search: SearchOptions) -> dict[str, Any]:
+def _search_options_record(search: SearchOptions) -> JsonObject:
     """The search flags to reuse on --resume (paths as strings, nothing secret: the retriever
     URL without its userinfo and credential parameters, the Wikipedia contact as a placeholder)."""
-    record = {}
+    record: JsonObject = {}
     for key, value in search.__dict__.items():
         record[key] = str(value) if isinstance(value, Path) else value
     for name in ("retriever_url", "wikipedia_contact"):
@@ -896,23 +956,23 @@ def _search_options_record(search: SearchOptions) -> dict[str, Any]:
     return record
 
 
-def _search_record(search: SearchOptions, offline: bool) -> dict[str, Any]:
+def _search_record(search: SearchOptions, offline: bool) -> JsonObject:
     """``config.json``'s ``search``: what was used, and whether a credential was left out."""
     from searchr1.basics.secrets import redact_url
     from searchr1.wiring.services import describe_search
 
-    record = {**describe_search(search, offline=offline), "options": _search_options_record(search)}
+    record: JsonObject = {**describe_search(search, offline=offline), "options": _search_options_record(search)}
     if search.retriever_url and redact_url(search.retriever_url) != search.retriever_url:
         record["retriever_url_credentials_removed"] = True
     return record
 
 
-def _resumed_search_options(given: SearchOptions, recorded: dict[str, Any], explicit: set[str]) -> SearchOptions:
+def _resumed_search_options(given: SearchOptions, recorded: JsonObject, explicit: set[str]) -> SearchOptions:
     """The run's search flags from config.json; the retriever URL and the Wikipedia contact
     given again now are used as given (config.json keeps neither in full)."""
     from searchr1.search.wikipedia import CONTACT_PLACEHOLDER
 
-    options = dict(recorded.get("options", {}))
+    options: dict[str, object] = dict(_json_object(recorded.get("options", {}), "search.options"))
     for name in ("retriever_url", "wikipedia_contact"):
         if name in explicit:
             options[name] = getattr(given, name)
@@ -922,11 +982,11 @@ def _resumed_search_options(given: SearchOptions, recorded: dict[str, Any], expl
         raise click.UsageError(
             "the run's --retriever-url carried credentials, which config.json does not keep; "
             "pass the same --retriever-url again with --resume")
-    return SearchOptions(**{**given.__dict__, **options})
+    return call_with(SearchOptions, {**given.__dict__, **options})
 
 
-def _planned_loggers(requested: tuple[str, ...], swanlab_mode: str, project: str, config: Any,
-                     run_path: Path) -> Any:
+def _planned_loggers(requested: tuple[str, ...], swanlab_mode: str, project: str, config: TrainConfig,
+                     run_path: Path) -> Loggers:
     """The --logger writers, checked now (a missing package is one line before any work) and
     started once the run directory exists."""
     from searchr1.run.loggers import Loggers, LoggerSettings, LoggerSetupError, resolve_loggers
@@ -939,7 +999,7 @@ def _planned_loggers(requested: tuple[str, ...], swanlab_mode: str, project: str
         raise click.UsageError(str(error)) from None
 
 
-def _start_loggers(loggers: Any, config: Any) -> None:
+def _start_loggers(loggers: Loggers, config: TrainConfig) -> None:
     import dataclasses
 
     from searchr1.run.loggers import LoggerSetupError

@@ -6,14 +6,18 @@ import errno
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from searchr1.commands.help_layout import SectionedGroup, SectionOption
 from searchr1.twin.policies import POLICY_NAMES
 from searchr1.commands.options import offline_fault_option
-from searchr1.commands.settings_options import FiniteFloatRange
+from searchr1.commands.settings_options import FiniteFloatRange, call_with
+
+if TYPE_CHECKING:
+    from searchr1.twin.policy import Reduction
+    from searchr1.twin.training_run import Accumulation
 
 REDUCTIONS = ("per_token", "per_sample", "sum")
 
@@ -66,7 +70,7 @@ def twin() -> None:
 @click.option("--max-staleness", cls=SectionOption, section="service", type=click.IntRange(min=0), default=0,
               help="Optimiser steps a sampler may lag behind the run it trains (strict mode).")
 @offline_fault_option()
-def serve(**options: Any) -> None:
+def serve(**options: object) -> None:
     """Serve until Ctrl-C. The first line printed is the address to export:
 
     \b
@@ -76,11 +80,11 @@ def serve(**options: Any) -> None:
     """
     from searchr1.commands.options import run_guarded
 
-    run_guarded(lambda: _serve(**options))
+    run_guarded(lambda: call_with(_serve, options))
 
 
-def _serve(port: int, home: Path, policy: str, scenario: Path | None, api_key: str | None, reduction: str,
-           accumulation: str, max_seq_len: int | None, max_tokens_per_request: int | None,
+def _serve(port: int, home: Path, policy: str, scenario: Path | None, api_key: str | None, reduction: Reduction,
+           accumulation: Accumulation, max_seq_len: int | None, max_tokens_per_request: int | None,
            max_batch_size: int | None, stop_token_in_tokens: bool, stop_string_in_text: bool,
            sample_latency: float, token_latency: float, train_token_latency: float, optim_latency: float,
            save_latency: float, strict: bool, max_staleness: int, offline_fault: str | None) -> None:
@@ -98,7 +102,7 @@ def _serve(port: int, home: Path, policy: str, scenario: Path | None, api_key: s
         try:
             started = start_twin(
                 home=home, port=port, policy=policy, scenario=scenario, tokenizer=shared_tokenizer(),
-                api_key=api_key or TWIN_API_KEY, reduction=reduction, accumulation=accumulation,  # type: ignore[arg-type]
+                api_key=api_key or TWIN_API_KEY, reduction=reduction, accumulation=accumulation,
                 limits=TwinLimits(training=limits, sampling=limits),
                 convention=StopConvention(stop_token_in_tokens, stop_string_in_text),
                 latencies=Latencies(sample_latency, token_latency, train_token_latency, optim_latency, save_latency),

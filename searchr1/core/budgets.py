@@ -79,6 +79,11 @@ class RolloutBudgets:
                                           "local, wikipedia or retriever).")
     max_calls_per_turn: int = setting(1, at_least=1, at_most=16,
                                       help="Tool calls one turn may make; several run together (Search-R1: 1).")
+    # Qwen3.5's thinking mode: the generation prompt opens <think>, so every turn reasons first.
+    thinking: bool = setting(
+        False, help="Render with the chat template's thinking on: each turn reasons inside <think> before it acts, "
+                    "the reasoning is trained on with the rest of the turn, and calls and the answer are read "
+                    "only after </think>.")
     invalid_calls: InvalidCallPolicy = setting(
         InvalidCallPolicy.END, choices=tuple(policy.value for policy in InvalidCallPolicy),
         help="A refused tool call (unknown tool, bad parameter): end the trajectory as invalid (Search-R1), "

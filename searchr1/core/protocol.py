@@ -23,6 +23,7 @@ from searchr1.core.tools import (DECLARED, SEARCH, CallError, ParsedCall, ToolCa
 from searchr1.core.types import JsonObject, Message, Tokenizer
 
 BUDGET_PLACEHOLDER = "{max_search_calls}"
+THINK_CLOSE = "</think>"  # with thinking on, ends the reasoning the generation prompt opened
 
 
 SEARCH_TOOL: JsonObject = SEARCH.schema()  # the search function schema shown to the model
@@ -81,9 +82,12 @@ def initial_messages(question: str, *, max_search_calls: int | None = None, syst
     ]
 
 
-def assistant_message(text: str) -> Message:
-    """The raw generated text, tool-call XML included (structured ``tool_calls`` are never used)."""
-    return {"role": "assistant", "content": text}
+def assistant_message(text: str, reasoning: str | None = None) -> Message:
+    """The raw generated text, tool-call XML included (structured ``tool_calls`` are never used),
+    and with thinking on the turn's reasoning, which the template shows inside ``<think>``."""
+    if reasoning is None:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": text, "reasoning_content": reasoning}
 
 
 def tool_message(call_id: str, content: str, tool: str = "search") -> Message:
@@ -100,24 +104,26 @@ def stop_sequences(tokenizer: Tokenizer) -> list[str]:
 
 
 def render_text(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool,
-                tools: list[JsonObject] | None = None) -> str:
-    """``messages`` under the model's chat template, as text, with the search tool (or ``tools``)
-    and thinking disabled (the generation prompt then ends with an empty think block)."""
+                tools: list[JsonObject] | None = None, *, thinking: bool = False) -> str:
+    """``messages`` under the model's chat template, as text, with the search tool (or ``tools``).
+    Thinking off (the default), the generation prompt ends with an empty think block; on, with an
+    open ``<think>`` the model goes on from. Either way every assistant turn after the question is
+    shown with its reasoning (empty when it had none)."""
     return str(tokenizer.apply_chat_template(messages, tools=tools or [SEARCH_TOOL], tokenize=False,
-                                             add_generation_prompt=add_generation_prompt, enable_thinking=False))
+                                             add_generation_prompt=add_generation_prompt, enable_thinking=thinking))
 
 
 def render(tokenizer: Tokenizer, messages: list[Message], add_generation_prompt: bool,
-           tools: list[JsonObject] | None = None) -> list[int]:
+           tools: list[JsonObject] | None = None, *, thinking: bool = False) -> list[int]:
     """The same render as token ids: its text encoded without added special tokens, as
     ``apply_chat_template(tokenize=True)`` does."""
-    text = render_text(tokenizer, messages, add_generation_prompt, tools)
+    text = render_text(tokenizer, messages, add_generation_prompt, tools, thinking=thinking)
     return [int(token) for token in tokenizer.encode(text, add_special_tokens=False)]
 
 
 def build_prompt(tokenizer: Tokenizer, messages: list[Message],
-                 tools: list[JsonObject] | None = None) -> list[int]:
-    return render(tokenizer, messages, add_generation_prompt=True, tools=tools)
+                 tools: list[JsonObject] | None = None, *, thinking: bool = False) -> list[int]:
+    return render(tokenizer, messages, add_generation_prompt=True, tools=tools, thinking=thinking)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -137,12 +143,15 @@ class TurnKind(StrEnum):
 @dataclass(frozen=True)
 class ParsedAssistant:
     kind: TurnKind
-    # The turn's text as classified: the sampled text without a trailing stop string. Whether
-    # the sampler returns ``<|im_end|>`` in ``text`` is the service's convention; everything
-    # downstream (messages, transcripts, the reward) uses this text, so it does not matter.
+    # The turn's text as classified: the sampled text without a trailing stop string (with
+    # thinking on, what follows the reasoning). Whether the sampler returns ``<|im_end|>`` in
+    # ``text`` is the service's convention; everything downstream (messages, transcripts, the
+    # reward) uses this text, so it does not matter.
     text: str
     # Every call the turn makes, in order, each accepted or refused (empty for an answer).
     calls: tuple[ParsedCall, ...] = ()
+    # With thinking on: the reasoning before ``</think>`` (all of the turn when it never closed).
+    reasoning: str | None = None
 
     @property
     def query(self) -> str | None:
@@ -157,8 +166,19 @@ def without_stop_strings(text: str) -> str:
     return text[: match.start()] if match else text
 
 
-def parse_assistant(text: str, tools: Sequence[ToolSpec] = (SEARCH,), max_calls: int = 1) -> ParsedAssistant:
-    """Classify one assistant turn (never raises).
+def split_reasoning(text: str) -> tuple[str, str]:
+    """With thinking on, a turn goes on from the prompt's open ``<think>``: its reasoning, then
+    ``</think>``, then what it says. ``(reasoning, the rest)`` split at the first ``</think>``; a
+    turn that never closed its reasoning says nothing (``(text, "")``)."""
+    reasoning, closed, rest = text.partition(THINK_CLOSE)
+    return (reasoning, rest) if closed else (text, "")
+
+
+def parse_assistant(text: str, tools: Sequence[ToolSpec] = (SEARCH,), max_calls: int = 1, *,
+                    thinking: bool = False) -> ParsedAssistant:
+    """Classify one assistant turn (never raises). With ``thinking``, only what follows the
+    reasoning (:func:`split_reasoning`) is classified: a call or an ``Answer:`` line written
+    while reasoning neither runs nor scores.
 
     * ``tool``: one to ``max_calls`` well-formed Qwen3.5 XML calls, each of a declared tool with
       arguments its schema accepts (for ``search``: one query that is not blank and has no
@@ -171,15 +191,17 @@ def parse_assistant(text: str, tools: Sequence[ToolSpec] = (SEARCH,), max_calls:
     """
     if not isinstance(text, str):
         text = "" if text is None else str(text)
-    body = without_stop_strings(text)
+    body, reasoning = without_stop_strings(text), None
+    if thinking:
+        reasoning, body = split_reasoning(body)
     parsed = parse_tool_calls(body, tools)
     if parsed is None:
-        return ParsedAssistant(TurnKind.ANSWER, body)
+        return ParsedAssistant(TurnKind.ANSWER, body, reasoning=reasoning)
     calls = tuple(parsed[1])
     if len(calls) > max_calls:
         calls = calls + (CallError("", f"{len(calls)} tool calls in one turn (at most {max_calls})"),)
     valid = all(isinstance(call, ToolCall) for call in calls)
-    return ParsedAssistant(TurnKind.TOOL if valid else TurnKind.INVALID, body, calls)
+    return ParsedAssistant(TurnKind.TOOL if valid else TurnKind.INVALID, body, calls, reasoning)
 
 
 # --------------------------------------------------------------------------- stitching
@@ -190,7 +212,8 @@ class TemplateDriftError(ValueError):
     history, or its assistant/tool boundaries are not where they should be)."""
 
 
-_BOUNDARIES: "weakref.WeakKeyDictionary[Tokenizer, tuple[str, TemplateBoundaries]]" = weakref.WeakKeyDictionary()
+_BOUNDARIES: "weakref.WeakKeyDictionary[Tokenizer, dict[tuple[str, bool], TemplateBoundaries]]" = (
+    weakref.WeakKeyDictionary())
 _SENTINEL = "SEARCHR1-OBSERVATION-SENTINEL"
 _PROBE_MESSAGES: list[Message] = [
     {"role": "system", "content": "probe"},
@@ -198,12 +221,14 @@ _PROBE_MESSAGES: list[Message] = [
 ]
 
 
-def template_boundaries(tokenizer: Tokenizer) -> TemplateBoundaries:
-    """Closing tokens and observation wrapper of this tokenizer's template (cached)."""
+def template_boundaries(tokenizer: Tokenizer, *, thinking: bool = False) -> TemplateBoundaries:
+    """Closing tokens and observation wrapper of this tokenizer's template (cached). The closing is
+    learnt with thinking off (an empty turn would otherwise close its empty think block too); the
+    observation ends with the next generation prompt, so it is learnt as ``thinking`` renders it."""
     template = str(getattr(tokenizer, "chat_template", ""))
-    cached = _BOUNDARIES.get(tokenizer)
-    if cached is not None and cached[0] == template:
-        return cached[1]
+    known = _BOUNDARIES.setdefault(tokenizer, {})
+    if (template, thinking) in known:
+        return known[template, thinking]
     prompt = build_prompt(tokenizer, _PROBE_MESSAGES)
     empty_turn = render(tokenizer, _PROBE_MESSAGES + [assistant_message("")], add_generation_prompt=False)
     if empty_turn[: len(prompt)] != prompt:
@@ -218,7 +243,7 @@ def template_boundaries(tokenizer: Tokenizer) -> TemplateBoundaries:
     before = _PROBE_MESSAGES + [assistant_message(call)]
     end_text = render_text(tokenizer, before, add_generation_prompt=False)
     next_text = render_text(
-        tokenizer, before + [tool_message("probe-1", _SENTINEL)], add_generation_prompt=True
+        tokenizer, before + [tool_message("probe-1", _SENTINEL)], add_generation_prompt=True, thinking=thinking
     )
     closing_text = tokenizer.decode(list(closing), skip_special_tokens=False)
     if not next_text.startswith(end_text) or not end_text.endswith(closing_text):
@@ -230,7 +255,7 @@ def template_boundaries(tokenizer: Tokenizer) -> TemplateBoundaries:
         raise TemplateDriftError("the tool observation text does not appear exactly once")
     prefix, suffix = delta.split(_SENTINEL)
     boundaries = TemplateBoundaries(closing, prefix, suffix)
-    _BOUNDARIES[tokenizer] = (template, boundaries)
+    known[template, thinking] = boundaries
     return boundaries
 
 
@@ -263,15 +288,15 @@ def _contents(content: str | Sequence[str]) -> list[str]:
     return [content] if isinstance(content, str) else list(content)
 
 
-def observation_text(tokenizer: Tokenizer, content: str | Sequence[str]) -> str:
+def observation_text(tokenizer: Tokenizer, content: str | Sequence[str], *, thinking: bool = False) -> str:
     """The observation as text: wrapper plus the content (or each of several contents, joined as
     the template joins tool responses) trimmed as the template trims it."""
-    boundaries, contents = template_boundaries(tokenizer), _contents(content)
+    boundaries, contents = template_boundaries(tokenizer, thinking=thinking), _contents(content)
     joint = observation_joint(tokenizer) if len(contents) > 1 else ""
     return boundaries.observation_prefix + joint.join(c.strip() for c in contents) + boundaries.observation_suffix
 
 
-def observation_tokens(tokenizer: Tokenizer, content: str | Sequence[str]) -> list[int]:
+def observation_tokens(tokenizer: Tokenizer, content: str | Sequence[str], *, thinking: bool = False) -> list[int]:
     """Observation tokens for ``content`` (or several contents, one per call of the turn) without
     rendering the conversation.
 
@@ -281,9 +306,11 @@ def observation_tokens(tokenizer: Tokenizer, content: str | Sequence[str]) -> li
     special-token string stays text the policy reads and can never end the tool turn or forge a
     new one. For content without such strings the tokens equal those of a full render (the
     observation starts right after ``<|im_end|>``, so nothing merges across the boundary), which
-    ``build_next_prompt`` checks against the template on every turn.
+    ``build_next_prompt`` checks against the template on every turn. ``thinking``: the next
+    generation prompt opens the model's reasoning (:func:`render_text`).
     """
-    wrapper, contents = observation_wrapper(tokenizer, template_boundaries(tokenizer)), _contents(content)
+    boundaries = template_boundaries(tokenizer, thinking=thinking)
+    wrapper, contents = observation_wrapper(tokenizer, boundaries), _contents(content)
     tokens, text = list(wrapper.head), wrapper.head_text
     if len(contents) > 1:
         before, joint, after = split_at_control_tokens(tokenizer, observation_joint(tokenizer))
@@ -310,13 +337,14 @@ def missing_closing(tokenizer: Tokenizer, completion_tokens: Sequence[int]) -> l
 def build_next_prompt(
     tokenizer: Tokenizer,
     messages_before_assistant: list[Message],
-    assistant_text: str,
+    assistant_text: str | Message,
     previous_prompt_tokens: Sequence[int],
     completion_tokens: Sequence[int],
     next_tool_message: Message | Sequence[Message],
     tools: list[JsonObject] | None = None,
     *,
     observation: Sequence[int] | None = None,
+    thinking: bool = False,
 ) -> list[int]:
     """``previous prompt + completion (as sampled) + missing closing + observation``.
 
@@ -329,24 +357,29 @@ def build_next_prompt(
     the ones a full render would produce, except that special-token strings inside the tool
     content stay plain text (a full render would turn them into control tokens; see
     :func:`observation_tokens`). ``observation``: those tokens when the caller already has them
-    (the rollout sizes them while fitting).
+    (the rollout sizes them while fitting). ``assistant_text``: the turn's text, or its message
+    with its reasoning (thinking on); ``thinking``: how the next generation prompt is rendered.
+    With thinking on the template shows every turn after the question with its reasoning, so
+    adding an observation rewrites none of them either.
     """
     tool_messages = [next_tool_message] if isinstance(next_tool_message, dict) else list(next_tool_message)
-    with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
+    assistant = assistant_message(assistant_text) if isinstance(assistant_text, str) else assistant_text
+    with_assistant = list(messages_before_assistant) + [assistant]
     assistant_end = render_text(tokenizer, with_assistant, add_generation_prompt=False, tools=tools)
-    next_prompt = render_text(tokenizer, with_assistant + tool_messages, add_generation_prompt=True, tools=tools)
+    next_prompt = render_text(tokenizer, with_assistant + tool_messages, add_generation_prompt=True, tools=tools,
+                              thinking=thinking)
     if not next_prompt.startswith(assistant_end):
         raise TemplateDriftError(
             "the chat template rewrote earlier history after the tool observation was added "
             "(the render with the tool message does not extend the render without it)"
         )
-    boundaries = template_boundaries(tokenizer)
+    boundaries = template_boundaries(tokenizer, thinking=thinking)
     if not assistant_end.endswith(tokenizer.decode(list(boundaries.closing), skip_special_tokens=False)):
         raise TemplateDriftError(
             "the rendered assistant turn does not end with the closing tokens learnt from the template"
         )
     contents = [str(message.get("content", "")) for message in tool_messages]
-    if next_prompt[len(assistant_end):] != observation_text(tokenizer, contents):
+    if next_prompt[len(assistant_end):] != observation_text(tokenizer, contents, thinking=thinking):
         raise TemplateDriftError(
             "the template's observation differs from the wrapper learnt at start-up "
             "(the tool turn is rendered differently for this conversation)"
@@ -355,5 +388,5 @@ def build_next_prompt(
         list(previous_prompt_tokens)
         + list(completion_tokens)
         + missing_closing(tokenizer, completion_tokens)
-        + (list(observation) if observation is not None else observation_tokens(tokenizer, contents))
+        + (list(observation) if observation is not None else observation_tokens(tokenizer, contents, thinking=thinking))
     )

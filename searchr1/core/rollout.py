@@ -130,7 +130,7 @@ def make_request(tokenizer: Tokenizer, group: Sequence[Trajectory], seed: int,
     if first.next_prompt_tokens is not None:
         prompt = first.next_prompt_tokens
     else:
-        prompt = build_prompt(tokenizer, first.messages, tools=tool_schemas(budgets))
+        prompt = build_prompt(tokenizer, first.messages, tools=tool_schemas(budgets), thinking=budgets.thinking)
     max_tokens = min(budgets.max_assistant_tokens, budgets.max_trajectory_tokens - len(prompt))
     if max_tokens <= 0:
         for trajectory in group:
@@ -210,7 +210,7 @@ class PendingCall:
 
     trajectory: Trajectory
     messages_before_assistant: list[Message]
-    assistant_text: str
+    assistant: Message  # the turn as the template shows it: its text (and reasoning, thinking on)
     prompt_tokens: list[int]
     completion_tokens: list[int]
     call_ids: tuple[str, ...]
@@ -224,10 +224,11 @@ def record_turn(trajectory: Trajectory, turn: Turn, tokenizer: Tokenizer,
     trajectory.turns.append(turn)
     tokens, prompt = turn.completion_tokens, turn.prompt_tokens
     tools = declared_tools(budgets)
-    parsed = parse_assistant(turn.text, tools, budgets.max_calls_per_turn)
-    text = parsed.text  # the one place that decides what the turn said (no stop string)
+    parsed = parse_assistant(turn.text, tools, budgets.max_calls_per_turn, thinking=budgets.thinking)
+    text = parsed.text  # the one place that decides what the turn said (no stop string, no reasoning)
     messages_before = list(trajectory.messages)
-    trajectory.messages.append(assistant_message(text))
+    assistant = assistant_message(text, parsed.reasoning)
+    trajectory.messages.append(assistant)
     if parsed.kind == TurnKind.ANSWER:  # a reply without a tool call: an answer only if it can be scored
         trajectory.finish(Termination.ANSWER if extract_answer(text) is not None else Termination.NO_ANSWER, text)
         return None
@@ -245,12 +246,13 @@ def record_turn(trajectory: Trajectory, turn: Turn, tokenizer: Tokenizer,
     if len(trajectory.turns) >= budgets.max_assistant_turns:
         trajectory.finish(Termination.TURN_BUDGET, text)
         return None
-    if len(observation_tokens(tokenizer, ["x"] * len(calls))) > observation_room(tokenizer, prompt, tokens, budgets):
+    least = observation_tokens(tokenizer, ["x"] * len(calls), thinking=budgets.thinking)
+    if len(least) > observation_room(tokenizer, prompt, tokens, budgets):
         trajectory.finish(Termination.TOKEN_BUDGET, text)  # not even a one-letter observation fits: no call
         return None
     ids = tuple(f"{call.name if isinstance(call, ToolCall) else 'call'}-{trajectory.question_index}-"
                 f"{trajectory.group_index}-{len(trajectory.calls) + number}" for number, call in enumerate(calls, 1))
-    return PendingCall(trajectory, messages_before, text, list(prompt), list(tokens), ids, calls)
+    return PendingCall(trajectory, messages_before, assistant, list(prompt), list(tokens), ids, calls)
 
 
 def record_call(trajectory: Trajectory, call: ParsedCall, result: SearchResult, *, ok: bool, observation: str,
@@ -272,7 +274,7 @@ def add_observation(pending: PendingCall, results: Sequence[SearchResult], token
     trajectory = pending.trajectory
     answered = [(call_id, call.name, result) for call_id, call, result in zip(pending.call_ids, pending.calls, results)]
     try:
-        fitted = fit_calls(tokenizer, pending.messages_before_assistant, pending.assistant_text,
+        fitted = fit_calls(tokenizer, pending.messages_before_assistant, pending.assistant,
                            pending.prompt_tokens, pending.completion_tokens, answered, budgets)
     except Exception as error:  # noqa: BLE001 - one bad tool result must not end the run
         reason = f"the {pending.calls[0].name or 'tool'} result could not become an observation ({type(error).__name__})"
@@ -280,10 +282,10 @@ def add_observation(pending: PendingCall, results: Sequence[SearchResult], token
         log.warning("query %r: %s; the trajectory ends as a search failure", shown, reason)
         for call, result in zip(pending.calls, results):
             record_call(trajectory, call, result, ok=False, observation="", error=reason)
-        trajectory.finish(Termination.SEARCH_ERROR, pending.assistant_text)
+        trajectory.finish(Termination.SEARCH_ERROR, pending.assistant["content"])
         return
     if fitted is None:
-        trajectory.finish(Termination.TOOL_OVERFLOW, pending.assistant_text)
+        trajectory.finish(Termination.TOOL_OVERFLOW, pending.assistant["content"])
         return
     for (call_id, tool, result), call, content, cut in zip(answered, pending.calls, fitted.contents,
                                                             fitted.truncated):
@@ -428,7 +430,7 @@ async def rollout_batch_async(
     finished before the weights ``sampling_client`` serves, recorded on every turn. Raises
     :class:`SamplerFailureError` when more than ``max_sampler_failure_fraction`` could not be
     sampled (a smaller share ends as ``sampler_error`` and is left out of the update)."""
-    template_boundaries(tokenizer)  # learn the template's boundaries once, before any task
+    template_boundaries(tokenizer, thinking=config.thinking)  # learn the template's boundaries once, before any task
     missing = [name for name in config.tools if name not in tools]
     if missing:
         raise ValueError(f"no backend runs the declared tool {missing[0]!r}")

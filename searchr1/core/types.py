@@ -124,6 +124,7 @@ class Message(TypedDict):
     content: str
     tool_call_id: NotRequired[str]
     name: NotRequired[str]
+    reasoning_content: NotRequired[str]  # an assistant turn's reasoning (thinking on)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 from urllib.parse import urlsplit
 
 from searchr1.core.errors import UserError
@@ -39,6 +39,8 @@ from searchr1.basics import invocation
 
 class DataError(UserError, ValueError):
     """A dataset file or row is unusable. The message names the file (and line) and the field."""
+
+    resumable = False  # a failed download whose bytes are kept for the next run to continue
 
 
 # --- the pinned source ---------------------------------------------------------------------
@@ -63,12 +65,12 @@ QUESTION_KEY_RULE = (
 # --- cleaning (pure) ----------------------------------------------------------------------
 
 
-def clean_answers(value: Any) -> tuple[str, ...]:
+def clean_answers(value: object) -> tuple[str, ...]:
     """A bare string becomes a one-answer tuple; a list/tuple keeps its items as stripped
     strings; anything else (None, dict, scalar) yields nothing. Empty strings are dropped and
     duplicates removed keeping the first occurrence, so the reward sees each gold once."""
     if isinstance(value, str):
-        items: Iterable[Any] = [value]
+        items: Iterable[object] = [value]
     elif isinstance(value, (list, tuple)):
         items = value
     else:
@@ -83,7 +85,7 @@ def clean_answers(value: Any) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def extract_answers(row: Mapping[str, Any]) -> tuple[str, ...]:
+def extract_answers(row: Mapping[str, object]) -> tuple[str, ...]:
     """Gold answers from ``golden_answers``; when that yields nothing, from
     ``reward_model.ground_truth.target`` (the copy the official reward reads). A ground truth
     that is not a dict is taken as the answers themselves."""
@@ -111,7 +113,7 @@ def question_key(question: str) -> str:
     return " ".join(text.split())
 
 
-def normalize_row(row: Mapping[str, Any], *, fallback_id: str) -> SearchExample | str:
+def normalize_row(row: Mapping[str, object], *, fallback_id: str) -> SearchExample | str:
     """One raw row -> a SearchExample, or the reason it is dropped
     (``"missing_question"`` / ``"missing_answers"``).
 
@@ -132,14 +134,14 @@ def normalize_row(row: Mapping[str, Any], *, fallback_id: str) -> SearchExample 
 @dataclass
 class CleanSplit:
     examples: list[SearchExample]
-    dropped: Counter
+    dropped: Counter[str]
 
 
-def clean_rows(rows: Iterable[Mapping[str, Any]], split: str) -> CleanSplit:
+def clean_rows(rows: Iterable[Mapping[str, object]], split: str) -> CleanSplit:
     """Normalise every row, counting drops by reason. Ids are made unique within the split
     (a repeated id gets ``~2``, ``~3``… appended) so no two examples share one."""
     examples: list[SearchExample] = []
-    dropped: Counter = Counter()
+    dropped: Counter[str] = Counter()
     used: set[str] = set()
     for index, row in enumerate(rows):
         result = normalize_row(row, fallback_id=f"{split}_row{index}")
@@ -205,7 +207,16 @@ def count_by_source(examples: Iterable[SearchExample]) -> dict[str, int]:
 # --- JSONL round trip --------------------------------------------------------------------
 
 
-def example_to_dict(example: SearchExample) -> dict[str, Any]:
+class ExampleRecord(TypedDict):
+    """One line of a dataset JSONL file."""
+
+    id: str
+    question: str
+    answers: list[str]
+    data_source: str
+
+
+def example_to_dict(example: SearchExample) -> ExampleRecord:
     return {
         "id": example.id,
         "question": example.question,
@@ -217,7 +228,7 @@ def example_to_dict(example: SearchExample) -> dict[str, Any]:
 EXAMPLE_FIELDS = ("id", "question", "answers", "data_source")
 
 
-def _described(value: Any) -> str:
+def _described(value: object) -> str:
     """``a string 'x'``, ``a number 3``, ``null``…: what the line holds, in JSON's words."""
     kind = ("null" if value is None else "true/false" if isinstance(value, bool)
             else "a number" if isinstance(value, (int, float)) else "a string" if isinstance(value, str)
@@ -229,7 +240,7 @@ def _described(value: Any) -> str:
     return f"{kind} {shown}".strip()
 
 
-def _require(record: Mapping[str, Any], field: str, where: str) -> Any:
+def _require(record: Mapping[str, object], field: str, where: str) -> object:
     if field in record:
         return record[field]
     present = ", ".join(repr(k) for k in record) or "no fields"
@@ -240,14 +251,14 @@ def _require(record: Mapping[str, Any], field: str, where: str) -> Any:
     raise DataError(f"{where}: missing field {field!r} (the line has {present}){hint}")
 
 
-def _nonempty_str(record: Mapping[str, Any], field: str, where: str) -> str:
+def _nonempty_str(record: Mapping[str, object], field: str, where: str) -> str:
     value = _require(record, field, where)
     if not isinstance(value, str) or not value.strip():
         raise DataError(f"{where}: field {field!r} must be a non-empty string, got {_described(value)}")
     return value
 
 
-def example_from_dict(record: Any, where: str) -> SearchExample:
+def example_from_dict(record: object, where: str) -> SearchExample:
     """Validate one decoded JSONL row; ``where`` (``file:line``) prefixes every error, which
     names the field (and for ``answers`` the item) at fault and what the line holds instead."""
     if not isinstance(record, dict):
@@ -396,7 +407,7 @@ def parquet_columns(path: str | os.PathLike[str]) -> list[str]:
         raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
 
 
-def read_parquet_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+def read_parquet_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, object]]:
     """Rows of a release parquet file as dicts (only RAW_COLUMNS that the file has), streamed
     in record batches so the 170k-row train file never sits in memory as one Python list."""
     import pyarrow.parquet as pq
@@ -537,6 +548,26 @@ def download_raw(
     return {split: raw_dir / name for split, name in RAW_FILES.items()}
 
 
+class SplitSummary(TypedDict):
+    file: str
+    total: int
+    per_source: dict[str, int]
+    sha256: str
+
+
+class DatasetManifest(TypedDict):
+    """``manifest.json`` of a prepared dataset."""
+
+    format: int
+    source: dict[str, object]  # the provenance (kind, dataset id, revision) and the release's files
+    seed: int
+    dev_per_source: int
+    question_normalisation: str
+    splits: dict[str, SplitSummary]
+    dropped: dict[str, dict[str, int]]  # per split, how many rows were dropped for each reason
+    dev_short_sources: list[str]
+
+
 def prepare_dataset(
     train_parquet: str | os.PathLike[str],
     test_parquet: str | os.PathLike[str],
@@ -544,8 +575,8 @@ def prepare_dataset(
     *,
     dev_per_source: int = DEFAULT_DEV_PER_SOURCE,
     seed: int = DEFAULT_SEED,
-    provenance: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    provenance: Mapping[str, object] | None = None,
+) -> DatasetManifest:
     """Clean both splits, drop train questions that also occur in test, sample the dev set from
     test, and write ``train.jsonl``, ``test.jsonl``, ``dev.jsonl`` and ``manifest.json``
     (atomically, manifest last). Returns the manifest.
@@ -569,7 +600,7 @@ def prepare_dataset(
     splits = {"train": train_examples, "test": test.examples, "dev": dev_examples}
     payloads = {f"{name}.jsonl": jsonl_bytes(examples) for name, examples in splits.items()}
     dev_sources = count_by_source(dev_examples)
-    manifest: dict[str, Any] = {
+    manifest: DatasetManifest = {
         "format": 1,
         "source": {
             **dict(provenance or {}),

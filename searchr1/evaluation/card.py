@@ -15,9 +15,9 @@ differ in any of them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from searchr1.evaluation.intervals import FEW_QUESTIONS, describe_rules, few_questions
+from searchr1.evaluation.numbers import int_of
 
 CARD_VERSION = 1
 # Card fields that describe the sample or how its intervals were drawn, not the setting: they may
@@ -53,13 +53,19 @@ def interval_method() -> str:
     return describe_rules()
 
 
-def few_questions_field(n_per_source: Mapping[str, int]) -> dict[str, Any]:
+def few_questions_field(n_per_source: Mapping[str, int]) -> dict[str, object]:
     """The card's ``few_questions``: the threshold and the sources under it, which every table
     marks (their intervals are wide; one question moves them by a tenth or more)."""
     return {"under": FEW_QUESTIONS, "sources": [s for s, n in n_per_source.items() if few_questions(n)]}
 
 
-def _corpus(config: Mapping[str, Any]) -> dict[str, Any]:
+def table(record: Mapping[str, object], name: str) -> Mapping[str, object]:
+    """A table of a config or a card (``rollout``, ``budgets``), empty when it has none."""
+    value = record.get(name)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _corpus(config: Mapping[str, object]) -> dict[str, object]:
     backend = config.get("search_backend")
     if backend == "local":
         index = str(config.get("search_index") or "")
@@ -72,19 +78,18 @@ def _corpus(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": f"{backend} web search, live", "version": None}
 
 
-def _retriever(config: Mapping[str, Any]) -> str:
+def _retriever(config: Mapping[str, object]) -> str:
     backend = str(config.get("search_backend"))
     return {"local": "BM25 (searchr1.bm25)", "retriever": "an HTTP retrieval server (Search-R1's /retrieve)",
             "deepseek": f"DeepSeek web search ({config.get('search_model') or 'default model'})",
             "zhihu": "Zhihu search", "wikipedia": "the Wikipedia search API"}.get(backend, backend)
 
 
-def eval_card(config: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+def eval_card(config: Mapping[str, object], metrics: Mapping[str, object]) -> dict[str, object]:
     """The card of an evaluation from its run configuration and its metrics (plain JSON)."""
-    rollout = config.get("rollout") if isinstance(config.get("rollout"), Mapping) else {}
-    sampling = config.get("sampling") if isinstance(config.get("sampling"), Mapping) else {}
-    definitions = {name: dict(text) for name, text in METRIC_DEFINITIONS.items()}
-    n_per_source = {key.split("/", 1)[1]: int(value) for key, value in sorted(metrics.items())
+    rollout, sampling = table(config, "rollout"), table(config, "sampling")
+    definitions: dict[str, dict[str, object]] = {name: {**text} for name, text in METRIC_DEFINITIONS.items()}
+    n_per_source = {key.split("/", 1)[1]: int_of(value, key) for key, value in sorted(metrics.items())
                     if key.startswith("questions/")}
     judge = config.get("judge")
     if isinstance(judge, Mapping):
@@ -110,16 +115,16 @@ def eval_card(config: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str
     }
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
     if isinstance(value, Mapping):
-        flat: dict[str, Any] = {}
+        flat: dict[str, object] = {}
         for key, item in value.items():
             flat.update(_flatten(item, f"{prefix}{key}."))
         return flat
     return {prefix.rstrip("."): value}
 
 
-def card_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def card_differences(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
     """``"field: a -> b"`` for every card field that changes the numbers and differs (sorted).
     A judge on one side only is no difference (the other numbers are the same); two judges
     that differ are."""
@@ -133,23 +138,23 @@ def card_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
             for key in sorted(set(left) | set(right)) if left.get(key) != right.get(key)]
 
 
-def format_card(card: Mapping[str, Any]) -> str:
+def format_card(card: Mapping[str, object]) -> str:
     """The card as indented lines for the console."""
-    corpus = card.get("corpus") or {}
-    budgets = card.get("budgets") or {}
-    decoding = card.get("decoding") or {}
+    corpus, budgets, decoding = table(card, "corpus"), table(card, "budgets"), table(card, "decoding")
     lines = ["card:",
              f"  corpus      {corpus.get('name')} (version {corpus.get('version') or 'unstated'})",
              f"  retriever   {card.get('retriever')}, top-k {card.get('top_k') or 'the backend default'}",
              "  budgets     " + ", ".join(f"{k} {v}" for k, v in budgets.items() if v is not None),
              "  decoding    " + ", ".join(f"{k} {v}" for k, v in decoding.items() if v is not None)]
-    n = card.get("n_per_source") or {}
+    n = table(card, "n_per_source")
     if n:
         lines.append("  questions   " + ", ".join(f"{k} {v}" for k, v in n.items()))
         few = [k for k, v in n.items() if isinstance(v, int) and few_questions(v)]
         if few:
             lines.append(f"  few         fewer than {FEW_QUESTIONS} questions: {', '.join(few)} (wide intervals)")
-    for name, text in (card.get("metrics") or {}).items():
+    metrics = table(card, "metrics")
+    for name in metrics:
+        text = table(metrics, name)
         lines.append(f"  {name:<11} {text.get('definition')} [{text.get('source')}]")
     lines.append(f"  intervals   {card.get('interval')}")
     return "\n".join(lines)

@@ -30,19 +30,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
-
-from searchr1.evaluation.card import card_differences, eval_card
+from searchr1.basics.json_types import JsonObject, JsonValue, as_object
+from searchr1.evaluation.card import card_differences, eval_card, table
 from searchr1.evaluation.intervals import FEW_QUESTIONS, Interval, few_questions
 from searchr1.evaluation.metrics import EvalFileError, answer_score, load_summary, read_eval_records
 from searchr1.evaluation.paired_intervals import macro_paired_interval, paired_interval
 from searchr1.basics.wording import plural
 from searchr1.basics import invocation
 
-SCORES = ("em", "f1", "cover_em")
-BINARY_SCORES = ("em", "cover_em")
-JUDGE_SCORE = "judge"
+Score = Literal["em", "f1", "cover_em", "judge"]
+SCORES: tuple[Score, ...] = ("em", "f1", "cover_em")
+BINARY_SCORES: tuple[Score, ...] = ("em", "cover_em")
+JUDGE_SCORE: Literal["judge"] = "judge"
 # Config fields that must agree (besides the cards): the question set and the sampling seed
 # source are in the card too; these name the rest of "what was asked, how it was searched".
 BINDING_CONFIG = ("dataset_sha256", "protocol", "search_backend", "search_topk", "search_index",
@@ -54,12 +55,73 @@ class IncomparableEvals(ValueError):
     """Two evaluations that cannot be compared; the message says what differs."""
 
 
+class Difference(TypedDict):
+    """A paired difference ``b - a`` of one score, with its paired 95% interval."""
+
+    a: float
+    b: float
+    difference: float
+    ci95_low: float
+    ci95_high: float
+    interval_rule: str
+
+
+class McNemar(TypedDict):
+    b_only_right: int
+    a_only_right: int
+    p_value: float
+
+
+class Flip(TypedDict):
+    """A question right in one file only, with the ``show`` commands of its two transcripts."""
+
+    data_source: str
+    id: str
+    question: JsonValue
+    show: list[str]
+
+
+class SourceComparison(TypedDict):
+    """One source's paired questions: how many, and each score's difference and p value."""
+
+    n: int
+    few_questions: bool
+    p_value: dict[str, float]
+    em: NotRequired[Difference]
+    f1: NotRequired[Difference]
+    cover_em: NotRequired[Difference]
+    judge: NotRequired[Difference]
+
+
+class Comparison(TypedDict):
+    """What :func:`compare_evals` finds (``compare --json`` prints it)."""
+
+    a: str
+    b: str
+    model_a: object
+    model_b: object
+    produced_by_a: str
+    produced_by_b: str
+    paired_questions: int
+    only_in_a: int
+    only_in_b: int
+    difference: str
+    interval: str
+    few_questions_under: int
+    test: str
+    sources: dict[str, SourceComparison]
+    macro: dict[str, Difference]
+    p_value: dict[str, float]
+    mcnemar: dict[str, McNemar]
+    flipped: dict[str, dict[str, list[Flip]]]
+
+
 @dataclass(frozen=True)
 class LoadedEval:
     path: Path
-    config: dict[str, Any]
-    card: dict[str, Any]
-    records: dict[tuple[str, str], dict[str, Any]]  # (data_source, id) -> the question's first record
+    config: Mapping[str, object]
+    card: Mapping[str, object]
+    records: dict[tuple[str, str], JsonObject]  # (data_source, id) -> the question's first record
 
 
 def load_eval(path: str | Path) -> LoadedEval:
@@ -67,9 +129,11 @@ def load_eval(path: str | Path) -> LoadedEval:
     written before cards existed gets its card rebuilt from that config)."""
     path = Path(path)
     summary = load_summary(path)
-    config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
-    card = summary.get("card") if isinstance(summary.get("card"), dict) else eval_card(config, summary["metrics"])
-    records: dict[tuple[str, str], dict[str, Any]] = {}
+    stored_config, stored_card = summary.get("config"), summary.get("card")
+    config: JsonObject = stored_config if isinstance(stored_config, dict) else {}
+    card: Mapping[str, object] = (stored_card if isinstance(stored_card, dict)
+                                  else eval_card(config, as_object(summary["metrics"], "metrics")))
+    records: dict[tuple[str, str], JsonObject] = {}
     for record in read_eval_records(path):
         if record.get("type", "trajectory") != "trajectory":
             continue
@@ -89,7 +153,7 @@ def comparability_problems(a: LoadedEval, b: LoadedEval) -> list[str]:
     for name in BINDING_CONFIG:
         if a.config.get(name) != b.config.get(name):
             problems.append(f"{name}: {a.config.get(name)!r} -> {b.config.get(name)!r}")
-    sampling_a, sampling_b = a.config.get("sampling") or {}, b.config.get("sampling") or {}
+    sampling_a, sampling_b = table(a.config, "sampling"), table(b.config, "sampling")
     for name in DECODING_CONFIG:
         if sampling_a.get(name) != sampling_b.get(name):
             problems.append(f"decoding {name}: {sampling_a.get(name)!r} -> {sampling_b.get(name)!r}")
@@ -110,18 +174,18 @@ def mcnemar_exact(b_only: int, a_only: int) -> float:
     return float(min(Fraction(1), Fraction(2 * tail, 2 ** n)))
 
 
-def _entry(a: float, b: float, difference: float, interval: Interval) -> dict[str, Any]:
+def _entry(a: float, b: float, difference: float, interval: Interval) -> Difference:
     return {"a": a, "b": b, "difference": difference, "ci95_low": interval.low, "ci95_high": interval.high,
             "interval_rule": interval.rule.value}
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> Difference:
     """Mean of ``b - a`` over paired scores with its paired 95% interval."""
     difference = math.fsum(y - x for x, y in zip(a, b, strict=True)) / len(a)
     return _entry(math.fsum(a) / len(a), math.fsum(b) / len(b), difference, paired_interval(a, b))
 
 
-def macro_difference(groups: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> dict[str, Any]:
+def macro_difference(groups: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> Difference:
     """Macro ``b - a`` (unweighted mean over sources of the per-source mean differences), with
     its 95% interval at Kish's effective sample size."""
     sources = sorted(groups)
@@ -134,14 +198,14 @@ def macro_difference(groups: Mapping[str, tuple[Sequence[float], Sequence[float]
     return _entry(macro(0), macro(1), difference, macro_paired_interval(groups))
 
 
-def _judge_score(record: Mapping[str, Any]) -> float | None:
+def _judge_score(record: Mapping[str, object]) -> float | None:
     judge = record.get("judge")
     if isinstance(judge, Mapping) and isinstance(judge.get("correct"), bool):
         return 1.0 if judge["correct"] else 0.0
     return None
 
 
-def _producer(config: Mapping[str, Any]) -> str:
+def _producer(config: Mapping[str, object]) -> str:
     """Who produced an evaluation's answers: the live service, or the offline twin's policy."""
     backend = str(config.get("sampling_backend") or "")
     if config.get("offline") or backend.startswith("offline-"):
@@ -153,7 +217,7 @@ def _show_command(path: Path, question_id: str) -> str:
     return invocation.command(f"show {shlex.quote(str(path))} --id {shlex.quote(question_id)}")
 
 
-def compare_evals(a: LoadedEval, b: LoadedEval) -> dict[str, Any]:
+def compare_evals(a: LoadedEval, b: LoadedEval) -> Comparison:
     """The whole comparison as plain JSON (see the module docstring). Raises
     :class:`IncomparableEvals` when the files are not comparable or share no question."""
     problems = comparability_problems(a, b)
@@ -162,11 +226,11 @@ def compare_evals(a: LoadedEval, b: LoadedEval) -> dict[str, Any]:
     paired = sorted(set(a.records) & set(b.records))
     if not paired:
         raise IncomparableEvals("the two evaluations share no answered question")
-    scores = list(SCORES)
+    scores: list[Score] = list(SCORES)
     if all(_judge_score(a.records[k]) is not None and _judge_score(b.records[k]) is not None for k in paired):
         scores.append(JUDGE_SCORE)
 
-    def score(record: Mapping[str, Any], name: str) -> float:
+    def score(record: Mapping[str, object], name: Score) -> float:
         try:
             value = _judge_score(record) if name == JUDGE_SCORE else answer_score(record, name)
         except (TypeError, ValueError):
@@ -180,7 +244,7 @@ def compare_evals(a: LoadedEval, b: LoadedEval) -> dict[str, Any]:
     for key in paired:
         by_source[key[0]].append(key)
     sources = sorted(by_source)
-    result: dict[str, Any] = {
+    result: Comparison = {
         "a": str(a.path), "b": str(b.path),
         "model_a": a.config.get("model_path") or a.config.get("base_model"),
         "model_b": b.config.get("model_path") or b.config.get("base_model"),
@@ -222,10 +286,10 @@ def compare_evals(a: LoadedEval, b: LoadedEval) -> dict[str, Any]:
     return result
 
 
-def format_comparison(result: Mapping[str, Any], *, flips_shown: int = 10) -> str:
+def format_comparison(result: Comparison, *, flips_shown: int = 10) -> str:
     """The console view: macro and per-source differences with intervals, McNemar p values,
     and the flipped questions with their ``show`` commands."""
-    names = [n for n in ("em", "f1", "cover_em", JUDGE_SCORE) if n in result["macro"]]
+    names = [n for n in (*SCORES, JUDGE_SCORE) if n in result["macro"]]
     labels = {"em": "EM", "f1": "F1", "cover_em": "cover EM", JUDGE_SCORE: "judge"}
     lines = [f"A: {result['a']}  ({result['model_a']}; answers by {result['produced_by_a']})",
              f"B: {result['b']}  ({result['model_b']}; answers by {result['produced_by_b']})",
@@ -234,7 +298,7 @@ def format_comparison(result: Mapping[str, Any], *, flips_shown: int = 10) -> st
                 if result["only_in_a"] or result["only_in_b"] else ""),
              f"B - A, {result['interval']}; p: {result['test']}"]
 
-    def cell(entry: Mapping[str, float]) -> str:
+    def cell(entry: Difference) -> str:
         return (f"{entry['a']:.3f} -> {entry['b']:.3f}  {entry['difference']:+.3f} "
                 f"[{entry['ci95_low']:+.3f}, {entry['ci95_high']:+.3f}]")
 
@@ -253,9 +317,9 @@ def format_comparison(result: Mapping[str, Any], *, flips_shown: int = 10) -> st
     if marked:
         lines.append(f"  * fewer than {FEW_QUESTIONS} paired questions: a wide interval, read it with care")
     flips = result["flipped"].get("em", {})
-    counts = result["mcnemar"].get("em", {})
-    lines.append(f"EM flips: {counts.get('b_only_right', 0)} right only in B, {counts.get('a_only_right', 0)} "
-                 "right only in A")
+    counts = result["mcnemar"].get("em")
+    lines.append(f"EM flips: {counts['b_only_right'] if counts else 0} right only in B, "
+                 f"{counts['a_only_right'] if counts else 0} right only in A")
     for direction, heading in (("better_in_b", "right only in B"), ("worse_in_b", "right only in A")):
         for flip in flips.get(direction, [])[:flips_shown]:
             lines.append(f"  {heading}: {flip['id']}  "

@@ -43,18 +43,23 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from searchr1.core.errors import UserError
 from searchr1.core.reward import score_trajectories
-from searchr1.core.types import SearchExample
+from searchr1.core.tools import ToolBackend
+from searchr1.core.types import SamplingClient, SearchExample, Tokenizer
 from searchr1.data.dataset import DataError, spread_across_sources
-from searchr1.evaluation.metrics import EvalFileError, summary_record, trajectory_record
+from searchr1.evaluation.judge import Judge
+from searchr1.evaluation.metrics import EvalFileError, EvalSummary, summary_record, trajectory_record
+from searchr1.evaluation.numbers import float_of, int_of
+from searchr1.basics.json_types import JsonObject, as_list, as_object
 from searchr1.basics.fileio import append_text, write_text_atomically
 from searchr1.basics.jsonl import JsonLines, Surrogates, TornLines
+from searchr1.run.costs import PriceTable
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools, question_usage_metrics
 from searchr1.core.rollout import RolloutConfig, SamplerFailureError, rollout_batch_async, run_all
-from searchr1.search.tool import with_search
+from searchr1.search.tool import SearchBackend, with_search
 
 HEADER_TYPE = "eval_config"
 MIN_FAILURES_TO_ABORT = 3
@@ -97,7 +102,7 @@ class EvalOutcome:
     judged: int = 0                   # questions given a judgement in this session (kept ones included)
     failed: list[str] = field(default_factory=list)  # ids whose sampling failed for good
     notes: list[str] = field(default_factory=list)
-    summary: dict[str, Any] | None = None
+    summary: EvalSummary | None = None
 
     @property
     def partial(self) -> bool:
@@ -121,16 +126,17 @@ def plan_questions(examples: Sequence[SearchExample], limit: int | None) -> list
     return [(position[e.id], e) for e in chosen]
 
 
-def binding_config(config: Mapping[str, Any]) -> dict[str, Any]:
+def binding_config(config: Mapping[str, object]) -> dict[str, object]:
     """The part of a run config that must not change when an evaluation is resumed."""
     view = {k: v for k, v in config.items() if k not in NON_BINDING_KEYS}
-    if isinstance(view.get("rollout"), Mapping):
-        view["rollout"] = {k: v for k, v in view["rollout"].items() if k not in NON_BINDING_ROLLOUT_KEYS}
+    rollout = view.get("rollout")
+    if isinstance(rollout, Mapping):
+        view["rollout"] = {k: v for k, v in rollout.items() if k not in NON_BINDING_ROLLOUT_KEYS}
     return view
 
 
-def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
+def _flatten(config: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
     for key, value in config.items():
         if isinstance(value, Mapping):
             flat.update(_flatten(value, f"{prefix}{key}."))
@@ -139,7 +145,7 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+def config_differences(stored: Mapping[str, object], current: Mapping[str, object]) -> list[str]:
     """``"key: stored -> current"`` for every binding key that differs (sorted), both read as the
     summary's JSON holds them (a tuple of tool names is a list there)."""
     old, new = (_flatten(binding_config(json.loads(json.dumps(config)))) for config in (stored, current))
@@ -147,15 +153,16 @@ def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) ->
             for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
 
-def merge_search_metrics(sessions: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+def merge_search_metrics(sessions: Iterable[Mapping[str, object]]) -> dict[str, float]:
     """Search metrics over several sessions: counts summed, rates and means weighted by each
     session's ``search/requests`` (latency percentiles become a request-weighted mean of the
     sessions' percentiles, exact only for one session)."""
     sessions = [s for s in sessions if s]
-    total = sum(float(s.get("search/requests", 0.0)) for s in sessions)
+    total = sum(float_of(s.get("search/requests", 0.0), "search/requests") for s in sessions)
     merged: dict[str, float] = {}
     for key in sorted({k for s in sessions for k in s}):
-        values = [(float(s.get("search/requests", 0.0)), float(s[key])) for s in sessions if key in s]
+        values = [(float_of(s.get("search/requests", 0.0), "search/requests"), float_of(s[key], key))
+                  for s in sessions if key in s]
         if key in SUMMED_SEARCH_METRICS:
             merged[key] = sum(v for _, v in values)
         else:
@@ -163,12 +170,11 @@ def merge_search_metrics(sessions: Iterable[Mapping[str, Any]]) -> dict[str, flo
     return merged
 
 
-def _record_order(position: Mapping[str, int]) -> Callable[[Mapping[str, Any]], tuple[int, str, int]]:
-    def key(record: Mapping[str, Any]) -> tuple[int, str, int]:
-        index = record.get("index")
-        if not isinstance(index, int):
-            index = position.get(str(record.get("id")), len(position))
-        return index, str(record.get("id")), int(record.get("group_index") or 0)
+def _record_order(position: Mapping[str, int]) -> Callable[[Mapping[str, object]], tuple[int, str, int]]:
+    def key(record: Mapping[str, object]) -> tuple[int, str, int]:
+        stored = record.get("index")
+        index = stored if isinstance(stored, int) else position.get(str(record.get("id")), len(position))
+        return index, str(record.get("id")), int_of(record.get("group_index") or 0, "group_index")
 
     return key
 
@@ -178,9 +184,9 @@ def _record_order(position: Mapping[str, int]) -> Callable[[Mapping[str, Any]], 
 
 @dataclass
 class ExistingEval:
-    header: dict[str, Any] | None
-    records: list[dict[str, Any]]
-    summary: dict[str, Any] | None
+    header: JsonObject | None
+    records: list[JsonObject]
+    summary: JsonObject | None
     torn_line: bool
 
 
@@ -188,7 +194,9 @@ def read_existing(path: Path) -> ExistingEval:
     """Parse an eval file leniently only where a crash explains it: an unparsable *last* line
     without a trailing newline is a torn write and is dropped; any other bad line is an
     EvalFileError naming path:line."""
-    header, summary, records = None, None, []
+    header: JsonObject | None = None
+    summary: JsonObject | None = None
+    records: list[JsonObject] = []
     lines = JsonLines(path, error=EvalFileError, torn=TornLines.LAST, surrogates=Surrogates.MEND)
     for number, record in lines:
         if not isinstance(record, dict):
@@ -203,21 +211,21 @@ def read_existing(path: Path) -> ExistingEval:
     return ExistingEval(header, records, summary, bool(lines.torn_lines))
 
 
-def _dumps(record: Mapping[str, Any]) -> str:
+def _dumps(record: Mapping[str, object]) -> str:
     return json.dumps(record, ensure_ascii=False, allow_nan=False)
 
 
-def append_records(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+def append_records(path: Path, records: Sequence[Mapping[str, object]]) -> None:
     """Append and make durable before returning (a crash right after keeps them)."""
     append_text(path, "".join(_dumps(r) + "\n" for r in records))
 
 
-def rewrite_file(path: Path, lines: Sequence[Mapping[str, Any]]) -> None:
+def rewrite_file(path: Path, lines: Sequence[Mapping[str, object]]) -> None:
     """Replace ``path`` atomically (temporary file beside it, fsync, rename)."""
     write_text_atomically(path, "".join(_dumps(r) + "\n" for r in lines))
 
 
-def _search_stats(search_backend: Any) -> dict[str, float]:
+def _search_stats(search_backend: SearchBackend) -> dict[str, float]:
     stats = getattr(search_backend, "stats", None)
     if stats is not None and hasattr(stats, "peek"):
         return dict(stats.peek())
@@ -231,12 +239,12 @@ def _search_stats(search_backend: Any) -> dict[str, float]:
 class _KeptRecords:
     """What earlier sessions left in the output for this one to continue: their records, their
     sessions (from the last summary) and notes on what was dropped or replaced."""
-    records: list[dict[str, Any]] = field(default_factory=list)
-    sessions: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, object]] = field(default_factory=list)
+    sessions: list[Mapping[str, object]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
-def _kept_records(path: Path, run_config: Mapping[str, Any], *, overwrite: bool) -> _KeptRecords:
+def _kept_records(path: Path, run_config: Mapping[str, object], *, overwrite: bool) -> _KeptRecords:
     """The records ``path`` holds for an evaluation of ``run_config`` (none with ``overwrite``);
     refused when it holds records of another configuration, or of none."""
     kept = _KeptRecords()
@@ -247,16 +255,17 @@ def _kept_records(path: Path, run_config: Mapping[str, Any], *, overwrite: bool)
             raise EvalResumeError(f"{path} holds {len(existing.records)} records but no configuration to "
                                   "check them against; use another --output, or --overwrite to start afresh")
         if stored is not None:
-            differences = config_differences(stored, run_config)
+            differences = config_differences(as_object(stored, "config"), run_config)
             if differences:
                 raise EvalResumeError(f"{path} holds an evaluation with another configuration ("
                                       + "; ".join(differences)
                                       + "); use another --output, or --overwrite to start afresh")
         if existing.torn_line:
             kept.notes.append(f"{path}: dropped an incomplete last line (the previous run died while writing it)")
-        kept.records = existing.records
+        kept.records = [{**record} for record in existing.records]
         if existing.summary is not None:
-            kept.sessions = list(existing.summary.get("sessions") or [])
+            kept.sessions = [as_object(session, "sessions[]")
+                             for session in as_list(existing.summary.get("sessions") or [], "sessions")]
     elif path.exists():
         kept.notes.append(f"{path}: --overwrite: previous contents replaced")
     return kept
@@ -267,16 +276,16 @@ class _Questions:
     """One session's questions: each rolled out alone with its usage metered, scored, judged and
     appended to ``path`` (and ``records``) as soon as it finishes. A question whose sampling
     failed for good is not recorded; too many such failures stop the session."""
-    sampling_client: Any
-    tokenizer: Any
-    search_backend: Any
-    tool_backends: Mapping[str, Any] | None
+    sampling_client: SamplingClient
+    tokenizer: Tokenizer
+    search_backend: SearchBackend
+    tool_backends: Mapping[str, ToolBackend] | None
     config: RolloutConfig
     path: Path
-    records: list[dict[str, Any]]
+    records: list[dict[str, object]]
     outcome: EvalOutcome
     clock: Callable[[], float]
-    judge: Any
+    judge: Judge | None
     progress: EvalProgress | None
     attempted: int = 0
 
@@ -324,14 +333,14 @@ class _Questions:
             )
 
 
-def _summary(ordered: list[dict[str, Any]], *, run_config: Mapping[str, Any], sessions: list[dict[str, Any]],
-             partial: bool, planned: int, missing: int, failed: list[str], position: Mapping[str, int],
-             prices: Any) -> dict[str, Any]:
+def _summary(ordered: list[dict[str, object]], *, run_config: Mapping[str, object],
+             sessions: list[Mapping[str, object]], partial: bool, planned: int, missing: int, failed: list[str],
+             position: Mapping[str, int], prices: PriceTable | None) -> EvalSummary:
     """The closing summary line of the records in file order: their metrics, the search metrics of
     every session, the usage of every recorded question and, with ``prices``, its cost."""
     summary = summary_record(
         ordered, config=run_config,
-        search_metrics=merge_search_metrics(s["search"] for s in sessions),
+        search_metrics=merge_search_metrics(as_object(s["search"] or {}, "search") for s in sessions),
         partial=partial,
     )
     used, questions, usage_keys = question_usage_metrics(ordered)
@@ -341,31 +350,29 @@ def _summary(ordered: list[dict[str, Any]], *, run_config: Mapping[str, Any], se
         summary["metrics"]["cost/total"] = prices.cost(used)
         summary["metrics"]["cost/per_question"] = prices.cost(used) / questions if questions else 0.0
         summary["currency"] = prices.currency
-    summary.update({
-        "questions_planned": planned,
-        "questions_missing": missing,
-        "failed_questions": sorted(failed, key=lambda i: position.get(i, -1)),
-        "sessions": sessions,
-    })
+    summary["questions_planned"] = planned
+    summary["questions_missing"] = missing
+    summary["failed_questions"] = sorted(failed, key=lambda i: position.get(i, -1))
+    summary["sessions"] = sessions
     return summary
 
 
 async def evaluate(
-    sampling_client: Any,
-    tokenizer: Any,
-    search_backend: Any,
+    sampling_client: SamplingClient,
+    tokenizer: Tokenizer,
+    search_backend: SearchBackend,
     examples: Sequence[SearchExample],
     config: RolloutConfig,
     output: str | os.PathLike[str],
-    run_config: Mapping[str, Any],
+    run_config: Mapping[str, object],
     *,
     limit: int | None = None,
     overwrite: bool = False,
     progress: EvalProgress | None = None,
     clock: Callable[[], float] = time.monotonic,
-    judge: Any = None,
-    prices: Any = None,
-    tool_backends: Mapping[str, Any] | None = None,
+    judge: Judge | None = None,
+    prices: PriceTable | None = None,
+    tool_backends: Mapping[str, ToolBackend] | None = None,
 ) -> EvalOutcome:
     """Evaluate ``examples`` (the whole dataset; ``limit`` picks a source-balanced subset)
     into ``output``; see the module docstring for the file, resuming and seeds.
@@ -385,7 +392,7 @@ async def evaluate(
     json.dumps(run_config, allow_nan=False)  # fail before touching the file
     planned = plan_questions(examples, limit)
     position = {e.id: i for i, e in enumerate(examples)}
-    header = {"type": HEADER_TYPE, "config": run_config}
+    header: dict[str, object] = {"type": HEADER_TYPE, "config": run_config}
     kept = _kept_records(path, run_config, overwrite=overwrite)
     records = kept.records
 
@@ -421,7 +428,7 @@ async def evaluate(
         recorded = {str(r.get("id")) for r in records}
         missing = [e.id for _, e in planned if e.id not in recorded]
         ordered = sorted(records, key=_record_order(position))  # file order, not finishing order
-        lines: list[dict[str, Any]] = [header, *ordered]
+        lines: list[Mapping[str, object]] = [header, *ordered]
         if records:
             outcome.summary = _summary(ordered, run_config=run_config, sessions=sessions,
                                        partial=not finished or bool(missing), planned=len(planned),

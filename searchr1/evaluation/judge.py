@@ -25,12 +25,19 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from searchr1.core.reward import ANSWER_PATTERN
+from searchr1.core.types import SamplingClient
+from searchr1.basics.json_types import JsonObject, as_list
+
+if TYPE_CHECKING:
+    import httpx
+
+    from searchr1.basics.secrets import Secret
 
 JUDGE_PROMPT_VERSION = 1
 JUDGE_PROMPT_HEADER = "You are judging a question-answering system."
@@ -62,7 +69,7 @@ def parse_verdict(reply: str) -> bool:
     return bool(words) and words[0].lower() == "yes"
 
 
-def prediction_of(record: Mapping[str, Any]) -> str | None:
+def prediction_of(record: Mapping[str, object]) -> str | None:
     """The answer a trajectory record gave (its last ``Answer:`` line), or None."""
     if record.get("termination") != "answer":
         return None
@@ -90,7 +97,7 @@ class JudgeCache:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.entries: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, JsonObject] = {}
         if path is not None and path.is_file():
             for line in path.read_text("utf-8").splitlines():
                 try:
@@ -100,11 +107,11 @@ class JudgeCache:
                 if isinstance(entry, dict) and isinstance(entry.get("key"), str):
                     self.entries[entry["key"]] = entry
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> JsonObject | None:
         return self.entries.get(key)
 
     def put(self, key: str, correct: bool, reply: str) -> None:
-        entry = {"key": key, "correct": correct, "reply": reply}
+        entry: JsonObject = {"key": key, "correct": correct, "reply": reply}
         self.entries[key] = entry
         if self.path is not None:
             from searchr1.basics.fileio import append_text
@@ -129,7 +136,7 @@ class Judge:
         self._slots = asyncio.Semaphore(concurrency)
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> dict[str, object]:
         return {"model": self.model, "prompt_version": JUDGE_PROMPT_VERSION}
 
     async def judge(self, question: str, gold: Sequence[str], prediction: str | None) -> Judgement:
@@ -146,20 +153,20 @@ class Judge:
         self.cache.put(key, correct, reply)
         return Judgement(correct, reply, self.model, JUDGE_PROMPT_VERSION)
 
-    def judged(self, record: Mapping[str, Any]) -> bool:
+    def judged(self, record: Mapping[str, object]) -> bool:
         """Whether ``record`` already holds this judge's judgement."""
         held = record.get("judge")
         return (isinstance(held, Mapping) and held.get("model") == self.model
                 and held.get("prompt_version") == JUDGE_PROMPT_VERSION)
 
-    async def annotate(self, records: Sequence[dict[str, Any]]) -> int:
+    async def annotate(self, records: Sequence[MutableMapping[str, object]]) -> int:
         """Add ``record["judge"]`` to every record that lacks this judge's judgement; returns
         how many records that was."""
         todo = [r for r in records if not self.judged(r)]
 
-        async def one(record: dict[str, Any]) -> None:
-            judgement = await self.judge(str(record.get("question", "")), [str(a) for a in record.get("answers", [])],
-                                         prediction_of(record))
+        async def one(record: MutableMapping[str, object]) -> None:
+            gold = [str(a) for a in as_list(record.get("answers", []), "answers")]
+            judgement = await self.judge(str(record.get("question", "")), gold, prediction_of(record))
             record["judge"] = asdict(judgement)
 
         await asyncio.gather(*(one(r) for r in todo))
@@ -169,10 +176,19 @@ class Judge:
 # --- backends -----------------------------------------------------------------------------
 
 
+class JudgeTokenizer(Protocol):
+    """The tokenizer calls the PyTRIO judge makes (a ``transformers`` fast tokenizer has them): its
+    prompt is one user message, rendered without tools."""
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], *, tokenize: bool, add_generation_prompt: bool,
+                            enable_thinking: bool, return_dict: bool) -> list[int]: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
 class PyTrioJudge:
     """A PyTRIO model as the judge (the offline twin answers the judge prompt by its rule)."""
 
-    def __init__(self, sampling_client: Any, tokenizer: Any, model: str) -> None:
+    def __init__(self, sampling_client: SamplingClient, tokenizer: JudgeTokenizer, model: str) -> None:
         self.sampler = sampling_client
         self.tokenizer = tokenizer
         self.model = model
@@ -197,7 +213,7 @@ class PyTrioJudge:
 class DeepSeekJudge:
     """The DeepSeek chat API as the judge (``temperature`` 0, a few tokens)."""
 
-    def __init__(self, model: str, client: Any, api_key: Any | None) -> None:
+    def __init__(self, model: str, client: httpx.AsyncClient, api_key: Secret | None) -> None:
         self.model = model
         self.client = client  # an httpx.AsyncClient (its transport replays a cassette offline)
         self._key = api_key  # a searchr1.basics.secrets.Secret, or None when replaying

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import httpx
 from vcr.request import Request as VcrRequest
@@ -19,16 +18,17 @@ from vcr.serialize import serialize
 from vcr.serializers import yamlserializer
 
 from searchr1.basics.fileio import write_text_atomically
+from searchr1.basics.secrets import Secret
 from searchr1.search.recording import SECRET_REQUEST_HEADERS, SecretLeakError, find_leaks
 
 
 class RecordingTransport(httpx.AsyncBaseTransport):
-    def __init__(self, path: Path, *, secrets: Sequence[Any], inner: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, path: Path, *, secrets: Sequence[Secret], inner: httpx.AsyncBaseTransport | None = None) -> None:
         self.path = Path(path)
         self.secrets = list(secrets)
         self.inner = inner or httpx.AsyncHTTPTransport(retries=2)
         self.requests: list[VcrRequest] = []
-        self.responses: list[dict[str, Any]] = []
+        self.responses: list[dict[str, object]] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()

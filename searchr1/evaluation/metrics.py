@@ -19,13 +19,15 @@ import math
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import NotRequired, TypedDict, TypeGuard
 
 from searchr1.core.errors import UserError
-from searchr1.core.types import Termination, Trajectory
+from searchr1.core.types import Termination, Trajectory, Turn
 from searchr1.evaluation.card import eval_card
 from searchr1.evaluation.intervals import macro_interval, mean_interval
 from searchr1.health.diagnostics import mean
+from searchr1.evaluation.numbers import float_of
+from searchr1.basics.json_types import JsonObject, as_list, as_object, as_str
 from searchr1.basics.jsonl import iter_json_lines
 
 
@@ -49,7 +51,13 @@ class EvalFileError(UserError, ValueError):
 # --- records --------------------------------------------------------------------------------
 
 
-def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
+def turn_record(turn: Turn) -> dict[str, object]:
+    """A turn of :func:`trajectory_record`: its text, why it stopped, its prompt's and reply's token counts."""
+    return {"text": turn.text, "stop_reason": turn.stop_reason, "prompt_tokens": len(turn.prompt_tokens),
+            "generated_tokens": len(turn.completion_tokens)}
+
+
+def trajectory_record(trajectory: Trajectory) -> dict[str, object]:
     """One JSON-ready record per evaluated question, with the whole transcript so that queries,
     observations and the model's text can be audited after the fact (the lab port kept only the
     final text). ``turns[i]`` is the i-th assistant turn; ``searches[j]`` the j-th tool call, in
@@ -63,8 +71,7 @@ def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
         "answers": list(example.answers),
         "data_source": example.data_source,
         "group_index": trajectory.group_index,
-        "turns": [{"text": t.text, "stop_reason": t.stop_reason, "prompt_tokens": len(t.prompt_tokens),
-                   "generated_tokens": len(t.completion_tokens)} for t in trajectory.turns],
+        "turns": [turn_record(t) for t in trajectory.turns],
         "searches": [
             {
                 "query": call.query,
@@ -101,30 +108,32 @@ JUDGE_METRIC = "judge"  # eval --judge: the judge's yes/no per question (searchr
 SCORED_METRICS = (*ANSWER_METRICS, JUDGE_METRIC)
 
 
-def judged(record: Mapping[str, Any]) -> bool:
+def judged(record: Mapping[str, object]) -> bool:
     """Whether a record holds a judgement (``record["judge"]["correct"]``)."""
     judge = record.get("judge")
     return isinstance(judge, Mapping) and isinstance(judge.get("correct"), bool)
 
 
-def answer_score(record: Mapping[str, Any], name: str) -> float:
+def answer_score(record: Mapping[str, object], name: str) -> float:
     """A record's ``em``, ``f1``, ``cover_em`` or ``judge`` score. Records written before F1 and
-    cover EM were recorded are scored from their final text (0 unless they ended by answering)."""
+    cover EM were recorded are scored from their final text (0 unless they ended by answering).
+    A field of the wrong type is a TypeError naming it."""
     if name == JUDGE_METRIC:
-        return 1.0 if record["judge"]["correct"] else 0.0
+        return 1.0 if as_object(record["judge"], "judge")["correct"] else 0.0
     if name == "em":
         return 1.0 if record["exact_match"] else 0.0
     if name in record:
-        return float(record[name])
+        return float_of(record[name], name)
     if record.get("termination") != "answer":
         return 0.0
     from searchr1.core.reward import score_answer
 
-    result = score_answer(str(record.get("final_text") or ""), [str(a) for a in record.get("answers", [])])
+    result = score_answer(str(record.get("final_text") or ""), [str(a) for a in as_list(record.get("answers", []),
+                                                                                      "answers")])
     return result.f1 if name == "f1" else float(result.cover_em)
 
 
-def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Sequence[Mapping[str, Any]]) -> int:
+def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Sequence[Mapping[str, object]]) -> int:
     """``<name>/<source>``, ``<name>/macro``, ``<name>/micro`` and their intervals,
     ``questions/<source>``; returns the number of questions. Scores are averaged per question
     first."""
@@ -152,7 +161,7 @@ def _add_answer_metric(metrics: dict[str, float], name: str, trajectories: Seque
     return len(question_scores)
 
 
-def evaluation_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+def evaluation_metrics(records: Iterable[Mapping[str, object]]) -> dict[str, float]:
     """Aggregate trajectory records (others, e.g. summaries, are ignored) into flat metrics.
 
     EM is computed per question: records of the same question (same data_source and id) are
@@ -174,7 +183,7 @@ def evaluation_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]
     if not trajectories:
         raise ValueError("no trajectory records to aggregate")
 
-    by_source_traj: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_source_traj: dict[str, list[Mapping[str, object]]] = defaultdict(list)
     for r in trajectories:
         by_source_traj[str(r["data_source"])].append(r)
     sources = sorted(by_source_traj)
@@ -187,19 +196,19 @@ def evaluation_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]
         metrics[f"format/{source}"] = mean(1.0 if r["valid_format"] else 0.0 for r in by_source_traj[source])
 
     n = len(trajectories)
-    searches = [s for r in trajectories for s in r.get("searches", [])]
+    searches = [as_object(s, "searches[]") for r in trajectories for s in as_list(r.get("searches", []), "searches")]
     metrics["format/rate"] = mean(1.0 if r["valid_format"] else 0.0 for r in trajectories)
-    metrics["reward/mean"] = mean(float(r["reward"]) for r in trajectories)
-    metrics["rollout/search_calls"] = mean(float(r["search_calls"]) for r in trajectories)
+    metrics["reward/mean"] = mean(float_of(r["reward"], "reward") for r in trajectories)
+    metrics["rollout/search_calls"] = mean(float_of(r["search_calls"], "search_calls") for r in trajectories)
     metrics["rollout/no_search_rate"] = mean(1.0 if r["search_calls"] == 0 else 0.0 for r in trajectories)
-    metrics["rollout/turns"] = mean(float(r["assistant_turns"]) for r in trajectories)
+    metrics["rollout/turns"] = mean(float_of(r["assistant_turns"], "assistant_turns") for r in trajectories)
     metrics["rollout/env_error_rate"] = mean(1.0 if r.get("env_error") else 0.0 for r in trajectories)
     if searches:  # rates over searches; absent (not 0) when the model never searched
         metrics["rollout/search_ok_rate"] = mean(1.0 if s.get("ok") else 0.0 for s in searches)
         metrics["rollout/search_cached_rate"] = mean(1.0 if s.get("cached") else 0.0 for s in searches)
         metrics["rollout/search_truncated_rate"] = mean(1.0 if s.get("truncated") else 0.0 for s in searches)
 
-    reasons = [r.get("termination") or "unfinished" for r in trajectories]
+    reasons = [as_str(r.get("termination") or "unfinished", "termination") for r in trajectories]
     for reason in sorted(set(Termination) | set(reasons)):
         metrics[f"rollout/termination/{reason}"] = reasons.count(reason) / n
 
@@ -209,13 +218,30 @@ def evaluation_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]
     return metrics
 
 
+class EvalSummary(TypedDict):
+    """The closing line of an eval file: :func:`summary_record`'s keys, and those the runner adds
+    (:func:`searchr1.evaluation.evaluate.evaluate`)."""
+
+    type: str
+    partial: bool
+    evaluated_examples: int
+    metrics: dict[str, float]
+    config: dict[str, object]
+    card: dict[str, object]
+    currency: NotRequired[str]  # with a price table
+    questions_planned: NotRequired[int]
+    questions_missing: NotRequired[int]
+    failed_questions: NotRequired[list[str]]
+    sessions: NotRequired[list[Mapping[str, object]]]
+
+
 def summary_record(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[Mapping[str, object]],
     *,
-    config: Mapping[str, Any],
-    search_metrics: Mapping[str, Any],
+    config: Mapping[str, object],
+    search_metrics: Mapping[str, float],
     partial: bool,
-) -> dict[str, Any]:
+) -> EvalSummary:
     """The closing line of an eval file.
 
     ``config`` is the exact configuration of the run (backend, search concurrency, timeout and
@@ -225,7 +251,7 @@ def summary_record(
     ``search_metrics`` (the search client's stats) join the metrics under ``search/``; ``card`` is
     the comparability card (:mod:`searchr1.evaluation.card`)."""
     records = list(records)
-    metrics: dict[str, Any] = evaluation_metrics(records)
+    metrics = evaluation_metrics(records)
     for key, value in search_metrics.items():
         metrics[key if key.startswith("search/") else f"search/{key}"] = value
     config = dict(config)
@@ -246,9 +272,9 @@ def summary_record(
 # --- reading eval files -------------------------------------------------------------------
 
 
-def read_eval_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_eval_records(path: str | os.PathLike[str]) -> list[JsonObject]:
     """Every JSON object of an eval JSONL file; a bad line raises EvalFileError(path:line)."""
-    records: list[dict[str, Any]] = []
+    records: list[JsonObject] = []
     for number, record in iter_json_lines(path, error=EvalFileError):
         if not isinstance(record, dict):
             raise EvalFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
@@ -256,7 +282,7 @@ def read_eval_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
-def _last_summary(records: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> dict[str, Any]:
+def _last_summary(records: Sequence[JsonObject], path: str | os.PathLike[str]) -> JsonObject:
     summaries = [r for r in records if r.get("type") == "summary"]
     if not summaries:
         raise EvalFileError(f"{path}: no summary record (the evaluation may have stopped before finishing)")
@@ -266,13 +292,13 @@ def _last_summary(records: Sequence[Mapping[str, Any]], path: str | os.PathLike[
     return summary
 
 
-def load_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_summary(path: str | os.PathLike[str]) -> JsonObject:
     """The last ``type="summary"`` record of an eval file (later summaries supersede earlier
     ones, e.g. after a resumed run)."""
     return _last_summary(read_eval_records(path), path)
 
 
-def load_summary_with_current_intervals(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_summary_with_current_intervals(path: str | os.PathLike[str]) -> JsonObject:
     """:func:`load_summary`, its ``*_ci95_*`` metrics recomputed from the file's trajectory
     records by today's rules, so that a file written when the intervals were a percentile
     bootstrap (a point at one or two questions a source) draws the same intervals as a new one.
@@ -286,9 +312,12 @@ def load_summary_with_current_intervals(path: str | os.PathLike[str]) -> dict[st
     except (KeyError, TypeError, ValueError):
         return summary
     intervals = {key: value for key, value in current.items() if "_ci95_" in key}
-    summary["metrics"] = {**summary["metrics"], **intervals}
+    stored = summary["metrics"]
+    if isinstance(stored, dict):  # as _last_summary checked
+        summary["metrics"] = {**stored, **intervals}
     return summary
 
 
-def is_finite_number(value: Any) -> bool:
+def is_finite_number(value: object) -> TypeGuard[int | float]:
+    """A finite int or float (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from searchr1.evaluation.card import CARD_VERSION, METRIC_DEFINITIONS
+from searchr1.evaluation.card import CARD_VERSION, METRIC_DEFINITIONS, table
 
 BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 LABELS = {"nq": "NQ", "triviaqa": "TriviaQA", "popqa": "PopQA", "hotpotqa": "HotpotQA",
@@ -25,7 +24,7 @@ LABELS = {"nq": "NQ", "triviaqa": "TriviaQA", "popqa": "PopQA", "hotpotqa": "Hot
 PAPER = "Jin et al. 2025, arXiv 2503.09516"
 
 
-def published_card(*, source: str, n_per_source: Mapping[str, int] | None = None) -> dict[str, Any]:
+def published_card(*, source: str, n_per_source: Mapping[str, int] | None = None) -> dict[str, object]:
     """The comparability card of a published Search-R1-protocol row, as its sources state it
     (fields they do not state are None)."""
     return {
@@ -53,7 +52,7 @@ class PublishedRow:
     em: Mapping[str, float]  # benchmark -> EM
     reported_average: float  # the macro average the source states
     note: str = ""
-    card: Mapping[str, Any] = field(default_factory=dict)  # its comparability card, from its sources
+    card: Mapping[str, object] = field(default_factory=dict)  # its comparability card, from its sources
 
     @property
     def average(self) -> float:
@@ -101,10 +100,10 @@ def comparison_table(metrics: Mapping[str, float], *, model: str, retriever: str
         lines.append(f"  {row.label + ' *':<34}" + cells([row.em.get(b) for b in BENCHMARKS], row.average))
     lines.append("  * another model (and E5 dense retrieval over wiki-18), as published:")
     for row in PUBLISHED:
-        card = row.card
+        card, budgets = row.card, table(row.card, "budgets")
         lines.append(f"    {row.label}: {row.model}; {row.source}" + (f" ({row.note})" if row.note else ""))
-        lines.append(f"      card: {card['corpus']['name']}, {card['retriever']}, top-{card['top_k']}, "
-                     f"{card['budgets']['max_search_calls']} searches, {card['budgets']['max_assistant_tokens']}-token "
+        lines.append(f"      card: {table(card, 'corpus')['name']}, {card['retriever']}, top-{card['top_k']}, "
+                     f"{budgets['max_search_calls']} searches, {budgets['max_assistant_tokens']}-token "
                      f"turns, greedy, intervals {card['interval']}")
     if offline:
         lines.append(f"  ours is {model} on the offline twin: it tests the pipeline, not a language model, "

@@ -27,10 +27,10 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from searchr1.core.errors import UserError
-from searchr1.evaluation.metrics import EvalFileError, read_eval_records, trajectory_record
+from searchr1.evaluation.metrics import EvalFileError, read_eval_records, trajectory_record, turn_record
+from searchr1.basics.json_types import JsonObject, JsonValue
 from searchr1.basics.fileio import append_text, json_line
 from searchr1.basics.jsonl import JsonLines, Surrogates, TornLines, decode_json
 from searchr1.core.types import Trajectory
@@ -87,19 +87,22 @@ def select_transcripts(
     return sorted(chosen, key=_position)
 
 
-def transcript_record(trajectory: Trajectory, step: int) -> dict[str, Any]:
+def transcript_record(trajectory: Trajectory, step: int) -> dict[str, object]:
     """The eval record of a trajectory plus the training-only fields: each turn's advantage (what
     its tokens were trained with), the weights that sampled it, and with step credit its step
     group's size and its step reward."""
-    record = trajectory_record(trajectory)
-    for fields, turn in zip(record["turns"], trajectory.turns, strict=True):
+    turns = []
+    for turn in trajectory.turns:
+        fields = turn_record(turn)
         fields.update(advantage=float(turn.advantage), sampler=turn.sampler)
         if turn.step_group:  # --credit gigpo: the turns its advantage was measured among
             fields.update(step_group=turn.step_group)
         if turn.reward is not None:  # --step-reward: what the turn earned on its own
             fields.update(step_reward=float(turn.reward))
+        turns.append(fields)
     return {
-        **record,
+        **trajectory_record(trajectory),
+        "turns": turns,
         "step": int(step),
         "question_index": trajectory.question_index,
         "advantage": float(trajectory.advantage),
@@ -111,7 +114,7 @@ def transcript_record(trajectory: Trajectory, step: int) -> dict[str, Any]:
 
 
 def append_transcripts(
-    run_dir: str | os.PathLike[str], step: int, records: Iterable[Mapping[str, Any]]
+    run_dir: str | os.PathLike[str], step: int, records: Iterable[Mapping[str, object]]
 ) -> Path:
     """Append one step's records to ``<run_dir>/transcripts.jsonl`` in a single fsynced write,
     each stamped with ``step`` and this write's ``block`` id. A crash can tear only the last
@@ -129,7 +132,7 @@ class RunTranscripts:
     """What ``transcripts.jsonl`` holds: records by step, and lines that could not be read."""
 
     path: Path
-    by_step: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    by_step: dict[int, list[JsonObject]] = field(default_factory=dict)
     torn_lines: list[int] = field(default_factory=list)
 
     @property
@@ -144,12 +147,12 @@ def read_run_transcripts(path: str | os.PathLike[str]) -> RunTranscripts:
     skipped and their numbers listed."""
     path = Path(path)
     result = RunTranscripts(path)
-    blocks: dict[int, list[dict[str, Any]]] = {}
-    previous: tuple[int, Any] | None = None
+    blocks: dict[int, list[JsonObject]] = {}
+    previous: tuple[int, JsonValue] | None = None
     lines = JsonLines(path, error=TranscriptFileError, torn=TornLines.SKIP, surrogates=Surrogates.MEND)
     for number, record in lines:
         step = record.get("step") if isinstance(record, dict) else None
-        if not isinstance(step, int) or isinstance(step, bool):
+        if not isinstance(record, dict) or not isinstance(step, int) or isinstance(step, bool):
             result.torn_lines.append(number)
             continue
         if (step, record.get("block")) != previous:
@@ -161,7 +164,7 @@ def read_run_transcripts(path: str | os.PathLike[str]) -> RunTranscripts:
     return result
 
 
-def read_eval_transcripts(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def read_eval_transcripts(path: str | os.PathLike[str]) -> tuple[JsonObject | None, list[JsonObject]]:
     """An eval file's configuration (its ``eval_config`` line, if any) and its trajectory
     records in file order."""
     try:
@@ -187,7 +190,7 @@ _NOT_TRANSCRIPTS = (
 _WHAT_SHOW_READS = "show reads a run directory, its transcripts.jsonl, or an eval JSONL file"
 
 
-def _is_transcript(record: Mapping[str, Any]) -> bool:
+def _is_transcript(record: Mapping[str, object]) -> bool:
     """A trajectory record: marked as one, or holding a question and the model's turns (whatever
     their shape: the viewer shows odd fields rather than refusing them)."""
     return record.get("type") == "trajectory" or ("turns" in record and "question" in record)

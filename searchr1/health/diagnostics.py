@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -44,6 +43,7 @@ from searchr1.core.types import Trajectory
 
 CLIPPING_LOSSES = ("ppo", "cispo")
 DEFAULT_CLIP_BOUNDS = (0.8, 1.2)  # Tinker's example ratio bounds; the live service's default is unknown
+LossFnConfig = Mapping[str, float | int | str | bool]  # a loss's settings, as StepConfig.loss_fn_config holds them
 
 
 def mean(values: Iterable[float]) -> float:
@@ -96,7 +96,7 @@ def policy_diagnostics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
-def clip_bounds(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) -> tuple[float, float] | None:
+def clip_bounds(loss_fn: str, loss_fn_config: LossFnConfig | None) -> tuple[float, float] | None:
     """The ratio bounds a clipping loss applies, or None for a loss that does not clip."""
     if loss_fn not in CLIPPING_LOSSES:
         return None
@@ -108,7 +108,7 @@ def clip_bounds(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) -> tuple
 
 def mismatch_metrics(
     tokens: Sequence[TrainedTokens], *, loss_fn: str = "importance_sampling",
-    loss_fn_config: Mapping[str, Any] | None = None,
+    loss_fn_config: LossFnConfig | None = None,
 ) -> dict[str, float]:
     """Sampler-learner mismatch over every trained token of the step (empty if none)."""
     if not tokens:

@@ -22,14 +22,18 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TypeVar
 
 from searchr1.core.settings import key_value
 from searchr1.basics import invocation
+from searchr1.basics.json_types import as_int
 
 REWARD_WINDOW = 5  # steps in the rolling mean the reward_drop rule compares against
 FALL_MARGIN = 0.1  # a step falls when its reward or format is this far below the best rolling mean
 FALLING_METRICS = ("health/reward_drop", "health/format_drop")
+
+Entry = TypeVar("Entry", bound=Mapping[str, object])  # a checkpoints.jsonl record, handed back as it came
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,11 @@ class HealthRule:
         return value < self.threshold if self.direction == "below" else value > self.threshold
 
 
-def is_falling(metrics: Mapping[str, Any]) -> bool:
+def is_falling(metrics: Mapping[str, object]) -> bool:
     """Whether the step's reward or format lies more than :data:`FALL_MARGIN` below the best
     rolling mean of the steps before it (False before there are ``REWARD_WINDOW`` of them)."""
-    return any(isinstance(metrics.get(name), (int, float)) and float(metrics[name]) > FALL_MARGIN
-               for name in FALLING_METRICS)
+    drops = (metrics.get(name) for name in FALLING_METRICS)
+    return any(isinstance(drop, (int, float)) and float(drop) > FALL_MARGIN for drop in drops)
 
 
 DEFAULT_RULES: tuple[HealthRule, ...] = (
@@ -83,8 +87,8 @@ def configured_rules(overrides: Mapping[str, float | None]) -> tuple[HealthRule,
     for rule in DEFAULT_RULES:
         if rule.name not in overrides:
             rules.append(rule)
-        elif overrides[rule.name] is not None:
-            rules.append(dataclasses.replace(rule, threshold=float(overrides[rule.name])))  # type: ignore[arg-type]
+        elif (threshold := overrides[rule.name]) is not None:
+            rules.append(dataclasses.replace(rule, threshold=float(threshold)))
     return tuple(rules)
 
 
@@ -131,7 +135,7 @@ class Violation:
                        else "")
 
 
-def check_health(metrics: Mapping[str, Any], rules: Sequence[HealthRule]) -> list[Violation]:
+def check_health(metrics: Mapping[str, object], rules: Sequence[HealthRule]) -> list[Violation]:
     """The rules the metrics break; a rule whose metric is absent (e.g. no update ran, so no
     mismatch was measured) is not evaluated, and a finite value of an ``only_when_falling`` rule
     counts only on a falling step (:func:`is_falling`)."""
@@ -147,7 +151,7 @@ def check_health(metrics: Mapping[str, Any], rules: Sequence[HealthRule]) -> lis
     return found
 
 
-def is_unhealthy(line: Mapping[str, Any]) -> bool:
+def is_unhealthy(line: Mapping[str, object]) -> bool:
     """Whether a metrics line was judged unhealthy (lines from before the guard count as healthy)."""
     return bool(line.get("health/unhealthy"))
 
@@ -175,20 +179,20 @@ class CollapseGuard:
     steps before the first one it will see (a resumed run's earlier steps)."""
 
     def __init__(self, rules: Sequence[HealthRule], *, stop_after: int = 0,
-                 history: Sequence[Mapping[str, Any]] = ()) -> None:
+                 history: Sequence[Mapping[str, object]] = ()) -> None:
         if stop_after < 0:
             raise ValueError(f"stop_after must be >= 0, got {stop_after}")
         self.rules = tuple(rules)
         self.stop_after = stop_after
-        self.rewards = [float(line["reward/mean"]) for line in history
-                        if isinstance(line.get("reward/mean"), (int, float))]
-        self.formats = [float(line["reward/format"]) for line in history
-                        if isinstance(line.get("reward/format"), (int, float))]
+        self.rewards = [float(value) for value in (line.get("reward/mean") for line in history)
+                        if isinstance(value, (int, float))]
+        self.formats = [float(value) for value in (line.get("reward/format") for line in history)
+                        if isinstance(value, (int, float))]
         self.streak = 0
         for line in history:
             self.streak = self.streak + 1 if is_unhealthy(line) else 0
 
-    def observe(self, metrics: dict[str, Any]) -> HealthVerdict:
+    def observe(self, metrics: dict[str, float]) -> HealthVerdict:
         """Judge one step; adds ``health/reward_drop`` and ``health/format_drop`` to ``metrics``
         once there is history."""
         for source, drop_name, seen in (("reward/mean", "health/reward_drop", self.rewards),
@@ -205,30 +209,30 @@ class CollapseGuard:
 
 
 def last_healthy_checkpoint(
-    checkpoints: Sequence[Mapping[str, Any]], lines: Sequence[Mapping[str, Any]], *, before_step: int,
+    checkpoints: Sequence[Entry], lines: Sequence[Mapping[str, object]], *, before_step: int,
     max_steps_off_policy: int = 0,
-) -> Mapping[str, Any] | None:
+) -> Entry | None:
     """The latest checkpoint whose weights sampled only healthy batches before ``before_step``
     (the first step of the unhealthy streak). The weights after K steps first sample the batch
     of step ``K + max_steps_off_policy``, so that step must come before the streak and have
     been healthy."""
-    by_step = {int(line["step"]): line for line in lines if isinstance(line.get("step"), int)}
-    best = None
+    by_step = {step: line for line in lines if isinstance(step := line.get("step"), int)}
+    best: Entry | None = None
     for entry in checkpoints:
         if not entry.get("state_path"):
             continue
-        first_sampled = int(entry["step"]) + max_steps_off_policy
+        first_sampled = as_int(entry["step"], "step") + max_steps_off_policy
         if first_sampled >= before_step:
             continue
         if first_sampled in by_step and is_unhealthy(by_step[first_sampled]):
             continue
-        if best is None or int(entry["step"]) >= int(best["step"]):
+        if best is None or as_int(entry["step"], "step") >= as_int(best["step"], "step"):
             best = entry
     return best
 
 
-def collapse_report(run_path: Any, *, completed: int, streak: int, stop_on_collapse: int,
-                    healthy: Mapping[str, Any] | None) -> tuple[str, int | None]:
+def collapse_report(run_path: Path | str, *, completed: int, streak: int, stop_on_collapse: int,
+                    healthy: Mapping[str, object] | None) -> tuple[str, int | None]:
     """What ``--stop-on-collapse`` prints when it stops a run after ``completed`` steps, the last
     ``streak`` of them unhealthy, and the step to restart from (None without a healthy checkpoint)."""
     first_bad = completed - streak
@@ -239,7 +243,7 @@ def collapse_report(run_path: Any, *, completed: int, streak: int, stop_on_colla
     if healthy is None:
         return message + ("no checkpoint before the unhealthy steps was saved (a smaller --save-every keeps more); "
                           "start a new run with other settings"), None
-    restart = int(healthy["step"])
+    restart = as_int(healthy["step"], "step")
     return message + (f"last healthy checkpoint: {healthy['name']} (step {restart}); continue from it "
                       f"(add flags to change, e.g. --learning-rate) with:\n"
                       + invocation.command(f"train --resume {run_path} --from-step {restart}")), restart

@@ -21,11 +21,13 @@ file differs from what the source produces (a test runs it).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from searchr1.basics import invocation
+from searchr1.basics.json_types import JsonObject
 
 
 class OfflinePolicy(StrEnum):
@@ -80,6 +82,56 @@ BEHAVIOURS = (
 )
 
 
+class Hop(TypedDict):
+    """One search of a question: its query and the canned passage it finds (a page question's hop
+    also has the page: its ``lead`` passage, which the search finds, and the ``body`` after it)."""
+
+    query: str
+    title: str
+    text: str
+    lead: NotRequired[str]
+    body: NotRequired[list[str]]
+
+
+class Question(TypedDict):
+    """One question of ``questions.json`` or ``pages.json``."""
+
+    id: str
+    data_source: str
+    question: str
+    answers: list[str]
+    wrong: str  # the answer the scripted policy gives when it answers wrongly
+    hops: list[Hop]
+    behaviour: NotRequired[str]  # one of BEHAVIOURS for every sample (else they rotate)
+
+
+class CannedPassage(TypedDict):
+    """A result of an extra query; ``repeat`` > 1 makes one very long passage of numbered copies."""
+
+    title: str
+    text: str
+    repeat: NotRequired[int]
+
+
+class ExtraQuery(TypedDict):
+    """A query of the cassette spec that no hop asks (the spec's vocabulary: searchr1.search.cassette_specs)."""
+
+    query: str
+    scenario: NotRequired[str]
+    results: NotRequired[list[CannedPassage]]
+    responses: NotRequired[list[JsonObject]]
+    expect: NotRequired[JsonObject]
+
+
+class OfflineSource(TypedDict):
+    """``questions.json`` (or ``pages.json``, which has no extra queries)."""
+
+    about: NotRequired[str]
+    train: list[Question]
+    dev: list[Question]
+    extra_queries: NotRequired[list[ExtraQuery]]
+
+
 def cassette_path(backend: str) -> Path:
     return REPO_ROOT / "cassettes" / backend / f"{CASSETTE_NAME}.yaml"
 
@@ -89,7 +141,7 @@ def _call(query: str, opening: str = "") -> str:
     return f"{opening}\n\n{text}" if opening else text
 
 
-def script_sample(item: dict[str, Any], behaviour: str, opening: str) -> list[str]:
+def script_sample(item: Question, behaviour: str, opening: str) -> list[str]:
     """The assistant turns of one scripted sample (pure)."""
     hops = [hop["query"] for hop in item["hops"]]
     right, wrong = item["answers"][0], item["wrong"]
@@ -114,8 +166,8 @@ def script_sample(item: dict[str, Any], behaviour: str, opening: str) -> list[st
     raise ValueError(f"unknown behaviour {behaviour!r}")
 
 
-def _question_entries(items: list[dict[str, Any]], offset: int, samples: int) -> list[dict[str, Any]]:
-    entries = []
+def _question_entries(items: list[Question], offset: int, samples: int) -> list[dict[str, object]]:
+    entries: list[dict[str, object]] = []
     for index, item in enumerate(items):
         fixed = item.get("behaviour")
         if fixed is not None and fixed not in BEHAVIOURS:
@@ -131,21 +183,21 @@ def _question_entries(items: list[dict[str, Any]], offset: int, samples: int) ->
     return entries
 
 
-def _expand_repeats(query: dict[str, Any]) -> dict[str, Any]:
+def _expand_repeats(query: ExtraQuery) -> ExtraQuery:
     """``{"text": t, "repeat": n}`` becomes n numbered copies of t (for very long passages)."""
     if "results" not in query:
-        return dict(query)
+        return query.copy()
     results = []
     for result in query["results"]:
-        result = dict(result)
-        count = int(result.pop("repeat", 1))
+        passage = result.copy()
+        count = int(passage.pop("repeat", 1))
         if count > 1:
-            result["text"] = " ".join(f"({i}) {result['text']}" for i in range(1, count + 1))
-        results.append(result)
+            passage["text"] = " ".join(f"({i}) {passage['text']}" for i in range(1, count + 1))
+        results.append(passage)
     return {**query, "results": results}
 
 
-def build_offline_files(source: dict[str, Any], *, samples: int = 8) -> dict[Path, str]:
+def build_offline_files(source: OfflineSource, *, samples: int = 8) -> dict[Path, str]:
     """Every generated file's path and text (pure: nothing is written)."""
     train, dev = source["train"], source["dev"]
     scenario = {
@@ -157,10 +209,10 @@ def build_offline_files(source: dict[str, Any], *, samples: int = 8) -> dict[Pat
         "questions": _question_entries(train, 0, samples) + _question_entries(dev, len(train), samples),
     }
 
-    queries: dict[str, dict[str, Any]] = {}
+    queries: dict[str, ExtraQuery] = {}
     for item in train + dev:
         for hop in item["hops"]:
-            entry = {"query": hop["query"], "results": [{"title": hop["title"], "text": hop["text"]}]}
+            entry: ExtraQuery = {"query": hop["query"], "results": [{"title": hop["title"], "text": hop["text"]}]}
             if queries.setdefault(hop["query"], entry) != entry:
                 raise ValueError(f"{QUESTIONS}: query {hop['query']!r} has two different results")
     for extra in source.get("extra_queries", []):
@@ -175,24 +227,25 @@ def build_offline_files(source: dict[str, Any], *, samples: int = 8) -> dict[Pat
         "queries": list(queries.values()),
     }
 
-    def dump(payload: Any) -> str:
+    def dump(payload: object) -> str:
         return json.dumps(payload, indent=1, ensure_ascii=False) + "\n"
 
     return {SCENARIO: dump(scenario), TRAIN: dataset_lines(train), DEV: dataset_lines(dev), CASSETTE_SPEC: dump(spec)}
 
 
-def load_source(path: Path = QUESTIONS) -> dict[str, Any]:
-    return json.loads(path.read_text("utf-8"))
+def load_source(path: Path = QUESTIONS) -> OfflineSource:
+    """``questions.json`` or ``pages.json``: hand-written files of this package, read as written."""
+    return cast(OfflineSource, json.loads(path.read_text("utf-8")))
 
 
-def dataset_lines(items: list[dict[str, Any]]) -> str:
+def dataset_lines(items: Sequence[Question]) -> str:
     """Questions in the dataset format (JSON lines of id, question, answers, data_source)."""
     rows = [{"id": i["id"], "question": i["question"], "answers": i["answers"], "data_source": i["data_source"]}
             for i in items]
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
-def build_page_files(pages: dict[str, Any]) -> dict[Path, str]:
+def build_page_files(pages: OfflineSource) -> dict[Path, str]:
     """The page questions' datasets (pure): ``pages_train.jsonl`` and ``pages_dev.jsonl``. Their
     pages enter the shipped corpus through ``index offline-corpus``, not through a cassette: only
     the local backend has pages to open."""

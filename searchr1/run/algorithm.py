@@ -14,7 +14,7 @@ defines each loss and the keys it takes). The choices themselves are declared in
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from searchr1.core.settings import key_value
 from searchr1.core.update import DEFAULT_LOSS_FN
@@ -58,19 +58,20 @@ ALGORITHM_DEFAULTS: dict[str, object] = {
 }
 
 
-def algorithm_of(config: dict[str, object]) -> dict[str, object]:
+def algorithm_of(config: Mapping[str, object]) -> dict[str, object]:
     """The algorithm fields of a training run's config (defaults where absent)."""
     return {key: config.get(key, default) for key, default in ALGORITHM_DEFAULTS.items()}
 
 
-def describe_algorithm(algorithm: dict[str, object]) -> str:
+def describe_algorithm(algorithm: Mapping[str, object]) -> str:
     """``importance_sampling, advantage mean, reward em`` plus what else is on, in one line."""
     loss = str(algorithm.get("loss_fn", DEFAULT_LOSS_FN))
     settings = algorithm.get("loss_fn_config") or {}
     if isinstance(settings, dict) and settings:
         loss += " (" + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) + ")"
     parts = [loss, f"advantage {algorithm.get('advantage_mode', 'mean')}", f"reward {algorithm.get('reward', 'em')}"]
-    if float(algorithm.get("kl_coef") or 0.0):  # type: ignore[arg-type]
+    kl_coef = algorithm.get("kl_coef") or 0.0
+    if isinstance(kl_coef, int | float | str) and float(kl_coef):
         parts.append(f"KL {algorithm['kl_coef']} ({algorithm.get('kl_estimator', 'k3')})")
     if algorithm.get("dynamic_sampling"):
         parts.append("dynamic sampling")

@@ -29,14 +29,16 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TypedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from searchr1.core.errors import UserError
 from searchr1.core.tools import DECLARED
-from searchr1.run.usage import Usage, count_checkpoint, step_means, totals_before, unit_kind, usage_metrics
+from searchr1.run.usage import (Usage, count_checkpoint, line_step, step_means, totals_before, unit_kind,
+                                usage_metrics)
+from searchr1.basics.json_types import as_float, as_object
 from searchr1.basics.wording import plural
 from searchr1.basics import invocation
 
@@ -57,6 +59,14 @@ PER_MILLION, PER_REQUEST = "per_million_tokens", "per_request"
 
 class PriceError(UserError, ValueError):
     """A price table that cannot be used; the message is one line naming file, line and key."""
+
+
+class RecordedPrices(TypedDict):
+    """A price table as a run's config records it (:meth:`PriceTable.to_json`)."""
+
+    currency: str
+    unit_prices: dict[str, float]
+    source: str
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,7 @@ class PriceTable:
         out[f"{COST}total"] = self.cost(total)
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RecordedPrices:
         return {"currency": self.currency, "unit_prices": dict(self.unit_prices), "source": self.source}
 
 
@@ -132,7 +142,7 @@ def load_prices(path: str | Path) -> PriceTable:
                    else "is missing: name the currency of the prices (e.g. currency = \"CNY\")")
     prices: dict[str, float] = {}
 
-    def read(table: str, values: Any, tokens: tuple[str, ...], counts: tuple[str, ...], prefix: str) -> None:
+    def read(table: str, values: object, tokens: tuple[str, ...], counts: tuple[str, ...], prefix: str) -> None:
         if not isinstance(values, dict):
             raise fail("", table, "must be a table")
         kind_of = table.rsplit(".", 1)[-1]
@@ -183,10 +193,14 @@ def load_prices(path: str | Path) -> PriceTable:
     return PriceTable(currency.strip(), prices, source if isinstance(source, str) else "")
 
 
-def prices_from_json(recorded: Mapping[str, Any] | None) -> PriceTable | None:
+def prices_from_json(recorded: Mapping[str, object] | None) -> PriceTable | None:
+    """The table :meth:`PriceTable.to_json` recorded (a config's ``prices``), or None."""
     if not recorded:
         return None
-    return PriceTable(str(recorded["currency"]), dict(recorded.get("unit_prices", {})), str(recorded.get("source", "")))
+    unit_prices = as_object(recorded.get("unit_prices", {}), "unit_prices")
+    return PriceTable(str(recorded["currency"]),
+                      {str(kind): as_float(price, f"unit_prices.{kind}") for kind, price in unit_prices.items()},
+                      str(recorded.get("source", "")))
 
 
 # -- budgets --------------------------------------------------------------------------------------
@@ -285,9 +299,9 @@ class RunAccount:
         self._steps = 0
         self._summed = Usage()
 
-    def start(self, history: list[Mapping[str, Any]], first_step: int) -> None:
+    def start(self, history: Sequence[Mapping[str, object]], first_step: int) -> None:
         """Totals and the mean step from the metrics lines of the steps before ``first_step``."""
-        earlier = [line for line in history if int(line.get("step", -1)) < first_step]
+        earlier = [line for line in history if line_step(line, -1) < first_step]
         self.total = totals_before(earlier, first_step)
         self._steps, self._summed = step_means(earlier)
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from searchr1.core.errors import UserError
+from searchr1.basics.json_types import JsonObject, JsonValue, as_object
 from searchr1.basics.jsonl import JsonLines, Surrogates, TornLines, read_json_document
 from searchr1.basics.wording import plural
 from searchr1.basics.fileio import (
@@ -61,13 +61,33 @@ class RunDirError(UserError, ValueError):
     """The run directory is unusable; the message names it and says why."""
 
 
-def read_json_lines(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Complete records, and any torn lines (a crash in the middle of a write)."""
+def _json_lines(path: Path) -> tuple[list[tuple[int, JsonValue]], list[str]]:
+    """Every complete line's value with its line number, and any torn lines (a crash in the middle
+    of a write)."""
     if not path.exists():
         return [], []
     lines = JsonLines(path, error=RunDirError, torn=TornLines.SKIP, surrogates=Surrogates.MEND)
-    records = [record for _, record in lines]
-    return records, lines.torn_text
+    return list(lines), lines.torn_text
+
+
+def read_json_lines(path: Path, *, objects_only: bool = True) -> tuple[list[JsonObject], list[str]]:
+    """Complete records, and any torn lines (a crash in the middle of a write). A line that holds
+    JSON but not an object is a RunDirError naming it (skipped instead with ``objects_only=False``)."""
+    values, torn = _json_lines(path)
+    records: list[JsonObject] = []
+    for number, record in values:
+        if isinstance(record, dict):
+            records.append(record)
+        elif objects_only:
+            raise RunDirError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+    return records, torn
+
+
+def _int(value: object, name: str) -> int:
+    """A record's whole-number field as :func:`int` reads a JSON value (a number, or digits in a string)."""
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    return int(value)
 
 
 def recorded_checkpoints(root: Path) -> dict[str, Path]:
@@ -77,9 +97,10 @@ def recorded_checkpoints(root: Path) -> dict[str, Path]:
     if not root.is_dir():
         return names
     for ledger in sorted(root.glob(f"*/{CHECKPOINTS}")):
-        for entry in read_json_lines(ledger)[0]:
-            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-                names.setdefault(entry["name"], ledger)
+        for entry in read_json_lines(ledger, objects_only=False)[0]:
+            name = entry.get("name")
+            if isinstance(name, str):
+                names.setdefault(name, ledger)
     return names
 
 
@@ -193,7 +214,7 @@ class RunDir:
                              f"not finish; kept in {REWOUND})")
         return notes
 
-    def check_consistent(self, config: dict[str, Any]) -> None:
+    def check_consistent(self, config: Mapping[str, object]) -> None:
         """Refuse to resume a directory whose records disagree with each other: a step recorded
         twice in ``metrics.jsonl`` (two processes trained here at once), checkpoints of another
         run id than ``config.json``'s, a run state whose fields have the wrong types."""
@@ -222,7 +243,7 @@ class RunDir:
                 raise RunDirError(f"{self.file(CHECKPOINTS)}: checkpoint {entry.get('name')!r} has no whole-number "
                                   "'step' and 'cursor'")
 
-    def create(self, config: dict[str, Any]) -> None:
+    def create(self, config: Mapping[str, object]) -> None:
         """Start a new run; refuses a directory that already holds anything."""
         self.check_creatable()
         try:
@@ -237,7 +258,7 @@ class RunDir:
         write_json_atomically(self.file(CONFIG), config)
         self.write_state({"step": 0, "cursor": 0, "last_checkpoint": None})
 
-    def open(self) -> dict[str, Any]:
+    def open(self) -> JsonObject:
         """Validate an existing run and return its configuration."""
         if not self.path.exists():
             raise RunDirError(f"run directory {self.path} does not exist")
@@ -252,7 +273,7 @@ class RunDir:
         self._read_object(STATE)
         return config
 
-    def _read_object(self, name: str) -> dict[str, Any]:
+    def _read_object(self, name: str) -> JsonObject:
         """A run file that holds one JSON object; any other content is a RunDirError naming the
         file (and where in it the JSON breaks)."""
         path = self.file(name)
@@ -266,33 +287,34 @@ class RunDir:
 
     # -- records ---------------------------------------------------------------------------
 
-    def append_metrics(self, record: dict[str, Any]) -> None:
+    def append_metrics(self, record: Mapping[str, object]) -> None:
         append_json_line(self.file(METRICS), record)
 
-    def metrics(self) -> list[dict[str, Any]]:
+    def metrics(self) -> list[JsonObject]:
         return read_json_lines(self.file(METRICS))[0]
 
-    def record_checkpoint(self, entry: dict[str, Any]) -> None:
+    def record_checkpoint(self, entry: Mapping[str, object]) -> None:
         append_json_line(self.file(CHECKPOINTS), entry)
 
-    def checkpoints(self) -> list[dict[str, Any]]:
+    def checkpoints(self) -> list[JsonObject]:
         return read_json_lines(self.file(CHECKPOINTS))[0]
 
-    def write_state(self, state: dict[str, Any]) -> None:
+    def write_state(self, state: Mapping[str, object]) -> None:
         write_json_atomically(self.file(STATE), state)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JsonObject:
         return self._read_object(STATE)
 
     def resume_point(self, step: int | None = None) -> ResumePoint | None:
         """The last checkpoint (of ``step``, when given) that a run can resume from."""
         entries = [e for e in self.checkpoints() if e.get("state_path")
-                   and (step is None or int(e.get("step", -1)) == step)]
+                   and (step is None or _int(e.get("step", -1), "step") == step)]
         if not entries:
             return None
         last = entries[-1]
-        samplers = {int(version): str(path) for version, path in (last.get("sampler_paths") or {}).items()}
-        return ResumePoint(int(last["step"]), int(last["cursor"]), str(last["state_path"]),
+        paths = as_object(last.get("sampler_paths") or {}, "sampler_paths")
+        samplers = {int(version): str(path) for version, path in paths.items()}
+        return ResumePoint(_int(last["step"], "step"), _int(last["cursor"], "cursor"), str(last["state_path"]),
                            str(last.get("weights_path") or ""), str(last.get("name") or ""), samplers)
 
     def rewind_to(self, step: int) -> int:
@@ -300,8 +322,8 @@ class RunDir:
         number of lines moved."""
         path = self.file(METRICS)
         records, torn = read_json_lines(path)
-        keep = [r for r in records if int(r.get("step", -1)) < step]
-        moved = [r for r in records if int(r.get("step", -1)) >= step]
+        keep = [r for r in records if _int(r.get("step", -1), "step") < step]
+        moved = [r for r in records if _int(r.get("step", -1), "step") >= step]
         if not moved and not torn:
             return 0
         for record in moved:
@@ -311,24 +333,24 @@ class RunDir:
         write_text_atomically(path, "".join(json_line(record) for record in keep))
         return len(moved) + len(torn)
 
-    def write_config(self, config: dict[str, Any]) -> None:
+    def write_config(self, config: Mapping[str, object]) -> None:
         """Replace ``config.json`` (a resume that changes flags records them as a new segment)."""
         write_json_atomically(self.file(CONFIG), config)
 
     def checkpoint_steps(self) -> list[int]:
         """Steps with a checkpoint a run can resume from, in order."""
-        return sorted({int(e["step"]) for e in self.checkpoints() if e.get("state_path") and "step" in e})
+        return sorted({_int(e["step"], "step") for e in self.checkpoints() if e.get("state_path") and "step" in e})
 
-    def restart_at(self, step: int, config: dict[str, Any]) -> dict[str, int]:
+    def restart_at(self, step: int, config: Mapping[str, object]) -> dict[str, int]:
         """Set aside what came after the checkpoint of ``step`` (checkpoint lines of later steps,
         transcripts of steps ``>= step``; metrics follow with :meth:`rewind_to` when the run
         starts) and write ``config`` (the new segment included). Returns how many lines of each
         file moved. Nothing is deleted; a second call for the same step moves nothing."""
         moved = {
-            CHECKPOINTS: self._move_lines(CHECKPOINTS, CHECKPOINTS_REWOUND, lambda r: int(r.get("step", -1)) > step,
-                                          step),
-            TRANSCRIPTS: self._move_lines(TRANSCRIPTS, TRANSCRIPTS_REWOUND, lambda r: int(r.get("step", -1)) >= step,
-                                          step),
+            CHECKPOINTS: self._move_lines(CHECKPOINTS, CHECKPOINTS_REWOUND,
+                                          lambda r: _int(r.get("step", -1), "step") > step, step),
+            TRANSCRIPTS: self._move_lines(TRANSCRIPTS, TRANSCRIPTS_REWOUND,
+                                          lambda r: _int(r.get("step", -1), "step") >= step, step),
         }
         self.write_config(config)
         state, point = self.state(), self.resume_point(step)
@@ -336,9 +358,10 @@ class RunDir:
                           "last_checkpoint": step})
         return moved
 
-    def _move_lines(self, name: str, aside: str, later: Any, step: int) -> int:
+    def _move_lines(self, name: str, aside: str, later: Callable[[JsonObject], bool], step: int) -> int:
         path = self.file(name)
-        records, torn = read_json_lines(path)
+        values, torn = _json_lines(path)
+        records = [record for _, record in values]
         keep = [r for r in records if not (isinstance(r, dict) and later(r))]
         moved = [r for r in records if isinstance(r, dict) and later(r)]
         if not moved and not torn:

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Protocol
 
+from searchr1.core.rollout import RolloutConfig
+from searchr1.core.types import SearchExample, Tokenizer
+from searchr1.run.costs import PriceTable
 from searchr1.run.usage import Usage
 from searchr1.basics.wording import plural
 
@@ -59,7 +62,26 @@ def _with_saves(per_step: Usage, steps: int, checkpoints: int) -> Usage:
     return run
 
 
-def configured_estimate(config: Any, tokenizer: Any, examples: Sequence[Any]) -> Estimate:
+class PlannedRun(Protocol):
+    """What an estimate reads of a run's settings (:class:`searchr1.training.config.TrainConfig`)."""
+
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def questions_per_batch(self) -> int: ...
+    @property
+    def max_steps(self) -> int: ...
+    @property
+    def save_every(self) -> int: ...
+    @property
+    def accumulation(self) -> str: ...
+    @property
+    def kl_coef(self) -> float: ...
+    @property
+    def search(self) -> Mapping[str, object]: ...
+
+
+def configured_estimate(config: PlannedRun, tokenizer: Tokenizer, examples: Sequence[SearchExample]) -> Estimate:
     """The ranges from the configured sizes (nothing is sampled; the tokenizer measures the first prompts)."""
     from searchr1.core.budgets import tool_schemas
     from searchr1.core.protocol import build_prompt, initial_messages
@@ -104,7 +126,7 @@ def configured_estimate(config: Any, tokenizer: Any, examples: Sequence[Any]) ->
     return estimate
 
 
-def measured_estimate(line: Mapping[str, Any], steps: int, *, offline: bool, bounds: Estimate) -> Estimate:
+def measured_estimate(line: Mapping[str, object], steps: int, *, offline: bool, bounds: Estimate) -> Estimate:
     """``bounds`` with the projection of a run of ``steps`` steps like the measured one (its metrics line)."""
     measured = Usage.from_metrics(line)
     checkpoints = int(bounds.run_high.state_saves)  # the schedule's checkpoints
@@ -141,7 +163,7 @@ def _number(value: float) -> str:
     return f"{value:.4g}" if value != int(value) else f"{int(value)}"
 
 
-def render_estimate(estimate: Estimate, prices: Any = None) -> str:
+def render_estimate(estimate: Estimate, prices: PriceTable | None = None) -> str:
     """The estimate as a table: per step and for the run, low-high (and measured / projected)."""
     kinds = sorted(set(estimate.step_high.kinds()) | set(estimate.step_low.kinds())
                    | set((estimate.step_measured or Usage()).kinds()), key=_kind_order)

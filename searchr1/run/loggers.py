@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 from searchr1.core.errors import UserError
 
 NONE = "none"
@@ -50,7 +50,7 @@ class LoggerSettings:
 
     run_name: str
     run_dir: Path
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, object] = field(default_factory=dict)
     project: str = "searchr1"
     swanlab_mode: str | None = None  # passed to swanlab.init when set
 
@@ -119,7 +119,7 @@ def check_available(names: Sequence[str], *, installed: Callable[[str], bool] | 
 # --- the writers -------------------------------------------------------------------------
 
 
-def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+def numeric(metrics: Mapping[str, object]) -> dict[str, float]:
     """The finite numbers of a metrics line (dashboards reject NaN, strings and None)."""
     return {
         key: float(value)
@@ -133,7 +133,7 @@ class SwanLabWriter:
 
     def __init__(self, settings: LoggerSettings) -> None:
         self._swanlab = importlib.import_module("swanlab")
-        options: dict[str, Any] = {"project": settings.project, "experiment_name": settings.run_name,
+        options: dict[str, object] = {"project": settings.project, "experiment_name": settings.run_name,
                                    "config": dict(settings.config)}
         if settings.swanlab_mode and settings.swanlab_mode != "auto":
             options["mode"] = settings.swanlab_mode

@@ -11,10 +11,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import IO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
 from searchr1.basics.wording import plural
 
@@ -89,7 +90,7 @@ class LineReporter:
     line per step and the notes; no bars. ``width`` cuts step lines (a terminal's width), None
     keeps them whole."""
 
-    def __init__(self, stream: TextIO | None = None, width: int | None = None) -> None:
+    def __init__(self, stream: IO[str] | None = None, width: int | None = None) -> None:
         self._stream = stream
         self.width = width
 
@@ -125,8 +126,8 @@ class RichReporter:
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
         )
-        self._steps: Any = None
-        self._trajectories: Any = None
+        self._steps: TaskID | None = None
+        self._trajectories: TaskID | None = None
 
     def start(self, total_steps: int, first_step: int) -> None:
         message = nothing_to_do(total_steps, first_step)
@@ -145,6 +146,7 @@ class RichReporter:
             self.progress.advance(self._trajectories, count)
 
     def end_step(self, step: int, metrics: dict[str, float]) -> None:
+        assert self._steps is not None, "end_step before start"
         self.progress.advance(self._steps)
         self.progress.console.print(step_summary(step, metrics, self.console.width), markup=False,
                                     highlight=False, soft_wrap=True)

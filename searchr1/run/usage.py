@@ -46,10 +46,13 @@ import enum
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
 
-from searchr1.core.tools import DECLARED
-from searchr1.core.types import Counts
+from searchr1.core.tools import DECLARED, ToolBackend, ToolCall
+from searchr1.core.types import Counts, SamplingClient, SearchResult
+
+if TYPE_CHECKING:
+    from pytrio.types import ModelInput, SampleResponse, SamplingParams
 
 PREFIX = "usage/"
 _NESTED = ("search", "tools")  # the per-backend and per-tool tables of Usage
@@ -156,12 +159,13 @@ class Usage(Counts):
         return self.search.setdefault(backend, SearchUsage())
 
     def map(self, change: Callable[[float], float]) -> Usage:
-        """A new usage with ``change`` applied to every count (a mean step, a projection)."""
-        out = Usage(**{f.name: change(getattr(self, f.name)) for f in fields(self) if f.name not in _NESTED})
+        """A new usage with ``change`` applied to every count (a mean step, a projection): its counts
+        may be fractions, so they are set field by field rather than passed as the ints they declare."""
+        out = _mapped(Usage(), self, change, skip=_NESTED)
         for backend, searched in self.search.items():
-            out.search[backend] = SearchUsage(**{f.name: change(getattr(searched, f.name)) for f in fields(searched)})
+            out.search[backend] = _mapped(SearchUsage(), searched, change)
         for tool, used in self.tools.items():
-            out.tools[tool] = ToolUsage(**{f.name: change(getattr(used, f.name)) for f in fields(used)})
+            out.tools[tool] = _mapped(ToolUsage(), used, change)
         return out
 
     def tool(self, name: str) -> ToolUsage:
@@ -206,10 +210,10 @@ class Usage(Counts):
         return usage
 
     @classmethod
-    def from_metrics(cls, line: Mapping[str, Any], *, total: bool = False) -> Usage:
+    def from_metrics(cls, line: Mapping[str, object], *, total: bool = False) -> Usage:
         """The step's (or, with ``total``, the run's) usage recorded in one metrics line."""
         head = PREFIX + (TOTAL if total else "")
-        kinds = {}
+        kinds: dict[str, float] = {}
         for key, value in line.items():
             if not key.startswith(head) or not isinstance(value, (int, float)):
                 continue
@@ -218,6 +222,17 @@ class Usage(Counts):
                 continue
             kinds[kind] = value
         return cls.from_kinds(kinds)
+
+
+CountsU = TypeVar("CountsU", bound=Counts)
+
+
+def _mapped(out: CountsU, counts: CountsU, change: Callable[[float], float], skip: tuple[str, ...] = ()) -> CountsU:
+    """``out`` holding ``change`` of every count of ``counts`` (the fields not in ``skip``)."""
+    for name, value in vars(counts).items():
+        if name not in skip:
+            setattr(out, name, change(value))
+    return out
 
 
 def _split_search_kind(rest: str, units: set[str]) -> tuple[str, str]:
@@ -265,7 +280,7 @@ def usage_metrics(step: Usage, total: Usage) -> dict[str, float]:
             **total.as_metrics(TOTAL), f"{PREFIX}{TOTAL}model_tokens": float(total.tokens)}
 
 
-def question_usage_metrics(records: Iterable[Mapping[str, Any]]) -> tuple[Usage, int, dict[str, float]]:
+def question_usage_metrics(records: Iterable[Mapping[str, object]]) -> tuple[Usage, int, dict[str, float]]:
     """An evaluation's usage from its records (each question's usage rides on one of its records):
     the total, how many questions it covers, and ``usage/total_<kind>`` and ``usage/<kind>_per_question``."""
     total, questions = Usage(), 0
@@ -282,7 +297,14 @@ def question_usage_metrics(records: Iterable[Mapping[str, Any]]) -> tuple[Usage,
     return total, questions, metrics
 
 
-def count_update(usage: Usage, datums: Sequence[Any], forward_backward_calls: int) -> None:
+class SentDatum(Protocol):
+    """A datum as the update sent it (:class:`searchr1.core.datum.TrainingDatum`): its token count."""
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+def count_update(usage: Usage, datums: Sequence[SentDatum], forward_backward_calls: int) -> None:
     """A step's update: the datums' tokens sent to forward_backward, its calls and the optim_step."""
     usage.train_tokens += sum(int(d.num_tokens) for d in datums)
     usage.forward_backward_calls += forward_backward_calls
@@ -295,17 +317,26 @@ def count_checkpoint(usage: Usage) -> None:
     usage.weight_saves += 1
 
 
-def totals_before(lines: Iterable[Mapping[str, Any]], step: int) -> Usage:
+def line_step(line: Mapping[str, object], default: int | None = None) -> int:
+    """A metrics line's ``step`` as :func:`int` reads it (``default`` when the line has none; without a
+    default, a line without one is a KeyError)."""
+    step = line["step"] if default is None else line.get("step", default)
+    if not isinstance(step, int | float | str):
+        raise TypeError(f"step: expected a number, got {type(step).__name__}")
+    return int(step)
+
+
+def totals_before(lines: Iterable[Mapping[str, object]], step: int) -> Usage:
     """The run's totals after the steps before ``step``: the last such metrics line's
     ``usage/total_*`` (zero when there is none)."""
-    last: Mapping[str, Any] | None = None
+    last: Mapping[str, object] | None = None
     for line in lines:
-        if int(line.get("step", -1)) < step and (last is None or int(line["step"]) >= int(last["step"])):
+        if line_step(line, -1) < step and (last is None or line_step(line) >= line_step(last)):
             last = line
     return Usage() if last is None else Usage.from_metrics(last, total=True)
 
 
-def step_means(lines: Iterable[Mapping[str, Any]]) -> tuple[int, Usage]:
+def step_means(lines: Iterable[Mapping[str, object]]) -> tuple[int, Usage]:
     """How many metrics lines carry usage, and the sum of their step usage."""
     count, summed = 0, Usage()
     for line in lines:
@@ -318,14 +349,14 @@ def step_means(lines: Iterable[Mapping[str, Any]]) -> tuple[int, Usage]:
 # -- counting hooks ----------------------------------------------------------------------------
 
 
-def _prompt_length(prompt: Any) -> int:
+def _prompt_length(prompt: ModelInput) -> int:
     length = getattr(prompt, "length", None)
     if isinstance(length, int):
         return length
     return len(prompt.to_ints())
 
 
-def count_sample(usage: Usage, prompt: Any, response: Any, *, kl: bool = False) -> None:
+def count_sample(usage: Usage, prompt: ModelInput, response: SampleResponse, *, kl: bool = False) -> None:
     """One answered sampling request: its prompt once, the tokens of every returned sequence."""
     generated = sum(len(sequence.tokens) for sequence in response.sequences)
     if kl:
@@ -338,51 +369,79 @@ def count_sample(usage: Usage, prompt: Any, response: Any, *, kl: bool = False) 
         usage.sample_generated_tokens += generated
 
 
+class SampleOptions(TypedDict, total=False):
+    """The options of ``sample_async`` besides the prompt (:class:`searchr1.core.types.SamplingClient`)."""
+
+    num_samples: int
+    sampling_params: SamplingParams
+    include_prompt_logprobs: bool
+    return_text: bool
+
+
 class MeteredSampler:
     """A sampling client whose answered ``sample_async`` requests are counted into ``usage``
-    (everything else is the client's own)."""
+    (everything else is the client's own). Only the options a caller gave are passed on, so the
+    client's own defaults hold for the others."""
 
-    def __init__(self, sampler: Any, usage: Usage, *, kl: bool = False) -> None:
+    def __init__(self, sampler: SamplingClient, usage: Usage, *, kl: bool = False) -> None:
         self._sampler = sampler
         self._usage = usage
         self._kl = kl
 
-    async def sample_async(self, *, prompt: Any, **kwargs: Any) -> Any:
-        response = await self._sampler.sample_async(prompt=prompt, **kwargs)
+    async def sample_async(self, prompt: ModelInput, num_samples: int | None = None,
+                           sampling_params: SamplingParams | None = None, include_prompt_logprobs: bool | None = None,
+                           return_text: bool | None = None) -> SampleResponse:
+        options: SampleOptions = {}
+        if num_samples is not None:
+            options["num_samples"] = num_samples
+        if sampling_params is not None:
+            options["sampling_params"] = sampling_params
+        if include_prompt_logprobs is not None:
+            options["include_prompt_logprobs"] = include_prompt_logprobs
+        if return_text is not None:
+            options["return_text"] = return_text
+        response = await self._sampler.sample_async(prompt=prompt, **options)
         count_sample(self._usage, prompt, response, kl=self._kl)
         return response
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._sampler, name)
+
+
+class Searcher(Protocol):
+    """What :class:`MeteredSearch` counts the calls of: a search backend (:class:`searchr1.search.tool.SearchBackend`;
+    its ``name``, when it has one, names its counts)."""
+
+    async def search(self, query: str) -> SearchResult: ...
 
 
 class MeteredSearch:
     """A search backend whose calls are counted into ``usage`` under the backend's name."""
 
-    def __init__(self, backend: Any, usage: Usage) -> None:
+    def __init__(self, backend: Searcher, usage: Usage) -> None:
         self._backend = backend
         self._usage = usage
-        self.name = getattr(backend, "name", type(backend).__name__)
+        self.name: str = getattr(backend, "name", type(backend).__name__)
 
-    async def search(self, query: str) -> Any:
+    async def search(self, query: str) -> SearchResult:
         result = await self._backend.search(query)
         count_search(self._usage.searched(self.name), result)
         return result
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._backend, name)
 
 
 class MeteredTool:
     """A declared tool's backend whose calls are counted into ``usage`` under the tool's name."""
 
-    def __init__(self, tool: str, backend: Any, usage: Usage) -> None:
+    def __init__(self, tool: str, backend: ToolBackend, usage: Usage) -> None:
         self._tool = tool
         self._backend = backend
         self._usage = usage
         usage.tool(tool)  # a tool offered but never called counts its zeros
 
-    async def call(self, call: Any) -> Any:
+    async def call(self, call: ToolCall) -> SearchResult:
         result = await self._backend.call(call)
         used = self._usage.tool(self._tool)
         used.calls += 1
@@ -392,16 +451,16 @@ class MeteredTool:
         used.units += int(bool(getattr(result, "ok", False)))
         return result
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._backend, name)
 
 
-def metered_tools(backends: Mapping[str, Any] | None, usage: Usage) -> dict[str, MeteredTool]:
+def metered_tools(backends: Mapping[str, ToolBackend] | None, usage: Usage) -> dict[str, MeteredTool]:
     """Every tool backend of ``backends`` counted into ``usage``."""
     return {name: MeteredTool(name, backend, usage) for name, backend in (backends or {}).items()}
 
 
-def count_search(searched: SearchUsage, result: Any) -> None:
+def count_search(searched: SearchUsage, result: SearchResult) -> None:
     """One search call: a request when the service was asked, and what the service billed."""
     searched.calls += 1
     attempts = int(getattr(result, "attempts", 0) or 0)

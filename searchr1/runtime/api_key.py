@@ -20,24 +20,21 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.core.errors import UsageError
 from searchr1.runtime.http_bounds import shown
+from searchr1.basics.json_types import JsonObject
 from searchr1.basics.secrets import Secret
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 API_KEY_ENV = "SEARCHR1_SERVE_API_KEY"  # where --api-key is read from when the flag is not given
 OPEN_PATHS = ("/healthz",)  # answered without a key: what is served, for load balancers and probes
 INVALID_API_KEY = "invalid_api_key"  # OpenAI's error code for a missing or wrong key
 MAX_DRAINED_BYTES = 1 << 20  # of a refused request's body, read and dropped before the 401
 MIN_KEY_CHARS = 16  # a shorter key is guessed sooner, and too short to be masked reliably wherever it is echoed
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def is_loopback(host: str) -> bool:
@@ -92,7 +89,7 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
-def unauthorized_body(presented: bytes | None) -> dict[str, Any]:
+def unauthorized_body(presented: bytes | None) -> JsonObject:
     """The 401 body in OpenAI's error shape; it never quotes what was sent."""
     message = ("no API key: send the header `Authorization: Bearer <key>`" if presented is None
                else "the API key sent is not this server's")
@@ -115,7 +112,7 @@ class ApiKeyGuard:
     """ASGI middleware: HTTP requests to paths other than ``open_paths`` reach ``app`` only with
     ``Authorization: Bearer <key>``; others get 401 (see the module docstring)."""
 
-    def __init__(self, app: AsgiApp, key: Secret, open_paths: tuple[str, ...] = OPEN_PATHS) -> None:
+    def __init__(self, app: ASGIApp, key: Secret, open_paths: tuple[str, ...] = OPEN_PATHS) -> None:
         self.app = app
         self.open_paths = open_paths
         self._digest = _digest(key.reveal().encode())

@@ -16,7 +16,7 @@ import asyncio
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -146,13 +146,14 @@ def call_with_deadline(factory: Callable[[], T], deadline: float, *, what: str,
     after ``deadline`` seconds (the thread is left to die with the process). When it has not
     answered after :data:`REFUSAL_CHECK_AFTER` seconds, ``refused()`` is asked once: a reason
     it gives ends the wait at once with :class:`ConnectRefused`."""
-    outcome: dict[str, Any] = {}
+    values: list[T] = []  # what factory() returned, or
+    errors: list[BaseException] = []  # what it raised
 
     def target() -> None:
         try:
-            outcome["value"] = factory()
+            values.append(factory())
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
-            outcome["error"] = error
+            errors.append(error)
 
     worker = threading.Thread(target=target, name="searchr1-connect", daemon=True)
     worker.start()
@@ -165,6 +166,6 @@ def call_with_deadline(factory: Callable[[], T], deadline: float, *, what: str,
     if worker.is_alive():
         raise ConnectTimeout(f"{what}: no answer within {deadline:g} s ({explain()}); check the network "
                              "and PYTRIO_BASE_URL, or wait longer with --connect-timeout")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    if errors:
+        raise errors[0]
+    return values[0]

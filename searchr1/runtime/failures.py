@@ -31,7 +31,8 @@ def describe_failure(error: BaseException) -> str:
     from searchr1.basics.secrets import strip_userinfo
 
     code = getattr(error, "code", None) or type(error).__name__
-    if code == STORAGE_FAILURE_CODE and isinstance(getattr(error, "message", None), str):
-        return f"{code}: {strip_userinfo(error.message.strip())[:300]}"
+    message = getattr(error, "message", None)
+    if code == STORAGE_FAILURE_CODE and isinstance(message, str):
+        return f"{code}: {strip_userinfo(message.strip())[:300]}"
     text = strip_userinfo(str(error).strip().splitlines()[0])[:300] if str(error).strip() else "no message"
     return f"{code}: {text}"

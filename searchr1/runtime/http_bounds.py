@@ -23,7 +23,14 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+from searchr1.basics.json_types import JsonValue
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from uvicorn import Server
 
 REQUEST_TIMEOUT = 10.0  # seconds from a request's first byte to its last
 KEEP_ALIVE_TIMEOUT = 5  # seconds an idle keep-alive connection is kept
@@ -41,13 +48,13 @@ class RequestError(ValueError):
         self.status = status
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     """A value a client sent, as a message quotes it: bounded (a 4,000-digit number, a deep list)."""
     text = repr(value) if not isinstance(value, (list, dict)) else type(value).__name__
     return text if len(text) <= 40 else text[:40] + "..."
 
 
-def decode_body(body: bytes, max_bytes: int) -> Any:
+def decode_body(body: bytes, max_bytes: int) -> JsonValue:
     """The JSON value of ``body``, or :class:`RequestError` (413 too large, 400 not JSON we read)."""
     if len(body) > max_bytes:
         raise RequestError(413, f"request body larger than {max_bytes} bytes")
@@ -62,7 +69,7 @@ def decode_body(body: bytes, max_bytes: int) -> Any:
         raise RequestError(400, f"body is not JSON this server reads ({why})") from None
 
 
-async def read_capped_body(request: Any, slots: asyncio.Semaphore, max_bytes: int) -> bytes:
+async def read_capped_body(request: Request, slots: asyncio.Semaphore, max_bytes: int) -> bytes:
     """A starlette request's body, read as it streams while holding one of ``slots``;
     :class:`RequestError` (413) once it passes ``max_bytes``."""
     declared = request.headers.get("content-length", "")
@@ -77,7 +84,7 @@ async def read_capped_body(request: Any, slots: asyncio.Semaphore, max_bytes: in
         return bytes(body)
 
 
-def refused(status: int, message: str) -> Any:
+def refused(status: int, message: str) -> JSONResponse:
     """The answer to a refused request: ``{"error": message}``, and the connection closed."""
     from starlette.responses import JSONResponse
 
@@ -110,7 +117,8 @@ def bounded_protocol(request_timeout: float = REQUEST_TIMEOUT) -> type[asyncio.P
             if self.conn.their_state not in received and not self.transport.is_closing():
                 self.transport.close()
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # asyncio.Protocol takes a BaseTransport; H11Protocol (whose signature this keeps) a Transport
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
             super().connection_made(transport)
             self._arm()
 
@@ -180,7 +188,7 @@ class RunningServer:
     """A server started in a thread of this process (tests, the bench): ``url`` is its
     endpoint; ``stop()`` shuts it down."""
 
-    server: Any
+    server: Server
     thread: threading.Thread
     url: str
 
@@ -195,9 +203,9 @@ class RunningServer:
         self.stop()
 
 
-def run_in_thread(server: Any, sock: socket.socket, name: str, path: str) -> RunningServer:
+def run_in_thread(server: Server, sock: socket.socket, name: str, path: str) -> RunningServer:
     """Run a uvicorn ``server`` on the bound ``sock`` from a daemon thread, once it has started."""
-    server.config.install_signal_handlers = False  # uvicorn>=0.29 honours this on Server.run
+    # uvicorn installs its signal handlers from the main thread only: this server leaves them alone
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

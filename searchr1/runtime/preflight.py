@@ -15,9 +15,9 @@ the service.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 from searchr1.core.errors import UserError
 
 from searchr1.core.observation.tokens import TemplateBoundaries
@@ -32,6 +32,12 @@ from searchr1.core.protocol import (
     template_boundaries,
     tool_message,
 )
+from searchr1.core.types import Tokenizer
+from searchr1.basics.json_types import JsonObject
+
+if TYPE_CHECKING:
+    from pytrio import ServiceClient, TrainingClient
+    from pytrio.types.server_capabilities import GetServerCapabilitiesResponse, ModelOperationCapabilities
 
 # Special tokens the protocol and the stitching rely on, looked up by name on both sides.
 PROTOCOL_TOKENS = (
@@ -44,6 +50,14 @@ PROBE_TEXTS = (
     "<|im_start|>assistant\n<think>\n\n</think>\n\n",
     "<tool_call>\n<function=search>\n<parameter=query>\nSeine\n</parameter>\n</function>\n</tool_call>",
 )
+
+
+class ComparedTokenizer(Protocol):
+    """What comparing two tokenizers reads of each (ours, and the one pytrio loads for the service)."""
+
+    def __len__(self) -> int: ...
+    def convert_tokens_to_ids(self, tokens: str) -> int | list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
 class PreflightError(UserError, RuntimeError):
@@ -67,16 +81,16 @@ class ServerLimits:
     training: OperationLimits
     sampling: OperationLimits
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 
-def limits_from_capabilities(capabilities: Any, base_model: str) -> ServerLimits:
+def limits_from_capabilities(capabilities: GetServerCapabilitiesResponse, base_model: str) -> ServerLimits:
     """The limits of ``base_model`` in a ``GetServerCapabilitiesResponse``."""
     models = list(getattr(capabilities, "supported_models", []) or [])
     for model in models:
         if model.model_name == base_model:
-            def operation(value: Any) -> OperationLimits:
+            def operation(value: ModelOperationCapabilities) -> OperationLimits:
                 return OperationLimits(bool(value.available), value.max_batch_size,
                                        value.max_tokens_per_request, value.max_seq_len)
 
@@ -134,7 +148,7 @@ def fit_trajectory_budget(limits: ServerLimits, max_trajectory_tokens: int, *, c
     return BudgetFit(budget, tuple(warnings))
 
 
-def tokenizer_differences(ours: Any, theirs: Any) -> list[str]:
+def tokenizer_differences(ours: ComparedTokenizer, theirs: ComparedTokenizer) -> list[str]:
     """How the service's tokenizer differs from ours in what the protocol relies on: the
     vocabulary size (PyTRIO bounds token ids by it), the special tokens looked up by name,
     and the encoding of a few probe texts."""
@@ -151,12 +165,12 @@ def tokenizer_differences(ours: Any, theirs: Any) -> list[str]:
     return problems
 
 
-def read_server_limits(service: Any, base_model: str) -> ServerLimits:
+def read_server_limits(service: ServiceClient, base_model: str) -> ServerLimits:
     """Ask the service for ``base_model``'s limits (one control call, nothing billed)."""
     return limits_from_capabilities(service.get_server_capabilities(), base_model)
 
 
-def load_service_tokenizer(training_client: Any) -> Any:
+def load_service_tokenizer(training_client: TrainingClient) -> ComparedTokenizer:
     """The tokenizer PyTRIO will load inside the first ``forward_backward``, loaded now.
 
     pytrio fetches it from ModelScope (its local cache first); without a network and without a
@@ -173,7 +187,7 @@ def load_service_tokenizer(training_client: Any) -> Any:
         ) from None
 
 
-def hand_over_vocabulary_size(training_client: Any, theirs: Any) -> None:
+def hand_over_vocabulary_size(training_client: TrainingClient, theirs: Sized) -> None:
     """pytrio loads the tokenizer a second time inside the first ``forward_backward``, only for its
     length (``TrainingClient._tokenizer_vocab_size``, a ``functools.cached_property``): about a
     second on every start. The length of the tokenizer just loaded through the same SDK call
@@ -182,7 +196,7 @@ def hand_over_vocabulary_size(training_client: Any, theirs: Any) -> None:
         training_client.__dict__.setdefault("_tokenizer_vocab_size", len(theirs))
 
 
-def check_service_tokenizer(ours: Any, training_client: Any) -> None:
+def check_service_tokenizer(ours: ComparedTokenizer, training_client: TrainingClient) -> None:
     theirs = load_service_tokenizer(training_client)
     problems = tokenizer_differences(ours, theirs)
     if problems:
@@ -202,7 +216,7 @@ def describe(limits: ServerLimits) -> Sequence[str]:
             f"  training: {fmt(limits.training)}", f"  sampling: {fmt(limits.sampling)}"]
 
 
-def check_template(tokenizer: Any) -> TemplateBoundaries:
+def check_template(tokenizer: Tokenizer) -> TemplateBoundaries:
     """Start-up self-check of the stitching invariants on a probe conversation.
 
     A live run with an unexpected template fails here in seconds, with the failing check

@@ -24,14 +24,20 @@ import importlib.util
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast
 from searchr1.core.errors import UserError
+from searchr1.core.types import Tokenizer
 
 from searchr1.basics.fileio import file_sha256, staging_directory
+
+if TYPE_CHECKING:
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as TokenizersBackend
+    from transformers import PreTrainedTokenizerFast
 
 TEMPLATE_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
 VOCAB_SHA256 = "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd"
@@ -85,6 +91,30 @@ ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<tts_text_bos_single>", True),
     ("<|audio_pad|>", True),
 )
+
+
+class SavedTokenizer(Protocol):
+    """What writing a tokenizer's files asks of it (transformers' fast tokenizers have it)."""
+
+    @property
+    def added_tokens_decoder(self) -> dict[int, AddedToken]: ...
+    def save_pretrained(self, save_directory: str) -> tuple[str, ...]: ...
+
+
+class Qwen35Tokenizer(Tokenizer, SavedTokenizer, Protocol):
+    """The tokenizer :func:`load_qwen35_tokenizer` gives (a transformers ``PreTrainedTokenizerFast``) as
+    this program uses it: the core's calls, a special token's id, and what the twin reads to serve it.
+    Its chat template renders any chat messages and tools (``serve`` renders a client's as they came)."""
+
+    def apply_chat_template(self, conversation: Sequence[Mapping[str, object]], *,
+                            tools: Sequence[Mapping[str, object]] | None = ..., tokenize: bool,
+                            add_generation_prompt: bool, enable_thinking: bool,
+                            return_dict: bool = ...) -> object: ...  # the text, or token ids in some shape
+    @property
+    def name_or_path(self) -> str: ...
+    @property
+    def backend_tokenizer(self) -> TokenizersBackend: ...
+    def convert_tokens_to_ids(self, tokens: str) -> int: ...
 
 
 class TokenizerSetupError(UserError, RuntimeError):
@@ -216,7 +246,7 @@ def tiktoken_cache_inside_ours() -> Iterator[None]:
         os.environ.pop(TIKTOKEN_CACHE_ENVS[0], None)
 
 
-def _build(vocab: Path, template: str) -> Any:
+def _build(vocab: Path, template: str) -> PreTrainedTokenizerFast:
     from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -254,7 +284,7 @@ def _build(vocab: Path, template: str) -> Any:
     return tokenizer
 
 
-def _valid(tokenizer: Any) -> bool:
+def _valid(tokenizer: PreTrainedTokenizerFast) -> bool:
     try:
         return (
             len(tokenizer) == TOKENIZER_LENGTH
@@ -266,7 +296,7 @@ def _valid(tokenizer: Any) -> bool:
         return False
 
 
-def _load_cached(directory: Path, template: str) -> Any | None:
+def _load_cached(directory: Path, template: str) -> PreTrainedTokenizerFast | None:
     from transformers import PreTrainedTokenizerFast
 
     manifest_path = directory / "searchr1-manifest.json"
@@ -282,7 +312,7 @@ def _load_cached(directory: Path, template: str) -> Any | None:
     return tokenizer if _valid(tokenizer) else None
 
 
-def list_added_tokens(directory: Path, tokenizer: Any) -> None:
+def list_added_tokens(directory: Path, tokenizer: SavedTokenizer) -> None:
     """Write the added tokens into ``directory/tokenizer_config.json`` (``added_tokens_decoder``).
     transformers then need not re-read the 33 MB ``tokenizer.json`` in Python to find them,
     which halves a load; the loaded tokenizer is the same."""
@@ -296,7 +326,7 @@ def list_added_tokens(directory: Path, tokenizer: Any) -> None:
     config_path.write_text(json.dumps(config, indent=1, ensure_ascii=False), "utf-8")
 
 
-def _store(tokenizer: Any, directory: Path) -> bool:
+def _store(tokenizer: PreTrainedTokenizerFast, directory: Path) -> bool:
     """Write ``tokenizer`` to the cache ``directory`` (write-then-rename); whether it is there."""
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
@@ -343,7 +373,7 @@ def load_qwen35_tokenizer(
     *,
     verify_template: bool | None = None,
     use_cache: bool = True,
-) -> Any:
+) -> Qwen35Tokenizer:
     """Return a transformers fast tokenizer identical to ``Qwen/Qwen3.5-4B``'s.
 
     ``chat_template`` points at another copy of the template (else ``$SEARCHR1_CHAT_TEMPLATE``,
@@ -362,7 +392,7 @@ def load_qwen35_tokenizer(
     if use_cache and directory.is_dir():
         cached = _load_cached(directory, template)
         if cached is not None:
-            return cached
+            return _ours(cached)
     announce_build(directory if use_cache else None)
     tokenizer = _build(vocab, template)
     if not _valid(tokenizer):
@@ -371,15 +401,24 @@ def load_qwen35_tokenizer(
         # where it is stored, as a tokenizer loaded from the cache says: the twin then serves it
         # from those files, without serialising all 12 MB of it on every start to name them
         tokenizer.name_or_path = str(directory)
-    return tokenizer
+    return _ours(tokenizer)
 
 
-def shared_tokenizer(chat_template: str | None = None) -> Any:
+def _ours(tokenizer: PreTrainedTokenizerFast) -> Qwen35Tokenizer:
+    """The built or cached tokenizer as :class:`Qwen35Tokenizer`. transformers annotates less than
+    its fast tokenizer takes and more than it gives: ``apply_chat_template`` is declared for
+    messages of strings only (it renders the core's messages and tools), ``decode`` of a list of
+    ids as ``str | list[str]`` (it is the text) and ``convert_tokens_to_ids`` of one token as
+    ``int | list[int]`` (it is the id)."""
+    return cast(Qwen35Tokenizer, tokenizer)
+
+
+def shared_tokenizer(chat_template: str | None = None) -> Qwen35Tokenizer:
     """One tokenizer per process and template path (loading takes about a second):
     ``shared_tokenizer()`` and ``shared_tokenizer(None)`` are the same one."""
     return _shared_tokenizer(chat_template)
 
 
 @lru_cache(maxsize=4)
-def _shared_tokenizer(chat_template: str | None) -> Any:
+def _shared_tokenizer(chat_template: str | None) -> Qwen35Tokenizer:
     return load_qwen35_tokenizer(chat_template)

@@ -19,7 +19,19 @@ Typical use::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names as mypy sees them; at run time each is imported on first use
+    from searchr1.search.base import HttpSearchBackend, SearchRefusedError
+    from searchr1.search.cache import QueryCache, normalise_query
+    from searchr1.search.clock import RealClock, VirtualClock
+    from searchr1.search.env import MissingApiKeyError
+    from searchr1.search.factory import (BACKEND_NAMES, DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT, HTTP_BACKEND_NAMES,
+                                         create_search_backend)
+    from searchr1.search.local import LocalSearchBackend
+    from searchr1.search.replay import CassetteMissError, ReplayBackend, open_replay_backend
+    from searchr1.search.stats import SearchStats
+    from searchr1.search.wikipedia import WikipediaRefusedError
 
 _WHERE = {
     "HttpSearchBackend": "searchr1.search.base",
@@ -44,7 +56,7 @@ _WHERE = {
 
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_WHERE[name]), name)

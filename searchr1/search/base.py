@@ -20,13 +20,14 @@ import sqlite3
 import ssl
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import ClassVar, Self, TypedDict
 
 import httpx
 
 from searchr1 import __version__
 from searchr1.basics.wording import plural
 from searchr1.core.errors import UserError
+from searchr1.basics.json_types import JsonValue
 from searchr1.basics.jsonl import JsonInputError, Surrogates, decode_json
 from searchr1.search.cache import QueryCache, cache_key, normalise_query
 from searchr1.search.clock import Clock, RealClock
@@ -88,8 +89,10 @@ class Outcome:
         return cls(error=error, status=status)
 
     @classmethod
-    def retry(cls, error: str, status: int | None = None, **kw: Any) -> Outcome:
-        return cls(error=error, status=status, retryable=True, **kw)
+    def retry(cls, error: str, status: int | None = None, *, retry_after: float | None = None,
+              rate_limited: bool = False, failover: bool = False) -> Outcome:
+        return cls(error=error, status=status, retryable=True, retry_after=retry_after, rate_limited=rate_limited,
+                   failover=failover)
 
 
 @dataclass
@@ -153,7 +156,7 @@ async def read_body(response: httpx.Response, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_json(raw: bytes | str) -> Any:
+def parse_json(raw: bytes | str) -> JsonValue:
     """Parse JSON from outside by the rules of every file we read (:mod:`searchr1.basics.jsonl`:
     strict UTF-8, bounded nesting and integers), every lone surrogate mended to U+FFFD.
     Raises ``json.JSONDecodeError`` when it is not such JSON."""
@@ -163,7 +166,7 @@ def parse_json(raw: bytes | str) -> Any:
         raise json.JSONDecodeError(str(error), raw if isinstance(raw, str) else "", 0) from None
 
 
-async def read_json(response: httpx.Response, max_bytes: int) -> Any:
+async def read_json(response: httpx.Response, max_bytes: int) -> JsonValue:
     """Parse a JSON body (:func:`parse_json`); raises ``json.JSONDecodeError``/``UnicodeDecodeError``
     when it is not JSON."""
     return parse_json(await read_body(response, max_bytes))
@@ -188,6 +191,33 @@ def tls_context() -> ssl.SSLContext:
     roots, the environment's SSL_CERT_FILE/SSL_CERT_DIR read once). Building one reads the CA
     bundle, tens of milliseconds, which each new client would otherwise pay again."""
     return httpx.create_ssl_context()
+
+
+class PipelineOptions(TypedDict, total=False):
+    """The keyword options of :class:`HttpSearchBackend` that a backend passes on as given (with
+    ``max_retries`` and ``max_body_bytes`` in :class:`BackendOptions`)."""
+
+    total_timeout: float | None
+    deadline: float | None
+    max_retry_after: float
+    client: httpx.AsyncClient | None
+    transport: httpx.AsyncBaseTransport | None
+    clock: Clock | None
+    cache: QueryCache | None
+    backoff: Backoff | None
+    remember: bool
+
+
+class BodyLimitOptions(PipelineOptions, total=False):
+    """The options passed on by a backend that sets its own ``max_retries``."""
+
+    max_body_bytes: int
+
+
+class BackendOptions(BodyLimitOptions, total=False):
+    """Every keyword option of :class:`HttpSearchBackend` but ``concurrency`` and ``timeout``."""
+
+    max_retries: int
 
 
 class HttpSearchBackend:
@@ -266,11 +296,11 @@ class HttpSearchBackend:
         """The per-attempt wall-clock limit when none is given."""
         return self.timeout
 
-    def request_params(self) -> dict[str, Any]:
+    def request_params(self) -> dict[str, object]:
         """Settings that change the answer to a query (part of the cache key)."""
         return {}
 
-    def replay_options(self) -> dict[str, Any]:
+    def replay_options(self) -> dict[str, object]:
         """Constructor options that shape the requests (URLs, model, counts): stored in a
         recorded cassette so that replaying it needs only the backend name and the path."""
         return {"max_retries": self.max_retries}
@@ -325,7 +355,7 @@ class HttpSearchBackend:
         if self._owns_client:
             await self._client.aclose()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -16,7 +16,6 @@ import time
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from searchr1.core.types import SearchItem, SearchResult
 
@@ -31,7 +30,7 @@ def normalise_query(query: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", query).split())
 
 
-def cache_key(backend: str, query: str, params: Mapping[str, Any]) -> str:
+def cache_key(backend: str, query: str, params: Mapping[str, object]) -> str:
     """Stable hex key for (backend, normalised query, request parameters)."""
     material = json.dumps(
         {"backend": backend, "query": normalise_query(query), "params": params},
@@ -103,7 +102,7 @@ class QueryCache:
         return SearchResult(ok=True, items=_items_from_json(items_json), latency=0.0, cached=True)
 
     def put(
-        self, key: str, *, backend: str, query: str, params: Mapping[str, Any], result: SearchResult
+        self, key: str, *, backend: str, query: str, params: Mapping[str, object], result: SearchResult
     ) -> None:
         if not result.ok:
             return  # failures are never cached: the next call tries again

@@ -55,7 +55,7 @@ import random
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 import httpx
 
@@ -64,8 +64,9 @@ from searchr1.core.tools import ToolCall
 from searchr1.search.cache import normalise_query
 from searchr1.search.clock import VirtualClock
 from searchr1.search.factory import HTTP_BACKEND_NAMES as BACKEND_NAMES
-from searchr1.search.factory import create_search_backend
-from searchr1.search.fake_service import PAGE_BACKENDS, FakeSearchService, check_page_script, check_response_spec
+from searchr1.search.factory import BackendSettings, create_search_backend
+from searchr1.search.fake_service import (PAGE_BACKENDS, FakeSearchService, PageScript, ScriptedResponse,
+                                         check_page_script, check_response_spec)
 from searchr1.search.limits import Backoff
 from searchr1.search.recording import recording
 from searchr1.search.replay import read_cassette_metadata
@@ -92,12 +93,33 @@ class SpecError(UserError, ValueError):
     """A spec file is malformed, or disagrees with what the client does (names file and query)."""
 
 
+class QueryExpect(TypedDict, total=False):
+    """What replaying a query gives (``EXPECT_KEYS``)."""
+
+    ok: bool
+    error: str  # a part of the error
+    status: int
+    rate_limited: bool
+    min_latency: float
+    titles: list[str]
+
+
+class PageExpect(TypedDict, total=False):
+    """What the first read of a page gives (``PAGE_EXPECT_KEYS``)."""
+
+    ok: bool
+    error: str
+    status: int
+    min_latency: float
+    attempts: int
+
+
 @dataclass(frozen=True)
 class QuerySpec:
     query: str
-    responses: tuple[dict[str, Any], ...]
+    responses: tuple[ScriptedResponse, ...]
     scenario: str = ""
-    expect: dict[str, Any] = field(default_factory=dict)
+    expect: QueryExpect = field(default_factory=lambda: QueryExpect())
 
     @property
     def expected_ok(self) -> bool:
@@ -120,10 +142,10 @@ class PageSpec:
     ``paragraphs``, ``revision``, ``responses``), the offsets read, and what the first read gives."""
 
     page: str
-    script: dict[str, Any]
+    script: PageScript
     offsets: tuple[int, ...] = (0,)
     scenario: str = ""
-    expect: dict[str, Any] = field(default_factory=dict)
+    expect: PageExpect = field(default_factory=lambda: PageExpect())
 
     @property
     def expected_ok(self) -> bool:
@@ -142,14 +164,14 @@ class CassetteSpec:
     backends: tuple[str, ...]
     description: str
     queries: tuple[QuerySpec, ...]
-    options: dict[str, Any] = field(default_factory=dict)
+    options: BackendSettings = field(default_factory=lambda: BackendSettings())
     keys: int = 1
     pages: tuple[PageSpec, ...] = ()
 
-    def script(self) -> dict[str, list[dict[str, Any]]]:
+    def script(self) -> dict[str, list[ScriptedResponse]]:
         return {q.query: list(q.responses) for q in self.queries}
 
-    def page_script(self) -> dict[str, dict[str, Any]]:
+    def page_script(self) -> dict[str, PageScript]:
         return {p.page: p.script for p in self.pages}
 
     def cassette_path(self, backend: str, root: Path = CASSETTE_ROOT) -> Path:
@@ -213,7 +235,8 @@ def load_spec(path: Path, root: Path = CASSETTE_ROOT) -> CassetteSpec:
             raise SpecError(
                 f"{where} ({query!r}): unknown expect key(s) {bad}; allowed: {sorted(EXPECT_KEYS)}"
             )
-        queries.append(QuerySpec(query, tuple(responses), str(entry.get("scenario", "")), dict(expect)))
+        queries.append(QuerySpec(query, tuple(responses), str(entry.get("scenario", "")),
+                                 cast(QueryExpect, dict(expect))))  # the spec's JSON, its keys checked
     pages = _load_pages(path, data.get("pages"), backends)
     if not queries and not pages:
         raise SpecError(f"{path}: no queries (and no pages)")
@@ -226,13 +249,13 @@ def load_spec(path: Path, root: Path = CASSETTE_ROOT) -> CassetteSpec:
         backends=backends,
         description=str(data.get("description", "")),
         queries=tuple(queries),
-        options=dict(data.get("options") or {}),
+        options=cast(BackendSettings, dict(data.get("options") or {})),  # checked by the factory when recording
         keys=keys,
         pages=pages,
     )
 
 
-def _load_pages(path: Path, entries: Any, backends: tuple[str, ...]) -> tuple[PageSpec, ...]:
+def _load_pages(path: Path, entries: object, backends: tuple[str, ...]) -> tuple[PageSpec, ...]:
     """The ``pages`` of a spec, checked against the fake services of ``backends``."""
     if entries is None:
         return ()
@@ -270,7 +293,8 @@ def _load_pages(path: Path, entries: Any, backends: tuple[str, ...]) -> tuple[Pa
         bad = sorted(set(expect) - PAGE_EXPECT_KEYS)
         if bad:
             raise SpecError(f"{where} ({name!r}): unknown expect key(s) {bad}; allowed: {sorted(PAGE_EXPECT_KEYS)}")
-        pages.append(PageSpec(name, script, tuple(offsets), str(entry.get("scenario", "")), dict(expect)))
+        pages.append(PageSpec(name, cast(PageScript, script), tuple(offsets), str(entry.get("scenario", "")),
+                              cast(PageExpect, dict(expect))))  # the spec's JSON, checked above
     return tuple(pages)
 
 
@@ -300,25 +324,28 @@ async def record_spec(spec: CassetteSpec, backend: str, target: Path, root: Path
     then its pages, each read at its offsets in turn."""
     service = FakeSearchService(backend, spec.script(), spec.page_script())
     keys = _build_keys(backend, spec.keys)
-    credentials: dict[str, Any] = {}
+    credentials: BackendSettings = {}
     if backend == "zhihu":
         credentials["keys"] = keys
     elif backend == "deepseek":
         credentials["api_key"] = keys[0]
     elif backend == "wikipedia":
         credentials["contact"] = BUILD_CONTACT
+    clash = sorted(set(credentials) & set(spec.options))
+    if clash:
+        raise SpecError(f"{spec.path}: options do not fit {backend}: the builder sets {clash[0]!r} itself")
+    settings: BackendSettings = {**credentials, **spec.options}
     try:
         client = create_search_backend(
             backend,
             transport=httpx.MockTransport(service.handler),
             clock=VirtualClock(),
             backoff=Backoff(rng=random.Random(0)),
-            **credentials,
-            **spec.options,
+            **settings,
         )
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{spec.path}: options do not fit {backend}: {exc}") from exc
-    metadata: dict[str, Any] = {
+    metadata: dict[str, object] = {
         "backend": backend,
         "spec": spec.path.relative_to(root).as_posix(),
         "generator": GENERATOR,

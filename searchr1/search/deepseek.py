@@ -20,9 +20,10 @@ code says the search service was busy or down.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
 from searchr1.search.base import (
+    BodyLimitOptions,
     CallContext,
     HttpSearchBackend,
     Outcome,
@@ -65,7 +66,7 @@ class DeepSeekSearchBackend(HttpSearchBackend):
         timeout: float = 60.0,
         max_retries: int = 1,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-        **kwargs: Any,
+        **kwargs: Unpack[BodyLimitOptions],
     ) -> None:
         super().__init__(concurrency=concurrency, timeout=timeout, max_retries=max_retries, **kwargs)
         self.max_line_bytes = max_line_bytes
@@ -89,7 +90,7 @@ class DeepSeekSearchBackend(HttpSearchBackend):
     def default_total_timeout(self) -> float:
         return max(DEFAULT_TOTAL_TIMEOUT, self.timeout)
 
-    def replay_options(self) -> dict[str, Any]:
+    def replay_options(self) -> dict[str, object]:
         return {
             **super().replay_options(),
             "base_url": redact_url(self.base_url),
@@ -99,7 +100,7 @@ class DeepSeekSearchBackend(HttpSearchBackend):
             "max_uses": self.max_uses,
         }
 
-    def request_params(self) -> dict[str, Any]:
+    def request_params(self) -> dict[str, object]:
         return {
             "base_url": redact_url(self.base_url),
             "model": self.model,

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
-
 from searchr1.search.base import truncate
 from searchr1.core.types import ReportedUsage
 from searchr1.core.types import SearchItem
@@ -58,7 +56,7 @@ _EVIDENCE_ITEM = re.compile(
 
 def build_request(
     query: str, *, model: str, tool_type: str, max_uses: int = 1, max_tokens: int = 2048
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The Messages request body of one evidence search."""
     return {
         "model": model,
@@ -96,7 +94,7 @@ def is_insufficient(text: str) -> bool:
     return text.strip().rstrip(".").strip().casefold() == INSUFFICIENT_EVIDENCE.rstrip(".").casefold()
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -138,7 +136,7 @@ class EvidenceStream:
         """Whether search results (not an error) arrived."""
         return self.searches > 0 and self.search_error is None
 
-    def _take_usage(self, usage: Any) -> None:
+    def _take_usage(self, usage: object) -> None:
         if isinstance(usage, dict):
             for key, value in usage.items():
                 if _int(value) is not None:
@@ -147,7 +145,7 @@ class EvidenceStream:
             if isinstance(server, dict) and _int(server.get("web_search_requests")) is not None:
                 self.usage["web_search_requests"] = server["web_search_requests"]
 
-    def feed(self, event: Any) -> None:
+    def feed(self, event: object) -> None:
         if not isinstance(event, dict):
             return
         kind = event.get("type")
@@ -171,7 +169,7 @@ class EvidenceStream:
             self.error_type = str(error.get("type") or "error")
             self.error_message = str(error.get("message") or "")
 
-    def _block_start(self, index: Any, block: Any) -> None:
+    def _block_start(self, index: object, block: object) -> None:
         if not isinstance(block, dict):
             return
         kind = block.get("type")
@@ -191,7 +189,8 @@ class EvidenceStream:
             else:
                 self._take_results(content)
         elif kind == "text" and isinstance(index, int):
-            initial = block.get("text") if isinstance(block.get("text"), str) else ""
+            text = block.get("text")
+            initial = text if isinstance(text, str) else ""
             if self.searches:
                 self._evidence_blocks.add(index)
                 self._text.append(initial)
@@ -206,7 +205,7 @@ class EvidenceStream:
         self._other_text_blocks |= self._evidence_blocks
         self._evidence_blocks.clear()
 
-    def _block_delta(self, index: Any, delta: Any) -> None:
+    def _block_delta(self, index: object, delta: object) -> None:
         if not isinstance(delta, dict):
             return
         kind = delta.get("type")
@@ -223,7 +222,7 @@ class EvidenceStream:
             partial = delta.get("partial")
             self._take_results([partial] if isinstance(partial, dict) else partial)
 
-    def _block_stop(self, index: Any) -> None:
+    def _block_stop(self, index: object) -> None:
         parts = self._tool_input.pop(index, None) if isinstance(index, int) else None
         if parts:
             try:
@@ -233,7 +232,7 @@ class EvidenceStream:
             if isinstance(query, str) and query and query not in self.search_queries:
                 self.search_queries.append(query)
 
-    def _take_results(self, content: Any) -> None:
+    def _take_results(self, content: object) -> None:
         if not isinstance(content, list):
             return
         for entry in content:

@@ -12,11 +12,18 @@ explicit arguments, then the environment, then the ``.env`` file; a missing key 
 from __future__ import annotations
 
 import inspect
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, Unpack
+
+import httpx
 
 from searchr1.search import deepseek, retriever, wikipedia, zhihu
 from searchr1.search.base import HttpSearchBackend
+from searchr1.search.cache import QueryCache
+from searchr1.search.clock import Clock
+from searchr1.search.limits import Backoff, StartRateLimiter
 from searchr1.search.deepseek import DeepSeekSearchBackend
 from searchr1.search.env import coerce_keys, lookup, require_keys
 from searchr1.search.local import INDEX_ENV, LocalSearchBackend
@@ -25,6 +32,9 @@ from searchr1.basics.secrets import Secret
 from searchr1.search.wikipedia import WikipediaSearchBackend
 from searchr1.search.zhihu import ZhihuSearchBackend
 from searchr1.basics import invocation
+
+if TYPE_CHECKING:
+    from searchr1.bm25.index import BM25Index
 
 BACKENDS: dict[str, type[HttpSearchBackend]] = {
     "deepseek": DeepSeekSearchBackend,
@@ -40,6 +50,62 @@ DEFAULT_CONCURRENCY = {"deepseek": 16, "wikipedia": 3, "zhihu": 1, "retriever": 
 DEFAULT_TIMEOUT = {"deepseek": 60.0, "wikipedia": 15.0, "zhihu": 15.0, "retriever": 30.0, "local": 30.0}
 KEY_ENV_VARS = {"deepseek": deepseek.KEY_ENV_VARS, "zhihu": zhihu.KEY_ENV_VARS}
 RETRIEVER_URL_ENV = "SEARCHR1_RETRIEVER_URL"
+
+
+class BackendSettings(TypedDict, total=False):
+    """The options of the backends given as values (not objects of the wiring): the pipeline's, then
+    each backend's own (which one takes which: its class's ``__init__``)."""
+
+    max_retries: int
+    total_timeout: float | None
+    deadline: float | None
+    max_retry_after: float
+    max_body_bytes: int
+    remember: bool
+    api_key: Secret | str | None  # deepseek, retriever
+    keys: str | Secret | Sequence[str | Secret]  # zhihu
+    base_url: str  # deepseek, zhihu
+    model: str  # deepseek
+    tool_type: str
+    max_tokens: int
+    max_uses: int
+    max_line_bytes: int
+    api_url: str  # wikipedia
+    contact: str | None
+    maxlag: int | None
+    rate_limit_per_minute: float
+    limit: int
+    exchars: int
+    count: int  # zhihu
+    search_db: str
+    default_cooldown: float
+    url: str | None  # retriever
+    topk: int  # retriever, local
+    source: str
+    index: str | os.PathLike[str] | BM25Index | None  # local
+    max_batch: int
+
+
+class FactoryOptions(BackendSettings, total=False):
+    """What :func:`create_search_backend` passes to the backend class: the settings, and the wiring."""
+
+    client: httpx.AsyncClient | None
+    transport: httpx.AsyncBaseTransport | None
+    clock: Clock | None
+    cache: QueryCache | None
+    backoff: Backoff | None
+    limiter: StartRateLimiter | None  # wikipedia
+    wall_clock: Callable[[], float]  # zhihu
+
+
+class SearchSettings(BackendSettings, total=False):
+    """What a backend built from the flags or a cassette is given: the settings, the concurrency and
+    timeout (``None``: the backend's default), a cache and a backoff."""
+
+    concurrency: int | None
+    timeout: float | None
+    cache: QueryCache | None
+    backoff: Backoff | None
 
 
 def check_backend_name(name: str) -> str:
@@ -72,7 +138,7 @@ def create_search_backend(
     concurrency: int | None = None,
     timeout: float | None = None,
     env_file: str | Path | None = None,
-    **options: Any,
+    **options: Unpack[FactoryOptions],
 ) -> HttpSearchBackend:
     """Build a backend. ``options`` go to the backend class: common ones are ``cache``
     (a :class:`~searchr1.search.cache.QueryCache`), ``clock``, ``transport``/``client``,
@@ -96,10 +162,10 @@ def create_search_backend(
             else require_keys(KEY_ENV_VARS["deepseek"], env_file=env_file)[0]
         )
     elif name == "zhihu":
-        given = options.pop("keys", None)
+        given_keys = options.pop("keys", None)
         options["keys"] = (
-            coerce_keys(given, "zhihu keys")
-            if given is not None
+            coerce_keys(given_keys, "zhihu keys")
+            if given_keys is not None
             else require_keys(KEY_ENV_VARS["zhihu"], env_file=env_file)
         )
     elif name == "wikipedia" and options.get("contact") is None:
@@ -122,7 +188,8 @@ def create_search_backend(
             raise BM25IndexError(f"the local backend needs an index: pass --index DIR (or set {INDEX_ENV}); "
                                  f"build one with `{invocation.command('index build CORPUS.jsonl --out DIR')}`")
         options["index"] = directory
-    return cls(
+    make: Callable[..., HttpSearchBackend] = cls  # the options were checked against its signature above
+    return make(
         concurrency=resolve_concurrency(name, concurrency),
         timeout=resolve_timeout(name, timeout),
         **options,
@@ -133,7 +200,7 @@ def _accepted_options(cls: type[HttpSearchBackend]) -> set[str]:
     names: set[str] = set()
     for klass in cls.__mro__:
         if "__init__" in vars(klass):
-            for parameter in inspect.signature(klass.__init__).parameters.values():
+            for parameter in inspect.signature(vars(klass)["__init__"]).parameters.values():
                 if parameter.kind is parameter.KEYWORD_ONLY:
                     names.add(parameter.name)
     return names - {"concurrency", "timeout"}

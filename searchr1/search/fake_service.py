@@ -57,12 +57,13 @@ import html
 import json
 import re
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal, NotRequired, TypedDict, cast
 from urllib.parse import quote
 
 import httpx
 
+from searchr1.basics.json_types import JsonValue
 from searchr1.search.base import CONTENT_LIMIT
 from searchr1.search.cache import normalise_query
 
@@ -99,6 +100,70 @@ ZHIHU_MESSAGES = {
 }
 
 
+class ScriptedResult(TypedDict):
+    """One search hit of a scripted response (``text`` null: a Wikipedia page without extract)."""
+
+    title: str
+    text: str | None
+    url: NotRequired[str]
+    type: NotRequired[str]  # zhihu
+    author: NotRequired[str]  # zhihu
+    score: NotRequired[float]  # retriever
+
+
+class ApiError(TypedDict, total=False):
+    """A MediaWiki API error; what a script leaves out is filled in as the API writes it."""
+
+    code: str
+    info: str
+    host: str
+    lag: float
+    type: str
+    docref: str
+
+
+class SseError(TypedDict, total=False):
+    type: str
+    message: str
+
+
+class ScriptedResponse(TypedDict, total=False):
+    """A scripted response in the spec vocabulary (the module docstring): the keys every backend
+    reads, then wikipedia's, zhihu's and deepseek's."""
+
+    results: list[ScriptedResult]
+    status: int
+    headers: dict[str, object]  # each value sent as its text
+    retry_after: float
+    raw: str
+    content_type: str
+    gzip: bool
+    api_error: ApiError
+    warnings: JsonValue
+    code: int
+    message: str
+    empty_as: Literal["items_null", "data_null", "items_missing"]
+    evidence_text: str | None
+    usage: dict[str, int]
+    sse_error: SseError
+    truncate: bool
+    web_searches: int
+    search_error: str | None
+    ping: bool
+    thinking: str
+    pre_search_text: str
+    citations: bool
+
+
+class PageScript(TypedDict, total=False):
+    """A page ``open_page`` may read (``paragraphs`` null: no such page)."""
+
+    title: str
+    paragraphs: list[str] | None
+    revision: int
+    responses: list[ScriptedResponse]
+
+
 class WireFormatError(AssertionError):
     """The client sent a request the real service would reject (names the field)."""
 
@@ -107,7 +172,7 @@ class ScriptExhausted(AssertionError):
     """The client made more requests for a query than the script has responses for."""
 
 
-def check_response_spec(backend: str, response: Mapping[str, Any], where: str) -> None:
+def check_response_spec(backend: str, response: Mapping[str, object], where: str) -> None:
     """Reject unknown keys so that typos in a spec fail loudly."""
     allowed = COMMON_KEYS | BACKEND_KEYS[backend]
     unknown = sorted(set(response) - allowed)
@@ -115,7 +180,10 @@ def check_response_spec(backend: str, response: Mapping[str, Any], where: str) -
         raise ValueError(f"{where}: unknown key(s) {unknown} for {backend}; allowed: {sorted(allowed)}")
     if "empty_as" in response and response["empty_as"] not in ZHIHU_EMPTY_FORMS:
         raise ValueError(f"{where}: empty_as must be one of {sorted(ZHIHU_EMPTY_FORMS)}")
-    for n, result in enumerate(response.get("results") or []):
+    results = response.get("results") or []
+    if not isinstance(results, Iterable):
+        raise ValueError(f"{where}: 'results' must be a list")
+    for n, result in enumerate(results):
         if (
             not isinstance(result, Mapping)
             or not isinstance(result.get("title"), str)
@@ -135,7 +203,7 @@ def _stable_int(text: str, digits: int = 8) -> int:
     return int(hashlib.sha256(text.encode()).hexdigest()[:digits], 16)
 
 
-def _scripted_headers(response: Mapping[str, Any]) -> tuple[dict[str, str], int, httpx.Response | None]:
+def _scripted_headers(response: ScriptedResponse) -> tuple[dict[str, str], int, httpx.Response | None]:
     """A scripted response's headers (``Retry-After`` from ``retry_after``), its status, and, for a
     ``raw`` body (an HTML error page, a truncated JSON), the whole answer as sent."""
     headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
@@ -150,7 +218,7 @@ def _scripted_headers(response: Mapping[str, Any]) -> tuple[dict[str, str], int,
     return headers, status, raw
 
 
-def _json_response(status: int, payload: Any, headers: Mapping[str, str]) -> httpx.Response:
+def _json_response(status: int, payload: object, headers: Mapping[str, str]) -> httpx.Response:
     body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
     return httpx.Response(
         status, headers={"content-type": "application/json; charset=utf-8", **headers}, content=body
@@ -264,10 +332,10 @@ def wikipedia_url(title: str) -> str:
 
 
 def render_wikipedia(
-    response: Mapping[str, Any], request: httpx.Request, headers: dict[str, str]
+    response: ScriptedResponse, request: httpx.Request, headers: dict[str, str]
 ) -> httpx.Response:
     if "api_error" in response:
-        error = dict(response["api_error"])
+        error = response["api_error"].copy()
         code = error.get("code", "internal_api_error")
         headers.setdefault("MediaWiki-API-Error", code)
         if code == "maxlag":
@@ -289,42 +357,41 @@ def render_wikipedia(
         return _json_response(response.get("status", 200), {"error": error, "servedby": "mw1376"}, headers)
     results = response.get("results") or []
     if not results:
-        payload: dict[str, Any] = {"batchcomplete": True}
+        payload: dict[str, object] = {"batchcomplete": True}
         if "warnings" in response:
             payload["warnings"] = response["warnings"]
         return _json_response(response.get("status", 200), payload, headers)
     exchars = int(request.url.params.get("exchars", "1200"))
-    pages = []
+    pages: list[tuple[int, dict[str, object]]] = []  # (page id, page)
     for rank, result in enumerate(results, start=1):
         title = result["title"]
         extract = result["text"]
         if extract is not None and len(extract) > exchars:
             extract = extract[:exchars].rstrip() + "…"
         url = result.get("url") or wikipedia_url(title)
-        pages.append(
-            {
-                "pageid": _stable_int(title, 6),
-                "ns": 0,
-                "title": title,
-                "index": rank,
-                **({"extract": extract} if extract is not None else {}),
-                "contentmodel": "wikitext",
-                "pagelanguage": "en",
-                "pagelanguagehtmlcode": "en",
-                "pagelanguagedir": "ltr",
-                "touched": "2026-01-15T08:00:00Z",
-                "lastrevid": _stable_int(title + "#rev", 8),
-                "length": 1000 + len(result["text"] or "") * 7,
-                "fullurl": url,
-                "editurl": url.replace("/wiki/", "/w/index.php?title=") + "&action=edit",
-                "canonicalurl": url,
-            }
-        )
-    pages.sort(key=lambda page: page["pageid"])  # the API lists pages by id, not by rank
+        pageid = _stable_int(title, 6)
+        pages.append((pageid, {
+            "pageid": pageid,
+            "ns": 0,
+            "title": title,
+            "index": rank,
+            **({"extract": extract} if extract is not None else {}),
+            "contentmodel": "wikitext",
+            "pagelanguage": "en",
+            "pagelanguagehtmlcode": "en",
+            "pagelanguagedir": "ltr",
+            "touched": "2026-01-15T08:00:00Z",
+            "lastrevid": _stable_int(title + "#rev", 8),
+            "length": 1000 + len(result["text"] or "") * 7,
+            "fullurl": url,
+            "editurl": url.replace("/wiki/", "/w/index.php?title=") + "&action=edit",
+            "canonicalurl": url,
+        }))
+    pages.sort(key=lambda page: page[0])  # the API lists pages by id, not by rank
     payload = {
         "batchcomplete": True,
         "continue": {"gsroffset": len(results), "continue": "gsroffset||"},
-        "query": {"pages": pages},
+        "query": {"pages": [page for _, page in pages]},
     }
     if "warnings" in response:
         payload["warnings"] = response["warnings"]
@@ -340,14 +407,14 @@ def _highlight(text: str, query: str) -> str:
     return text
 
 
-def render_zhihu(response: Mapping[str, Any], query: str, headers: dict[str, str]) -> httpx.Response:
+def render_zhihu(response: ScriptedResponse, query: str, headers: dict[str, str]) -> httpx.Response:
     status = response.get("status", 200)
     if "code" in response:
         code = int(response["code"])
         message = response.get("message", ZHIHU_MESSAGES.get(code, "error"))
         return _json_response(status, {"Code": code, "Message": message, "Data": None}, headers)
     if not response.get("results") and "empty_as" in response:
-        data: Any = {
+        data: object = {
             "items_null": {"HasMore": False, "Items": None},
             "data_null": None,
             "items_missing": {"HasMore": False},
@@ -361,7 +428,7 @@ def render_zhihu(response: Mapping[str, Any], query: str, headers: dict[str, str
                 "Title": result["title"],
                 "ContentType": result.get("type", "Answer"),
                 "ContentID": content_id,
-                "ContentText": _highlight(result["text"], query),
+                "ContentText": _highlight(cast(str, result["text"]), query),  # only Wikipedia has null texts
                 "Url": result.get("url")
                 or f"https://www.zhihu.com/answer/{content_id}?utm_medium=openapi_platform&utm_source=6d23634e",
                 "CommentCount": 3 + rank,
@@ -378,19 +445,19 @@ def render_zhihu(response: Mapping[str, Any], query: str, headers: dict[str, str
     return _json_response(status, payload, headers)
 
 
-def _sse(event: str, data: Mapping[str, Any]) -> str:
+def _sse(event: str, data: Mapping[str, object]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def evidence_text(results: Sequence[Mapping[str, Any]]) -> str:
+def evidence_text(results: Sequence[ScriptedResult]) -> str:
     return "\n\n".join(
         f"[{n}] Source: {r['title']}\nEvidence: {r['text']}" for n, r in enumerate(results, start=1)
     )
 
 
-def _text_block(index: int, text: str, *, cited: Mapping[str, Any] | None = None) -> list[str]:
+def _text_block(index: int, text: str, *, cited: ScriptedResult | None = None) -> list[str]:
     """A text content block streamed in 48-character deltas (with a citation when given)."""
-    block: dict[str, Any] = {"type": "text", "text": ""}
+    block: dict[str, object] = {"type": "text", "text": ""}
     if cited is not None:
         block["citations"] = []
     events = [_sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})]
@@ -448,7 +515,7 @@ def _thinking_block(index: int, thinking: str) -> list[str]:
     ]
 
 
-def _search_blocks(index: int, query: str, search: int, results: Sequence[Mapping[str, Any]],
+def _search_blocks(index: int, query: str, search: int, results: Sequence[ScriptedResult],
                    error: str | None) -> list[str]:
     """The server_tool_use block of one web search and its result block."""
     tool_id = f"srvtoolu_{_stable_int(query + str(search), 10):010x}"
@@ -471,7 +538,7 @@ def _search_blocks(index: int, query: str, search: int, results: Sequence[Mappin
         ),
         _stop(index),
     ]
-    content: Any
+    content: object
     if error is not None:
         content = {"type": "web_search_tool_result_error", "error_code": error}
     else:
@@ -500,7 +567,7 @@ def _search_blocks(index: int, query: str, search: int, results: Sequence[Mappin
 
 
 def render_deepseek(
-    response: Mapping[str, Any], query: str, model: str, headers: dict[str, str]
+    response: ScriptedResponse, query: str, model: str, headers: dict[str, str]
 ) -> httpx.Response:
     """One evidence call as the Anthropic-compatible stream: message_start, optional thinking
     and pre-search text, the search and its results, the evidence text, usage, message_stop."""
@@ -579,7 +646,7 @@ def render_deepseek(
     return _sse_response(response, events, headers)
 
 
-def _sse_response(response: Mapping[str, Any], events: list[str], headers: dict[str, str]) -> httpx.Response:
+def _sse_response(response: ScriptedResponse, events: list[str], headers: dict[str, str]) -> httpx.Response:
     return httpx.Response(
         response.get("status", 200),
         headers={"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", **headers},
@@ -587,7 +654,7 @@ def _sse_response(response: Mapping[str, Any], events: list[str], headers: dict[
     )
 
 
-def render_retriever(response: Mapping[str, Any], headers: dict[str, str]) -> httpx.Response:
+def render_retriever(response: ScriptedResponse, headers: dict[str, str]) -> httpx.Response:
     hits = []
     for rank, result in enumerate(response.get("results") or []):
         hits.append(
@@ -610,7 +677,7 @@ PAGE_FAULT_KEYS = COMMON_KEYS - {"results"}
 RETRIEVER_PAGE_FIELDS = {"page", "offset", "window"}
 
 
-def check_page_script(backend: str, page: Mapping[str, Any], where: str) -> None:
+def check_page_script(backend: str, page: Mapping[str, object], where: str) -> None:
     """Reject a page script the fakes cannot serve exactly (names the key at fault)."""
     if backend not in PAGE_BACKENDS:
         raise ValueError(f"{where}: {backend} has no pages (only {', '.join(PAGE_BACKENDS)} do)")
@@ -646,12 +713,12 @@ def check_page_script(backend: str, page: Mapping[str, Any], where: str) -> None
                              "(use {} for the page's own answer)")
 
 
-def page_title(name: str, page: Mapping[str, Any]) -> str:
+def page_title(name: str, page: PageScript) -> str:
     """The title a page script's page has (a Wikipedia name normalised as the wiki does)."""
     return str(page.get("title") or wiki_normalised(name))
 
 
-def page_revision(name: str, page: Mapping[str, Any]) -> int:
+def page_revision(name: str, page: PageScript) -> int:
     """The revision a scripted Wikipedia page is read at."""
     return int(page.get("revision") or _stable_int(page_title(name, page) + "#rev", 8))
 
@@ -758,11 +825,11 @@ def page_html(title: str, paragraphs: Sequence[str]) -> str:
     return "\n".join(parts)
 
 
-def render_wikipedia_revision(name: str, page: Mapping[str, Any], request: httpx.Request,
+def render_wikipedia_revision(name: str, page: PageScript, request: httpx.Request,
                               headers: dict[str, str]) -> httpx.Response:
     """The ``prop=revisions`` answer for the title ``name`` (normalised, redirected, or missing)."""
     normalised = wiki_normalised(name)
-    query: dict[str, Any] = {}
+    query: dict[str, object] = {}
     if normalised != name:
         query["normalized"] = [{"fromencoded": False, "from": name, "to": normalised}]
     if page.get("paragraphs") is None:
@@ -779,15 +846,17 @@ def render_wikipedia_revision(name: str, page: Mapping[str, Any], request: httpx
     return _json_response(200, {"batchcomplete": True, "query": query}, headers)
 
 
-def render_wikipedia_parse(name: str, page: Mapping[str, Any], headers: dict[str, str]) -> httpx.Response:
+def render_wikipedia_parse(name: str, page: PageScript, headers: dict[str, str]) -> httpx.Response:
     """The ``action=parse`` answer for a scripted page's revision."""
     title = page_title(name, page)
+    paragraphs = page["paragraphs"]
+    assert paragraphs is not None, "a page without paragraphs has no revision to parse"
     parsed = {"title": title, "pageid": _stable_int(title, 6), "revid": page_revision(name, page),
-              "text": page_html(title, page["paragraphs"])}
+              "text": page_html(title, paragraphs)}
     return _json_response(200, {"parse": parsed}, headers)
 
 
-def render_retriever_page(name: str, page: Mapping[str, Any], offset: int, window: int,
+def render_retriever_page(name: str, page: PageScript, offset: int, window: int,
                           headers: dict[str, str]) -> httpx.Response:
     """The ``POST /page`` answer: the passages from ``offset`` on, at most ``window``, and the total."""
     passages = page.get("paragraphs") or []
@@ -811,18 +880,18 @@ QUERY_EXTRACTORS = {
 class FakeSearchService:
     """Answers requests for one backend from a script ``{query: [response, ...]}``."""
 
-    def __init__(self, backend: str, script: Mapping[str, Sequence[Mapping[str, Any]]],
-                 pages: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(self, backend: str, script: Mapping[str, Sequence[ScriptedResponse]],
+                 pages: Mapping[str, PageScript] | None = None) -> None:
         if backend not in QUERY_EXTRACTORS:
             raise ValueError(f"no fake service for backend {backend!r}")
         self.backend = backend
-        self._queues: dict[str, deque[Mapping[str, Any]]] = {}
+        self._queues: dict[str, deque[ScriptedResponse]] = {}
         for query, responses in script.items():
             for n, response in enumerate(responses):
                 check_response_spec(backend, response, f"query {query!r} response {n}")
             self._queues[normalise_query(query)] = deque(responses)
-        self._pages: dict[str, Mapping[str, Any]] = {}
-        self._page_queues: dict[str, deque[Mapping[str, Any]]] = {}
+        self._pages: dict[str, PageScript] = {}
+        self._page_queues: dict[str, deque[ScriptedResponse]] = {}
         self._revisions: dict[str, str] = {}  # a Wikipedia revision id -> the page read at it
         for name, page in (pages or {}).items():
             check_page_script(backend, page, f"page {name!r}")
@@ -848,7 +917,7 @@ class FakeSearchService:
         response = queue.popleft()
         return self.render(response, request, query)
 
-    def render(self, response: Mapping[str, Any], request: httpx.Request, query: str) -> httpx.Response:
+    def render(self, response: ScriptedResponse, request: httpx.Request, query: str) -> httpx.Response:
         return self._compressed(response, self._render(response, request, query))
 
     def _page_answer(self, request: httpx.Request) -> httpx.Response | None:
@@ -868,15 +937,15 @@ class FakeSearchService:
             kind, (name, offset, window) = "read", read
             key = normalise_query(name)
         if key is None:  # a revision no scripted page has: the API's own error
-            error = {"code": "nosuchrevid", "info": f"There is no revision with ID {name}."}
+            error: ApiError = {"code": "nosuchrevid", "info": f"There is no revision with ID {name}."}
             return self.render({"api_error": error}, request, name)
         if key not in self._pages:
             raise ScriptExhausted(f"{self.backend} fake: no script for page {name!r}")
         queue = self._page_queues[key]
-        response = queue.popleft() if queue else {}
+        response: ScriptedResponse = queue.popleft() if queue else {}
         return self._compressed(response, self._render_page(response, request, kind, key, offset, window))
 
-    def _render_page(self, response: Mapping[str, Any], request: httpx.Request, kind: str, key: str,
+    def _render_page(self, response: ScriptedResponse, request: httpx.Request, kind: str, key: str,
                      offset: int, window: int) -> httpx.Response:
         headers, status, raw = _scripted_headers(response)
         if raw is not None:
@@ -894,7 +963,7 @@ class FakeSearchService:
             return render_wikipedia_parse(key, page, headers)
         return render_retriever_page(key, page, offset, window, headers)
 
-    def _compressed(self, response: Mapping[str, Any], rendered: httpx.Response) -> httpx.Response:
+    def _compressed(self, response: ScriptedResponse, rendered: httpx.Response) -> httpx.Response:
         if not response.get("gzip"):
             return rendered
         body = gzip.compress(rendered.content, mtime=0)  # mtime=0: the same bytes every build
@@ -903,7 +972,7 @@ class FakeSearchService:
             rendered.status_code, headers={**headers, "Content-Encoding": "gzip"}, content=body
         )
 
-    def _render(self, response: Mapping[str, Any], request: httpx.Request, query: str) -> httpx.Response:
+    def _render(self, response: ScriptedResponse, request: httpx.Request, query: str) -> httpx.Response:
         headers, status, raw = _scripted_headers(response)
         if raw is not None:
             return raw

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Unpack
 
-from searchr1.search.base import CallContext, HttpSearchBackend, Outcome, passage_ident, truncate
+from searchr1.search.base import BackendOptions, CallContext, HttpSearchBackend, Outcome, passage_ident, truncate
 from searchr1.search.retriever import DEFAULT_SOURCE, split_contents
 from searchr1.core.types import SearchItem
+
+if TYPE_CHECKING:
+    from searchr1.bm25.index import BM25Index
 
 INDEX_ENV = "SEARCHR1_INDEX"
 
@@ -27,13 +30,13 @@ class LocalSearchBackend(HttpSearchBackend):
     def __init__(
         self,
         *,
-        index: str | os.PathLike[str] | Any,
+        index: str | os.PathLike[str] | BM25Index,
         topk: int = 3,
         source: str = DEFAULT_SOURCE,
         concurrency: int = 64,
         timeout: float = 30.0,
         max_batch: int = 256,
-        **kwargs: Any,
+        **kwargs: Unpack[BackendOptions],
     ) -> None:
         from searchr1.bm25.batcher import QueryBatcher
         from searchr1.bm25.index import BM25Index
@@ -49,11 +52,11 @@ class LocalSearchBackend(HttpSearchBackend):
         self.source = source
         self._batcher = QueryBatcher(opened, max_batch=max_batch)
 
-    def request_params(self) -> dict[str, Any]:
+    def request_params(self) -> dict[str, object]:
         manifest = self.index.manifest
         return {"corpus_sha256": manifest["corpus"]["sha256"], "scorer": manifest["scorer"], "topk": self.topk}
 
-    def replay_options(self) -> dict[str, Any]:
+    def replay_options(self) -> dict[str, object]:
         return {**super().replay_options(), "index": str(self.index.directory), "topk": self.topk,
                 "source": self.source}
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Unpack
 
 from searchr1.core.settings import check_settings, setting
 from searchr1.search.base import HttpSearchBackend
 from searchr1.search.cache import QueryCache
-from searchr1.search.factory import BACKEND_NAMES, create_search_backend
+from searchr1.search.factory import BACKEND_NAMES, BackendSettings, SearchSettings, create_search_backend
 from searchr1.search.replay import ReplayBackend, open_replay_backend
 from searchr1.basics import invocation
 
@@ -72,9 +72,9 @@ class SearchOptions:
         return self.cache.strip().lower() != "off" and self.cassette is None
 
 
-def backend_specific_options(options: SearchOptions) -> dict[str, Any]:
+def backend_specific_options(options: SearchOptions) -> BackendSettings:
     """The flags that apply to the chosen backend (unset ones left out)."""
-    extra: dict[str, Any] = {}
+    extra: BackendSettings = {}
     if options.backend == "deepseek":
         if options.model:
             extra["model"] = options.model
@@ -91,10 +91,11 @@ def backend_specific_options(options: SearchOptions) -> dict[str, Any]:
     return extra
 
 
-def build_search_backend(options: SearchOptions, **overrides: Any) -> HttpSearchBackend | ReplayBackend:
+def build_search_backend(options: SearchOptions,
+                         **overrides: Unpack[SearchSettings]) -> HttpSearchBackend | ReplayBackend:
     """A backend from the flags: replayed from ``--cassette`` (no cache, virtual time), or live
     with the persistent cache unless ``--search-cache off``. ``overrides`` go to the factory."""
-    settings: dict[str, Any] = {**backend_specific_options(options), **overrides}
+    settings: SearchSettings = {**backend_specific_options(options), **overrides}
     if options.concurrency is not None:
         settings["concurrency"] = options.concurrency
     if options.timeout is not None:

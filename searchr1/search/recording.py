@@ -32,11 +32,11 @@ import os
 import re
 import threading
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from secrets import token_hex
-from typing import Any
+from typing import NoReturn, NotRequired, Protocol, TypedDict
 
 import vcr
 import yaml
@@ -72,7 +72,45 @@ class SecretLeakError(RuntimeError):
     """A key value survived scrubbing; the cassette was not written."""
 
 
-def _drop_response_headers(response: dict[str, Any]) -> dict[str, Any]:
+class CassetteMetadata(TypedDict, total=False):
+    """A cassette's ``metadata``: what replaying it needs besides its path, and where it came from
+    (written by ``cassettes build`` and ``record`` through :func:`recording`)."""
+
+    backend: str
+    options: dict[str, object]  # the backend's options that shape its requests
+    keys: int  # zhihu: how many keys the client rotated
+    provenance: str  # "live", or how a synthetic cassette was made
+    generator: str
+    spec: str  # a generated cassette's spec, under cassettes/
+    recorded_at: str
+    failed_queries: list[str]
+
+
+class VcrRequest(Protocol):
+    """What the recorder changes of a request vcrpy is about to record."""
+
+    uri: str
+    headers: MutableMapping[str, str]
+
+
+class VcrStatus(TypedDict):
+    code: int
+    message: NotRequired[str | None]
+
+
+class VcrBody(TypedDict):
+    string: bytes | str | None
+
+
+class VcrResponse(TypedDict):
+    """A response as vcrpy records it."""
+
+    status: VcrStatus
+    headers: dict[str, list[str]]  # each name with every value it was sent with
+    body: VcrBody
+
+
+def _drop_response_headers(response: VcrResponse) -> VcrResponse:
     headers = response.get("headers") or {}
     response["headers"] = {
         name: values for name, values in headers.items() if name.lower() not in DROPPED_RESPONSE_HEADERS
@@ -136,7 +174,7 @@ def unversioned_user_agent(agent: str) -> str:
     return "".join(parts)
 
 
-def _normalise_request(request: Any) -> Any:
+def _normalise_request(request: VcrRequest) -> VcrRequest:
     """The request as recorded: its URI without userinfo or credential parameters (httpx sends
     userinfo as an Authorization header, which is dropped too), and its User-Agent without the
     installed libraries' versions (:func:`unversioned_user_agent`)."""
@@ -157,10 +195,10 @@ class _FreshFilePersister:
     def __init__(self) -> None:
         self.error: OSError | None = None
 
-    def load_cassette(self, cassette_path: str, serializer: Any) -> Any:
+    def load_cassette(self, cassette_path: str, serializer: object) -> NoReturn:
         raise CassetteNotFoundError()
 
-    def save_cassette(self, cassette_path: str, cassette_dict: Any, serializer: Any) -> None:
+    def save_cassette(self, cassette_path: str, cassette_dict: dict[str, object], serializer: object) -> None:
         data = serialize(cassette_dict, serializer).encode("utf-8")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         try:
@@ -186,7 +224,7 @@ def recorder(
     that thread are kept, so what another thread sends meanwhile (a server of another test
     shutting down, a library's background call) never lands in the cassette."""
 
-    def kept(request: Any) -> Any:
+    def kept(request: VcrRequest) -> VcrRequest | None:
         if thread is not None and threading.get_ident() != thread:
             return None  # vcrpy neither records nor replays it: the request goes out as it would
         return _normalise_request(request)
@@ -211,7 +249,7 @@ def recording(
     path: str | Path,
     *,
     secrets: Sequence[Secret],
-    metadata: Mapping[str, Any],
+    metadata: Mapping[str, object],
     overwrite: bool = False,
     private: Mapping[str, Secret] | None = None,
     decode_compressed: bool = True,

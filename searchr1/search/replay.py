@@ -31,7 +31,7 @@ import pickle
 import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, Unpack, cast
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
@@ -46,8 +46,9 @@ from searchr1.core.errors import UserError
 from searchr1.basics.jsonl import JsonInputError, Surrogates, decode_json
 from searchr1.search.base import HttpSearchBackend
 from searchr1.search.clock import Clock, VirtualClock
-from searchr1.search.factory import check_backend_name, create_search_backend
+from searchr1.search.factory import SearchSettings, check_backend_name, create_search_backend
 from searchr1.search.limits import Backoff
+from searchr1.search.recording import CassetteMetadata
 from searchr1.search.retriever import DEFAULT_URL as DEFAULT_RETRIEVER_URL
 from searchr1.basics.secrets import redact, redact_url
 from searchr1.core.types import SearchResult
@@ -118,11 +119,13 @@ BODY_FORM_HEADERS = ("Content-Type", "Transfer-Encoding", "User-Agent")
 # The recorded interactions each request matched, by cassette content (a digest of the parsed
 # file) and then by request: every cassette opened again with the same content in this process
 # (each run of one offline world, each replay of a benchmark) starts with its answers known.
-_MATCHES: dict[bytes, dict[tuple[Any, ...], tuple[int, ...]]] = {}
+# A request as the matches are remembered: its method, URI, body and the BODY_FORM_HEADERS it sent.
+RequestKey: TypeAlias = tuple[str, str, bytes | str | None, tuple[str | None, ...]]
+_MATCHES: dict[bytes, dict[RequestKey, tuple[int, ...]]] = {}
 _MATCHES_KEPT = 8
 
 
-def _matches_of(data: dict[str, Any]) -> dict[tuple[Any, ...], tuple[int, ...]]:
+def _matches_of(data: dict[str, object]) -> dict[RequestKey, tuple[int, ...]]:
     digest = hashlib.sha256(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)).digest()
     if digest not in _MATCHES and len(_MATCHES) >= _MATCHES_KEPT:
         _MATCHES.clear()
@@ -138,9 +141,9 @@ class _LeastPlayedCassette(Cassette):
     read), for every cassette of the same content (:func:`_matches_of`): a cassette is
     read-only, so the answer cannot change."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
-        self._matching: dict[tuple[Any, ...], tuple[int, ...]] = {}
+        self._matching: dict[RequestKey, tuple[int, ...]] = {}
 
     def _responses(self, request):
         key = (request.method, request.uri, request.body,
@@ -167,14 +170,14 @@ def _not_a_cassette(path: Path, why: str) -> CassetteFormatError:
     )
 
 
-def _is_headers(value: Any) -> bool:
+def _is_headers(value: object) -> bool:
     """vcrpy's headers: each name with a list of string values."""
     return isinstance(value, Mapping) and all(
         isinstance(name, str) and isinstance(values, list) and all(isinstance(item, str) for item in values)
         for name, values in value.items())
 
 
-def _broken_field(interaction: Any) -> str | None:
+def _broken_field(interaction: object) -> str | None:
     """What is wrong with one recorded interaction, naming its field (``None`` when it is one
     the transport can replay)."""
     if not isinstance(interaction, Mapping):
@@ -211,7 +214,7 @@ _PARSED: dict[tuple[str, int, int, int], bytes] = {}
 _PARSED_KEPT = 8
 
 
-def read_cassette_data(path: str | Path) -> dict[str, Any]:
+def read_cassette_data(path: str | Path) -> dict[str, object]:
     """The parsed cassette file, checked for the shape of a vcrpy cassette. A file read before in
     this process and unchanged since (same inode, size and modification time) is not parsed
     again; every caller gets its own copy."""
@@ -233,7 +236,7 @@ def read_cassette_data(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _parse_cassette(path: Path) -> dict[str, Any]:
+def _parse_cassette(path: Path) -> dict[str, object]:
     try:
         data = yamlserializer.deserialize(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -265,17 +268,17 @@ class _Parsed:
     vcrpy's loader builds its requests and responses from that data instead of parsing the YAML
     again (the parse is most of the cost of opening a cassette)."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, object]) -> None:
         self.data = data
 
-    def deserialize(self, cassette_string: str) -> dict[str, Any]:
+    def deserialize(self, cassette_string: str) -> dict[str, object]:
         return self.data
 
-    def serialize(self, cassette_dict: dict[str, Any]) -> str:
+    def serialize(self, cassette_dict: dict[str, object]) -> str:
         return yamlserializer.serialize(cassette_dict)
 
 
-def load_cassette(path: str | Path, data: dict[str, Any] | None = None) -> Cassette:
+def load_cassette(path: str | Path, data: dict[str, object] | None = None) -> Cassette:
     """Load a cassette for replay only (no recording, no patching); ``data``: the file as
     :func:`read_cassette_data` returned it, when the caller has read it already (vcrpy takes
     the response dicts over)."""
@@ -299,17 +302,17 @@ def load_cassette(path: str | Path, data: dict[str, Any] | None = None) -> Casse
     return cassette
 
 
-def _metadata(data: Mapping[str, Any]) -> dict[str, Any]:
+def _metadata(data: Mapping[str, object]) -> CassetteMetadata:
     metadata = data.get("metadata")
-    return dict(metadata) if isinstance(metadata, Mapping) else {}
+    return cast(CassetteMetadata, dict(metadata)) if isinstance(metadata, Mapping) else {}  # the file's YAML
 
 
-def read_cassette_metadata(path: str | Path) -> dict[str, Any]:
+def read_cassette_metadata(path: str | Path) -> CassetteMetadata:
     """The ``metadata`` mapping stored in a cassette ({} when there is none)."""
     return _metadata(read_cassette_data(path))
 
 
-def _strings(value: Any) -> Iterator[str]:
+def _strings(value: object) -> Iterator[str]:
     if isinstance(value, str):
         yield value
     elif isinstance(value, Mapping):
@@ -375,14 +378,14 @@ class ReplayBackend:
         backend: HttpSearchBackend,
         cassette_path: str | Path,
         *,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: CassetteMetadata | None = None,
         cassette: Cassette | None = None,
     ) -> None:
         self.backend = backend
         self.name = backend.name
         self.stats = backend.stats
         self.cassette_path = Path(cassette_path)
-        self.metadata = dict(metadata or {})
+        self.metadata: CassetteMetadata = metadata.copy() if metadata else {}
         self._cassette = cassette
 
     async def search(self, query: str) -> SearchResult:
@@ -440,7 +443,7 @@ def open_replay_backend(
     cassette_path: str | Path,
     *,
     clock: Clock | None = None,
-    **options: Any,
+    **options: Unpack[SearchSettings],
 ) -> ReplayBackend:
     """A backend of kind ``name`` whose HTTP traffic is answered by the cassette.
 
@@ -457,8 +460,9 @@ def open_replay_backend(
         raise CassetteFormatError(
             f"cassette {cassette_path} was recorded for {recorded_backend!r}, not {name!r}"
         )
-    settings: dict[str, Any] = dict(metadata.get("options") or {})
-    settings.update({key: value for key, value in options.items() if value is not None})
+    given = {key: value for key, value in options.items() if value is not None}
+    # The options the cassette was recorded with (its YAML: the factory checks them), then the caller's.
+    settings = cast(SearchSettings, {**(metadata.get("options") or {}), **given})
     if name == "zhihu":
         settings.setdefault(
             "keys", tuple(f"{PLACEHOLDER_KEY}-{i + 1}" for i in range(int(metadata.get("keys", 1))))

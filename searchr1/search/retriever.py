@@ -13,9 +13,10 @@ from :data:`KEY_ENV` (the environment, then the ``.env`` file); a 401 or 403 fro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
 from searchr1.search.base import (
+    BackendOptions,
     CallContext,
     HttpSearchBackend,
     Outcome,
@@ -57,7 +58,7 @@ def key_headers(api_key: Secret | None) -> dict[str, str]:
 
 
 def parse_retriever_payload(
-    payload: Any, *, limit: int = 3, source: str = DEFAULT_SOURCE
+    payload: object, *, limit: int = 3, source: str = DEFAULT_SOURCE
 ) -> tuple[SearchItem, ...]:
     """Items of the first (only) query's hits, in server order; documents without text dropped."""
     if not isinstance(payload, dict):
@@ -100,7 +101,7 @@ class RetrieverSearchBackend(HttpSearchBackend):
         api_key: Secret | str | None = None,
         concurrency: int = 32,
         timeout: float = 30.0,
-        **kwargs: Any,
+        **kwargs: Unpack[BackendOptions],
     ) -> None:
         super().__init__(concurrency=concurrency, timeout=timeout, **kwargs)
         self.api_key = Secret(api_key) if isinstance(api_key, str) else api_key
@@ -114,13 +115,13 @@ class RetrieverSearchBackend(HttpSearchBackend):
         self.topk = topk
         self.source = source
 
-    def request_params(self) -> dict[str, Any]:
+    def request_params(self) -> dict[str, object]:
         return {"url": redact_url(self.url), "topk": self.topk}
 
     def secrets(self) -> tuple[Secret, ...]:
         return (*url_secrets(self.url), *((self.api_key,) if self.api_key else ()))
 
-    def replay_options(self) -> dict[str, Any]:
+    def replay_options(self) -> dict[str, object]:
         # No credential of the URL: the cassette stores none, and replay matches without them.
         return {**super().replay_options(), "url": redact_url(self.url), "topk": self.topk, "source": self.source}
 

@@ -23,7 +23,7 @@ A server without ``/page`` (HTTP 404 or 405: the official one) raises
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict, Unpack
 
 import httpx
 
@@ -31,8 +31,8 @@ from searchr1.bm25.corpus import split_contents
 from searchr1.core.tools import ToolCall
 from searchr1.core.types import SearchItem, SearchResult
 from searchr1.basics import invocation
-from searchr1.search.base import (CallContext, HttpSearchBackend, Outcome, PayloadError, SearchRefusedError,
-                                  check_url, http_status_outcome, read_json, truncate)
+from searchr1.search.base import (BackendOptions, CallContext, HttpSearchBackend, Outcome, PayloadError,
+                                  SearchRefusedError, check_url, http_status_outcome, read_json, truncate)
 from searchr1.bm25.page_naming import PAGE_WINDOW, page_name, page_offset
 from searchr1.search.retriever import (DEFAULT_SOURCE, DEFAULT_URL, REFUSED_STATUSES, RetrieverRefusedError,
                                        RetrieverSearchBackend, key_headers)
@@ -61,7 +61,7 @@ def page_url(retrieve_url: str) -> str:
     return str(url.copy_with(path=f"{head}/page"))
 
 
-def parse_page_answer(payload: Any, *, offset: int, source: str = DEFAULT_SOURCE) -> tuple[SearchItem, ...]:
+def parse_page_answer(payload: object, *, offset: int, source: str = DEFAULT_SOURCE) -> tuple[SearchItem, ...]:
     """The items of a ``/page`` answer read from ``offset``. Raises :class:`PayloadError` naming
     the field with the wrong shape."""
     if not isinstance(payload, dict):
@@ -83,6 +83,12 @@ def parse_page_answer(payload: Any, *, offset: int, source: str = DEFAULT_SOURCE
     return tuple(items)
 
 
+class PageWindow(TypedDict, total=False):
+    """What :meth:`RetrieverPageBackend.beside` takes besides the search backend."""
+
+    window: int  # passages one read gives
+
+
 class RetrieverPageBackend(HttpSearchBackend):
     """Runs ``open_page`` against ``POST /page`` of a retrieval server (see the module docstring)."""
 
@@ -97,7 +103,7 @@ class RetrieverPageBackend(HttpSearchBackend):
         api_key: Secret | None = None,
         concurrency: int = 32,
         timeout: float = 30.0,
-        **kwargs: Any,
+        **kwargs: Unpack[BackendOptions],
     ) -> None:
         super().__init__(concurrency=concurrency, timeout=timeout, **kwargs)
         if window < 1:
@@ -109,7 +115,7 @@ class RetrieverPageBackend(HttpSearchBackend):
         self.api_key = api_key
 
     @classmethod
-    def beside(cls, search: RetrieverSearchBackend, **options: Any) -> RetrieverPageBackend:
+    def beside(cls, search: RetrieverSearchBackend, **options: Unpack[PageWindow]) -> RetrieverPageBackend:
         """A page backend at the ``/page`` beside ``search``'s ``/retrieve``, sharing its HTTP
         client, key, clock, backoff and retry settings (its client stays ``search``'s to close)."""
         return cls(url=search.url, source=search.source, api_key=search.api_key, client=search._client,
@@ -118,7 +124,7 @@ class RetrieverPageBackend(HttpSearchBackend):
                    total_timeout=search.total_timeout, max_retry_after=search.max_retry_after,
                    concurrency=search.concurrency, remember=search.remember, **options)
 
-    def request_params(self) -> dict[str, Any]:
+    def request_params(self) -> dict[str, object]:
         return {"url": redact_url(self.url), "window": self.window}
 
     def secrets(self) -> tuple[Secret, ...]:

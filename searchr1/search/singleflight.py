@@ -13,6 +13,7 @@ raised is not remembered; the next call runs it again.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -35,7 +36,7 @@ class SingleFlight(Generic[T]):
         if task is None:
             task = asyncio.ensure_future(work())
             self._inflight[key] = task
-            task.add_done_callback(lambda _t, k=key: self._forget(k, _t))
+            task.add_done_callback(functools.partial(self._forget, key))
         return await asyncio.shield(task), shared
 
     def _forget(self, key: str, task: asyncio.Task[T]) -> None:

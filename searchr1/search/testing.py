@@ -9,24 +9,36 @@ the spec vocabulary of :mod:`searchr1.search.fake_service`. No network, no casse
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import TypeAlias, Unpack
 
 import httpx
 
 from searchr1.search.base import HttpSearchBackend
 from searchr1.search.clock import VirtualClock
-from searchr1.search.factory import create_search_backend
-from searchr1.search.fake_service import FakeSearchService
+from searchr1.search.factory import FactoryOptions, create_search_backend
+from searchr1.search.fake_service import FakeSearchService, ScriptedResponse
 from searchr1.search.limits import Backoff
 
 TEST_DEEPSEEK_KEY = "sk-test-deepseek-key"
 TEST_ZHIHU_KEYS = ("test-zhihu-key-1", "test-zhihu-key-2")
 
 
-def mock_backend(name: str, handler: Callable[[httpx.Request], Any], **options: Any) -> HttpSearchBackend:
+class MockOptions(FactoryOptions, total=False):
+    """What :func:`mock_backend` passes to the factory over its defaults."""
+
+    concurrency: int | None
+    timeout: float | None
+
+
+# What httpx.MockTransport takes: a function from a request to its response, sync or async.
+Handler: TypeAlias = (Callable[[httpx.Request], httpx.Response]
+                      | Callable[[httpx.Request], Coroutine[None, None, httpx.Response]])
+
+
+def mock_backend(name: str, handler: Handler, **options: Unpack[MockOptions]) -> HttpSearchBackend:
     """A real backend talking to ``handler``; ``options`` override the test defaults."""
-    settings: dict[str, Any] = {
+    settings: MockOptions = {
         "clock": VirtualClock(),
         "backoff": Backoff(rng=random.Random(0)),
         "transport": httpx.MockTransport(handler),
@@ -42,7 +54,7 @@ def mock_backend(name: str, handler: Callable[[httpx.Request], Any], **options: 
 
 
 def scripted_backend(
-    name: str, script: Mapping[str, Sequence[Mapping[str, Any]]], **options: Any
+    name: str, script: Mapping[str, Sequence[ScriptedResponse]], **options: Unpack[MockOptions]
 ) -> tuple[HttpSearchBackend, FakeSearchService]:
     """A real backend served by the fake service from ``script`` (see the spec vocabulary)."""
     service = FakeSearchService(name, script)

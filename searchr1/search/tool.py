@@ -15,7 +15,8 @@ from searchr1.core.types import SearchResult
 class SearchBackend(Protocol):
     """What every search backend is (:mod:`searchr1.search`): a name, and a query's result."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     async def search(self, query: str) -> SearchResult: ...
 

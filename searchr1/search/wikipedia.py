@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import Unpack
 
 import httpx
 
 from searchr1.search.base import (
     CLIENT_PRODUCT,
     PROJECT_URL,
+    BackendOptions,
     CallContext,
     HttpSearchBackend,
     Outcome,
     PayloadError,
+    PipelineOptions,
     SearchRefusedError,
     check_url,
     http_status_outcome,
@@ -37,6 +39,7 @@ from searchr1.search.base import (
 )
 from searchr1.search.limits import StartRateLimiter, parse_retry_after
 from searchr1.basics.secrets import Secret, redact_url, url_secrets
+from searchr1.basics.json_types import JsonValue
 from searchr1.core.types import SearchItem
 
 log = logging.getLogger("searchr1.search")
@@ -76,7 +79,7 @@ def user_agent(contact: str | None) -> str:
     return f"{CLIENT_PRODUCT} ({reach}) {library}"
 
 
-def mediawiki_params(**params: Any) -> dict[str, str]:
+def mediawiki_params(**params: str | int | float | bool | None) -> dict[str, str]:
     """Render API parameters, keeping MediaWiki's boolean rule in mind.
 
     A boolean parameter is true whenever it is present, whatever its value, so ``True``
@@ -113,7 +116,7 @@ def search_params(
     )
 
 
-def api_error(payload: Any) -> tuple[str, str] | None:
+def api_error(payload: object) -> tuple[str, str] | None:
     """``(code, info)`` of an API error envelope (either error format), else ``None``."""
     if not isinstance(payload, dict):
         return None
@@ -126,7 +129,7 @@ def api_error(payload: Any) -> tuple[str, str] | None:
     return None
 
 
-def parse_wikipedia_payload(payload: Any, *, limit: int = 3) -> tuple[SearchItem, ...]:
+def parse_wikipedia_payload(payload: object, *, limit: int = 3) -> tuple[SearchItem, ...]:
     """The search hits of a ``query`` response, best first, pages without text dropped.
 
     ``query.pages`` is not in rank order; each page's ``index`` is its 1-based rank. A
@@ -179,6 +182,24 @@ def parse_wikipedia_payload(payload: Any, *, limit: int = 3) -> tuple[SearchItem
 _SAFE_CODE = re.compile(r"[^A-Za-z0-9_-]")
 
 
+class WikipediaApiOptions(PipelineOptions, total=False):
+    """The options of :class:`WikipediaApiBackend` but ``max_body_bytes`` (which the page backend
+    sets itself; :class:`WikipediaOptions` has them all)."""
+
+    concurrency: int
+    timeout: float
+    max_retries: int
+    api_url: str
+    contact: str | None
+    maxlag: int | None
+    rate_limit_per_minute: float
+    limiter: StartRateLimiter | None
+
+
+class WikipediaOptions(WikipediaApiOptions, total=False):
+    max_body_bytes: int
+
+
 class WikipediaApiBackend(HttpSearchBackend):
     """What every client of the Action API shares: the User-Agent with the contact, ``maxlag``,
     the start-rate limiter (pass ``limiter`` to share one between clients), ``Retry-After`` on
@@ -198,7 +219,7 @@ class WikipediaApiBackend(HttpSearchBackend):
         limiter: StartRateLimiter | None = None,
         concurrency: int = 3,
         timeout: float = 15.0,
-        **kwargs: Any,
+        **kwargs: Unpack[BackendOptions],
     ) -> None:
         super().__init__(concurrency=concurrency, timeout=timeout, **kwargs)
         self.api_url = check_url(api_url, "wikipedia api_url")
@@ -212,7 +233,7 @@ class WikipediaApiBackend(HttpSearchBackend):
         self.limiter = limiter or StartRateLimiter(rate_limit_per_minute, clock=self.clock)
         self.headers = {"User-Agent": user_agent(contact), "Accept": "application/json"}
 
-    def request_params(self) -> dict[str, Any]:
+    def request_params(self) -> dict[str, object]:
         return {"api_url": redact_url(self.api_url)}
 
     def secrets(self) -> tuple[Secret, ...]:
@@ -224,7 +245,7 @@ class WikipediaApiBackend(HttpSearchBackend):
     async def _before_attempt(self, ctx: CallContext) -> None:
         await self.limiter.acquire()
 
-    async def _api_get(self, params: dict[str, str]) -> Outcome | tuple[Any, int]:
+    async def _api_get(self, params: dict[str, str]) -> Outcome | tuple[JsonValue, int]:
         """One GET of the API: ``(payload, HTTP status)``, or the :class:`Outcome` of a failure
         (an HTTP error, an API error envelope; rate limits pause the shared limiter)."""
         async with self._client.stream("GET", self.api_url, params=params, headers=self.headers) as response:
@@ -261,7 +282,7 @@ class WikipediaApiBackend(HttpSearchBackend):
 class WikipediaSearchBackend(WikipediaApiBackend):
     name = "wikipedia"
 
-    def __init__(self, *, limit: int = 3, exchars: int = 1200, **kwargs: Any) -> None:
+    def __init__(self, *, limit: int = 3, exchars: int = 1200, **kwargs: Unpack[WikipediaOptions]) -> None:
         super().__init__(**kwargs)
         if not 1 <= limit <= 50:
             raise ValueError(f"wikipedia: limit must be 1..50, got {limit}")
@@ -270,10 +291,10 @@ class WikipediaSearchBackend(WikipediaApiBackend):
         self.limit = limit
         self.exchars = exchars
 
-    def request_params(self) -> dict[str, Any]:
+    def request_params(self) -> dict[str, object]:
         return {**super().request_params(), "limit": self.limit, "exchars": self.exchars}
 
-    def replay_options(self) -> dict[str, Any]:
+    def replay_options(self) -> dict[str, object]:
         return {**super().replay_options(), **self.request_params(), "maxlag": self.maxlag}
 
     async def _attempt(self, ctx: CallContext) -> Outcome:

@@ -53,7 +53,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from html.parser import HTMLParser
-from typing import Any
+from typing import TypedDict, Unpack
 
 from searchr1.core.tools import ToolCall
 from searchr1.core.types import SearchItem, SearchResult
@@ -62,7 +62,8 @@ from searchr1.search.cache import normalise_query
 from searchr1.bm25.page_naming import PAGE_WINDOW, page_name, page_offset
 from searchr1.search.stats import RecentSearchStats
 from searchr1.basics.unicode import valid_text
-from searchr1.search.wikipedia import WikipediaApiBackend, WikipediaSearchBackend, mediawiki_params
+from searchr1.search.wikipedia import (WikipediaApiBackend, WikipediaApiOptions, WikipediaSearchBackend,
+                                      mediawiki_params)
 
 WIKI18_DUMP_DATE = "2018-12-20T00:00:00Z"  # the Wikipedia dump behind wiki-18
 PAGE_MAX_BODY_BYTES = 16 * 1024 * 1024  # a long article's parsed HTML runs to a few MB
@@ -132,7 +133,7 @@ def parse_params(revision: int, *, maxlag: int | None = 5) -> dict[str, str]:
     )
 
 
-def parse_revision_payload(payload: Any) -> Pin | None:
+def parse_revision_payload(payload: object) -> Pin | None:
     """The pin a resolve answer names, or ``None`` for a page that is not there (missing,
     invalid, outside the article namespace, or without a revision at the pin date). Raises
     :class:`PayloadError` naming the field with the wrong shape."""
@@ -259,7 +260,7 @@ def html_passages(html: str, limit: int = CONTENT_LIMIT) -> list[str]:
     return [piece for paragraph in parser.paragraphs for piece in split_passage(paragraph, limit)]
 
 
-def parse_page_payload(payload: Any, revision: int) -> list[str]:
+def parse_page_payload(payload: object, revision: int) -> list[str]:
     """The passages of a parse answer for ``revision``. Raises :class:`PayloadError` naming the
     field with the wrong shape, or when the answer is of another revision."""
     if not isinstance(payload, dict):
@@ -278,6 +279,14 @@ def parse_page_payload(payload: Any, revision: int) -> list[str]:
     return html_passages(text)
 
 
+class PageOptions(TypedDict, total=False):
+    """What :meth:`WikipediaPageBackend.beside` takes besides the search backend."""
+
+    as_of: str | None
+    window: int
+    keep_pages: int
+
+
 class WikipediaPageBackend(WikipediaApiBackend):
     """Runs ``open_page`` against the Wikipedia Action API (see the module docstring)."""
 
@@ -290,7 +299,7 @@ class WikipediaPageBackend(WikipediaApiBackend):
         window: int = PAGE_WINDOW,
         keep_pages: int = KEEP_PAGES,
         max_body_bytes: int = PAGE_MAX_BODY_BYTES,
-        **kwargs: Any,
+        **kwargs: Unpack[WikipediaApiOptions],
     ) -> None:
         if kwargs.get("cache") is not None:
             raise ValueError("wikipedia pages: no persistent cache (it would outlive the run's revision pins)")
@@ -307,7 +316,7 @@ class WikipediaPageBackend(WikipediaApiBackend):
         self._kept: OrderedDict[int, tuple[SearchItem, ...]] = OrderedDict()  # revision -> passages
 
     @classmethod
-    def beside(cls, search: WikipediaSearchBackend, **options: Any) -> WikipediaPageBackend:
+    def beside(cls, search: WikipediaSearchBackend, **options: Unpack[PageOptions]) -> WikipediaPageBackend:
         """A page backend sharing ``search``'s HTTP client, limiter, contact, API URL, clock,
         backoff and retry settings (its client stays ``search``'s to close)."""
         return cls(api_url=search.api_url, contact=search.contact, maxlag=search.maxlag, limiter=search.limiter,
@@ -316,7 +325,7 @@ class WikipediaPageBackend(WikipediaApiBackend):
                    max_retry_after=search.max_retry_after, concurrency=search.concurrency,
                    remember=search.remember, **options)
 
-    def request_params(self) -> dict[str, Any]:
+    def request_params(self) -> dict[str, object]:
         return {**super().request_params(), "as_of": self.as_of}
 
     def pin(self, name: str) -> Pin | None:

@@ -17,11 +17,12 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Unpack
 
 import httpx
 
 from searchr1.search.base import (
+    BackendOptions,
     CallContext,
     HttpSearchBackend,
     Outcome,
@@ -113,7 +114,7 @@ class KeyPool:
         return f"KeyPool(keys={len(self._keys)}, disabled={len(self._disabled)})"
 
 
-def parse_zhihu_items(items: Any, *, limit: int = 3) -> tuple[SearchItem, ...]:
+def parse_zhihu_items(items: object, *, limit: int = 3) -> tuple[SearchItem, ...]:
     """Map ``Data.Items`` to search items (``<em>`` highlight tags removed); ``null`` or a
     missing list is zero items (the service's way of saying "no hits")."""
     if items is None:
@@ -148,7 +149,7 @@ def parse_zhihu_items(items: Any, *, limit: int = 3) -> tuple[SearchItem, ...]:
     return tuple(out[:limit])
 
 
-def body_code(payload: Any) -> tuple[int, str]:
+def body_code(payload: object) -> tuple[int, str]:
     """``(Code, Message)`` of a response envelope."""
     if not isinstance(payload, dict):
         raise PayloadError(f"top level is {type(payload).__name__}, expected an object")
@@ -179,15 +180,15 @@ class KeyQuota:
     error: str | None = None
 
 
-def parse_quota_payload(payload: Any) -> tuple[QuotaRow, ...]:
+def parse_quota_payload(payload: object) -> tuple[QuotaRow, ...]:
     code, _message = body_code(payload)
     if code != CODE_OK:
         raise PayloadError(f"Code {code}")
-    data = payload.get("Data")
+    data = payload.get("Data") if isinstance(payload, dict) else None  # body_code saw an object
     if not isinstance(data, list):
         raise PayloadError("Data is not a list")
 
-    def number(value: Any) -> int | None:
+    def number(value: object) -> int | None:
         return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     rows = []
@@ -213,7 +214,7 @@ class ZhihuSearchBackend(HttpSearchBackend):
     def __init__(
         self,
         *,
-        keys: Sequence[Secret],
+        keys: Sequence[Secret | str],
         base_url: str = DEFAULT_BASE_URL,
         count: int = 3,
         search_db: str = "all",
@@ -221,7 +222,7 @@ class ZhihuSearchBackend(HttpSearchBackend):
         timeout: float = 15.0,
         default_cooldown: float = DEFAULT_COOLDOWN,
         wall_clock: Callable[[], float] = time.time,
-        **kwargs: Any,
+        **kwargs: Unpack[BackendOptions],
     ) -> None:
         super().__init__(concurrency=concurrency, timeout=timeout, **kwargs)
         if not 1 <= count <= 20:
@@ -241,10 +242,10 @@ class ZhihuSearchBackend(HttpSearchBackend):
     def secrets(self) -> tuple[Secret, ...]:
         return (*self.pool.keys, *url_secrets(self.base_url))
 
-    def request_params(self) -> dict[str, Any]:
+    def request_params(self) -> dict[str, object]:
         return {"base_url": redact_url(self.base_url), "count": self.count, "search_db": self.search_db}
 
-    def replay_options(self) -> dict[str, Any]:
+    def replay_options(self) -> dict[str, object]:
         return {**super().replay_options(), **self.request_params()}
 
     def _max_failovers(self) -> int:
@@ -305,7 +306,7 @@ class ZhihuSearchBackend(HttpSearchBackend):
             payload = await read_json(response, self.max_body_bytes)
             code, _message = body_code(payload)
             if code == CODE_OK:
-                data = payload.get("Data")
+                data = payload.get("Data") if isinstance(payload, dict) else None  # body_code saw an object
                 if data is None:  # no hits
                     return Outcome.success((), 200)
                 if not isinstance(data, dict):

@@ -15,10 +15,13 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
-from searchr1.runtime.api_key import AsgiApp, Message, Receive, Scope, Send
 from searchr1.basics.secrets import MASK, Secret, redact, redact_known, secret_forms
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ACCESS_LOGGER = "searchr1.serve.access"
 MAX_PATH_CHARS = 200
@@ -49,7 +52,7 @@ def access_line(method: str, path: str, status: int | None, seconds: float,
 class AccessLog:
     """ASGI middleware that logs :func:`access_line` for every HTTP request ``app`` answers."""
 
-    def __init__(self, app: AsgiApp, secrets: tuple[Secret, ...] = ()) -> None:
+    def __init__(self, app: ASGIApp, secrets: tuple[Secret, ...] = ()) -> None:
         self.app = app
         self.secrets = secrets
 

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from searchr1.runtime.api_key import ApiKeyGuard
 from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, RequestError, RunningServer,
@@ -30,12 +30,17 @@ from searchr1.serve.chat_api import MAX_BODY_BYTES, ChatRequest, FieldError, Rep
     parse_chat_request, sse
 from searchr1.serve.model import ChatModel
 
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from uvicorn import Server
+
 MAX_CONCURRENT_BODIES = 8
 MAX_CONNECTIONS = 64
 log = logging.getLogger("searchr1.serve")
 
 
-def error_response(status: int, message: str, param: str | None = None) -> Any:
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
     from starlette.responses import JSONResponse
 
     kind = "invalid_request_error" if status < 500 else "service_unavailable"
@@ -44,7 +49,7 @@ def error_response(status: int, message: str, param: str | None = None) -> Any:
 
 
 def make_app(model: ChatModel, *, max_concurrent_bodies: int = MAX_CONCURRENT_BODIES,
-             api_key: Secret | None = None) -> Any:
+             api_key: Secret | None = None) -> Starlette:
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect, Request
@@ -99,7 +104,7 @@ def make_app(model: ChatModel, *, max_concurrent_bodies: int = MAX_CONCURRENT_BO
                              "tools": list(model.rollout.tools)})
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         closing = getattr(model.search, "aclose", None)
         if closing is not None:
@@ -114,7 +119,7 @@ def make_app(model: ChatModel, *, max_concurrent_bodies: int = MAX_CONCURRENT_BO
 
 def make_server(model: ChatModel, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
                 request_timeout: float = REQUEST_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                max_concurrent_bodies: int = MAX_CONCURRENT_BODIES, api_key: Secret | None = None) -> Any:
+                max_concurrent_bodies: int = MAX_CONCURRENT_BODIES, api_key: Secret | None = None) -> Server:
     import uvicorn
 
     app = make_app(model, max_concurrent_bodies=max_concurrent_bodies, api_key=api_key)
@@ -126,7 +131,18 @@ def make_server(model: ChatModel, *, host: str = "127.0.0.1", port: int = 8000, 
     return uvicorn.Server(config)
 
 
-def start_in_thread(model: ChatModel, *, host: str = "127.0.0.1", port: int = 0, **bounds: Any) -> RunningServer:
+class ServerBounds(TypedDict, total=False):
+    """:func:`make_server`'s settings past the address, as :func:`start_in_thread` hands them on."""
+
+    log_level: str
+    request_timeout: float
+    max_connections: int
+    max_concurrent_bodies: int
+    api_key: Secret | None
+
+
+def start_in_thread(model: ChatModel, *, host: str = "127.0.0.1", port: int = 0,
+                    **bounds: Unpack[ServerBounds]) -> RunningServer:
     """Serve ``model`` from a daemon thread (tests); the running server's ``url`` is its ``/v1``."""
     sock = listening_socket(host, port)
     server = make_server(model, host=host, port=sock.getsockname()[1], **bounds)

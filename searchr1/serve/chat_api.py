@@ -26,13 +26,13 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, TypeVar
 
 from searchr1.core.protocol import without_stop_strings
 from searchr1.core.tools import ToolCall, ToolSpec, parse_tool_calls
-from searchr1.core.types import JsonObject
+from searchr1.core.types import JsonObject, JsonValue, Message
 from searchr1.runtime.http_bounds import RequestError, shown
 
 MAX_BODY_BYTES = 1 << 20
@@ -46,6 +46,7 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # What the Qwen3.5 chat template writes around a call; a turn for a request without tools ends before any of it.
 CALL_MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")
 QUESTION_ROLES = ("system", "user")  # the messages of an agent request
+Number = TypeVar("Number", int, float)
 
 
 class FieldError(RequestError):
@@ -77,6 +78,15 @@ class ChatRequest:
         return next(str(m["content"]) for m in self.messages if m["role"] == "user")
 
 
+class ReplyExtra(TypedDict, total=False):
+    """The fields an answer carries beside OpenAI's: what produced it, and an agent's turns."""
+
+    policy: str
+    turns: list[Message]  # every message after the system prompt
+    termination: str
+    tool_calls_made: int
+
+
 @dataclass(frozen=True)
 class Reply:
     """What the model said in one turn, in OpenAI's terms."""
@@ -86,7 +96,7 @@ class Reply:
     finish_reason: str = "stop"          # stop | tool_calls | length
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)  # fields beside the message (agent turns, policy)
+    extra: ReplyExtra = field(default_factory=ReplyExtra)  # fields beside the message (agent turns, policy)
 
 
 # --------------------------------------------------------------------------- reading a request
@@ -144,8 +154,8 @@ def _flag(payload: Mapping[str, object], name: str) -> bool:
     return value
 
 
-def _number(payload: Mapping[str, object], name: str, kind: type, low: float, high: float, *,
-            low_open: bool = False) -> Any:
+def _number(payload: Mapping[str, object], name: str, kind: type[Number], low: float, high: float, *,
+            low_open: bool = False) -> Number | None:
     value = payload.get(name)
     if value is None:
         return None
@@ -205,10 +215,10 @@ def parse_messages(value: object) -> list[JsonObject]:
     return messages
 
 
-def _calls(value: object, where: str) -> list[JsonObject]:
+def _calls(value: object, where: str) -> list[JsonValue]:
     if not isinstance(value, list):
         raise FieldError(where, f"must be a list, got {shown(value)}")
-    calls: list[JsonObject] = []
+    calls: list[JsonValue] = []
     for position, call in enumerate(value):
         at = f"{where}[{position}]"
         function = call.get("function") if isinstance(call, dict) else None
@@ -279,7 +289,7 @@ def read_reply(text: str, tools: Sequence[ToolSpec]) -> tuple[str | None, tuple[
     return (before.strip() or None), tuple(call for call in calls if isinstance(call, ToolCall))
 
 
-def _tool_calls(calls: Sequence[ToolCall]) -> list[JsonObject]:
+def _tool_calls(calls: Sequence[ToolCall]) -> list[dict[str, object]]:
     return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
              "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
             for call in calls]
@@ -290,9 +300,9 @@ def _usage(reply: Reply) -> JsonObject:
             "total_tokens": reply.prompt_tokens + reply.completion_tokens}
 
 
-def completion(reply: Reply, model: str) -> JsonObject:
+def completion(reply: Reply, model: str) -> dict[str, object]:
     """A ``chat.completion`` object."""
-    message: JsonObject = {"role": "assistant", "content": reply.content}
+    message: dict[str, object] = {"role": "assistant", "content": reply.content}
     if reply.tool_calls:
         message["tool_calls"] = _tool_calls(reply.tool_calls)
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
@@ -301,12 +311,12 @@ def completion(reply: Reply, model: str) -> JsonObject:
             "usage": _usage(reply), **reply.extra}
 
 
-def chunks(reply: Reply, model: str, *, include_usage: bool = False) -> Iterator[JsonObject]:
+def chunks(reply: Reply, model: str, *, include_usage: bool = False) -> Iterator[dict[str, object]]:
     """The ``chat.completion.chunk`` objects of a streamed answer, in OpenAI's order."""
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model}
+    head: dict[str, object] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+                               "created": int(time.time()), "model": model}
 
-    def chunk(delta: JsonObject, finish_reason: str | None = None) -> JsonObject:
+    def chunk(delta: Mapping[str, object], finish_reason: str | None = None) -> dict[str, object]:
         return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
 
     yield chunk({"role": "assistant", "content": ""})
@@ -319,7 +329,7 @@ def chunks(reply: Reply, model: str, *, include_usage: bool = False) -> Iterator
         yield {**head, "choices": [], "usage": _usage(reply)}
 
 
-def sse(events: Iterator[JsonObject]) -> Iterator[str]:
+def sse(events: Iterable[Mapping[str, object]]) -> Iterator[str]:
     """Server-sent events: one ``data:`` line per object, then ``data: [DONE]``."""
     for event in events:
         yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"

@@ -16,13 +16,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.core.protocol import stop_sequences
 from searchr1.core.rollout import RolloutConfig, is_retryable, read_sequence, rollout_batch_async
-from searchr1.search.tool import with_search
-from searchr1.core.types import SearchExample, Trajectory
+from searchr1.core.tools import ToolBackend
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
+from searchr1.search.tool import SearchBackend, with_search
+from searchr1.core.types import SamplingClient, SearchExample, Trajectory
 from searchr1.serve.chat_api import CALL_MARKUP, ChatRequest, Reply, read_reply, without_call_markup
+
+if TYPE_CHECKING:
+    from pytrio.types import ModelInput, SampleResponse, SamplingParams
 
 MAX_CONCURRENT_COMPLETIONS = 16  # completions sampled at once; later requests wait their turn
 
@@ -32,11 +37,11 @@ class ChatModel:
     """What answers requests; ``policy`` names what produces the answers (offline: the twin's
     policy, never the model), and every answer carries it."""
 
-    sampler: Any
-    tokenizer: Any
+    sampler: SamplingClient
+    tokenizer: Qwen35Tokenizer
     rollout: RolloutConfig
-    search: Any
-    tools: Mapping[str, Any]
+    search: SearchBackend
+    tools: Mapping[str, ToolBackend]
     name: str
     policy: str
     check_question: Callable[[str], None] | None = None  # refuses a question the policy cannot answer
@@ -52,9 +57,9 @@ class ChatModel:
         return self._slots
 
     def prompt_tokens(self, request: ChatRequest) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
+        text = str(self.tokenizer.apply_chat_template(
             request.messages, tools=[tool.schema() for tool in request.tools] or None, tokenize=False,
-            add_generation_prompt=True, enable_thinking=False)
+            add_generation_prompt=True, enable_thinking=False))
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def turn(self, request: ChatRequest) -> Reply:
@@ -76,7 +81,7 @@ class ChatModel:
         finish = "tool_calls" if calls else "length" if stop_reason == "length" else "stop"
         return Reply(content, calls, finish, len(prompt), len(tokens), {"policy": self.policy})
 
-    async def sample(self, prompt: Any, params: Any) -> Any:
+    async def sample(self, prompt: ModelInput, params: SamplingParams) -> SampleResponse:
         """One sample of ``prompt``, abandoned after the rollout's ``sample_timeout`` and tried
         again ``sample_retries`` times on a retryable failure, as the rollout samples."""
         attempt = 0
@@ -93,10 +98,11 @@ class ChatModel:
 
     async def agent(self, request: ChatRequest) -> Reply:
         """The agent's final reply to the request's question, its turns attached."""
-        config = replace(self.rollout, group_size=1,
-                         **{key: value for key, value in (("temperature", request.temperature),
-                                                          ("top_p", request.top_p), ("seed", request.seed))
-                            if value is not None})
+        rollout = self.rollout
+        config = replace(rollout, group_size=1,
+                         temperature=rollout.temperature if request.temperature is None else request.temperature,
+                         top_p=rollout.top_p if request.top_p is None else request.top_p,
+                         seed=rollout.seed if request.seed is None else request.seed)
         if request.max_tokens is not None:
             config = replace(config, max_assistant_tokens=min(request.max_tokens, config.max_assistant_tokens))
         example = SearchExample(id="serve", question=request.question.strip(), answers=(), data_source="serve")

@@ -19,14 +19,16 @@ import secrets
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 from pytrio.protocol.actor.events.codec import payload_model_for_event
 from pytrio.protocol.actor.events.event import EVENT_PROTOCOL_VERSION, EventEnvelope, EventType
+from pytrio.protocol.actor.events.trainer.forward import TrainerForwardBackwardPayload
 from pytrio.protocol.actor.sampling_run.sample import SampleRequest
 from pytrio.protocol.control.actor.credentials import ActorConnectionInfo, ActorJWT
 from pytrio.protocol.control.api_key.verify import APIKeyInfo
@@ -49,6 +51,7 @@ from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest
 
 from searchr1.runtime.failures import STORAGE_FAILURE_CODE
 from searchr1.basics.fileio import is_write_failure, write_failure_line
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.twin.collapse import collapsed_sequences, is_collapsed
 from searchr1.twin.config import (
     INJECTED_FAILURE_CODE,
@@ -61,9 +64,9 @@ from searchr1.twin.config import (
 )
 from searchr1.twin.policy import PolicySample, Reduction, SampledSequence, TwinPolicy
 from searchr1.twin.served import ServedCounter
-from searchr1.twin.stops import FinishedSequence, StopRules, finish
-from searchr1.twin.store import (STATE, WEIGHTS, CheckpointNotFound, CheckpointStore, InvalidName, RunConfig,
-                                 check_checkpoint_name)
+from searchr1.twin.stops import FinishedSequence, StopRules, finish, request_values
+from searchr1.twin.store import (STATE, WEIGHTS, Checkpoint, CheckpointNotFound, CheckpointStore, InvalidName,
+                                 RunConfig, check_checkpoint_name)
 from searchr1.twin.strict import (
     BASE_LINEAGE,
     VIOLATION_CODE,
@@ -96,7 +99,7 @@ class ApiError(Exception):
 class TwinSettings:
     home: Path
     policy: TwinPolicy
-    tokenizer: Any
+    tokenizer: Qwen35Tokenizer
     base_url: str
     model_name: str
     served_model_id: str
@@ -114,6 +117,16 @@ class TwinSettings:
     request_timeout: float = 30.0  # seconds from a request's first byte to its body's last
     max_total_body_bytes: int = 256 * 1024 * 1024  # bodies held at once, all requests together
     max_connections: int = 256  # connections served at once (a thread each); beyond, closed at once
+
+
+class Session(TypedDict):
+    """A service session as the twin keeps it."""
+
+    status: str
+    sdk_version: str
+    created: datetime
+    training_runs: list[str]
+    sampling_runs: list[str]
 
 
 @dataclass
@@ -188,7 +201,7 @@ def _prompt_tokens(request: SampleRequest) -> list[int]:
     for chunk in request.prompt.chunks:
         if getattr(chunk, "type", None) != "encoded_text":
             raise ApiError(400, "validation.image_unsupported", "the twin samples from text prompts only")
-        prompt.extend(int(t) for t in chunk.tokens)  # type: ignore[union-attr]
+        prompt.extend(int(t) for t in chunk.tokens)
     return prompt
 
 
@@ -213,7 +226,7 @@ class TwinBackend:
         self._policy_lock = threading.Lock()
         self._stopping = threading.Event()
         self._counts: Counter[str] = Counter()
-        self._sessions: dict[str, dict[str, Any]] = {}
+        self._sessions: dict[str, Session] = {}
         self._runs: dict[str, TrainingRun] = {}
         self._protocols: dict[str, RunProtocol] = {}
         self._sampling: dict[str, SamplingRun] = {}
@@ -223,7 +236,7 @@ class TwinBackend:
         self._wakeups: dict[str, threading.Condition] = {}
         self._workers: list[threading.Thread] = []
         self._jitter = np.random.default_rng(settings.latencies.jitter_seed)
-        self._stop_cache: dict[tuple[tuple[Any, ...], tuple[Any, ...]], StopRules] = {}
+        self._stop_cache: dict[tuple[tuple[object, ...], tuple[object, ...]], StopRules] = {}
         self._created = _now()
 
     # --- plumbing -----------------------------------------------------------------------
@@ -289,7 +302,7 @@ class TwinBackend:
             raise ApiError(401, "unauthorized", "the actor token is not one the twin issued")
         return owner
 
-    def _session(self, sid: str) -> dict[str, Any]:
+    def _session(self, sid: str) -> Session:
         with self._lock:
             session = self._sessions.get(sid)
         if session is None:
@@ -301,7 +314,7 @@ class TwinBackend:
             raise ApiError(404, "model_not_found", f"model {name!r} is not in the twin's catalog "
                                                    f"[{self.settings.model_name!r}]")
 
-    def _checkpoint(self, uri: str) -> Any:
+    def _checkpoint(self, uri: str) -> Checkpoint:
         try:
             checkpoint = self.store.load(uri)
         except CheckpointNotFound as error:
@@ -494,7 +507,7 @@ class TwinBackend:
 
         return hashlib.sha256(f"{self.settings.api_key}\0{cuid}".encode()).hexdigest()[:32]
 
-    def _sampler_checkpoint(self, cuid: str) -> Any:
+    def _sampler_checkpoint(self, cuid: str) -> Checkpoint:
         kind = cuid.split("/")[1] if cuid.count("/") == 2 else ""
         if kind == STATE:
             raise ApiError(400, "checkpoint_not_downloadable",
@@ -701,8 +714,8 @@ class TwinBackend:
             return run.save(payload, kind, self.store, settings.model_name)
         raise EventFailure("twin.unsupported_event", f"the twin does not run {envelope.type.value} events")
 
-    def _forward(self, run: TrainingRun, payload: Any, samples: list[PolicySample], record: EventRecord, *,
-                 backward: bool, checks: bool) -> dict[str, object]:
+    def _forward(self, run: TrainingRun, payload: TrainerForwardBackwardPayload, samples: list[PolicySample],
+                 record: EventRecord, *, backward: bool, checks: bool) -> dict[str, object]:
         settings = self.settings
         limits = settings.limits.training
         tokens = sum(len(s.inputs) + int(payload.auto_shift) for s in samples)
@@ -741,10 +754,10 @@ class TwinBackend:
         started = time.monotonic()
         prompt = _prompt_tokens(request)
         params = request.sampling_params
-        max_tokens = int(params["max_tokens"])  # type: ignore[call-overload]
+        max_tokens = int(params["max_tokens"])
         self._check_sample_request(request, prompt, max_tokens)
         seed = params.get("seed")
-        temperature = float(params.get("temperature", 1.0))  # type: ignore[arg-type]
+        temperature = float(params.get("temperature", 1.0))
         drawn = self._draw(sampling, request, prompt, max_tokens, seed=seed, temperature=temperature)
         sequences = self._finished(drawn, params, return_text=request.return_text)
         if self.settings.strictness.enabled:
@@ -767,7 +780,7 @@ class TwinBackend:
         self.served.sampled(len(prompt), output, prompt_logprobs=bool(request.return_prompt_logprobs))
         with self._lock:
             self.sample_log.append(SampleLogEntry(owner, len(prompt), request.num_samples, max_tokens,
-                                                  None if seed is None else int(seed),  # type: ignore[call-overload]
+                                                  None if seed is None else int(seed),
                                                   tuple(len(s.tokens) for s in sequences), started,
                                                   started + delay))
         return body, started + delay
@@ -792,7 +805,7 @@ class TwinBackend:
                            f"{limits.max_tokens_per_request}")
 
     def _draw(self, sampling: SamplingRun, request: SampleRequest, prompt: list[int], max_tokens: int, *,
-              seed: object, temperature: float) -> list[SampledSequence]:
+              seed: str | int | float | None, temperature: float) -> list[SampledSequence]:
         """The sequences drawn for ``prompt``: a collapsed policy's, the judge's rule answers to
         the eval judge prompt, else the policy's (with the request's ``seed``). A prompt the
         policy cannot answer, or a seed that is not a number, is refused (422), unless the
@@ -807,7 +820,7 @@ class TwinBackend:
                 return judged
             with self._policy_lock:
                 return self.policy.sample(sampling.params, prompt, request.num_samples, max_tokens=max_tokens,
-                                          seed=None if seed is None else int(seed),  # type: ignore[call-overload]
+                                          seed=None if seed is None else int(seed),
                                           temperature=temperature)
         except ValueError as error:  # the policy cannot answer this prompt (e.g. not in the script)
             if not request.return_prompt_logprobs:
@@ -817,7 +830,7 @@ class TwinBackend:
             # has no continuation for the prompt, the twin ends the turn at once.
             return [SampledSequence([self._end_of_turn], [0.0], True)] * request.num_samples
 
-    def _finished(self, drawn: list[SampledSequence], params: dict[str, object], *,
+    def _finished(self, drawn: list[SampledSequence], params: Mapping[str, object], *,
                   return_text: bool) -> list[FinishedSequence]:
         """The drawn sequences as a server returns them: float32 logprobs, cut at the request's
         stop rules under the twin's convention, with their text when asked for."""
@@ -845,9 +858,8 @@ class TwinBackend:
                 delay += float(self._jitter.uniform(0.0, latency.sample_jitter))
         return delay
 
-    def _stop_rules(self, params: dict[str, object]) -> StopRules:
-        raw = params.get("stop") or ()
-        key = (tuple([raw] if isinstance(raw, str) else raw), tuple(params.get("stop_token_ids") or ()))  # type: ignore[arg-type]
+    def _stop_rules(self, params: Mapping[str, object]) -> StopRules:
+        key = (tuple(request_values(params, "stop")), tuple(request_values(params, "stop_token_ids")))
         with self._lock:
             rules = self._stop_cache.get(key)
         if rules is None:

@@ -11,16 +11,19 @@ accepts it when on).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytrio import ServiceClient
 
 TWIN_API_KEY = "twin-local-key"
 
 # Retry timing for a local twin: pytrio's defaults wait seconds to minutes between attempts
 # and poll for capacity every 30 s, which is right for a remote service and needlessly slow
 # against a loopback one. Fault tests get retries within milliseconds.
-LOCAL_RETRIES: Mapping[str, Any] = {
+LOCAL_RETRIES: Mapping[str, float] = {
     "retry_initial_delay_seconds": 0.05,
     "retry_max_delay_seconds": 0.5,
     "retry_jitter_ratio": 0.0,
@@ -30,7 +33,7 @@ LOCAL_RETRIES: Mapping[str, Any] = {
     "actor_capacity_poll_interval_seconds": 0.05,
     "actor_capacity_poll_jitter_ratio": 0.0,
 }
-FAST_RETRIES: Mapping[str, Any] = {
+FAST_RETRIES: Mapping[str, float] = {
     **LOCAL_RETRIES,
     "retry_initial_delay_seconds": 0.005,
     "retry_max_delay_seconds": 0.02,
@@ -44,7 +47,7 @@ _configure_lock = threading.Lock()
 
 
 def connect(base_url: str, *, home: str | Path, api_key: str = TWIN_API_KEY, telemetry: bool = False,
-            sdk_options: Mapping[str, Any] = LOCAL_RETRIES) -> Any:
+            sdk_options: Mapping[str, float] = LOCAL_RETRIES) -> ServiceClient:
     """Create a ``pytrio.ServiceClient`` for ``base_url`` (a twin's, or any PyTRIO server's)."""
     import pytrio
     from pytrio.config import config as sdk_config
@@ -68,7 +71,7 @@ def connect(base_url: str, *, home: str | Path, api_key: str = TWIN_API_KEY, tel
             pytrio.configure_observability(enabled=saved_telemetry)
 
 
-def session_closer(client: Any) -> Any:
+def session_closer(client: ServiceClient) -> Callable[[], object]:
     """A callable that ends ``client``'s session and releases its threads and connections
     (once; later calls do nothing), without keeping the client alive.
 

@@ -11,8 +11,7 @@ tests. The ledger of strict mode records these tokens like any others.
 
 from __future__ import annotations
 
-from typing import Any
-
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.twin.policy import SampledSequence
 
 COLLAPSED_TEXT = "Let me think about it again. " * 3
@@ -24,7 +23,7 @@ def is_collapsed(collapse_from: int | None, weights_version: int) -> bool:
     return collapse_from is not None and weights_version >= collapse_from
 
 
-def collapsed_sequences(tokenizer: Any, count: int, *, max_tokens: int) -> list[SampledSequence]:
+def collapsed_sequences(tokenizer: Qwen35Tokenizer, count: int, *, max_tokens: int) -> list[SampledSequence]:
     """``count`` copies of the degenerate turn (cut at ``max_tokens``)."""
     tokens = list(tokenizer.encode(COLLAPSED_TEXT.strip(), add_special_tokens=False))
     tokens.append(int(tokenizer.convert_tokens_to_ids(STOP_TOKEN)))

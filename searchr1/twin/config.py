@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TypedDict
 
 # Every operation a fault can target (HTTP routes of the control and actor APIs).
 OPERATIONS = (
@@ -127,7 +127,7 @@ SampleFault = Callable[[SampleRequestInfo], "int | str | None"]
 SAMPLE_FAULT_ACTIONS = ("drop", "timeout")
 
 
-def _numbers(where: str, calls: Iterable[Any]) -> frozenset[int]:
+def _numbers(where: str, calls: Iterable[int]) -> frozenset[int]:
     numbers = frozenset(calls)
     if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in numbers):
         raise ValueError(f"TwinFaults.{where}: call numbers start at 1, got {sorted(numbers, key=str)}")
@@ -183,23 +183,23 @@ class TwinFaults:
         if not isinstance(self.capacity_full, int) or self.capacity_full < 0:
             raise ValueError(f"TwinFaults.capacity_full must be an int >= 0, got {self.capacity_full!r}")
         errors = {}
-        for operation, calls in self.http_errors.items():
+        for operation, statuses in self.http_errors.items():
             _known("http_errors", operation, OPERATIONS)
-            for number, status in calls.items():
+            for number, status in statuses.items():
                 _numbers(f"http_errors[{operation!r}]", [number])
                 if not isinstance(status, int) or not 400 <= status <= 599:
                     raise ValueError(f"TwinFaults.http_errors[{operation!r}][{number}]: {status!r} is not an HTTP "
                                      f"error status")
-            errors[operation] = MappingProxyType(dict(calls))
+            errors[operation] = MappingProxyType(dict(statuses))
         dropped = {}
         for operation, calls in self.dropped_connections.items():
             _known("dropped_connections", operation, OPERATIONS)
             dropped[operation] = _numbers(f"dropped_connections[{operation!r}]", calls)
         failed = {}
-        for event, calls in self.failed_events.items():
+        for event, codes in self.failed_events.items():
             _known("failed_events", event, EVENT_TYPES)
-            _numbers(f"failed_events[{event!r}]", calls)
-            failed[event] = MappingProxyType(dict(calls))
+            _numbers(f"failed_events[{event!r}]", codes)
+            failed[event] = MappingProxyType(dict(codes))
         broken = {}
         for event, calls in self.broken_runs.items():
             _known("broken_runs", event, EVENT_TYPES)
@@ -216,7 +216,13 @@ class TwinFaults:
 OFFLINE_FAULTS = ("collapse@N", "none")
 
 
-def parse_offline_fault(text: str) -> dict[str, Any]:
+class OfflineFault(TypedDict, total=False):
+    """``--offline-fault`` as :class:`TwinFaults` keyword arguments."""
+
+    collapse_from: int
+
+
+def parse_offline_fault(text: str) -> OfflineFault:
     """``--offline-fault`` of ``train`` and ``twin serve``: ``collapse@N`` (from the N-th weight
     update on, the served policy degenerates) or ``none`` (no fault; on ``train --resume`` it
     clears the recorded one) as :class:`TwinFaults` keyword arguments."""

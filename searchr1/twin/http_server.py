@@ -33,15 +33,16 @@ request is for.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import msgpack
@@ -57,6 +58,7 @@ from pytrio.protocol.control.training_run.update import TrainingRunUpdateRequest
 
 from searchr1.runtime.failures import STORAGE_FAILURE_CODE
 from searchr1.basics.fileio import is_write_failure, write_failure_line
+from searchr1.basics.json_types import JsonValue
 from searchr1.twin.backend import ApiError, TwinBackend
 from searchr1.twin.store import InvalidName
 from searchr1.twin.config import SampleRequestInfo
@@ -74,7 +76,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
     try:
         import ctypes
 
-        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+        return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
 
@@ -99,7 +101,7 @@ def _is_count(text: str) -> bool:
 class Reply:
     """What a route answers (or, for sampling, a stream it writes itself)."""
 
-    def __init__(self, status: int, body: Any, content_type: str = JSON,
+    def __init__(self, status: int, body: object, content_type: str = JSON,
                  headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.body = body  # JSON or MessagePack data, or bytes sent as they are
@@ -107,7 +109,10 @@ class Reply:
         self.headers = headers or {}
 
 
-def _model(model: type[BaseModel], data: Any) -> Any:
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def _model(model: type[Model], data: object) -> Model:
     try:
         return model.model_validate(data)
     except RecursionError:
@@ -118,7 +123,7 @@ def _model(model: type[BaseModel], data: Any) -> Any:
         raise ApiError(422, "validation_error", f"{model.__name__}.{where}: {first['msg']}") from None
 
 
-def _dump(model: BaseModel) -> dict[str, Any]:
+def _dump(model: BaseModel) -> Mapping[str, object]:
     return model.model_dump(mode="json")
 
 
@@ -129,6 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out in separate writes; never wait for an ACK between
     server: _TwinHTTPServer
+    rfile: io.BufferedReader  # socketserver's default rbufsize (-1) makes it buffered, so it can peek
     _call_number = 0
     _drop_answer = False
     _raw: bytes | None = None
@@ -138,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- plumbing -----------------------------------------------------------------------
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: no request log
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet: no request log
         return
 
     @property
@@ -146,7 +152,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self.server.backend
 
     def setup(self) -> None:
-        self.timeout = self.server.backend.settings.idle_timeout  # a silent client lets go of its thread
+        # a silent client lets go of its thread (socketserver reads this per handler, in setup())
+        self.timeout = self.server.backend.settings.idle_timeout  # type: ignore[misc]  # typeshed: a ClassVar
         super().setup()
 
     def handle_one_request(self) -> None:
@@ -202,7 +209,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.watch(self.connection, None)  # the request is in: the route may take its time
         return self._raw
 
-    def _json(self) -> Any:
+    def _json(self) -> JsonValue:
         raw = self._body()
         try:
             return json.loads(raw) if raw else {}
@@ -465,11 +472,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "sampling_run_not_found", f"sampling run {m['id']} is not served at {owner}")
         request = _model(SampleRequest, self._json())
         faults = self.backend.settings.faults
-        action = self._call_number in faults.sample_timeouts and "timeout"
+        action: int | str | None = self._call_number in faults.sample_timeouts and "timeout"
         if not action and faults.sample_hook is not None:
             prompt = tuple(t for chunk in request.prompt.chunks for t in getattr(chunk, "tokens", ()))
             action = faults.sample_hook(SampleRequestInfo(self._call_number, prompt, request.num_samples,
-                                                          int(request.sampling_params["max_tokens"])))  # type: ignore[call-overload]
+                                                          int(request.sampling_params["max_tokens"])))
         if action == "timeout":
             self._start_stream()
             self.backend.wait(faults.sample_timeout_hold)  # no byte until the client gives up
@@ -541,6 +548,14 @@ ROUTES: list[Route] = [
 ]
 
 
+Request = socket.socket | tuple[bytes, socket.socket]  # socketserver's: a stream's socket, or a datagram's
+
+
+def _connection(request: Request) -> socket.socket:
+    """The socket of a request (a TCP server's request is its connection)."""
+    return request if isinstance(request, socket.socket) else request[1]
+
+
 class _TwinHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -604,26 +619,26 @@ class _TwinHTTPServer(ThreadingHTTPServer):
                 self._budget_left += size
                 self._budget.notify_all()
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
+    def handle_error(self, request: object, client_address: object) -> None:
         """A client that hangs up mid-request is normal; nothing is printed (socketserver
         would print a traceback to stderr, which is a user's terminal or a test's output)."""
         logging.getLogger(__name__).debug("twin connection from %s ended with an error", client_address,
                                           exc_info=True)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
+    def process_request(self, request: Request, client_address: object) -> None:
         with self._connections_lock:
             full = len(self._connections) >= self.backend.settings.max_connections
             if not full:
-                self._connections.add(request)
+                self._connections.add(_connection(request))
         if full:  # no thread for it: closed at once (a client retries; a flood costs nothing)
             super().shutdown_request(request)
             return
         super().process_request(request, client_address)
 
-    def shutdown_request(self, request: Any) -> None:
+    def shutdown_request(self, request: Request) -> None:
         with self._connections_lock:
-            self._connections.discard(request)
-            self._deadlines.pop(request, None)
+            self._connections.discard(_connection(request))
+            self._deadlines.pop(_connection(request), None)
         super().shutdown_request(request)
 
     def server_close(self) -> None:

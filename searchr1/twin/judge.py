@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
 
+from searchr1.core.types import Tokenizer
 from searchr1.twin.policy import SampledSequence
 
 HEADER = "You are judging a question-answering system."  # JUDGE_PROMPT_HEADER, kept in step by a test
@@ -42,7 +42,7 @@ def rule(gold: Sequence[str], prediction: str) -> bool:
     return False
 
 
-def judge_reply(tokenizer: Any, prompt: Sequence[int], num_samples: int,
+def judge_reply(tokenizer: Tokenizer, prompt: Sequence[int], num_samples: int,
                 end_of_turn: int) -> list[SampledSequence] | None:
     """The twin's verdict on a judge prompt (``num_samples`` copies), or None for any other prompt."""
     if HEADER not in tokenizer.decode(list(prompt[:32]), skip_special_tokens=False):  # cheap: the opening only

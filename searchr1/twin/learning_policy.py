@@ -60,8 +60,9 @@ Token-level exactness
 Training (``loss_and_grad``)
     Sees only what a real service receives: per datum the input tokens, the targets, the
     sampler's logprobs, the advantages (and cross-entropy weights), the loss name and the
-    totals of the whole call. A *generated segment* starts right after each no-think
-    generation header ``<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n`` in the inputs and
+    totals of the whole call. A *generated segment* starts right after each generation
+    header in the inputs (``<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n``, or with thinking on
+    ``<|im_start|>assistant\\n<think>\\n``, the candidates then writing a short reasoning first) and
     runs up to and including the next ``<|im_end|>`` (whether the sampler returned it or the
     environment appended it: it is the same token on the same trie path). Inside a segment,
     the target's exact logprob under ``params`` (at temperature 1, the model's own
@@ -90,11 +91,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
 from searchr1.core.objective import loss_terms, resolve_loss_config
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.offline import CALL
 from searchr1.twin.offline_world import WorldQuestion, load_worlds, question_key
 from searchr1.twin.policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
@@ -126,6 +127,8 @@ ENVIRONMENT_LOGPROB = 0.0
 OFF_TRIE_LOGPROB = -30.0
 
 GENERATION_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+THINKING_HEADER = "<|im_start|>assistant\n<think>\n"  # thinking on: the turn reasons first
+THINK_CLOSE = "\n</think>\n\n"  # how the turn ends its reasoning, as the template renders it again
 STOP_TOKEN = "<|im_end|>"
 _USER_HEADER = "<|im_start|>user\n"
 _OPENING = "I need evidence for this."
@@ -139,7 +142,7 @@ class UnknownQuestionError(ValueError):
 
 
 class PromptFormatError(ValueError):
-    """A prompt is not a conversation that ends with the no-think generation header."""
+    """A prompt is not a conversation that ends with a generation header (thinking off or on)."""
 
 
 # --------------------------------------------------------------------------- candidates
@@ -176,6 +179,19 @@ def candidate_text(question: WorldQuestion, found: int, kind: str, *, open_next:
     if kind == "no_answer":
         return "I cannot tell without more context."
     raise ValueError(f"kind {kind!r} does not exist when {found} of {len(hops)} hops are found")
+
+
+def reasoning_text(question: WorldQuestion, found: int, kind: str) -> str:
+    """With thinking on, the short reasoning a turn of ``kind`` writes before it acts (pure): what
+    the prompt holds and what the turn will do about it. It carries no knowledge of its own: the
+    same words for every question at the same point, so the turn's choice is learnt as without
+    thinking, and the reasoning only costs tokens."""
+    hops = len(question.hops)
+    have = f"I have {found} of the {hops} facts this question needs."
+    plans = {"search_next": "I look for the next one.", "repeat_search": "The last search may show more.",
+             "answer": "That is enough to answer.", "json_call": "I call the search tool.",
+             "no_answer": "I cannot say yet."}
+    return f"{have} {plans[kind]}"
 
 
 @dataclass
@@ -258,7 +274,7 @@ class LearningPolicy:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Qwen35Tokenizer,
         questions: Sequence[WorldQuestion] | None = None,
         *,
         base_logits: np.ndarray = BASE_LOGITS,
@@ -272,6 +288,7 @@ class LearningPolicy:
         self.questions = tuple(load_worlds() if questions is None else questions)
         self._by_question = {question_key(q.question): q for q in self.questions}
         self._header = tuple(tokenizer.encode(GENERATION_HEADER, add_special_tokens=False))
+        self._thinking_header = tuple(tokenizer.encode(THINKING_HEADER, add_special_tokens=False))
         self._stop = int(tokenizer.convert_tokens_to_ids(STOP_TOKEN))
         self._candidates = lru_cache(maxsize=None)(self._build_candidates)
         self._state_of = lru_cache(maxsize=state_cache_size)(self._read_state)
@@ -299,10 +316,10 @@ class LearningPolicy:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self._check_params(params)
         prompt = [int(t) for t in prompt]
-        if tuple(prompt[-len(self._header):]) != self._header:
+        if not any(tuple(prompt[-len(header):]) == header for header in (self._header, self._thinking_header)):
             raise PromptFormatError(
-                "learning policy: the prompt does not end with the no-think generation header "
-                f"{GENERATION_HEADER!r}"
+                "learning policy: the prompt does not end with a generation header, thinking off "
+                f"{GENERATION_HEADER!r} or on {THINKING_HEADER!r}"
             )
         state = self.state(prompt)
         logits = self.logits(params, state)
@@ -360,7 +377,7 @@ class LearningPolicy:
 
     # -- reading prompts ----------------------------------------------------------------
 
-    def state(self, prompt: Sequence[int]) -> PolicyState:
+    def state(self, prompt: Sequence[int] | np.ndarray) -> PolicyState:
         """The state of a prompt that ends with the generation header (cached)."""
         return self._state_of(np.asarray(prompt, dtype=np.int64).tobytes())
 
@@ -384,12 +401,18 @@ class LearningPolicy:
             found += 1
         open_next = (found < len(question.hops) and question.hops[found].is_page
                      and question_key(question.hops[found].lead) in after and _OPEN_PAGE_DECLARED in text[:start])
-        return self._candidates(question, found, open_next)
+        thinking = tuple(tokens[-len(self._thinking_header):]) == self._thinking_header
+        return self._candidates(question, found, open_next, thinking)
 
-    def _build_candidates(self, question: WorldQuestion, found: int, open_next: bool = False) -> PolicyState:
+    def _build_candidates(self, question: WorldQuestion, found: int, open_next: bool = False,
+                          thinking: bool = False) -> PolicyState:
+        """The state's candidate turns; with ``thinking`` each writes its reasoning first."""
         phase = phase_index(found, len(question.hops))
         kinds = tuple(int(k) for k in np.flatnonzero(VALID_KINDS[phase]))
         texts = tuple(candidate_text(question, found, KINDS[k], open_next=open_next) for k in kinds)
+        if thinking:
+            texts = tuple(reasoning_text(question, found, KINDS[k]) + THINK_CLOSE + text
+                          for k, text in zip(kinds, texts))
         tokens = tuple(
             tuple(self.tokenizer.encode(text, add_special_tokens=False)) + (self._stop,) for text in texts
         )
@@ -469,12 +492,11 @@ class LearningPolicy:
         return out, slopes
 
     def _segment_starts(self, inputs: np.ndarray) -> list[int]:
-        """Positions ``e`` where ``inputs[: e + 1]`` ends with the generation header."""
-        width = len(self._header)
-        if len(inputs) < width:
-            return []
-        last = self._header[-1]
-        return [
-            int(e) for e in np.flatnonzero(inputs == last)
-            if e + 1 >= width and tuple(inputs[e + 1 - width: e + 1].tolist()) == self._header
-        ]
+        """Positions ``e`` where ``inputs[: e + 1]`` ends with a generation header (thinking off
+        or on: a datum holds one kind, and neither header ends inside the other)."""
+        starts: set[int] = set()
+        for header in (self._header, self._thinking_header):
+            width = len(header)
+            starts.update(int(e) for e in np.flatnonzero(inputs == header[-1])
+                          if e + 1 >= width and tuple(inputs[e + 1 - width: e + 1].tolist()) == header)
+        return sorted(starts)

@@ -16,13 +16,14 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from searchr1.core.errors import UserError
 from searchr1.offline import PAGES, QUESTIONS
 from searchr1.basics.jsonl import read_json_object
 
 SPLITS = ("train", "dev")
+T = TypeVar("T")
 
 
 class WorldError(UserError, ValueError):
@@ -62,16 +63,17 @@ def question_key(text: str) -> str:
     return unicodedata.normalize("NFC", text).strip()
 
 
-def _field(item: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+def _field(item: Mapping[str, object], key: str, kind: type[T], where: str) -> T:
     if key not in item:
         raise WorldError(f"{where}: missing field {key!r}")
     value = item[key]
-    if not isinstance(value, kind) or (isinstance(value, (str, list)) and not value):
+    empty = isinstance(value, (str, list)) and not value
+    if not isinstance(value, kind) or empty:
         raise WorldError(f"{where}: field {key!r} must be a non-empty {kind.__name__}")
     return value
 
 
-def _parse_question(item: Any, split: str, where: str) -> WorldQuestion:
+def _parse_question(item: object, split: str, where: str) -> WorldQuestion:
     if not isinstance(item, Mapping):
         raise WorldError(f"{where}: must be an object")
     where = f"{where} ({item.get('id', '?')})"
@@ -81,7 +83,8 @@ def _parse_question(item: Any, split: str, where: str) -> WorldQuestion:
         if not isinstance(hop, Mapping):
             raise WorldError(f"{at}: must be an object")
         text = _field(hop, "text", str, at)
-        lead, body = "", ()
+        lead = ""
+        body: tuple[str, ...] = ()
         if "lead" in hop:
             lead = _field(hop, "lead", str, at)
             body = tuple(_field(hop, "body", list, at))
@@ -103,7 +106,7 @@ def _parse_question(item: Any, split: str, where: str) -> WorldQuestion:
     )
 
 
-def parse_world(source: Mapping[str, Any], *, where: str = str(QUESTIONS)) -> tuple[WorldQuestion, ...]:
+def parse_world(source: Mapping[str, object], *, where: str = str(QUESTIONS)) -> tuple[WorldQuestion, ...]:
     """The questions of every split, train first (pure). Question texts must be unique."""
     questions: list[WorldQuestion] = []
     seen: dict[str, str] = {}

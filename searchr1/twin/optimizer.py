@@ -10,9 +10,12 @@ arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pytrio.types import AdamParams
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class AdamUpdate:
     grad_norm: float  # global L2 norm of the gradient before clipping
 
 
-def adam_step(params: np.ndarray, grad: np.ndarray, state: AdamState, adam: Any) -> AdamUpdate:
+def adam_step(params: np.ndarray, grad: np.ndarray, state: AdamState, adam: AdamParams) -> AdamUpdate:
     """One AdamW step. ``adam`` has pytrio's ``AdamParams`` fields (``learning_rate``,
     ``beta1``, ``beta2``, ``eps``, ``weight_decay``, ``grad_clip_norm``)."""
     grad_norm = float(np.sqrt(np.sum(grad * grad)))

@@ -4,11 +4,16 @@ offline run is served ``learning`` or ``scripted`` (:class:`searchr1.offline.Off
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.offline import OfflinePolicy
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.twin.policy import TwinPolicy
+
+if TYPE_CHECKING:
+    from searchr1.twin.scenario import Scenario
 
 POLICY_NAMES = (OfflinePolicy.SCRIPTED.value, "toy", OfflinePolicy.LEARNING.value)
 
@@ -19,7 +24,8 @@ def offline_policy_label(policy: str | None) -> str:
     return f"twin {policy or OfflinePolicy.SCRIPTED} policy"
 
 
-def make_policy(name: str, tokenizer: Any, *, scenario: Any = None) -> TwinPolicy:
+def make_policy(name: str, tokenizer: Qwen35Tokenizer, *,
+                scenario: Scenario | str | os.PathLike[str] | None = None) -> TwinPolicy:
     """Build the named policy. ``scenario`` (a :class:`~searchr1.twin.scenario.Scenario` or a
     path) is what ``scripted`` replies from; default: the shipped offline world."""
     if name == OfflinePolicy.SCRIPTED:
@@ -35,7 +41,7 @@ def make_policy(name: str, tokenizer: Any, *, scenario: Any = None) -> TwinPolic
 
         return ToyPolicy(vocab_size=len(tokenizer), stop_token=int(tokenizer.convert_tokens_to_ids("<|im_end|>")))
     if name == OfflinePolicy.LEARNING:
-        from searchr1.twin.learning_policy import LearningPolicy  # type: ignore[import-not-found]
+        from searchr1.twin.learning_policy import LearningPolicy
 
         return LearningPolicy(tokenizer)
     raise ValueError(f"unknown twin policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")

@@ -68,12 +68,12 @@ class PolicySample:
     @classmethod
     def from_arrays(
         cls,
-        inputs: Sequence[int],
-        targets: Sequence[int],
+        inputs: Sequence[int] | np.ndarray,
+        targets: Sequence[int] | np.ndarray,
         *,
-        logprobs: Sequence[float] | None = None,
-        advantages: Sequence[float] | None = None,
-        weights: Sequence[float] | None = None,
+        logprobs: Sequence[float] | np.ndarray | None = None,
+        advantages: Sequence[float] | np.ndarray | None = None,
+        weights: Sequence[float] | np.ndarray | None = None,
         auto_shift: bool = False,
     ) -> PolicySample:
         """With ``auto_shift`` the arrays hold the unshifted sequence: the trainer drops the
@@ -81,7 +81,7 @@ class PolicySample:
         ids = np.asarray(inputs, dtype=np.int64)
         n = len(ids)
 
-        def column(values: Sequence[float] | None, default: float) -> np.ndarray:
+        def column(values: Sequence[float] | np.ndarray | None, default: float) -> np.ndarray:
             if values is None:
                 return np.full(n, default, dtype=np.float64)
             return np.asarray(values, dtype=np.float64).reshape(-1)
@@ -120,7 +120,7 @@ class PolicySample:
         for chunk in datum.model_input.chunks:
             if getattr(chunk, "type", None) != "encoded_text":
                 raise ValueError("the twin's policies read text tokens only, not image chunks")
-            tokens.extend(chunk.tokens)  # type: ignore[union-attr]
+            tokens.extend(chunk.tokens)
         return cls.from_arrays(
             tokens,
             datum.target_ids,

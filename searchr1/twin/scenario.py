@@ -20,11 +20,13 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from searchr1.core.errors import UserError
 from searchr1.core.types import SearchExample
 from searchr1.basics.jsonl import read_json_object
+
+T = TypeVar("T")
 
 
 class ScenarioError(UserError, ValueError):
@@ -44,6 +46,8 @@ class Scenario:
     description: str = ""
     backend: str | None = None
     cassette: str | None = None
+    # RolloutConfig's keyword arguments as the file gives them: each setting's rule checks its value when
+    # they are applied, and no one type holds the values of every setting
     rollout: Mapping[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
@@ -57,7 +61,7 @@ def normalise(text: str) -> str:
     return unicodedata.normalize("NFC", text).strip()
 
 
-def _require(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+def _require(mapping: Mapping[str, object], key: str, kind: type[T], where: str) -> T:
     if key not in mapping:
         raise ScenarioError(f"{where}: missing field {key!r}")
     value = mapping[key]
@@ -67,7 +71,7 @@ def _require(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...]
     return value
 
 
-def parse_scenario(raw: Mapping[str, Any], *, where: str = "scenario") -> Scenario:
+def parse_scenario(raw: Mapping[str, object], *, where: str = "scenario") -> Scenario:
     questions = []
     seen: set[str] = set()
     for index, item in enumerate(_require(raw, "questions", list, where)):
@@ -101,8 +105,9 @@ def parse_scenario(raw: Mapping[str, Any], *, where: str = "scenario") -> Scenar
     return Scenario(
         name=str(raw.get("name") or where),
         description=str(raw.get("description") or ""),
-        backend=raw.get("backend"),
-        cassette=raw.get("cassette"),
+        # as the file gives them, unchecked (a golden scenario must name both: tools/golden.py)
+        backend=cast("str | None", raw.get("backend")),
+        cassette=cast("str | None", raw.get("cassette")),
         rollout=dict(rollout),
         questions=tuple(questions),
     )

@@ -21,16 +21,18 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.twin.policy import LossResult, PolicySample, Reduction, SampledSequence, Totals
 from searchr1.twin.scenario import Scenario, ScenarioError, ScriptedQuestion, normalise
 from searchr1.twin.toy_policy import ToyPolicy
 from searchr1.basics.wording import plural
 
 _ASSISTANT_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+_THINKING_HEADER = "<|im_start|>assistant\n<think>\n"  # thinking on; off, the empty reasoning follows
+_EMPTY_REASONING = "\n</think>\n\n"
 _USER_HEADER = "<|im_start|>user\n"
 STOP_TOKEN = "<|im_end|>"
 
@@ -50,15 +52,18 @@ class SampleCall:
 
 
 def read_conversation(text: str) -> tuple[str, list[str]]:
-    """The question and the assistant turns (text before each ``<|im_end|>``) of a prompt."""
+    """The question and the assistant turns (text before each ``<|im_end|>``) of a prompt that ends
+    with a generation prompt, thinking off or on (then a turn's text begins with its reasoning, as
+    the model wrote it after the open ``<think>``)."""
     start = text.find(_USER_HEADER)
     if start < 0:
         raise ScenarioError("the prompt holds no user turn")
     question = text[start + len(_USER_HEADER):].split(STOP_TOKEN, 1)[0]
-    parts = text.split(_ASSISTANT_HEADER)
-    if len(parts) < 2 or parts[-1] != "":
-        raise ScenarioError("the prompt does not end with a no-think assistant generation prompt")
-    turns = [part.split(STOP_TOKEN, 1)[0] for part in parts[1:-1]]
+    thinking = not text.endswith(_ASSISTANT_HEADER)
+    parts = text.split(_THINKING_HEADER)
+    if len(parts) < 2 or parts[-1] != ("" if thinking else _EMPTY_REASONING):
+        raise ScenarioError("the prompt does not end with an assistant generation prompt")
+    turns = [part.removeprefix("" if thinking else _EMPTY_REASONING).split(STOP_TOKEN, 1)[0] for part in parts[1:-1]]
     return question, turns
 
 
@@ -68,7 +73,7 @@ class ScriptedPolicy:
     def __init__(
         self,
         scenario: Scenario | Sequence[ScriptedQuestion],
-        tokenizer: Any,
+        tokenizer: Qwen35Tokenizer,
         *,
         seed: int = 0,
         trainer: ToyPolicy | None = None,

@@ -23,16 +23,15 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 from searchr1.basics.fileio import staging_directory
-from searchr1.runtime.tokenizer import list_added_tokens
+from searchr1.runtime.tokenizer import Qwen35Tokenizer, list_added_tokens
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 
 
-def _fill(staging: Path, tokenizer: Any, source: Path | None) -> None:
+def _fill(staging: Path, tokenizer: Qwen35Tokenizer, source: Path | None) -> None:
     if source is None:
         tokenizer.save_pretrained(str(staging))
     else:
@@ -48,15 +47,15 @@ def _fill(staging: Path, tokenizer: Any, source: Path | None) -> None:
     list_added_tokens(staging, tokenizer)
 
 
-def served_tokenizer_dir(tokenizer: Any, root: Path | None = None) -> Path:
+def served_tokenizer_dir(tokenizer: Qwen35Tokenizer, root: Path | None = None) -> Path:
     """A directory ModelScope's ``AutoTokenizer.from_pretrained`` loads ``tokenizer`` from."""
     if root is None:
         from searchr1.runtime.tokenizer import cache_root
 
         root = cache_root() / "twin-tokenizer"
-    source: Path | None = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
-    if not str(source) or not (source / TOKENIZER_FILE).is_file() or not (source / CONFIG_FILE).is_file():
-        source = None
+    named = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    saved = bool(str(named)) and (named / TOKENIZER_FILE).is_file() and (named / CONFIG_FILE).is_file()
+    source = named if saved else None
     key = source.resolve().name if source is not None else \
         hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:20]
     target = root / key

@@ -8,12 +8,14 @@ violations. Stopping ends the clients it handed out, then the server (idempotent
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.twin.backend import EventLogEntry, SampleLogEntry, TwinBackend, TwinSettings
 from searchr1.twin.client import LOCAL_RETRIES, TWIN_API_KEY, connect, session_closer
 from searchr1.twin.config import Latencies, StopConvention, Strictness, TwinFaults, TwinLimits
@@ -23,7 +25,12 @@ from searchr1.twin.policy import Reduction, TwinPolicy
 from searchr1.twin.served import ServedUsage
 from searchr1.twin.served_tokenizer import served_tokenizer_dir
 from searchr1.twin.strict import Violation
-from searchr1.twin.training_run import Accumulation
+from searchr1.twin.training_run import Accumulation, TrainingRun
+
+if TYPE_CHECKING:
+    from pytrio import ServiceClient
+
+    from searchr1.twin.scenario import Scenario
 
 DEFAULT_MODEL = "Qwen/Qwen3.5-4B"
 
@@ -55,7 +62,7 @@ class Twin:
     def __init__(self, backend: TwinBackend, server: TwinHTTPServer) -> None:
         self.backend = backend
         self._server = server
-        self._closers: list[Any] = []  # one per client handed out; they hold no client alive
+        self._closers: list[Callable[[], object]] = []  # one per client handed out; they hold no client alive
         self._lock = threading.Lock()
         self.closed = False
 
@@ -73,7 +80,8 @@ class Twin:
     def api_key(self) -> str:
         return self.backend.settings.api_key
 
-    def service_client(self, *, sdk_options: Mapping[str, Any] = LOCAL_RETRIES, telemetry: bool = False) -> Any:
+    def service_client(self, *, sdk_options: Mapping[str, float] = LOCAL_RETRIES,
+                       telemetry: bool = False) -> ServiceClient:
         """A real ``pytrio.ServiceClient`` for this twin (its SDK home lives in the twin's home)."""
         client = connect(self.base_url, home=self.home / "sdk-home", api_key=self.api_key,
                          telemetry=telemetry, sdk_options=sdk_options)
@@ -81,7 +89,7 @@ class Twin:
             self._closers.append(session_closer(client))
         return client
 
-    def stop_with(self, client: Any) -> None:
+    def stop_with(self, client: ServiceClient) -> None:
         """Stop this twin once ``client`` and every client derived from it are gone (their
         session is closed first)."""
         weakref.finalize(client._runtime, self._close_from_finalizer)
@@ -134,7 +142,7 @@ class Twin:
         """The violations recorded so far, cleared (a test that expects them takes them)."""
         return self.backend.take_violations()
 
-    def training_run(self, cuid: str) -> Any:
+    def training_run(self, cuid: str) -> TrainingRun:
         """The server-side state of a live training run (params, optimiser, gradients)."""
         return self.backend._run(cuid)
 
@@ -162,8 +170,8 @@ def start_twin(
     *,
     home: str | Path,
     policy: str | TwinPolicy = "scripted",
-    tokenizer: Any = None,
-    scenario: Any = None,
+    tokenizer: Qwen35Tokenizer | None = None,
+    scenario: Scenario | str | os.PathLike[str] | None = None,
     limits: TwinLimits | None = None,
     faults: TwinFaults | None = None,
     convention: StopConvention | None = None,

@@ -13,15 +13,27 @@ or not, the stop string at the end of ``text`` or not. ``text`` is the decoded c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from searchr1.basics.json_types import as_int
+from searchr1.core.types import Tokenizer
 from searchr1.twin.config import StopConvention
 from searchr1.twin.policy import SampledSequence
 
 STOP = "stop"
 LENGTH = "length"
+
+
+def request_values(params: Mapping[str, object], name: str) -> list[object]:
+    """What a sampling request's ``name`` field lists (absent, None or empty: nothing); a string
+    ``stop`` is one stop string."""
+    value = params.get(name) or ()
+    if name == "stop" and isinstance(value, str):
+        return [value]
+    if not isinstance(value, Iterable):
+        raise TypeError(f"sampling_params.{name}: expected a list, got {type(value).__name__}")
+    return list(value)
 
 
 @dataclass(frozen=True)
@@ -30,11 +42,10 @@ class StopRules:
     strings: tuple[str, ...]  # strings that are not a single vocabulary token
 
     @classmethod
-    def from_request(cls, sampling_params: dict[str, Any], tokenizer: Any) -> StopRules:
+    def from_request(cls, sampling_params: Mapping[str, object], tokenizer: Tokenizer) -> StopRules:
         """pytrio sends stop strings as ``stop`` and stop token ids as ``stop_token_ids``."""
-        ids = {int(i) for i in sampling_params.get("stop_token_ids") or ()}
-        raw = sampling_params.get("stop") or ()
-        strings = [raw] if isinstance(raw, str) else [str(s) for s in raw]
+        ids = {as_int(i, "stop_token_ids") for i in request_values(sampling_params, "stop_token_ids")}
+        strings = [str(s) for s in request_values(sampling_params, "stop")]
         multi = []
         for text in strings:
             single = tokenizer.encode(text, add_special_tokens=False)

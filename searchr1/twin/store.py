@@ -192,7 +192,7 @@ class CheckpointStore:
             arrays["adam_v"] = np.asarray(v, dtype=np.float64)
             arrays["adam_step"] = np.array(step, dtype=np.int64)
         buffer = io.BytesIO()
-        np.savez(buffer, **arrays)  # type: ignore[arg-type]
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # mypy takes **arrays for allow_pickle too
         target = self._file(run_id, kind, name)
         _write_atomically(target, buffer.getvalue())
         return checkpoint_path(run_id, kind, name), target.stat().st_size

@@ -123,7 +123,7 @@ def continued_hashes(prefix: Sequence[int], continuations: Sequence[Sequence[int
     """For each continuation ``c``, the hashes of ``prefix + c[:k]`` for ``k`` in
     ``0 .. len(c) - 1`` (the prefix before each of its tokens); the prefix is hashed once."""
     head = [part[-1] for part in _hash_parts(prefix)]
-    out = []
+    out: list[list[int]] = []
     for tokens in continuations:
         if not len(tokens):
             out.append([])

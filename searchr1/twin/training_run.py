@@ -93,7 +93,9 @@ class TrainingRun:
                         "twin.no_optimizer_state",
                         f"checkpoint {checkpoint.path} holds no optimizer state (saved for sampling)",
                     )
-                self.adam = AdamState(checkpoint.adam_m, checkpoint.adam_v, int(checkpoint.adam_step or 0))  # type: ignore[arg-type]
+                m, v = checkpoint.adam_m, checkpoint.adam_v
+                assert m is not None and v is not None  # a checkpoint with optimizer state holds both moments
+                self.adam = AdamState(m, v, int(checkpoint.adam_step or 0))
         else:
             self.params = policy.initial_params()
         if self.adam is None:

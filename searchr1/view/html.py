@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from searchr1.view.terminal import (SearchEvent, TurnEvent, answers_text, conversation, outcome, printable, title,
                                    verdict)
@@ -79,7 +78,7 @@ nav.index a { color: inherit; }
 """
 
 
-def _e(text: Any) -> str:
+def _e(text: object) -> str:
     return html.escape(printable(text), quote=True)
 
 
@@ -89,7 +88,7 @@ def anchor(position: int) -> str:
     return f"t-{position}"
 
 
-def _article(record: Mapping[str, Any], position: int) -> str:
+def _article(record: Mapping[str, object], position: int) -> str:
     kind = verdict(record)
     answers = answers_text(record.get("answers"))
     items = "".join(f"<li><b>{_e(name)}</b>{_e(value)}</li>" for name, value in outcome(record))
@@ -129,7 +128,7 @@ def _article(record: Mapping[str, Any], position: int) -> str:
     return "\n".join(parts)
 
 
-def wrong_answers_index(records: Sequence[Mapping[str, Any]]) -> str:
+def wrong_answers_index(records: Sequence[Mapping[str, object]]) -> str:
     """A ``<nav>`` listing every transcript whose answer is not correct, each linked to its
     article (``records`` in page order), or a line saying there is none."""
     wrong = [(position, record) for position, record in enumerate(records, 1) if verdict(record) != "correct"]
@@ -148,7 +147,7 @@ def wrong_answers_index(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def transcript_page(
-    sections: Sequence[tuple[str | None, Sequence[Mapping[str, Any]]]],
+    sections: Sequence[tuple[str | None, Sequence[Mapping[str, object]]]],
     *,
     heading: str,
     notes: Sequence[str] = (),
@@ -159,7 +158,7 @@ def transcript_page(
     is the score summary's markup (:func:`searchr1.view.html_scores.scores_section`), if any,
     placed before the index of wrong answers."""
     body = []
-    shown: list[Mapping[str, Any]] = []
+    shown: list[Mapping[str, object]] = []
     for name, records in sections:
         if name is not None:
             body.append(f'<h2 class="step">{_e(name)}</h2>')

@@ -17,13 +17,17 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from searchr1.core.errors import UserError
 from searchr1.data.dataset import EVAL_SOURCES
+from searchr1.evaluation.card import table
+from searchr1.evaluation.compare import JUDGE_SCORE, SCORES, Comparison, Difference, SourceComparison
 from searchr1.evaluation.intervals import FEW_QUESTIONS, few_questions
+from searchr1.evaluation.numbers import float_of
 from searchr1.evaluation.metrics import COMPARABLE_CONFIG_FIELDS, is_finite_number, load_summary_with_current_intervals
 from searchr1.basics.fileio import replacing
+from searchr1.basics.json_types import JsonObject, as_object
 from searchr1.basics.jsonl import Surrogates, iter_json_lines, read_json_document
 from searchr1.basics.wording import plural
 from searchr1.basics import invocation
@@ -100,17 +104,17 @@ class PlotInputError(UserError, ValueError):
 class EvalRun:
     path: Path
     label: str
-    summary: dict[str, Any]
+    summary: JsonObject
 
     @property
-    def metrics(self) -> dict[str, Any]:
-        return self.summary["metrics"]
+    def metrics(self) -> Mapping[str, object]:
+        return as_object(self.summary["metrics"], "metrics")
 
     @property
     def partial(self) -> bool:
         return bool(self.summary.get("partial", False))
 
-    def config_value(self, field: str) -> Any:
+    def config_value(self, field: str) -> object:
         """A config field; lab-port-format summaries keep these at the top level instead."""
         config = self.summary.get("config")
         if isinstance(config, Mapping):
@@ -134,21 +138,22 @@ class EvalRun:
         return f"{self.label} (partial, n={self.summary.get('evaluated_examples', '?')})"
 
 
-def _policy_label(policy: str | None) -> str:
+def _policy_label(policy: object) -> str:
     """The twin's name for an offline policy (the twin package, and pytrio with it, loads only
-    when an offline result is labelled)."""
+    when an offline result is labelled); a config's value is named as written."""
     from searchr1.twin.policies import offline_policy_label
 
-    return offline_policy_label(policy)
+    return offline_policy_label(str(policy) if policy else None)
 
 
-def default_label(path: Path, summary: Mapping[str, Any]) -> str:
+def default_label(path: Path, summary: Mapping[str, object]) -> str:
     """What was evaluated, by name: the checkpoint named by the config's model_path (the last
     segment of a sampler-weights URI, without ``-weights``: ``<run-name>-...-step-000050``),
     else the base model (``Qwen3.5-4B (base)``), else the file stem. Offline evaluations name
     the twin's policy instead of the model (``twin learning policy (base)``), and after a
     checkpoint's name."""
-    config = summary.get("config") if isinstance(summary.get("config"), Mapping) else summary
+    stored = summary.get("config")
+    config = stored if isinstance(stored, Mapping) else summary
     backend = str(config.get("sampling_backend") or "")
     offline = bool(config.get("offline")) or backend.startswith("offline-")
     policy = _policy_label(backend.removeprefix("offline-") if backend.startswith("offline-") else None)
@@ -192,9 +197,9 @@ def load_eval_runs(
 
 def config_differences(
     runs: Sequence[EvalRun], fields: Sequence[str] = COMPARABLE_CONFIG_FIELDS
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, dict[str, object]]:
     """``{field: {file: value}}`` for every field whose value is not the same in all runs."""
-    differing: dict[str, dict[str, Any]] = {}
+    differing: dict[str, dict[str, object]] = {}
     for field in fields:
         values = {str(r.path): r.config_value(field) for r in runs}
         if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
@@ -230,7 +235,7 @@ def eval_sources(runs: Sequence[EvalRun]) -> list[str]:
     return [s for s in EVAL_SOURCES if s in found] + sorted(found - set(EVAL_SOURCES))
 
 
-def _number(metrics: Mapping[str, Any], key: str) -> float:
+def _number(metrics: Mapping[str, object], key: str) -> float:
     value = metrics.get(key)
     return float(value) if is_finite_number(value) else math.nan
 
@@ -257,7 +262,7 @@ def questions_per_source(runs: Sequence[EvalRun], source: str) -> list[int]:
     """The distinct question counts of ``source`` across the runs (sorted; runs that did not
     record one are left out)."""
     key = f"questions/{source}"
-    counts = {int(r.metrics[key]) for r in runs if is_finite_number(r.metrics.get(key))}
+    counts = {int(value) for r in runs if is_finite_number(value := r.metrics.get(key))}
     return sorted(counts)
 
 
@@ -477,13 +482,14 @@ def _draw_macro_and_format(bottom: Axes, runs: Sequence[EvalRun], metric: str, c
 COMPARE_FIGSIZE = (11.0, 6.0)  # inches -> 1100 x 600 px at DPI
 
 
-def comparison_figure(result: Mapping[str, Any]) -> Figure:
+def comparison_figure(result: Comparison) -> Figure:
     """One panel: the paired differences ``B - A`` (percentage points) of every score in a
     ``compare`` result, per source and macro, with their paired 95% intervals and a zero line;
     each group's tick says how many paired questions it had (``*``: fewer than FEW_QUESTIONS)."""
-    names = [n for n in ("em", "f1", "cover_em", "judge") if n in result["macro"]]
+    names = [n for n in (*SCORES, JUDGE_SCORE) if n in result["macro"]]
     labels = {"em": "EM", "f1": "F1", "cover_em": "cover EM", "judge": "judge"}
-    groups = [(f"{s}\nn={e['n']}{'*' if few_questions(int(e['n'])) else ''}", e) for s, e in result["sources"].items()]
+    groups: list[tuple[str, SourceComparison | dict[str, Difference]]] = [
+        (f"{s}\nn={e['n']}{'*' if few_questions(int(e['n'])) else ''}", e) for s, e in result["sources"].items()]
     groups.append((f"macro\nn={result['paired_questions']}", result["macro"]))
     fig = _figure(COMPARE_FIGSIZE)
     ax = fig.subplots()
@@ -517,18 +523,19 @@ def resolve_metrics_path(run_dir_or_file: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load_run_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def load_run_metrics(path: str | os.PathLike[str]) -> list[JsonObject]:
     """Rows of a run's metrics.jsonl, one per step, sorted by step. A step logged twice (a
     resumed run repeats steps) keeps its last row. Bad lines raise with ``path:line``."""
-    by_step: dict[float, dict[str, Any]] = {}
+    by_step: dict[float, JsonObject] = {}
     for number, row in iter_json_lines(path, error=PlotInputError):
-        if not isinstance(row, dict) or not is_finite_number(row.get("step")):
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(row, dict) or not is_finite_number(step):
             raise PlotInputError(f"{path}:{number}: expected a JSON object with a numeric 'step'")
-        by_step[row["step"]] = row
+        by_step[step] = row
     return [by_step[s] for s in sorted(by_step)]
 
 
-def load_run_config(metrics_path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def load_run_config(metrics_path: str | os.PathLike[str]) -> JsonObject | None:
     """The run's config.json beside its metrics file, or None when there is none."""
     path = Path(metrics_path).with_name(RUN_CONFIG_FILE)
     if not path.is_file():
@@ -539,12 +546,11 @@ def load_run_config(metrics_path: str | os.PathLike[str]) -> dict[str, Any] | No
     return config
 
 
-def run_title(config: Mapping[str, Any] | None, fallback: str) -> str:
+def run_title(config: Mapping[str, object] | None, fallback: str) -> str:
     """Run name and the settings that shape the curves; the offline twin is said out loud."""
     if not config:
         return fallback
-    rollout = config.get("rollout") if isinstance(config.get("rollout"), Mapping) else {}
-    search = config.get("search") if isinstance(config.get("search"), Mapping) else {}
+    rollout, search = table(config, "rollout"), table(config, "search")
     parts = [str(config.get("run_name") or fallback)]
     if config.get("offline"):  # the twin's policy was trained, not the model
         parts.append(_policy_label(config.get("offline_policy")))
@@ -581,7 +587,7 @@ def metric_axis_label(metric: str) -> str:
     return "seconds" if metric.startswith("time/") else metric.rsplit("/", 1)[-1].replace("_", " ")
 
 
-def constant_metrics(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, float]:
+def constant_metrics(rows: Sequence[Mapping[str, object]], metrics: Sequence[str]) -> dict[str, float]:
     """``{metric: value}`` for the metrics logged at two steps or more with the same value at
     every step (``search/success_rate`` offline): a flat line says nothing a note cannot."""
     constant = {}
@@ -592,10 +598,15 @@ def constant_metrics(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) 
     return constant
 
 
-def missing_steps(rows: Sequence[Mapping[str, Any]], metric: str) -> list[float]:
+def missing_steps(rows: Sequence[Mapping[str, object]], metric: str) -> list[float]:
     """Steps of the run (between its first and last) that logged no value for ``metric``."""
     logged = set(run_series(rows, metric)[0])
-    return [float(r["step"]) for r in rows if float(r["step"]) not in logged]
+    return [_step(r) for r in rows if _step(r) not in logged]
+
+
+def _step(row: Mapping[str, object]) -> float:
+    """A metrics row's step (:func:`load_run_metrics` found it a number)."""
+    return float_of(row["step"], "step")
 
 
 def _segments(steps: Sequence[float], all_steps: Sequence[float]) -> list[tuple[int, int]]:
@@ -610,9 +621,9 @@ def _segments(steps: Sequence[float], all_steps: Sequence[float]) -> list[tuple[
     return segments
 
 
-def run_series(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[float], list[float]]:
+def run_series(rows: Sequence[Mapping[str, object]], metric: str) -> tuple[list[float], list[float]]:
     """(steps, values) where the metric was logged as a finite number."""
-    pairs = [(float(r["step"]), float(r[metric])) for r in rows if is_finite_number(r.get(metric))]
+    pairs = [(_step(r), float(value)) for r in rows if is_finite_number(value := r.get(metric))]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
@@ -628,9 +639,9 @@ def metric_range(metric: str) -> tuple[float, float] | None:
     return None
 
 
-def unhealthy_steps(rows: Sequence[Mapping[str, Any]]) -> list[float]:
+def unhealthy_steps(rows: Sequence[Mapping[str, object]]) -> list[float]:
     """Steps the collapse guard judged unhealthy (``health/unhealthy`` set in their line)."""
-    return [float(r["step"]) for r in rows if is_finite_number(r.get("health/unhealthy")) and r["health/unhealthy"]]
+    return [_step(r) for r in rows if is_finite_number(r.get("health/unhealthy")) and r["health/unhealthy"]]
 
 
 def smoothing_half_width(points: int) -> int:
@@ -651,13 +662,13 @@ def smooth(values: Sequence[float], half_width: int) -> list[float]:
     return means
 
 
-def default_run_metrics(rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+def default_run_metrics(rows: Sequence[Mapping[str, object]]) -> tuple[str, ...]:
     """The default panels, with the running totals the run logged (the cost when it was priced, ``--prices``)."""
     return DEFAULT_RUN_METRICS + tuple(m for m in CUMULATIVE_RUN_METRICS if any(m in row for row in rows))
 
 
 def run_figure(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, object]],
     metrics: Sequence[str] = DEFAULT_RUN_METRICS,
     *,
     title: str | None = None,
@@ -692,7 +703,7 @@ def run_figure(
     cells = [ax for row in grid for ax in row]
     windows = set()
     flagged = unhealthy_steps(rows)
-    all_steps = [float(r["step"]) for r in rows]
+    all_steps = [_step(r) for r in rows]
     gaps = False
     for ax, metric in zip(cells, present):
         steps, values = run_series(rows, metric)

@@ -13,16 +13,19 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.basics.wording import plural
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
 
 REPLACEMENT = "\ufffd"
 TURN_CHARS, TURN_LINES = 1200, 30
 OBSERVATION_CHARS, OBSERVATION_LINES = 400, 8
 
 
-def printable(text: Any) -> str:
+def printable(text: object) -> str:
     """``text`` as a string with CR and CRLF line breaks turned into newlines and every other
     control character except tab replaced by U+FFFD (escape sequences, NUL, the C1 range)."""
     value = "" if text is None else str(text)
@@ -32,18 +35,18 @@ def printable(text: Any) -> str:
     )
 
 
-def answers_text(value: Any) -> str:
+def answers_text(value: object) -> str:
     """A record's gold answers, ``a | b``, whatever the file holds (a list, one string, a number)."""
     if isinstance(value, (list, tuple)):
         return " | ".join(printable(answer) for answer in value)
     return printable(value if value is not None else "")
 
 
-def _list(value: Any) -> list[Any]:
+def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
 
 
-def count(value: Any) -> int:
+def count(value: object) -> int:
     """A count from a record (``0`` for anything that is not a whole number)."""
     if isinstance(value, bool):
         return int(value)
@@ -74,7 +77,7 @@ class TurnEvent:
     credit: str = ""  # with credit per turn: its advantage, step group and step reward
 
 
-def turn_credit(turn: Mapping[str, Any]) -> str:
+def turn_credit(turn: Mapping[str, object]) -> str:
     """``advantage +0.123 · step group of 4 · step reward -0.100`` for a training transcript's turn
     that was credited on its own (``--credit gigpo``, ``--step-reward``); "" for any other."""
     if "step_group" not in turn and "step_reward" not in turn:
@@ -116,7 +119,7 @@ class SearchEvent:
         return ", ".join(parts)
 
 
-def conversation(record: Mapping[str, Any]) -> list[TurnEvent | SearchEvent]:
+def conversation(record: Mapping[str, object]) -> list[TurnEvent | SearchEvent]:
     """Assistant turns and tool calls in the order they happened: each call after the turn that
     made it (its ``turn``; a record without one, written before calls named their turn, answers
     the turn of its own position: one call a turn)."""
@@ -125,7 +128,7 @@ def conversation(record: Mapping[str, Any]) -> list[TurnEvent | SearchEvent]:
     made_by = [count(s.get("turn")) if isinstance(s.get("turn"), int) else index + 1 for index,
                s in enumerate(searches)]
 
-    def call(number: int, s: Mapping[str, Any]) -> SearchEvent:
+    def call(number: int, s: Mapping[str, object]) -> SearchEvent:
         return SearchEvent(
             number=number, query=printable(s.get("query")), ok=bool(s.get("ok")),
             error=printable(s.get("error")) if s.get("error") else None,
@@ -143,11 +146,11 @@ def conversation(record: Mapping[str, Any]) -> list[TurnEvent | SearchEvent]:
     return events
 
 
-def _signed(value: Any, digits: int) -> str:
+def _signed(value: object, digits: int) -> str:
     return f"{float(value):+.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
 
 
-def title(record: Mapping[str, Any]) -> str:
+def title(record: Mapping[str, object]) -> str:
     """``step 3 · nq/test_12 · sample 2`` (step only for training transcripts)."""
     parts = []
     if "step" in record:
@@ -160,7 +163,7 @@ def title(record: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def outcome(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+def outcome(record: Mapping[str, object]) -> list[tuple[str, str]]:
     """(name, value) pairs: reward, EM, format, how it ended, searches, for training
     transcripts the advantage and why no datum was sent, if none was, and for a judged eval
     record the judge's verdict and words. Every value is
@@ -209,7 +212,7 @@ OUTCOME_MEANINGS: dict[str, str] = {
 }
 
 
-def legend(records: Sequence[Mapping[str, Any]]) -> str:
+def legend(records: Sequence[Mapping[str, object]]) -> str:
     """``outcome: reward = …; EM = …; …``: what the outcome line's names mean, for those that
     ``records`` show ("" when there are none)."""
     shown: list[str] = []
@@ -218,7 +221,7 @@ def legend(records: Sequence[Mapping[str, Any]]) -> str:
     return ("outcome: " + "; ".join(f"{name} = {OUTCOME_MEANINGS[name]}" for name in shown)) if shown else ""
 
 
-def token_counts(record: Mapping[str, Any]) -> str:
+def token_counts(record: Mapping[str, object]) -> str:
     """``N generated over T turns, S in the last prompt+reply`` from the turns' counts ("" when
     the record has none: files written before they were recorded)."""
     turns = [t for t in _list(record.get("turns")) if isinstance(t, Mapping)]
@@ -231,7 +234,7 @@ def token_counts(record: Mapping[str, Any]) -> str:
     return f"{generated} generated over {plural(len(counted), 'turn')}, sequence {last}"
 
 
-def verdict(record: Mapping[str, Any]) -> str:
+def verdict(record: Mapping[str, object]) -> str:
     """``correct``, ``wrong`` or ``bad-format``: one word for colouring."""
     if record.get("exact_match"):
         return "correct"
@@ -243,13 +246,13 @@ def verdict(record: Mapping[str, Any]) -> str:
 _VERDICT_STYLE = {"correct": "green", "wrong": "yellow", "bad-format": "red"}
 
 
-def renderables(record: Mapping[str, Any], *, full: bool = False) -> list[Any]:
+def renderables(record: Mapping[str, object], *, full: bool = False) -> list[RenderableType]:
     """Rich objects for one transcript; model and web text abbreviated unless ``full``."""
     from rich.rule import Rule
     from rich.text import Text
 
     style = _VERDICT_STYLE[verdict(record)]
-    out: list[Any] = [Rule(Text(title(record), style=f"bold {style}"), align="left", style=style)]
+    out: list[RenderableType] = [Rule(Text(title(record), style=f"bold {style}"), align="left", style=style)]
     facts = Text()
     facts.append("question  ", style="bold").append(printable(record.get("question")))
     facts.append("\ngold      ", style="bold").append(answers_text(record.get("answers")))
@@ -274,7 +277,7 @@ def renderables(record: Mapping[str, Any], *, full: bool = False) -> list[Any]:
     return out
 
 
-def print_transcripts(console: Any, records: Sequence[Mapping[str, Any]], *, full: bool = False) -> None:
+def print_transcripts(console: Console, records: Sequence[Mapping[str, object]], *, full: bool = False) -> None:
     for record in records:
         for item in renderables(record, full=full):
             console.print(item)

@@ -11,14 +11,27 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
+from searchr1.basics.json_types import JsonObject
 from searchr1.core.errors import UserError
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.tools import ToolBackend
+from searchr1.core.types import Tokenizer
 from searchr1.search.tool import SearchBackend
 from searchr1.offline import SCENARIO, cassette_path
 from searchr1.search.options import SearchOptions, build_search_backend
+
+if TYPE_CHECKING:
+    import pytrio
+
+    from searchr1.search.factory import HttpSearchBackend
+    from searchr1.search.replay import ReplayBackend
+    from searchr1.twin.config import Latencies, StopConvention, TwinFaults, TwinLimits
+    from searchr1.twin.policy import Reduction
+    from searchr1.twin.scenario import Scenario
+    from searchr1.twin.server import Twin
+    from searchr1.twin.training_run import Accumulation
 
 QWEN35_PREFIX = "Qwen/Qwen3.5-"
 SAMPLING_CONCURRENCY = RolloutConfig.sampling_concurrency  # the rollout's declared default
@@ -26,6 +39,21 @@ SAMPLING_CONCURRENCY = RolloutConfig.sampling_concurrency  # the rollout's decla
 
 class ServiceSetupError(UserError, RuntimeError):
     """A service cannot be reached or configured; the message says what to do."""
+
+
+class TwinOptions(TypedDict, total=False):
+    """What a command or a test may set of an offline twin beside its home, policy, scenario and
+    tokenizer (``searchr1.twin.start_twin``'s keywords of the same names)."""
+
+    limits: TwinLimits
+    faults: TwinFaults
+    convention: StopConvention
+    latencies: Latencies
+    reduction: Reduction
+    accumulation: Accumulation
+    model_name: str
+    serve_tokenizer: bool
+    report_grad_norm: bool
 
 
 def require_pytrio_key() -> None:
@@ -50,14 +78,14 @@ def check_base_model(base_model: str) -> None:
         )
 
 
-def load_tokenizer(chat_template: str | None = None) -> Any:
+def load_tokenizer(chat_template: str | None = None) -> Tokenizer:
     from searchr1.runtime.tokenizer import shared_tokenizer
 
     return shared_tokenizer(chat_template)
 
 
 def live_service(connect_timeout: float | None = None, *,
-                 sampling_concurrency: int = SAMPLING_CONCURRENCY) -> Any:
+                 sampling_concurrency: int = SAMPLING_CONCURRENCY) -> pytrio.ServiceClient:
     """A real ``pytrio.ServiceClient``, after saying where it connects, whose sampling clients keep
     ``sampling_concurrency`` requests in flight; it stops with one line when PyTRIO does not
     answer within ``connect_timeout`` seconds (see :mod:`searchr1.runtime.connect`)."""
@@ -88,15 +116,15 @@ def live_service(connect_timeout: float | None = None, *,
                                 "network") from None
 
 
-def offline_scenario(path: str | Path | None = None) -> Any:
+def offline_scenario(path: str | Path | None = None) -> Scenario:
     from searchr1.twin.scenario import load_scenario
 
     return load_scenario(path or SCENARIO)
 
 
-def offline_service(home: Path, tokenizer: Any, scenario: Any = None, *, policy: str = "scripted",
+def offline_service(home: Path, tokenizer: Tokenizer, scenario: Scenario | None = None, *, policy: str = "scripted",
                     max_staleness: int = 0, sampling_concurrency: int = SAMPLING_CONCURRENCY,
-                    **twin_options: Any) -> Any:
+                    **twin_options: Unpack[TwinOptions]) -> pytrio.ServiceClient:
     """A real ``pytrio.ServiceClient`` connected to an offline twin started for it on 127.0.0.1
     (checkpoints under ``home``, strict mode on, ``policy`` replying from ``scenario``), whose
     sampling clients keep ``sampling_concurrency`` requests in flight. The twin stops once the
@@ -143,21 +171,25 @@ def check_twin_reachable(base_url: str) -> None:
         raise ServiceSetupError(f"cannot connect to the offline twin at {base_url} ({problem}){_proxy_hint()}")
 
 
-def start_service(tokenizer: Any, *, offline: bool, home: Path | None, sampling_concurrency: int,
-                  policy: str | None = None, connect_timeout: float | None = None, **twin_options: Any) -> Any:
+def start_service(tokenizer: Tokenizer, *, offline: bool, home: Path | None, sampling_concurrency: int,
+                  policy: str | None = None, connect_timeout: float | None = None, max_staleness: int = 0,
+                  **twin_options: Unpack[TwinOptions]) -> pytrio.ServiceClient:
     """The ``pytrio.ServiceClient`` that ``train`` and ``eval`` work with: offline, one on a twin
     started for it (checkpoints under ``home``, serving ``policy``, default the scripted one, from
-    the shipped scenario; ``twin_options`` go to the twin); live, one connected to PyTRIO. Either
+    the shipped scenario, lagging at most ``max_staleness`` updates behind; ``twin_options`` go to
+    the twin); live, one connected to PyTRIO. Either
     way its sampling clients keep ``sampling_concurrency`` requests in flight."""
     if offline:
         assert home is not None, "an offline service needs a home for the twin's checkpoints"
         return offline_service(home, tokenizer, offline_scenario(), policy=policy or "scripted",
-                               sampling_concurrency=sampling_concurrency, **twin_options)
+                               max_staleness=max_staleness, sampling_concurrency=sampling_concurrency,
+                               **twin_options)
     return live_service(connect_timeout, sampling_concurrency=sampling_concurrency)
 
 
 @asynccontextmanager
-async def open_search(options: SearchOptions, *, offline: bool) -> AsyncIterator[Any]:
+async def open_search(options: SearchOptions, *,
+                      offline: bool) -> AsyncIterator[HttpSearchBackend | ReplayBackend]:
     """The search backend for the block (offline: the replayed cassette or the local index),
     closed when the block ends however it ends."""
     backend = search_backend(options, offline=offline)
@@ -168,7 +200,8 @@ async def open_search(options: SearchOptions, *, offline: bool) -> AsyncIterator
 
 
 @contextmanager
-def scripted_sampling_client(scenario: Any, tokenizer: Any, *, twin: Any = None, **twin_options: Any) -> Iterator[Any]:
+def scripted_sampling_client(scenario: Scenario, tokenizer: Tokenizer, *, twin: Twin | None = None,
+                             **twin_options: Unpack[TwinOptions]) -> Iterator[pytrio.SamplingClient]:
     """A real ``pytrio.SamplingClient`` for the base model on a twin serving ``scenario``'s script.
 
     With ``twin`` (a running one) the twin is switched to the script and reused; otherwise a
@@ -195,7 +228,7 @@ def offline_search_options(options: SearchOptions) -> SearchOptions:
         if options.index is None:
             from searchr1.bm25.shipped import offline_index
 
-            options = replace(options, index=offline_index())
+            options = replace(options, index=str(offline_index()))
         return replace(options, cache="off")
     if options.cassette is not None:
         return options
@@ -294,7 +327,7 @@ def check_search_setup(options: SearchOptions, *, offline: bool) -> None:
         require_keys(variables, env_file=options.env_file)
 
 
-def search_backend(options: SearchOptions, *, offline: bool) -> Any:
+def search_backend(options: SearchOptions, *, offline: bool) -> HttpSearchBackend | ReplayBackend:
     """The backend the options make. Offline it remembers every answer for its lifetime (the
     run), in memory: a query is searched once, and every repeat, whether the first is still in
     flight or done, is answered without a request, so the run's search usage does not depend on
@@ -305,8 +338,9 @@ def search_backend(options: SearchOptions, *, offline: bool) -> Any:
     return build_search_backend(options)
 
 
-def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:
-    """The search configuration as recorded in run configs and eval summaries (no secrets)."""
+def describe_search(options: SearchOptions, *, offline: bool) -> JsonObject:
+    """The search configuration as recorded in run configs and eval summaries (no secrets): the
+    backend, its concurrency, timeout, model, cassette and cache; a local one's index and topk."""
     from searchr1.search.factory import resolve_concurrency, resolve_timeout
 
     if offline and options.backend == "local" and options.index is None:
@@ -318,7 +352,7 @@ def describe_search(options: SearchOptions, *, offline: bool) -> dict[str, Any]:
     else:
         effective = offline_search_options(options) if offline else options
         index = str(effective.index) if effective.index is not None else None
-    described = {
+    described: JsonObject = {
         "backend": effective.backend,
         "concurrency": resolve_concurrency(effective.backend, effective.concurrency),
         "timeout": resolve_timeout(effective.backend, effective.timeout),

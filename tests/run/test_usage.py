@@ -242,3 +242,16 @@ def test_the_run_plot_draws_the_running_totals_unsmoothed_and_a_cost_panel_when_
         lines = ax.get_lines()
         assert len(lines) == 1  # the totals as logged: no moving average over a running total
         assert list(lines[0].get_ydata()) == [row[key] for row in rows]
+
+
+def test_a_run_file_line_that_is_not_an_object_is_refused_naming_its_line(tmp_path):
+    """metrics.jsonl and checkpoints.jsonl hold objects: another JSON value is one error naming
+    file and line; the ledger scan of other runs' checkpoints skips it, as it always did."""
+    from searchr1.run.directory import CHECKPOINTS, RunDir, RunDirError, recorded_checkpoints
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / CHECKPOINTS).write_text('{"name": "a", "step": 1}\n[1, 2]\n', encoding="utf-8")
+    with pytest.raises(RunDirError, match=rf"{CHECKPOINTS}:2: expected a JSON object, got list"):
+        RunDir(run).checkpoints()
+    assert recorded_checkpoints(tmp_path) == {"a": run / CHECKPOINTS}

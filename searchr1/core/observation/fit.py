@@ -63,7 +63,7 @@ def truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], boo
 def fit_tool_content(
     tokenizer: Tokenizer,
     messages_before_assistant: list[Message],
-    assistant_text: str,
+    assistant_text: str | Message,
     previous_prompt_tokens: Sequence[int],
     completion_tokens: Sequence[int],
     call_id: str,
@@ -86,10 +86,11 @@ def fit_tool_content(
     def fits(content: str) -> bool:
         if len(plain_tokens(tokenizer, content)) > budgets.max_tool_response_tokens:
             return False
-        return len(observation_tokens(tokenizer, content)) <= room
+        return len(observation_tokens(tokenizer, content, thinking=budgets.thinking)) <= room
 
     candidates = observation_candidates(result, tool)
-    sizes = JoinedObservation(tokenizer, candidates)  # each item tokenised once, not once per try
+    # each item tokenised once, not once per try
+    sizes = JoinedObservation(tokenizer, candidates, thinking=budgets.thinking)
     accepted = 0
     observation: list[int] | None = None  # the accepted content's observation tokens
     for count in range(1, len(candidates) + 1):
@@ -118,6 +119,7 @@ def fit_tool_content(
         tool_message(call_id, content, tool),
         tools=tool_schemas(budgets),
         observation=observation,
+        thinking=budgets.thinking,
     )
     return FittedObservation(content, next_prompt, truncated)
 
@@ -125,7 +127,7 @@ def fit_tool_content(
 def fit_calls(
     tokenizer: Tokenizer,
     messages_before_assistant: list[Message],
-    assistant_text: str,
+    assistant_text: str | Message,
     previous_prompt_tokens: Sequence[int],
     completion_tokens: Sequence[int],
     answered: Sequence[tuple[str, str, SearchResult]],
@@ -155,7 +157,7 @@ def fit_calls(
         def fits(content: str) -> bool:
             if len(plain_tokens(tokenizer, content)) > budgets.max_tool_response_tokens:
                 return False
-            return len(observation_tokens(tokenizer, contents + [content] + later)) <= room
+            return len(observation_tokens(tokenizer, contents + [content] + later, thinking=budgets.thinking)) <= room
 
         candidates = observation_candidates(result, tool)
         count = 0
@@ -170,5 +172,5 @@ def fit_calls(
         truncated.append(not count)
     messages = [tool_message(call_id, content, tool) for (call_id, tool, _), content in zip(answered, contents)]
     next_prompt = build_next_prompt(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
-                                    completion_tokens, messages, tools=tool_schemas(budgets))
+                                    completion_tokens, messages, tools=tool_schemas(budgets), thinking=budgets.thinking)
     return FittedCalls(tuple(contents), tuple(truncated), next_prompt)

@@ -101,10 +101,11 @@ class JoinedObservation:
     joined)``; the bulk of each item is tokenised once whatever ``k`` is asked for.
     """
 
-    def __init__(self, tokenizer: Tokenizer, items: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, items: Sequence[str], *, thinking: bool = False) -> None:
         self.tokenizer = tokenizer
         self.items = list(items)
-        self.wrapper = observation_wrapper(tokenizer, template_boundaries(tokenizer))
+        self.thinking = thinking
+        self.wrapper = observation_wrapper(tokenizer, template_boundaries(tokenizer, thinking=thinking))
         self.piecewise = splits_predictably(tokenizer) and self._joins_are_splits()
         self._bodies: dict[int, list[int]] = {}
         self._splits: dict[int, int] = {}
@@ -160,7 +161,7 @@ class JoinedObservation:
         """``protocol.observation_tokens`` of the first ``count`` items joined."""
         wrapper = self.wrapper
         if not self.piecewise:
-            return whole_observation_tokens(self.tokenizer, self.joined(count))
+            return whole_observation_tokens(self.tokenizer, self.joined(count), thinking=self.thinking)
         out = list(wrapper.head) + self._encode(wrapper.head_text)
         for index in range(count - 1):
             out += self._item(index, SEPARATOR)

@@ -85,15 +85,15 @@ class Wrapper:
     tail: tuple[int, ...]  # tokens from the suffix's first added token on
 
 
-_WRAPPERS: "weakref.WeakKeyDictionary[Tokenizer, tuple[TemplateBoundaries, Wrapper]]" = weakref.WeakKeyDictionary()
+_WRAPPERS: "weakref.WeakKeyDictionary[Tokenizer, dict[TemplateBoundaries, Wrapper]]" = weakref.WeakKeyDictionary()
 
 
 def observation_wrapper(tokenizer: Tokenizer, boundaries: TemplateBoundaries) -> Wrapper:
     """The wrapper of ``boundaries`` (the template's, :func:`searchr1.core.protocol.template_boundaries`),
-    cached per tokenizer."""
-    cached = _WRAPPERS.get(tokenizer)
-    if cached is not None and cached[0] is boundaries:
-        return cached[1]
+    cached per tokenizer and boundaries (thinking on and off end the observation differently)."""
+    known = _WRAPPERS.setdefault(tokenizer, {})
+    if boundaries in known:
+        return known[boundaries]
     added = [token for token in tokenizer.get_added_vocab() if token]
     prefix, suffix = boundaries.observation_prefix, boundaries.observation_suffix
     head_end = max((prefix.rfind(t) + len(t) for t in added if t in prefix), default=0)
@@ -104,7 +104,7 @@ def observation_wrapper(tokenizer: Tokenizer, boundaries: TemplateBoundaries) ->
         tail_text=suffix[:start],
         tail=tuple(tokenizer.encode(suffix[start:], add_special_tokens=False)),
     )
-    _WRAPPERS[tokenizer] = (boundaries, wrapper)
+    known[boundaries] = wrapper
     return wrapper
 
 
