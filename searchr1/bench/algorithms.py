@@ -72,7 +72,7 @@ from searchr1.basics.json_types import as_float, optional_float
 from searchr1.bench.report import Figure, Measure
 from searchr1.basics.wording import plural
 from searchr1.core.objective import LossFn
-from searchr1.core.types import Tokenizer
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
 MetricsLines = Sequence[Mapping[str, object]]  # a run's metrics.jsonl, as read back
 
@@ -118,7 +118,7 @@ COST_STEPS, QUICK_COST_STEPS = 4, 2
 KL_TIME_TARGET = 1.5
 
 
-def algorithms_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
+def algorithms_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     started = time.perf_counter()
     steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS
     size: BatchSize = QUICK_SIZE if quick else {}
@@ -179,7 +179,7 @@ def algorithms_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = Fals
     return figure
 
 
-def _variant_runs(tokenizer: Tokenizer, home: Path, *, seed: int, steps: int,
+def _variant_runs(tokenizer: Qwen35Tokenizer, home: Path, *, seed: int, steps: int,
                   size: BatchSize) -> dict[str, MetricsLines]:
     """The metrics lines of one run per algorithm option (VARIANTS), on one twin of no latency."""
     from searchr1.twin import Strictness, start_twin
@@ -193,7 +193,7 @@ def _variant_runs(tokenizer: Tokenizer, home: Path, *, seed: int, steps: int,
     return runs
 
 
-def _substep_runs(tokenizer: Tokenizer, home: Path, *, seed: int, steps: int, size: BatchSize,
+def _substep_runs(tokenizer: Qwen35Tokenizer, home: Path, *, seed: int, steps: int, size: BatchSize,
                   seeds: list[int]) -> dict[str, list[MetricsLines]]:
     """The metrics lines of the substep rows (SUBSTEP_VARIANTS): one run per training seed, on a
     twin that lets a sampler lag SUBSTEPS - 1 updates behind."""
@@ -210,7 +210,7 @@ def _substep_runs(tokenizer: Tokenizer, home: Path, *, seed: int, steps: int, si
     return seeded
 
 
-def _kl_cost_runs(tokenizer: Tokenizer, home: Path, *, seed: int, quick: bool,
+def _kl_cost_runs(tokenizer: Qwen35Tokenizer, home: Path, *, seed: int, quick: bool,
                   size: BatchSize) -> tuple[dict[str, list[Mapping[str, object]]], dict[str, list[float]]]:
     """Runs without (``off``) and with (``on``) the KL penalty, interleaved so that drift hits both
     alike, on a twin that plays back modelled service times: the metrics lines after each run's

@@ -28,7 +28,8 @@ from searchr1.bench.off_policy import BatchSize, ConfigChanges, steps_to_reward
 from searchr1.bench.report import Figure, Measure
 from searchr1.basics.wording import plural
 from searchr1.core.credit import Credit, StepReward
-from searchr1.core.types import ServiceClient, Tokenizer
+from searchr1.core.types import ServiceClient
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
 if TYPE_CHECKING:
     from searchr1.training.config import TrainConfig
@@ -101,7 +102,8 @@ def turn_credit_spread(transcripts: Path) -> tuple[float, float]:
     return (reversed_turns / turns if turns else 0.0), (moved / size if size else 0.0)
 
 
-def _train_and_evaluate(service: ServiceClient, config: TrainConfig, tokenizer: Tokenizer, home: Path) -> CreditRun:
+def _train_and_evaluate(service: ServiceClient, config: TrainConfig, tokenizer: Qwen35Tokenizer,
+                        home: Path) -> CreditRun:
     from searchr1.core.reward import score_trajectories
     from searchr1.core.rollout import RolloutConfig, rollout_batch_async
     from searchr1.data.dataset import load_examples, shuffled_examples
@@ -127,7 +129,7 @@ def _train_and_evaluate(service: ServiceClient, config: TrainConfig, tokenizer: 
     return CreditRun(run.metrics(), repeated_search_share(transcripts), dev_em, *turn_credit_spread(transcripts))
 
 
-def credit_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
+def credit_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     from searchr1.twin import Strictness, start_twin
 
     started = time.perf_counter()

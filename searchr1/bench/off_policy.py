@@ -37,7 +37,8 @@ from searchr1.basics.wording import plural
 from searchr1.bench.served import served_twin
 from searchr1.core.credit import Credit, StepReward
 from searchr1.core.objective import LossFn
-from searchr1.core.types import ServiceClient, Tokenizer
+from searchr1.core.types import ServiceClient
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
 if TYPE_CHECKING:
     from searchr1.search.tool import SearchBackend
@@ -107,7 +108,7 @@ def _config(steps: int, *, k: int = 0, accumulation: Accumulation = "sdk", quest
                        rollout=RolloutConfig(group_size=group), run_id="bench000")
 
 
-def _train(service: ServiceClient, config: TrainConfig, tokenizer: Tokenizer, search: SearchBackend,
+def _train(service: ServiceClient, config: TrainConfig, tokenizer: Qwen35Tokenizer, search: SearchBackend,
            home: Path) -> Sequence[Mapping[str, object]]:
     """One training run; its metrics lines."""
     from searchr1.data.dataset import shuffled_examples
@@ -122,7 +123,7 @@ def _train(service: ServiceClient, config: TrainConfig, tokenizer: Tokenizer, se
     return run.metrics()
 
 
-async def _reference_loop(service: ServiceClient, config: TrainConfig, tokenizer: Tokenizer,
+async def _reference_loop(service: ServiceClient, config: TrainConfig, tokenizer: Qwen35Tokenizer,
                           search: SearchBackend) -> list[dict[str, float]]:
     """The sequential step as it was before the pipeline, for the K=0 identity check."""
     import pytrio as trio
@@ -168,7 +169,7 @@ def _steps_per_hour(metrics: Sequence[Mapping[str, object]]) -> float:
     return 3600.0 / float(np.mean(seconds))
 
 
-def off_policy_throughput_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
+def off_policy_throughput_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     from searchr1.twin.config import Latencies
 
     started = time.perf_counter()
@@ -279,7 +280,7 @@ def steps_to_reward(metrics: Sequence[Mapping[str, object]], target: float = REW
     return None
 
 
-def learning_speed_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
+def learning_speed_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     from searchr1.twin import Strictness, start_twin
 
     started = time.perf_counter()

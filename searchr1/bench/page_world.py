@@ -29,7 +29,8 @@ import numpy as np
 from searchr1.basics.json_types import as_float
 from searchr1.bench.off_policy import REWARD_TARGET, REWARD_WINDOW, steps_to_reward
 from searchr1.bench.report import Figure, Measure
-from searchr1.core.types import ServiceClient, Tokenizer
+from searchr1.core.types import ServiceClient
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
 if TYPE_CHECKING:
     from searchr1.training.config import TrainConfig
@@ -51,7 +52,7 @@ def _config(tools: str, steps: int, seed: int) -> TrainConfig:
                        run_id="bench000")
 
 
-def _train(service: ServiceClient, config: TrainConfig, tokenizer: Tokenizer,
+def _train(service: ServiceClient, config: TrainConfig, tokenizer: Qwen35Tokenizer,
            home: Path) -> Sequence[Mapping[str, object]]:
     from searchr1.bm25.shipped import offline_index
     from searchr1.data.dataset import shuffled_examples
@@ -73,7 +74,7 @@ def _train(service: ServiceClient, config: TrainConfig, tokenizer: Tokenizer,
     return run.metrics()
 
 
-def page_world_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
+def page_world_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     from searchr1.twin import start_twin
 
     started = time.perf_counter()

@@ -27,7 +27,8 @@ import time
 from collections.abc import Coroutine
 
 from searchr1.core.rollout import rollout_batch_async
-from searchr1.core.types import SamplingClient, Tokenizer, Trajectory
+from searchr1.core.types import SamplingClient, Trajectory
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout, LockstepStats
@@ -61,7 +62,7 @@ class SchedulingSetup:
     sampler: SamplingClient  # a pytrio SamplingClient on the twin
 
 
-def _coroutine(kind: str, setup: SchedulingSetup, tokenizer: Tokenizer, model: LatencyModel,
+def _coroutine(kind: str, setup: SchedulingSetup, tokenizer: Qwen35Tokenizer, model: LatencyModel,
                info: dict[str, LockstepStats]) -> Coroutine[object, object, list[Trajectory]]:
     workload = setup.workload
     search = ScriptedSearch(workload.results, latency=model.search_latency(),
@@ -74,7 +75,7 @@ def _coroutine(kind: str, setup: SchedulingSetup, tokenizer: Tokenizer, model: L
     return engine.run(workload.examples)
 
 
-def run_wall(kind: str, setup: SchedulingSetup, tokenizer: Tokenizer,
+def run_wall(kind: str, setup: SchedulingSetup, tokenizer: Qwen35Tokenizer,
              model: LatencyModel) -> tuple[list[Trajectory], float, float, dict[str, LockstepStats]]:
     """One run on the real clock: trajectories, wall seconds, process CPU seconds, info."""
     info: dict[str, LockstepStats] = {}
@@ -84,7 +85,7 @@ def run_wall(kind: str, setup: SchedulingSetup, tokenizer: Tokenizer,
     return trajectories, time.perf_counter() - wall, time.process_time() - cpu, info
 
 
-def scheduling_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False,
+def scheduling_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False,
                       repetitions: int | None = None, scale: float | None = None,
                       spec: WorkloadSpec | None = None) -> Figure:
     started = time.perf_counter()
@@ -145,7 +146,7 @@ def scheduling_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = Fals
     return figure
 
 
-def _timed_runs(setup: SchedulingSetup, tokenizer: Tokenizer, model: LatencyModel, repetitions: int) -> tuple[
+def _timed_runs(setup: SchedulingSetup, tokenizer: Qwen35Tokenizer, model: LatencyModel, repetitions: int) -> tuple[
         dict[str, list[float]], dict[str, list[float]], int, list[tuple[object, ...]], list[Trajectory]]:
     """A warm-up of each scheduler (both must produce the same trajectories), then the
     interleaved timed repetitions."""

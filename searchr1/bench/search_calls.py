@@ -23,18 +23,18 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 
 from searchr1.core.rollout import rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.search.cache import QueryCache, normalise_query
-from searchr1.search.fake_service import FakeSearchService
+from searchr1.search.fake_service import FakeSearchService, ScriptedResult
+from searchr1.search.singleflight import SingleFlight
 from searchr1.search.testing import mock_backend
 from searchr1.wiring.services import scripted_sampling_client
 from searchr1.bench.report import Figure, Measure
-from searchr1.core.types import SamplingClient, Tokenizer
+from searchr1.core.types import SamplingClient, SearchResult, Tokenizer
 from searchr1.bench.workload import (
     LatencyModel,
     Workload,
@@ -59,18 +59,15 @@ class CountingWikipedia:
         query = wikipedia_query(request)
         self.requests += 1
         await asyncio.sleep(self.model.scale * self.model.search(query))
-        pages = [{"title": f"{query.title()} ({k})", "text": f"Passage {k} about {query}. " * 12}
-                 for k in range(1, 4)]
+        pages: list[ScriptedResult] = [{"title": f"{query.title()} ({k})", "text": f"Passage {k} about {query}. " * 12}
+                                       for k in range(1, 4)]
         return self.service.render({"results": pages}, request, query)
 
 
-T = TypeVar("T")
-
-
-class NoSingleFlight:
+class NoSingleFlight(SingleFlight[SearchResult]):
     """Stands in for the backend's ``SingleFlight``: every caller runs its own request."""
 
-    async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
+    async def run(self, key: str, work: Callable[[], Awaitable[SearchResult]]) -> tuple[SearchResult, bool]:
         return await work(), False
 
 

@@ -24,7 +24,7 @@ from searchr1.runtime.connect import sampling_capacity
 from searchr1.wiring.services import SAMPLING_CONCURRENCY
 from searchr1.twin.client import LOCAL_RETRIES, connect, session_closer
 from searchr1.twin.config import Latencies
-from searchr1.core.types import Tokenizer
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
 if TYPE_CHECKING:
     from pytrio import ServiceClient
@@ -40,7 +40,7 @@ class TwinStartError(RuntimeError):
 
 @contextmanager
 def served_twin(scenario: Mapping[str, object] | None, latencies: Latencies = Latencies(), *, in_process: bool = False,
-                tokenizer: Tokenizer | None = None, policy: str = "scripted", max_staleness: int = 0,
+                tokenizer: Qwen35Tokenizer | None = None, policy: str = "scripted", max_staleness: int = 0,
                 strict: bool = True, on_process: Callable[[int], None] | None = None,
                 sampling_concurrency: int = SAMPLING_CONCURRENCY) -> Iterator[ServiceClient]:
     """``scenario`` is what the scripted policy replies from; other policies take ``None``.
@@ -96,9 +96,9 @@ def served_twin(scenario: Mapping[str, object] | None, latencies: Latencies = La
 
 
 @contextmanager
-def _in_process(scenario: Mapping[str, object] | None, latencies: Latencies, tokenizer: Tokenizer | None,
+def _in_process(scenario: Mapping[str, object] | None, latencies: Latencies, tokenizer: Qwen35Tokenizer | None,
                 policy: str, max_staleness: int, strict: bool = True, *,
-                sdk_options: Mapping[str, object]) -> Iterator[ServiceClient]:
+                sdk_options: Mapping[str, float]) -> Iterator[ServiceClient]:
     from searchr1.twin import Strictness, start_twin
     from searchr1.twin.scenario import parse_scenario
     from searchr1.twin.scripted_policy import ScriptedPolicy

@@ -67,6 +67,7 @@ from searchr1.core.budgets import RolloutBudgets
 from searchr1.core.datum import TrainingDatum
 from searchr1.core.observation.fit import FittedObservation
 from searchr1.core.types import Message, SamplingClient, SearchResult, ServiceClient, Tokenizer, Trajectory
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.core.observation.tokens import forget_remembered_texts
 from searchr1.basics.wording import plural
 from searchr1.bench.served import served_twin
@@ -299,7 +300,7 @@ class _StepTimers:
         return step
 
 
-def _run(service: ServiceClient, tokenizer: Tokenizer, workload: Workload, spec: WorkloadSpec, steps: int,
+def _run(service: ServiceClient, tokenizer: Qwen35Tokenizer, workload: Workload, spec: WorkloadSpec, steps: int,
          probe: StepProbe) -> None:
     """One training run of ``steps`` steps, every step recorded (and its rollout replayed) in ``probe``."""
     from searchr1.training import pipeline as pipeline_module
@@ -369,7 +370,7 @@ def _client_outside(r: StepRecord) -> float:
     return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client - r.lab_port_client)
 
 
-def step_overhead_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False, steps: int | None = None,
+def step_overhead_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False, steps: int | None = None,
                          spec: WorkloadSpec | None = None, repetitions: int | None = None,
                          paper_sizes: bool = False) -> Figure:
     started = time.perf_counter()

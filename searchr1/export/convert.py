@@ -93,7 +93,7 @@ class ConversionError(ValueError):
 class RawAdapter:
     """A Tinker-format adapter as read from its two files."""
 
-    config: dict[str, object]
+    config: Mapping[str, object]  # adapter_config.json as read
     tensors: dict[str, np.ndarray]
     metadata: dict[str, str] = field(default_factory=dict)
 

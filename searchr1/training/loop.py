@@ -27,13 +27,15 @@ from searchr1.run.reporting import MetricsLogger, Reporter, SilentReporter
 from searchr1.core.rollout import SamplerFailureError
 from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import MicroBatcher, StepRecord, Trainer
-from searchr1.core.types import SearchExample, ServiceClient, Tokenizer
+from searchr1.core.types import SearchExample, ServiceClient
 from searchr1.search.tool import SearchBackend
 from searchr1.training.step_metrics import step_metrics
 from searchr1.health.rules import CollapseGuard, collapse_report, configured_rules, last_healthy_checkpoint
 from searchr1.run.directory import ResumePoint, RunDir
+from searchr1.evaluation.numbers import int_of
 from searchr1.evaluation.transcripts import append_transcripts, select_transcripts, transcript_record
 from searchr1.runtime.preflight import PreflightError, check_service_tokenizer, check_template
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.training.base_model import BaseModelPenalty
 from searchr1.training.checkpoints import checkpoint_name, save_checkpoint
 from searchr1.training.off_policy import off_policy_metrics, versions_to_record
@@ -88,7 +90,7 @@ class TrainingRun:
         run: RunDir,
         *,
         service: ServiceClient,
-        tokenizer: Tokenizer,
+        tokenizer: Qwen35Tokenizer,
         search: SearchBackend,
         examples: Sequence[SearchExample],
         tools: Mapping[str, ToolBackend] | None = None,
@@ -108,6 +110,7 @@ class TrainingRun:
         self.logger = logger
         self.account = account or RunAccount()  # usage totals, prices and budget (searchr1.run.costs)
         self.base_model = BaseModelPenalty(service, config) if config.kl_coef else None
+        self.tokenizer = tokenizer  # the trainer's, checked against the service's on connect
         self.trainer = Trainer(config, service=service, tokenizer=tokenizer,
                                micro_batcher=manual_micro_batches(config) if config.accumulation == "manual" else None,
                                kl_penalty=self.base_model.apply if self.base_model is not None else None)
@@ -135,7 +138,7 @@ class TrainingRun:
             if not is_service_failure(error):
                 raise
             raise PreflightError(f"cannot create the training run: {describe_failure(error)}") from None
-        check_service_tokenizer(self.trainer.tokenizer, client)
+        check_service_tokenizer(self.tokenizer, client)
         self._connected = True
         self.last_saved_step = None if resume is None else resume.step
         self.first_step = 0 if resume is None else resume.step
@@ -259,7 +262,7 @@ class TrainingRun:
         point and make the rollout pipeline. Returns the first step."""
         first = self.connect(resume)
         if resume is not None:
-            self.session = int(self.run.state().get("session", 0)) + 1
+            self.session = int_of(self.run.state().get("session", 0), "session") + 1
             self._write_state(first)
         rewound = self.run.rewind_to(first)
         if rewound:
