@@ -76,17 +76,19 @@ def tool_turns(trajectories: Sequence[Trajectory], results: dict[str, SearchResu
 # ------------------------------------------------------------------------------- the lab port's way
 
 
-def lab_port_build_next_prompt(tokenizer: Tokenizer, messages_before_assistant: list[Message], assistant_text: str,
-                               previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
-                               next_tool_message: Message) -> list[int]:
-    """The lab port's stitching: four renders, the closing tokens learnt afresh on every call."""
+def lab_port_build_next_prompt(tokenizer: Tokenizer, messages_before_assistant: list[Message],
+                               assistant_text: str | Message, previous_prompt_tokens: Sequence[int],
+                               completion_tokens: Sequence[int], next_tool_message: Message) -> list[int]:
+    """The lab port's stitching: four renders, the closing tokens learnt afresh on every call
+    (``assistant_text``: the turn's text, or its message as the engine passes it)."""
     canonical_prompt = build_prompt(tokenizer, messages_before_assistant)
     empty_turn = render(tokenizer, list(messages_before_assistant) + [assistant_message("")],
                         add_generation_prompt=False)
     if empty_turn[: len(canonical_prompt)] != canonical_prompt:
         raise TemplateDriftError("cannot extract the assistant closing from an empty assistant turn")
     closing = empty_turn[len(canonical_prompt):]
-    with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
+    assistant = assistant_message(assistant_text) if isinstance(assistant_text, str) else assistant_text
+    with_assistant = list(messages_before_assistant) + [assistant]
     assistant_end = render(tokenizer, with_assistant, add_generation_prompt=False)
     next_prompt = render(tokenizer, with_assistant + [next_tool_message], add_generation_prompt=True)
     if next_prompt[: len(assistant_end)] != assistant_end:
@@ -96,9 +98,10 @@ def lab_port_build_next_prompt(tokenizer: Tokenizer, messages_before_assistant: 
     return list(previous_prompt_tokens) + list(completion_tokens) + list(closing[overlap:]) + observation
 
 
-def lab_port_fit_tool_content(tokenizer: Tokenizer, messages_before_assistant: list[Message], assistant_text: str,
-                              previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
-                              result: SearchResult, config: RolloutBudgets) -> tuple[str, list[int]] | None:
+def lab_port_fit_tool_content(tokenizer: Tokenizer, messages_before_assistant: list[Message],
+                              assistant_text: str | Message, previous_prompt_tokens: Sequence[int],
+                              completion_tokens: Sequence[int], call_id: str, result: SearchResult,
+                              config: RolloutBudgets) -> tuple[str, list[int]] | None:
     """The lab port's greedy fit: for every candidate item, the token count of the joined content,
     then a whole next prompt (four renders) to check the trajectory budget; stop at the first
     item that does not fit. ``None`` when not even the first fits (no truncation)."""

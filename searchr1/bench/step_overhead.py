@@ -186,7 +186,7 @@ def patched(target: object, name: str, value: object) -> Iterator[None]:
         setattr(target, name, original)
 
 
-def lab_port_fit(tokenizer: Tokenizer, messages_before_assistant: list[Message], assistant_text: str,
+def lab_port_fit(tokenizer: Tokenizer, messages_before_assistant: list[Message], assistant_text: str | Message,
                  previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
                  result: SearchResult, config: RolloutBudgets, tool: str = "search") -> FittedObservation | None:
     """:func:`searchr1.core.observation.fit.fit_tool_content` done the lab port's way (figure 2's
