@@ -47,8 +47,8 @@ import dataclasses
 import statistics
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from searchr1.bench.off_policy import (
     LEARN_STEPS,
@@ -61,16 +61,23 @@ from searchr1.bench.off_policy import (
     SAMPLED_TOKEN,
     TRAINED_TOKEN,
     WEIGHT_SAVE,
+    BatchSize,
+    ConfigChanges,
     _config,
     _train,
     _world_search,
     steps_to_reward,
 )
+from searchr1.basics.json_types import as_float, optional_float
 from searchr1.bench.report import Figure, Measure
 from searchr1.basics.wording import plural
+from searchr1.core.objective import LossFn
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
+
+MetricsLines = Sequence[Mapping[str, object]]  # a run's metrics.jsonl, as read back
 
 KL_COEF = 0.05
-VARIANTS: dict[str, dict[str, Any]] = {
+VARIANTS: dict[str, ConfigChanges] = {
     "defaults": {},
     "ppo": {"loss_fn": "ppo"},
     "cispo": {"loss_fn": "cispo"},
@@ -91,10 +98,10 @@ SUBSTEP_SEEDS, QUICK_SUBSTEP_SEEDS = 8, 1  # training seeds per substep row: the
 # Every run of these rows that reaches the target does so by step 7 and a trapped one stays
 # trapped (measured over 18 steps): 10 steps tell the same in just over half the time.
 SUBSTEP_LEARN_STEPS = 10
-SUBSTEP_ADAM = {"learning_rate": SUBSTEP_LEARNING_RATE, "beta1": SUBSTEP_BETA1}
-SUBSTEP_VARIANTS: dict[str, dict[str, Any]] = {
-    f"substeps_{name}": {"loss_fn": loss, "num_substeps": SUBSTEPS, **SUBSTEP_ADAM}
-    for name, loss in (("is", "importance_sampling"), ("ppo", "ppo"), ("cispo", "cispo"))
+SUBSTEP_ADAM: ConfigChanges = {"learning_rate": SUBSTEP_LEARNING_RATE, "beta1": SUBSTEP_BETA1}
+SUBSTEP_LOSSES: tuple[tuple[str, LossFn], ...] = (("is", "importance_sampling"), ("ppo", "ppo"), ("cispo", "cispo"))
+SUBSTEP_VARIANTS: dict[str, ConfigChanges] = {
+    f"substeps_{name}": {"loss_fn": loss, "num_substeps": SUBSTEPS, **SUBSTEP_ADAM} for name, loss in SUBSTEP_LOSSES
 }
 SUBSTEP_VARIANTS["one_step_is"] = {"loss_fn": "importance_sampling", **SUBSTEP_ADAM}
 CLIPPING_ROWS = ("substeps_ppo", "substeps_cispo")
@@ -111,14 +118,10 @@ COST_STEPS, QUICK_COST_STEPS = 4, 2
 KL_TIME_TARGET = 1.5
 
 
-def _variant(config: Any, **changes: Any) -> Any:
-    return dataclasses.replace(config, **changes)
-
-
-def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
+def algorithms_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     started = time.perf_counter()
     steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS
-    size = QUICK_SIZE if quick else {}
+    size: BatchSize = QUICK_SIZE if quick else {}
     # a step's last mini-batch trains SUBSTEPS - 1 updates after its sampler
     seeds = [seed + index for index in range(QUICK_SUBSTEP_SEEDS if quick else SUBSTEP_SEEDS)]
     substep_steps = QUICK_LEARN_STEPS if quick else SUBSTEP_LEARN_STEPS
@@ -131,9 +134,11 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
     never = steps + 1
 
     def value(name: str) -> float:
-        return float(reached[name] if reached[name] is not None else never)
+        found = reached[name]
+        return float(found if found is not None else never)
 
-    step_time = {mode: statistics.median(m["time/step_seconds"] for m in lines) for mode, lines in cost.items()}
+    step_time = {mode: statistics.median(as_float(m["time/step_seconds"], "time/step_seconds") for m in lines)
+                 for mode, lines in cost.items()}
     per_step_requests = {mode: statistics.mean(values) for mode, values in requests.items()}
     measures = [
         Measure("kl_step_time_ratio", f"wall time per step, --kl-coef {KL_COEF} / 0 (modelled service times)",
@@ -174,45 +179,45 @@ def algorithms_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
     return figure
 
 
-def _variant_runs(tokenizer: Any, home: Path, *, seed: int, steps: int,
-                  size: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+def _variant_runs(tokenizer: Qwen35Tokenizer, home: Path, *, seed: int, steps: int,
+                  size: BatchSize) -> dict[str, MetricsLines]:
     """The metrics lines of one run per algorithm option (VARIANTS), on one twin of no latency."""
     from searchr1.twin import Strictness, start_twin
 
-    runs: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, MetricsLines] = {}
     with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning", strictness=Strictness()) as twin:
         service = twin.service_client()
         for name, changes in VARIANTS.items():
-            runs[name] = _train(service, _variant(_config(steps, **size), **changes), tokenizer,
+            runs[name] = _train(service, dataclasses.replace(_config(steps, **size), **changes), tokenizer,
                                 _world_search(seed, latency_tail=False), home)
     return runs
 
 
-def _substep_runs(tokenizer: Any, home: Path, *, seed: int, steps: int, size: dict[str, int],
-                  seeds: list[int]) -> dict[str, list[list[dict[str, Any]]]]:
+def _substep_runs(tokenizer: Qwen35Tokenizer, home: Path, *, seed: int, steps: int, size: BatchSize,
+                  seeds: list[int]) -> dict[str, list[MetricsLines]]:
     """The metrics lines of the substep rows (SUBSTEP_VARIANTS): one run per training seed, on a
     twin that lets a sampler lag SUBSTEPS - 1 updates behind."""
     from searchr1.twin import Strictness, start_twin
 
-    seeded: dict[str, list[list[dict[str, Any]]]] = {}  # substep rows: one run per training seed
+    seeded: dict[str, list[MetricsLines]] = {}  # substep rows: one run per training seed
     with start_twin(home=home / "twin-substeps", tokenizer=tokenizer, policy="learning",
                     strictness=Strictness(max_staleness=SUBSTEPS - 1)) as twin:
         service = twin.service_client()
         for name, changes in SUBSTEP_VARIANTS.items():
-            seeded[name] = [_train(service, _variant(_config(steps, **size), seed=train_seed, **changes),
+            seeded[name] = [_train(service, dataclasses.replace(_config(steps, **size), seed=train_seed, **changes),
                                    tokenizer, _world_search(seed, latency_tail=False), home)
                             for train_seed in seeds]
     return seeded
 
 
-def _kl_cost_runs(tokenizer: Any, home: Path, *, seed: int, quick: bool,
-                  size: dict[str, int]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
+def _kl_cost_runs(tokenizer: Qwen35Tokenizer, home: Path, *, seed: int, quick: bool,
+                  size: BatchSize) -> tuple[dict[str, list[Mapping[str, object]]], dict[str, list[float]]]:
     """Runs without (``off``) and with (``on``) the KL penalty, interleaved so that drift hits both
     alike, on a twin that plays back modelled service times: the metrics lines after each run's
     first step, and each run's sampling requests per step."""
     from searchr1.twin import Latencies, start_twin
 
-    cost: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    cost: dict[str, list[Mapping[str, object]]] = {"off": [], "on": []}
     requests: dict[str, list[float]] = {"off": [], "on": []}
     latencies = Latencies(sample_request=SAMPLE_REQUEST, sampled_token=SAMPLED_TOKEN,
                           trained_token=TRAINED_TOKEN, optim_step=OPTIM_STEP, weight_save=WEIGHT_SAVE)
@@ -223,14 +228,14 @@ def _kl_cost_runs(tokenizer: Any, home: Path, *, seed: int, quick: bool,
         for _ in range(1 if quick else 2):  # interleaved, so drift hits both alike
             for mode, coef in (("off", 0.0), ("on", KL_COEF)):
                 before = len(twin.sample_log)
-                config = _variant(_config(cost_steps, **size), kl_coef=coef)
+                config = dataclasses.replace(_config(cost_steps, **size), kl_coef=coef)
                 cost[mode] += _train(service, config, tokenizer, _world_search(seed, latency_tail=False),
                                      home)[1:]
                 requests[mode].append((len(twin.sample_log) - before) / cost_steps)
     return cost, requests
 
 
-def _substep_measures(seeded: dict[str, list[list[dict[str, Any]]]], substep_steps: int) -> list[Measure]:
+def _substep_measures(seeded: dict[str, list[MetricsLines]], substep_steps: int) -> list[Measure]:
     """Per substep row: the runs reaching the target, their mean steps to it and final reward, and
     beside the clipping losses the clipped fraction (over all steps, and on the first step's later
     mini-batches)."""
@@ -258,21 +263,23 @@ def _substep_measures(seeded: dict[str, list[list[dict[str, Any]]]], substep_ste
     return measures
 
 
-def final_reward(lines: list[dict[str, Any]], window: int = REWARD_WINDOW) -> float:
+def final_reward(lines: MetricsLines, window: int = REWARD_WINDOW) -> float:
     """The mean reward of a run's last ``window`` steps (all of them when it is shorter)."""
-    rewards = [float(m["reward/mean"]) for m in lines]
+    rewards = [as_float(m["reward/mean"], "reward/mean") for m in lines]
     return statistics.fmean(rewards[-window:])
 
 
-def clipped_fraction(lines: list[dict[str, Any]]) -> float | None:
+def clipped_fraction(lines: MetricsLines) -> float | None:
     """The mean ``health/clipped_fraction`` over the steps that trained (None for a loss that
     does not clip)."""
-    values = [float(m["health/clipped_fraction"]) for m in lines if "health/clipped_fraction" in m]
+    values = [as_float(m["health/clipped_fraction"], "health/clipped_fraction") for m in lines
+              if "health/clipped_fraction" in m]
     return statistics.fmean(values) if values else None
 
 
-def first_step_clipped(lines: list[dict[str, Any]]) -> list[float | None]:
+def first_step_clipped(lines: MetricsLines) -> list[float | None]:
     """The clipped fraction of each mini-batch of a run's first step (None where not logged)."""
     if not lines:
         return []
-    return [lines[0].get(f"health/clipped_fraction/substep_{index}") for index in range(SUBSTEPS)]
+    return [optional_float(lines[0].get(key), key)
+            for key in (f"health/clipped_fraction/substep_{index}" for index in range(SUBSTEPS))]

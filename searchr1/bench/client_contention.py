@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
 
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.bench.report import Figure, Measure
 from searchr1.basics.wording import plural
 from searchr1.bench.served import BASE_MODEL, served_twin
@@ -51,8 +51,9 @@ def _pin_threads(cpus: set[int]) -> None:
             pass  # the thread ended meanwhile
 
 
-def client_contention_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, requests: int | None = None,
-                             repetitions: int | None = None, busy_ms: float = 2.5) -> Figure:
+def client_contention_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False,
+                             requests: int | None = None, repetitions: int | None = None,
+                             busy_ms: float = 2.5) -> Figure:
     import pytrio as trio
 
     started = time.perf_counter()

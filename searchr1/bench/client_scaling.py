@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.bench.report import Measure
 from searchr1.bench.samplers import CountingSampler
@@ -49,8 +49,12 @@ from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread
 from searchr1.bench.workload import Workload, WorkloadSpec, build_workload
 from searchr1.core.rollout import rollout_batch_async
 from searchr1.search.tool import with_search
-from searchr1.core.types import SamplingClient, Tokenizer, Trajectory
+from searchr1.core.types import SamplingClient, Trajectory
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.twin.scripted_search import ScriptedSearch
+
+if TYPE_CHECKING:
+    from pytrio import ServiceClient
 
 # (questions, samples per question): 64 is figure 5's step, 2,560 the paper's (512 prompts x 5).
 FULL_SIZES: tuple[tuple[int, int], ...] = ((8, 8), (32, 8), (128, 8), (512, 5), (512, 8))
@@ -162,7 +166,7 @@ def settled_heap() -> Iterator[None]:
 # ------------------------------------------------------------------------------- rollouts
 
 
-def _rollout(sampler: SamplingClient, tokenizer: Tokenizer, workload: Workload,
+def _rollout(sampler: SamplingClient, tokenizer: Qwen35Tokenizer, workload: Workload,
              questions: int | None = None) -> list[Trajectory]:
     """The workload's batch (or its first ``questions`` questions), rolled out on ``sampler``."""
     examples = workload.examples if questions is None else workload.examples[:questions]
@@ -170,7 +174,8 @@ def _rollout(sampler: SamplingClient, tokenizer: Tokenizer, workload: Workload,
                                            examples, workload.config))
 
 
-def _measure(service: Any, tokenizer: Tokenizer, workload: Workload, twin_pid: int | None) -> SizeRecord:
+def _measure(service: ServiceClient, tokenizer: Qwen35Tokenizer, workload: Workload,
+             twin_pid: int | None) -> SizeRecord:
     """One rollout of the whole workload on ``service``, its CPU by thread and its memory. The
     twin's CPU is its process's (``twin_pid``) or, served in this process, our other threads'."""
     sampler = CountingSampler(service.create_sampling_client(base_model=BASE_MODEL))
@@ -200,7 +205,7 @@ def _measure(service: Any, tokenizer: Tokenizer, workload: Workload, twin_pid: i
     )
 
 
-def _rollouts_of_size(tokenizer: Tokenizer, workload: Workload, *, repeats: int, warm_up: bool,
+def _rollouts_of_size(tokenizer: Qwen35Tokenizer, workload: Workload, *, repeats: int, warm_up: bool,
                       in_process: bool) -> list[SizeRecord]:
     """``repeats`` measured rollouts of ``workload`` on a twin of its own (its start-up is not
     measured), after one unmeasured rollout of the whole batch with ``warm_up``."""
@@ -212,7 +217,7 @@ def _rollouts_of_size(tokenizer: Tokenizer, workload: Workload, *, repeats: int,
         return [_measure(service, tokenizer, workload, pids[0] if pids else None) for _ in range(repeats)]
 
 
-def measure_sizes(tokenizer: Tokenizer, sizes: Sequence[tuple[int, int]], *, seed: int = 0,
+def measure_sizes(tokenizer: Qwen35Tokenizer, sizes: Sequence[tuple[int, int]], *, seed: int = 0,
                   in_process: bool = False, smallest_repeats: int = SMALLEST_REPEATS) -> list[list[SizeRecord]]:
     """Each size's measured rollouts, in the order given: the first size (the ratio's reference)
     ``smallest_repeats`` times after a warm-up rollout, every other size once."""
@@ -275,7 +280,7 @@ def default_sizes(quick: bool, paper_sizes: bool = False) -> tuple[tuple[int, in
     return FULL_SIZES if paper_sizes else DEFAULT_SIZES
 
 
-def client_scaling(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False, paper_sizes: bool = False,
+def client_scaling(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False, paper_sizes: bool = False,
                    sizes: Sequence[tuple[int, int]] | None = None) -> tuple[list[Measure], list[dict[str, object]]]:
     """The scaling rows and their per-size details, for ``sizes`` or :func:`default_sizes`
     (with ``quick`` the twin is served in this process)."""

@@ -19,19 +19,26 @@ import dataclasses
 import statistics
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.bench.off_policy import LEARN_STEPS, QUICK_LEARN_STEPS, QUICK_SIZE, REWARD_TARGET, _config, _world_search
-from searchr1.bench.off_policy import steps_to_reward
+from searchr1.bench.off_policy import BatchSize, ConfigChanges, steps_to_reward
 from searchr1.bench.report import Figure, Measure
 from searchr1.basics.wording import plural
+from searchr1.core.credit import Credit, StepReward
+from searchr1.core.types import ServiceClient
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
+
+if TYPE_CHECKING:
+    from searchr1.training.config import TrainConfig
 
 SEEDS, QUICK_SEEDS = 8, 1
-VARIANTS: dict[str, dict[str, Any]] = {
+VARIANTS: dict[str, ConfigChanges] = {
     "grpo": {},
-    "gigpo": {"credit": "gigpo"},
-    "gigpo_step": {"credit": "gigpo", "step_reward": "evidence"},
+    "gigpo": {"credit": Credit.GIGPO},
+    "gigpo_step": {"credit": Credit.GIGPO, "step_reward": StepReward.EVIDENCE},
 }
 LABELS = {
     "grpo": "trajectory credit (GRPO, the lab port)",
@@ -46,7 +53,7 @@ class CreditRun:
     """One training run of a variant: its metrics, its repeated-search share, its dev EM, and how
     far its turns' advantages moved from their trajectories'."""
 
-    metrics: list[dict[str, Any]]
+    metrics: Sequence[Mapping[str, object]]
     repeat_share: float
     dev_em: float
     reversed_share: float  # trained turns whose advantage has the other sign than their trajectory's
@@ -95,7 +102,8 @@ def turn_credit_spread(transcripts: Path) -> tuple[float, float]:
     return (reversed_turns / turns if turns else 0.0), (moved / size if size else 0.0)
 
 
-def _train_and_evaluate(service: Any, config: Any, tokenizer: Any, home: Path) -> CreditRun:
+def _train_and_evaluate(service: ServiceClient, config: TrainConfig, tokenizer: Qwen35Tokenizer,
+                        home: Path) -> CreditRun:
     from searchr1.core.reward import score_trajectories
     from searchr1.core.rollout import RolloutConfig, rollout_batch_async
     from searchr1.data.dataset import load_examples, shuffled_examples
@@ -112,7 +120,7 @@ def _train_and_evaluate(service: Any, config: Any, tokenizer: Any, home: Path) -
     asyncio.run(training.run_steps(None))
     client = training.trainer.training_client
     assert client is not None
-    sampler = client.save_weights_and_get_sampling_client()
+    sampler = asyncio.run(client.save_weights_and_get_sampling_client_async())
     greedy = RolloutConfig(group_size=1, temperature=0.0, seed=config.seed)
     dev = asyncio.run(rollout_batch_async(sampler, tokenizer, with_search(search), load_examples(DEV), greedy))
     score_trajectories(dev)
@@ -121,12 +129,12 @@ def _train_and_evaluate(service: Any, config: Any, tokenizer: Any, home: Path) -
     return CreditRun(run.metrics(), repeated_search_share(transcripts), dev_em, *turn_credit_spread(transcripts))
 
 
-def credit_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
+def credit_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     from searchr1.twin import Strictness, start_twin
 
     started = time.perf_counter()
     steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS
-    size = QUICK_SIZE if quick else {}
+    size: BatchSize = QUICK_SIZE if quick else {}
     seeds = [seed + index for index in range(QUICK_SEEDS if quick else SEEDS)]
     runs: dict[str, list[CreditRun]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-credit-") as scratch:

@@ -113,18 +113,20 @@ def _slow_clients(port: int, shape: LoadShape, until: float, report: LoadReport)
     next_line = time.monotonic() + shape.header_every
     while opened and time.monotonic() < until:
         for key, _ in selector.select(timeout=0.05):
-            connection = key.fileobj
+            readable = key.fileobj
+            assert isinstance(readable, socket.socket)  # only the sockets above are registered
+            connection = readable
             try:
-                data = connection.recv(4096)  # type: ignore[union-attr]
+                data = connection.recv(4096)
             except BlockingIOError:
                 continue
             except OSError:
                 data = b""
             if not data:  # dropped (an answer before the drop is read and ignored)
-                report.slowest_drop = max(report.slowest_drop, time.monotonic() - opened.pop(connection))  # type: ignore[arg-type]
+                report.slowest_drop = max(report.slowest_drop, time.monotonic() - opened.pop(connection))
                 report.slow_dropped += 1
                 selector.unregister(connection)
-                connection.close()  # type: ignore[union-attr]
+                connection.close()
         if time.monotonic() >= next_line:
             next_line += shape.header_every
             for connection in list(opened):

@@ -26,9 +26,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.bench.report import Figure, Measure
+from searchr1.core.types import Tokenizer
+
+if TYPE_CHECKING:
+    from searchr1.bm25.index import BM25Index
 
 
 FULL_PASSAGES = 1_000_000  # figure 9 (against Lucene)
@@ -95,7 +99,7 @@ async def _load(url: str, queries: list[str], clients: int) -> tuple[list[float]
         return latencies, time.perf_counter() - started
 
 
-def served_load(index: Path, queries: list[str], clients: int = CLIENTS, workers: int = 1) -> dict[str, Any]:
+def served_load(index: Path, queries: list[str], clients: int = CLIENTS, workers: int = 1) -> dict[str, float]:
     """``retriever serve`` (``workers`` processes) in a child process, answering ``queries`` from
     ``clients`` concurrent clients, one query a request, after a warm-up; its latencies,
     throughput, start-up time and memory (summed over its worker processes)."""
@@ -116,7 +120,8 @@ def served_load(index: Path, queries: list[str], clients: int = CLIENTS, workers
             except httpx.HTTPError:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("retriever serve did not start: " + (server.stderr.read() or b"").decode()[-300:])
+                said = server.stderr.read() if server.stderr is not None else b""
+                raise RuntimeError("retriever serve did not start: " + said.decode()[-300:])
             time.sleep(0.2)
         start_seconds = time.monotonic() - started
         url = f"http://127.0.0.1:{port}/retrieve"
@@ -182,7 +187,7 @@ def _resident_mb(pid: int) -> dict[str, float]:
     return {"rss_mb": fields.get("VmRSS", 0.0), "rss_anon_mb": fields.get("RssAnon", 0.0)}
 
 
-def query_throughput(index: Any, queries: list[str]) -> dict[str, float]:
+def query_throughput(index: BM25Index, queries: list[str]) -> dict[str, float]:
     index.search(queries[:BATCH], 3)  # warm the memory-mapped pages
     started = time.perf_counter()
     for query in queries:
@@ -195,7 +200,8 @@ def query_throughput(index: Any, queries: list[str]) -> dict[str, float]:
     return {"single_qps": len(queries) / single, "batched_qps": len(queries) / batched}
 
 
-_SHARED: dict[tuple[int, int], Any] = {}
+# (passages, seed) -> the folder that holds the corpus (removed with it), the corpus, its generation seconds
+_SHARED: dict[tuple[int, int], tuple[tempfile.TemporaryDirectory[str], Path, float]] = {}
 
 
 def shared_corpus(count: int, seed: int) -> tuple[Path, float]:
@@ -222,7 +228,7 @@ def shared_index(count: int, seed: int) -> tuple[Path, dict[str, float] | None]:
     return out, measured_build(corpus, out)
 
 
-def local_search_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False,
+def local_search_figure(tokenizer: Tokenizer | None = None, *, seed: int = 0, quick: bool = False,
                         passages: int | None = None) -> Figure:
     from searchr1.bm25.index import BM25Index
     from searchr1.bm25.synthetic import heaps_queries, wiki18_law

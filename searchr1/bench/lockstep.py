@@ -22,9 +22,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from searchr1.core.types import SearchExample, Trajectory, Turn
+from searchr1.core.types import (
+    SampledSequence,
+    SamplingClient,
+    SearchExample,
+    SearchResult,
+    Tokenizer,
+    Trajectory,
+    Turn,
+)
 from searchr1.search.tool import SearchBackend
 from searchr1.core.protocol import stop_sequences, template_boundaries
 from searchr1.core.tools import shown_call
@@ -53,7 +60,7 @@ class LockstepStats:
 class LockstepRollout:
     """One batch rolled out in lock-step rounds (see the module docstring)."""
 
-    def __init__(self, sampling_client: Any, tokenizer: Any, search_backend: SearchBackend,
+    def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, search_backend: SearchBackend,
                  config: RolloutConfig, *, step: int = 0,
                  search_concurrency: int = DEFAULT_SEARCH_CONCURRENCY) -> None:
         if search_concurrency < 1:
@@ -67,13 +74,13 @@ class LockstepRollout:
         self.stop = stop_sequences(tokenizer)
         self.stats = LockstepStats()
 
-    async def _sample(self, request: SampleRequest) -> list[Any]:
+    async def _sample(self, request: SampleRequest) -> list[SampledSequence]:
         """One request, no retry, no semaphore (as the lab port)."""
         sequences = await send_request(self.sampler, request, self.config, self.stop)
         self.stats.sample_requests += 1
         return sequences
 
-    def _consume(self, trajectory: Trajectory, prompt: list[int], sequence: Any) -> PendingCall | None:
+    def _consume(self, trajectory: Trajectory, prompt: list[int], sequence: SampledSequence) -> PendingCall | None:
         """Record one assistant turn; end the trajectory or return its pending search (the
         engine's own ``record_turn``: only the scheduling differs)."""
         tokens, logprobs, text, stop_reason = read_sequence(sequence, self.tokenizer)
@@ -86,7 +93,7 @@ class LockstepRollout:
             return
         pool = asyncio.Semaphore(min(self.search_concurrency, len(pending)))
 
-        async def one(query: str) -> Any:
+        async def one(query: str) -> SearchResult:
             async with pool:
                 return await self.search.search(query)
 
@@ -136,7 +143,7 @@ class LockstepRollout:
         return trajectories
 
 
-async def lockstep_rollout_async(sampling_client: Any, tokenizer: Any, search_backend: SearchBackend,
+async def lockstep_rollout_async(sampling_client: SamplingClient, tokenizer: Tokenizer, search_backend: SearchBackend,
                                  examples: Sequence[SearchExample], config: RolloutConfig, *,
                                  step: int = 0,
                                  search_concurrency: int = DEFAULT_SEARCH_CONCURRENCY) -> list[Trajectory]:

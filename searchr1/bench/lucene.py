@@ -25,9 +25,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from searchr1.bench.report import Figure, Measure
+from searchr1.core.types import Tokenizer
 
 PYSERINI = "pyserini==0.22.1"
 # Ours must answer a whole batch at least this much faster than Lucene (one query at a time: faster).
@@ -116,7 +117,16 @@ def lucene_missing() -> str | None:
     return None if usable_jar(home) is not None else set_up_first(home)
 
 
-def lucene_search(corpus: Path, queries: list[str], threads: int = 1) -> tuple[float, dict[str, Any]] | None:
+class LuceneAnswer(TypedDict):
+    """What :mod:`.lucene_child` writes (it imports nothing of ours): the top hits of each query, one
+    call at a time, and the seconds of both ways."""
+
+    hits: list[list[str]]
+    single_seconds: float
+    batched_seconds: float
+
+
+def lucene_search(corpus: Path, queries: list[str], threads: int = 1) -> tuple[float, LuceneAnswer] | None:
     """Lucene's index of ``corpus`` (its build seconds) and ``queries`` searched through it by
     :mod:`.lucene_child` (hits one per call, seconds one per call and as a batch on ``threads``
     threads); None when the Lucene side is not set up (:func:`setup`)."""
@@ -134,10 +144,12 @@ def lucene_search(corpus: Path, queries: list[str], threads: int = 1) -> tuple[f
                                str(out_file), str(threads)], capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"Lucene search failed: {done.stderr.strip()[-400:]}")
-        return build_seconds, json.loads(out_file.read_text("utf-8"))
+        answer: LuceneAnswer = json.loads(out_file.read_text("utf-8"))
+        return build_seconds, answer
 
 
-def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, passages: int | None = None) -> Figure:
+def lucene_figure(tokenizer: Tokenizer | None = None, *, seed: int = 0, quick: bool = False,
+                  passages: int | None = None) -> Figure:
     from searchr1.bm25.index import BM25Index
     from searchr1.bm25.synthetic import heaps_queries
     from searchr1.bench.local_search import FULL_PASSAGES, QUICK_PASSAGES, shared_corpus, shared_index
@@ -180,7 +192,7 @@ def lucene_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, 
         Measure("lucene_build_passages_per_second", "Lucene index build, passages/s (1 thread)", count / lucene_build,
                 unit="/s", digits=0),
     ]
-    details = {"passages": count, "queries": n, "compared_queries": compared, "java": java_version(),
+    details: dict[str, object] = {"passages": count, "queries": n, "compared_queries": compared, "java": java_version(),
                "anserini_jar": jar.name, "ours_single_seconds": ours_single, "ours_batched_seconds": ours_batched,
                "lucene_single_seconds": lucene["single_seconds"], "lucene_batched_seconds": lucene["batched_seconds"],
                "lucene_build_seconds": lucene_build}

@@ -25,27 +25,58 @@ import asyncio
 import contextlib
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
+from searchr1.basics.json_types import as_float
 from searchr1.bench.report import LAB_PORT, Figure, Measure
 from searchr1.basics.wording import plural
 from searchr1.bench.served import served_twin
+from searchr1.core.credit import Credit, StepReward
+from searchr1.core.objective import LossFn
+from searchr1.core.types import ServiceClient
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
+
+if TYPE_CHECKING:
+    from searchr1.search.tool import SearchBackend
+    from searchr1.training.config import Accumulation, TrainConfig
+    from searchr1.twin.scripted_search import ScriptedSearch
+
+
+class BatchSize(TypedDict, total=False):
+    """A smaller batch than the figures' 8 questions x 8 samples: ``_config``'s keywords."""
+
+    questions: int
+    group: int
+
 
 BASE_STEPS, QUICK_STEPS = 7, 2
 LEARN_STEPS, QUICK_LEARN_STEPS = 18, 3
 REWARD_TARGET, REWARD_WINDOW = 0.8, 3
-QUICK_SIZE = {"questions": 2, "group": 4}  # --quick: a smoke run, not held to the targets
+class ConfigChanges(TypedDict, total=False):
+    """The settings a figure's variants change in ``_config``'s run (``dataclasses.replace``)."""
+
+    loss_fn: LossFn
+    kl_coef: float
+    dynamic_sampling: bool
+    num_substeps: int
+    learning_rate: float
+    beta1: float
+    credit: Credit
+    step_reward: StepReward
+
+
+QUICK_SIZE: BatchSize = {"questions": 2, "group": 4}  # --quick: a smoke run, not held to the targets
 # Service times (seconds) of the throughput workload: training is about a third of a step.
 SAMPLE_REQUEST, SAMPLED_TOKEN = 0.06, 0.003
 TRAINED_TOKEN, OPTIM_STEP, WEIGHT_SAVE = 1.6e-5, 0.05, 0.08
 SEARCH_MEDIAN, SEARCH_SIGMA, SEARCH_CAP = 0.08, 0.8, 1.0
 
 
-def _world_search(seed: int, *, latency_tail: bool = True) -> Any:
+def _world_search(seed: int, *, latency_tail: bool = True) -> ScriptedSearch:
     """The offline world's passages behind an in-memory backend with a lognormal latency tail
     (a hash of the query and the seed draws each latency, so every run sees the same ones)."""
     import hashlib
@@ -65,18 +96,21 @@ def _world_search(seed: int, *, latency_tail: bool = True) -> Any:
     return ScriptedSearch(results, latency=latency if latency_tail else None)
 
 
-def _config(steps: int, *, k: int = 0, accumulation: str = "sdk", questions: int = 8, group: int = 8) -> Any:
-    from searchr1.offline import TRAIN
+def _config(steps: int, *, k: int = 0, accumulation: Accumulation = "sdk", questions: int = 8,
+            group: int = 8) -> TrainConfig:
+    from searchr1.offline import TRAIN, OfflinePolicy
     from searchr1.core.rollout import RolloutConfig
     from searchr1.training.config import TrainConfig
 
     return TrainConfig(max_steps=steps, data=str(TRAIN), run_name="bench", questions_per_batch=questions,
                        learning_rate=0.2, save_every=0, transcripts_per_step=0, offline=True,
-                       offline_policy="learning", max_steps_off_policy=k, accumulation=accumulation,
+                       offline_policy=OfflinePolicy.LEARNING, max_steps_off_policy=k, accumulation=accumulation,
                        rollout=RolloutConfig(group_size=group), run_id="bench000")
 
 
-def _train(service: Any, config: Any, tokenizer: Any, search: Any, home: Path) -> list[dict[str, Any]]:
+def _train(service: ServiceClient, config: TrainConfig, tokenizer: Qwen35Tokenizer, search: SearchBackend,
+           home: Path) -> Sequence[Mapping[str, object]]:
+    """One training run; its metrics lines."""
     from searchr1.data.dataset import shuffled_examples
     from searchr1.run.directory import RunDir
     from searchr1.training.loop import TrainingRun
@@ -89,7 +123,8 @@ def _train(service: Any, config: Any, tokenizer: Any, search: Any, home: Path) -
     return run.metrics()
 
 
-async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any) -> list[dict[str, float]]:
+async def _reference_loop(service: ServiceClient, config: TrainConfig, tokenizer: Qwen35Tokenizer,
+                          search: SearchBackend) -> list[dict[str, float]]:
     """The sequential step as it was before the pipeline, for the K=0 identity check."""
     import pytrio as trio
 
@@ -125,23 +160,27 @@ async def _reference_loop(service: Any, config: Any, tokenizer: Any, search: Any
     return lines
 
 
-def _steps_per_hour(metrics: list[dict[str, Any]]) -> float:
-    seconds = [m["time/step_seconds"] for m in metrics[1:]] or [m["time/step_seconds"] for m in metrics]
+def _step_seconds(line: Mapping[str, object]) -> float:
+    return as_float(line["time/step_seconds"], "time/step_seconds")
+
+
+def _steps_per_hour(metrics: Sequence[Mapping[str, object]]) -> float:
+    seconds = [_step_seconds(m) for m in metrics[1:]] or [_step_seconds(m) for m in metrics]
     return 3600.0 / float(np.mean(seconds))
 
 
-def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
+def off_policy_throughput_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     from searchr1.twin.config import Latencies
 
     started = time.perf_counter()
     steps = QUICK_STEPS if quick else BASE_STEPS
-    size = QUICK_SIZE if quick else {}
+    size: BatchSize = QUICK_SIZE if quick else {}
     latencies = Latencies() if quick else Latencies(
         sample_request=SAMPLE_REQUEST, sampled_token=SAMPLED_TOKEN, trained_token=TRAINED_TOKEN,
         optim_step=OPTIM_STEP, weight_save=WEIGHT_SAVE)
-    runs: dict[int, list[dict[str, Any]]] = {}
+    runs: dict[int, Sequence[Mapping[str, object]]] = {}
     repetitions = 1 if quick else 2
-    repeats: dict[int, list[list[dict[str, Any]]]] = {0: [], 1: []}
+    repeats: dict[int, list[Sequence[Mapping[str, object]]]] = {0: [], 1: []}
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-async-") as scratch, \
             served_twin(None, latencies, in_process=quick, tokenizer=tokenizer, policy="learning",
                         max_staleness=2) as service:
@@ -158,9 +197,10 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
     keys = ("reward/mean", "trainer/loss_sum", "optim/grad_norm")
     same = sum(all(line.get(key) == ref.get(key) for key in keys) for line, ref in zip(runs[0], reference))
     measured = runs[0][1:] or runs[0]
-    rollout = float(np.mean([m["time/rollout_seconds"] for m in measured]))
-    train = float(np.mean([m["time/train_seconds"] for m in measured]))
-    save = float(np.mean([max(0.0, m["time/rollout_wait_seconds"] - m["time/rollout_seconds"]) for m in measured]))
+    rollout = float(np.mean([as_float(m["time/rollout_seconds"], "time/rollout_seconds") for m in measured]))
+    train = float(np.mean([as_float(m["time/train_seconds"], "time/train_seconds") for m in measured]))
+    save = float(np.mean([max(0.0, as_float(m["time/rollout_wait_seconds"], "time/rollout_wait_seconds")
+                              - as_float(m["time/rollout_seconds"], "time/rollout_seconds")) for m in measured]))
     sequential, pipeline_limit = 3600.0 / (rollout + train + save), 3600.0 / (train + save)
     rate = {k: _steps_per_hour(lines) for k, lines in runs.items()}
     target = 1.3
@@ -198,7 +238,8 @@ def off_policy_throughput_figure(tokenizer: Any, *, seed: int = 0, quick: bool =
                  "repeated_steps_per_hour": {k: [_steps_per_hour(lines) for lines in repeats[k]] for k in repeats},
                  "latencies": latencies.__dict__,
                  "search": {"median": SEARCH_MEDIAN, "sigma": SEARCH_SIGMA, "cap": SEARCH_CAP},
-                 "staleness_mean": {k: float(np.mean([m.get("async/staleness_mean", 0.0) for m in lines]))
+                 "staleness_mean": {k: float(np.mean([as_float(m.get("async/staleness_mean", 0.0),
+                                                               "async/staleness_mean") for m in lines]))
                                     for k, lines in runs.items()}},
         notes=[f"{size.get('questions', 8)} questions x {size.get('group', 8)} samples on the learning policy, "
                f"{steps} steps each, the first not timed; "
@@ -218,30 +259,34 @@ def _lab_port_sampling_seeds() -> Iterator[None]:
     from searchr1.core import rollout
 
     original = rollout.sampling_seed
-    rollout.sampling_seed = lambda base, step, question, group, turn: original(base, 0, question, group, turn)
+
+    def same_seeds(base: int, step: int, question_index: int, group_index: int, turn: int) -> int:
+        return original(base, 0, question_index, group_index, turn)
+
+    rollout.sampling_seed = same_seeds
     try:
         yield
     finally:
         rollout.sampling_seed = original
 
 
-def steps_to_reward(metrics: list[dict[str, Any]], target: float = REWARD_TARGET,
+def steps_to_reward(metrics: Sequence[Mapping[str, object]], target: float = REWARD_TARGET,
                     window: int = REWARD_WINDOW) -> int | None:
     """Steps until the mean reward of the last ``window`` steps first reaches ``target``."""
-    rewards = [m["reward/mean"] for m in metrics]
+    rewards = [as_float(m["reward/mean"], "reward/mean") for m in metrics]
     for end in range(window, len(rewards) + 1):
         if np.mean(rewards[end - window:end]) >= target:
             return end
     return None
 
 
-def learning_speed_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
+def learning_speed_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     from searchr1.twin import Strictness, start_twin
 
     started = time.perf_counter()
     steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS
-    size = QUICK_SIZE if quick else {}
-    runs = {}
+    size: BatchSize = QUICK_SIZE if quick else {}
+    runs: dict[str, Sequence[Mapping[str, object]]] = {}
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-learn-") as scratch:
         home = Path(scratch)
         with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning",
@@ -256,7 +301,8 @@ def learning_speed_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False)
     never = steps + 1  # a run that never reaches the target counts as one step past the end
 
     def value(name: str) -> float:
-        return float(reached[name] if reached[name] is not None else never)
+        found = reached[name]
+        return float(found if found is not None else never)
 
     measures = [
         Measure("k1_steps_over_k0", f"steps to reward {REWARD_TARGET}, K=1 / K=0", value("ours_k1") / value("ours"),

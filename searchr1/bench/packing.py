@@ -22,11 +22,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from searchr1.core.datum import TrainingDatum
+from searchr1.core.types import Tokenizer
 from searchr1.training.packing import (
     MAX_DATUM_TOKENS,
     MAX_MICRO_BATCH_ITEMS,
@@ -73,7 +73,7 @@ class LengthModel:
 
 def _stub(num_tokens: int, index: int) -> TrainingDatum:
     """A datum as the packer sees it: only its size matters."""
-    return TrainingDatum(datum=None, num_tokens=num_tokens, loss_tokens=0,  # type: ignore[arg-type]
+    return TrainingDatum(datum=None, num_tokens=num_tokens, loss_tokens=0,
                          question_index=index // 8, group_index=index % 8)
 
 
@@ -85,7 +85,7 @@ def lower_bounds(lengths: list[int]) -> dict[str, int]:
     return {"area": area, "count": count, "per_item": per_item, "value": max(area, count, per_item)}
 
 
-def packing_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False, steps: int | None = None,
+def packing_figure(tokenizer: Tokenizer | None = None, *, seed: int = 0, quick: bool = False, steps: int | None = None,
                    trajectories_per_step: int = 64, model: LengthModel | None = None) -> Figure:
     started = time.perf_counter()
     steps = steps if steps is not None else (20 if quick else 300)

@@ -20,31 +20,40 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from searchr1.basics.json_types import as_float
 from searchr1.bench.off_policy import REWARD_TARGET, REWARD_WINDOW, steps_to_reward
 from searchr1.bench.report import Figure, Measure
+from searchr1.core.types import ServiceClient
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
+
+if TYPE_CHECKING:
+    from searchr1.training.config import TrainConfig
 
 STEPS, QUICK_STEPS = 18, 3
 SEEDS, QUICK_SEEDS = 8, 1
 TOOL_SETS = ("search,open_page", "search")
 
 
-def _config(tools: str, steps: int, seed: int) -> Any:
+def _config(tools: str, steps: int, seed: int) -> TrainConfig:
     from searchr1.training.config import TrainConfig
     from searchr1.core.rollout import RolloutConfig
-    from searchr1.offline import PAGES_TRAIN
+    from searchr1.offline import PAGES_TRAIN, OfflinePolicy
 
     return TrainConfig(max_steps=steps, data=str(PAGES_TRAIN), run_name="bench", questions_per_batch=8,
                        learning_rate=0.2, save_every=0, transcripts_per_step=0, offline=True,
-                       offline_policy="learning", seed=seed, rollout=RolloutConfig(group_size=8, tools=tools),
+                       offline_policy=OfflinePolicy.LEARNING, seed=seed,
+                       rollout=RolloutConfig(group_size=8, tools=tuple(tools.split(","))),
                        run_id="bench000")
 
 
-def _train(service: Any, config: Any, tokenizer: Any, home: Path) -> list[dict[str, Any]]:
+def _train(service: ServiceClient, config: TrainConfig, tokenizer: Qwen35Tokenizer,
+           home: Path) -> Sequence[Mapping[str, object]]:
     from searchr1.bm25.shipped import offline_index
     from searchr1.data.dataset import shuffled_examples
     from searchr1.run.directory import RunDir
@@ -65,13 +74,13 @@ def _train(service: Any, config: Any, tokenizer: Any, home: Path) -> list[dict[s
     return run.metrics()
 
 
-def page_world_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> Figure:
+def page_world_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     from searchr1.twin import start_twin
 
     started = time.perf_counter()
     steps = QUICK_STEPS if quick else STEPS
     seeds = list(range(seed, seed + (QUICK_SEEDS if quick else SEEDS)))
-    runs: dict[str, list[list[dict[str, Any]]]] = {tools: [] for tools in TOOL_SETS}
+    runs: dict[str, list[Sequence[Mapping[str, object]]]] = {tools: [] for tools in TOOL_SETS}
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-pages-") as scratch:
         home = Path(scratch)
         with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning") as twin:
@@ -88,13 +97,14 @@ def page_world_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False) -> 
         return float(np.mean([never if r is None else r for r in reached(tools)]))
 
     def last_reward(tools: str) -> float:
-        return float(np.mean([np.mean([line["reward/mean"] for line in lines[-REWARD_WINDOW:]])
+        return float(np.mean([np.mean([as_float(line["reward/mean"], "reward/mean") for line in lines[-REWARD_WINDOW:]])
                               for lines in runs[tools]]))
 
     def share_reached(tools: str) -> float:
         return sum(r is not None for r in reached(tools)) / len(seeds)
 
-    opened = statistics.fmean(np.mean([line.get("tool/open_page/calls", 0.0) for line in lines[-REWARD_WINDOW:]])
+    opened = statistics.fmean(np.mean([as_float(line.get("tool/open_page/calls", 0.0), "tool/open_page/calls")
+                                       for line in lines[-REWARD_WINDOW:]])
                               for lines in runs["search,open_page"])
     two, one = TOOL_SETS
     measures = [

@@ -34,11 +34,11 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from searchr1.bench.report import Figure, Measure
+from searchr1.core.types import Tokenizer
 
 PAPER_PROMPTS = 512
 PAPER_GROUP_SIZE = 5
@@ -117,7 +117,7 @@ def in_process_seconds(index: Path, queries: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def paper_step_figure(tokenizer: Any = None, *, seed: int = 0, quick: bool = False,
+def paper_step_figure(tokenizer: Tokenizer | None = None, *, seed: int = 0, quick: bool = False,
                       passages: int | None = None) -> Figure:
     from searchr1.bm25.synthetic import heaps_queries
     from searchr1.bench.local_search import QUICK_PASSAGES, WIKI18_PASSAGES, served_load, shared_corpus, shared_index

@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import ParamSpec, TypeVar
 
 from searchr1.core.protocol import (
     TemplateDriftError,
@@ -31,12 +31,13 @@ from searchr1.core.protocol import (
     suffix_prefix_overlap,
     tool_message,
 )
+from searchr1.core.budgets import RolloutBudgets
 from searchr1.core.observation.fit import fit_tool_content
 from searchr1.core.observation.tokens import forget_remembered_texts
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.core.types import SearchResult, Trajectory
+from searchr1.core.types import Message, SearchResult, Tokenizer, Trajectory
 from searchr1.core.observation.text import observation_candidates
 from searchr1.bench.report import LAB_PORT, Figure, Measure
 from searchr1.bench.workload import WorkloadSpec, build_workload, quick_spec
@@ -46,7 +47,7 @@ from searchr1.bench.workload import WorkloadSpec, build_workload, quick_spec
 class ToolTurn:
     """The inputs of one observation fit, and what the engine made of them."""
 
-    messages_before_assistant: list[dict[str, Any]]
+    messages_before_assistant: list[Message]
     assistant_text: str
     previous_prompt_tokens: list[int]
     completion_tokens: list[int]
@@ -65,7 +66,7 @@ def tool_turns(trajectories: Sequence[Trajectory], results: dict[str, SearchResu
             tool = t.messages[2 + 2 * k + 1]
             following = t.turns[k + 1].prompt_tokens if k + 1 < len(t.turns) else None
             turns.append(ToolTurn(
-                [dict(m) for m in t.messages[: 2 + 2 * k]], turn.text, list(turn.prompt_tokens),
+                [m.copy() for m in t.messages[: 2 + 2 * k]], turn.text, list(turn.prompt_tokens),
                 list(turn.completion_tokens), tool["tool_call_id"], results[record.query],
                 record.observation, list(following) if following is not None else None,
             ))
@@ -75,17 +76,19 @@ def tool_turns(trajectories: Sequence[Trajectory], results: dict[str, SearchResu
 # ------------------------------------------------------------------------------- the lab port's way
 
 
-def lab_port_build_next_prompt(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
-                           previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
-                           next_tool_message: dict[str, Any]) -> list[int]:
-    """The lab port's stitching: four renders, the closing tokens learnt afresh on every call."""
+def lab_port_build_next_prompt(tokenizer: Tokenizer, messages_before_assistant: list[Message],
+                               assistant_text: str | Message, previous_prompt_tokens: Sequence[int],
+                               completion_tokens: Sequence[int], next_tool_message: Message) -> list[int]:
+    """The lab port's stitching: four renders, the closing tokens learnt afresh on every call
+    (``assistant_text``: the turn's text, or its message as the engine passes it)."""
     canonical_prompt = build_prompt(tokenizer, messages_before_assistant)
     empty_turn = render(tokenizer, list(messages_before_assistant) + [assistant_message("")],
                         add_generation_prompt=False)
     if empty_turn[: len(canonical_prompt)] != canonical_prompt:
         raise TemplateDriftError("cannot extract the assistant closing from an empty assistant turn")
     closing = empty_turn[len(canonical_prompt):]
-    with_assistant = list(messages_before_assistant) + [assistant_message(assistant_text)]
+    assistant = assistant_message(assistant_text) if isinstance(assistant_text, str) else assistant_text
+    with_assistant = list(messages_before_assistant) + [assistant]
     assistant_end = render(tokenizer, with_assistant, add_generation_prompt=False)
     next_prompt = render(tokenizer, with_assistant + [next_tool_message], add_generation_prompt=True)
     if next_prompt[: len(assistant_end)] != assistant_end:
@@ -95,9 +98,10 @@ def lab_port_build_next_prompt(tokenizer: Any, messages_before_assistant: list[d
     return list(previous_prompt_tokens) + list(completion_tokens) + list(closing[overlap:]) + observation
 
 
-def lab_port_fit_tool_content(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
-                          previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
-                          result: SearchResult, config: RolloutConfig) -> tuple[str, list[int]] | None:
+def lab_port_fit_tool_content(tokenizer: Tokenizer, messages_before_assistant: list[Message],
+                              assistant_text: str | Message, previous_prompt_tokens: Sequence[int],
+                              completion_tokens: Sequence[int], call_id: str, result: SearchResult,
+                              config: RolloutBudgets) -> tuple[str, list[int]] | None:
     """The lab port's greedy fit: for every candidate item, the token count of the joined content,
     then a whole next prompt (four renders) to check the trajectory budget; stop at the first
     item that does not fit. ``None`` when not even the first fits (no truncation)."""
@@ -120,14 +124,14 @@ def lab_port_fit_tool_content(tokenizer: Any, messages_before_assistant: list[di
 # ------------------------------------------------------------------------------- measurement
 
 
-def _fit_ours(tokenizer: Any, turn: ToolTurn, config: RolloutConfig) -> tuple[str, list[int]] | None:
+def _fit_ours(tokenizer: Tokenizer, turn: ToolTurn, config: RolloutConfig) -> tuple[str, list[int]] | None:
     fitted = fit_tool_content(tokenizer, turn.messages_before_assistant, turn.assistant_text,
                               turn.previous_prompt_tokens, turn.completion_tokens, turn.call_id,
                               turn.result, config)
     return None if fitted is None else (fitted.content, fitted.next_prompt)
 
 
-def _fit_lab_port(tokenizer: Any, turn: ToolTurn, config: RolloutConfig) -> tuple[str, list[int]] | None:
+def _fit_lab_port(tokenizer: Tokenizer, turn: ToolTurn, config: RolloutConfig) -> tuple[str, list[int]] | None:
     return lab_port_fit_tool_content(tokenizer, turn.messages_before_assistant, turn.assistant_text,
                                  turn.previous_prompt_tokens, turn.completion_tokens, turn.call_id,
                                  turn.result, config)
@@ -136,25 +140,38 @@ def _fit_lab_port(tokenizer: Any, turn: ToolTurn, config: RolloutConfig) -> tupl
 FITTERS = {"ours": _fit_ours, LAB_PORT: _fit_lab_port}
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _counting(function: Callable[P, R], calls: list[int]) -> Callable[P, R]:
+    """``function``, adding an entry to ``calls`` each time it is called."""
+    def counting(*args: P.args, **kwargs: P.kwargs) -> R:
+        calls.append(1)
+        return function(*args, **kwargs)
+    return counting
+
+
 @contextlib.contextmanager
-def counted_renders(tokenizer: Any) -> Iterator[list[int]]:
+def _shadowed(instance: object, name: str, value: object) -> Iterator[None]:
+    """``instance.<name>`` is ``value`` while the block runs, then the class's attribute again."""
+    setattr(instance, name, value)
+    try:
+        yield
+    finally:
+        delattr(instance, name)
+
+
+@contextlib.contextmanager
+def counted_renders(tokenizer: Tokenizer) -> Iterator[list[int]]:
     """Count the tokenizer's chat-template renders while the block runs (one entry per render)."""
     renders: list[int] = []
-    original = tokenizer.apply_chat_template
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        renders.append(1)
-        return original(*args, **kwargs)
-
-    tokenizer.apply_chat_template = counting
-    try:
+    with _shadowed(tokenizer, "apply_chat_template", _counting(tokenizer.apply_chat_template, renders)):
         yield renders
-    finally:
-        del tokenizer.apply_chat_template  # the class's method again
 
 
-def measure_pass(kind: str, tokenizer: Any, turns: Sequence[ToolTurn],
-                 config: RolloutConfig) -> tuple[float, int, list[Any]]:
+def measure_pass(kind: str, tokenizer: Tokenizer, turns: Sequence[ToolTurn],
+                 config: RolloutConfig) -> tuple[float, int, list[tuple[str, list[int]] | None]]:
     """CPU seconds and renders to fit every turn once; and the fits."""
     fit = FITTERS[kind]
     forget_remembered_texts(tokenizer)  # every pass encodes its texts as a step meets them, from cold
@@ -165,11 +182,11 @@ def measure_pass(kind: str, tokenizer: Any, turns: Sequence[ToolTurn],
     return spent, len(renders), fits
 
 
-def protocol_cpu_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
+def protocol_cpu_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False,
                         repetitions: int | None = None, max_turns: int | None = None,
                         spec: WorkloadSpec | None = None) -> Figure:
     started = time.perf_counter()
-    spec = spec or (quick_spec(items_per_result=3) if quick else WorkloadSpec(items_per_result=3))
+    spec = spec or (quick_spec(WorkloadSpec(items_per_result=3)) if quick else WorkloadSpec(items_per_result=3))
     repetitions = repetitions if repetitions is not None else (1 if quick else 3)
     workload = build_workload(spec, seed + 101)
     from searchr1.wiring.services import scripted_sampling_client

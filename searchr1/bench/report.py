@@ -13,13 +13,18 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.basics import fileio
 from searchr1.basics.wording import plural
 from searchr1.basics import invocation
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 SCHEMA_VERSION = 1
 # The lab port's name in bench.json, as a key of a figure's details and within measure keys
@@ -54,15 +59,19 @@ class Measure:
             raise ValueError(f"{self.key}: value {self.value} outside its spread [{self.low}, {self.high}]")
 
     @classmethod
-    def of_samples(cls, key: str, label: str, samples: "list[float]", *args: Any, **kwargs: Any) -> "Measure":
-        """The median of ``samples`` with their lowest and highest as the spread."""
+    def of_samples(cls, key: str, label: str, samples: Sequence[float], target: float | None = None,
+                   comparator: str = "<=", unit: str = "", target_source: str = "project", digits: int = 2, *,
+                   spread_bound: float | None = None) -> Measure:
+        """The median of ``samples`` with their lowest and highest as the spread (the other
+        arguments are the measure's own)."""
         values = sorted(float(v) for v in samples)
         if not values:
             raise ValueError(f"{key}: no samples")
         value = statistics.median(values)
         if len(values) == 1:
-            return cls(key, label, value, *args, **kwargs)
-        return cls(key, label, value, *args, low=values[0], high=values[-1], samples=len(values), **kwargs)
+            return cls(key, label, value, target, comparator, unit, target_source, digits, spread_bound=spread_bound)
+        return cls(key, label, value, target, comparator, unit, target_source, digits, low=values[0], high=values[-1],
+                   samples=len(values), spread_bound=spread_bound)
 
     def _meets(self, value: float) -> bool:
         assert self.target is not None
@@ -100,7 +109,7 @@ class Measure:
             return None
         return spread <= self.spread_bound + 1e-12
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "label": self.label, "value": self.value, "target": self.target,
             "comparator": self.comparator if self.target is not None else None,
@@ -129,7 +138,7 @@ class Figure:
     name: str
     title: str
     measures: list[Measure]
-    details: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, object] = field(default_factory=dict)  # JSON: what the measures were made of
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -141,7 +150,7 @@ class Figure:
     def met(self) -> bool:
         return all(m.met for m in self.measures if m.target is not None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         head = self.headline
         return {
             "figure": self.number,
@@ -158,7 +167,7 @@ class Figure:
         }
 
 
-def bench_json(figures: list[Figure], *, quick: bool, seed: int, argv: list[str] | None = None) -> dict[str, Any]:
+def bench_json(figures: list[Figure], *, quick: bool, seed: int, argv: list[str] | None = None) -> dict[str, object]:
     return {
         "schema": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -173,7 +182,7 @@ def bench_json(figures: list[Figure], *, quick: bool, seed: int, argv: list[str]
     }
 
 
-def write_json_atomically(path: str | Path, payload: Any) -> Path:
+def write_json_atomically(path: str | Path, payload: Mapping[str, object]) -> Path:
     path = Path(path)
     fileio.write_json_atomically(path, payload, sort_keys=False)
     return path
@@ -196,7 +205,7 @@ def _figure_verdict(figure: "Figure") -> str | None:
     return "straddles" if "missed" not in verdicts else "missed"
 
 
-def render_table(figures: list[Figure], *, title: str | None = None) -> Any:
+def render_table(figures: list[Figure], *, title: str | None = None) -> Table:
     """The figures as one rich table, titled by the command that measured them unless ``title`` is given."""
     from rich.table import Table
 
@@ -220,7 +229,7 @@ def render_table(figures: list[Figure], *, title: str | None = None) -> Any:
     return table
 
 
-def print_report(figures: list[Figure], *, console: Any = None, output: str | Path | None = None,
+def print_report(figures: list[Figure], *, console: Console | None = None, output: str | Path | None = None,
                  quick: bool = False) -> None:
     from rich.console import Console
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from searchr1.bench.report import Figure
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
 FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
 # Figures 8 and 9 (BM25 over a generated 1M-passage corpus, and against Lucene) and 10 (six
@@ -67,7 +67,7 @@ def parse_only(text: str | None) -> list[int]:
     return sorted(chosen)
 
 
-def run_figures(numbers: Iterable[int], *, tokenizer: Any = None, seed: int = 0, quick: bool = False,
+def run_figures(numbers: Iterable[int], *, tokenizer: Qwen35Tokenizer | None = None, seed: int = 0, quick: bool = False,
                 passages: int | None = None, paper_sizes: bool = False,
                 on_start: Callable[[int], None] | None = None,
                 on_done: Callable[[Figure], None] | None = None) -> list[Figure]:
@@ -80,7 +80,7 @@ def run_figures(numbers: Iterable[int], *, tokenizer: Any = None, seed: int = 0,
     for number in numbers:
         if on_start is not None:
             on_start(number)
-        extra: dict[str, Any] = {"passages": passages} if number in (8, 9, 13) else {}
+        extra: dict[str, int | bool | None] = {"passages": passages} if number in (8, 9, 13) else {}
         if number == 5:
             extra["paper_sizes"] = paper_sizes
         figure = builders[number](tokenizer, seed=seed, quick=quick, **extra)

@@ -24,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any
+from collections.abc import Coroutine
 
 from searchr1.core.rollout import rollout_batch_async
+from searchr1.core.types import SamplingClient, Trajectory
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.search.tool import with_search
 from searchr1.twin.scripted_search import ScriptedSearch
-from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout
+from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY, LockstepRollout, LockstepStats
 from searchr1.bench.report import Figure, Measure
 from searchr1.basics.wording import plural
 from searchr1.bench.served import BASE_MODEL, served_twin
@@ -57,11 +59,11 @@ class SchedulingSetup:
     workload: Workload
     model: LatencyModel
     search_concurrency: int
-    sampler: Any  # a pytrio SamplingClient on the twin
+    sampler: SamplingClient  # a pytrio SamplingClient on the twin
 
 
-def _coroutine(kind: str, setup: SchedulingSetup, tokenizer: Any, model: LatencyModel,
-               info: dict[str, Any]) -> Any:
+def _coroutine(kind: str, setup: SchedulingSetup, tokenizer: Qwen35Tokenizer, model: LatencyModel,
+               info: dict[str, LockstepStats]) -> Coroutine[object, object, list[Trajectory]]:
     workload = setup.workload
     search = ScriptedSearch(workload.results, latency=model.search_latency(),
                             concurrency=setup.search_concurrency)
@@ -73,17 +75,17 @@ def _coroutine(kind: str, setup: SchedulingSetup, tokenizer: Any, model: Latency
     return engine.run(workload.examples)
 
 
-def run_wall(kind: str, setup: SchedulingSetup, tokenizer: Any, model: LatencyModel) -> tuple[list[Any], float, float,
-                                                                                              dict[str, Any]]:
+def run_wall(kind: str, setup: SchedulingSetup, tokenizer: Qwen35Tokenizer,
+             model: LatencyModel) -> tuple[list[Trajectory], float, float, dict[str, LockstepStats]]:
     """One run on the real clock: trajectories, wall seconds, process CPU seconds, info."""
-    info: dict[str, Any] = {}
+    info: dict[str, LockstepStats] = {}
     coroutine = _coroutine(kind, setup, tokenizer, model, info)
     wall, cpu = time.perf_counter(), time.process_time()
     trajectories = asyncio.run(coroutine)
     return trajectories, time.perf_counter() - wall, time.process_time() - cpu, info
 
 
-def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
+def scheduling_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False,
                       repetitions: int | None = None, scale: float | None = None,
                       spec: WorkloadSpec | None = None) -> Figure:
     started = time.perf_counter()
@@ -144,7 +146,8 @@ def scheduling_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False,
     return figure
 
 
-def _timed_runs(setup: SchedulingSetup, tokenizer: Any, model: LatencyModel, repetitions: int) -> tuple[Any, ...]:
+def _timed_runs(setup: SchedulingSetup, tokenizer: Qwen35Tokenizer, model: LatencyModel, repetitions: int) -> tuple[
+        dict[str, list[float]], dict[str, list[float]], int, list[tuple[object, ...]], list[Trajectory]]:
     """A warm-up of each scheduler (both must produce the same trajectories), then the
     interleaved timed repetitions."""
     ours, _, _, _ = run_wall("ours", setup, tokenizer, model)

@@ -15,15 +15,21 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from searchr1.runtime.connect import sampling_capacity
 from searchr1.wiring.services import SAMPLING_CONCURRENCY
 from searchr1.twin.client import LOCAL_RETRIES, connect, session_closer
 from searchr1.twin.config import Latencies
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
+
+if TYPE_CHECKING:
+    from pytrio import ServiceClient
+
+    from searchr1.twin.policy import TwinPolicy
 
 BASE_MODEL = "Qwen/Qwen3.5-4B"
 
@@ -33,10 +39,10 @@ class TwinStartError(RuntimeError):
 
 
 @contextmanager
-def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencies(), *, in_process: bool = False,
-                tokenizer: Any = None, policy: str = "scripted", max_staleness: int = 0, strict: bool = True,
-                on_process: Callable[[int], None] | None = None,
-                sampling_concurrency: int = SAMPLING_CONCURRENCY) -> Iterator[Any]:
+def served_twin(scenario: Mapping[str, object] | None, latencies: Latencies = Latencies(), *, in_process: bool = False,
+                tokenizer: Qwen35Tokenizer | None = None, policy: str = "scripted", max_staleness: int = 0,
+                strict: bool = True, on_process: Callable[[int], None] | None = None,
+                sampling_concurrency: int = SAMPLING_CONCURRENCY) -> Iterator[ServiceClient]:
     """``scenario`` is what the scripted policy replies from; other policies take ``None``.
     The client's sampling clients keep ``sampling_concurrency`` requests in flight, as
     ``train``'s do.
@@ -90,8 +96,9 @@ def served_twin(scenario: dict[str, Any] | None, latencies: Latencies = Latencie
 
 
 @contextmanager
-def _in_process(scenario: dict[str, Any] | None, latencies: Latencies, tokenizer: Any, policy: str,
-                max_staleness: int, strict: bool = True, *, sdk_options: dict[str, Any]) -> Iterator[Any]:
+def _in_process(scenario: Mapping[str, object] | None, latencies: Latencies, tokenizer: Qwen35Tokenizer | None,
+                policy: str, max_staleness: int, strict: bool = True, *,
+                sdk_options: Mapping[str, float]) -> Iterator[ServiceClient]:
     from searchr1.twin import Strictness, start_twin
     from searchr1.twin.scenario import parse_scenario
     from searchr1.twin.scripted_policy import ScriptedPolicy
@@ -100,7 +107,7 @@ def _in_process(scenario: dict[str, Any] | None, latencies: Latencies, tokenizer
         from searchr1.runtime.tokenizer import shared_tokenizer
 
         tokenizer = shared_tokenizer()
-    served: Any = ScriptedPolicy(parse_scenario(scenario), tokenizer) if scenario is not None else policy
+    served: TwinPolicy | str = ScriptedPolicy(parse_scenario(scenario), tokenizer) if scenario is not None else policy
     with tempfile.TemporaryDirectory(prefix="searchr1-bench-twin-") as scratch, \
             start_twin(home=scratch, tokenizer=tokenizer, policy=served, latencies=latencies,
                        strictness=Strictness(enabled=strict, max_staleness=max_staleness)) as twin:

@@ -52,22 +52,43 @@ import functools
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from searchr1.twin.scripted_search import ScriptedSearch
 from searchr1.bench.client_scaling import client_scaling, settled_heap as heap_settled
 from searchr1.bench.lockstep import DEFAULT_SEARCH_CONCURRENCY
 from searchr1.bench.protocol_cpu import lab_port_fit_tool_content
 from searchr1.bench.report import LAB_PORT, Figure, Measure
-from searchr1.bench.samplers import CountingSampler, InMemorySampler
+from searchr1.bench.samplers import Answers, CountingSampler, InMemorySampler
+from searchr1.core.budgets import RolloutBudgets
+from searchr1.core.datum import TrainingDatum
+from searchr1.core.observation.fit import FittedObservation
+from searchr1.core.types import Message, SamplingClient, SearchResult, ServiceClient, Tokenizer, Trajectory
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.core.observation.tokens import forget_remembered_texts
 from searchr1.basics.wording import plural
 from searchr1.bench.served import served_twin
-from searchr1.bench.thread_cpu import CpuInterval, ThreadCpuMeter, client_thread_roles
-from searchr1.bench.workload import LatencyModel, WorkloadSpec, build_workload, fingerprint, lower_bound, quick_spec
+from searchr1.bench.thread_cpu import CpuInterval, CpuSnapshot, ThreadCpuMeter, client_thread_roles
+from searchr1.bench.workload import (
+    LatencyModel,
+    Workload,
+    WorkloadSpec,
+    build_workload,
+    fingerprint,
+    lower_bound,
+    quick_spec,
+)
+
+if TYPE_CHECKING:
+    from searchr1.core.trainer import BatchSource, StepRecord as TrainerStepRecord, Trainer
+
+P = ParamSpec("P")
+R = TypeVar("R")
+# searchr1.core.rollout.rollout_batch_async, as the pipeline and the trainer call it (and its stand-ins)
+Rollout = Callable[..., Awaitable[list[Trajectory]]]
 
 SPREAD_BOUND = 0.15  # (highest - lowest) / median of the runs, documented in docs/benchmarks.md
 # Our step's local CPU at most this share of the same step done the lab port's way: the former
@@ -128,18 +149,22 @@ class StepProbe:
         self.steps: list[StepRecord] = []
         self.current = StepRecord()
         self.replaying: str | None = None  # None: the step itself; "memory" or LAB_PORT: a replay
-        self.trajectories: list[list[Any]] = []
+        self.trajectories: list[list[Trajectory]] = []
 
-    def attach(self, service: Any) -> None:
+    def attach(self, service: ServiceClient) -> None:
         self.meter = ThreadCpuMeter(client_thread_roles(service), [self.twin_pid] if self.twin_pid else [])
 
-    def interval(self, start: Any) -> CpuInterval:
+    def snapshot(self) -> CpuSnapshot:
+        assert self.meter is not None, "attach() first"
+        return self.meter.snapshot()
+
+    def interval(self, start: CpuSnapshot) -> CpuInterval:
         assert self.meter is not None
         return self.meter.interval(start, self.meter.snapshot())
 
-    def piece(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def piece(self, name: str, function: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             start = time.thread_time()
             try:
                 return function(*args, **kwargs)
@@ -152,7 +177,7 @@ class StepProbe:
 
 
 @contextlib.contextmanager
-def patched(target: Any, name: str, value: Any) -> Iterator[None]:
+def patched(target: object, name: str, value: object) -> Iterator[None]:
     original = getattr(target, name)
     setattr(target, name, value)
     try:
@@ -161,13 +186,11 @@ def patched(target: Any, name: str, value: Any) -> Iterator[None]:
         setattr(target, name, original)
 
 
-def lab_port_fit(tokenizer: Any, messages_before_assistant: list[dict[str, Any]], assistant_text: str,
-             previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
-             result: Any, config: Any, tool: str = "search") -> Any:
+def lab_port_fit(tokenizer: Tokenizer, messages_before_assistant: list[Message], assistant_text: str | Message,
+                 previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
+                 result: SearchResult, config: RolloutBudgets, tool: str = "search") -> FittedObservation | None:
     """:func:`searchr1.core.observation.fit.fit_tool_content` done the lab port's way (figure 2's
     :func:`lab_port_fit_tool_content`), in the engine's own return type (the lab port has search alone)."""
-    from searchr1.core.observation.fit import FittedObservation
-
     fitted = lab_port_fit_tool_content(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
                                    completion_tokens, call_id, result, config)
     return None if fitted is None else FittedObservation(fitted[0], fitted[1], False)
@@ -191,22 +214,23 @@ class _StepTimers:
     roll out the same trajectories) and its datums. ``rollout`` and ``build_datums`` are the
     functions they time."""
 
-    def __init__(self, probe: StepProbe, rollout: Callable[..., Any], build_datums: Callable[..., Any]) -> None:
+    def __init__(self, probe: StepProbe, rollout: Rollout,
+                 build_datums: Callable[..., list[TrainingDatum]]) -> None:
         self.probe = probe
         self._rollout = rollout
         self._build_datums = build_datums
 
-    async def _replayed(self, mode: str, answers: dict[tuple[Any, ...], list[tuple[Any, ...]]], args: list[Any],
-                        kwargs: dict[str, Any], trajectories: list[Any]) -> CpuInterval:
+    async def _replayed(self, mode: str, answers: Answers, tokenizer: Tokenizer, args: list[object],
+                        kwargs: dict[str, object], trajectories: list[Trajectory]) -> CpuInterval:
         """The CPU of the rollout once more, answered from memory, in ``mode``; it must roll out
         ``trajectories`` again."""
         probe = self.probe
         probe.replaying = mode
-        forget_remembered_texts(args[0])  # each replay encodes its texts from cold, as the other does
+        forget_remembered_texts(tokenizer)  # each replay encodes its texts from cold, as the other does
         with settled_heap(probe.current):
-            start = probe.meter.snapshot()  # type: ignore[union-attr]
+            start = probe.snapshot()
             try:
-                again = await self._rollout(InMemorySampler(answers), *args, **kwargs)
+                again = await self._rollout(InMemorySampler(answers), tokenizer, *args, **kwargs)
             finally:
                 probe.replaying = None
         spent = probe.interval(start)
@@ -216,24 +240,26 @@ class _StepTimers:
         probe.current.leave_out(time.thread_time() - checked)
         return spent
 
-    async def rollout(self, sampler: Any, *args: Any, **kwargs: Any) -> Any:
+    async def rollout(self, sampler: SamplingClient, tokenizer: Tokenizer, *args: object,
+                      **kwargs: object) -> list[Trajectory]:
         """The rollout as it runs, timed, then replayed from memory ours and the lab port's way."""
         from searchr1.core.observation import fit as fit_module
 
         probe = self.probe
-        answers: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        answers: Answers = {}
         counted = CountingSampler(sampler, answers)
         with settled_heap(probe.current):
-            start = probe.meter.snapshot()  # type: ignore[union-attr]
-            trajectories = await self._rollout(counted, *args, **kwargs)
+            start = probe.snapshot()
+            trajectories = await self._rollout(counted, tokenizer, *args, **kwargs)
             spent = probe.interval(start)
-        # The same rollout, answered from memory (no progress display, the same seeds and step).
+        # The same rollout, answered from memory (no progress display, the same seeds and step):
+        # the arguments after the tokenizer are the tools, the questions, the config and the progress.
         replay_args = list(args)
-        if len(replay_args) > 4:
-            replay_args[4] = None
-        replay = await self._replayed("memory", answers, replay_args, kwargs, trajectories)
+        if len(replay_args) > 3:
+            replay_args[3] = None
+        replay = await self._replayed("memory", answers, tokenizer, replay_args, kwargs, trajectories)
         with patched(fit_module, "fit_tool_content", lab_port_fit):
-            theirs = await self._replayed(LAB_PORT, answers, replay_args, kwargs, trajectories)
+            theirs = await self._replayed(LAB_PORT, answers, tokenizer, replay_args, kwargs, trajectories)
         record = probe.current
         record.rollout_main += spent.roles.get("main", 0.0)
         record.rollout_client += spent.roles.get("client", 0.0)
@@ -247,23 +273,23 @@ class _StepTimers:
         probe.trajectories.append(trajectories)
         return trajectories
 
-    def datums(self, *args: Any, **kwargs: Any) -> Any:
+    def datums(self, *args: object, **kwargs: object) -> list[TrainingDatum]:
         start = time.thread_time()
         try:
             return self._build_datums(*args, **kwargs)
         finally:
             self.probe.current.datums += time.thread_time() - start
 
-    def step(self, trainer: Any) -> Callable[[int, Any], Any]:
+    def step(self, trainer: Trainer) -> Callable[[int, BatchSource], Awaitable[TrainerStepRecord]]:
         """``trainer.step``, each step's CPU recorded in a :class:`StepRecord` of its own."""
         original = trainer.step
         probe = self.probe
 
-        async def step(number: int, batches: Any) -> Any:
+        async def step(number: int, batches: BatchSource) -> TrainerStepRecord:
             if probe.meter is None:
                 probe.attach(trainer.service)
             probe.current = StepRecord()
-            start = probe.meter.snapshot()  # type: ignore[union-attr]
+            start = probe.snapshot()
             metrics = await original(number, batches)
             spent = probe.interval(start)
             probe.current.roles = dict(spent.roles)
@@ -274,7 +300,8 @@ class _StepTimers:
         return step
 
 
-def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps: int, probe: StepProbe) -> None:
+def _run(service: ServiceClient, tokenizer: Qwen35Tokenizer, workload: Workload, spec: WorkloadSpec, steps: int,
+         probe: StepProbe) -> None:
     """One training run of ``steps`` steps, every step recorded (and its rollout replayed) in ``probe``."""
     from searchr1.training import pipeline as pipeline_module
     from searchr1.core import rollout as rollout_module
@@ -302,7 +329,7 @@ def _run(service: Any, tokenizer: Any, workload: Any, spec: WorkloadSpec, steps:
         run.create(config.to_json())
         training = TrainingRun(config, run, service=service, tokenizer=tokenizer,
                           search=ScriptedSearch(workload.results), examples=workload.examples)
-        training.trainer.step = timers.step(training.trainer)  # type: ignore[method-assign]
+        stack.enter_context(patched(training.trainer, "step", timers.step(training.trainer)))
         asyncio.run(training.run_steps(None))
 
 
@@ -343,7 +370,7 @@ def _client_outside(r: StepRecord) -> float:
     return max(0.0, r.roles.get("client", 0.0) - r.rollout_client - r.replay_client - r.lab_port_client)
 
 
-def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, steps: int | None = None,
+def step_overhead_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False, steps: int | None = None,
                          spec: WorkloadSpec | None = None, repetitions: int | None = None,
                          paper_sizes: bool = False) -> Figure:
     started = time.perf_counter()
@@ -409,6 +436,11 @@ def step_overhead_figure(tokenizer: Any, *, seed: int = 0, quick: bool = False, 
     return figure
 
 
+def _piece_seconds(key: str) -> Callable[[StepRecord], float]:
+    """A step's main-thread seconds in the piece ``key`` (:data:`MAIN_PIECES`)."""
+    return lambda r: r.pieces.get(key, 0.0)
+
+
 def _step_measures(samples: _RunSamples, service_seconds: list[float]) -> list[Measure]:
     """The figure's rows from the runs' samples: the step's local CPU against the lab port's way, the
     wire and the modelled service time, then where it goes (threads, pieces, datums, per request
@@ -446,7 +478,7 @@ def _step_measures(samples: _RunSamples, service_seconds: list[float]) -> list[M
     ]
     for key, label in MAIN_PIECES.items():
         measures.append(Measure.of_samples(f"main_{key}_seconds", f"  main thread: {label}",
-                                           per_step(lambda r, k=key: r.pieces.get(k, 0.0)), unit="s"))
+                                           per_step(_piece_seconds(key)), unit="s"))
     return measures + [
         Measure.of_samples("main_rest_seconds", "  main thread: asyncio, pytrio calls on our loop",
                            per_step(_rest_main), unit="s"),

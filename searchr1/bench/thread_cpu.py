@@ -20,6 +20,13 @@ from dataclasses import dataclass, field
 _PROC = "/proc"
 
 
+def main_thread_id() -> int:
+    """The native id of this process's main thread (it runs, so it has one)."""
+    native_id = threading.main_thread().native_id
+    assert native_id is not None
+    return native_id
+
+
 def available() -> bool:
     return os.path.exists(f"{_PROC}/self/task/{threading.get_native_id()}/schedstat")
 
@@ -86,7 +93,7 @@ class ThreadCpuMeter:
     """
 
     def __init__(self, roles: Mapping[int, str] | None = None, pids: Iterable[int] = ()) -> None:
-        self.roles = dict(roles or {threading.main_thread().native_id: "main"})
+        self.roles = dict(roles or {main_thread_id(): "main"})
         self.pids = list(pids)
         self.proc = available()
 
@@ -138,7 +145,7 @@ def pytrio_client_thread_id(service_client: object) -> int | None:
 def client_thread_roles(service_client: object) -> dict[int, str]:
     """The roles of a process that drives ``service_client``: our main thread (``"main"``) and
     pytrio's event-loop thread (``"client"``, left out when it cannot be found)."""
-    roles = {threading.main_thread().native_id: "main"}
+    roles = {main_thread_id(): "main"}
     client = pytrio_client_thread_id(service_client)
     if client is not None:
         roles[client] = "client"

@@ -13,12 +13,11 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from searchr1.core.rollout import RolloutConfig
-from searchr1.core.types import SearchItem, SearchResult, Trajectory
+from searchr1.core.types import SearchExample, SearchItem, SearchResult, Trajectory
 from searchr1.twin.config import Latencies
 from searchr1.twin.scenario import Scenario, parse_scenario
 
@@ -54,9 +53,9 @@ class WorkloadSpec:
     correct_fraction: float = 0.5
 
 
-def quick_spec(**overrides: Any) -> WorkloadSpec:
-    """The ``--quick`` size: 2 questions x 4 samples."""
-    return WorkloadSpec(questions=2, group_size=4, **overrides)
+def quick_spec(spec: WorkloadSpec | None = None) -> WorkloadSpec:
+    """``spec`` (the default one if None) at the ``--quick`` size: 2 questions x 4 samples."""
+    return dataclasses.replace(spec or WorkloadSpec(), questions=2, group_size=4)
 
 
 @dataclass
@@ -65,10 +64,10 @@ class Workload:
     scenario: Scenario
     results: dict[str, SearchResult]
     config: RolloutConfig
-    raw: dict[str, Any]  # the scenario as JSON, for a twin in another process
+    raw: dict[str, object]  # the scenario as JSON, for a twin in another process
 
     @property
-    def examples(self) -> list[Any]:
+    def examples(self) -> list[SearchExample]:
         return self.scenario.examples
 
     def queries(self) -> list[str]:
@@ -101,7 +100,7 @@ def make_result(rng: np.random.Generator, spec: WorkloadSpec, query: str) -> Sea
     return SearchResult(ok=True, items=tuple(items))
 
 
-def build_workload(spec: WorkloadSpec, seed: int, **config_overrides: Any) -> Workload:
+def build_workload(spec: WorkloadSpec, seed: int) -> Workload:
     """A deterministic scripted step: ``spec.questions`` x ``spec.group_size`` trajectories."""
     rng = np.random.default_rng(seed)
     weights = np.asarray(spec.search_weights, dtype=float)
@@ -132,17 +131,16 @@ def build_workload(spec: WorkloadSpec, seed: int, **config_overrides: Any) -> Wo
             "id": f"bench-{q}", "question": f"Bench question {q}: which city is meant?",
             "answers": ["Paris"], "data_source": "bench", "samples": samples,
         })
-    raw = {"name": "bench", "questions": questions}
+    raw: dict[str, object] = {"name": "bench", "questions": questions}
     results = {query: make_result(rng, spec, query) for query in dict.fromkeys(queries)}
-    config = RolloutConfig(group_size=spec.group_size, max_search_calls=4, sample_retry_backoff=0.0,
-                           **config_overrides)
+    config = RolloutConfig(group_size=spec.group_size, max_search_calls=4, sample_retry_backoff=0.0)
     return Workload(spec, parse_scenario(raw), results, config, raw)
 
 
 # ------------------------------------------------------------------------------- latencies
 
 
-def _unit_hash(*parts: Any) -> int:
+def _unit_hash(*parts: object) -> int:
     material = "/".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "big")
 
@@ -245,7 +243,7 @@ def lower_bound(trajectories: list[Trajectory], model: LatencyModel, *, sampling
 # ------------------------------------------------------------------------------- sampler
 
 
-def fingerprint(trajectories: list[Trajectory]) -> list[tuple[Any, ...]]:
+def fingerprint(trajectories: list[Trajectory]) -> list[tuple[object, ...]]:
     """Everything that makes two rollouts the same: per trajectory, its termination, searches,
     every turn's prompt and completion tokens, reward and advantage."""
     return [

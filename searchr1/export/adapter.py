@@ -16,8 +16,8 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from searchr1.basics.json_types import as_int, as_list, as_object, as_str
 from searchr1.export.convert import VLLM_MAX_LORA_RANKS, ExportFormat, Layout
 from searchr1.export.qwen35 import Qwen35Text
 
@@ -31,13 +31,13 @@ class Adapter:
     """An adapter folder as read back: its config, tensor shapes and what is wrong with it."""
 
     folder: Path
-    config: dict[str, Any]
+    config: Mapping[str, object]  # adapter_config.json as read back (convert.PeftConfig's fields)
     shapes: dict[str, tuple[int, ...]]
     problems: list[str] = field(default_factory=list)
 
     @property
     def rank(self) -> int:
-        return int(self.config.get("r") or 0)
+        return as_int(self.config.get("r") or 0, "r")
 
     @property
     def base_model(self) -> str:
@@ -46,12 +46,14 @@ class Adapter:
     @property
     def target_modules(self) -> list[str]:
         modules = self.config.get("target_modules")
-        return [modules] if isinstance(modules, str) else list(modules or [])
+        if isinstance(modules, str):
+            return [modules]
+        return [as_str(module, "target_modules") for module in as_list(modules or [], "target_modules")]
 
     @property
     def max_rank(self) -> int:
-        pattern = self.config.get("rank_pattern") or {}
-        return max([self.rank, *(int(v) for v in pattern.values())])
+        pattern = as_object(self.config.get("rank_pattern") or {}, "rank_pattern")
+        return max([self.rank, *(as_int(v, "rank_pattern") for v in pattern.values())])
 
 
 def find_adapter(folder: Path) -> Path | None:
@@ -62,19 +64,19 @@ def find_adapter(folder: Path) -> Path | None:
     return None
 
 
-def _rank_of(module: str, config: Mapping[str, Any]) -> int:
+def _rank_of(module: str, config: Mapping[str, object]) -> int:
     """PEFT's rule: the ``rank_pattern`` key matching the end of the module's name, else ``r``."""
-    for key, rank in (config.get("rank_pattern") or {}).items():
+    for key, rank in as_object(config.get("rank_pattern") or {}, "rank_pattern").items():
         if re.match(rf"(.*\.)?({key})$", module):
-            return int(rank)
-    return int(config["r"])
+            return as_int(rank, "rank_pattern")
+    return as_int(config["r"], "r")
 
 
 def check_adapter(folder: Path, dims: Qwen35Text, layout: Layout) -> Adapter:
     """Read the adapter in ``folder`` and list what would not load exactly onto ``dims``."""
     from safetensors import safe_open
 
-    config = json.loads((folder / CONFIG_FILE).read_text("utf-8"))
+    config: Mapping[str, object] = json.loads((folder / CONFIG_FILE).read_text("utf-8"))
     with safe_open(str(folder / WEIGHTS_FILE), framework="numpy") as weights:
         shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
     adapter = Adapter(folder, config, shapes)

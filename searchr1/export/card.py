@@ -12,10 +12,9 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
 import yaml
 
+from searchr1.basics.json_types import as_object
 from searchr1.export.adapter import Adapter
 
 CARD_FILE = "README.md"
@@ -53,19 +52,21 @@ def upload_command(folder: Path, *, merged: bool) -> str:
     return command + (" --exclude 'merged/*'" if merged else "")
 
 
-def model_index(name: str, evals: Sequence[tuple[str, Mapping[str, Any]]], *, offline: bool) -> list[dict[str, Any]]:
+def model_index(name: str, evals: Sequence[tuple[str, Mapping[str, object]]], *,
+                offline: bool) -> list[dict[str, object]]:
     """The ``model-index`` metadata of the eval files: one result per dataset (the Hub keys results
     by task and dataset), from the first file of ``evals`` on it, with the figures of
     :data:`EVAL_FIGURES` it holds; empty when no file holds any. Offline, the twin's policy
     answered, and the task's name says so."""
     task = "Question answering with search" + (" (offline twin: its policy answered, not a language model)"
                                                if offline else "")
-    results, seen = [], set()
+    results: list[dict[str, object]] = []
+    seen = set()
     for path, summary in evals:
-        figures = summary.get("metrics") or {}
-        metrics = [{"type": kind, "name": shown, "value": round(float(figures[key]), 4)}
-                   for key, kind, shown in EVAL_FIGURES if isinstance(figures.get(key), (int, float))]
-        data = Path(str((summary.get("config") or {}).get("dataset") or path))
+        figures = as_object(summary.get("metrics") or {}, "metrics")
+        metrics = [{"type": kind, "name": shown, "value": round(float(value), 4)}
+                   for key, kind, shown in EVAL_FIGURES if isinstance(value := figures.get(key), (int, float))]
+        data = Path(str(as_object(summary.get("config") or {}, "config").get("dataset") or path))
         if not metrics or data in seen:
             continue
         seen.add(data)
@@ -77,11 +78,11 @@ def model_index(name: str, evals: Sequence[tuple[str, Mapping[str, Any]]], *, of
     return [{"name": name, "results": results}] if results else []
 
 
-def front_matter(base_model: str, *, index: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+def front_matter(base_model: str, *, index: Sequence[Mapping[str, object]] = ()) -> list[str]:
     """Hugging Face model-card metadata: the base model, PEFT as the library, the pipeline, the base
     model's license (:data:`BASE_MODEL_LICENSES`), the tags the Hub uses to link an adapter to its
     base, and the eval results (``index``, :func:`model_index`'s)."""
-    metadata: dict[str, Any] = {"base_model": base_model, "library_name": "peft", "pipeline_tag": PIPELINE_TAG}
+    metadata: dict[str, object] = {"base_model": base_model, "library_name": "peft", "pipeline_tag": PIPELINE_TAG}
     lines = ["---", *_yaml_lines(metadata)]
     license_name = BASE_MODEL_LICENSES.get(base_model)
     if license_name is not None:
@@ -93,12 +94,12 @@ def front_matter(base_model: str, *, index: Sequence[Mapping[str, Any]] = ()) ->
     return [*lines, "---", ""]
 
 
-def _yaml_lines(data: Mapping[str, Any]) -> list[str]:
+def _yaml_lines(data: Mapping[str, object]) -> list[str]:
     return yaml.safe_dump(dict(data), sort_keys=False, allow_unicode=True, width=1000).splitlines()
 
 
-def model_card(adapter: Adapter, *, name: str, checkpoint: str, run_config: Mapping[str, Any] | None,
-               step: int | None, evals: Sequence[tuple[str, Mapping[str, Any]]], commands: Sequence[str],
+def model_card(adapter: Adapter, *, name: str, checkpoint: str, run_config: Mapping[str, object] | None,
+               step: int | None, evals: Sequence[tuple[str, Mapping[str, object]]], commands: Sequence[str],
                upload: str, shape_source: str, stand_in_note: str | None, archive_readme: str | None) -> str:
     """The README.md written beside the adapter; an archive's own README is kept below it."""
     offline = stand_in_note is not None or bool((run_config or {}).get("offline"))
@@ -107,7 +108,8 @@ def model_card(adapter: Adapter, *, name: str, checkpoint: str, run_config: Mapp
     if stand_in_note:
         lines += [f"> **Offline twin export.** {stand_in_note}. It has the structure of a Qwen3.5 adapter at a "
                   "tiny size; it is not a model to serve.", ""]
-    ranks = ", ".join(f"{k}: {v}" for k, v in (adapter.config.get("rank_pattern") or {}).items())
+    rank_pattern = as_object(adapter.config.get("rank_pattern") or {}, "rank_pattern")
+    ranks = ", ".join(f"{k}: {v}" for k, v in rank_pattern.items())
     lines += ["| | |", "|---|---|", f"| base model | `{adapter.base_model}` |",
               f"| LoRA rank | {adapter.rank}{f' ({ranks})' if ranks else ''} |",
               f"| LoRA alpha | {adapter.config.get('lora_alpha')} |",
@@ -117,20 +119,21 @@ def model_card(adapter: Adapter, *, name: str, checkpoint: str, run_config: Mapp
     if run_config:
         from searchr1.run.algorithm import algorithm_of, describe_algorithm
 
-        rollout = run_config.get("rollout") if isinstance(run_config.get("rollout"), Mapping) else {}
+        rollout = run_config.get("rollout")
+        rollout = rollout if isinstance(rollout, Mapping) else {}
         lines += ["## Training run", "",
                   f"- run `{run_config.get('run_name')}` "
                   f"({'offline twin' if run_config.get('offline') else 'live PyTRIO'})",
                   f"- algorithm: {describe_algorithm(algorithm_of(dict(run_config)))}",  # names the reward
                   f"- learning rate {run_config.get('learning_rate')}, {run_config.get('questions_per_batch')} "
                   f"questions per batch, group size {rollout.get('group_size')}",
-                  f"- search backend {(run_config.get('search') or {}).get('backend')}, at most "
+                  f"- search backend {as_object(run_config.get('search') or {}, 'search').get('backend')}, at most "
                   f"{rollout.get('max_search_calls')} searches and {rollout.get('max_assistant_turns')} turns", ""]
     if evals:
         lines += ["## Evaluation", "", "| eval file | questions | " + " | ".join(s for _, _, s in EVAL_FIGURES) + " |",
                   "|---|---|" + "---|" * len(EVAL_FIGURES)]
         for path, summary in evals:
-            m = summary.get("metrics") or {}
+            m = as_object(summary.get("metrics") or {}, "metrics")
             cells = [f"{m[k]:.3f} [{m[k + '_ci95_low']:.3f}, {m[k + '_ci95_high']:.3f}]" if k in m else "-"
                      for k, _, _ in EVAL_FIGURES]
             lines.append(f"| `{Path(path).name}` | {summary.get('evaluated_examples')} | " + " | ".join(cells) + " |")

@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Literal, TypedDict
 
 import numpy as np
 
@@ -92,7 +93,7 @@ class ConversionError(ValueError):
 class RawAdapter:
     """A Tinker-format adapter as read from its two files."""
 
-    config: dict[str, object]
+    config: Mapping[str, object]  # adapter_config.json as read
     tensors: dict[str, np.ndarray]
     metadata: dict[str, str] = field(default_factory=dict)
 
@@ -111,11 +112,31 @@ class RawAdapter:
         return alpha
 
 
+class PeftConfig(TypedDict):
+    """``adapter_config.json`` as :func:`convert` writes it: a plain LoRA, PEFT's field names."""
+
+    peft_type: Literal["LORA"]
+    task_type: Literal["CAUSAL_LM"]
+    base_model_name_or_path: str
+    r: int
+    lora_alpha: float
+    lora_dropout: float
+    bias: Literal["none"]
+    use_rslora: bool
+    use_dora: bool
+    modules_to_save: None
+    fan_in_fan_out: bool
+    inference_mode: bool
+    target_modules: list[str]
+    rank_pattern: dict[str, int]  # the fused in_proj_qkv's rank, 3r
+    alpha_pattern: dict[str, float]
+
+
 @dataclass(frozen=True)
 class Converted:
     """An adapter ready to write: PEFT's config, its tensors and what was done."""
 
-    config: dict[str, object]
+    config: PeftConfig
     tensors: dict[str, np.ndarray]
     layout: Layout
     export_format: ExportFormat
@@ -124,9 +145,7 @@ class Converted:
 
     @property
     def max_rank(self) -> int:
-        ranks = self.config.get("rank_pattern") or {}
-        assert isinstance(ranks, dict)
-        return max([int(self.config["r"]), *ranks.values()])  # type: ignore[call-overload]
+        return max([self.config["r"], *self.config["rank_pattern"].values()])
 
     def vllm_max_lora_rank(self) -> int:
         """The smallest ``--max-lora-rank`` vLLM accepts that holds every module's rank."""
@@ -256,14 +275,14 @@ def convert(raw: RawAdapter, dims: Qwen35Text, *, export_format: ExportFormat, l
             continue
         key = "base_model.model.lm_head" if path == UNEMBED else f"{layout.prefix}{path}"
         tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = parts["A"], parts["B"]
-    for layer_path, parts in sorted(split.items()):
+    for layer_path, split_parts in sorted(split.items()):
         if f"{layer_path}.{FUSED_QKV}" in modules:
             raise ConversionError(f"tensors {RAW_PREFIX}{layer_path}: both in_proj_qkv and its split parts")
-        a, b = fold_qkv(parts, dims, rank)
+        a, b = fold_qkv(split_parts, dims, rank)
         key = f"{layout.prefix}{layer_path}.{FUSED_QKV}"
         tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a, b
     targets = sorted({name.rsplit(".", 3)[-3] for name in tensors})
-    config: dict[str, object] = {
+    config: PeftConfig = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
         "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
         "use_dora": False, "modules_to_save": None, "fan_in_fan_out": False, "inference_mode": True,

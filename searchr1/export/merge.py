@@ -35,7 +35,7 @@ class MergeReport:
 
 def _deltas(converted: Converted) -> dict[str, np.ndarray]:
     """``text-model path -> delta (out, in)`` in float32."""
-    scale = float(converted.config["lora_alpha"]) / float(converted.config["r"])  # type: ignore[arg-type]
+    scale = float(converted.config["lora_alpha"]) / float(converted.config["r"])
     deltas: dict[str, np.ndarray] = {}
     for name, a in converted.tensors.items():
         if not name.endswith(".lora_A.weight"):

@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import asdict, fields
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from searchr1.core.datum import build_training_datums
 from searchr1.offline import REPO_ROOT
@@ -29,7 +30,11 @@ from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.twin.scenario import Scenario, ScenarioError, load_scenario
-from searchr1.core.types import CallRecord, Trajectory
+from searchr1.core.tools import ToolBackend
+from searchr1.core.types import CallRecord, Exclusion, Message, SamplingClient, Termination, Tokenizer, Trajectory
+
+if TYPE_CHECKING:
+    from searchr1.twin.server import Twin
 
 GOLDEN_DIR = REPO_ROOT / "golden"
 SCENARIO_DIR = GOLDEN_DIR / "scenarios"
@@ -55,7 +60,52 @@ def rollout_config(scenario: Scenario) -> RolloutConfig:
     return RolloutConfig(**{**dict(scenario.rollout), **FIXED})
 
 
-def _call_json(call: CallRecord) -> dict[str, Any]:
+class GoldenTurn(TypedDict):
+    text: str
+    stop_reason: str
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    logprobs: list[float]
+
+
+class GoldenTrajectory(TypedDict):
+    question_id: str
+    question_index: int
+    group_index: int
+    termination: Termination | None
+    reward: float
+    advantage: float
+    excluded: Exclusion | None
+    env_error: bool
+    search_calls: int
+    final_text: str
+    messages: list[Message]
+    searches: list[dict[str, object]]  # each call's fields (_call_json)
+    turns: list[GoldenTurn]
+
+
+class GoldenDatum(TypedDict):
+    question_index: int
+    group_index: int
+    model_input: list[int]
+    target_tokens: list[int]
+    logprobs: list[float]
+    advantages: list[float]
+
+
+class GoldenFile(TypedDict):
+    """``golden/<name>.json``: the scenario, its trajectories and the datums the trainer would send."""
+
+    scenario: str
+    description: str
+    backend: str
+    cassette: str
+    rollout: dict[str, object]  # the scenario's rollout overrides
+    trajectories: list[GoldenTrajectory]
+    datums: list[GoldenDatum]
+
+
+def _call_json(call: CallRecord) -> dict[str, object]:
     """A call as the golden files hold it: a search that ran names no tool (the files' format)."""
     fields = {k: v for k, v in asdict(call).items() if k not in VOLATILE_SEARCH_FIELDS}
     if call.tool == "search" and not call.refused:
@@ -63,7 +113,7 @@ def _call_json(call: CallRecord) -> dict[str, Any]:
     return fields
 
 
-def _trajectory_json(t: Trajectory) -> dict[str, Any]:
+def _trajectory_json(t: Trajectory) -> GoldenTrajectory:
     return {
         "question_id": t.example.id,
         "question_index": t.question_index,
@@ -90,7 +140,7 @@ def _trajectory_json(t: Trajectory) -> dict[str, Any]:
     }
 
 
-def golden_tools(config: RolloutConfig) -> dict[str, Any]:
+def golden_tools(config: RolloutConfig) -> dict[str, ToolBackend]:
     """The declared tools other than search a scenario's rollout names: ``open_page`` reads the
     pages of the shipped offline corpus (:mod:`searchr1.bm25.shipped`), whatever the scenario's
     search backend."""
@@ -103,11 +153,12 @@ def golden_tools(config: RolloutConfig) -> dict[str, Any]:
     return {"open_page": LocalPageBackend(BM25Index(offline_index()))}
 
 
-async def _run(scenario: Scenario, tokenizer: Any, sampler: Any) -> tuple[RolloutConfig, list[Trajectory]]:
+async def _run(scenario: Scenario, tokenizer: Tokenizer, sampler: SamplingClient, *, backend_name: str,
+               cassette: str) -> tuple[RolloutConfig, list[Trajectory]]:
     from searchr1.search.replay import open_replay_backend
 
     config = rollout_config(scenario)
-    backend = open_replay_backend(scenario.backend, REPO_ROOT / scenario.cassette)  # type: ignore[arg-type]
+    backend = open_replay_backend(backend_name, REPO_ROOT / cassette)
     try:
         trajectories = await rollout_batch_async(sampler, tokenizer, with_search(backend, golden_tools(config)),
                                                  scenario.examples, config)
@@ -118,21 +169,23 @@ async def _run(scenario: Scenario, tokenizer: Any, sampler: Any) -> tuple[Rollou
     return config, trajectories
 
 
-def generate(scenario_path: Path, tokenizer: Any, *, twin: Any = None) -> dict[str, Any]:
+def generate(scenario_path: Path, tokenizer: Tokenizer, *, twin: Twin | None = None) -> GoldenFile:
     """Replay one scenario (on ``twin`` when given, else on a twin started for it)."""
     from searchr1.wiring.services import scripted_sampling_client
 
     scenario = load_scenario(scenario_path)
-    if not scenario.backend or not scenario.cassette:
+    backend, cassette = scenario.backend, scenario.cassette
+    if not backend or not cassette:
         raise ScenarioError(f"{scenario.path}: a golden scenario names its 'backend' and 'cassette'")
     with scripted_sampling_client(scenario, tokenizer, twin=twin) as sampler:
-        config, trajectories = asyncio.run(_run(scenario, tokenizer, sampler))
+        config, trajectories = asyncio.run(_run(scenario, tokenizer, sampler, backend_name=backend,
+                                                cassette=cassette))
     datums = build_training_datums(trajectories, max_tokens=config.max_trajectory_tokens)
     return {
         "scenario": scenario.name,
         "description": scenario.description,
-        "backend": scenario.backend,
-        "cassette": scenario.cassette,
+        "backend": backend,
+        "cassette": cassette,
         "rollout": dict(scenario.rollout),
         "trajectories": [_trajectory_json(t) for t in trajectories],
         "datums": [
@@ -149,7 +202,7 @@ def generate(scenario_path: Path, tokenizer: Any, *, twin: Any = None) -> dict[s
     }
 
 
-def dumps(payload: dict[str, Any]) -> str:
+def dumps(payload: Mapping[str, object]) -> str:
     """Pretty JSON with every list of numbers on one line (readable diffs, small files)."""
     text = json.dumps(payload, indent=1, ensure_ascii=False)
     lines: list[str] = []
@@ -182,11 +235,11 @@ def _is_number(value: str) -> bool:
     return True
 
 
-def differences(expected: Any, actual: Any, path: str = "", limit: int = 20) -> list[str]:
+def differences(expected: object, actual: object, path: str = "", limit: int = 20) -> list[str]:
     """Readable paths where two JSON values differ (at most ``limit``)."""
     found: list[str] = []
 
-    def walk(a: Any, b: Any, where: str) -> None:
+    def walk(a: object, b: object, where: str) -> None:
         if len(found) >= limit:
             return
         if isinstance(a, dict) and isinstance(b, dict):

@@ -33,10 +33,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pytrio.types import AdamParams, Datum, ModelInput, SamplingParams, TensorData
+
+from searchr1.core.types import Tokenizer
+
+if TYPE_CHECKING:
+    from pytrio import ServiceClient, TrainingClient
 
 DEFAULT_BASE_MODEL = "Qwen/Qwen3.5-4B"
 PROBE_PROMPT = "Question: what is the capital of France?\nAnswer:"
@@ -165,7 +170,7 @@ def policy_datum(
     )
 
 
-def _step_metrics(trainer: Any, batches: list[list[Datum]]) -> dict[str, float]:
+def _step_metrics(trainer: TrainingClient, batches: list[list[Datum]]) -> dict[str, float]:
     """One ``forward_backward`` per batch, then one ``optim_step`` at learning rate 0."""
     for batch in batches:
         trainer.forward_backward(batch, loss_fn="importance_sampling").result()
@@ -173,11 +178,11 @@ def _step_metrics(trainer: Any, batches: list[list[Datum]]) -> dict[str, float]:
 
 
 def probe_loss(
-    service: Any,
+    service: ServiceClient,
     *,
     base_model: str = DEFAULT_BASE_MODEL,
     lora_rank: int = 32,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     rel_tol: float = 0.05,
     check_losses: bool = False,
 ) -> ProbeReport:
@@ -371,7 +376,7 @@ def read_loss_probe(sums: dict[str, float], *, action_logprob_sum: float, action
                      notes=tuple(notes))
 
 
-def probe_policy_losses(trainer: Any, tokens: Sequence[int], action_start: int) -> LossProbe:
+def probe_policy_losses(trainer: TrainingClient, tokens: Sequence[int], action_start: int) -> LossProbe:
     """Run the policy-loss checks on ``trainer`` (whose fresh weights sampled ``tokens[action_start:]``)."""
     plain = policy_datum(tokens, action_start, advantage=0.0)
     first = trainer.forward([plain], loss_fn="importance_sampling").result()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from searchr1.training.config import TrainConfig
 from searchr1.core.datum import NonFiniteValues, TrainingDatum
@@ -28,13 +27,15 @@ from searchr1.run.reporting import MetricsLogger, Reporter, SilentReporter
 from searchr1.core.rollout import SamplerFailureError
 from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import MicroBatcher, StepRecord, Trainer
-from searchr1.core.types import SearchExample, ServiceClient, Tokenizer
+from searchr1.core.types import SearchExample, ServiceClient
 from searchr1.search.tool import SearchBackend
 from searchr1.training.step_metrics import step_metrics
 from searchr1.health.rules import CollapseGuard, collapse_report, configured_rules, last_healthy_checkpoint
 from searchr1.run.directory import ResumePoint, RunDir
+from searchr1.evaluation.numbers import int_of
 from searchr1.evaluation.transcripts import append_transcripts, select_transcripts, transcript_record
 from searchr1.runtime.preflight import PreflightError, check_service_tokenizer, check_template
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.training.base_model import BaseModelPenalty
 from searchr1.training.checkpoints import checkpoint_name, save_checkpoint
 from searchr1.training.off_policy import off_policy_metrics, versions_to_record
@@ -89,7 +90,7 @@ class TrainingRun:
         run: RunDir,
         *,
         service: ServiceClient,
-        tokenizer: Tokenizer,
+        tokenizer: Qwen35Tokenizer,
         search: SearchBackend,
         examples: Sequence[SearchExample],
         tools: Mapping[str, ToolBackend] | None = None,
@@ -109,6 +110,7 @@ class TrainingRun:
         self.logger = logger
         self.account = account or RunAccount()  # usage totals, prices and budget (searchr1.run.costs)
         self.base_model = BaseModelPenalty(service, config) if config.kl_coef else None
+        self.tokenizer = tokenizer  # the trainer's, checked against the service's on connect
         self.trainer = Trainer(config, service=service, tokenizer=tokenizer,
                                micro_batcher=manual_micro_batches(config) if config.accumulation == "manual" else None,
                                kl_penalty=self.base_model.apply if self.base_model is not None else None)
@@ -137,7 +139,7 @@ class TrainingRun:
             if not is_service_failure(error):
                 raise
             raise PreflightError(f"cannot create the training run: {describe_failure(error)}") from None
-        check_service_tokenizer(self.trainer.tokenizer, client)
+        check_service_tokenizer(self.tokenizer, client)
         self._connected = True
         self.last_saved_step = None if resume is None else resume.step
         self.first_step = 0 if resume is None else resume.step
@@ -168,7 +170,7 @@ class TrainingRun:
             "session": self.session,
         })
 
-    async def save(self, completed: int, *, final: bool = False) -> dict[str, Any]:
+    async def save(self, completed: int, *, final: bool = False) -> dict[str, object]:
         name = checkpoint_name(self.config, completed, self.session)
         assert self.trainer.training_client is not None, "connect() first"
         state_path, weights_path = await save_checkpoint(self.trainer.training_client, name)
@@ -261,7 +263,7 @@ class TrainingRun:
         point and make the rollout pipeline. Returns the first step."""
         first = self.connect(resume)
         if resume is not None:
-            self.session = int(self.run.state().get("session", 0)) + 1
+            self.session = int_of(self.run.state().get("session", 0), "session") + 1
             self._write_state(first)
         rewound = self.run.rewind_to(first)
         if rewound:
@@ -294,12 +296,12 @@ class TrainingRun:
         stopping = (self.stop_requested or budget.stop) and steps_left
         due = periodic or stopping or verdict.stop
         metrics.update(self.account.step_metrics(usage, checkpoint=due or not steps_left))
-        if verdict.unhealthy:  # texts: in metrics.jsonl, not on the dashboards (numbers only)
-            metrics["health/warnings"] = verdict.warnings()  # type: ignore[assignment]
-            self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(verdict.warnings())}. "
+        warnings = verdict.warnings() if verdict.unhealthy else None  # texts: in metrics.jsonl, not the dashboards
+        if warnings is not None:
+            self.reporter.note(f"warning: step {step} unhealthy: {'; '.join(warnings)}. "
                                "What the model did: "
                                + invocation.command(f"show {self.run.path} --step {step}"))
-        self._record(record, metrics)
+        self._record(record, metrics, warnings=warnings)
         stopping = stopping or (self.stop_requested and steps_left)  # Ctrl-C meanwhile
         if stopping:
             self.pipeline.drop_from(completed)  # in flight; redone exactly on resume
@@ -324,10 +326,13 @@ class TrainingRun:
         return TrainingStopped(f"stopped in step {completed}: the training service failed ({describe_failure(error)})",
                                step=completed, run_dir=run_dir)
 
-    def _record(self, record: StepRecord, metrics: dict[str, float]) -> None:
-        """A finished step on disk (metrics line, transcripts), then in the dashboards and on screen."""
+    def _record(self, record: StepRecord, metrics: dict[str, float], *, warnings: list[str] | None = None) -> None:
+        """A finished step on disk (metrics line, transcripts), then in the dashboards and on screen.
+        An unhealthy step's ``warnings`` (texts) end its metrics line, and only there: the
+        dashboards take numbers."""
         step = record.step
-        self.run.append_metrics({"step": step, **metrics})
+        texts = {"health/warnings": warnings} if warnings is not None else {}
+        self.run.append_metrics({"step": step, **metrics, **texts})
         if self.config.transcripts_per_step:
             chosen = select_transcripts(record.trajectories, self.config.transcripts_per_step)
             append_transcripts(self.run.path, step, [transcript_record(t, step) for t in chosen])

@@ -17,14 +17,12 @@ weights). The importance-sampling loss keeps the sampler's own logprobs, so the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
 
+from searchr1.core.types import SearchExample
 from searchr1.data.dataset import take_batch
 
-T = TypeVar("T")
 
-
-def step_batch(examples: Sequence[T], batch_index: int, questions_per_batch: int) -> list[T]:
+def step_batch(examples: Sequence[SearchExample], batch_index: int, questions_per_batch: int) -> list[SearchExample]:
     """The questions that step ``batch_index`` trains on: the ``batch_index``-th run of
     ``questions_per_batch`` examples from the data's start (wrapping at its end), whenever its
     rollout runs."""
