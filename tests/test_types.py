@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "searchr1"
-ANY_LINES = 859  # lowering to 150 while the packages gain their real types
+ANY_LINES = 150
 # `# type: ignore[code]  # why`: the code mypy would report, then the reason in words.
 IGNORE_WITH_REASON = re.compile(r"#\s*type:\s*ignore\[[a-z-]+(,\s*[a-z-]+)*\]\s+#\s*\S.{8,}")
 
@@ -42,7 +42,6 @@ def ignores(path: Path) -> list[tuple[int, str]]:
 
 
 @pytest.mark.slow  # a subprocess, about 15 seconds without a cache
-@pytest.mark.xfail(strict=True, reason="the packages outside the core are gaining their types")
 def test_the_package_type_checks(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy"), "searchr1"],
                             cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -57,7 +56,6 @@ def test_any_stands_on_few_lines():
         f"{name} {len(lines)}" for name, lines in sorted(counted.items(), key=lambda item: -len(item[1])) if lines)
 
 
-@pytest.mark.xfail(strict=True, reason="the packages outside the core are gaining their types")
 def test_every_type_ignore_says_why():
     bare = [f"{path.relative_to(ROOT).as_posix()}:{line}: {text}"
             for path in _sources() for line, text in ignores(path) if not IGNORE_WITH_REASON.search(text)]

@@ -41,6 +41,7 @@ from searchr1.core.types import Message, SearchResult, Tokenizer, Trajectory
 from searchr1.core.observation.text import observation_candidates
 from searchr1.bench.report import LAB_PORT, Figure, Measure
 from searchr1.bench.workload import WorkloadSpec, build_workload, quick_spec
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def counted_renders(tokenizer: Tokenizer) -> Iterator[list[int]]:
         yield renders
 
 
-def measure_pass(kind: str, tokenizer: Tokenizer, turns: Sequence[ToolTurn],
+def measure_pass(kind: str, tokenizer: Qwen35Tokenizer, turns: Sequence[ToolTurn],
                  config: RolloutConfig) -> tuple[float, int, list[tuple[str, list[int]] | None]]:
     """CPU seconds and renders to fit every turn once; and the fits."""
     fit = FITTERS[kind]
@@ -182,7 +183,7 @@ def measure_pass(kind: str, tokenizer: Tokenizer, turns: Sequence[ToolTurn],
     return spent, len(renders), fits
 
 
-def protocol_cpu_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False,
+def protocol_cpu_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False,
                         repetitions: int | None = None, max_turns: int | None = None,
                         spec: WorkloadSpec | None = None) -> Figure:
     started = time.perf_counter()

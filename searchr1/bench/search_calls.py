@@ -34,7 +34,8 @@ from searchr1.search.singleflight import SingleFlight
 from searchr1.search.testing import mock_backend
 from searchr1.wiring.services import scripted_sampling_client
 from searchr1.bench.report import Figure, Measure
-from searchr1.core.types import SamplingClient, SearchResult, Tokenizer
+from searchr1.core.types import SamplingClient, SearchResult
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.bench.workload import (
     LatencyModel,
     Workload,
@@ -88,7 +89,7 @@ class StepSearches:
     wall_seconds: float = 0.0
 
 
-def _run_step(tokenizer: Tokenizer, workload: Workload, model: LatencyModel, sampler: SamplingClient, *,
+def _run_step(tokenizer: Qwen35Tokenizer, workload: Workload, model: LatencyModel, sampler: SamplingClient, *,
               cache: QueryCache | None, single_flight: bool) -> StepSearches:
     handler = CountingWikipedia(model)
 
@@ -117,7 +118,7 @@ def _run_step(tokenizer: Tokenizer, workload: Workload, model: LatencyModel, sam
     return outcome
 
 
-def search_calls_figure(tokenizer: Tokenizer, *, seed: int = 0, quick: bool = False,
+def search_calls_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False,
                         spec: WorkloadSpec | None = None) -> Figure:
     started = time.perf_counter()
     spec = spec or (quick_spec(WorkloadSpec(shared_queries=True)) if quick else WorkloadSpec(shared_queries=True))

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import json
 
+from typing import TYPE_CHECKING
+
 import click
 
 from searchr1.commands.help_layout import SectionedCommand
 from searchr1.basics import invocation
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from searchr1.runtime.tokenizer import Qwen35Tokenizer
+    from searchr1.twin import Twin
 
 
 @click.command(cls=SectionedCommand)
@@ -57,7 +65,7 @@ def _golden(update: bool, only: str | None) -> None:
         click.echo(f"{plural(len(paths), 'golden file')} {'matches' if len(paths) == 1 else 'match'}")
 
 
-def _compare_or_write(paths: list, tokenizer: object, twin: object, update: bool) -> int:
+def _compare_or_write(paths: list[Path], tokenizer: Qwen35Tokenizer, twin: Twin, update: bool) -> int:
     from searchr1.basics.fileio import write_text_atomically
     from searchr1.tools.golden import differences, dumps, generate, golden_path
 

@@ -21,6 +21,23 @@ class Reporter(Protocol):
     def close(self) -> None: ...
 
 
-class SilentReporter(Reporter):
-    """A :class:`Reporter` that shows nothing (tests, benchmarks): it inherits the protocol's
-    empty methods."""
+class SilentReporter:
+    """A :class:`Reporter` that shows nothing (tests, benchmarks)."""
+
+    def start(self, total_steps: int, first_step: int) -> None:
+        pass
+
+    def start_step(self, step: int, trajectories: int) -> None:
+        pass
+
+    def trajectory_done(self, count: int = 1) -> None:
+        pass
+
+    def end_step(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

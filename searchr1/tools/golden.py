@@ -31,7 +31,8 @@ from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.search.tool import with_search
 from searchr1.twin.scenario import Scenario, ScenarioError, load_scenario
 from searchr1.core.tools import ToolBackend
-from searchr1.core.types import CallRecord, Exclusion, Message, SamplingClient, Termination, Tokenizer, Trajectory
+from searchr1.core.types import CallRecord, Exclusion, Message, SamplingClient, Termination, Trajectory
+from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
 if TYPE_CHECKING:
     from searchr1.twin.server import Twin
@@ -153,7 +154,7 @@ def golden_tools(config: RolloutConfig) -> dict[str, ToolBackend]:
     return {"open_page": LocalPageBackend(BM25Index(offline_index()))}
 
 
-async def _run(scenario: Scenario, tokenizer: Tokenizer, sampler: SamplingClient, *, backend_name: str,
+async def _run(scenario: Scenario, tokenizer: Qwen35Tokenizer, sampler: SamplingClient, *, backend_name: str,
                cassette: str) -> tuple[RolloutConfig, list[Trajectory]]:
     from searchr1.search.replay import open_replay_backend
 
@@ -169,7 +170,7 @@ async def _run(scenario: Scenario, tokenizer: Tokenizer, sampler: SamplingClient
     return config, trajectories
 
 
-def generate(scenario_path: Path, tokenizer: Tokenizer, *, twin: Twin | None = None) -> GoldenFile:
+def generate(scenario_path: Path, tokenizer: Qwen35Tokenizer, *, twin: Twin | None = None) -> GoldenFile:
     """Replay one scenario (on ``twin`` when given, else on a twin started for it)."""
     from searchr1.wiring.services import scripted_sampling_client
 
