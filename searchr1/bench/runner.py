@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterable
 from searchr1.bench.report import Figure
 from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
-FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
+FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 # Figures 8 and 9 (BM25 over a generated 1M-passage corpus, and against Lucene) and 10 (six
 # learning runs and the KL penalty's cost) take minutes and figure 9 needs its own set-up; figure
 # 11 (pytrio's CPU per request beside a busy loop) explains figure 5 and holds no target; figure
 # 12 (sixteen learning runs on the page questions, one tool against two) takes minutes; 13 (a
 # paper-sized step's search over figure 8's index) builds that index first; 14 (24 learning runs:
-# three kinds of credit on 8 seeds) takes minutes: they run only when named with --only.
+# three kinds of credit on 8 seeds) and 15 (16: thinking off and on) take minutes: they run only
+# when named with --only.
 DEFAULT_FIGURES = (1, 2, 3, 4, 5, 6, 7)
 
 
@@ -31,6 +32,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
     from searchr1.bench.scheduling import scheduling_figure
     from searchr1.bench.search_calls import search_calls_figure
     from searchr1.bench.step_overhead import step_overhead_figure
+    from searchr1.bench.thinking import thinking_figure
 
     return {
         1: scheduling_figure,
@@ -47,6 +49,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
         12: page_world_figure,
         13: paper_step_figure,
         14: credit_figure,
+        15: thinking_figure,
     }
 
 

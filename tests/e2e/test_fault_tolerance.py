@@ -327,7 +327,8 @@ async def test_a_chaos_run_stops_cleanly_resumes_and_ends_with_every_step_record
     rewound = [json.loads(line) for line in run.file("metrics.rewound.jsonl").read_text().splitlines()]
     assert rewound and all(r["step"] >= r["rewound_to_step"] for r in rewound)
     for line in metrics:  # the kept line of each step is the one of its last, finished run
-        assert comparable(line) == comparable({"step": line["step"], **records[line["step"]]["metrics"]})
+        numbers = {key: value for key, value in line.items() if key != "health/warnings"}  # texts: the file's only
+        assert comparable(numbers) == comparable({"step": line["step"], **records[line["step"]]["metrics"]})
 
     env_groups = sampler_errors = 0
     for step in range(MAX_STEPS):

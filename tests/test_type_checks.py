@@ -2,7 +2,7 @@
 pyproject.toml) finds no error in ``searchr1/``; ``Any`` stands on at most :data:`ANY_LINES` lines,
 and every ``type: ignore`` names its error code and says why (CONTRIBUTING, "Types").
 
-``python tests/test_types.py`` prints the lines with ``Any`` per package.
+``python tests/test_type_checks.py`` prints the lines with ``Any`` per package.
 """
 
 from __future__ import annotations
