@@ -86,11 +86,15 @@ class _Printing:
         response = await self._sampler.sample_async(prompt=prompt, num_samples=num_samples,
                                                     include_prompt_logprobs=include_prompt_logprobs,
                                                     return_text=return_text, **given)
+        from searchr1.view.terminal import turn_event
+
         for sequence in response.sequences:
             self.turns += 1
-            text = getattr(sequence, "text", None) or ""
+            turn = turn_event(self.turns, getattr(sequence, "text", None) or "", "")
             click.secho(f"assistant {self.turns}", bold=True, fg="cyan")
-            click.echo("\n".join("  " + line for line in text.strip().split("\n")))
+            if turn.reasoning is not None:  # thinking on: the reasoning, set apart and dimmed
+                click.secho("\n".join("  (reasoning) " + line for line in turn.reasoning.split("\n")), dim=True)
+            click.echo("\n".join("  " + line for line in turn.text.strip().split("\n")))
         return response
 
 
@@ -151,7 +155,7 @@ def ask(search: SearchOptions, question: str, **kwargs: object) -> None:
 
 def _ask(search: SearchOptions, question: str, kwargs: dict[str, object]) -> None:
     from searchr1.commands.checkpoint_flag import resolve_checkpoint
-    from searchr1.commands.eval import _sampling_client
+    from searchr1.commands.eval import _sampling_client, rollout_as_trained
     from searchr1.core.rollout import rollout_batch_async
     from searchr1.search.tool import with_search
     from searchr1.data.dataset import SearchExample
@@ -181,6 +185,7 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, object]) -> Non
                                 offline_policy=policy)
     base_model, model_path, offline = chosen.base_model, chosen.model_path, chosen.offline
     offline_home, policy = chosen.offline_home, chosen.offline_policy
+    rollout = rollout_as_trained(rollout, chosen.thinking)
     if offline:
         check_offline_question(question, policy)
     check_base_model(base_model)

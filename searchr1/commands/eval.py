@@ -273,6 +273,17 @@ class RunCheckpoint:
     offline_home: Path | None
     offline_policy: str | None
     algorithm: dict[str, object] | None = None  # how the run trained (searchr1.run.algorithm.algorithm_of)
+    thinking: bool = False  # the run rendered with thinking on: its checkpoint is evaluated so too
+
+
+def rollout_as_trained(rollout: RolloutConfig, thinking: bool, *, quiet: bool = False) -> RolloutConfig:
+    """``rollout`` with thinking on when the checkpoint's run trained with it: a model trained to
+    reason is sampled reasoning (said on standard error unless ``quiet``)."""
+    if not thinking or rollout.thinking:
+        return rollout
+    if not quiet:
+        click.echo("thinking on, as the run trained (--thinking is implied by its checkpoint)", err=True)
+    return replace(rollout, thinking=True)
 
 
 def checkpoint_of(run_dir: Path) -> RunCheckpoint:
@@ -288,9 +299,12 @@ def checkpoint_of(run_dir: Path) -> RunCheckpoint:
         raise click.ClickException(f"{run_dir} holds no checkpoint yet ({run_dir / 'checkpoints.jsonl'}); "
                                    "train at least until the first save")
     offline = bool(config.get("offline"))
+    rollout = config.get("rollout")
+    thinking = isinstance(rollout, dict) and rollout.get("thinking") is True
     return RunCheckpoint(last.weights_path, str(config.get("base_model") or "Qwen/Qwen3.5-4B"), offline,
                          run_dir / TWIN_HOME if offline else None,
-                         str(config.get("offline_policy") or "") or None if offline else None, algorithm_of(config))
+                         str(config.get("offline_policy") or "") or None if offline else None, algorithm_of(config),
+                         thinking)
 
 
 def _sampling_client(service: pytrio.ServiceClient, base_model: str, model_path: str | None, *, offline: bool,
@@ -376,6 +390,8 @@ def _eval(search: SearchOptions, kwargs: dict[str, object], held: contextlib.Exi
     if flags.checkpoint_run is not None:
         flags = _with_checkpoint(flags)
     rollout = rollout_config_from(kwargs, seed=pop_flag(kwargs, "seed", int))
+    if flags.checkpoint is not None:
+        rollout = rollout_as_trained(rollout, flags.checkpoint.thinking, quiet=flags.quiet)
     given = pop_optional(kwargs, "data", Path)
     data = given or (DEV if flags.offline else PROTOCOL_DATA if flags.protocol else LIVE_DATA)
     _check_model_and_data(flags, rollout, data, given=given is not None, checks=checks)

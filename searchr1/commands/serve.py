@@ -57,7 +57,7 @@ def serve(search: SearchOptions, **kwargs: object) -> None:
 def _serve(search: SearchOptions, kwargs: dict[str, object]) -> None:
     from searchr1.commands.ask import check_offline_question
     from searchr1.commands.checkpoint_flag import resolve_checkpoint
-    from searchr1.commands.eval import _sampling_client
+    from searchr1.commands.eval import _sampling_client, rollout_as_trained
     from searchr1.runtime.http_bounds import PortTakenError, listening_socket
     from searchr1.wiring.services import (check_base_model, check_search_setup, check_tool_setup, live_service,
                                            load_tokenizer, offline_scenario, offline_service, search_backend,
@@ -83,6 +83,7 @@ def _serve(search: SearchOptions, kwargs: dict[str, object]) -> None:
                            "--offline-policy": (policy, chosen.offline_policy)}, named, str(checkpoint))
     base_model, model_path, offline = chosen.base_model, chosen.model_path, chosen.offline
     offline_home, policy = chosen.offline_home, chosen.offline_policy
+    rollout = rollout_as_trained(rollout, chosen.thinking)
     if "offline_policy" in named and not offline:
         raise click.UsageError("--offline-policy only applies with --offline")
     check_base_model(base_model)

@@ -25,6 +25,11 @@ def train(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output + (str(result.exception) if result.exception and result.exit_code not in (0, 1, 2) else "")
 
 
+def run_cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
 comparable = without_timing_metrics
 
 
@@ -71,7 +76,8 @@ def test_both_accumulation_modes_train_and_record_the_calls_they_sent(tmp_path, 
             assert line["train/micro_batches_per_step"] >= substeps
 
 
-@pytest.mark.parametrize("credit", [[], ["--credit", "gigpo", "--step-reward", "evidence"]], ids=["trajectory", "gigpo"])
+@pytest.mark.parametrize("credit", [[], ["--credit", "gigpo", "--step-reward", "evidence"], ["--thinking"]],
+                         ids=["trajectory", "gigpo", "thinking"])
 def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path, credit):
     args = [*BASE, *credit, "--max-steps", "6", "--save-every", "2", "--run-dir"]
     killed = tmp_path / "killed"
@@ -92,7 +98,20 @@ def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run
     assert resumed == straight
     rewound = [json.loads(line) for line in (killed / "metrics.rewound.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rewound] == [2, 3]  # undone work is kept aside, not lost
-    if credit:  # each turn's step group and step reward are in the transcripts, and its own advantage
+    if credit == ["--thinking"]:  # every turn reasoned, and its checkpoint is evaluated reasoning
+        records = [record for step in read_run_transcripts(killed / "transcripts.jsonl").by_step.values()
+                   for record in step]
+        assert records and all("\n</think>\n\n" in turn["text"] for record in records for turn in record["turns"])
+        assert json.loads((killed / "config.json").read_text())["rollout"]["thinking"] is True
+        eval_output = tmp_path / "eval.jsonl"
+        code, output = run_cli("eval", "--checkpoint", str(killed), "--limit", "2", "--output", str(eval_output))
+        assert code == 0 and "thinking on, as the run trained" in output, output
+        assert '"thinking": true' in eval_output.read_text().splitlines()[0]
+        question = json.loads(eval_output.read_text().splitlines()[1])["question"]
+        code, output = run_cli("ask", question, "--checkpoint", str(killed))
+        assert code == 0 and "thinking on, as the run trained" in output and "(reasoning) " in output, output
+        assert "</think>" not in output
+    elif credit:  # each turn's step group and step reward are in the transcripts, and its own advantage
         records = [record for step in read_run_transcripts(killed / "transcripts.jsonl").by_step.values()
                    for record in step]
         assert records and all("step_reward" in turn for record in records for turn in record["turns"])
