@@ -771,11 +771,14 @@ def _fit_server_limits(service: pytrio.ServiceClient, config: TrainConfig, *, cl
     from searchr1.runtime.preflight import fit_trajectory_budget, read_server_limits
 
     limits = read_server_limits(service, config.base_model)
-    fit = fit_trajectory_budget(limits, config.rollout.max_trajectory_tokens, clamp=clamp and not resuming,
-                                group_size=config.rollout.group_size)
+    window = config.rollout.context_window is not None  # --context fold: one context holds the window
+    fit = fit_trajectory_budget(limits, config.rollout.window, clamp=clamp and not resuming,
+                                group_size=config.rollout.group_size,
+                                flag="--context-window" if window else "--max-trajectory-tokens")
     for warning in fit.warnings:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
-    rollout = dataclasses.replace(config.rollout, max_trajectory_tokens=fit.max_trajectory_tokens)
+    rollout = (dataclasses.replace(config.rollout, context_window=fit.max_trajectory_tokens) if window
+               else dataclasses.replace(config.rollout, max_trajectory_tokens=fit.max_trajectory_tokens))
     if resuming:
         return config
     return dataclasses.replace(config, rollout=rollout, server_limits=limits.to_json())

@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Literal, get_args
 
-from searchr1.core.settings import check_settings, setting
+from searchr1.core.context import ContextPolicy
+from searchr1.core.settings import SettingError, check_settings, setting
 from searchr1.core.tools import DECLARED, SEARCH, ToolSpec, search_spec
 from searchr1.core.types import DEFAULT_MAX_TRAJECTORY_TOKENS, MAX_TOKENS, JsonObject
 
@@ -53,7 +54,8 @@ class RolloutBudgets:
     max_search_calls: int = setting(4, at_least=0, at_most=100, help="Searches per trajectory.")
     max_assistant_turns: int = setting(6, at_least=1, at_most=100, help="Assistant turns per trajectory.")
     max_trajectory_tokens: int = setting(DEFAULT_MAX_TRAJECTORY_TOKENS, at_least=1, at_most=MAX_TOKENS,
-                                         help="Whole-sequence budget (also the training datum limit).")
+                                         help="The trajectory's whole length in tokens (with --context full also "
+                                              "its one context's, and the training datum limit).")
     max_assistant_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS, help="Generation cap per assistant turn.")
     max_tool_response_tokens: int = setting(1024, at_least=1, at_most=MAX_TOKENS,
                                             help="Cap on one observation's content.")
@@ -79,6 +81,14 @@ class RolloutBudgets:
                                           "local, wikipedia or retriever).")
     max_calls_per_turn: int = setting(1, at_least=1, at_most=16,
                                       help="Tool calls one turn may make; several run together (Search-R1: 1).")
+    # How a context grows (core/context.py): full, or folded to fit a window of its own.
+    context: ContextPolicy = setting(
+        ContextPolicy.FULL, choices=tuple(policy.value for policy in ContextPolicy),
+        help="full: one context that only grows (Search-R1); fold: when the next turn would not fit "
+             "--context-window, earlier tool results become one-line stubs and a new context starts.")
+    context_window: int | None = setting(
+        None, at_least=64, at_most=MAX_TOKENS, metavar="TOKENS", default_text="--max-trajectory-tokens",
+        help="With --context fold: the tokens one context may hold (also the training datum limit).")
     # Qwen3.5's thinking mode: the generation prompt opens <think>, so every turn reasons first.
     thinking: bool = setting(
         False, help="Render with the chat template's thinking on: each turn reasons inside <think> before it acts, "
@@ -91,7 +101,21 @@ class RolloutBudgets:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tool_list(self.tools))  # a list or "a,b" as files hold it
+        object.__setattr__(self, "context", ContextPolicy(self.context))
         check_settings(self)
+        if self.context_window is not None and self.context != ContextPolicy.FOLD:
+            raise SettingError("--context-window", f"{self.context_window}: a window of its own needs --context fold")
+        if self.context_window is not None and self.context_window > self.max_trajectory_tokens:
+            raise SettingError("--context-window", f"{self.context_window}: larger than the whole trajectory "
+                               f"(--max-trajectory-tokens {self.max_trajectory_tokens})")
+        if self.context_window is not None and self.context_window <= self.max_assistant_tokens:
+            raise SettingError("--context-window", f"{self.context_window}: a context must hold a prompt and a "
+                               f"turn's generation cap (--max-assistant-tokens {self.max_assistant_tokens})")
+
+    @property
+    def window(self) -> int:
+        """The tokens one context may hold: ``--context-window``, else the whole trajectory's budget."""
+        return self.max_trajectory_tokens if self.context_window is None else self.context_window
 
 
 def declared_tools(budgets: RolloutBudgets) -> tuple[ToolSpec, ...]:

@@ -78,6 +78,8 @@ def reference_rollout(sampler: SamplingClient, tokenizer: Tokenizer, tools: Tool
                  for g in range(budgets.group_size)]
         trajectories += group
         prompt = render_tokens(tokenizer, messages, budgets, generate=True)
+        for t in group:  # ALGORITHM: one context only grows: its length is the trajectory's
+            t.whole_tokens = len(prompt)
         # PLUMBING: the template's closing of an assistant turn, what an empty reply adds
         empty_reply: Message = {"role": "assistant", "content": ""}
         replied = render_tokens(tokenizer, messages + [empty_reply], budgets, generate=False)
@@ -188,6 +190,7 @@ def call_tools_and_stitch(t: Trajectory, turn: Turn, text: str, calls: list[Call
                                      len(result.items), result.error, result.cached, cuts[k],
                                      tool=name, refused=isinstance(arguments, str)))
     t.next_prompt_tokens = stitched + observation_tokens(contents)
+    t.whole_tokens = len(t.next_prompt_tokens)
 
 
 # ---------------------------------------------------------------- score and advantage

@@ -47,7 +47,8 @@ from searchr1.core.protocol import (
     tool_message,
 )
 from searchr1.core.budgets import InvalidCallPolicy, RolloutBudgets, declared_tools, tool_schemas
-from searchr1.core.observation.fit import fit_calls, observation_room
+from searchr1.core.context import ContextPolicy, fold_messages, leaves_room
+from searchr1.core.observation.fit import FittedCalls, fit_calls, observation_room
 from searchr1.core.reward import extract_answer
 from searchr1.core.settings import check_settings, setting
 from searchr1.core.tools import CallError, ParsedCall, ToolBackend, ToolCall, shown_call, without_ids
@@ -131,7 +132,11 @@ def make_request(tokenizer: Tokenizer, group: Sequence[Trajectory], seed: int,
         prompt = first.next_prompt_tokens
     else:
         prompt = build_prompt(tokenizer, first.messages, tools=tool_schemas(budgets), thinking=budgets.thinking)
-    max_tokens = min(budgets.max_assistant_tokens, budgets.max_trajectory_tokens - len(prompt))
+        for trajectory in group:
+            trajectory.whole_tokens = len(prompt)
+    # the turn's cap, what the context's window leaves, what the whole trajectory's budget leaves
+    max_tokens = min(budgets.max_assistant_tokens, budgets.window - len(prompt),
+                     budgets.max_trajectory_tokens - first.whole_tokens)
     if max_tokens <= 0:
         for trajectory in group:
             trajectory.finish(Termination.TOKEN_BUDGET if trajectory.turns else Termination.PROMPT_TOO_LONG)
@@ -247,7 +252,9 @@ def record_turn(trajectory: Trajectory, turn: Turn, tokenizer: Tokenizer,
         trajectory.finish(Termination.TURN_BUDGET, text)
         return None
     least = observation_tokens(tokenizer, ["x"] * len(calls), thinking=budgets.thinking)
-    if len(least) > observation_room(tokenizer, prompt, tokens, budgets):
+    room = observation_room(tokenizer, prompt, tokens, budgets, whole=trajectory.whole_tokens,
+                            foldable=budgets.context == ContextPolicy.FOLD)  # a fold makes room in the window
+    if len(least) > room:
         trajectory.finish(Termination.TOKEN_BUDGET, text)  # not even a one-letter observation fits: no call
         return None
     ids = tuple(f"{call.name if isinstance(call, ToolCall) else 'call'}-{trajectory.question_index}-"
@@ -274,8 +281,7 @@ def add_observation(pending: PendingCall, results: Sequence[SearchResult], token
     trajectory = pending.trajectory
     answered = [(call_id, call.name, result) for call_id, call, result in zip(pending.call_ids, pending.calls, results)]
     try:
-        fitted = fit_calls(tokenizer, pending.messages_before_assistant, pending.assistant,
-                           pending.prompt_tokens, pending.completion_tokens, answered, budgets)
+        before, base, fitted = fit_or_fold(pending, answered, tokenizer, budgets)
     except Exception as error:  # noqa: BLE001 - one bad tool result must not end the run
         reason = f"the {pending.calls[0].name or 'tool'} result could not become an observation ({type(error).__name__})"
         shown = shown_call(pending.calls[0])[:80]
@@ -287,11 +293,35 @@ def add_observation(pending: PendingCall, results: Sequence[SearchResult], token
     if fitted is None:
         trajectory.finish(Termination.TOOL_OVERFLOW, pending.assistant["content"])
         return
+    if base is not pending.prompt_tokens:  # the context folded: the conversation goes on from its stubs
+        trajectory.folds += 1
+        trajectory.messages = before + [pending.assistant]
+    trajectory.whole_tokens += len(fitted.next_prompt) - len(base)  # completion, closing, observation
     for (call_id, tool, result), call, content, cut in zip(answered, pending.calls, fitted.contents,
                                                             fitted.truncated):
         trajectory.messages.append(tool_message(call_id, content, tool))
         record_call(trajectory, call, result, ok=result.ok, observation=content, error=result.error, truncated=cut)
     trajectory.next_prompt_tokens = fitted.next_prompt
+
+
+def fit_or_fold(pending: PendingCall, answered: Sequence[tuple[str, str, SearchResult]], tokenizer: Tokenizer,
+                budgets: RolloutBudgets) -> tuple[list[Message], list[int], FittedCalls | None]:
+    """The results fitted into the trajectory's context; with ``--context fold``, when that leaves
+    the next turn less than its generation cap in the window, fitted again into a folded context
+    (earlier tool results as stubs, rendered afresh: :mod:`searchr1.core.context`) if they fit
+    there. Returns the messages before the turn and the prompt the next one extends, and the fit."""
+    trajectory = pending.trajectory
+    before, base = pending.messages_before_assistant, pending.prompt_tokens
+    fitted = fit_calls(tokenizer, before, pending.assistant, base, pending.completion_tokens, answered, budgets,
+                       whole=trajectory.whole_tokens)
+    if budgets.context != ContextPolicy.FOLD or (
+            fitted is not None and leaves_room(len(fitted.next_prompt), budgets.window, budgets.max_assistant_tokens)):
+        return before, base, fitted
+    folded = fold_messages(before, trajectory.calls)
+    prompt = build_prompt(tokenizer, folded, tools=tool_schemas(budgets), thinking=budgets.thinking)
+    refitted = fit_calls(tokenizer, folded, pending.assistant, prompt, pending.completion_tokens, answered, budgets,
+                         whole=trajectory.whole_tokens)
+    return (folded, prompt, refitted) if refitted is not None else (before, base, fitted)
 
 
 async def run_all(coroutines: Iterable[Coroutine[object, object, T]]) -> list[T]:
@@ -358,7 +388,7 @@ class BatchRollout:
         for trajectory, sequence in zip(group, sequences):
             try:
                 turns.append(Turn(request.prompt_tokens, *read_sequence(sequence, self.tokenizer),
-                                  sampler=self.sampler_version))
+                                  sampler=self.sampler_version, context=trajectory.folds))
             except MalformedSampleError as error:
                 turns += self.sampler_failed([trajectory], error)
         return turns

@@ -182,7 +182,7 @@ class Trainer:
         if config.credit == Credit.GIGPO:  # each turn's advantage among the turns from its state
             credit |= assign_step_advantages(trajectories, mode=config.advantage_mode, weight=config.step_weight,
                                              discount=config.discount).metrics()
-        datums = build_training_datums(trajectories, max_tokens=config.rollout.max_trajectory_tokens)
+        datums = build_training_datums(trajectories, max_tokens=config.rollout.window)
         datums, dropped = drop_out_of_vocab(datums, len(self.tokenizer))
         kl_metrics: dict[str, float] = {}
         if datums and self.kl_penalty is not None:

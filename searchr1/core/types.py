@@ -161,6 +161,7 @@ class Turn:
     reward: float | None = None    # a reward earned by this turn alone (None: only the trajectory's)
     advantage: float = 0.0         # what its completion tokens carry (set with the trajectory's)
     step_group: int = 0            # turns in its GiGPO step group (0: no step credit was given)
+    context: int = 0               # the context it was sampled in: 0, then one more after each fold
 
 
 @dataclass
@@ -174,6 +175,8 @@ class Trajectory:
     messages: list[Message]
     turns: list[Turn] = field(default_factory=list)
     next_prompt_tokens: list[int] | None = None
+    whole_tokens: int = 0  # its length so far: the first prompt and every turn's new tokens (core.context)
+    folds: int = 0  # how often its context folded (--context fold)
     final_text: str = ""
     termination: Termination | None = None
     # Set by scoring (:func:`searchr1.core.reward.score_trajectories`); None until then, and for

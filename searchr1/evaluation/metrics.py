@@ -52,9 +52,14 @@ class EvalFileError(UserError, ValueError):
 
 
 def turn_record(turn: Turn) -> dict[str, object]:
-    """A turn of :func:`trajectory_record`: its text, why it stopped, its prompt's and reply's token counts."""
-    return {"text": turn.text, "stop_reason": turn.stop_reason, "prompt_tokens": len(turn.prompt_tokens),
-            "generated_tokens": len(turn.completion_tokens)}
+    """A turn of :func:`trajectory_record`: its text, why it stopped, its prompt's and reply's token
+    counts, and (``--context fold``, once folded) the context it was sampled in."""
+    record: dict[str, object] = {"text": turn.text, "stop_reason": turn.stop_reason,
+                                 "prompt_tokens": len(turn.prompt_tokens),
+                                 "generated_tokens": len(turn.completion_tokens)}
+    if turn.context:
+        record["context"] = turn.context
+    return record
 
 
 def trajectory_record(trajectory: Trajectory) -> dict[str, object]:

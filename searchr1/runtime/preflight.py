@@ -118,10 +118,12 @@ class BudgetFit:
 
 
 def fit_trajectory_budget(limits: ServerLimits, max_trajectory_tokens: int, *, clamp: bool,
-                          group_size: int) -> BudgetFit:
-    """Check (or, with ``clamp``, lower) ``--max-trajectory-tokens`` against the server limits.
+                          group_size: int, flag: str = "--max-trajectory-tokens") -> BudgetFit:
+    """Check (or, with ``clamp``, lower) one context's budget against the server limits: the
+    whole trajectory's (``--max-trajectory-tokens``), or with ``--context fold`` the window
+    (``flag`` ``--context-window``).
 
-    A trajectory is trained as one datum of up to ``max_trajectory_tokens - 1`` tokens and is
+    A context is trained as one datum of up to ``max_trajectory_tokens - 1`` tokens and is
     sampled with prompts up to that length, so it must fit every training and sampling bound;
     a budget that does not would be rejected (``training_sample_too_long``) only after its
     rollout was paid for.
@@ -137,9 +139,9 @@ def fit_trajectory_budget(limits: ServerLimits, max_trajectory_tokens: int, *, c
         value, name = min(exceeded)
         if not clamp:
             raise PreflightError(
-                f"--max-trajectory-tokens {budget} exceeds the server's {name} ({value}) for {limits.model}; "
+                f"{flag} {budget} exceeds the server's {name} ({value}) for {limits.model}; "
                 f"lower it to {value} or pass --clamp-to-server-limits")
-        warnings.append(f"--max-trajectory-tokens lowered from {budget} to {value} ({name} of {limits.model})")
+        warnings.append(f"{flag} lowered from {budget} to {value} ({name} of {limits.model})")
         budget = value
     batch = limits.sampling.max_batch_size
     if batch is not None and group_size > batch:

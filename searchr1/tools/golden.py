@@ -181,7 +181,7 @@ def generate(scenario_path: Path, tokenizer: Qwen35Tokenizer, *, twin: Twin | No
     with scripted_sampling_client(scenario, tokenizer, twin=twin) as sampler:
         config, trajectories = asyncio.run(_run(scenario, tokenizer, sampler, backend_name=backend,
                                                 cassette=cassette))
-    datums = build_training_datums(trajectories, max_tokens=config.max_trajectory_tokens)
+    datums = build_training_datums(trajectories, max_tokens=config.window)
     return {
         "scenario": scenario.name,
         "description": scenario.description,

@@ -73,7 +73,7 @@ def manual_micro_batches(config: TrainConfig) -> MicroBatcher:
     advantages scaled by n_k/N (N: the datums sent)."""
 
     def cut(datums: list[TrainingDatum]) -> list[list[TrainingDatum]]:
-        batches = pack_micro_batches(datums, max_datum_tokens=config.rollout.max_trajectory_tokens,
+        batches = pack_micro_batches(datums, max_datum_tokens=config.rollout.window,
                                      max_items=config.max_micro_batch_items,
                                      max_padded_tokens=config.max_micro_batch_padded_tokens)
         return [weight_micro_batch_for_global_mean(batch, len(datums)) for batch in batches]

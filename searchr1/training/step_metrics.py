@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from statistics import fmean
 
+from searchr1.core.context import ContextPolicy
 from searchr1.core.advantage import GroupSummary
 from searchr1.training.config import TrainConfig
 from searchr1.core.datum import TrainingDatum
@@ -32,6 +33,8 @@ def step_metrics(record: StepRecord, config: TrainConfig) -> dict[str, float]:
     metrics.update(record.batch.metrics)
     metrics.update(record.kl_metrics)
     metrics.update(record.credit_metrics)
+    if config.rollout.context == ContextPolicy.FOLD:
+        metrics.update(context_metrics(record.trajectories))
     if config.dynamic_sampling:
         metrics["train/groups_trained"] = record.batch.metrics["dynamic/groups_kept"]
     update = record.update
@@ -53,6 +56,19 @@ def step_metrics(record: StepRecord, config: TrainConfig) -> dict[str, float]:
     metrics["time/train_seconds"] = record.train_seconds
     metrics["time/step_seconds"] = record.step_seconds
     return metrics
+
+
+def context_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """How the trajectories' contexts folded (``--context fold``): folds and contexts (one datum
+    each) per trajectory, the whole length of a trajectory and its longest context, in tokens."""
+    sampled = [t for t in trajectories if t.turns]
+    return {
+        "context/folds": _mean([t.folds for t in sampled]),
+        "context/contexts_per_trajectory": _mean([len({turn.context for turn in t.turns}) for t in sampled]),
+        "context/whole_tokens": _mean([t.whole_tokens for t in sampled]),
+        "context/longest": float(max((len(turn.prompt_tokens) + len(turn.completion_tokens)
+                                      for t in sampled for turn in t.turns), default=0)),
+    }
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], groups: GroupSummary,

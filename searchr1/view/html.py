@@ -19,7 +19,7 @@ import html
 from collections.abc import Mapping, Sequence
 
 from searchr1.view.terminal import (SearchEvent, TurnEvent, answers_text, conversation, outcome, printable,
-                                    reasoning_fold, title, verdict)
+                                    FOLD_MARK, reasoning_fold, title, verdict)
 
 INDEX_QUESTION_CHARS = 120  # a question longer than this is cut in the index (whole in its article)
 
@@ -60,6 +60,7 @@ ul.outcome b { font-weight: 600; color: var(--dim); margin-right: 4px; }
 .role .status { text-transform: none; letter-spacing: 0; font-weight: 400; }
 .role .credit { text-transform: none; letter-spacing: 0; font-weight: 400; margin-left: 8px; }
 details.reasoning > summary { color: #666; font-style: italic; }
+.fold { margin: 10px 0; padding: 4px 8px; border-left: 3px solid #c90; color: #855; font-size: 13px; }
 .role .status.failed { color: var(--bad-format); }
 details > summary { cursor: pointer; }
 pre { margin: 4px 0 0; white-space: pre-wrap; overflow-wrap: anywhere;
@@ -109,6 +110,8 @@ def _article(record: Mapping[str, object], position: int) -> str:
         if isinstance(event, TurnEvent):
             stopped = f" (stopped: {_e(event.stop_reason)})" if event.stop_reason not in ("", "stop") else ""
             credit = f' <span class="credit">{_e(event.credit)}</span>' if event.credit else ""
+            if event.folded:
+                parts.append(f'<div class="fold">{_e(FOLD_MARK)}</div>')
             reasoning = ("" if event.reasoning is None else  # folded until clicked
                          f'<details class="reasoning"><summary>{_e(reasoning_fold(event.reasoning))}, click to open'
                          f"</summary><pre>{_e(event.reasoning)}</pre></details>")

@@ -76,15 +76,19 @@ class TurnEvent:
     stop_reason: str
     credit: str = ""  # with credit per turn: its advantage, step group and step reward
     reasoning: str | None = None  # thinking on: the reasoning before </think>, shown folded
+    folded: bool = False  # --context fold: its prompt is a new context (earlier tool results as stubs)
 
 
-def turn_event(number: int, text: str, stop_reason: str, credit: str = "") -> TurnEvent:
+FOLD_MARK = "context folded: earlier tool results are one-line stubs from here on"
+
+
+def turn_event(number: int, text: str, stop_reason: str, credit: str = "", *, folded: bool = False) -> TurnEvent:
     """A recorded turn, its reasoning (the text before ``</think>``, which a turn writes with
     thinking on) set apart from what it said."""
     reasoning, closed, said = text.partition("</think>")
     if not closed:
-        return TurnEvent(number, text, stop_reason, credit)
-    return TurnEvent(number, said.lstrip("\n"), stop_reason, credit, reasoning.strip())
+        return TurnEvent(number, text, stop_reason, credit, folded=folded)
+    return TurnEvent(number, said.lstrip("\n"), stop_reason, credit, reasoning.strip(), folded)
 
 
 def reasoning_fold(reasoning: str) -> str:
@@ -153,9 +157,11 @@ def conversation(record: Mapping[str, object]) -> list[TurnEvent | SearchEvent]:
             tool=printable(s.get("tool") or "search"), refused=bool(s.get("refused")),
         )
     events: list[TurnEvent | SearchEvent] = []
+    contexts = [count(turn.get("context")) for turn in turns]  # 0 for a record without folds
     for index, turn in enumerate(turns, 1):
+        folded = index > 1 and contexts[index - 1] != contexts[index - 2]
         events.append(turn_event(index, printable(turn.get("text")), printable(turn.get("stop_reason") or ""),
-                                 turn_credit(turn)))
+                                 turn_credit(turn), folded=folded))
         events += [call(number, s) for number, s in enumerate(searches, 1) if made_by[number - 1] == index]
     # a call whose turn is not in the record comes last, in order
     events += [call(number, s) for number, s in enumerate(searches, 1) if not 1 <= made_by[number - 1] <= len(turns)]
@@ -278,6 +284,8 @@ def renderables(record: Mapping[str, object], *, full: bool = False) -> list[Ren
     out.append(facts)
     for event in conversation(record):
         if isinstance(event, TurnEvent):
+            if event.folded:
+                out.append(Rule(Text(FOLD_MARK, style="yellow"), style="yellow", align="left"))
             head = Text(f"assistant {event.number}", style="bold cyan")
             if event.stop_reason and event.stop_reason != "stop":
                 head.append(f"  (stopped: {event.stop_reason})", style="dim")

@@ -64,3 +64,20 @@ def test_the_preflight_refuses_a_trajectory_budget_the_twin_would_reject_before_
             fit_trajectory_budget(server, 8192, clamp=False, group_size=8)
         assert fit_trajectory_budget(server, 8192, clamp=True, group_size=8).max_trajectory_tokens == 4096
         assert twin.sample_log == [] and twin.event_log == []
+
+
+def test_with_context_fold_the_preflight_fits_the_window_and_leaves_the_whole_length(tmp_path, tokenizer):
+    """A folded trajectory is trained one context (one datum) at a time: the service's limits bind
+    the window, and the whole trajectory may be longer."""
+    from searchr1.commands.train import _fit_server_limits
+    from searchr1.core.rollout import RolloutConfig
+    from searchr1.training.config import TrainConfig
+
+    limits = TwinLimits(training=OperationLimits(max_seq_len=4096), sampling=OperationLimits(max_seq_len=6144))
+    rollout = RolloutConfig(context="fold", context_window=6000, max_trajectory_tokens=16384)
+    config = TrainConfig(max_steps=1, offline=True, data="unused.jsonl", rollout=rollout)
+    with running_twin(tmp_path, tokenizer, limits=limits) as (_, service):
+        with pytest.raises(PreflightError, match="--context-window 6000 exceeds the server's training max_seq_len"):
+            _fit_server_limits(service, config, clamp=False, resuming=False)
+        fitted = _fit_server_limits(service, config, clamp=True, resuming=False).rollout
+    assert (fitted.context_window, fitted.max_trajectory_tokens) == (4096, 16384)

@@ -42,3 +42,20 @@ def test_the_html_page_folds_the_reasoning_into_a_closed_details():
     page = transcript_page([(None, [RECORD])], heading="t")
     start = page.index('<details class="reasoning">')
     assert REASONING in page[start:page.index("</details>", start)] and "</think>" not in page
+
+
+FOLDED = {"id": "f", "question": "Q?", "answers": ["x"], "searches": [],
+          "turns": [{"text": "one"}, {"text": "two", "context": 0}, {"text": "three", "context": 1},
+                    {"text": "Answer: x", "context": 1}]}
+
+
+def test_show_and_the_page_mark_where_a_context_folded_once_per_fold():
+    from searchr1.view.terminal import FOLD_MARK
+
+    assert [event.folded for event in conversation(FOLDED)] == [False, False, True, False]
+    out = io.StringIO()
+    print_transcripts(Console(file=out, width=200, color_system=None), [FOLDED])
+    shown = out.getvalue()
+    assert shown.count(FOLD_MARK) == 1 and shown.index(FOLD_MARK) < shown.index("assistant 3")
+    page = transcript_page([(None, [FOLDED])], heading="t")
+    assert page.count('<div class="fold">') == 1

@@ -35,12 +35,17 @@ class FittedCalls:
 
 
 def observation_room(tokenizer: Tokenizer, prompt_tokens: Sequence[int], completion_tokens: Sequence[int],
-                     budgets: RolloutBudgets) -> int:
-    """How many observation tokens the next prompt can take after this turn: the trajectory budget
+                     budgets: RolloutBudgets, *, whole: int | None = None, foldable: bool = False) -> int:
+    """How many observation tokens the next prompt can take after this turn: the context's window
     less the sequence so far (prompt, completion, the part of the closing the sampler did not
-    return) and less one token, kept for the next turn to generate."""
-    so_far = len(prompt_tokens) + len(completion_tokens) + len(missing_closing(tokenizer, completion_tokens))
-    return budgets.max_trajectory_tokens - so_far - 1
+    return), and the whole trajectory's budget less its length so far (``whole``: before this
+    turn, when its context may have folded; else the context is all of it), less one token kept
+    for the next turn to generate. ``foldable``: the window does not bind (a fold can make room)."""
+    closing = len(missing_closing(tokenizer, completion_tokens))
+    in_context = len(prompt_tokens) + len(completion_tokens) + closing
+    in_whole = in_context if whole is None else whole + len(completion_tokens) + closing
+    left = budgets.max_trajectory_tokens - in_whole
+    return (left if foldable else min(budgets.window - in_context, left)) - 1
 
 
 def truncate_to_fit(tokenizer: Tokenizer, text: str, budget: Callable[[str], bool], limit: int) -> str | None:
@@ -70,6 +75,8 @@ def fit_tool_content(
     result: SearchResult,
     budgets: RolloutBudgets,
     tool: str = SEARCH.name,
+    *,
+    whole: int | None = None,
 ) -> FittedObservation | None:
     """The tool message content and the next prompt, or ``None`` when nothing fits (``tool``: the
     tool that answered, ``""`` for a call that named none).
@@ -79,9 +86,9 @@ def fit_tool_content(
     token; the first item that does not fit stops the loop (as the lab port). Sizes come from the
     tokenizer directly; the template is rendered twice, and only for the chosen content. If not
     even the first item fits, ``tool_overflow="truncate"`` truncates it at a token boundary with a
-    visible marker; ``"end"`` returns ``None`` (the lab port).
+    visible marker; ``"end"`` returns ``None`` (the lab port). ``whole``: see :func:`observation_room`.
     """
-    room = observation_room(tokenizer, previous_prompt_tokens, completion_tokens, budgets)
+    room = observation_room(tokenizer, previous_prompt_tokens, completion_tokens, budgets, whole=whole)
 
     def fits(content: str) -> bool:
         if len(plain_tokens(tokenizer, content)) > budgets.max_tool_response_tokens:
@@ -132,6 +139,8 @@ def fit_calls(
     completion_tokens: Sequence[int],
     answered: Sequence[tuple[str, str, SearchResult]],
     budgets: RolloutBudgets,
+    *,
+    whole: int | None = None,
 ) -> FittedCalls | None:
     """Every call's content and the next prompt, or ``None`` when one of them does not fit.
 
@@ -145,9 +154,9 @@ def fit_calls(
     if len(answered) == 1:
         call_id, tool, result = answered[0]
         one = fit_tool_content(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
-                               completion_tokens, call_id, result, budgets, tool)
+                               completion_tokens, call_id, result, budgets, tool, whole=whole)
         return None if one is None else FittedCalls((one.content,), (one.truncated,), one.next_prompt)
-    room = observation_room(tokenizer, previous_prompt_tokens, completion_tokens, budgets)
+    room = observation_room(tokenizer, previous_prompt_tokens, completion_tokens, budgets, whole=whole)
     contents: list[str] = []
     truncated: list[bool] = []
     for index, (_, tool, result) in enumerate(answered):
