@@ -185,7 +185,8 @@ def _ask(search: SearchOptions, question: str, kwargs: dict[str, object]) -> Non
                                 offline_policy=policy)
     base_model, model_path, offline = chosen.base_model, chosen.model_path, chosen.offline
     offline_home, policy = chosen.offline_home, chosen.offline_policy
-    rollout = rollout_as_trained(rollout, chosen.thinking)
+    if chosen.rendering is not None:
+        rollout = rollout_as_trained(rollout, chosen.rendering)
     if offline:
         check_offline_question(question, policy)
     check_base_model(base_model)

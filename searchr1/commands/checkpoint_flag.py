@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from searchr1.commands.eval import RunRendering
 
 
 @dataclass(frozen=True)
@@ -22,7 +26,7 @@ class ResolvedCheckpoint:
     offline_home: Path | None  # the twin's checkpoint store (offline only)
     offline_policy: str
     from_run_dir: bool  # True when ``--checkpoint`` named a run directory, whose records won
-    thinking: bool = False  # the run directory's run rendered with thinking on
+    rendering: RunRendering | None = None  # how the run directory's run made its contexts
 
 
 
@@ -34,7 +38,7 @@ def resolve_checkpoint(checkpoint: str | None, *, base_model: str, offline: bool
     path without it, and ``--offline-home`` without ``--offline`` are usage errors."""
     from searchr1.commands.eval import checkpoint_of
 
-    thinking = False
+    rendering = None
     if checkpoint is None:
         model_path, from_run_dir = None, False
     elif not checkpoint.startswith("trio://"):
@@ -43,7 +47,7 @@ def resolve_checkpoint(checkpoint: str | None, *, base_model: str, offline: bool
         found = checkpoint_of(Path(checkpoint))
         offline, base_model, model_path = found.offline, found.base_model, found.weights_path
         offline_home, offline_policy = found.offline_home, found.offline_policy or offline_policy
-        from_run_dir, thinking = True, found.thinking
+        from_run_dir, rendering = True, found.rendering
     else:
         model_path, from_run_dir = checkpoint, False
         if offline and offline_home is None:
@@ -51,4 +55,4 @@ def resolve_checkpoint(checkpoint: str | None, *, base_model: str, offline: bool
                                    "the run directory")
     if offline_home is not None and not offline:
         raise click.UsageError("--offline-home only applies with --offline")
-    return ResolvedCheckpoint(base_model, model_path, offline, offline_home, offline_policy, from_run_dir, thinking)
+    return ResolvedCheckpoint(base_model, model_path, offline, offline_home, offline_policy, from_run_dir, rendering)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -273,17 +273,37 @@ class RunCheckpoint:
     offline_home: Path | None
     offline_policy: str | None
     algorithm: dict[str, object] | None = None  # how the run trained (searchr1.run.algorithm.algorithm_of)
-    thinking: bool = False  # the run rendered with thinking on: its checkpoint is evaluated so too
+    rendering: RunRendering = field(default_factory=lambda: RunRendering())  # how its contexts were made
 
 
-def rollout_as_trained(rollout: RolloutConfig, thinking: bool, *, quiet: bool = False) -> RolloutConfig:
-    """``rollout`` with thinking on when the checkpoint's run trained with it: a model trained to
-    reason is sampled reasoning (said on standard error unless ``quiet``)."""
-    if not thinking or rollout.thinking:
-        return rollout
-    if not quiet:
-        click.echo("thinking on, as the run trained (--thinking is implied by its checkpoint)", err=True)
-    return replace(rollout, thinking=True)
+@dataclass(frozen=True)
+class RunRendering:
+    """How a training run made its contexts, which its checkpoint is sampled with too: thinking
+    on or off, and with ``--context fold`` the window and the whole trajectory's budget."""
+
+    thinking: bool = False
+    window: int | None = None  # --context fold's --context-window (None: full)
+    whole: int | None = None  # --max-trajectory-tokens, with fold
+
+
+def rollout_as_trained(rollout: RolloutConfig, rendering: RunRendering, *, quiet: bool = False) -> RolloutConfig:
+    """``rollout`` with what its checkpoint's run trained with and the flags did not ask for:
+    thinking on, and ``--context fold`` with its window (a model trained to reason is sampled
+    reasoning, one trained on folded contexts is sampled folding). Said on standard error unless
+    ``quiet``."""
+    from searchr1.core.context import ContextPolicy
+
+    said: list[str] = []
+    if rendering.thinking and not rollout.thinking:
+        rollout, said = replace(rollout, thinking=True), said + ["thinking on (--thinking)"]
+    if rendering.window is not None and rollout.context == ContextPolicy.FULL:
+        whole = max(rollout.max_trajectory_tokens, rendering.whole or 0)
+        rollout = replace(rollout, context=ContextPolicy.FOLD, context_window=rendering.window,
+                          max_trajectory_tokens=whole)
+        said.append(f"--context fold --context-window {rendering.window} --max-trajectory-tokens {whole}")
+    if said and not quiet:
+        click.echo(f"{', '.join(said)}, as the run trained (its checkpoint implies it)", err=True)
+    return rollout
 
 
 def checkpoint_of(run_dir: Path) -> RunCheckpoint:
@@ -299,12 +319,20 @@ def checkpoint_of(run_dir: Path) -> RunCheckpoint:
         raise click.ClickException(f"{run_dir} holds no checkpoint yet ({run_dir / 'checkpoints.jsonl'}); "
                                    "train at least until the first save")
     offline = bool(config.get("offline"))
+    from searchr1.core.context import ContextPolicy
+
     rollout = config.get("rollout")
-    thinking = isinstance(rollout, dict) and rollout.get("thinking") is True
+    rendering = RunRendering()
+    if isinstance(rollout, dict):
+        window, whole = rollout.get("context_window"), rollout.get("max_trajectory_tokens")
+        if rollout.get("context") != ContextPolicy.FOLD or not isinstance(window, int):
+            window = None
+        rendering = RunRendering(rollout.get("thinking") is True, window,
+                                 whole if window is not None and isinstance(whole, int) else None)
     return RunCheckpoint(last.weights_path, str(config.get("base_model") or "Qwen/Qwen3.5-4B"), offline,
                          run_dir / TWIN_HOME if offline else None,
                          str(config.get("offline_policy") or "") or None if offline else None, algorithm_of(config),
-                         thinking)
+                         rendering)
 
 
 def _sampling_client(service: pytrio.ServiceClient, base_model: str, model_path: str | None, *, offline: bool,
@@ -391,7 +419,7 @@ def _eval(search: SearchOptions, kwargs: dict[str, object], held: contextlib.Exi
         flags = _with_checkpoint(flags)
     rollout = rollout_config_from(kwargs, seed=pop_flag(kwargs, "seed", int))
     if flags.checkpoint is not None:
-        rollout = rollout_as_trained(rollout, flags.checkpoint.thinking, quiet=flags.quiet)
+        rollout = rollout_as_trained(rollout, flags.checkpoint.rendering, quiet=flags.quiet)
     given = pop_optional(kwargs, "data", Path)
     data = given or (DEV if flags.offline else PROTOCOL_DATA if flags.protocol else LIVE_DATA)
     _check_model_and_data(flags, rollout, data, given=given is not None, checks=checks)

@@ -83,7 +83,8 @@ def _serve(search: SearchOptions, kwargs: dict[str, object]) -> None:
                            "--offline-policy": (policy, chosen.offline_policy)}, named, str(checkpoint))
     base_model, model_path, offline = chosen.base_model, chosen.model_path, chosen.offline
     offline_home, policy = chosen.offline_home, chosen.offline_policy
-    rollout = rollout_as_trained(rollout, chosen.thinking)
+    if chosen.rendering is not None:
+        rollout = rollout_as_trained(rollout, chosen.rendering)
     if "offline_policy" in named and not offline:
         raise click.UsageError("--offline-policy only applies with --offline")
     check_base_model(base_model)

@@ -76,8 +76,9 @@ def test_both_accumulation_modes_train_and_record_the_calls_they_sent(tmp_path, 
             assert line["train/micro_batches_per_step"] >= substeps
 
 
-@pytest.mark.parametrize("credit", [[], ["--credit", "gigpo", "--step-reward", "evidence"], ["--thinking"]],
-                         ids=["trajectory", "gigpo", "thinking"])
+@pytest.mark.parametrize("credit", [[], ["--credit", "gigpo", "--step-reward", "evidence"], ["--thinking"],
+                                    ["--context", "fold", "--context-window", "1100"]],
+                         ids=["trajectory", "gigpo", "thinking", "fold"])
 def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path, credit):
     args = [*BASE, *credit, "--max-steps", "6", "--save-every", "2", "--run-dir"]
     killed = tmp_path / "killed"
@@ -105,12 +106,18 @@ def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run
         assert json.loads((killed / "config.json").read_text())["rollout"]["thinking"] is True
         eval_output = tmp_path / "eval.jsonl"
         code, output = run_cli("eval", "--checkpoint", str(killed), "--limit", "2", "--output", str(eval_output))
-        assert code == 0 and "thinking on, as the run trained" in output, output
+        assert code == 0 and "thinking on (--thinking), as the run trained" in output, output
         assert '"thinking": true' in eval_output.read_text().splitlines()[0]
         question = json.loads(eval_output.read_text().splitlines()[1])["question"]
         code, output = run_cli("ask", question, "--checkpoint", str(killed))
-        assert code == 0 and "thinking on, as the run trained" in output and "(reasoning) " in output, output
+        assert code == 0 and "thinking on (--thinking), as the run trained" in output and "(reasoning) " in output, output
         assert "</think>" not in output
+    elif credit[:1] == ["--context"]:  # contexts folded, each trained as its own datum, and resumed exactly
+        assert resumed[0]["context/folds"] > 0 and resumed[0]["context/longest"] <= 1100
+        datums = sum(m["train/datums_per_rollout_batch"] for m in resumed)
+        assert datums > 4 * sum(m["train/groups_trained"] for m in resumed)  # more datums than trajectories trained
+        code, output = run_cli("eval", "--checkpoint", str(killed), "--limit", "2", "--output", str(tmp_path / "e.jsonl"))
+        assert code == 0 and "--context fold --context-window 1100" in output, output
     elif credit:  # each turn's step group and step reward are in the transcripts, and its own advantage
         records = [record for step in read_run_transcripts(killed / "transcripts.jsonl").by_step.values()
                    for record in step]
