@@ -83,17 +83,19 @@ class RolloutBudgets:
                                       help="Tool calls one turn may make; several run together (Search-R1: 1).")
     # How a context grows (core/context.py): full, or folded to fit a window of its own.
     context: ContextPolicy = setting(
-        ContextPolicy.FULL, choices=tuple(policy.value for policy in ContextPolicy),
+        ContextPolicy.FULL, group="context", choices=tuple(policy.value for policy in ContextPolicy),
         help="full: one context that only grows (Search-R1); fold: when the next turn would not fit "
              "--context-window, earlier tool results become one-line stubs and a new context starts.")
     context_window: int | None = setting(
-        None, at_least=64, at_most=MAX_TOKENS, metavar="TOKENS", default_text="--max-trajectory-tokens",
+        None, group="context", at_least=64, at_most=MAX_TOKENS, metavar="TOKENS",
+        default_text="--max-trajectory-tokens",
         help="With --context fold: the tokens one context may hold (also the training datum limit).")
     # Qwen3.5's thinking mode: the generation prompt opens <think>, so every turn reasons first.
     thinking: bool = setting(
-        False, help="Render with the chat template's thinking on: each turn reasons inside <think> before it acts, "
-                    "the reasoning is trained on with the rest of the turn, and calls and the answer are read "
-                    "only after </think>.")
+        False, group="context",
+        help="Render with the chat template's thinking on: each turn reasons inside <think> before it acts, "
+             "the reasoning is trained on with the rest of the turn, and calls and the answer are read only "
+             "after </think>.")
     invalid_calls: InvalidCallPolicy = setting(
         InvalidCallPolicy.END, choices=tuple(policy.value for policy in InvalidCallPolicy),
         help="A refused tool call (unknown tool, bad parameter): end the trajectory as invalid (Search-R1), "
@@ -101,7 +103,6 @@ class RolloutBudgets:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tool_list(self.tools))  # a list or "a,b" as files hold it
-        object.__setattr__(self, "context", ContextPolicy(self.context))
         check_settings(self)
         if self.context_window is not None and self.context != ContextPolicy.FOLD:
             raise SettingError("--context-window", f"{self.context_window}: a window of its own needs --context fold")

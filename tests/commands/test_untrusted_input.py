@@ -322,13 +322,13 @@ def test_train_help_lists_every_option_under_a_heading_made_from_its_declaration
     code, output, _ = invoke("train", "--help")
     assert code == 0
     headings = [line for line in output.splitlines() if line.endswith(" options:")]
-    train_sections = ("run", "rollout", "algorithm", "credit", "search", "service", "health", "cost", "logging")
+    train_sections = ("run", "rollout", "context", "algorithm", "credit", "search", "service", "health", "cost", "logging")
     assert headings == [f"{name.capitalize()} options:" for name in SECTIONS if name in train_sections] + [
         "Other options:"]
     for param in train.params:
         section = train.section_of(param)
         assert section in SECTIONS or param.name == "help", param.name
-    rollout = output.split("Rollout options:", 1)[1].split("Algorithm options:", 1)[0]
+    rollout = output.split("Rollout options:", 1)[1].split("Context options:", 1)[0]
     assert "--group-size" in rollout and "--learning-rate" not in rollout
 
 
