@@ -34,12 +34,13 @@ EXAMPLES_SHOWN = 3
 def check_offline_question(question: str, policy: str) -> None:
     """Refuse, before anything starts, a question the offline twin's policies have no script or
     knowledge for: they answer only the shipped offline questions (``searchr1/offline``; the
-    learning policy also the page questions of ``pages.json``), and the sampler would fail on each
-    turn. One line naming the files and showing a few of the questions."""
+    learning policy also the page questions of ``pages.json`` and the long ones of ``long.json``),
+    and the sampler would fail on each turn. One line naming the files and showing a few of the
+    questions."""
     import os
     import unicodedata
 
-    from searchr1.offline import PAGES, QUESTIONS, load_source
+    from searchr1.offline import LONG, PAGES, QUESTIONS, load_source
 
     def key(text: str) -> str:  # how the twin recognises a question (searchr1.twin.offline_world.question_key)
         return unicodedata.normalize("NFC", text).strip()
@@ -48,7 +49,7 @@ def check_offline_question(question: str, policy: str) -> None:
         where = os.path.relpath(path)
         return where if not where.startswith("..") else str(path)
 
-    files = (QUESTIONS, PAGES) if policy == OfflinePolicy.LEARNING else (QUESTIONS,)
+    files = (QUESTIONS, PAGES, LONG) if policy == OfflinePolicy.LEARNING else (QUESTIONS,)
     known = [item["question"] for path in files for split in ("dev", "train")
              for item in load_source(path)[split]]
     if key(question) in {key(q) for q in known}:

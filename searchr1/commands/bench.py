@@ -25,6 +25,7 @@ TITLES = {
     13: "one paper-sized step's search over wiki-18's size",
     14: "credit per turn: GRPO, GiGPO, GiGPO with step rewards",
     15: "thinking mode: what reasoning costs and changes",
+    16: "context management on the long-horizon world: full against fold",
 }
 
 
@@ -34,7 +35,7 @@ TITLES = {
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
 @click.option("--only", default=None, metavar="1,2,...",
-              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 and 12-15 take minutes, 11 "
+              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 and 12-16 take minutes, 11 "
                    "explains 5, "
                    "and 9 needs `python -m searchr1.bench.lucene setup` first).")
 @click.option("--passages", type=click.IntRange(min=1000), default=None,
@@ -64,6 +65,7 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     13 one paper-sized step's search (2,560 trajectories) through retriever serve with 1, 2, N workers
     14 steps to reward 0.8, repeated searches and dev EM with trajectory credit, GiGPO, GiGPO + step rewards
     15 tokens sampled per trajectory and steps to reward 0.8 with --thinking off and on
+    16 reward on the long-horizon world with --context full and fold at one window, tokens and datums per trajectory
 
     Every figure is a ratio of two things measured in the same run. Prints a table and writes
     OUTPUT (value, target and "met" per figure). Exit status 0 even when a target is missed,

@@ -15,21 +15,26 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
     """Regenerate the offline world from searchr1/offline/questions.json.
 
     Writes searchr1/offline/scenario.json (the scripted policy), train.jsonl, dev.jsonl,
-    pages_train.jsonl, pages_dev.jsonl (from pages.json) and cassettes/specs/offline.json, then records
-    cassettes/<backend>/offline.yaml for every
-    backend through the real clients against the in-process fake services.
+    pages_train.jsonl, pages_dev.jsonl (from pages.json), the long-horizon world (long.json,
+    long_train.jsonl, long_dev.jsonl, from long_world.py) and cassettes/specs/offline.json and
+    long.json, then records cassettes/<backend>/offline.yaml for every backend and
+    cassettes/wikipedia/long.yaml through the real clients against the in-process fake services.
     """
     from searchr1.basics.fileio import write_text_atomically
-    from searchr1.offline import PAGES, build_offline_files, build_page_files, load_source
+    from searchr1.offline import (LONG_CASSETTE_NAME, PAGES, build_long_files, build_offline_files, build_page_files,
+                                  load_source)
+    from searchr1.offline.long_world import long_source
     from searchr1.search.cassette_specs import build_cassettes
 
-    files = {**build_offline_files(load_source()), **build_page_files(load_source(PAGES))}
+    files = {**build_offline_files(load_source()), **build_page_files(load_source(PAGES)),
+             **build_long_files(long_source())}
     stale = [path for path, text in files.items()
              if not path.is_file() or path.read_text("utf-8") != text]
     if check:
         for path in stale:
             click.echo(f"STALE     {path}")
         report = build_cassettes(check=True, only="offline")
+        report.differing += build_cassettes(check=True, only=LONG_CASSETTE_NAME).differing
         for path in report.differing:
             click.echo(f"STALE     {path}")
         if stale or report.differing:
@@ -41,6 +46,7 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
         click.echo(f"wrote     {path}")
     if not no_cassettes:
         report = build_cassettes(only="offline")
+        report.written += build_cassettes(only=LONG_CASSETTE_NAME).written
         for path in report.written:
             click.echo(f"wrote     {path}")
     from searchr1.basics.wording import plural

@@ -157,7 +157,15 @@ def phase_index(found: int, hops: int) -> int:
 
 def candidate_text(question: WorldQuestion, found: int, kind: str, *, open_next: bool = False) -> str:
     """The assistant turn of ``kind`` when the first ``found`` hops are in the prompt (pure);
-    ``open_next``: the next hop's page is to be opened rather than searched."""
+    ``open_next``: the next hop's page is to be opened rather than searched. A long-horizon
+    question's turns first write down what was found so far (its hops' notes), so that what a
+    folded context no longer shows stays in the turns themselves."""
+    noted = [hop.note for hop in question.hops[:found] if hop.note]
+    action = _action_text(question, found, kind, open_next=open_next)
+    return f"Notes: {'; '.join(noted)}.\n\n{action}" if noted else action
+
+
+def _action_text(question: WorldQuestion, found: int, kind: str, *, open_next: bool = False) -> str:
     hops = question.hops
     complete = found >= len(hops)
     next_query = hops[min(found, len(hops) - 1)].query
@@ -395,8 +403,8 @@ class LearningPolicy:
                 f"the {len(self.questions)} offline questions it knows (searchr1/offline/questions.json)"
             )
         found = 0
-        for hop in question.hops:
-            if question_key(hop.text) not in after:
+        for hop in question.hops:  # found: its passage is shown, or its note was written down
+            if question_key(hop.text) not in after and not (hop.note and hop.note in after):
                 break
             found += 1
         open_next = (found < len(question.hops) and question.hops[found].is_page

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from searchr1.core.errors import UserError
-from searchr1.offline import PAGES, QUESTIONS
+from searchr1.offline import LONG, PAGES, QUESTIONS
 from searchr1.basics.jsonl import read_json_object
 
 SPLITS = ("train", "dev")
@@ -41,6 +41,7 @@ class Hop:
     text: str
     lead: str = ""
     body: tuple[str, ...] = ()
+    note: str = ""  # the fact in a few words (long-horizon questions): what a turn writes down
 
     @property
     def is_page(self) -> bool:
@@ -91,7 +92,8 @@ def _parse_question(item: object, split: str, where: str) -> WorldQuestion:
             if not all(isinstance(passage, str) and passage for passage in body) or text not in body:
                 raise WorldError(f"{at}: field 'body' must list the page's passages after the lead, "
                                  "'text' among them")
-        hops.append(Hop(_field(hop, "query", str, at), _field(hop, "title", str, at), text, lead, body))
+        note = _field(hop, "note", str, at) if "note" in hop else ""
+        hops.append(Hop(_field(hop, "query", str, at), _field(hop, "title", str, at), text, lead, body, note))
     answers = _field(item, "answers", list, where)
     if not all(isinstance(a, str) and a for a in answers):
         raise WorldError(f"{where}: field 'answers' must hold non-empty strings")
@@ -133,8 +135,9 @@ def load_world(path: str | Path = QUESTIONS) -> tuple[WorldQuestion, ...]:
     return parse_world(source, where=str(path))
 
 
-def load_worlds(paths: Sequence[str | Path] = (QUESTIONS, PAGES)) -> tuple[WorldQuestion, ...]:
-    """Every question of ``paths`` (the offline world and its page questions), each once."""
+def load_worlds(paths: Sequence[str | Path] = (QUESTIONS, PAGES, LONG)) -> tuple[WorldQuestion, ...]:
+    """Every question of ``paths`` (the offline world, its page questions and its long-horizon
+    questions), each once."""
     seen: dict[str, str] = {}
     return tuple(_unseen(question, str(path), seen) for path in paths for question in load_world(path))
 

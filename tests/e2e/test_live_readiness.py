@@ -247,13 +247,16 @@ def test_service_and_network_failures_are_told_apart_from_bugs():
 # --- run directories: nothing written before the checks, nothing stuck after a failed start --
 
 
-def test_preflight_only_checks_and_writes_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("rendering", [[], ["--thinking", "--context", "fold", "--context-window", "2048",
+                                             "--max-trajectory-tokens", "16384"]], ids=["default", "thinking-fold"])
+def test_preflight_only_checks_and_writes_nothing(tmp_path, monkeypatch, rendering):
     import tempfile
 
     run_dir, scratch = tmp_path / "run", tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the twin's home for the check goes
-    result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--preflight-only", "--run-dir", str(run_dir)])
+    result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--preflight-only", *rendering,
+                                       "--run-dir", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert "preflight passed" in result.output
     assert not run_dir.exists()

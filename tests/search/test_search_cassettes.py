@@ -464,7 +464,8 @@ def test_generated_files_do_not_depend_on_the_installed_httpx(version, monkeypat
     """Whatever httpx release is installed (its reported version drawn at random), the live client
     sends that version in its User-Agent and the shipped cassettes and offline files still check
     clean: the version never reaches a generated file."""
-    from searchr1.offline import PAGES, build_offline_files, build_page_files, load_source
+    from searchr1.offline import PAGES, build_long_files, build_offline_files, build_page_files, load_source
+    from searchr1.offline.long_world import long_source
     from searchr1.search.wikipedia import user_agent
 
     monkeypatch.setattr(httpx, "__version__", version)
@@ -472,7 +473,8 @@ def test_generated_files_do_not_depend_on_the_installed_httpx(version, monkeypat
     # What `offline-data --check` compares (tests/tools/test_golden.py runs the command): its
     # generated files here, and its cassettes (cassettes/*/offline.yaml) in the check of every
     # cassette below, so that they are recorded once per example, not twice.
-    files = {**build_offline_files(load_source()), **build_page_files(load_source(PAGES))}
+    files = {**build_offline_files(load_source()), **build_page_files(load_source(PAGES)),
+             **build_long_files(long_source())}
     stale = [path for path, text in files.items() if not path.is_file() or path.read_text("utf-8") != text]
     assert files and not stale, f"stale under httpx {version}: {stale}"
     report = build_cassettes(check=True)
