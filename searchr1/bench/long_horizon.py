@@ -4,7 +4,7 @@ fold`` at the same window, over several training seeds.
 Each run trains the learning policy of an in-process twin (no latency): first on the offline
 world's train questions (figure 7's workload: 8 questions x 8 samples, Adam lr 0.2) for
 ``WARM_STEPS`` steps, so the policy has learnt to search before it meets long chains (from its
-base table a chain of 6 searches is about one draw in 15,000, and nothing would be learnt), then
+base table a chain of 6 searches is about one draw in 17,000, and nothing would be learnt), then
 on the long-horizon train questions (6 to 10 searches, each result about 650 tokens:
 :mod:`searchr1.offline.long_world`) for ``LONG_STEPS`` steps, in one run (the batches come in
 that order). Both variants hold one context to ``WINDOW`` tokens: ``full`` as its whole

@@ -188,9 +188,11 @@ def patched(target: object, name: str, value: object) -> Iterator[None]:
 
 def lab_port_fit(tokenizer: Tokenizer, messages_before_assistant: list[Message], assistant_text: str | Message,
                  previous_prompt_tokens: Sequence[int], completion_tokens: Sequence[int], call_id: str,
-                 result: SearchResult, config: RolloutBudgets, tool: str = "search") -> FittedObservation | None:
+                 result: SearchResult, config: RolloutBudgets, tool: str = "search", *,
+                 whole: int | None = None) -> FittedObservation | None:
     """:func:`searchr1.core.observation.fit.fit_tool_content` done the lab port's way (figure 2's
-    :func:`lab_port_fit_tool_content`), in the engine's own return type (the lab port has search alone)."""
+    :func:`lab_port_fit_tool_content`), in the engine's own return type (the lab port has search alone,
+    and one context that only grows: its length is the whole trajectory's, ``whole`` adds nothing)."""
     fitted = lab_port_fit_tool_content(tokenizer, messages_before_assistant, assistant_text, previous_prompt_tokens,
                                    completion_tokens, call_id, result, config)
     return None if fitted is None else FittedObservation(fitted[0], fitted[1], False)
