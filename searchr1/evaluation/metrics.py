@@ -7,9 +7,9 @@ interrupted run may append more than one summary; the last one wins.
 
 Confidence intervals (``*_ci95_low`` / ``*_ci95_high``) are 95% intervals that keep a width at
 a handful of questions (:mod:`searchr1.evaluation.intervals`): Wilson score with continuity
-correction for 0/1 scores, Student's t for others, per source over its questions, micro over all
-questions, macro at Kish's effective sample size. They are closed forms: the same records always
-give the same intervals.
+correction of the summed scores (0/1 or not), per source over its questions, micro over all
+questions, macro at the effective size of its least favourable split over sources. They are
+deterministic: the same records always give the same intervals.
 """
 
 from __future__ import annotations

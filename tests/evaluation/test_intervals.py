@@ -17,6 +17,7 @@ from searchr1.evaluation.intervals import (
     Interval,
     effective_size,
     few_questions,
+    largest_macro_variance,
     macro_interval,
     mean_interval,
     wilson_cc,
@@ -80,15 +81,10 @@ def test_an_f1_like_score_is_covered_as_a_0_1_one_is(zeros, ones, n, seed):
     assert coverage(truth, values.tolist(), mean_interval) >= FLOOR
 
 
-@pytest.mark.slow  # simulates thousands of evals per example
-@settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 10), st.floats(0.0, 1.0)), min_size=1, max_size=7),
-       st.integers(0, 2 ** 32 - 1))
-@example([(1, 0.3)] * 7, 0)  # the user's eval: a bootstrap within sources is a point; square-and-add gives 87%
-@example([(8, 0.01), (5, 0.01)], 1)  # rare right answers in two small sources
-def test_the_macro_interval_covers_the_true_macro_in_at_least_93_percent_of_draws(sources, seed):
-    """Coverage of the macro (the unweighted mean of per-source proportions) for up to seven
-    sources of one to ten questions each, each with its own true proportion."""
+def macro_coverage(sources: list[tuple[int, float]], seed: int,
+                   interval: Callable[[dict[str, list[float]]], Interval] = macro_interval) -> float:
+    """The share of simulated evals (DRAWS / 2) whose macro interval holds the true macro, for
+    sources of ``n`` questions each right with its own probability ``p``."""
     rng = np.random.default_rng(seed)
     truth = sum(p for _, p in sources) / len(sources)
     draws = [[(rng.random(n) < p).astype(float).tolist() for n, p in sources] for _ in range(DRAWS // 2)]
@@ -97,10 +93,52 @@ def test_the_macro_interval_covers_the_true_macro_in_at_least_93_percent_of_draw
     for draw in draws:
         key = tuple(tuple(sorted(values)) for values in draw)
         if key not in seen:
-            found = macro_interval({f"s{i}": values for i, values in enumerate(draw)})
+            found = interval({f"s{i}": values for i, values in enumerate(draw)})
             seen[key] = found.low - 1e-12 <= truth <= found.high + 1e-12
         held += seen[key]
-    assert held / len(draws) >= FLOOR
+    return held / len(draws)
+
+
+def kish_macro(groups: dict[str, list[float]]) -> Interval:
+    """The rule before this one: Wilson-CC of the macro at Kish's effective size at every m."""
+    macro = sum(sum(v) / len(v) for v in groups.values()) / len(groups)
+    return wilson_cc(min(1.0, macro), effective_size([len(v) for v in groups.values()]))
+
+
+def square_and_add(groups: dict[str, list[float]]) -> Interval:
+    """Newcombe's square-and-add (MOVER, Zou & Donner 2008) of the sources' own Wilson-CC intervals."""
+    means = [sum(v) / len(v) for v in groups.values()]
+    own = [wilson_cc(min(1.0, p), len(v)) for p, v in zip(means, groups.values())]
+    macro, count = sum(means) / len(means), len(means)
+    low = macro - math.sqrt(sum((p - i.low) ** 2 for p, i in zip(means, own))) / count
+    high = macro + math.sqrt(sum((i.high - p) ** 2 for p, i in zip(means, own))) / count
+    return Interval(max(0.0, low), min(1.0, high), own[0].rule)
+
+
+@pytest.mark.slow  # simulates thousands of evals per example
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 10), st.floats(0.0, 1.0)), min_size=1, max_size=7),
+       st.integers(0, 2 ** 32 - 1))
+@example([(1, 0.3)] * 7, 0)  # the user's eval: a bootstrap within sources is a point; square-and-add gives 87%
+@example([(8, 0.01), (5, 0.01)], 1)  # rare right answers in two small sources
+@example([(1, 0.3)] + [(10, 0.0)] * 5, 2)  # the variance in the one small source: Kish's size gives 70%
+@example([(1, 0.875), (4, 1.0)], 3)  # found by hypothesis against Kish's size (87.5%)
+@example([(1, 0.3125), (1, 0.25), (3, 0.0), (4, 0.0)], 4)  # and against Kish's size and square-and-add (92%)
+@example([(1, 0.2)] * 3 + [(7, 0.0)] * 3, 5)  # the wider of Kish's and square-and-add gives 90%
+def test_the_macro_interval_covers_the_true_macro_in_at_least_93_percent_of_draws(sources, seed):
+    """Coverage of the macro (the unweighted mean of per-source proportions) for up to seven
+    sources of one to ten questions each, each with its own true proportion."""
+    assert macro_coverage(sources, seed) >= FLOOR
+
+
+def test_the_macro_coverage_check_fails_kish_size_and_square_and_add_where_they_undercover():
+    """The check can fail: Kish's size takes every source to vary alike, so one small source at
+    30% beside five sources at 0 is held only when its answer is wrong (70%); square-and-add of
+    seven one-question sources at 30% misses when four or more are right (87%)."""
+    one_small = [(1, 0.3)] + [(10, 0.0)] * 5
+    assert macro_coverage(one_small, 2, kish_macro) < FLOOR <= macro_coverage(one_small, 2)
+    seven_small = [(1, 0.3)] * 7
+    assert macro_coverage(seven_small, 0, square_and_add) < FLOOR <= macro_coverage(seven_small, 0)
 
 
 @settings(max_examples=200, deadline=None)
@@ -141,6 +179,47 @@ def test_the_macro_interval_holds_the_macro_inside_0_1_and_is_never_a_point(grou
     found = macro_interval(groups)
     assert 0.0 <= found.low <= macro + 1e-12 and macro - 1e-12 <= found.high <= 1.0
     assert found.width > 0.0
+
+
+def split_variance(shares: list[float], sizes: list[int]) -> float:
+    """The macro estimate's variance when source s has true proportion shares[s]."""
+    return sum(p * (1 - p) / n for p, n in zip(shares, sizes)) / len(sizes) ** 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 10), st.floats(0.0, 1.0)), min_size=1, max_size=7))
+def test_no_split_of_a_macro_over_sources_varies_more_than_the_largest_variance(sources):
+    """``largest_macro_variance`` bounds the variance at every split of the macro, and is reached:
+    at 1/2 by every source at 1/2 (Kish's size), near 0 and 1 by the smallest source alone, and by
+    equal sources at the total's ``m (1 - m) / (S n)``."""
+    sizes, shares = [n for n, _ in sources], [p for _, p in sources]
+    macro, count = sum(shares) / len(shares), len(sizes)
+    assert split_variance(shares, sizes) <= largest_macro_variance(macro, sizes) + 1e-15
+    assert largest_macro_variance(0.5, sizes) == pytest.approx(0.25 / effective_size(sizes))
+    smallest = sorted(sizes)[:2]
+    if len(smallest) == 1 or smallest[0] < smallest[1]:
+        m = 0.001 / count  # the smallest source alone at 0.001, the others at 0 (and mirrored at 1)
+        alone = 0.001 * 0.999 / smallest[0] / count ** 2
+        assert largest_macro_variance(m, sizes) == pytest.approx(alone)
+        assert largest_macro_variance(1 - m, sizes) == pytest.approx(alone)
+    assert largest_macro_variance(macro, [sizes[0]] * count) == pytest.approx(macro * (1 - macro) / (count * sizes[0]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 10).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n))), min_size=1, max_size=7))
+def test_the_macro_interval_is_every_m_the_corrected_score_test_keeps(counts):
+    """What the macro interval is: on a grid, ``m`` lies inside it exactly when
+    ``|macro - m| - V / (2 m (1 - m)) <= z sqrt(V)`` with ``V`` the largest variance at ``m``
+    (Wilson-CC at the effective size ``m (1 - m) / V``); so the kept ``m`` are one interval."""
+    sizes, rights = [n for n, _ in counts], [k for _, k in counts]
+    groups = {f"s{i}": [1.0] * k + [0.0] * (n - k) for i, (n, k) in enumerate(zip(sizes, rights))}
+    macro = sum(k / n for k, n in zip(rights, sizes)) / len(sizes)
+    found = macro_interval(groups)
+    for m in (i / 400 for i in range(1, 400)):
+        variance = largest_macro_variance(m, sizes)
+        kept = abs(macro - m) - variance / (2 * m * (1 - m)) <= Z * math.sqrt(variance)
+        if min(abs(m - found.low), abs(m - found.high)) > 1e-9:
+            assert kept == (found.low <= m <= found.high)
 
 
 @given(st.lists(st.integers(1, 1000), min_size=1, max_size=10))
