@@ -79,6 +79,11 @@ class StepConfig:
              "cispo (clipped ratio as a stop-gradient weight), dro (quadratic log-ratio penalty).")
     # --loss-fn-config KEY=VALUE (repeatable) is its own flag: a dict is no single value
     loss_fn_config: dict[str, float | int | str | bool] = setting(default_factory=dict, cli=False)
+    length_reward: float = setting(
+        0.0, at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT, metavar="WEIGHT",
+        help="Add WEIGHT times Kimi k1.5's length reward to each trajectory's reward, lengths compared within "
+             "its question's samples: 0.5 - (len - shortest)/(longest - shortest) for a right answer, at most "
+             "0 for any other (0 = off).")
     reward: RewardKind = setting(
         "em", choices=REWARD_KINDS, on_resume=OnResume.SEGMENT,
         help="What a valid answer earns: exact match (the lab port), token F1, or cover EM (a reference "

@@ -37,7 +37,7 @@ from searchr1.core.advantage import GroupSummary, assign_group_advantages
 from searchr1.core.config import StepConfig
 from searchr1.core.credit import Credit, StepReward, assign_step_advantages, assign_step_rewards
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
-from searchr1.core.reward import score_trajectories
+from searchr1.core.reward import assign_length_rewards, score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.core.tools import ToolBackend
 from searchr1.core.types import (SamplingClient, SearchExample, ServiceClient, Tokenizer, TrainingClient,
@@ -123,7 +123,7 @@ class StepRecord:
     dropped_out_of_vocab: int
     micro_batches: list[list[TrainingDatum]] | None
     kl_metrics: dict[str, float]
-    credit_metrics: dict[str, float]  # --credit gigpo, --step-reward: how the turns were credited
+    credit_metrics: dict[str, float]  # --length-reward, --credit gigpo, --step-reward: rewards shaped, turns credited
     update: UpdateResult | None  # None when no datum carried a signal
     waited_seconds: float
     train_seconds: float
@@ -173,6 +173,8 @@ class Trainer:
         trajectories = batch.trajectories
         score_trajectories(trajectories, reward=config.reward)
         credit: dict[str, float] = {}
+        if config.length_reward:  # shorter right answers earn more (Kimi k1.5)
+            credit |= assign_length_rewards(trajectories, config.length_reward)
         if config.step_reward == StepReward.EVIDENCE:  # what each turn earns on its own
             credit |= assign_step_rewards(trajectories, evidence_bonus=config.evidence_bonus,
                                           repeat_penalty=config.repeat_penalty).metrics()

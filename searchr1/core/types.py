@@ -182,6 +182,7 @@ class Trajectory:
     # Set by scoring (:func:`searchr1.core.reward.score_trajectories`); None until then, and for
     # a trajectory whose sampling failed (its reward is then the placeholder FORMAT_PENALTY).
     reward_result: RewardResult | None = None
+    shaping: float = 0.0  # reward terms added to the answer's score (--length-reward: core.reward)
     advantage: float = 0.0  # group-relative: its reward against its siblings' (core.advantage)
     excluded: Exclusion | None = None  # why it sends no datum although it has completion tokens
 
@@ -224,7 +225,8 @@ class Trajectory:
 
     @property
     def reward(self) -> float:
-        return self.score.reward
+        """What it is trained on: its answer's score plus any reward terms (``shaping``)."""
+        return self.score.reward + self.shaping
 
     def finish(self, reason: Termination, final_text: str | None = None) -> None:
         reason = Termination(reason)  # refuses an unknown reason

@@ -102,7 +102,7 @@ def test_the_check_sees_a_forbidden_import():
 def test_the_core_proper_reads_in_one_sitting():
     """The core's modules directly in searchr1/core/ stay within their pages: the engine (types,
     budgets, protocol, rollout, reward, advantage, datum, kl, update, config, trainer, errors) at
-    most 2,440 lines (2,340 before thinking mode and context folding, 55 and 60 lines of it); the tools chapter (declared tools and the call parser) at most 330; the
+    most 2,480 lines (2,340 before thinking mode, context folding and the length reward: 55, 60 and 35 lines); the tools chapter (declared tools and the call parser) at most 330; the
     objective (each loss's per-token term and gradient, as code) at most 130; credit per turn
     (GiGPO's step groups, step rewards) at most 170; context management (folding) at most 70; the reference, which repeats the step in its
     own plain code to check them, at most 300 (reference.py: the step) and its text module at most
@@ -117,7 +117,7 @@ def test_the_core_proper_reads_in_one_sitting():
     objective = lines.pop("objective.py")
     credit = lines.pop("credit.py")
     context = lines.pop("context.py")
-    assert sum(lines.values()) <= 2440, f"the engine is {sum(lines.values())} lines"
+    assert sum(lines.values()) <= 2480, f"the engine is {sum(lines.values())} lines"
     assert tools <= 330, f"the tools chapter is {tools} lines"
     assert objective <= 130, f"the objective is {objective} lines"
     assert credit <= 170, f"credit per turn is {credit} lines"
