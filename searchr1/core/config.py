@@ -17,7 +17,7 @@ from searchr1.core.credit import Credit, StepReward
 from searchr1.core.reward import REWARD_KINDS, RewardKind
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.settings import OnResume, SettingError, check_settings, setting
-from searchr1.core.types import FORMAT_PENALTY
+from searchr1.core.types import FORMAT_PENALTY, MAX_TOKENS
 from searchr1.core.update import POLICY_LOSS_FNS, LossFn
 
 
@@ -84,6 +84,10 @@ class StepConfig:
         help="Add WEIGHT times Kimi k1.5's length reward to each trajectory's reward, lengths compared within "
              "its question's samples: 0.5 - (len - shortest)/(longest - shortest) for a right answer, at most "
              "0 for any other (0 = off).")
+    overlong_buffer: int = setting(
+        0, at_least=0, at_most=MAX_TOKENS, on_resume=OnResume.SEGMENT, metavar="TOKENS",
+        help="DAPO's soft over-long penalty: a trajectory within TOKENS of --max-trajectory-tokens loses up to "
+             "1 of its reward, linearly (0 = off).")
     reward: RewardKind = setting(
         "em", choices=REWARD_KINDS, on_resume=OnResume.SEGMENT,
         help="What a valid answer earns: exact match (the lab port), token F1, or cover EM (a reference "
@@ -95,6 +99,9 @@ class StepConfig:
         if self.step_reward != StepReward.NONE and self.credit != Credit.GIGPO:
             raise SettingError("--step-reward", f"{self.step_reward}: a step reward moves a turn's advantage "
                                "only through its return, under --credit gigpo; add --credit gigpo")
+        if self.overlong_buffer > self.rollout.max_trajectory_tokens:
+            raise SettingError("--overlong-buffer", f"{self.overlong_buffer}: more than the whole trajectory "
+                               f"(--max-trajectory-tokens {self.rollout.max_trajectory_tokens})")
         if self.rollout.group_size < 2:
             raise SettingError(
                 "--group-size", f"{self.rollout.group_size}: group advantages compare a question's "

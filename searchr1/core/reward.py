@@ -30,7 +30,7 @@ import re
 import string
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Literal, get_args
 
 from searchr1.core.types import FORMAT_PENALTY, NOT_ANSWERED, RewardResult, Termination, Trajectory
@@ -114,32 +114,6 @@ def score_answer(
     cover = any(covers(predicted, gold) for gold in golds)
     value = {"em": 1.0 if matched else 0.0, "f1": f1, "cover_em": 1.0 if cover else 0.0}[reward]
     return RewardResult(value, True, matched, answer, f1=f1, cover_em=cover)
-
-
-def length_reward(length: int, shortest: int, longest: int, right: bool) -> float:
-    """Kimi k1.5's length reward of one sample among its question's samples: with
-    ``lam = 0.5 - (length - shortest) / (longest - shortest)``, a right answer gets ``lam`` and any
-    other ``min(0, lam)`` (0 when every sample has the same length)."""
-    lam = 0.0 if longest == shortest else 0.5 - (length - shortest) / (longest - shortest)
-    return lam if right else min(0.0, lam)
-
-
-def assign_length_rewards(trajectories: Sequence[Trajectory], weight: float) -> dict[str, float]:
-    """``--length-reward W``: add ``W`` times :func:`length_reward` to each scored trajectory's
-    reward, lengths (the tokens it generated) compared within its question's group, a right
-    answer being one with full score; returns the step's metrics of the term."""
-    groups: dict[int, list[Trajectory]] = {}
-    for trajectory in trajectories:
-        if not trajectory.sampler_error:
-            groups.setdefault(trajectory.question_index, []).append(trajectory)
-    terms = []
-    for group in groups.values():
-        lengths = [sum(len(turn.completion_tokens) for turn in t.turns) for t in group]
-        for trajectory, length in zip(group, lengths):
-            term = length_reward(length, min(lengths), max(lengths), trajectory.score.reward >= 1.0)
-            trajectory.shaping = weight * term
-            terms.append(weight * term)
-    return {"reward/length": sum(terms) / len(terms) if terms else 0.0}
 
 
 def score_trajectories(trajectories: Iterable[Trajectory], *, reward: RewardKind = "em") -> None:

@@ -37,7 +37,8 @@ from searchr1.core.advantage import GroupSummary, assign_group_advantages
 from searchr1.core.config import StepConfig
 from searchr1.core.credit import Credit, StepReward, assign_step_advantages, assign_step_rewards
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
-from searchr1.core.reward import assign_length_rewards, score_trajectories
+from searchr1.core.reward import score_trajectories
+from searchr1.core.shaping import assign_length_rewards, assign_overlong_penalties
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.core.tools import ToolBackend
 from searchr1.core.types import (SamplingClient, SearchExample, ServiceClient, Tokenizer, TrainingClient,
@@ -175,6 +176,9 @@ class Trainer:
         credit: dict[str, float] = {}
         if config.length_reward:  # shorter right answers earn more (Kimi k1.5)
             credit |= assign_length_rewards(trajectories, config.length_reward)
+        if config.overlong_buffer:  # a trajectory near its budget loses reward (DAPO)
+            credit |= assign_overlong_penalties(trajectories, config.rollout.max_trajectory_tokens,
+                                                config.overlong_buffer)
         if config.step_reward == StepReward.EVIDENCE:  # what each turn earns on its own
             credit |= assign_step_rewards(trajectories, evidence_bonus=config.evidence_bonus,
                                           repeat_penalty=config.repeat_penalty).metrics()

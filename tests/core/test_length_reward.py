@@ -1,4 +1,4 @@
-"""Kimi k1.5's length reward (``--length-reward W``, core/reward.py): lambda = 0.5 - (len - min) /
+"""Kimi k1.5's length reward (``--length-reward W``, core/shaping.py): lambda = 0.5 - (len - min) /
 (max - min) within a question's samples; a right answer gets lambda, any other min(0, lambda)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from searchr1.core.reward import assign_length_rewards, length_reward
+from searchr1.core.shaping import assign_length_rewards, length_reward
 from searchr1.core.types import RewardResult, SearchExample, Termination, Trajectory, Turn
 
 lengths = st.integers(0, 4000)
@@ -72,3 +72,35 @@ def test_a_run_with_the_length_reward_reports_it_and_one_without_does_not(tmp_pa
              for name in ("with", "without")}
     assert all(-0.2 <= line["reward/length"] <= 0.2 for line in lines["with"])
     assert not any("reward/length" in line for line in lines["without"])
+
+
+def test_the_overlong_penalty_at_its_edges():
+    from searchr1.core.shaping import overlong_penalty
+
+    assert overlong_penalty(7000, limit=8192, buffer=1024) == 0.0  # before the buffer
+    assert overlong_penalty(8192 - 1024, limit=8192, buffer=1024) == 0.0  # where it starts
+    assert overlong_penalty(8192 - 512, limit=8192, buffer=1024) == -0.5  # halfway into it
+    assert overlong_penalty(8192, limit=8192, buffer=1024) == -1.0  # at the budget
+    assert overlong_penalty(9000, limit=8192, buffer=1024) == -1.0  # never below -1
+
+
+@given(lengths, lengths, st.integers(1, 2000))
+def test_the_overlong_penalty_never_rewards_and_falls_with_length(a, b, buffer):
+    from searchr1.core.shaping import overlong_penalty
+
+    shorter, longer = sorted((a, b))
+    assert 0.0 >= overlong_penalty(shorter, 4000, buffer) >= overlong_penalty(longer, 4000, buffer) >= -1.0
+
+
+def test_the_overlong_penalty_reads_the_whole_length_and_adds_to_the_length_reward():
+    from searchr1.core.shaping import assign_overlong_penalties
+    from searchr1.core.config import StepConfig
+    from searchr1.core.settings import SettingError
+
+    near, far = _trajectory(0, 10, 1.0), _trajectory(0, 10, 1.0)
+    near.whole_tokens, far.whole_tokens = 960, 500
+    metrics = assign_overlong_penalties([near, far], limit=1000, buffer=100)
+    assert (near.reward, far.reward) == pytest.approx((0.4, 1.0))
+    assert metrics["reward/overlong"] == pytest.approx(-0.3)
+    with pytest.raises(SettingError, match="--overlong-buffer"):
+        StepConfig(overlong_buffer=9000)
