@@ -17,8 +17,8 @@ Then ONE shift turns a sequence into next-token prediction: ``input = tokens[:-1
 position ``i`` predicts token ``i + 1`` and carries *that token's* logprob and advantage.
 All four arrays have length ``len(input)``, which pytrio requires with ``auto_shift=False``.
 
-``max_tokens`` bounds ``len(input)``: the trainer passes its configured trajectory cap
-(``--max-trajectory-tokens``), the same cap the rollout kept every trajectory under.
+``max_tokens`` bounds ``len(input)``: the trainer passes one context's cap (the window), the
+same cap the rollout kept every context under (``RolloutBudgets.window``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Each phase has one handler, the only code that ends a trajectory in that phase:
                                         and the budgets
              ends on: answer, no_answer, invalid, search_budget, turn_budget, token_budget
     CALL     add_observation            the tool's result (or why the call was refused) fitted into
-                                        the room left, tokens stitched
+                                        the room left (or a folded context), tokens stitched
              ends on: search_error, tool_overflow
     ... then REQUEST again.
 
