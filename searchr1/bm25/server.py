@@ -37,16 +37,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TYPE_CHECKING, Unpack
 
 from searchr1.bm25.batcher import QueryBatcher
 from searchr1.bm25.index import BM25Index
 from searchr1.bm25.page_naming import PAGE_WINDOW, page_name, page_passages
 from searchr1.runtime.api_key import ApiKeyGuard
-from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, RequestError,
-                                          RunningServer,
-                                          bounded_protocol, decode_body, listening_socket, read_capped_body, refused,
-                                          run_in_thread, shown)
+from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, RequestError, RunningServer,
+                                          ServerBounds, bounded_protocol, decode_body, listening_socket,
+                                          read_capped_body, refused, run_in_thread, shown)
 from searchr1.basics.secrets import Secret
 
 if TYPE_CHECKING:
@@ -188,15 +187,6 @@ def make_server(index: BM25Index, *, host: str = "127.0.0.1", port: int = 8000, 
                             lifespan="on", http=bounded_protocol(request_timeout), limit_concurrency=max_connections)
     return uvicorn.Server(config)
 
-
-class ServerBounds(TypedDict, total=False):
-    """:func:`make_server`'s options besides the address."""
-
-    log_level: str
-    request_timeout: float
-    max_connections: int
-    max_concurrent_bodies: int
-    api_key: Secret | None
 
 
 def start_in_thread(index: BM25Index, *, host: str = "127.0.0.1", port: int = 0,

@@ -23,9 +23,10 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from searchr1.basics.json_types import JsonValue
+from searchr1.basics.secrets import Secret
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -181,6 +182,17 @@ def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
             sock.close()
         raise
     return sockets
+
+
+class ServerBounds(TypedDict, total=False):
+    """A server's ``make_server`` settings past the address, as its ``start_in_thread`` hands them
+    on (the chat server and the retriever server take the same ones)."""
+
+    log_level: str
+    request_timeout: float
+    max_connections: int
+    max_concurrent_bodies: int
+    api_key: Secret | None
 
 
 @dataclass

@@ -18,12 +18,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TYPE_CHECKING, Unpack
 
 from searchr1.runtime.api_key import ApiKeyGuard
 from searchr1.runtime.http_bounds import (KEEP_ALIVE_TIMEOUT, REQUEST_TIMEOUT, RequestError, RunningServer,
-                                          bounded_protocol, decode_body, listening_socket, read_capped_body,
-                                          run_in_thread)
+                                          ServerBounds, bounded_protocol, decode_body, listening_socket,
+                                          read_capped_body, run_in_thread)
 from searchr1.basics.secrets import Secret
 from searchr1.serve.access_log import AccessLog
 from searchr1.serve.chat_api import MAX_BODY_BYTES, ChatRequest, FieldError, Reply, chunks, completion, \
@@ -130,15 +130,6 @@ def make_server(model: ChatModel, *, host: str = "127.0.0.1", port: int = 8000, 
                             loop="asyncio")
     return uvicorn.Server(config)
 
-
-class ServerBounds(TypedDict, total=False):
-    """:func:`make_server`'s settings past the address, as :func:`start_in_thread` hands them on."""
-
-    log_level: str
-    request_timeout: float
-    max_connections: int
-    max_concurrent_bodies: int
-    api_key: Secret | None
 
 
 def start_in_thread(model: ChatModel, *, host: str = "127.0.0.1", port: int = 0,
