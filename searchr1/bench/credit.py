@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from searchr1.bench.off_policy import LEARN_STEPS, QUICK_LEARN_STEPS, QUICK_SIZE, REWARD_TARGET, _config, _world_search
-from searchr1.bench.off_policy import BatchSize, ConfigChanges, steps_to_reward
+from searchr1.bench.off_policy import BatchSize, ConfigChanges, steps_mean, steps_to_reward, variants_by_seed
 from searchr1.bench.report import Figure, Measure
 from searchr1.basics.wording import plural
 from searchr1.core.credit import Credit, StepReward
@@ -130,26 +129,20 @@ def _train_and_evaluate(service: ServiceClient, config: TrainConfig, tokenizer: 
 
 
 def credit_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
-    from searchr1.twin import Strictness, start_twin
-
     started = time.perf_counter()
     steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS
     size: BatchSize = QUICK_SIZE if quick else {}
     seeds = [seed + index for index in range(QUICK_SEEDS if quick else SEEDS)]
-    runs: dict[str, list[CreditRun]] = {name: [] for name in VARIANTS}
-    with tempfile.TemporaryDirectory(prefix="searchr1-bench-credit-") as scratch:
-        home = Path(scratch)
-        with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning", strictness=Strictness()) as twin:
-            service = twin.service_client()
-            for train_seed in seeds:  # the variants side by side on each seed
-                for name, changes in VARIANTS.items():
-                    base = _config(steps, **size)
-                    config = dataclasses.replace(base, seed=train_seed, transcripts_per_step=1024, **changes)
-                    runs[name].append(_train_and_evaluate(service, config, tokenizer, home))
+
+    def run(service: ServiceClient, home: Path, name: str, train_seed: int) -> CreditRun:
+        config = dataclasses.replace(_config(steps, **size), seed=train_seed, transcripts_per_step=1024,
+                                     **VARIANTS[name])
+        return _train_and_evaluate(service, config, tokenizer, home)
+
+    runs = variants_by_seed(tokenizer, list(VARIANTS), seeds, "searchr1-bench-credit-", run)
     never = steps + 1
     reached = {name: [steps_to_reward(run.metrics) for run in lines] for name, lines in runs.items()}
-    mean_steps = {name: statistics.fmean(r if r is not None else never for r in values)
-                  for name, values in reached.items()}
+    mean_steps = {name: steps_mean(values, never) for name, values in reached.items()}
     measures = [Measure("gigpo_step_ratio", f"GiGPO's steps to reward {REWARD_TARGET} / GRPO's (mean over seeds)",
                         mean_steps["gigpo"] / mean_steps["grpo"], STEP_RATIO_TARGET, "<=", "x",
                         target_source="project")]

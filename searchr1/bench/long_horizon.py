@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,7 +27,8 @@ from typing import TYPE_CHECKING
 
 from searchr1.basics.json_types import as_float
 from searchr1.basics.wording import plural
-from searchr1.bench.off_policy import QUICK_SIZE, REWARD_TARGET, BatchSize, _config, steps_to_reward
+from searchr1.bench.off_policy import (QUICK_SIZE, REWARD_TARGET, BatchSize, _config, steps_mean, steps_to_reward,
+                                       variants_by_seed)
 from searchr1.bench.report import Figure, Measure
 from searchr1.core.rollout import RolloutConfig
 from searchr1.core.types import ServiceClient
@@ -126,20 +126,13 @@ def _terminations(runs: Sequence[LongRun]) -> dict[str, float]:
 
 
 def long_horizon_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
-    from searchr1.twin import Strictness, start_twin
-
     started = time.perf_counter()
     warm, long = (QUICK_WARM_STEPS, QUICK_LONG_STEPS) if quick else (WARM_STEPS, LONG_STEPS)
     size: BatchSize = QUICK_SIZE if quick else {}
     seeds = [seed + index for index in range(QUICK_SEEDS if quick else SEEDS)]
-    runs: dict[str, list[LongRun]] = {name: [] for name in VARIANTS}
-    with tempfile.TemporaryDirectory(prefix="searchr1-bench-long-") as scratch:
-        home = Path(scratch)
-        with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning", strictness=Strictness()) as twin:
-            service = twin.service_client()
-            for train_seed in seeds:  # the two variants side by side on each seed
-                for variant in VARIANTS:
-                    runs[variant].append(_run(service, tokenizer, variant, train_seed, warm, long, home, size))
+    runs = variants_by_seed(tokenizer, VARIANTS, seeds, "searchr1-bench-long-",
+                            lambda service, home, variant, train_seed: _run(service, tokenizer, variant, train_seed,
+                                                                            warm, long, home, size))
     trajectories = float(size.get("questions", 8) * size.get("group", 8))
     never = long + 1
     reached = {name: [steps_to_reward(run.metrics) for run in lines] for name, lines in runs.items()}
@@ -153,7 +146,7 @@ def long_horizon_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: boo
         lines = runs[name]
         measures += [
             Measure(f"steps_{name}", f"  mean long steps to reward {REWARD_TARGET} (never: {never}): {LABELS[name]}",
-                    statistics.fmean(r if r is not None else never for r in reached[name]), unit="steps", digits=1),
+                    steps_mean(reached[name], never), unit="steps", digits=1),
             Measure(f"final_{name}", "    reward over the last three long steps",
                     statistics.fmean(as_float(line.get("reward/mean", 0.0)) for run in lines
                                      for line in run.metrics[-3:]), unit="reward", digits=3),

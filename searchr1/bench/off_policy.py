@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 import numpy as np
 
@@ -278,6 +279,32 @@ def steps_to_reward(metrics: Sequence[Mapping[str, object]], target: float = REW
         if np.mean(rewards[end - window:end]) >= target:
             return end
     return None
+
+
+R = TypeVar("R")
+
+
+def variants_by_seed(tokenizer: Qwen35Tokenizer, variants: Sequence[str], seeds: Sequence[int], prefix: str,
+                     run: Callable[[ServiceClient, Path, str, int], R]) -> dict[str, list[R]]:
+    """``run(service, home, variant, seed)`` for every variant on every seed, the variants side by
+    side on each seed, on one in-process twin serving the learning policy (no latency) in a
+    scratch directory named with ``prefix``."""
+    from searchr1.twin import Strictness, start_twin
+
+    runs: dict[str, list[R]] = {name: [] for name in variants}
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        home = Path(scratch)
+        with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning", strictness=Strictness()) as twin:
+            service = twin.service_client()
+            for seed in seeds:
+                for name in variants:
+                    runs[name].append(run(service, home, name, seed))
+    return runs
+
+
+def steps_mean(reached: Sequence[int | None], never: int) -> float:
+    """The mean of :func:`steps_to_reward` over runs, a run that never reaches it counting ``never``."""
+    return statistics.fmean(r if r is not None else never for r in reached)
 
 
 def learning_speed_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:

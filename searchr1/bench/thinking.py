@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,8 +22,9 @@ from pathlib import Path
 from searchr1.basics.json_types import as_float
 from searchr1.basics.wording import plural
 from searchr1.bench.off_policy import (LEARN_STEPS, QUICK_LEARN_STEPS, QUICK_SIZE, REWARD_TARGET, BatchSize, _config,
-                                       _train, _world_search, steps_to_reward)
+                                       _train, _world_search, steps_mean, steps_to_reward, variants_by_seed)
 from searchr1.bench.report import Figure, Measure
+from searchr1.core.types import ServiceClient
 from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
 SEEDS, QUICK_SEEDS = 8, 1
@@ -37,28 +37,22 @@ def _total(metrics: Sequence[Mapping[str, object]], key: str) -> float:
 
 
 def thinking_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
-    from searchr1.twin import Strictness, start_twin
-
     started = time.perf_counter()
     steps = QUICK_LEARN_STEPS if quick else LEARN_STEPS
     size: BatchSize = QUICK_SIZE if quick else {}
     seeds = [seed + index for index in range(QUICK_SEEDS if quick else SEEDS)]
-    runs: dict[str, list[Sequence[Mapping[str, object]]]] = {name: [] for name in VARIANTS}
-    with tempfile.TemporaryDirectory(prefix="searchr1-bench-thinking-") as scratch:
-        home = Path(scratch)
-        with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning", strictness=Strictness()) as twin:
-            service = twin.service_client()
-            for train_seed in seeds:  # the two variants side by side on each seed
-                for name, thinking in VARIANTS.items():
-                    base = _config(steps, **size)
-                    config = dataclasses.replace(base, seed=train_seed,
-                                                 rollout=dataclasses.replace(base.rollout, thinking=thinking))
-                    runs[name].append(_train(service, config, tokenizer, _world_search(0, latency_tail=False), home))
+
+    def run(service: ServiceClient, home: Path, name: str, train_seed: int) -> Sequence[Mapping[str, object]]:
+        base = _config(steps, **size)
+        config = dataclasses.replace(base, seed=train_seed,
+                                     rollout=dataclasses.replace(base.rollout, thinking=VARIANTS[name]))
+        return _train(service, config, tokenizer, _world_search(0, latency_tail=False), home)
+
+    runs = variants_by_seed(tokenizer, list(VARIANTS), seeds, "searchr1-bench-thinking-", run)
     trajectories = steps * size.get("questions", 8) * size.get("group", 8)
     never = steps + 1
     reached = {name: [steps_to_reward(metrics) for metrics in lines] for name, lines in runs.items()}
-    mean_steps = {name: statistics.fmean(r if r is not None else never for r in values)
-                  for name, values in reached.items()}
+    mean_steps = {name: steps_mean(values, never) for name, values in reached.items()}
     sampled = {name: statistics.fmean(_total(m, "usage/sample_generated_tokens") / trajectories for m in lines)
                for name, lines in runs.items()}
     trained = {name: statistics.fmean(_total(m, "usage/train_tokens") / steps for m in lines)
