@@ -34,6 +34,7 @@ from searchr1.core.protocol import (
 )
 from searchr1.core.types import Tokenizer
 from searchr1.basics.json_types import JsonObject
+from searchr1.runtime.tokenizer import GENERATION_PROMPTS
 
 if TYPE_CHECKING:
     from pytrio import ServiceClient, TrainingClient
@@ -47,7 +48,7 @@ PROTOCOL_TOKENS = (
 # Text whose encoding must agree (plain words, the no-think generation header, a tool call).
 PROBE_TEXTS = (
     "Which country was the author of The Little Prince from?",
-    "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    GENERATION_PROMPTS[False],
     "<tool_call>\n<function=search>\n<parameter=query>\nSeine\n</parameter>\n</function>\n</tool_call>",
 )
 
@@ -218,8 +219,6 @@ def describe(limits: ServerLimits) -> Sequence[str]:
             f"  training: {fmt(limits.training)}", f"  sampling: {fmt(limits.sampling)}"]
 
 
-GENERATION_PROMPTS = {False: "<|im_start|>assistant\n<think>\n\n</think>\n\n",  # thinking off: empty
-                      True: "<|im_start|>assistant\n<think>\n"}  # thinking on: open, the model reasons first
 PROBE_REASONING = "The question names a book; I need its author first."
 
 

@@ -45,6 +45,11 @@ BPE_VOCAB_SIZE = 248_044
 TOKENIZER_LENGTH = 248_077
 MODEL_MAX_LENGTH = 262_144
 CACHE_FORMAT = 2  # 2: tokenizer_config.json lists the added tokens
+# How the official template starts an assistant turn (``add_generation_prompt``): thinking off, an
+# empty think block; on, an open one the model reasons in and closes with REASONING_CLOSE (as the
+# template renders a turn's reasoning again).
+GENERATION_PROMPTS = {False: "<|im_start|>assistant\n<think>\n\n</think>\n\n", True: "<|im_start|>assistant\n<think>\n"}
+REASONING_CLOSE = "\n</think>\n\n"
 
 TEMPLATE_ENV = "SEARCHR1_CHAT_TEMPLATE"
 TEMPLATE_NO_CHECK_ENV = "SEARCHR1_CHAT_TEMPLATE_NO_CHECK"

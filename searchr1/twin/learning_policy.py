@@ -95,7 +95,7 @@ from functools import lru_cache
 import numpy as np
 
 from searchr1.core.objective import loss_terms, resolve_loss_config
-from searchr1.runtime.tokenizer import Qwen35Tokenizer
+from searchr1.runtime.tokenizer import GENERATION_PROMPTS, REASONING_CLOSE, Qwen35Tokenizer
 from searchr1.offline import CALL
 from searchr1.twin.offline_world import WorldQuestion, load_worlds, question_key
 from searchr1.twin.policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
@@ -126,9 +126,7 @@ BASE_LOGITS = np.array(
 ENVIRONMENT_LOGPROB = 0.0
 OFF_TRIE_LOGPROB = -30.0
 
-GENERATION_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-THINKING_HEADER = "<|im_start|>assistant\n<think>\n"  # thinking on: the turn reasons first
-THINK_CLOSE = "\n</think>\n\n"  # how the turn ends its reasoning, as the template renders it again
+GENERATION_HEADER, THINKING_HEADER = GENERATION_PROMPTS[False], GENERATION_PROMPTS[True]
 STOP_TOKEN = "<|im_end|>"
 _USER_HEADER = "<|im_start|>user\n"
 _OPENING = "I need evidence for this."
@@ -419,7 +417,7 @@ class LearningPolicy:
         kinds = tuple(int(k) for k in np.flatnonzero(VALID_KINDS[phase]))
         texts = tuple(candidate_text(question, found, KINDS[k], open_next=open_next) for k in kinds)
         if thinking:
-            texts = tuple(reasoning_text(question, found, KINDS[k]) + THINK_CLOSE + text
+            texts = tuple(reasoning_text(question, found, KINDS[k]) + REASONING_CLOSE + text
                           for k, text in zip(kinds, texts))
         tokens = tuple(
             tuple(self.tokenizer.encode(text, add_special_tokens=False)) + (self._stop,) for text in texts

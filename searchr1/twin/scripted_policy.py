@@ -24,15 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from searchr1.runtime.tokenizer import Qwen35Tokenizer
+from searchr1.runtime.tokenizer import GENERATION_PROMPTS, REASONING_CLOSE, Qwen35Tokenizer
 from searchr1.twin.policy import LossResult, PolicySample, Reduction, SampledSequence, Totals
 from searchr1.twin.scenario import Scenario, ScenarioError, ScriptedQuestion, normalise
 from searchr1.twin.toy_policy import ToyPolicy
 from searchr1.basics.wording import plural
 
-_ASSISTANT_HEADER = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-_THINKING_HEADER = "<|im_start|>assistant\n<think>\n"  # thinking on; off, the empty reasoning follows
-_EMPTY_REASONING = "\n</think>\n\n"
+_ASSISTANT_HEADER, _THINKING_HEADER = GENERATION_PROMPTS[False], GENERATION_PROMPTS[True]
+_EMPTY_REASONING = REASONING_CLOSE  # thinking off, what follows the open <think> of every turn
 _USER_HEADER = "<|im_start|>user\n"
 STOP_TOKEN = "<|im_end|>"
 
