@@ -40,7 +40,7 @@ def check_offline_question(question: str, policy: str) -> None:
     import os
     import unicodedata
 
-    from searchr1.offline import LONG, PAGES, QUESTIONS, load_source
+    from searchr1.offline import KNOWN, LONG, PAGES, QUESTIONS, load_source
 
     def key(text: str) -> str:  # how the twin recognises a question (searchr1.twin.offline_world.question_key)
         return unicodedata.normalize("NFC", text).strip()
@@ -49,7 +49,7 @@ def check_offline_question(question: str, policy: str) -> None:
         where = os.path.relpath(path)
         return where if not where.startswith("..") else str(path)
 
-    files = (QUESTIONS, PAGES, LONG) if policy == OfflinePolicy.LEARNING else (QUESTIONS,)
+    files = (QUESTIONS, PAGES, LONG, KNOWN) if policy == OfflinePolicy.LEARNING else (QUESTIONS,)
     known = [item["question"] for path in files for split in ("dev", "train")
              for item in load_source(path)[split]]
     if key(question) in {key(q) for q in known}:

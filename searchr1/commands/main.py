@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "zhihu-quota": "searchr1.commands.search_zhihu_quota:zhihu_quota",
     "probe-loss": "searchr1.commands.probe_loss:probe_loss",
     "prepare-data": "searchr1.commands.prepare_data:prepare_data",
+    "probe-data": "searchr1.commands.probe_data:probe_data",
     "plot": "searchr1.commands.plot:plot",
     "bench": "searchr1.commands.bench:bench",
     "mutants": "searchr1.commands.mutants:mutants",

@@ -15,19 +15,20 @@ def offline_data(check: bool, no_cassettes: bool) -> None:
     """Regenerate the offline world from searchr1/offline/questions.json.
 
     Writes searchr1/offline/scenario.json (the scripted policy), train.jsonl, dev.jsonl,
-    pages_train.jsonl, pages_dev.jsonl (from pages.json), the long-horizon world (long.json,
+    pages_train.jsonl, pages_dev.jsonl (from pages.json), known_train.jsonl, known_dev.jsonl and
+    mixed_train.jsonl (from known.json), the long-horizon world (long.json,
     long_train.jsonl, long_dev.jsonl, from long_world.py) and cassettes/specs/offline.json and
     long.json, then records cassettes/<backend>/offline.yaml for every backend and
     cassettes/wikipedia/long.yaml through the real clients against the in-process fake services.
     """
     from searchr1.basics.fileio import write_text_atomically
-    from searchr1.offline import (LONG_CASSETTE_NAME, PAGES, build_long_files, build_offline_files, build_page_files,
-                                  load_source)
+    from searchr1.offline import (KNOWN, LONG_CASSETTE_NAME, PAGES, build_known_files, build_long_files,
+                                  build_offline_files, build_page_files, load_source)
     from searchr1.offline.long_world import long_source
     from searchr1.search.cassette_specs import build_cassettes
 
     files = {**build_offline_files(load_source()), **build_page_files(load_source(PAGES)),
-             **build_long_files(long_source())}
+             **build_long_files(long_source()), **build_known_files(load_source(KNOWN), load_source())}
     stale = [path for path, text in files.items()
              if not path.is_file() or path.read_text("utf-8") != text]
     if check:

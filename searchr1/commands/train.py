@@ -353,6 +353,9 @@ def _resumed_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, object]
             and file_sha256(config.data) != config.data_sha256:
         checks.add(f"{config.data} changed since the run started (sha256 differs); "
                    "the data order could not be reproduced")
+    if config.probe and checks.check(file_sha256, config.probe) not in (None, config.probe_sha256):
+        checks.add(f"probe file {config.probe} changed since the run started (sha256 differs); its metrics and the "
+                   "curriculum's draws could not be reproduced")
     search = _resumed_search_options(search, config.search, explicit)
     return _Start(config, run, search, stored=stored, segment=segment, costs_changed=costs_changed)
 
@@ -452,6 +455,8 @@ def _new_run(ctx: click.Context, flags: _RunFlags, kwargs: dict[str, object], ex
     })
     if record is not None:
         config = _from_record(ctx, record, config, run_dir)
+    if config.probe and data_found:
+        config = checks.check(probe_drops, config) or config
     run_dir = run_dir or _free_run_dir(Path("runs"), config.run_name,
                                        keep=record.run_dir if record is not None else None)
     run = RunDir(run_dir)
@@ -580,12 +585,40 @@ def _check_setup(start: _Start, flags: _RunFlags, checks: Prerequisites, held: c
     return loggers
 
 
+def probe_drops(config: TrainConfig) -> TrainConfig:
+    """``config`` with the questions its probe's filters drop (``dropped_questions``) and the probe's
+    sha256; one line naming the probe when it cannot be read, is another dataset's, or would leave
+    no question to train on. Said on standard error: what was dropped and why."""
+    from searchr1.basics.fileio import file_sha256
+    from searchr1.basics.wording import plural
+    from searchr1.data.dataset import load_examples
+    from searchr1.evaluation.probe import read_probe
+    from searchr1.training.filters import ProbeMismatch, filter_examples
+
+    assert config.probe is not None
+    probe = read_probe(config.probe)
+    try:
+        filtered = filter_examples(load_examples(config.data), probe, drop_guessable=config.drop_guessable,
+                                   drop_solved=config.drop_solved)
+    except ProbeMismatch as error:
+        raise click.BadParameter(f"{config.probe}: {error}", param_hint="--probe") from None
+    if not filtered.kept:
+        raise click.BadParameter(f"{config.probe}: the filters leave no training question", param_hint="--probe")
+    said = [f"{plural(len(ids), 'question')} {reason}" for reason, ids in filtered.dropped.items()]
+    if said or filtered.unprobed:
+        click.echo(f"--probe {config.probe}: dropped {', '.join(said) or 'nothing'}"
+                   + (f"; {plural(filtered.unprobed, 'question')} not in the probe, kept" if filtered.unprobed else "")
+                   + " (recorded in config.json's dropped_questions)", err=True)
+    return dataclasses.replace(config, probe_sha256=file_sha256(config.probe), dropped_questions=filtered.dropped)
+
+
 def _training_examples(config: TrainConfig) -> list[SearchExample]:
     """The run's examples in its seed's order (every line of the file read), cut to
     ``--max-train-samples``; a warning when a step must repeat questions."""
     from searchr1.data.dataset import shuffled_examples
+    from searchr1.training.filters import apply_recorded_drops
 
-    examples = shuffled_examples(config.data, config.seed)
+    examples = apply_recorded_drops(shuffled_examples(config.data, config.seed), config.dropped_questions)
     if config.max_train_samples:
         examples = examples[: config.max_train_samples]
     if not examples:

@@ -24,10 +24,9 @@ def tool_list(names: object) -> tuple[str, ...]:
 
 
 def unknown_tools(names: object) -> str | None:
-    """Why a tool list is refused (an unknown or repeated name, or none), or ``None``."""
+    """Why a tool list is refused (an unknown or repeated name), or ``None``. No tool at all is a
+    closed-book rollout (``probe-data``'s attempts without tools)."""
     listed = tool_list(names)
-    if not listed:
-        return "names no tool"
     unknown = [name for name in listed if name not in DECLARED]
     if unknown:
         return f"names an undeclared tool {unknown[0]!r} (declared: {', '.join(DECLARED)})"

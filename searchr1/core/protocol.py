@@ -52,13 +52,17 @@ Example. Question: Which country was the author of The Little Prince from?
 Answer: France"""
 
 SYSTEM_PROMPT = PROMPT_HEAD.format(calls=PROMPT_ONE_CALL) + "\n" + PROMPT_EXAMPLE
+# With no tool offered (a closed-book attempt: ``probe-data``), the model answers from what it knows.
+CLOSED_BOOK_PROMPT = """\
+You answer factual questions from what you know; no tool is available.
+End your reply with exactly one line `Answer: <short answer>`."""
 
 
 def system_prompt(max_search_calls: int | None = None, template: str | None = None,
                   tools: Sequence[str] = ("search",), max_calls: int = 1) -> str:
     """The system prompt; with a budget it also tells the model how many searches it has, the
     guidance each of the ``tools`` declares (``open_page``: how to read on from a search result),
-    and how many calls a turn may make.
+    and how many calls a turn may make. With no tool, the closed-book wording.
 
     ``template`` (``--system-prompt-file``) replaces the default wording; the text
     ``{max_search_calls}`` in it, if present, becomes the budget (nothing else is substituted,
@@ -66,6 +70,8 @@ def system_prompt(max_search_calls: int | None = None, template: str | None = No
     """
     if template is not None:
         return template.replace(BUDGET_PLACEHOLDER, "" if max_search_calls is None else str(max_search_calls))
+    if not tools:
+        return CLOSED_BOOK_PROMPT
     calls = PROMPT_ONE_CALL if max_calls == 1 else PROMPT_CALLS.format(n=max_calls)
     lines = [PROMPT_HEAD.format(calls=calls)] + [line for name in tools if (line := DECLARED[name].guidance)]
     if max_search_calls is not None:

@@ -109,6 +109,26 @@ class TrainConfig(StepConfig):
     max_oversample_batches: int = setting(2, at_least=0, on_resume=OnResume.SEGMENT,
                                           help="With --dynamic-sampling: at most this many extra batches of "
                                                "questions per step.")
+    # Which questions train (searchr1.training.filters, searchr1.training.curriculum): a probe-data file,
+    # the filters it feeds, and the curriculum; config.json records the questions dropped and why.
+    probe: str | None = setting(None, group="data", metavar="FILE",
+                                help="A `probe-data` file of the training data: each question's pass rate "
+                                     "closed-book and with tools, for --drop-guessable, --drop-solved and "
+                                     "--curriculum.")
+    drop_guessable: int = setting(0, group="data", at_least=0, at_most=256, metavar="K",
+                                  help="Leave out questions the probe answered right closed-book in at least K "
+                                       "attempts (they reward guessing; Kimi k1.5: K=1 of 8); 0 = off. Needs --probe.")
+    drop_solved: bool = setting(False, group="data",
+                                help="Leave out questions the probe solved with tools in every attempt. Needs --probe.")
+    curriculum: bool = setting(False, group="data",
+                               help="Draw each step's questions with weight 1 - success rate (Kimi k1.5), the rate "
+                                    "starting from the probe's with tools (else 0) and then the latest group's; "
+                                    "seeded, exact on resume. Not with --dynamic-sampling.")
+    curriculum_floor: float = setting(0.05, group="data", at_least=0.0, at_most=1.0, metavar="W",
+                                      help="With --curriculum: the smallest weight a question keeps, so a solved one "
+                                           "is still drawn now and then.")
+    probe_sha256: str = ""  # the probe file's, when the run started (a resume refuses another)
+    dropped_questions: dict[str, list[str]] = field(default_factory=dict)  # reason -> ids left out
     # What the run costs (searchr1.run.costs): a price table, and budgets a resume may raise.
     prices: str | None = setting(None, metavar="FILE", group="cost",
                                  on_resume=OnResume.COST,
@@ -130,6 +150,12 @@ class TrainConfig(StepConfig):
                                    f"got {self.offline_policy!r}")
             object.__setattr__(self, "offline_policy", OfflinePolicy(self.offline_policy))
         super().__post_init__()
+        if (self.drop_guessable or self.drop_solved) and not self.probe:
+            raise SettingError("--drop-guessable" if self.drop_guessable else "--drop-solved",
+                               "needs --probe FILE (a `probe-data` file of the training data)")
+        if self.curriculum and self.dynamic_sampling:
+            raise SettingError("--curriculum", "does not go with --dynamic-sampling, which draws questions in the "
+                               "data's order until a batch has enough signal")
         if self.dynamic_sampling and self.max_steps_off_policy:
             raise SettingError("--dynamic-sampling", "needs --max-steps-off-policy 0: how many questions a step "
                                "draws is known only when it has finished, so the next step's batch cannot start "

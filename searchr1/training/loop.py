@@ -38,6 +38,8 @@ from searchr1.runtime.preflight import PreflightError, check_service_tokenizer, 
 from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.training.base_model import BaseModelPenalty
 from searchr1.training.checkpoints import checkpoint_name, save_checkpoint
+from searchr1.training.curriculum import CurriculumRecord, curriculum_of, group_outcomes, question_metrics
+from searchr1.evaluation.probe import read_probe
 from searchr1.training.off_policy import off_policy_metrics, versions_to_record
 from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for_global_mean
 from searchr1.training.pipeline import RolloutPipeline
@@ -120,6 +122,10 @@ class TrainingRun:
         self.stop_requested = False
         self.sampler_paths: dict[int, str] = {}  # recorded samplers of in-flight batches (K >= 1)
         self.pipeline: RolloutPipeline | None = None  # made by run_steps, inside the event loop
+        # --probe: the pass rates of the training questions; --curriculum: the draw they start
+        self.probe = read_probe(config.probe) if config.probe else None
+        self.curriculum = curriculum_of(config, self.examples, self.probe)
+        self.curriculum_record = CurriculumRecord.of_run(run.path)
         self.first_cursor = 0  # the data cursor at the first step (a resume point's)
         self._connected = False
 
@@ -200,6 +206,8 @@ class TrainingRun:
         if config.max_steps_off_policy:
             metrics.update(off_policy_metrics(record.step - record.batch.sampler_version, config.max_steps_off_policy,
                                               len(record.trajectories), discarded=0, in_flight=self.pipeline.in_flight))
+        if self.probe is not None or self.curriculum is not None:
+            metrics.update(question_metrics(record.trajectories, self.probe, config.drop_guessable))
         stats = getattr(self.search, "stats", None)
         if stats is not None and hasattr(stats, "drain"):
             metrics.update(stats.drain())
@@ -270,10 +278,13 @@ class TrainingRun:
             self.reporter.note(f"resuming at step {first}: {plural(rewound, 'later metrics line')} moved to "
                                f"metrics.rewound.jsonl")
         assert self.trainer.training_client is not None
+        if self.curriculum is not None:
+            self.curriculum.outcomes = self.curriculum_record.read_before(first)
         self.pipeline = RolloutPipeline(
             self.config, training_client=self.trainer.training_client, tokenizer=self.trainer.tokenizer,
             search=self.search, tools=self.tools, examples=self.examples, reporter=self.reporter, session=self.session,
-            sampler_paths=self.sampler_paths, weights_version=first, cursor=self.first_cursor)
+            sampler_paths=self.sampler_paths, weights_version=first, cursor=self.first_cursor,
+            questions=self.curriculum.batch if self.curriculum is not None else None)
         return first
 
     async def _end_step(self, step: int, record: StepRecord, metrics: dict[str, float],
@@ -331,6 +342,10 @@ class TrainingRun:
         An unhealthy step's ``warnings`` (texts) end its metrics line, and only there: the
         dashboards take numbers."""
         step = record.step
+        if self.curriculum is not None:  # before the metrics line: a resume replays what it finds
+            outcomes = group_outcomes(record.trajectories)
+            self.curriculum.record(step, outcomes)
+            self.curriculum_record.append(step, outcomes)
         texts = {"health/warnings": warnings} if warnings is not None else {}
         self.run.append_metrics({"step": step, **metrics, **texts})
         if self.config.transcripts_per_step:

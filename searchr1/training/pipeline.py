@@ -76,13 +76,16 @@ class RolloutPipeline:
                  search: SearchBackend,
                  examples: Sequence[SearchExample], reporter: Reporter, session: int,
                  sampler_paths: dict[int, str], weights_version: int, cursor: int = 0,
-                 tools: Mapping[str, ToolBackend] | None = None) -> None:
+                 tools: Mapping[str, ToolBackend] | None = None,
+                 questions: Callable[[int], list[SearchExample]] | None = None) -> None:
         self.config = config
         self.training_client = training_client
         self.tokenizer = tokenizer
         self.search = search
         self.tools = dict(tools or {})  # the declared tools other than search, by name
         self.examples = examples
+        # the questions of each batch: the data's next run of them, or the curriculum's draw
+        self.questions = questions or (lambda index: step_batch(examples, index, config.questions_per_batch))
         self.reporter = reporter
         self.session = session  # part of the samplers' names (checkpoint naming)
         self.sampler_paths = sampler_paths  # version -> saved sampler path (K >= 1; recorded with checkpoints)
@@ -92,6 +95,7 @@ class RolloutPipeline:
         self.progress = BatchProgress(reporter)
         self._samplers: dict[int, asyncio.Future[tuple[SamplingClient, int]]] = {}
         self._rollouts: dict[int, asyncio.Future[RolloutBatch]] = {}
+        self._drawn: dict[int, list[SearchExample]] = {}  # each launched batch's questions
         self._usage: dict[int, Usage] = {}  # each rolled-out batch's usage, until its step takes it
         self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
         # On-policy without dynamic sampling, each batch comes from the core's own source, watched
@@ -99,7 +103,7 @@ class RolloutPipeline:
         self.on_policy: OnPolicy | None = None
         if config.max_steps_off_policy == 0 and not config.dynamic_sampling:
             self.on_policy = OnPolicy(training_client, tokenizer, with_search(search, self.tools),
-                                      lambda step: step_batch(examples, step, config.questions_per_batch),
+                                      self.questions,
                                       config.rollout, watch=self._watch, sampling_slots=self._sampling_slots)
         moved = [b for b in batches_in_flight(weights_version, config.max_steps, config.max_steps_off_policy)
                  if self.version_for(b) != sampler_version(b, config.max_steps_off_policy)]
@@ -119,6 +123,8 @@ class RolloutPipeline:
             return await self.on_policy.batch(step)
         for index in batches_in_flight(step, self.config.max_steps, self.config.max_steps_off_policy):
             if index not in self._rollouts:
+                if not self.config.dynamic_sampling:
+                    self._drawn[index] = self.questions(index)  # drawn in batch order, before it rolls out
                 self._rollouts[index] = asyncio.ensure_future(self._roll_out(index))
         return await self._rollouts.pop(step)
 
@@ -156,6 +162,7 @@ class RolloutPipeline:
         dropped = 0
         for index in sorted(self._rollouts):
             if index >= first_batch:
+                self._drawn.pop(index, None)
                 task = self._rollouts.pop(index)
                 dropped += not task.done()
                 task.cancel()
@@ -227,7 +234,7 @@ class RolloutPipeline:
             batch = RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started, metrics, surplus)
             self._usage[batch_index] = usage
             return batch
-        questions = step_batch(self.examples, batch_index, config.questions_per_batch)
+        questions = self._drawn.pop(batch_index)
         trajectories = await rollout_batch_async(
             sampler, self.tokenizer, with_search(search, tools), questions, config.rollout,
             self.progress.callback(batch_index), step=batch_index, sampling_slots=self._sampling_slots,

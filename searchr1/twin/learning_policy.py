@@ -16,7 +16,8 @@ What it is
     ``repeat_search`` search the last hop's query again (wastes the budget)        partial, complete
     ``answer``        answer from what was found: the question's right answer      all
                       once every hop's passage is in the prompt, its plausible
-                      wrong answer before that (with nothing found: a guess)
+                      wrong answer before that (with nothing found: a guess,
+                      right for a known question: ``known.json``)
     ``json_call``     a JSON-style ``<tool_call>`` (invalid for Qwen3.5)           all
     ``no_answer``     a reply without an ``Answer:`` line                          all
     ================  ===========================================================  ===========
@@ -80,7 +81,8 @@ No side channel
     The policy never sees a reward, which answer is right, or which candidate is good. Its
     "knowledge" is the offline question set's hop queries and passages (to write queries
     and recognise evidence) and the answer each strategy would produce in each phase (the
-    first accepted answer after complete evidence, the plausible wrong one otherwise). That
+    first accepted answer after complete evidence, the plausible wrong one otherwise, except a
+    guess at a known question, which is right: the base model's parametric knowledge). That
     searching every hop before answering pays, it must learn from the advantages alone.
 """
 
@@ -178,7 +180,8 @@ def _action_text(question: WorldQuestion, found: int, kind: str, *, open_next: b
             return f"The passages agree.\n\nAnswer: {question.answers[0]}"
         if found:
             return f"The first passage points to this.\n\nAnswer: {question.wrong}"
-        return f"I am fairly sure already.\n\nAnswer: {question.wrong}"
+        guess = question.answers[0] if question.known else question.wrong  # what the base model knows
+        return f"I am fairly sure already.\n\nAnswer: {guess}"
     if kind == "json_call":
         payload = json.dumps({"name": "search", "arguments": {"query": next_query}})
         return f"{_OPENING}\n\n<tool_call>\n{payload}\n</tool_call>"

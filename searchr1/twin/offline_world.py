@@ -2,7 +2,8 @@
 
 ``searchr1/offline/questions.json`` is the hand-written source of the offline world, and
 ``searchr1/offline/pages.json`` of its page questions (see :mod:`searchr1.offline`). This module
-reads them into small frozen records that the twin's learning policy and its tests use: the
+reads them, with the long-horizon questions and the known ones (``known.json``: answered right
+without searching), into small frozen records that the twin's learning policy and its tests use: the
 question, its hops in order (the query, and the title and passage the offline search service
 returns for it), the accepted answers and one plausible wrong answer. A *page hop* also has the
 page's ``lead`` (the passage search shows) and ``body`` (the passages after it, the evidence
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from searchr1.core.errors import UserError
-from searchr1.offline import LONG, PAGES, QUESTIONS
+from searchr1.offline import KNOWN, LONG, PAGES, QUESTIONS
 from searchr1.basics.jsonl import read_json_object
 
 SPLITS = ("train", "dev")
@@ -57,6 +58,7 @@ class WorldQuestion:
     wrong: str
     hops: tuple[Hop, ...]
     data_source: str = "unknown"
+    known: bool = False  # the base model knows the answer: it answers right without searching
 
 
 def question_key(text: str) -> str:
@@ -105,6 +107,7 @@ def _parse_question(item: object, split: str, where: str) -> WorldQuestion:
         wrong=_field(item, "wrong", str, where),
         hops=tuple(hops),
         data_source=str(item.get("data_source") or "unknown"),
+        known=item.get("known") is True,
     )
 
 
@@ -135,9 +138,9 @@ def load_world(path: str | Path = QUESTIONS) -> tuple[WorldQuestion, ...]:
     return parse_world(source, where=str(path))
 
 
-def load_worlds(paths: Sequence[str | Path] = (QUESTIONS, PAGES, LONG)) -> tuple[WorldQuestion, ...]:
-    """Every question of ``paths`` (the offline world, its page questions and its long-horizon
-    questions), each once."""
+def load_worlds(paths: Sequence[str | Path] = (QUESTIONS, PAGES, LONG, KNOWN)) -> tuple[WorldQuestion, ...]:
+    """Every question of ``paths`` (the offline world, its page questions, its long-horizon
+    questions and its known questions), each once."""
     seen: dict[str, str] = {}
     return tuple(_unseen(question, str(path), seen) for path in paths for question in load_world(path))
 

@@ -20,8 +20,9 @@ from searchr1.core import trainer as trainer_module
 from searchr1.core.budgets import tool_schemas, unknown_tools
 from searchr1.core.objective import LossConfigError, loss_terms, resolve_loss_config
 from searchr1.core.observation.tokens import _plain_encoder, forget_remembered_texts, plain_tokens
-from searchr1.core.protocol import build_prompt, initial_messages, render, render_text, system_prompt
-from searchr1.core.rollout import RolloutConfig, SamplingRuntime, add_observation, record_turn, rollout_batch_async
+from searchr1.core.protocol import CLOSED_BOOK_PROMPT, build_prompt, initial_messages, render, render_text, system_prompt
+from searchr1.core.rollout import (RolloutConfig, SamplingRuntime, add_observation, effective_system_prompt, record_turn,
+                                   rollout_batch_async)
 from searchr1.core.settings import SettingError
 from searchr1.core.tools import CallError, call_blocks, plain_query, readable_page, search_spec
 from searchr1.core.trainer import OnPolicy
@@ -31,14 +32,18 @@ from searchr1.core.types import SearchExample, SearchItem, SearchResult, Traject
 # ----------------------------------------------------------------------------- core/budgets.py
 
 
-def test_a_tool_list_with_no_name_or_a_name_twice_is_refused_in_its_own_words():
-    """tests/core/test_tool_calls.py: ``unknown_tools`` (what ``--tools`` prints after its flag)."""
-    assert unknown_tools([]) == unknown_tools(()) == "names no tool"
+def test_a_tool_list_with_an_empty_name_or_a_name_twice_is_refused_in_its_own_words():
+    """tests/core/test_tool_calls.py: ``unknown_tools`` (what ``--tools`` prints after its flag);
+    no tool at all is a closed-book rollout, whose system prompt offers none."""
+    assert unknown_tools([]) is None and unknown_tools(()) is None
+    assert unknown_tools("") == "names an undeclared tool '' (declared: search, open_page)"
+    closed = RolloutConfig(tools=(), max_search_calls=0)
+    assert effective_system_prompt(closed) == CLOSED_BOOK_PROMPT and "search" not in CLOSED_BOOK_PROMPT
     twice = "names a tool twice: 'search,search'"
     assert unknown_tools("search, search") == unknown_tools(["search", " search"]) == twice
     assert unknown_tools("search,open_page,search") == "names a tool twice: 'search,open_page,search'"
-    with pytest.raises(SettingError, match="^--tools names no tool$"):
-        RolloutConfig(tools=())
+    with pytest.raises(SettingError, match="^--tools names an undeclared tool 'x'"):
+        RolloutConfig(tools=("x",))
 
 
 # ----------------------------------------------------------------------------- core/tools.py

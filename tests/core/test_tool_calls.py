@@ -399,10 +399,10 @@ def test_a_tool_list_naming_an_undeclared_tool_is_refused_naming_the_first_and_t
                 max_size=4).filter(lambda names: all("," not in name for name in names)))
 def test_a_tool_list_is_read_alike_from_every_form_and_refused_unless_each_name_is_declared_once(names):
     """``--tools``, config.json and scenario files spell the list comma-separated or as a list: every
-    form reads as the same tuple of stripped names, and a list with no name, an undeclared name or a
-    name twice is refused naming ``--tools``."""
+    form reads as the same tuple of stripped names (no name at all: a closed-book rollout), and a
+    list with an empty or undeclared name or a name twice is refused naming ``--tools``."""
     expected = tuple(name.strip() for name in names)
-    good = bool(expected) and set(expected) <= set(DECLARED) and len(set(expected)) == len(expected)
+    good = set(expected) <= set(DECLARED) and len(set(expected)) == len(expected)
     for form in [tuple(names), list(names)] + [",".join(names)] * bool(names):
         if good:
             assert RolloutBudgets(tools=form).tools == expected
