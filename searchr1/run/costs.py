@@ -83,9 +83,11 @@ class PriceTable:
     source: str = ""
 
     def costs(self, usage: Usage) -> dict[str, float]:
-        """Cost by priced kind (only kinds with a price)."""
+        """Cost by priced kind (only kinds with a price; a judge's only in a run that has a judge, so a
+        table that prices one adds no keys to a run without it)."""
         kinds = usage.kinds()
-        return {kind: kinds.get(kind, 0) * price for kind, price in sorted(self.unit_prices.items())}
+        return {kind: kinds.get(kind, 0) * price for kind, price in sorted(self.unit_prices.items())
+                if kind in kinds or not kind.startswith("judge_")}
 
     def cost(self, usage: Usage) -> float:
         return math.fsum(self.costs(usage).values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -186,6 +187,9 @@ def test_the_judge_is_priced_per_service(tmp_path):
     usage = Usage(judge={"deepseek": JudgeUsage(prompt_tokens=1_000_000), "pytrio": JudgeUsage(requests=4)})
     assert table.costs(usage) == {"judge_deepseek_prompt_tokens": pytest.approx(2.0),
                                   "judge_pytrio_requests": pytest.approx(2.0)}
+    assert table.costs(Usage(train_tokens=5)) == {}  # a run without a judge gets no judge cost keys
+    example = load_prices(Path(__file__).resolve().parents[2] / "docs" / "prices.example.toml")
+    assert not any(key.startswith("cost/judge_") for key in example.metrics(Usage(), Usage()))
     with pytest.raises(PriceError, match="prices.toml: judge.openai is not a judge's service"):
         load_prices(write(tmp_path, 'currency = "EUR"\n[judge.openai.per_request]\nrequests = 1\n'))
     with pytest.raises(PriceError, match="prices.toml:3: judge.pytrio.per_request.prompt_tokens is priced in"):
