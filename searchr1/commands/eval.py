@@ -104,7 +104,8 @@ RESULT_DIR = Path("eval_result")
 @click.option("--judge", "judge_model", cls=SectionOption, section="judge", default=None, metavar="MODEL",
               help="Also ask a judge whether each answer means the same as a gold answer (judge/... metrics): "
                    "'twin' offline (the twin's documented rule), a deepseek-* model (the DeepSeek chat API, "
-                   "DEEPSEEK_API_KEY), or a PyTRIO model name. Not a training reward.")
+                   "DEEPSEEK_API_KEY), or a PyTRIO model name. Here it only reports; in training it becomes a "
+                   "reward term with train --judge MODEL --judge-weight W.")
 @click.option("--judge-cache", cls=SectionOption, section="judge", default=None, metavar="PATH|off",
               help="Judgements by (question, gold, prediction, judge, prompt version) [default: "
                    "runs/judge-cache.jsonl].")

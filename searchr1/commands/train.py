@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
     from searchr1.commands.prerequisites import Prerequisites
     from searchr1.core.types import SearchExample
+    from searchr1.evaluation.judge import Judge
     from searchr1.runtime.tokenizer import Qwen35Tokenizer
     from searchr1.run.costs import RunAccount
     from searchr1.run.directory import ResumePoint, RunDir
@@ -560,7 +561,7 @@ def _one_measured_step(start: _Start, flags: _RunFlags, held: contextlib.ExitSta
 
 
 def _check_setup(start: _Start, flags: _RunFlags, checks: Prerequisites, held: contextlib.ExitStack) -> Loggers | None:
-    """Into ``checks``: the search setup and keys, the tools, the loggers, the run directory (a
+    """Into ``checks``: the search setup and keys, the tools, the judge, the loggers, the run directory (a
     new one locked: a second process on it is refused) and the PyTRIO key. A configured
     estimate samples nothing: it needs no search, service or run directory. Returns the
     loggers, not started yet."""
@@ -572,6 +573,11 @@ def _check_setup(start: _Start, flags: _RunFlags, checks: Prerequisites, held: c
     config, run = start.config, start.run
     checks.check(check_search_setup, start.search, offline=config.offline)
     checks.check(check_tool_setup, config.rollout.tools, start.search)
+    if config.judge is not None:
+        from searchr1.commands.eval import check_judge
+
+        checks.check(check_judge, config.judge, offline=config.offline, env_file=start.search.env_file,
+                     cassette=Path(config.judge_cassette) if config.judge_cassette else None)
     loggers = None
     if not flags.preflight_only:
         loggers = checks.check(_planned_loggers, flags.loggers, flags.swanlab_mode, flags.logger_project, config,
@@ -673,20 +679,26 @@ def _run_session(start: _Start, flags: _RunFlags, service: pytrio.ServiceClient,
     stop = _StopOnInterrupt()
 
     async def main() -> int:
-        async with open_search(search, offline=config.offline) as backend:
-            trainer = TrainingRun(config, run, service=service, tokenizer=tokenizer, search=backend,
-                                  tools=tool_backends(config.rollout.tools, backend),
-                                  examples=examples, reporter=reporter, logger=loggers, account=account)
-            first = trainer.connect(resume)
-            if flags.preflight_only:
-                click.echo(f"preflight passed: the service's tokenizer matches; the run would start at step "
-                           f"{first} of {config.max_steps}", err=True)
-                return first
-            _write_run_config(start, first, flags)
-            stop.trainer = trainer
-            if loggers is not None:
-                _start_loggers(loggers, config)  # they write into the run directory, which exists now
-            return await trainer.run_steps(resume)
+        judge = None if flags.preflight_only else _training_judge(config, service, tokenizer, search)
+        try:
+            async with open_search(search, offline=config.offline) as backend:
+                trainer = TrainingRun(config, run, service=service, tokenizer=tokenizer, search=backend,
+                                      tools=tool_backends(config.rollout.tools, backend),
+                                      examples=examples, reporter=reporter, logger=loggers, account=account,
+                                      judge=judge)
+                first = trainer.connect(resume)
+                if flags.preflight_only:
+                    click.echo(f"preflight passed: the service's tokenizer matches; the run would start at step "
+                               f"{first} of {config.max_steps}", err=True)
+                    return first
+                _write_run_config(start, first, flags)
+                stop.trainer = trainer
+                if loggers is not None:
+                    _start_loggers(loggers, config)  # they write into the run directory, which exists now
+                return await trainer.run_steps(resume)
+        finally:
+            if judge is not None and hasattr(judge.backend, "aclose"):
+                await judge.backend.aclose()  # a recording judge writes its cassette here
 
     click.echo(f"{'preflight only, nothing is written; ' if flags.preflight_only else ''}run directory: {run.path}  "
                f"({'offline twin' if config.offline else 'live PyTRIO'}, backend {search.backend}, "
@@ -710,6 +722,18 @@ def _run_session(start: _Start, flags: _RunFlags, service: pytrio.ServiceClient,
     finally:
         if loggers is not None:
             loggers.finish()
+
+
+def _training_judge(config: TrainConfig, service: pytrio.ServiceClient, tokenizer: Qwen35Tokenizer,
+                    search: SearchOptions) -> Judge | None:
+    """The judge of ``--judge MODEL --judge-weight W`` (eval's, with its cache), or None."""
+    if config.judge is None or not config.judge_weight:
+        return None
+    from searchr1.commands.eval import make_judge
+
+    return make_judge(config.judge, service=service, tokenizer=tokenizer, base_model=config.base_model,
+                      offline=config.offline, cache=config.judge_cache, env_file=search.env_file,
+                      cassette=Path(config.judge_cassette) if config.judge_cassette else None)
 
 
 def _resume_point(run: RunDir, flags: _RunFlags) -> ResumePoint | None:

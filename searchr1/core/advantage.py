@@ -15,7 +15,8 @@ Three decisions matter more than the formula:
   the update by default: its siblings' advantages would be measured against a reward the
   policy did not earn. ``keep_env_failures=True`` keeps such groups; sampler-error
   trajectories then still take no part (their reward is a placeholder and they may have no
-  tokens), while search-error trajectories are scored like any other.
+  tokens), while search-error trajectories are scored like any other. A group where the judge
+  failed (``--judge-weight``) is always left out: that trajectory has no reward to be scored with.
 * **Normalisation is a choice.** ``mode="mean"`` (default, as the lab port and Dr. GRPO):
   ``reward - group mean``. ``mode="zscore"``: divided by the group's sample standard
   deviation (``ddof=1``) plus ``ZSCORE_EPSILON``, as verl's GRPO that official Search-R1
@@ -76,7 +77,7 @@ def _scored_members(group: Sequence[Trajectory]) -> list[Trajectory]:
 
 def classify_group(group: Sequence[Trajectory], *, keep_env_failures: bool = False) -> Exclusion | None:
     """``Exclusion.ENV_FAILURE_GROUP``, ``Exclusion.DEGENERATE_GROUP`` or ``None`` (the group trains)."""
-    if not keep_env_failures and any(t.env_error or t.sampler_error for t in group):
+    if any(t.judge_failed or (not keep_env_failures and (t.env_error or t.sampler_error)) for t in group):
         return Exclusion.ENV_FAILURE_GROUP
     rewards = {t.reward for t in _scored_members(group)}
     if len(rewards) <= 1:  # all equal (or nothing scored): no signal

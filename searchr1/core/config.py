@@ -88,6 +88,10 @@ class StepConfig:
         0, at_least=0, at_most=MAX_TOKENS, on_resume=OnResume.SEGMENT, metavar="TOKENS",
         help="DAPO's soft over-long penalty: a trajectory within TOKENS of --max-trajectory-tokens loses up to "
              "1 of its reward, linearly (0 = off).")
+    judge_weight: float = setting(
+        0.0, group="judge", at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT, metavar="WEIGHT",
+        help="Mix the --judge's verdict (1 yes, 0 no) into each answer's reward: (1 - WEIGHT) * rule + WEIGHT * "
+             "judge; a judge that fails leaves its group out, never a reward (0 = off).")
     reward: RewardKind = setting(
         "em", choices=REWARD_KINDS, on_resume=OnResume.SEGMENT,
         help="What a valid answer earns: exact match (the lab port), token F1, or cover EM (a reference "

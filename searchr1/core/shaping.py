@@ -1,16 +1,41 @@
-"""Reward terms added to an answer's score, opt-in: Kimi k1.5's length reward among a question's
-samples (``--length-reward W``) and DAPO's soft over-long penalty (``--overlong-buffer N``).
+"""Reward terms, opt-in: a judge's verdict mixed into the answer's score (``--judge-weight W``),
+Kimi k1.5's length reward among a question's samples (``--length-reward W``) and DAPO's soft
+over-long penalty (``--overlong-buffer N``).
 
-A trajectory's ``shaping`` holds them and its ``reward`` is its score plus them; the step assigns
-them once, after scoring and before advantages (:mod:`searchr1.core.trainer`). Sources and
-choices: docs/algorithms.md.
+The judge's term replaces the score's reward by its mix with the verdict; the others go to a
+trajectory's ``shaping``, and its ``reward`` is its score plus them. The step assigns them once,
+after scoring and before advantages (:mod:`searchr1.core.trainer`). Sources and choices:
+docs/algorithms.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from searchr1.core.types import Trajectory
+
+
+def assign_judge_rewards(trajectories: Sequence[Trajectory], weight: float) -> dict[str, float]:
+    """``--judge-weight W``: the score of each answer the judge gave a verdict on becomes
+    ``(1 - W) * rule + W * judge`` (judge 1.0 for yes, 0.0 for no); an answer the judge failed on
+    keeps its rule score and its group is left out (:func:`searchr1.core.advantage.classify_group`),
+    and a trajectory without an answer is not judged. Returns the mean verdict, the share of
+    verdicts that differ from the rule (a full rule score being right), and the share failed."""
+    judged = [t for t in trajectories if t.verdict is not None and t.reward_result is not None]
+    right = disagree = failed = 0
+    for trajectory in judged:
+        verdict, score = trajectory.verdict, trajectory.reward_result
+        assert verdict is not None and score is not None
+        if verdict.error is not None:
+            failed += 1
+            continue
+        right += verdict.correct
+        disagree += verdict.correct != (score.reward >= 1.0)
+        trajectory.reward_result = replace(score, reward=(1.0 - weight) * score.reward + weight * verdict.correct)
+    answered = max(len(judged) - failed, 1)
+    return {"reward/judge": right / answered, "reward/judge_disagrees": disagree / answered,
+            "reward/judge_failed": failed / max(len(judged), 1)}
 
 
 def length_reward(length: int, shortest: int, longest: int, right: bool) -> float:

@@ -2,7 +2,8 @@
 
     sampler      <- save the weights about to be trained, and a sampling client of them
     trajectories <- the step's questions rolled out on it (sample, parse, call, stitch: core.rollout)
-    score        <- the final answer of each against the references (core.reward)
+    score        <- the final answer of each against the references (core.reward); with
+                    --judge-weight mixed with a judge's verdict (core.shaping)
     advantage    <- reward minus its group's mean, carried by every turn; groups without a signal
                     are left out (core.advantage); --credit gigpo adds each turn's own (core.credit)
     datums       <- one Datum per context of each trajectory that carries signal (core.datum)
@@ -13,7 +14,7 @@
 The first two lines are :class:`OnPolicy`, the lab port's source of batches; the harness may plug in
 another :class:`BatchSource` (the off-policy pipeline, dynamic sampling:
 :mod:`searchr1.training.pipeline`), with ``--accumulation manual`` how to pack the lab port's weighted
-micro-batches, and with ``--kl-coef`` the base model's penalty. A step returns a
+micro-batches, with ``--kl-coef`` the base model's penalty, and with ``--judge-weight`` the judge. A step returns a
 :class:`StepRecord`; metrics, health guard, transcripts, checkpoints and the run directory are the
 run loop's (:mod:`searchr1.training.loop`).
 
@@ -38,7 +39,7 @@ from searchr1.core.config import StepConfig
 from searchr1.core.credit import Credit, StepReward, assign_step_advantages, assign_step_rewards
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
 from searchr1.core.reward import score_trajectories
-from searchr1.core.shaping import assign_length_rewards, assign_overlong_penalties
+from searchr1.core.shaping import assign_judge_rewards, assign_length_rewards, assign_overlong_penalties
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.core.tools import ToolBackend
 from searchr1.core.types import (SamplingClient, SearchExample, ServiceClient, Tokenizer, TrainingClient,
@@ -110,6 +111,8 @@ class OnPolicy:
 
 # --kl-coef: the datums with the base model's penalty in their advantages, and its metrics
 KlPenalty = Callable[[list[TrainingDatum]], Awaitable[tuple[list[TrainingDatum], dict[str, float]]]]
+# --judge-weight: set the judge's verdict (or why it failed) on each of the trajectories, all answered
+JudgeAnswers = Callable[[list[Trajectory]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -141,12 +144,16 @@ class Trainer:
     added)."""
 
     def __init__(self, config: StepConfig, *, service: ServiceClient, tokenizer: Tokenizer,
-                 micro_batcher: MicroBatcher | None = None, kl_penalty: KlPenalty | None = None) -> None:
+                 micro_batcher: MicroBatcher | None = None, kl_penalty: KlPenalty | None = None,
+                 judge: JudgeAnswers | None = None) -> None:
+        if config.judge_weight and judge is None:
+            raise ValueError("--judge-weight needs a judge to ask")
         self.config = config
         self.service = service
         self.tokenizer = tokenizer
         self.micro_batcher = micro_batcher  # --accumulation manual: the lab port's weighted micro-batches
         self.kl_penalty = kl_penalty  # --kl-coef: the base model's logprobs (searchr1.training.base_model)
+        self.judge = judge  # --judge-weight: the harness's judge (searchr1.training.judging)
         self.training_client: TrainingClient | None = None
         self.update_config = UpdateConfig(config.learning_rate, config.beta1, config.beta2, config.loss_fn,
                                           config.loss_fn_config)
@@ -174,6 +181,9 @@ class Trainer:
         trajectories = batch.trajectories
         score_trajectories(trajectories, reward=config.reward)
         credit: dict[str, float] = {}
+        if config.judge_weight and self.judge is not None:  # a judge's verdict on each answer, mixed in
+            await self.judge([t for t in trajectories if t.score.answer is not None])
+            credit |= assign_judge_rewards(trajectories, config.judge_weight)
         if config.length_reward:  # shorter right answers earn more (Kimi k1.5)
             credit |= assign_length_rewards(trajectories, config.length_reward)
         if config.overlong_buffer:  # a trajectory near its budget loses reward (DAPO)

@@ -111,6 +111,17 @@ class RewardResult:
     cover_em: bool = False
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """A judge's verdict on a trajectory's answer (``--judge``: the harness's plug-in sets it before
+    the reward terms): ``correct``, or the ``error`` that kept the judge from answering, an
+    environment failure and never a reward; ``record``: what the transcripts keep of it."""
+
+    correct: bool
+    error: str | None = None
+    record: JsonObject = field(default_factory=dict)
+
+
 DEFAULT_MAX_TRAJECTORY_TOKENS = 8192  # the lab port's whole-sequence budget, also the training datum limit
 FORMAT_PENALTY = -0.1  # the reward of a format failure, and of a trajectory that did not answer
 NOT_ANSWERED = RewardResult(FORMAT_PENALTY, False, False, None)
@@ -183,6 +194,7 @@ class Trajectory:
     # a trajectory whose sampling failed (its reward is then the placeholder FORMAT_PENALTY).
     reward_result: RewardResult | None = None
     shaping: float = 0.0  # reward terms added to the answer's score (--length-reward: core.reward)
+    verdict: Verdict | None = None  # the judge's, on its answer (--judge-weight: core.shaping)
     advantage: float = 0.0  # group-relative: its reward against its siblings' (core.advantage)
     excluded: Exclusion | None = None  # why it sends no datum although it has completion tokens
 
@@ -215,8 +227,12 @@ class Trajectory:
 
     @property
     def env_error(self) -> bool:
-        """A tool failed (the policy is not to blame; a refused call is the policy's own)."""
-        return any(not call.ok and not call.refused for call in self.calls)
+        """A tool or the judge failed (the policy is not to blame; a refused call is the policy's own)."""
+        return self.judge_failed or any(not call.ok and not call.refused for call in self.calls)
+
+    @property
+    def judge_failed(self) -> bool:
+        return self.verdict is not None and self.verdict.error is not None
 
     @property
     def score(self) -> RewardResult:

@@ -1,5 +1,6 @@
-"""An LLM judge for evaluations (``eval --judge MODEL``): does the prediction mean the same as
-a gold answer? Reported as ``judge/...`` beside EM, F1 and cover EM; never a training reward.
+"""An LLM judge (``eval --judge MODEL``): does the prediction mean the same as a gold answer?
+Reported as ``judge/...`` beside EM, F1 and cover EM; in training, mixed into the reward with
+``train --judge MODEL --judge-weight W`` (:mod:`searchr1.training.judging`).
 
 Who judges:
 
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 from searchr1.core.reward import ANSWER_PATTERN
 from searchr1.core.types import SamplingClient
 from searchr1.basics.json_types import JsonObject, as_list
+from searchr1.run.usage import JudgeUsage
 
 if TYPE_CHECKING:
     import httpx
@@ -122,6 +124,8 @@ class JudgeCache:
 
 class JudgeBackend(Protocol):
     model: str
+    service: str  # who answers, as usage names it (searchr1.run.usage.JUDGE_SERVICES)
+    usage: JudgeUsage  # the requests it answered and their tokens
 
     async def ask(self, prompt: str) -> str: ...
 
@@ -188,10 +192,13 @@ class JudgeTokenizer(Protocol):
 class PyTrioJudge:
     """A PyTRIO model as the judge (the offline twin answers the judge prompt by its rule)."""
 
+    service = "pytrio"
+
     def __init__(self, sampling_client: SamplingClient, tokenizer: JudgeTokenizer, model: str) -> None:
         self.sampler = sampling_client
         self.tokenizer = tokenizer
         self.model = model
+        self.usage = JudgeUsage()
 
     async def ask(self, prompt: str) -> str:
         import pytrio as trio
@@ -207,6 +214,9 @@ class PyTrioJudge:
         response = await self.sampler.sample_async(prompt=trio.ModelInput.from_ints(tokens), num_samples=1,
                                                    sampling_params=params, return_text=True)
         sequence = response.sequences[0]
+        self.usage.requests += 1
+        self.usage.prompt_tokens += len(tokens)
+        self.usage.generated_tokens += len(sequence.tokens)
         text = getattr(sequence, "text", None)
         if text is None:
             text = self.tokenizer.decode(list(sequence.tokens), skip_special_tokens=True)
@@ -216,8 +226,11 @@ class PyTrioJudge:
 class DeepSeekJudge:
     """The DeepSeek chat API as the judge (``temperature`` 0, a few tokens)."""
 
+    service = "deepseek"
+
     def __init__(self, model: str, client: httpx.AsyncClient, api_key: Secret | None) -> None:
         self.model = model
+        self.usage = JudgeUsage()
         self.client = client  # an httpx.AsyncClient (its transport replays a cassette offline)
         self._key = api_key  # a searchr1.basics.secrets.Secret, or None when replaying
 
@@ -235,11 +248,16 @@ class DeepSeekJudge:
         except httpx.HTTPError as error:
             raise JudgeError(f"the DeepSeek judge could not be reached ({type(error).__name__}); "
                              "rerun the same command to resume") from None
+        self.usage.requests += 1
         if response.status_code >= 400:
             raise JudgeError(f"the DeepSeek judge answered HTTP {response.status_code}")
         try:
-            return str(response.json()["choices"][0]["message"]["content"])
-        except (ValueError, KeyError, IndexError, TypeError):
+            reply = response.json()
+            used = reply.get("usage") or {}
+            self.usage.prompt_tokens += int(used.get("prompt_tokens", 0))
+            self.usage.generated_tokens += int(used.get("completion_tokens", 0))
+            return str(reply["choices"][0]["message"]["content"])
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise JudgeError("the DeepSeek judge's reply has no choices[0].message.content") from None
 
     async def aclose(self) -> None:

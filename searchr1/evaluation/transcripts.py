@@ -8,8 +8,9 @@ and observation, reward, EM, format, termination) plus what only training has: `
 ``question_index``, ``advantage`` (the trajectory's, group-relative), each turn's ``advantage``
 (what its tokens were trained with) and ``sampler`` (the weights that sampled it, in finished
 steps), with ``--credit gigpo`` its ``step_group`` (turns its step advantage was measured among)
-and with ``--step-reward`` its ``step_reward``, and ``excluded`` (why the trajectory sent no datum,
-if it did not). The trainer calls::
+and with ``--step-reward`` its ``step_reward``, ``excluded`` (why the trajectory sent no datum,
+if it did not) and, with ``--judge-weight``, the ``judge``'s verdict on its answer (an eval record's
+``judge``, or the ``error`` that kept the judge from one). The trainer calls::
 
     records = [transcript_record(t, step) for t in select_transcripts(trajectories, count)]
     append_transcripts(run_dir, step, records)
@@ -100,7 +101,7 @@ def transcript_record(trajectory: Trajectory, step: int) -> dict[str, object]:
         if turn.reward is not None:  # --step-reward: what the turn earned on its own
             fields.update(step_reward=float(turn.reward))
         turns.append(fields)
-    return {
+    record = {
         **trajectory_record(trajectory),
         "turns": turns,
         "step": int(step),
@@ -108,6 +109,9 @@ def transcript_record(trajectory: Trajectory, step: int) -> dict[str, object]:
         "advantage": float(trajectory.advantage),
         "excluded": trajectory.excluded,
     }
+    if trajectory.verdict is not None:  # --judge-weight: the judge's verdict on its answer
+        record["judge"] = dict(trajectory.verdict.record)
+    return record
 
 
 # --- the run directory's file --------------------------------------------------------------

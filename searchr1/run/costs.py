@@ -15,6 +15,8 @@ The price table is TOML (``docs/prices.example.toml``)::
     quota_units = 0.01
     [tool.open_page.per_request]  # a declared tool's counts, per one
     pages = 0.0
+    [judge.deepseek.per_million_tokens]  # the judge of --judge-weight, per service (pytrio, deepseek)
+    prompt_tokens = 2.0
 
 Kinds not named cost nothing. A kind in the wrong table, an unknown kind, a negative or
 non-numeric price: :class:`PriceError`, one line naming the file, the line and the key.
@@ -36,8 +38,8 @@ from pathlib import Path
 
 from searchr1.core.errors import UserError
 from searchr1.core.tools import DECLARED
-from searchr1.run.usage import (Usage, count_checkpoint, line_step, step_means, totals_before, unit_kind,
-                                usage_metrics)
+from searchr1.run.usage import (JUDGE_SERVICES, Usage, count_checkpoint, line_step, step_means, totals_before,
+                                unit_kind, usage_metrics)
 from searchr1.basics.json_types import as_float, as_object
 from searchr1.basics.wording import plural
 from searchr1.basics import invocation
@@ -49,6 +51,8 @@ COUNT_KINDS = ("sample_requests", "forward_backward_calls", "optim_steps", "kl_r
                "state_saves")
 SEARCH_TOKEN_UNITS = ("input_tokens", "cache_read_input_tokens", "output_tokens")
 SEARCH_COUNT_UNITS = ("calls", "requests", "web_searches", "quota_units", "http_requests")
+JUDGE_TOKEN_UNITS = ("prompt_tokens", "generated_tokens")
+JUDGE_COUNT_UNITS = ("calls", "requests")
 
 
 def tool_count_units(tool: str) -> tuple[str, ...]:
@@ -79,9 +83,11 @@ class PriceTable:
     source: str = ""
 
     def costs(self, usage: Usage) -> dict[str, float]:
-        """Cost by priced kind (only kinds with a price)."""
+        """Cost by priced kind (only kinds with a price; a judge's only in a run that has a judge, so a
+        table that prices one adds no keys to a run without it)."""
         kinds = usage.kinds()
-        return {kind: kinds.get(kind, 0) * price for kind, price in sorted(self.unit_prices.items())}
+        return {kind: kinds.get(kind, 0) * price for kind, price in sorted(self.unit_prices.items())
+                if kind in kinds or not kind.startswith("judge_")}
 
     def cost(self, usage: Usage) -> float:
         return math.fsum(self.costs(usage).values())
@@ -163,18 +169,23 @@ def load_prices(path: str | Path) -> PriceTable:
             continue
         if key in (PER_MILLION, PER_REQUEST):
             read(key, value, TOKEN_KINDS, COUNT_KINDS, "")
-        elif key == "search":
+        elif key in ("search", "judge"):
+            what = "backends" if key == "search" else "services"
             if not isinstance(value, dict):
-                raise fail("", "search", "must be a table of backends ([search.deepseek.per_million_tokens], ...)")
+                raise fail("", key, f"must be a table of {what} ([{key}.deepseek.per_million_tokens], ...)")
             for backend, tables in value.items():
                 if not isinstance(tables, dict):
-                    raise fail("search", backend, "must be a table ([search.<backend>.per_request], ...)")
+                    raise fail(key, backend, f"must be a table ([{key}.<{what[:-1]}>.per_request], ...)")
+                if key == "judge" and backend not in JUDGE_SERVICES:
+                    raise fail(key, backend, f"is not a judge's service; known: {', '.join(JUDGE_SERVICES)}")
                 for name, values in tables.items():
-                    table = f"search.{backend}.{name}"
+                    table = f"{key}.{backend}.{name}"
                     if name not in (PER_MILLION, PER_REQUEST):
-                        raise fail(f"search.{backend}", name,
+                        raise fail(f"{key}.{backend}", name,
                                    f"is not a price table; use {PER_MILLION} or {PER_REQUEST}")
-                    read(table, values, SEARCH_TOKEN_UNITS, SEARCH_COUNT_UNITS, f"search_{backend}_")
+                    tokens, counts = ((SEARCH_TOKEN_UNITS, SEARCH_COUNT_UNITS) if key == "search"
+                                      else (JUDGE_TOKEN_UNITS, JUDGE_COUNT_UNITS))
+                    read(table, values, tokens, counts, f"{key}_{backend}_")
         elif key == "tool":
             if not isinstance(value, dict):
                 raise fail("", "tool", "must be a table of declared tools ([tool.open_page.per_request], ...)")
@@ -188,7 +199,8 @@ def load_prices(path: str | Path) -> PriceTable:
                 read(f"tool.{tool}.{PER_REQUEST}", tables.get(PER_REQUEST, {}), (), tool_count_units(tool),
                      f"tool_{tool}_")
         else:
-            raise fail("", key, f"is not a price table; use currency, {PER_MILLION}, {PER_REQUEST}, search, tool")
+            raise fail("", key, f"is not a price table; use currency, {PER_MILLION}, {PER_REQUEST}, search, tool, "
+                                "judge")
     source = data.get("source", "")
     return PriceTable(currency.strip(), prices, source if isinstance(source, str) else "")
 

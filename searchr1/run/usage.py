@@ -32,6 +32,11 @@ Kinds (``usage/...``):
   ``tool_<t>_requests`` and ``tool_<t>_http_requests`` (calls sent to a service, and every attempt),
   and ``tool_<t>_<unit>s`` (calls answered, counted in the unit the tool declares: ``open_page``
   counts ``pages``).
+- The judge of ``--judge-weight``, per service ``<j>`` (``pytrio``: the twin or a PyTRIO model;
+  ``deepseek``): ``judge_<j>_calls`` (answers judged), ``judge_<j>_requests`` (those the cache did
+  not answer), ``judge_<j>_prompt_tokens`` and ``judge_<j>_generated_tokens`` (the requests' tokens,
+  as sampled or as DeepSeek reports them). A run without a judge has none of these keys; they are
+  priced like search (``[judge.<j>.per_million_tokens]``) and not model tokens of ``--budget-tokens``.
 
 The work of off-policy batches rolling out ahead of a stop is dropped with them and redone on
 resume; it is counted once, in the step that trains it. Likewise the sampler a stopping step
@@ -55,7 +60,7 @@ if TYPE_CHECKING:
     from pytrio.types import ModelInput, SampleResponse, SamplingParams
 
 PREFIX = "usage/"
-_NESTED = ("search", "tools")  # the per-backend and per-tool tables of Usage
+_NESTED = ("search", "tools", "judge")  # the per-backend, per-tool and per-judge tables of Usage
 TOTAL = "total_"
 
 
@@ -128,6 +133,23 @@ class ToolUsage(Counts):
                 f"tool_{tool}_http_requests": self.http_requests, f"tool_{tool}_{unit_kind(tool)}": self.units}
 
 
+JUDGE_SERVICES = ("pytrio", "deepseek")  # who answers a judge: the twin or a PyTRIO model, DeepSeek's API
+
+
+@dataclass
+class JudgeUsage(Counts):
+    """The judge's work (``--judge-weight``): answers judged, requests sent and their tokens."""
+
+    calls: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+    def kinds(self, service: str) -> dict[str, int]:
+        """``judge_<service>_<count>`` -> count."""
+        return {f"judge_{service}_{name}": value for name, value in vars(self).items()}
+
+
 def unit_kind(tool: str) -> str:
     """The usage name of what one answered call of ``tool`` counts as: its declared unit, plural."""
     spec = DECLARED.get(tool)
@@ -151,9 +173,11 @@ class Usage(Counts):
     state_saves: int = 0
     search: CountsTable[SearchUsage] = field(default_factory=CountsTable)
     tools: CountsTable[ToolUsage] = field(default_factory=CountsTable)
+    judge: CountsTable[JudgeUsage] = field(default_factory=CountsTable)
 
     def __post_init__(self) -> None:
         self.search, self.tools = CountsTable(self.search), CountsTable(self.tools)  # a plain dict given
+        self.judge = CountsTable(self.judge)
 
     def searched(self, backend: str) -> SearchUsage:
         return self.search.setdefault(backend, SearchUsage())
@@ -166,6 +190,8 @@ class Usage(Counts):
             out.search[backend] = _mapped(SearchUsage(), searched, change)
         for tool, used in self.tools.items():
             out.tools[tool] = _mapped(ToolUsage(), used, change)
+        for service, judged in self.judge.items():
+            out.judge[service] = _mapped(JudgeUsage(), judged, change)
         return out
 
     def tool(self, name: str) -> ToolUsage:
@@ -178,6 +204,8 @@ class Usage(Counts):
             out.update(self.search[backend].kinds(backend))
         for tool in sorted(self.tools):
             out.update(self.tools[tool].kinds(tool))
+        for service in sorted(self.judge):
+            out.update(self.judge[service].kinds(service))
         return out
 
     def as_metrics(self, prefix: str = "") -> dict[str, float]:
@@ -207,6 +235,10 @@ class Usage(Counts):
                 tool, count = _split_tool_kind(kind[len("tool_"):])
                 if tool:
                     setattr(usage.tool(tool), count, int(value))
+            elif kind.startswith("judge_"):
+                service, count = _split_search_kind(kind[len("judge_"):], JUDGE_COUNTS)
+                if service:
+                    setattr(usage.judge.setdefault(service, JudgeUsage()), count, int(value))
         return usage
 
     @classmethod
@@ -224,6 +256,7 @@ class Usage(Counts):
         return cls.from_kinds(kinds)
 
 
+JUDGE_COUNTS = {f.name for f in fields(JudgeUsage)}
 CountsU = TypeVar("CountsU", bound=Counts)
 
 
@@ -259,17 +292,17 @@ def _split_tool_kind(rest: str) -> tuple[str, str]:
 _SERVICE_SEARCH_UNITS = ("requests", "input_tokens", "cache_read_input_tokens", "output_tokens", "web_searches",
                          "quota_units", "http_requests")
 _SERVICE_SEARCH_KEY = re.compile(r"^(usage|cost)/(total_)?(search_.+_(" + "|".join(_SERVICE_SEARCH_UNITS) + ")"
-                                 r"|tool_.+_(requests|http_requests))$")
+                                 r"|tool_.+_(requests|http_requests)|judge_.+_(requests|prompt_tokens|generated_tokens))$")
 
 
 def depends_on_timing(key: str) -> bool:
-    """Whether a ``usage/``/``cost/`` key counts what reached the search service or a tool's
-    (its requests and what it billed, and the cost sums that include them): these depend on which answers
-    the backend already had. Live, that is the order concurrent searches ran in (single-flight
-    merges identical queries only while one is in flight) and the persistent cache; offline,
-    where the backend remembers every answer of the run, a resumed run starts remembering
-    afresh, so it may ask again what the stopped one had asked. Two offline runs with the same
-    seed agree on these keys too."""
+    """Whether a ``usage/``/``cost/`` key counts what reached the search service, a tool's or the
+    judge (its requests and what it billed, and the cost sums that include them): these depend on
+    which answers the backend or the judge's cache already had. Live, that is the order concurrent
+    searches ran in (single-flight merges identical queries only while one is in flight) and the
+    persistent caches; offline, where the backend remembers every answer of the run, a resumed run
+    starts remembering afresh, so it may ask again what the stopped one had asked. Two offline runs
+    with the same seed agree on these keys too, unless they share a judge's cache file."""
     return bool(_SERVICE_SEARCH_KEY.match(key)) or key in ("cost/step", "cost/total")
 
 

@@ -129,6 +129,20 @@ class TrainConfig(StepConfig):
                                            "is still drawn now and then.")
     probe_sha256: str = ""  # the probe file's, when the run started (a resume refuses another)
     dropped_questions: dict[str, list[str]] = field(default_factory=dict)  # reason -> ids left out
+    # The judge of --judge-weight (a StepConfig setting): searchr1.training.judging, docs/algorithms.md.
+    judge: str | None = setting(
+        None, group="judge", metavar="MODEL", on_resume=OnResume.SEGMENT,
+        help="With --judge-weight: the judge asked whether each answer means the same as a gold answer, as "
+             "eval --judge asks it: 'twin' offline (the twin's documented rule), a deepseek-* model (the "
+             "DeepSeek chat API, DEEPSEEK_API_KEY), or a PyTRIO model name.")
+    judge_cache: str | None = setting(
+        None, group="judge", metavar="PATH|off", on_resume=OnResume.SEGMENT,
+        help="Judgements by (question, gold, prediction, judge, prompt version), shared with eval "
+             "[default: runs/judge-cache.jsonl].")
+    judge_cassette: str | None = setting(
+        None, group="judge", metavar="PATH", on_resume=OnResume.SEGMENT,
+        help="With a deepseek-* judge: replay its answers from this cassette (offline), or record them into "
+             "it (live; the key is never written).")
     # What the run costs (searchr1.run.costs): a price table, and budgets a resume may raise.
     prices: str | None = setting(None, metavar="FILE", group="cost",
                                  on_resume=OnResume.COST,
@@ -156,6 +170,11 @@ class TrainConfig(StepConfig):
         if self.curriculum and self.dynamic_sampling:
             raise SettingError("--curriculum", "does not go with --dynamic-sampling, which draws questions in the "
                                "data's order until a batch has enough signal")
+        if self.judge_weight and self.judge is None:
+            raise SettingError("--judge-weight", f"{self.judge_weight:g}: names no judge to ask; add --judge MODEL")
+        if self.judge is not None and not self.judge_weight:
+            raise SettingError("--judge", f"{self.judge}: a training judge is a reward term; give it a weight with "
+                               "--judge-weight W (0 < W <= 1), or judge an eval with eval --judge")
         if self.dynamic_sampling and self.max_steps_off_policy:
             raise SettingError("--dynamic-sampling", "needs --max-steps-off-policy 0: how many questions a step "
                                "draws is known only when it has finished, so the next step's batch cannot start "

@@ -37,6 +37,8 @@ from searchr1.evaluation.transcripts import append_transcripts, select_transcrip
 from searchr1.runtime.preflight import PreflightError, check_service_tokenizer, check_template
 from searchr1.runtime.tokenizer import Qwen35Tokenizer
 from searchr1.training.base_model import BaseModelPenalty
+from searchr1.training.judging import AnswerJudge
+from searchr1.evaluation.judge import Judge
 from searchr1.training.checkpoints import checkpoint_name, save_checkpoint
 from searchr1.training.curriculum import CurriculumRecord, curriculum_of, group_outcomes, question_metrics
 from searchr1.evaluation.probe import read_probe
@@ -99,6 +101,7 @@ class TrainingRun:
         reporter: Reporter | None = None,
         logger: MetricsLogger | None = None,
         account: RunAccount | None = None,
+        judge: Judge | None = None,
     ) -> None:
         if not examples:
             raise ValueError(f"no training examples in {config.data}")
@@ -112,10 +115,12 @@ class TrainingRun:
         self.logger = logger
         self.account = account or RunAccount()  # usage totals, prices and budget (searchr1.run.costs)
         self.base_model = BaseModelPenalty(service, config) if config.kl_coef else None
+        self.judge = AnswerJudge(judge) if judge is not None and config.judge_weight else None  # --judge-weight
         self.tokenizer = tokenizer  # the trainer's, checked against the service's on connect
         self.trainer = Trainer(config, service=service, tokenizer=tokenizer,
                                micro_batcher=manual_micro_batches(config) if config.accumulation == "manual" else None,
-                               kl_penalty=self.base_model.apply if self.base_model is not None else None)
+                               kl_penalty=self.base_model.apply if self.base_model is not None else None,
+                               judge=self.judge)
         self.first_step = 0
         self.last_saved_step: int | None = None
         self.session = 0  # how many times this run was resumed (part of checkpoint names)
@@ -215,11 +220,13 @@ class TrainingRun:
 
     def usage(self, record: StepRecord) -> Usage:
         """What the step used: its batch's rollout (sampling, searches, its sampler's save), the
-        base model's KL requests and its update (:mod:`searchr1.run.usage`)."""
+        base model's KL requests, the judge's work and its update (:mod:`searchr1.run.usage`)."""
         assert self.pipeline is not None
         usage = self.pipeline.take_usage(record.step)
         if self.base_model is not None:
             usage.add(self.base_model.take_usage())
+        if self.judge is not None:
+            usage.add(self.judge.take_usage())
         count_update(usage, record.datums, record.update.calls if record.update is not None else 0)
         return usage
 

@@ -211,7 +211,9 @@ def outcome(record: Mapping[str, object]) -> list[tuple[str, str]]:
     if record.get("env_error"):
         pairs.append(("search error", "yes"))
     judge = record.get("judge")
-    if isinstance(judge, Mapping) and isinstance(judge.get("correct"), bool):
+    if isinstance(judge, Mapping) and judge.get("error"):  # a training judge that failed: no reward
+        pairs.append(("judge", f"failed ({printable(judge['error'])})"))
+    elif isinstance(judge, Mapping) and isinstance(judge.get("correct"), bool):
         said = f" said {printable(judge.get('reply'))!r}" if judge.get("asked", True) else ", no answer to judge"
         pairs.append(("judge", f"{'yes' if judge['correct'] else 'no'} ({printable(judge.get('model'))}"
                                f" v{printable(judge.get('prompt_version'))}{said})"))
@@ -230,7 +232,7 @@ OUTCOME_MEANINGS: dict[str, str] = {
     "turn advantages": "what each turn's tokens carried, where credit differs by turn",
     "not trained": "why no datum was sent",
     "search error": "a search failed (its group is left out of the update by default)",
-    "judge": "the judge's verdict on the answer",
+    "judge": "the judge's verdict on the answer (with --judge-weight, mixed into the reward)",
 }
 
 

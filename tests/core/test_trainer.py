@@ -399,3 +399,35 @@ def test_a_step_sends_the_configured_loss_and_its_options(twins, learned_batch, 
     assert [c for c in recorder.calls if c[0] == "forward_backward"] == [
         ("forward_backward", len(record.datums), "ppo",
          {"loss_fn_config": {"clip_low_threshold": 0.7, "clip_high_threshold": 1.3}})]
+
+
+def test_a_step_mixes_the_judges_verdicts_and_leaves_out_a_group_it_failed_on(twins, scripted_batch, tokenizer):
+    """Invariant (--judge-weight): the judge is asked about the answered trajectories only, after
+    scoring; its verdicts make the rewards at weight 1, so a group the rule found flat can carry a
+    signal; a group where it failed sends nothing, even with --keep-env-failures."""
+    from searchr1.core.types import Verdict
+
+    _, scripted = twins
+    asked = []
+
+    async def judge(trajectories):
+        asked.extend((t.example.id, t.group_index) for t in trajectories)
+        for t in trajectories:
+            if t.example.id == "scores" and t.group_index == 2:
+                t.verdict = Verdict(False, error="the judge could not be reached")
+            else:  # the flat group's first two answers are judged right, the rule says wrong
+                t.verdict = Verdict(t.score.answer == "France" or (t.example.id == "flat" and t.group_index < 2))
+
+    config = step_config(judge_weight=1.0, keep_env_failures=True)
+    trajectories = copy.deepcopy(scripted_batch)
+    recorder = Recorder(trajectories)
+    record = asyncio.run(trainer_on(scripted, config, tokenizer, recorder, judge=judge).step(0, recorder))
+    assert ("scores", 3) not in asked and len(asked) == 11  # "I do not know." has no answer to judge
+    groups = [trajectories[i:i + 4] for i in range(0, 12, 4)]
+    assert [t.reward for t in groups[2]] == [1.0, 1.0, 0.0, 0.0]
+    assert [g[0].excluded for g in groups] == [Exclusion.ENV_FAILURE_GROUP, None, None]
+    assert not any(t.advantage for t in groups[0])
+    assert len(record.datums) == 8 and record.groups.env_failure == 1
+    assert record.credit_metrics["reward/judge_failed"] == pytest.approx(1 / 11)
+    with pytest.raises(ValueError, match="--judge-weight"):
+        Trainer(config, service=service_of(scripted), tokenizer=tokenizer)

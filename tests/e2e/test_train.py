@@ -50,6 +50,7 @@ def test_offline_training_writes_a_line_per_step_and_checkpoints(tmp_path):
         (prefix + "step-000002", False), (prefix + "step-000003", True)]
     assert run.state()["step"] == 3 and run.state()["cursor"] == 12
     assert config["offline"] is True and config["rollout"]["group_size"] == 4
+    assert not any("judge" in key for line in metrics for key in line)  # no judge, no judge keys
     assert not (run_dir / ".lock").exists()  # removed as train exits; the flock was the lock
 
 
@@ -76,9 +77,12 @@ def test_both_accumulation_modes_train_and_record_the_calls_they_sent(tmp_path, 
             assert line["train/micro_batches_per_step"] >= substeps
 
 
+JUDGED = ["--judge", "twin", "--judge-weight", "0.5", "--judge-cache", "off"]
+
+
 @pytest.mark.parametrize("credit", [[], ["--credit", "gigpo", "--step-reward", "evidence"], ["--thinking"],
-                                    ["--context", "fold", "--context-window", "1100"]],
-                         ids=["trajectory", "gigpo", "thinking", "fold"])
+                                    ["--context", "fold", "--context-window", "1100"], JUDGED],
+                         ids=["trajectory", "gigpo", "thinking", "fold", "judge"])
 def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path, credit):
     args = [*BASE, *credit, "--max-steps", "6", "--save-every", "2", "--run-dir"]
     killed = tmp_path / "killed"
@@ -118,6 +122,11 @@ def test_a_killed_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run
         assert datums > 4 * sum(m["train/groups_trained"] for m in resumed)  # more datums than trajectories trained
         code, output = run_cli("eval", "--checkpoint", str(killed), "--limit", "2", "--output", str(tmp_path / "e.jsonl"))
         assert code == 0 and "--context fold --context-window 1100" in output, output
+    elif credit == JUDGED:  # the judge's verdicts were mixed in, counted and transcribed, and resumed exactly
+        assert all(m["usage/judge_pytrio_calls"] > 0 and "reward/judge" in m for m in resumed)
+        records = [record for step in read_run_transcripts(killed / "transcripts.jsonl").by_step.values()
+                   for record in step if record["valid_format"]]
+        assert records and all(record["judge"]["model"] == "twin" for record in records)
     elif credit:  # each turn's step group and step reward are in the transcripts, and its own advantage
         records = [record for step in read_run_transcripts(killed / "transcripts.jsonl").by_step.values()
                    for record in step]
@@ -330,3 +339,52 @@ def test_the_scripted_scenarios_group_limit_is_a_flag_error_before_anything_runs
     assert result.exit_code == 2 and "8 samples per question" in result.output
     assert not (tmp_path / "x").exists()
     assert "scripted" in CliRunner().invoke(main, [command[0], "--help"]).output
+
+
+def test_a_judged_run_mixes_the_verdicts_counts_and_prices_the_judge_and_caches_its_answers(tmp_path):
+    """--judge twin --judge-weight W: each answer's reward is (1 - W) * EM + W * the twin's verdict,
+    the judge's calls, requests and tokens are usage (priced by the table), and its answers are
+    cached: a second run with the same seed asks nothing the first one asked."""
+    prices = tmp_path / "prices.toml"
+    prices.write_text('currency = "EUR"\n[judge.pytrio.per_million_tokens]\nprompt_tokens = 1.0\n')
+    cache = tmp_path / "judge.jsonl"
+    judged = ["--max-steps", "2", "--judge", "twin", "--judge-weight", "0.25", "--judge-cache", str(cache),
+              "--prices", str(prices), "--transcripts-per-step", "16"]
+    code, output = train(*judged, "--run-dir", str(tmp_path / "run"))
+    assert code == 0, output
+    lines = RunDir(tmp_path / "run").metrics()
+    assert all(line["usage/judge_pytrio_calls"] >= line["usage/judge_pytrio_requests"] > 0 for line in lines)
+    assert all(line["cost/judge_pytrio_prompt_tokens"] == pytest.approx(line["usage/judge_pytrio_prompt_tokens"] / 1e6)
+               for line in lines)
+    records = [r for step in read_run_transcripts(tmp_path / "run" / "transcripts.jsonl").by_step.values() for r in step]
+    for record in records:
+        if record["valid_format"]:
+            assert record["reward"] == pytest.approx(0.75 * record["exact_match"] + 0.25 * record["judge"]["correct"])
+        else:
+            assert "judge" not in record and record["reward"] == -0.1
+    assert sum(line["usage/judge_pytrio_requests"] for line in lines) == len(cache.read_text().splitlines())
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["judge"], config["judge_weight"], config["judge_cache"]) == ("twin", 0.25, str(cache))
+
+    code, output = train(*judged, "--run-dir", str(tmp_path / "again"))
+    assert code == 0, output
+    again = RunDir(tmp_path / "again").metrics()
+    assert [line["reward/mean"] for line in again] == [line["reward/mean"] for line in lines]
+    assert all(line["usage/judge_pytrio_requests"] == 0 for line in again)  # the cache answered
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--judge-weight", "0.5"], "--judge-weight 0.5: names no judge to ask; add --judge MODEL"),
+    (["--judge", "twin"], "--judge twin: a training judge is a reward term"),
+    (["--judge", "twin", "--judge-weight", "1.5"], "--judge-weight"),
+    (["--judge", "deepseek-chat", "--judge-weight", "0.5"], "--judge deepseek-chat offline replays a cassette"),
+    (["--judge", "Qwen/Qwen3.5-4B", "--judge-weight", "0.5"], "the offline judge is 'twin'"),
+    (["--judge", "twin", "--judge-weight", "0.5", "--judge-cassette", "judge.yaml"],
+     "--judge-cassette applies to a deepseek-* judge"),
+], ids=["weight-without-judge", "judge-without-weight", "weight-above-1", "deepseek-without-cassette",
+        "pytrio-model-offline", "cassette-without-deepseek"])
+def test_a_judge_that_cannot_run_is_refused_in_one_line_before_any_work(tmp_path, args, message):
+    run_dir = tmp_path / "run"
+    code, output = train("--max-steps", "1", *args, "--run-dir", str(run_dir))
+    assert code == 2 and message in output, output
+    assert not run_dir.exists()

@@ -23,6 +23,7 @@ from searchr1.evaluation.judge import (
     prediction_of,
 )
 from searchr1.evaluation.judge_recording import RecordingTransport
+from searchr1.run.usage import JudgeUsage
 from searchr1.evaluation.metrics import evaluation_metrics
 from searchr1.search.replay import CassetteTransport
 from searchr1.basics.secrets import Secret
@@ -34,10 +35,12 @@ KEY = "sk-judge-test-secret-0123456789"
 
 class CountingJudge:
     model = "counting"
+    service = "pytrio"
 
     def __init__(self, reply: str = "yes") -> None:
         self.asked: list[str] = []
         self.reply = reply
+        self.usage = JudgeUsage()
 
     async def ask(self, prompt: str) -> str:
         self.asked.append(prompt)
@@ -125,7 +128,8 @@ def fake_deepseek(request: httpx.Request) -> httpx.Response:
     assert request.headers["Authorization"] == f"Bearer {KEY}"
     prompt = json.loads(request.content)["messages"][0]["content"]
     verdict = "yes" if "PREDICTION: Paris" in prompt else "no"
-    return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": verdict}}]})
+    return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": verdict}}],
+                                     "usage": {"prompt_tokens": 50, "completion_tokens": 1}})
 
 
 def test_a_deepseek_judge_recorded_live_replays_offline_without_its_key(tmp_path):
@@ -144,7 +148,9 @@ def test_a_deepseek_judge_recorded_live_replays_offline_without_its_key(tmp_path
         client = httpx.AsyncClient(transport=CassetteTransport(cassette))
         judge = Judge(DeepSeekJudge("deepseek-chat", client, None), JudgeCache(None))
         verdicts = [(await judge.judge(*q)).correct for q in questions]
+        await judge.judge(*questions[0])  # cached: not a request
         await client.aclose()
+        assert judge.backend.usage == JudgeUsage(requests=2, prompt_tokens=100, generated_tokens=2)
         return verdicts
 
     assert asyncio.run(live()) == [True, False]

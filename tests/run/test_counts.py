@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from searchr1.core.types import Counts, ReportedUsage
-from searchr1.run.usage import SearchUsage, ToolUsage, Usage
+from searchr1.run.usage import JudgeUsage, SearchUsage, ToolUsage, Usage
 from searchr1.twin.served import ServedUsage
 
 NUMBER = st.integers(0, 10**12)
-FLAT = (ReportedUsage, SearchUsage, ToolUsage, ServedUsage)
+FLAT = (ReportedUsage, SearchUsage, ToolUsage, JudgeUsage, ServedUsage)
 
 
 def flat(cls: type) -> st.SearchStrategy:
@@ -27,8 +27,8 @@ def tables(cls: type) -> st.SearchStrategy:
     return st.dictionaries(st.sampled_from(["deepseek", "zhihu", "local", "open_page"]), flat(cls), max_size=3)
 
 
-USAGE = st.builds(Usage, **{f.name: NUMBER for f in fields(Usage) if f.name not in ("search", "tools")},
-                  search=tables(SearchUsage), tools=tables(ToolUsage))
+USAGE = st.builds(Usage, **{f.name: NUMBER for f in fields(Usage) if f.name not in ("search", "tools", "judge")},
+                  search=tables(SearchUsage), tools=tables(ToolUsage), judge=tables(JudgeUsage))
 
 
 def summed(a: dict, b: dict) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from searchr1.run.costs import Budget, PriceError, RunAccount, check_budget, load_prices
 from searchr1.run.estimate import checkpoints_of
 from searchr1.run.usage import (
+    JudgeUsage,
     MeteredSearch,
     MeteredTool,
     SearchUsage,
@@ -40,6 +42,9 @@ def usages(draw):
     for tool in draw(st.lists(st.sampled_from(["open_page", "search"]), unique=True)):
         usage.tools[tool] = ToolUsage(**{count: draw(counts) for count in ("calls", "requests", "http_requests",
                                                                            "units")})
+    for service in draw(st.lists(st.sampled_from(["pytrio", "deepseek"]), unique=True)):
+        usage.judge[service] = JudgeUsage(**{count: draw(counts) for count in ("calls", "requests", "prompt_tokens",
+                                                                               "generated_tokens")})
     return usage
 
 
@@ -131,6 +136,19 @@ def test_keys_that_depend_on_search_timing_are_named():
     assert not depends_on_timing("usage/search_deepseek_calls")
     assert not depends_on_timing("usage/total_train_tokens")
     assert not depends_on_timing("cost/total_train_tokens")
+    assert depends_on_timing("usage/judge_pytrio_requests")
+    assert depends_on_timing("usage/total_judge_deepseek_prompt_tokens")
+    assert not depends_on_timing("usage/judge_pytrio_calls")
+
+
+def test_a_run_without_a_judge_has_no_judge_kinds_and_the_judge_is_no_model_token():
+    """The default run's metrics keep their keys; the judge is priced, not counted in --budget-tokens."""
+    assert not any(kind.startswith("judge_") for kind in Usage(sample_requests=1).kinds())
+    usage = Usage(judge={"pytrio": JudgeUsage(calls=3, requests=2, prompt_tokens=100, generated_tokens=4)})
+    assert usage.tokens == 0
+    assert {k: v for k, v in usage.kinds().items() if k.startswith("judge_")} == {
+        "judge_pytrio_calls": 3, "judge_pytrio_requests": 2, "judge_pytrio_prompt_tokens": 100,
+        "judge_pytrio_generated_tokens": 4}
 
 
 # -- price tables --------------------------------------------------------------------------------
@@ -161,6 +179,21 @@ def test_cost_is_usage_times_price_per_kind(tmp_path):
     assert metrics["cost/train_tokens"] == pytest.approx(1.0)
     assert metrics["cost/search_zhihu_quota_units"] == pytest.approx(3.0)
     assert metrics["cost/step"] == pytest.approx(4.0) and metrics["cost/total"] == pytest.approx(8.0)
+
+
+def test_the_judge_is_priced_per_service(tmp_path):
+    table = load_prices(write(tmp_path, 'currency = "EUR"\n[judge.deepseek.per_million_tokens]\nprompt_tokens = 2.0\n'
+                                        '[judge.pytrio.per_request]\nrequests = 0.5\n'))
+    usage = Usage(judge={"deepseek": JudgeUsage(prompt_tokens=1_000_000), "pytrio": JudgeUsage(requests=4)})
+    assert table.costs(usage) == {"judge_deepseek_prompt_tokens": pytest.approx(2.0),
+                                  "judge_pytrio_requests": pytest.approx(2.0)}
+    assert table.costs(Usage(train_tokens=5)) == {}  # a run without a judge gets no judge cost keys
+    example = load_prices(Path(__file__).resolve().parents[2] / "docs" / "prices.example.toml")
+    assert not any(key.startswith("cost/judge_") for key in example.metrics(Usage(), Usage()))
+    with pytest.raises(PriceError, match="prices.toml: judge.openai is not a judge's service"):
+        load_prices(write(tmp_path, 'currency = "EUR"\n[judge.openai.per_request]\nrequests = 1\n'))
+    with pytest.raises(PriceError, match="prices.toml:3: judge.pytrio.per_request.prompt_tokens is priced in"):
+        load_prices(write(tmp_path, 'currency = "EUR"\n[judge.pytrio.per_request]\nprompt_tokens = 1\n'))
 
 
 def test_a_declared_tool_is_priced_by_its_counts(tmp_path):
