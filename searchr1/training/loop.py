@@ -212,7 +212,8 @@ class TrainingRun:
         usage = self.pipeline.take_usage(record.step)
         if self.base_model is not None:
             usage.add(self.base_model.take_usage())
-        count_update(usage, record.datums, record.update.calls if record.update is not None else 0)
+        count_update(usage, record.datums, record.update.calls if record.update is not None else 0,
+                     forward_calls=int(record.correction_metrics.get("correction/forward_calls", 0)))
         return usage
 
     # -- the loop ----------------------------------------------------------------------------
