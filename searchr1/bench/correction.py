@@ -37,9 +37,9 @@ SEEDS, QUICK_SEEDS = 8, 1
 MISMATCH_SCALE = 0.5  # the twin's logit noise (docs/twin.md: why this size)
 TARGET_RATIO = 0.8  # tis or decoupled learns in at most 0.8x the steps of none
 # variant -> (correction, loss)
+LOSSES: tuple[tuple[str, LossFn], ...] = (("", "importance_sampling"), ("_ppo", "ppo"))
 VARIANTS: dict[str, tuple[Correction, LossFn]] = {
-    f"{correction}{suffix}": (correction, loss)
-    for suffix, loss in (("", "importance_sampling"), ("_ppo", "ppo"))
+    f"{correction}{suffix}": (correction, loss) for suffix, loss in LOSSES
     for correction in (Correction.NONE, Correction.TIS, Correction.DECOUPLED)}
 
 
