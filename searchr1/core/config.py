@@ -90,16 +90,16 @@ class StepConfig:
         help="DAPO's soft over-long penalty: a trajectory within TOKENS of --max-trajectory-tokens loses up to "
              "1 of its reward, linearly (0 = off).")
     correction: Correction = setting(
-        Correction.NONE, choices=tuple(c.value for c in Correction), on_resume=OnResume.SEGMENT,
+        Correction.NONE, group="correction", choices=tuple(c.value for c in Correction), on_resume=OnResume.SEGMENT,
         help="Off-policy correction for a sampler that differs from the learner (one forward call a step): "
              "tis caps each token's importance weight at --tis-cap, mis leaves out tokens whose ratio leaves "
              "[--mis-low, --mis-high], decoupled sends the learner's logprobs as the proximal policy and caps "
              "the behaviour weight at --tis-cap (docs/algorithms.md).")
-    tis_cap: float = setting(2.0, at_least=1.0, at_most=100.0, on_resume=OnResume.SEGMENT,
+    tis_cap: float = setting(2.0, group="correction", at_least=1.0, at_most=100.0, on_resume=OnResume.SEGMENT,
                              help="tis, decoupled: the cap C of the learner/sampler ratio weighting a token.")
-    mis_low: float = setting(0.5, above=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
+    mis_low: float = setting(0.5, group="correction", above=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
                              help="mis: a token whose learner/sampler ratio is below this leaves the loss.")
-    mis_high: float = setting(2.0, at_least=1.0, at_most=100.0, on_resume=OnResume.SEGMENT,
+    mis_high: float = setting(2.0, group="correction", at_least=1.0, at_most=100.0, on_resume=OnResume.SEGMENT,
                               help="mis: a token whose learner/sampler ratio is above this leaves the loss.")
     reward: RewardKind = setting(
         "em", choices=REWARD_KINDS, on_resume=OnResume.SEGMENT,
