@@ -26,6 +26,7 @@ TITLES = {
     14: "credit per turn: GRPO, GiGPO, GiGPO with step rewards",
     15: "thinking mode: what reasoning costs and changes",
     16: "context management on the long-horizon world: full against fold",
+    17: "off-policy correction against a mismatched sampler: none, tis, decoupled",
 }
 
 
@@ -35,7 +36,7 @@ TITLES = {
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
 @click.option("--only", default=None, metavar="1,2,...",
-              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 and 12-16 take minutes, 11 "
+              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 and 12-17 take minutes, 11 "
                    "explains 5, "
                    "and 9 needs `python -m searchr1.bench.lucene setup` first).")
 @click.option("--passages", type=click.IntRange(min=1000), default=None,

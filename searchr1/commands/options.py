@@ -35,25 +35,29 @@ def connect_timeout_option() -> Callable[[F], F]:
 def _offline_fault(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
-    from searchr1.twin.config import parse_offline_fault
+    from searchr1.twin.config import offline_fault_text, parse_offline_fault
 
     try:
         parsed = parse_offline_fault(value)
     except ValueError as error:
         raise click.BadParameter(str(error).split(": ", 1)[-1], ctx=ctx, param=param) from None
-    return f"collapse@{parsed['collapse_from']}" if parsed else "none"  # one spelling, as recorded
+    return offline_fault_text(parsed)  # one spelling, as recorded
 
 
 def offline_fault_option() -> Callable[[F], F]:
-    """``--offline-fault collapse@N|none`` (train --offline and twin serve): from the N-th weight
-    update on, the twin's sampler degenerates (searchr1.twin.collapse). The value is the
-    canonical text (``collapse@N`` or ``none``), or None when the flag is not given."""
+    """``--offline-fault collapse@N|mismatch@SCALE|none`` (train --offline and twin serve): from
+    the N-th weight update on, the twin's sampler degenerates (searchr1.twin.collapse); or the
+    learning policy's sampler differs from its learner (searchr1.twin.mismatch). The value is the
+    canonical text (``collapse@N``, ``mismatch@SCALE`` or ``none``), or None when the flag is not given."""
     return click.option(
-        "--offline-fault", "offline_fault", default=None, metavar="collapse@N|none", callback=_offline_fault,
-        cls=SectionOption, section="service", on_resume=OnResume.FREE,
+        "--offline-fault", "offline_fault", default=None, metavar="collapse@N|mismatch@SCALE|none",
+        callback=_offline_fault, cls=SectionOption, section="service", on_resume=OnResume.FREE,
         help="A fault of the offline twin: collapse@N makes samplers on weights with N or more updates "
              "(from step N on) reply with one repetitive turn without an Answer: line, to try the "
-             "collapse guard. train records it in config.json and --resume keeps it; none clears it.")
+             "collapse guard; mismatch@SCALE makes the learning policy's sampler add a fixed noise of "
+             "standard deviation SCALE to each candidate turn's logit, as a low-precision inference "
+             "engine differs from the learner, to try --correction. train records it in config.json "
+             "and --resume keeps it; none clears it.")
 
 
 def rollout_options(*, group_size: int = 8, temperature: float = 1.0, helps: dict[str, str] | None = None,

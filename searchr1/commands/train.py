@@ -258,6 +258,9 @@ def _train(ctx: click.Context, search: SearchOptions, kwargs: dict[str, object],
     on_interrupt(_interrupted_in_start_up(start.run, resuming=flags.resuming))
     if not start.config.offline and flags.offline_fault is not None:
         raise click.UsageError("--offline-fault only applies to offline runs")
+    if (start.config.offline_fault or "").startswith("mismatch@") and start.config.offline_policy != "learning":
+        raise click.UsageError("--offline-fault mismatch@SCALE perturbs the learning policy's candidate turns; "
+                               "it needs --offline-policy learning")
     found = checks.check(_run_account, start.config)
     measured_steps = start.config.max_steps  # the steps --estimate-measure projects its one step to
     if flags.estimate and flags.measure:

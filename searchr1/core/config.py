@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from searchr1.core.advantage import ADVANTAGE_MODES, AdvantageMode
+from searchr1.core.correction import Correction, CorrectionConfig
 from searchr1.core.credit import Credit, StepReward
 from searchr1.core.reward import REWARD_KINDS, RewardKind
 from searchr1.core.rollout import RolloutConfig
@@ -92,11 +93,27 @@ class StepConfig:
         0.0, group="judge", at_least=0.0, at_most=1.0, on_resume=OnResume.SEGMENT, metavar="WEIGHT",
         help="Mix the --judge's verdict (1 yes, 0 no) into each answer's reward: (1 - WEIGHT) * rule + WEIGHT * "
              "judge; a judge that fails leaves its group out, never a reward (0 = off).")
+    correction: Correction = setting(
+        Correction.NONE, group="correction", choices=tuple(c.value for c in Correction), on_resume=OnResume.SEGMENT,
+        help="Off-policy correction for a sampler that differs from the learner (one forward call a step): "
+             "tis caps each token's importance weight at --tis-cap, mis leaves out tokens whose ratio leaves "
+             "[--mis-low, --mis-high], decoupled sends the learner's logprobs as the proximal policy and caps "
+             "the behaviour weight at --tis-cap (docs/algorithms.md).")
+    tis_cap: float = setting(2.0, group="correction", at_least=1.0, at_most=100.0, on_resume=OnResume.SEGMENT,
+                             help="tis, decoupled: the cap C of the learner/sampler ratio weighting a token.")
+    mis_low: float = setting(0.5, group="correction", above=0.0, at_most=1.0, on_resume=OnResume.SEGMENT,
+                             help="mis: a token whose learner/sampler ratio is below this leaves the loss.")
+    mis_high: float = setting(2.0, group="correction", at_least=1.0, at_most=100.0, on_resume=OnResume.SEGMENT,
+                              help="mis: a token whose learner/sampler ratio is above this leaves the loss.")
     reward: RewardKind = setting(
         "em", choices=REWARD_KINDS, on_resume=OnResume.SEGMENT,
         help="What a valid answer earns: exact match (the lab port), token F1, or cover EM (a reference "
              "anywhere inside the answer, Search-R1's subem); a format failure is "
              f"{FORMAT_PENALTY:g} for all three.")
+
+    @property
+    def correction_config(self) -> CorrectionConfig:
+        return CorrectionConfig(self.correction, self.tis_cap, self.mis_low, self.mis_high)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -1,8 +1,8 @@
 """One Search-R1 step as plainly as possible: sample, parse, call the tools, stitch, score,
 advantage, datum, update. Synchronous, one trajectory after another, no metrics, no retries, the
 lab port's recipe only (exact match, mean-centred advantages, env-failure groups left out, one
-``forward_backward``, no KL), with the tools, calls a turn and refused-call policy the budgets
-declare.
+``forward_backward``, no KL; an off-policy correction on request), with the tools, calls a turn and
+refused-call policy the budgets declare.
 
 The production engine (:mod:`~searchr1.core.rollout` and :mod:`~searchr1.core.trainer`) is held to
 it by a property test: same sampler, tools and seeds, same trajectories and datums. It uses none of
@@ -49,12 +49,15 @@ Tools = Mapping[str, Tool]  # every offered tool by name, search among them
 def reference_step(sampler: SamplingClient, training_client: TrainingClient, tokenizer: Tokenizer,
                    tools: Tools, examples: Sequence[SearchExample], budgets: RolloutBudgets, *,
                    step: int, learning_rate: float, betas: tuple[float, float] = (0.9, 0.95),
+                   correction: str = "none", cap: float = 2.0,
+                   bounds: tuple[float, float] = (0.5, 2.0),
                    ) -> tuple[list[Trajectory], list[Datum], dict[str, float] | None]:
     """One whole step: its trajectories, datums and loss metrics (None when nothing was sent)."""
     from pytrio import AdamParams
     trajectories = reference_rollout(sampler, tokenizer, tools, examples, budgets, step=step)
     reference_rewards_and_advantages(trajectories)
     datums = reference_datums(trajectories, len(tokenizer))
+    datums = reference_correction(training_client, datums, correction, cap, bounds)
     if not datums:
         return trajectories, datums, None
     # ALGORITHM: one forward_backward of the importance-sampling loss, one optimiser step
@@ -292,3 +295,31 @@ def reference_datums(trajectories: list[Trajectory], vocab_size: int) -> list[Da
                 "logprobs": TensorData.from_numpy(np.asarray(logprobs[1:], dtype=np.float32)),
                 "advantages": TensorData.from_numpy(np.asarray(advantages[1:], dtype=np.float32))}))
     return datums
+
+
+def reference_correction(training_client: TrainingClient, datums: list[Datum], correction: str,
+                         cap: float = 2.0, bounds: tuple[float, float] = (0.5, 2.0)) -> list[Datum]:
+    """ALGORITHM (off-policy correction): one forward gives the learner's logprob ``p`` before the
+    update; per trained token, ``r = exp(p - q)``: tis sends ``A * min(r, cap) / r``, mis ``A`` if
+    ``r`` is within ``bounds`` else 0, decoupled ``p`` as the logprob and ``A * min(r, cap)``."""
+    from pytrio.types import Datum, TensorData
+    if correction == "none" or not datums:
+        return datums
+    outputs = training_client.forward(datums, "importance_sampling").result().loss_fn_outputs
+    corrected = []
+    for datum, output in zip(datums, outputs):
+        logprobs = [float(v) for v in datum.loss_fn_inputs["logprobs"].data]
+        advantages = [float(v) for v in datum.loss_fn_inputs["advantages"].data]
+        for i, (a, p) in enumerate(zip(list(advantages), output["logprobs"].data)):
+            r = math.exp(p - logprobs[i]) if a else 1.0
+            if a and correction == "tis":
+                advantages[i] = a * min(r, cap) / r
+            elif a and correction == "mis":
+                advantages[i] = a if bounds[0] <= r <= bounds[1] else 0.0
+            elif a:  # decoupled: the learner's logprob is the proximal policy
+                advantages[i], logprobs[i] = a * min(r, cap), float(p)
+        inputs = dict(datum.loss_fn_inputs)
+        inputs["logprobs"] = TensorData.from_numpy(np.asarray(logprobs, dtype=np.float32))
+        inputs["advantages"] = TensorData.from_numpy(np.asarray(advantages, dtype=np.float32))
+        corrected.append(Datum(model_input=datum.model_input, loss_fn_inputs=inputs))
+    return corrected

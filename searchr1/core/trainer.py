@@ -8,6 +8,8 @@
                     are left out (core.advantage); --credit gigpo adds each turn's own (core.credit)
     datums       <- one Datum per context of each trajectory that carries signal (core.datum)
     (kl)         <- --kl-coef: the base model's penalty in the advantages (core.kl)
+    (correction) <- --correction: one forward call, the learner/sampler ratio in the advantages
+                    (core.correction)
     update       <- forward_backward(importance_sampling) -> optim_step(AdamParams), once per
                     --num-substeps mini-batch (core.update)
 
@@ -36,6 +38,7 @@ from typing import Protocol
 
 from searchr1.core.advantage import GroupSummary, assign_group_advantages
 from searchr1.core.config import StepConfig
+from searchr1.core.correction import correct
 from searchr1.core.credit import Credit, StepReward, assign_step_advantages, assign_step_rewards
 from searchr1.core.datum import TrainingDatum, build_training_datums, drop_out_of_vocab
 from searchr1.core.reward import score_trajectories
@@ -132,6 +135,7 @@ class StepRecord:
     waited_seconds: float
     train_seconds: float
     step_seconds: float
+    correction_metrics: dict[str, float] = field(default_factory=dict)  # --correction: empty with none
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -206,6 +210,8 @@ class Trainer:
         train_started = time.perf_counter()
         update = None
         await batches.before_update(step)  # a later batch's sampler holds the weights before this update
+        datums, correction = await correct(client, config.correction_config, datums, loss_fn=config.loss_fn,
+                                           loss_fn_config=config.loss_fn_config)
         if datums:
             update = await apply_substeps(client, datums, self.micro_batcher, self.update_config,
                                           num_substeps=config.num_substeps, seed=config.seed, step=step)
@@ -214,4 +220,4 @@ class Trainer:
         micro_batches = (update.sent if update is not None else []) if self.micro_batcher is not None else None
         return StepRecord(step, batch, groups, datums, dropped, micro_batches, kl_metrics, credit, update,
                           waited_seconds=waited, train_seconds=time.perf_counter() - train_started,
-                          step_seconds=time.perf_counter() - started)
+                          step_seconds=time.perf_counter() - started, correction_metrics=correction)

@@ -45,10 +45,10 @@ from searchr1.basics.wording import plural
 from searchr1.basics import invocation
 
 COST = "cost/"
-TOKEN_KINDS = ("sample_prompt_tokens", "sample_generated_tokens", "train_tokens", "kl_prompt_tokens",
+TOKEN_KINDS = ("sample_prompt_tokens", "sample_generated_tokens", "train_tokens", "forward_tokens", "kl_prompt_tokens",
                "kl_generated_tokens")
-COUNT_KINDS = ("sample_requests", "forward_backward_calls", "optim_steps", "kl_requests", "weight_saves",
-               "state_saves")
+COUNT_KINDS = ("sample_requests", "forward_backward_calls", "optim_steps", "forward_calls", "kl_requests",
+               "weight_saves", "state_saves")
 SEARCH_TOKEN_UNITS = ("input_tokens", "cache_read_input_tokens", "output_tokens")
 SEARCH_COUNT_UNITS = ("calls", "requests", "web_searches", "quota_units", "http_requests")
 JUDGE_TOKEN_UNITS = ("prompt_tokens", "generated_tokens")

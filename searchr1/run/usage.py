@@ -14,6 +14,8 @@ Kinds (``usage/...``):
   ``num_samples``, every returned sequence's tokens count as generated.
 - ``train_tokens``: tokens sent to ``forward_backward`` (the datums' model inputs).
 - ``forward_backward_calls``, ``optim_steps``: training calls.
+- ``forward_calls``, ``forward_tokens``: ``--correction``'s ``forward`` of the step's datums (the
+  learner's logprobs before the update); only a run that makes them carries them.
 - ``kl_requests``, ``kl_prompt_tokens``, ``kl_generated_tokens``: the base model's
   prompt-logprob requests of ``--kl-coef`` (each asks for one generated token too).
 - ``weight_saves`` (sampler weights: each sampler, counted with the first batch that samples on
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
 
 PREFIX = "usage/"
 _NESTED = ("search", "tools", "judge")  # the per-backend, per-tool and per-judge tables of Usage
+_ONLY_WHEN_MADE = ("forward_calls", "forward_tokens")  # a run without --correction writes none
 TOTAL = "total_"
 
 
@@ -166,6 +169,8 @@ class Usage(Counts):
     train_tokens: int = 0
     forward_backward_calls: int = 0
     optim_steps: int = 0
+    forward_calls: int = 0
+    forward_tokens: int = 0
     kl_requests: int = 0
     kl_prompt_tokens: int = 0
     kl_generated_tokens: int = 0
@@ -199,7 +204,8 @@ class Usage(Counts):
 
     def kinds(self) -> dict[str, int]:
         """Every count by kind name (search kinds per backend, tool kinds per tool)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NESTED}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in _NESTED and (f.name not in _ONLY_WHEN_MADE or getattr(self, f.name))}
         for backend in sorted(self.search):
             out.update(self.search[backend].kinds(backend))
         for tool in sorted(self.tools):
@@ -216,7 +222,7 @@ class Usage(Counts):
     def tokens(self) -> int:
         """Every model token this usage paid for (sampled, trained, KL); the unit of ``--budget-tokens``."""
         return (self.sample_prompt_tokens + self.sample_generated_tokens + self.train_tokens
-                + self.kl_prompt_tokens + self.kl_generated_tokens)
+                + self.forward_tokens + self.kl_prompt_tokens + self.kl_generated_tokens)
 
     @classmethod
     def from_kinds(cls, kinds: Mapping[str, float]) -> Usage:
@@ -337,9 +343,13 @@ class SentDatum(Protocol):
     def num_tokens(self) -> int: ...
 
 
-def count_update(usage: Usage, datums: Sequence[SentDatum], forward_backward_calls: int) -> None:
-    """A step's update: the datums' tokens sent to forward_backward, its calls and the optim_step."""
+def count_update(usage: Usage, datums: Sequence[SentDatum], forward_backward_calls: int, *,
+                 forward_calls: int = 0) -> None:
+    """A step's update: the datums' tokens sent to forward_backward, its calls and the optim_step;
+    ``forward_calls``: ``--correction``'s forward of the same datums before it."""
     usage.train_tokens += sum(int(d.num_tokens) for d in datums)
+    usage.forward_calls += forward_calls
+    usage.forward_tokens += forward_calls * sum(int(d.num_tokens) for d in datums)
     usage.forward_backward_calls += forward_backward_calls
     usage.optim_steps += int(bool(datums))
 

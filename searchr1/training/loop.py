@@ -227,7 +227,8 @@ class TrainingRun:
             usage.add(self.base_model.take_usage())
         if self.judge is not None:
             usage.add(self.judge.take_usage())
-        count_update(usage, record.datums, record.update.calls if record.update is not None else 0)
+        count_update(usage, record.datums, record.update.calls if record.update is not None else 0,
+                     forward_calls=int(record.correction_metrics.get("correction/forward_calls", 0)))
         return usage
 
     # -- the loop ----------------------------------------------------------------------------

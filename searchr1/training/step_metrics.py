@@ -33,6 +33,7 @@ def step_metrics(record: StepRecord, config: TrainConfig) -> dict[str, float]:
     metrics.update(record.batch.metrics)
     metrics.update(record.kl_metrics)
     metrics.update(record.credit_metrics)
+    metrics.update(record.correction_metrics)  # --correction: none adds nothing
     if config.rollout.context == ContextPolicy.FOLD:
         metrics.update(context_metrics(record.trajectories))
     if config.dynamic_sampling:

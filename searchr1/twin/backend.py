@@ -213,6 +213,11 @@ def _capability(limits: OperationLimits) -> dict[str, int | None]:
 class TwinBackend:
     def __init__(self, settings: TwinSettings) -> None:
         self.settings = settings
+        if settings.faults.sampler_noise:
+            from searchr1.twin.learning_policy import LearningPolicy
+            if not isinstance(settings.policy, LearningPolicy):
+                raise ValueError(f"TwinFaults.sampler_noise perturbs the learning policy's candidate turns; "
+                                 f"this twin serves {settings.policy.kind!r}")
         self.store = CheckpointStore(settings.home)
         self.vocab_size = len(settings.tokenizer)
         self._end_of_turn = int(settings.tokenizer.convert_tokens_to_ids("<|im_end|>"))
@@ -741,6 +746,8 @@ class TwinBackend:
             result = run.forward(payload, samples, step=record.envelope.metadata.step, backward=backward,
                                  policy=self.policy, reduction=settings.reduction,
                                  strict_config=settings.strictness.enabled)
+            if checks and not backward:  # a proximal policy's logprobs may come back (--correction decoupled)
+                self.ledger.record_learned(samples, run.last_logprobs, lineage=run.lineage, version=run.version)
         record.usage = {"input_tokens": tokens, "output_tokens": 0, "train_tokens": tokens if backward else 0}
         return result
 
@@ -818,7 +825,14 @@ class TwinBackend:
             judged = judge_reply(self.settings.tokenizer, prompt, request.num_samples, self._end_of_turn)
             if judged is not None:
                 return judged
+            noise = self.settings.faults.sampler_noise
             with self._policy_lock:
+                if noise:  # the sampler-learner mismatch (searchr1.twin.mismatch); the learning policy's alone
+                    from searchr1.twin.learning_policy import LearningPolicy
+                    assert isinstance(self.policy, LearningPolicy)  # TwinBackend refuses any other
+                    return self.policy.sample(sampling.params, prompt, request.num_samples, max_tokens=max_tokens,
+                                              seed=None if seed is None else int(seed), temperature=temperature,
+                                              logit_noise=noise)
                 return self.policy.sample(sampling.params, prompt, request.num_samples, max_tokens=max_tokens,
                                           seed=None if seed is None else int(seed),
                                           temperature=temperature)

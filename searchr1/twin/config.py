@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypedDict
 
+from searchr1.twin.mismatch import check_scale
+
 # Every operation a fault can target (HTTP routes of the control and actor APIs).
 OPERATIONS = (
     "api_key_verify", "sdk_bootstrap", "model_list",
@@ -164,6 +166,10 @@ class TwinFaults:
       updates or more (in a run that updates every step: from step N on) reply with one
       repetitive turn that has no ``Answer:`` line and no tool call, with logprob 0 for each
       token (:mod:`searchr1.twin.collapse`). ``None``: never.
+    * ``sampler_noise``: a sampler-learner mismatch. The learning policy's samplers perturb each
+      candidate turn's logit by a deterministic noise of this standard deviation per (prompt,
+      candidate), as a low-precision inference engine would, and draw from and return the
+      perturbed logprobs; training computes the exact ones (:mod:`searchr1.twin.mismatch`). 0: none.
     """
 
     capacity_full: int = 0
@@ -176,8 +182,10 @@ class TwinFaults:
     sample_timeout_hold: float = 30.0
     sample_hook: SampleFault | None = None
     collapse_from: int | None = None
+    sampler_noise: float = 0.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "sampler_noise", check_scale(self.sampler_noise))
         if self.collapse_from is not None and (not isinstance(self.collapse_from, int) or self.collapse_from < 0):
             raise ValueError(f"TwinFaults.collapse_from must be an int >= 0 or None, got {self.collapse_from!r}")
         if not isinstance(self.capacity_full, int) or self.capacity_full < 0:
@@ -213,24 +221,42 @@ class TwinFaults:
         object.__setattr__(self, "sample_timeouts", _numbers("sample_timeouts", self.sample_timeouts))
 
 
-OFFLINE_FAULTS = ("collapse@N", "none")
+OFFLINE_FAULTS = ("collapse@N", "mismatch@SCALE", "none")
+MAX_SAMPLER_NOISE = 10.0  # a logit noise past this is no precision error: the sampler is another model
 
 
 class OfflineFault(TypedDict, total=False):
     """``--offline-fault`` as :class:`TwinFaults` keyword arguments."""
 
     collapse_from: int
+    sampler_noise: float
 
 
 def parse_offline_fault(text: str) -> OfflineFault:
     """``--offline-fault`` of ``train`` and ``twin serve``: ``collapse@N`` (from the N-th weight
-    update on, the served policy degenerates) or ``none`` (no fault; on ``train --resume`` it
-    clears the recorded one) as :class:`TwinFaults` keyword arguments."""
+    update on, the served policy degenerates), ``mismatch@SCALE`` (the learning policy's sampler
+    differs from its learner by a logit noise of standard deviation SCALE) or ``none`` (no fault;
+    on ``train --resume`` it clears the recorded one) as :class:`TwinFaults` keyword arguments."""
     if text.strip() == "none":
         return {}
     kind, sep, number = text.strip().partition("@")
-    if kind != "collapse" or not sep:
+    if kind not in ("collapse", "mismatch") or not sep:
         raise ValueError(f"--offline-fault {text!r}: expected one of {', '.join(OFFLINE_FAULTS)}")
+    if kind == "mismatch":
+        try:
+            scale = float(number)
+        except ValueError:
+            scale = -1.0
+        if not 0.0 < scale <= MAX_SAMPLER_NOISE:
+            raise ValueError(f"--offline-fault {text!r}: SCALE must be a number in (0, {MAX_SAMPLER_NOISE:g}]")
+        return {"sampler_noise": scale}
     if not number.isdigit():
         raise ValueError(f"--offline-fault {text!r}: N must be a step number >= 0")
     return {"collapse_from": int(number)}
+
+
+def offline_fault_text(fault: OfflineFault) -> str:
+    """The one spelling of a parsed fault, as config.json records it (``none`` for no fault)."""
+    if "sampler_noise" in fault:
+        return f"mismatch@{fault['sampler_noise']:g}"
+    return f"collapse@{fault['collapse_from']}" if "collapse_from" in fault else "none"

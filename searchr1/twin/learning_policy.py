@@ -99,6 +99,7 @@ import numpy as np
 from searchr1.core.objective import loss_terms, resolve_loss_config
 from searchr1.runtime.tokenizer import GENERATION_PROMPTS, REASONING_CLOSE, Qwen35Tokenizer
 from searchr1.offline import CALL
+from searchr1.twin.mismatch import sampler_noise
 from searchr1.twin.offline_world import WorldQuestion, load_worlds, question_key
 from searchr1.twin.policy import IGNORE_INDEX, LossResult, PolicySample, Reduction, SampledSequence, Totals
 
@@ -316,7 +317,10 @@ class LearningPolicy:
         max_tokens: int,
         seed: int | None,
         temperature: float,
+        logit_noise: float = 0.0,
     ) -> list[SampledSequence]:
+        """``num_samples`` turns drawn for ``prompt``; ``logit_noise``: the sampler-learner mismatch
+        fault's scale (:mod:`searchr1.twin.mismatch`), draws and logprobs from the perturbed logits."""
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         if max_tokens < 1:
@@ -331,7 +335,7 @@ class LearningPolicy:
                 f"{GENERATION_HEADER!r} or on {THINKING_HEADER!r}"
             )
         state = self.state(prompt)
-        logits = self.logits(params, state)
+        logits = self.logits(params, state) + sampler_noise(prompt, state.tokens, logit_noise)
         if temperature == 0.0:
             chosen = [int(np.argmax(logits))] * num_samples
             paths = {chosen[0]: [0.0] * len(state.tokens[chosen[0]])}

@@ -19,7 +19,9 @@ the rule. The rules:
     Every position trained with a non-zero advantage holds a token the twin sampled right
     after exactly that prefix, ...
 ``sampled_logprob``
-    ... with the logprob the twin returned for it (compared at float32 precision), ...
+    ... with the logprob the twin returned for it (compared at float32 precision), or the one a
+    ``forward`` of the same run returned for it (the learner's own logprob, sent as a proximal
+    policy by ``--correction decoupled``), ...
 ``stale_sampler``
     ... by a sampler whose weights are at most ``max_staleness`` weight-changing optimiser
     steps behind the run, and of the same run lineage (a sampler of the base model counts as
@@ -155,6 +157,7 @@ class SampleLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[tuple[int, int, int], list[SampledToken]] = {}
+        self._learned: dict[tuple[int, int, int], list[SampledToken]] = {}  # what forward calls returned
 
     def record(self, prompt: Sequence[int], sequences: Sequence[tuple[Sequence[int], Sequence[float]]],
                *, lineage: str, version: int) -> None:
@@ -167,19 +170,38 @@ class SampleLedger:
                 for k, (token, entry) in enumerate(zip(tokens, entries)):
                     self._entries.setdefault((before[k], len(prompt) + k, int(token)), []).append(entry)
 
+    def record_learned(self, samples: Sequence[PolicySample], logprobs: Sequence[np.ndarray], *, lineage: str,
+                       version: int) -> None:
+        """What a ``forward`` of run ``lineage`` returned for the trained positions of its samples."""
+        with self._lock:
+            for sample, values in zip(samples, logprobs):
+                trained = np.flatnonzero(sample.active & (sample.advantages != 0.0))
+                if not len(trained):
+                    continue
+                hashes = prefix_hashes(sample.inputs[: int(trained[-1]) + 1])
+                for position in trained.tolist():
+                    key = (int(hashes[position]), position + 1, int(sample.targets[position]))
+                    entry = SampledToken(float(np.float32(values[position])), lineage, version)
+                    self._learned.setdefault(key, []).append(entry)
+
     def lookup(self, prefix_hash: int, length: int, token: int) -> list[SampledToken]:
         with self._lock:
             return list(self._entries.get((prefix_hash, length, token), ()))
 
-    def forget_older_than(self, lineage: str, version: int) -> None:
-        """Drop what samplers of ``lineage`` older than ``version`` returned."""
+    def learned(self, prefix_hash: int, length: int, token: int) -> list[SampledToken]:
         with self._lock:
-            for key in list(self._entries):
-                kept = [e for e in self._entries[key] if e.lineage != lineage or e.version >= version]
-                if kept:
-                    self._entries[key] = kept
-                else:
-                    del self._entries[key]
+            return list(self._learned.get((prefix_hash, length, token), ()))
+
+    def forget_older_than(self, lineage: str, version: int) -> None:
+        """Drop what samplers and forward calls of ``lineage`` older than ``version`` returned."""
+        with self._lock:
+            for entries in (self._entries, self._learned):
+                for key in list(entries):
+                    kept = [e for e in entries[key] if e.lineage != lineage or e.version >= version]
+                    if kept:
+                        entries[key] = kept
+                    else:
+                        del entries[key]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -216,6 +238,9 @@ def check_sampled_actions(samples: Sequence[PolicySample], ledger: SampleLedger,
                 )
             logprob = float(np.float32(sample.old_logprobs[position]))
             matching = [e for e in found if e.logprob == logprob]
+            if not matching and any(e.logprob == logprob and e.lineage == lineage
+                                    for e in ledger.learned(int(hashes[position]), position + 1, token)):
+                matching = found  # the run's own forward returned it: a proximal policy's logprob
             if not matching:
                 raise ProtocolViolation(
                     "sampled_logprob",

@@ -71,6 +71,7 @@ class TrainingRun:
         self.lineage = cuid
         self.pending: dict[int, np.ndarray] = {}  # call step -> summed chunk gradients
         self.optimizer_steps = 0
+        self.last_logprobs: list[np.ndarray] = []  # the learner's logprobs of the last forward's samples
 
     # --- init -------------------------------------------------------------------------
 
@@ -131,6 +132,7 @@ class TrainingRun:
                                       loss_config=loss_config)
         if backward:
             self.pending[step] = self.pending.get(step, 0.0) + result.grad
+        self.last_logprobs = list(result.logprobs)
         outputs = []
         for logprobs in result.logprobs:
             values = np.asarray(logprobs, dtype=np.float64)

@@ -102,12 +102,15 @@ def test_the_check_sees_a_forbidden_import():
 def test_the_core_proper_reads_in_one_sitting():
     """The core's modules directly in searchr1/core/ stay within their pages: the engine (types,
     budgets, protocol, rollout, reward, advantage, datum, kl, update, config, trainer, errors) at
-    most 2,500 lines (2,340 before thinking mode, context folding, the reward terms' settings, the
-    judge's verdict and closed-book rollouts: 55, 60, 20, 35 and 5 lines of it); the tools chapter
-    (declared tools and the call parser) at most 330; the
-    objective (each loss's per-token term and gradient, as code) at most 130; credit per turn
-    (GiGPO's step groups, step rewards) at most 170; context management (folding) at most 70; the reward terms (judge, length, over-long) at most 85; the reference, which repeats the step in its
-    own plain code to check them, at most 300 (reference.py: the step) and its text module at most
+    most 2,540 lines (2,340 before thinking mode, context folding, the reward terms' settings, the
+    judge's verdict, closed-book rollouts and the off-policy correction's settings and call: 55, 60,
+    20, 35, 5 and 25 lines of it); the tools chapter (declared tools and the call parser) at most
+    330; the objective (each loss's per-token term and gradient, as code) at most 130; credit per
+    turn (GiGPO's step groups, step rewards) at most 170; context management (folding) at most 70;
+    the reward terms (judge, length, over-long) at most 85; the off-policy correction (tis, mis,
+    decoupled: the forward call and the corrected datums) at most 150; the reference, which repeats
+    the step in its own plain code to check them, at most 325 (reference.py: the step; 300 before
+    the off-policy correction's 30 lines) and its text module at most
     305 more (reference_text.py: the sampling, prompt, chat template, call parser, observations
     and fitting the reference reads and writes with). Without credit per turn the core was 3,299
     lines, within the 3,300 it was held to while its data model moved to turns."""
@@ -120,13 +123,15 @@ def test_the_core_proper_reads_in_one_sitting():
     credit = lines.pop("credit.py")
     context = lines.pop("context.py")
     shaping = lines.pop("shaping.py")
-    assert sum(lines.values()) <= 2500, f"the engine is {sum(lines.values())} lines"
+    correction = lines.pop("correction.py")
+    assert sum(lines.values()) <= 2540, f"the engine is {sum(lines.values())} lines"
     assert tools <= 330, f"the tools chapter is {tools} lines"
     assert objective <= 130, f"the objective is {objective} lines"
     assert credit <= 170, f"credit per turn is {credit} lines"
     assert context <= 70, f"context management is {context} lines"
     assert shaping <= 85, f"the reward terms are {shaping} lines"
-    assert reference <= 300, f"the reference is {reference} lines"
+    assert correction <= 150, f"the off-policy correction is {correction} lines"
+    assert reference <= 325, f"the reference is {reference} lines"
     assert reference_text <= 305, f"the reference's text module is {reference_text} lines"
 
 

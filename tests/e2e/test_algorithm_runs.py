@@ -102,3 +102,39 @@ def test_substeps_come_from_a_preset_and_a_resumed_run_repeats_them_exactly(tmp_
     expected = [without_timing_metrics(m) for m in RunDir(straight).metrics()]
     assert [m["step"] for m in resumed] == [0, 1, 2, 3] and resumed == expected
     assert all(m["train/optimizer_steps"] == 2 for m in expected if not m["train/update_skipped"])
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis", "decoupled"])
+def test_each_off_policy_correction_runs_on_a_mismatched_sampler_and_resumes_exactly(tmp_path, correction):
+    """With the twin's mismatch fault each correction makes one forward call a step, acts on the
+    tokens its bounds name (tight bounds, so it does), and a run stopped after step 0 and resumed
+    writes the lines of the uninterrupted run."""
+    options = ["--questions-per-batch", "4", "--group-size", "4", "--correction", correction,
+               "--offline-fault", "mismatch@0.5", "--tis-cap", "1.05", "--mis-low", "0.95", "--mis-high", "1.05"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train("--run-dir", str(straight), "--max-steps", "3", *options)
+    train("--run-dir", str(stopped), "--max-steps", "1", *options)
+    train("--resume", str(stopped), "--max-steps", "3")
+
+    def comparable(line):  # the stopped run also saved a final checkpoint after step 0, which its usage counts
+        return {k: v for k, v in without_timing_metrics(line).items() if not k.endswith(("weight_saves", "state_saves"))}
+
+    lines = [comparable(line) for line in RunDir(straight).metrics()]
+    assert [comparable(line) for line in RunDir(stopped).metrics()] == lines
+    config = json.loads((straight / "config.json").read_text())
+    assert config["correction"] == correction and config["offline_fault"] == "mismatch@0.5"
+    trained = [line for line in lines if line["train/update_skipped"] == 0.0]
+    assert trained and all(line["usage/forward_calls"] == 1.0 and line["correction/mismatch_k3"] > 0 for line in trained)
+    share = "correction/masked_share" if correction == "mis" else "correction/capped_share"
+    assert any(line[share] > 0 for line in trained)
+    assert lines[-1]["usage/total_forward_calls"] == len(trained)
+
+
+def test_a_correction_flag_out_of_its_bounds_and_the_mismatch_fault_without_the_learning_policy_are_refused(tmp_path):
+    for args, flag in ((["--correction", "clip"], "--correction"), (["--tis-cap", "0.5"], "--tis-cap"),
+                       (["--mis-low", "0"], "--mis-low"), (["--offline-fault", "mismatch@0"], "--offline-fault"),
+                       (["--offline-policy", "scripted", "--offline-fault", "mismatch@0.5"], "--offline-fault")):
+        result = CliRunner().invoke(main, ["train", "--offline", "--quiet", "--run-dir", str(tmp_path / "r"), *args])
+        assert result.exit_code == 2, result.output
+        assert flag in result.output and "Traceback" not in result.output
+        assert not (tmp_path / "r").exists()
