@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from searchr1.bench.report import Figure
 from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
-FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
+FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
 # Figures 8 and 9 (BM25 over a generated 1M-passage corpus, and against Lucene) and 10 (six
 # learning runs and the KL penalty's cost) take minutes and figure 9 needs its own set-up; figure
 # 11 (pytrio's CPU per request beside a busy loop) explains figure 5 and holds no target; figure
@@ -15,7 +15,8 @@ FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
 # paper-sized step's search over figure 8's index) builds that index first; 14 (24 learning runs:
 # three kinds of credit on 8 seeds), 15 (16: thinking off and on) and 16 (16 runs of 26 steps:
 # full and fold on the long-horizon world) and 17 (48 runs: three corrections under two losses on a
-# mismatched sampler, 8 seeds) take minutes: they run only when named with --only.
+# mismatched sampler, 8 seeds) and 18 (16 runs, each evaluated after every step: uniform sampling
+# against the probe's filter and the curriculum) take minutes: they run only when named with --only.
 DEFAULT_FIGURES = (1, 2, 3, 4, 5, 6, 7)
 
 
@@ -24,6 +25,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
     from searchr1.bench.client_contention import client_contention_figure
     from searchr1.bench.correction import correction_figure
     from searchr1.bench.credit import credit_figure
+    from searchr1.bench.curriculum import curriculum_figure
     from searchr1.bench.local_search import local_search_figure
     from searchr1.bench.long_horizon import long_horizon_figure
     from searchr1.bench.lucene import lucene_figure
@@ -55,6 +57,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
         15: thinking_figure,
         16: long_horizon_figure,
         17: correction_figure,
+        18: curriculum_figure,
     }
 
 

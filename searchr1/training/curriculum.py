@@ -124,14 +124,17 @@ def curriculum_of(config: TrainConfig, examples: Sequence[SearchExample], probe:
 def question_metrics(trajectories: Sequence[Trajectory], probe: Probe | None, drop_guessable: int) -> dict[str, float]:
     """What the step spent its batch on: ``data/solved_share``, the share of its questions whose
     group was all right, and with a probe ``data/guessable_share``, the share the probe answered
-    right closed-book in at least ``max(1, --drop-guessable)`` attempts."""
+    right closed-book in at least ``max(1, --drop-guessable)`` attempts, and
+    ``data/solved_or_guessable_share``, either."""
     outcomes = group_outcomes(trajectories)
     count = len(outcomes) or 1
-    metrics = {"data/solved_share": sum(right == attempts > 0 for right, attempts in outcomes.values()) / count}
+    solved = {question for question, (right, attempts) in outcomes.items() if right == attempts > 0}
+    metrics = {"data/solved_share": len(solved) / count}
     if probe is not None:
         threshold = max(1, drop_guessable)
-        guessable = {q.id for q in probe.questions.values() if q.closed_book.right >= threshold}
-        metrics["data/guessable_share"] = sum(question in guessable for question in outcomes) / count
+        guessable = {q.id for q in probe.questions.values() if q.closed_book.right >= threshold} & set(outcomes)
+        metrics["data/guessable_share"] = len(guessable) / count
+        metrics["data/solved_or_guessable_share"] = len(solved | guessable) / count
     return metrics
 
 

@@ -116,7 +116,7 @@ def test_a_bad_price_table_is_one_line_before_anything_runs(tmp_path):
     assert result.exit_code == 1
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert errors == [f"Error: {prices}:3: per_million_tokens.sample_tokens is not a usage kind here; known: "
-                      "sample_prompt_tokens, sample_generated_tokens, train_tokens, kl_prompt_tokens, "
+                      "sample_prompt_tokens, sample_generated_tokens, train_tokens, forward_tokens, kl_prompt_tokens, "
                       "kl_generated_tokens"]
     assert not (tmp_path / "run").exists()
 
