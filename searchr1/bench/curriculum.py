@@ -145,6 +145,16 @@ def _mean_of(runs: Sequence[SelectionRun], key: str) -> float:
     return statistics.fmean(as_float(line.get(key, 0.0), key) for run in runs for line in run.metrics)
 
 
+def _while_learning(runs: Sequence[SelectionRun], key: str) -> float:
+    """The mean of ``key`` over each run's steps before its policy first reaches the reward target
+    (all its steps when it never does): the batches chosen while there was still something to learn."""
+    values = []
+    for run in runs:
+        end = _steps_to_target(run.curve) or len(run.metrics)
+        values += [as_float(line.get(key, 0.0), key) for line in run.metrics[:end]]
+    return statistics.fmean(values)
+
+
 def curriculum_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool = False) -> Figure:
     started = time.perf_counter()
     steps = QUICK_STEPS if quick else STEPS
@@ -176,6 +186,10 @@ def curriculum_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool 
                     statistics.fmean(run.curve[-1] for run in lines), unit="reward", digits=3),
             Measure(f"wasted_{name}", "    share of the batch on solved or guessable questions", wasted[name],
                     unit="share", digits=3),
+            Measure(f"wasted_learning_{name}", f"      before the run reaches reward {REWARD_TARGET}",
+                    _while_learning(lines, "data/solved_or_guessable_share"), unit="share", digits=3),
+            Measure(f"solved_{name}", "    of which solved (every sample of the group right)",
+                    _mean_of(lines, "data/solved_share"), unit="share", digits=3),
             Measure(f"guessable_{name}", "    of which guessable (the probe answered them closed-book)",
                     _mean_of(lines, "data/guessable_share"), unit="share", digits=3),
             Measure(f"searches_{name}", "    searches per trajectory", _mean_of(lines, "rollout/search_calls"),
@@ -186,7 +200,9 @@ def curriculum_figure(tokenizer: Qwen35Tokenizer, *, seed: int = 0, quick: bool 
                                              "the curriculum",
         measures=measures,
         details={"seeds": seeds, "steps": steps, "reached": reached,
-                 "curves": {name: [run.curve for run in lines] for name, lines in runs.items()}},
+                 "curves": {name: [run.curve for run in lines] for name, lines in runs.items()},
+                 "solved_or_guessable": {name: [[line.get("data/solved_or_guessable_share") for line in run.metrics]
+                                                for run in lines] for name, lines in runs.items()}},
         notes=[f"{steps} steps of 8 questions x 8 samples on mixed_train.jsonl (12 questions needing search, 8 the "
                f"base twin knows), Adam lr 0.2, {plural(len(seeds), 'training seed')} from {seeds[0]}; each seed's "
                f"probe: {ATTEMPTS} attempts closed-book and with search by the base policy",
