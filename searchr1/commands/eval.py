@@ -35,6 +35,7 @@ from searchr1.basics import invocation
 from searchr1.basics.json_types import as_float, as_object, as_str
 
 if TYPE_CHECKING:
+    import httpx
     import pytrio
 
     from searchr1.commands.prerequisites import Prerequisites
@@ -656,6 +657,15 @@ def check_judge(model: str, *, offline: bool, cassette: Path | None, env_file: P
                                "replayed with --judge-cassette)")
 
 
+def deepseek_transport() -> httpx.AsyncBaseTransport:
+    """The live DeepSeek judge's own transport (two retries), under the recording one with
+    ``--judge-cassette``. A test replaces this function with a fake DeepSeek (an
+    ``httpx.MockTransport``) to record a cassette without the network."""
+    import httpx
+
+    return httpx.AsyncHTTPTransport(retries=2)
+
+
 def make_judge(model: str, *, service: pytrio.ServiceClient, tokenizer: Qwen35Tokenizer, base_model: str, offline: bool,
                cassette: Path | None, cache: str | None, env_file: Path | None) -> Judge:
     """The :class:`~searchr1.evaluation.judge.Judge` that ``--judge MODEL`` names."""
@@ -681,12 +691,11 @@ def make_judge(model: str, *, service: pytrio.ServiceClient, tokenizer: Qwen35To
         from searchr1.search.env import require_keys
 
         key = require_keys(("DEEPSEEK_API_KEY",), env_file=env_file)[0]
-        if cassette is not None:
+        transport = deepseek_transport()
+        if cassette is not None:  # live with a cassette: recorded (written as the judge closes)
             from searchr1.evaluation.judge_recording import RecordingTransport
 
-            transport: httpx.AsyncBaseTransport = RecordingTransport(cassette, secrets=[key])
-        else:
-            transport = httpx.AsyncHTTPTransport(retries=2)
+            transport = RecordingTransport(cassette, secrets=[key], inner=transport)
         return Judge(DeepSeekJudge(model, httpx.AsyncClient(transport=transport, timeout=60.0), key), judge_cache)
     from pytrio import PyTrioError
 

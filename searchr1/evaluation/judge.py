@@ -242,12 +242,17 @@ class DeepSeekJudge:
                 "max_tokens": JUDGE_MAX_TOKENS, "stream": False}
         import httpx
 
+        from searchr1.search.replay import CassetteMissError
+
         try:
             response = await self.client.post(DEEPSEEK_URL, content=json.dumps(body, ensure_ascii=False).encode(),
                                               headers=headers)
         except httpx.HTTPError as error:
             raise JudgeError(f"the DeepSeek judge could not be reached ({type(error).__name__}); "
                              "rerun the same command to resume") from None
+        except CassetteMissError as miss:  # replaying: this prompt was never recorded
+            raise JudgeError(f"the judge cassette {miss.cassette} holds no answer to this prompt (recorded over "
+                             "other answers); record it again live with --judge-cassette") from None
         self.usage.requests += 1
         if response.status_code >= 400:
             raise JudgeError(f"the DeepSeek judge answered HTTP {response.status_code}")

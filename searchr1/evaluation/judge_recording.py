@@ -4,7 +4,8 @@
 The recording is an httpx transport around the judge's own client only (nothing else's traffic
 is captured). Request headers are kept except ``Authorization`` and the other key headers; the
 file is written when the client closes, through a temporary file, and refused (nothing written)
-if any key value would appear in it.
+if any key value would appear in it. A cassette already at the path keeps its interactions and
+gets the new ones after them, so a resumed run (or a second eval) adds to what the first recorded.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+import yaml
 from vcr.request import Request as VcrRequest
-from vcr.serialize import serialize
+from vcr.serialize import deserialize, serialize
 from vcr.serializers import yamlserializer
 
 from searchr1.basics.fileio import write_text_atomically
 from searchr1.basics.secrets import Secret
+from searchr1.search.replay import CassetteFormatError
 from searchr1.search.recording import SECRET_REQUEST_HEADERS, SecretLeakError, find_leaks
 
 
@@ -29,6 +32,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         self.inner = inner or httpx.AsyncHTTPTransport(retries=2)
         self.requests: list[VcrRequest] = []
         self.responses: list[dict[str, object]] = []
+        self.kept = _recorded(self.path)  # what an earlier recording left at the path, written back first
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
@@ -49,8 +53,21 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
         if not self.requests:
             return
-        text = serialize({"requests": self.requests, "responses": self.responses}, yamlserializer)
+        text = serialize({"requests": [*self.kept[0], *self.requests], "responses": [*self.kept[1], *self.responses]},
+                         yamlserializer)
         if find_leaks(text, self.secrets):
             raise SecretLeakError(f"a key would have been written to {self.path}; nothing was written")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomically(self.path, text)
+
+
+def _recorded(path: Path) -> tuple[list[VcrRequest], list[dict[str, object]]]:
+    """The interactions of the cassette at ``path`` (none when there is no file); one line naming
+    the file when it is not a cassette (refused before the judge asks anything)."""
+    if not path.is_file():
+        return [], []
+    try:
+        requests, responses = deserialize(path.read_text("utf-8"), yamlserializer)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError) as error:
+        raise CassetteFormatError(f"--judge-cassette {path} is not a cassette to add to: {error}") from None
+    return list(requests), list(responses)

@@ -158,6 +158,40 @@ def test_a_deepseek_judge_recorded_live_replays_offline_without_its_key(tmp_path
     assert asyncio.run(replay()) == [True, False]
 
 
+def test_a_second_recording_adds_to_the_cassette_and_a_miss_is_a_judge_error(tmp_path):
+    """A resumed run records into the cassette its first part wrote: both parts' answers replay.
+    A prompt the cassette never recorded is the judge's error (one line), not the replay's."""
+    from searchr1.evaluation.judge import JudgeError
+    from searchr1.search.replay import CassetteFormatError
+
+    cassette = tmp_path / "judge.yaml"
+
+    async def record_one(question: tuple[str, list[str], str]) -> None:
+        transport = RecordingTransport(cassette, secrets=[Secret(KEY)], inner=httpx.MockTransport(fake_deepseek))
+        judge = Judge(DeepSeekJudge("deepseek-chat", httpx.AsyncClient(transport=transport), Secret(KEY)),
+                      JudgeCache(None))
+        await judge.judge(*question)
+        await judge.backend.aclose()
+
+    async def replay(question: tuple[str, list[str], str]) -> bool:
+        client = httpx.AsyncClient(transport=CassetteTransport(cassette))
+        try:
+            judge = Judge(DeepSeekJudge("deepseek-chat", client, None), JudgeCache(None))
+            return (await judge.judge(*question)).correct
+        finally:
+            await client.aclose()
+
+    first, second = ("Capital of France?", ["Paris"], "Paris"), ("Capital of Peru?", ["Lima"], "Cusco")
+    asyncio.run(record_one(first))
+    asyncio.run(record_one(second))
+    assert [asyncio.run(replay(first)), asyncio.run(replay(second))] == [True, False]
+    with pytest.raises(JudgeError, match="holds no answer to this prompt"):
+        asyncio.run(replay(("Capital of Chile?", ["Santiago"], "Santiago")))
+    cassette.write_text("not: [a cassette", "utf-8")
+    with pytest.raises(CassetteFormatError, match="is not a cassette to add to"):
+        RecordingTransport(cassette, secrets=[Secret(KEY)])
+
+
 def test_an_http_error_from_deepseek_is_one_line_without_the_key():
     from searchr1.evaluation.judge import JudgeError
 
