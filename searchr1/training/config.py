@@ -74,21 +74,21 @@ class TrainConfig(StepConfig):
     server_limits: dict[str, JsonValue] | None = None
     # Rollouts for step b run on the weights after b - K steps (searchr1.training.off_policy); 0 = on-policy.
     max_steps_off_policy: int = setting(
-        0, at_least=0, on_resume=OnResume.SEGMENT,
+        0, group="pipeline", at_least=0, on_resume=OnResume.SEGMENT,
         help="Roll out the batches of the next K steps while a step trains, on weights up to K steps old (the "
              "importance ratio corrects for it); 0 = on-policy. Worth it when steps are long or training calls "
              "are expensive.")
     # Partial rollouts (searchr1.training.partial): in-flight trajectories move on to newer samplers.
     partial_rollouts: bool = setting(
-        False, on_resume=OnResume.FIXED,
-        help="With --max-steps-off-policy K >= 1: a trajectory in flight takes each --turns-per-version turns on "
-             "the next newer sampler, and a group of long trajectories is trained K steps after the newest sampler "
-             "it used instead of holding up its own step; exact on resume.")
+        False, group="pipeline", on_resume=OnResume.FIXED,
+        help="With --max-steps-off-policy K >= 1: a trajectory in flight moves on to the next newer sampler every "
+             "--turns-per-version turns, and a group of long trajectories is trained one step later for each such "
+             "move instead of holding up its own step; exact on resume.")
     turns_per_version: int = setting(
-        2, at_least=1, at_most=1000, metavar="T", on_resume=OnResume.FIXED,
+        2, group="pipeline", at_least=1, at_most=1000, metavar="T", on_resume=OnResume.FIXED,
         help="With --partial-rollouts: turn j of step b's batch samples on the weights after b - K + j // T steps.")
     max_version_lag: int = setting(
-        3, at_least=1, at_most=1000, metavar="S", on_resume=OnResume.FIXED,
+        3, group="pipeline", at_least=1, at_most=1000, metavar="S", on_resume=OnResume.FIXED,
         help="With --partial-rollouts: how many versions a trajectory's oldest turn may lag the step that trains "
              "it (at least K); a trajectory ends on its turn budget after (S - K + 1) * T turns.")
     transcripts_per_step: int = setting(

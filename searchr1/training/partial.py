@@ -24,16 +24,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from searchr1.core.protocol import template_boundaries
 from searchr1.core.rollout import BatchRollout, SamplerFailureError, TurnSampler
 from searchr1.core.trainer import RolloutBatch
-from searchr1.core.types import SamplingClient, Termination, Trajectory
+from searchr1.core.tools import ToolBackend
+from searchr1.core.types import SamplingClient, SearchExample, Termination, Tokenizer, Trajectory
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools
-from searchr1.search.tool import with_search
+from searchr1.search.tool import SearchBackend, with_search
+from searchr1.training.config import TrainConfig
 from searchr1.training.off_policy import (
     batches_in_flight,
     batches_to_redo,
@@ -44,8 +46,26 @@ from searchr1.training.off_policy import (
     turn_version,
 )
 
-if TYPE_CHECKING:
-    from searchr1.training.pipeline import RolloutPipeline
+
+
+class Pipeline(Protocol):
+    """What partial rollouts use of their :class:`~searchr1.training.pipeline.RolloutPipeline`."""
+
+    config: TrainConfig
+    tokenizer: Tokenizer
+    search: SearchBackend
+    tools: dict[str, ToolBackend]
+    questions: Callable[[int], list[SearchExample]]
+    sampling_slots: asyncio.Semaphore
+    weights_version: int
+
+    def progress_of(self, batch_index: int) -> Callable[[int], None]: ...
+
+    def usable_version(self, version: int) -> int: ...
+
+    def sampler(self, version: int) -> asyncio.Future[tuple[SamplingClient, int]]: ...
+
+    def add_usage(self, step: int, usage: Usage) -> None: ...
 
 
 @dataclass
@@ -94,10 +114,10 @@ class BatchLedger:
 
 
 class PartialRollouts:
-    """The groups of the launched batches and the steps that train them, for one
-    :class:`~searchr1.training.pipeline.RolloutPipeline` (its samplers, questions and tools)."""
+    """The groups of the launched batches and the steps that train them, for one rollout pipeline
+    (its samplers, questions and tools)."""
 
-    def __init__(self, pipeline: RolloutPipeline) -> None:
+    def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         config = pipeline.config
         self.k, self.t, self.s = config.max_steps_off_policy, config.turns_per_version, config.max_version_lag
@@ -140,7 +160,7 @@ class PartialRollouts:
         search = with_search(MeteredSearch(pipeline.search, usage), metered_tools(pipeline.tools, usage))
         template_boundaries(pipeline.tokenizer, thinking=config.rollout.thinking)  # once, before any task
         rollout = BatchRollout(_NO_SAMPLER, pipeline.tokenizer, search, budgets=self.budgets, runtime=config.rollout,
-                               step=index, progress=pipeline.progress.callback(index),
+                               step=index, progress=pipeline.progress_of(index),
                                sampling_slots=pipeline.sampling_slots, turn_sampler=self._turn_sampler(index, usage))
         tasks: list[asyncio.Future[list[Trajectory]]] = []
         for question_index, example in enumerate(questions):

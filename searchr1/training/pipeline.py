@@ -186,6 +186,10 @@ class RolloutPipeline:
 
     # -- samplers (one per weights version) ------------------------------------------------------
 
+    def progress_of(self, batch_index: int) -> Callable[[int], None]:
+        """What to tell as each trajectory of batch ``batch_index`` ends."""
+        return self.progress.callback(batch_index)
+
     def sampler(self, version: int) -> asyncio.Future[tuple[SamplingClient, int]]:
         """The sampler of version ``version`` (made once; see :meth:`_sampler`)."""
         return self._sampler(version)

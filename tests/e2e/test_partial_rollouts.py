@@ -65,3 +65,22 @@ def test_bad_partial_rollout_flags_are_one_line(tmp_path, args, message):
     errors = [line for line in output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and message in errors[0], output  # click's usage lines, then the one error
     assert not (tmp_path / "run").exists()
+
+
+def test_a_quantum_longer_than_every_trajectory_trains_as_the_bounded_overlap_does(tmp_path):
+    """With T past the turn budget no trajectory moves on and no group is carried: every metric but
+    the pipeline's own async/ view equals --max-steps-off-policy 1's."""
+    common = [*BASE, "--max-steps", "4", "--max-steps-off-policy", "1", "--run-dir"]
+    code, output = run_cli(*common, str(tmp_path / "bounded"))
+    assert code == 0, output
+    code, output = run_cli(*common, str(tmp_path / "partial"), "--partial-rollouts", "--turns-per-version", "100",
+                           "--max-version-lag", "1")
+    assert code == 0, output
+
+    def lines(name: str) -> list[dict]:
+        return [{k: v for k, v in without_timing_metrics(m).items() if not k.startswith("async/")}
+                for m in RunDir(tmp_path / name).metrics()]
+
+    assert lines("partial") == lines("bounded") and len(lines("bounded")) == 4
+    assert all(m["async/groups_carried"] == 0 and m["async/oldest_turn_lag/1"] in (0.0, 1.0)
+               for m in RunDir(tmp_path / "partial").metrics())
