@@ -287,17 +287,17 @@ R = TypeVar("R")
 
 def variants_by_seed(tokenizer: Qwen35Tokenizer, variants: Sequence[str], seeds: Sequence[int], prefix: str,
                      run: Callable[[ServiceClient, Path, str, int], R], *,
-                     faults: TwinFaults | None = None) -> dict[str, list[R]]:
+                     faults: TwinFaults | None = None, max_staleness: int = 0) -> dict[str, list[R]]:
     """``run(service, home, variant, seed)`` for every variant on every seed, the variants side by
     side on each seed, on one in-process twin serving the learning policy (no latency, ``faults``
-    injected) in a scratch directory named with ``prefix``."""
+    injected, strict with ``max_staleness``) in a scratch directory named with ``prefix``."""
     from searchr1.twin import Strictness, start_twin
 
     runs: dict[str, list[R]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
         home = Path(scratch)
-        with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning", strictness=Strictness(),
-                        faults=faults) as twin:
+        with start_twin(home=home / "twin", tokenizer=tokenizer, policy="learning",
+                        strictness=Strictness(max_staleness=max_staleness), faults=faults) as twin:
             service = twin.service_client()
             for seed in seeds:
                 for name in variants:

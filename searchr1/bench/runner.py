@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from searchr1.bench.report import Figure
 from searchr1.runtime.tokenizer import Qwen35Tokenizer
 
-FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
+FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
 # Figures 8 and 9 (BM25 over a generated 1M-passage corpus, and against Lucene) and 10 (six
 # learning runs and the KL penalty's cost) take minutes and figure 9 needs its own set-up; figure
 # 11 (pytrio's CPU per request beside a busy loop) explains figure 5 and holds no target; figure
@@ -16,7 +16,8 @@ FIGURE_NUMBERS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
 # three kinds of credit on 8 seeds), 15 (16: thinking off and on) and 16 (16 runs of 26 steps:
 # full and fold on the long-horizon world) and 17 (48 runs: three corrections under two losses on a
 # mismatched sampler, 8 seeds) and 18 (16 runs, each evaluated after every step: uniform sampling
-# against the probe's filter and the curriculum) take minutes: they run only when named with --only.
+# against the probe's filter and the curriculum) and 19 (three served runs of 28 steps and 16 learning runs:
+# partial rollouts against the bounded overlap) take minutes: they run only when named with --only.
 DEFAULT_FIGURES = (1, 2, 3, 4, 5, 6, 7)
 
 
@@ -33,6 +34,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
     from searchr1.bench.packing import packing_figure
     from searchr1.bench.page_world import page_world_figure
     from searchr1.bench.paper_step import paper_step_figure
+    from searchr1.bench.partial_rollouts import partial_rollouts_figure
     from searchr1.bench.protocol_cpu import protocol_cpu_figure
     from searchr1.bench.scheduling import scheduling_figure
     from searchr1.bench.search_calls import search_calls_figure
@@ -58,6 +60,7 @@ def _builders() -> dict[int, Callable[..., Figure]]:
         16: long_horizon_figure,
         17: correction_figure,
         18: curriculum_figure,
+        19: partial_rollouts_figure,
     }
 
 

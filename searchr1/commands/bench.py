@@ -28,6 +28,7 @@ TITLES = {
     16: "context management on the long-horizon world: full against fold",
     17: "off-policy correction against a mismatched sampler: none, tis, decoupled",
     18: "which questions to train on: uniform against the probe's filter and the curriculum",
+    19: "partial rollouts against the bounded overlap on mixed trajectory lengths",
 }
 
 
@@ -37,7 +38,7 @@ TITLES = {
 @click.option("--quick", is_flag=True, help="Tiny sizes and one repetition: a smoke run, not for quoting.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the workloads and latencies.")
 @click.option("--only", default=None, metavar="1,2,...",
-              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 and 12-18 take minutes, 11 "
+              help=f"Run only these figures (1-{max(TITLES)}; without it 1-7: figures 8-10 and 12-19 take minutes, 11 "
                    "explains 5, "
                    "and 9 needs `python -m searchr1.bench.lucene setup` first).")
 @click.option("--passages", type=click.IntRange(min=1000), default=None,
@@ -71,6 +72,8 @@ def bench(output: str, quick: bool, seed: int, only: str | None, strict: bool, p
     17 steps to reward 0.8 with --correction none, tis and decoupled on a sampler with the mismatch fault
     18 steps to reward 0.8 on the questions needing search and the batch spent on solved or guessable ones,
        uniform against --drop-guessable 1 --curriculum
+    19 steps per hour, makespan / training-queue bound and steps to reward 0.8 with --partial-rollouts against
+       the bounded overlap, on short and long-horizon questions mixed
 
     Every figure is a ratio of two things measured in the same run. Prints a table and writes
     OUTPUT (value, target and "met" per figure). Exit status 0 even when a target is missed,

@@ -22,8 +22,8 @@ from searchr1.core.settings import OnResume
 
 # Every heading a command's --help may have, in the order they are listed ("run" first: where a
 # newcomer looks for --offline, the data and the output).
-SECTIONS = ("run", "data", "rollout", "context", "algorithm", "credit", "correction", "search", "judge", "archive",
-            "service", "latency", "health", "cost", "logging")
+SECTIONS = ("run", "data", "rollout", "context", "algorithm", "credit", "correction", "pipeline", "search", "judge",
+            "archive", "service", "latency", "health", "cost", "logging")
 
 
 def heading(section: str) -> str:

@@ -818,8 +818,10 @@ def _run_account(config: TrainConfig) -> RunAccount:
 def twin_staleness(config: TrainConfig) -> int:
     """Weight-changing optimiser steps a sampler of this run may lag behind the training run:
     every step makes ``num_substeps`` of them and a batch samples on weights up to K steps old,
-    so the last mini-batch of a step trains ``(K + 1) * N - 1`` updates after its sampler."""
-    return (config.max_steps_off_policy + 1) * config.num_substeps - 1
+    so the last mini-batch of a step trains ``(K + 1) * N - 1`` updates after its sampler (with
+    --partial-rollouts a trajectory's oldest turn is up to S = --max-version-lag steps old)."""
+    lag = config.max_version_lag if config.partial_rollouts else config.max_steps_off_policy
+    return (lag + 1) * config.num_substeps - 1
 
 
 def _fit_server_limits(service: pytrio.ServiceClient, config: TrainConfig, *, clamp: bool,

@@ -31,7 +31,7 @@ import asyncio
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -67,6 +67,8 @@ from searchr1.core.types import (
 
 log = logging.getLogger("searchr1.core.rollout")
 T = TypeVar("T")
+# partial rollouts: the sampler (and its version) of a trajectory's turn, by the trajectory and turn index
+TurnSampler = Callable[[Trajectory, int], Awaitable[tuple[SamplingClient, int]]]
 
 
 @dataclass(frozen=True)
@@ -344,9 +346,10 @@ class BatchRollout:
     def __init__(self, sampling_client: SamplingClient, tokenizer: Tokenizer, tools: Mapping[str, ToolBackend],
                  budgets: RolloutBudgets, runtime: SamplingRuntime, step: int,
                  progress: Callable[[int], None] | None, sampling_slots: asyncio.Semaphore | None = None,
-                 sampler_version: int = 0) -> None:
+                 sampler_version: int = 0, turn_sampler: TurnSampler | None = None) -> None:
         self.sampler = sampling_client
         self.sampler_version = sampler_version  # recorded on every turn it samples
+        self.turn_sampler = turn_sampler  # partial rollouts: each turn's own sampler instead
         self.tokenizer = tokenizer
         self.tools = dict(tools)
         self.budgets = budgets
@@ -359,14 +362,14 @@ class BatchRollout:
         # a passage id is shown only where a declared tool takes one
         self.shows_ids = any(tool.takes_ids for tool in declared_tools(budgets))
 
-    async def send_with_retries(self, request: SampleRequest) -> list[SampledSequence]:
+    async def send_with_retries(self, request: SampleRequest, sampler: SamplingClient) -> list[SampledSequence]:
         """One request with retries; returns exactly ``num_samples`` sequences or raises."""
         attempt = 0
         while True:
             try:
                 # asyncio.timeout, not wait_for: no extra task per request
                 async with self.sampling_slots, asyncio.timeout(self.runtime.sample_timeout):
-                    return await send_request(self.sampler, request, self.budgets, self.stop_sequences)
+                    return await send_request(sampler, request, self.budgets, self.stop_sequences)
             except Exception as error:  # noqa: BLE001 - classified below, never swallowed silently
                 if attempt >= self.runtime.sample_retries or not is_retryable(error):
                     raise
@@ -378,8 +381,11 @@ class BatchRollout:
     async def sample_turns(self, group: list[Trajectory], request: SampleRequest) -> list[Turn | None]:
         """SAMPLE: one turn per trajectory of ``group``, or ``None`` for each that ends as
         ``sampler_error`` (the service failed after its retries, or returned a malformed sequence)."""
+        sampler, version = self.sampler, self.sampler_version
+        if self.turn_sampler is not None:
+            sampler, version = await self.turn_sampler(group[0], len(group[0].turns))
         try:
-            sequences = await self.send_with_retries(request)
+            sequences = await self.send_with_retries(request, sampler)
         except Exception as error:  # noqa: BLE001
             if not is_sampler_failure(error):
                 raise
@@ -388,7 +394,7 @@ class BatchRollout:
         for trajectory, sequence in zip(group, sequences):
             try:
                 turns.append(Turn(request.prompt_tokens, *read_sequence(sequence, self.tokenizer),
-                                  sampler=self.sampler_version, context=trajectory.folds))
+                                  sampler=version, context=trajectory.folds))
             except MalformedSampleError as error:
                 turns += self.sampler_failed([trajectory], error)
         return turns
@@ -450,6 +456,7 @@ async def rollout_batch_async(
     sampling_slots: asyncio.Semaphore | None = None,
     first_question_index: int = 0,
     sampler_version: int = 0,
+    turn_sampler: TurnSampler | None = None,
 ) -> list[Trajectory]:
     """``group_size`` trajectories per example, ordered by question, then sample; unscored (the
     step scores them next). ``tools`` runs each declared tool by name, search among them.
@@ -457,7 +464,8 @@ async def rollout_batch_async(
     off-policy pipeline; by default the batch has ``sampling_concurrency`` of its own).
     ``first_question_index``: where question numbers (which group and seed) start; dynamic
     sampling's extra draws of a step use fresh ones. ``sampler_version``: the training steps
-    finished before the weights ``sampling_client`` serves, recorded on every turn. Raises
+    finished before the weights ``sampling_client`` serves, recorded on every turn; ``turn_sampler``
+    (partial rollouts) gives each turn its own sampler and version instead. Raises
     :class:`SamplerFailureError` when more than ``max_sampler_failure_fraction`` could not be
     sampled (a smaller share ends as ``sampler_error`` and is left out of the update)."""
     template_boundaries(tokenizer, thinking=config.thinking)  # learn the template's boundaries once, before any task
@@ -465,7 +473,8 @@ async def rollout_batch_async(
     if missing:
         raise ValueError(f"no backend runs the declared tool {missing[0]!r}")
     batch = BatchRollout(sampling_client, tokenizer, tools, budgets=config, runtime=config, step=step,
-                         progress=progress_callback, sampling_slots=sampling_slots, sampler_version=sampler_version)
+                         progress=progress_callback, sampling_slots=sampling_slots, sampler_version=sampler_version,
+                         turn_sampler=turn_sampler)
     groups = await run_all(
         batch.run_question(index, example) for index, example in enumerate(examples, first_question_index)
     )

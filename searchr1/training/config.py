@@ -74,10 +74,23 @@ class TrainConfig(StepConfig):
     server_limits: dict[str, JsonValue] | None = None
     # Rollouts for step b run on the weights after b - K steps (searchr1.training.off_policy); 0 = on-policy.
     max_steps_off_policy: int = setting(
-        0, at_least=0, on_resume=OnResume.SEGMENT,
+        0, group="pipeline", at_least=0, on_resume=OnResume.SEGMENT,
         help="Roll out the batches of the next K steps while a step trains, on weights up to K steps old (the "
              "importance ratio corrects for it); 0 = on-policy. Worth it when steps are long or training calls "
              "are expensive.")
+    # Partial rollouts (searchr1.training.partial): in-flight trajectories move on to newer samplers.
+    partial_rollouts: bool = setting(
+        False, group="pipeline", on_resume=OnResume.FIXED,
+        help="With --max-steps-off-policy K >= 1: a trajectory in flight moves on to the next newer sampler every "
+             "--turns-per-version turns, and a group of long trajectories is trained one step later for each such "
+             "move instead of holding up its own step; exact on resume.")
+    turns_per_version: int = setting(
+        2, group="pipeline", at_least=1, at_most=1000, metavar="T", on_resume=OnResume.FIXED,
+        help="With --partial-rollouts: turn j of step b's batch samples on the weights after b - K + j // T steps.")
+    max_version_lag: int = setting(
+        3, group="pipeline", at_least=1, at_most=1000, metavar="S", on_resume=OnResume.FIXED,
+        help="With --partial-rollouts: how many versions a trajectory's oldest turn may lag the step that trains "
+             "it (at least K); a trajectory ends on its turn budget after (S - K + 1) * T turns.")
     transcripts_per_step: int = setting(
         4, group="logging", at_least=0,
         on_resume=OnResume.SEGMENT,
@@ -175,10 +188,24 @@ class TrainConfig(StepConfig):
         if self.judge is not None and not self.judge_weight:
             raise SettingError("--judge", f"{self.judge}: a training judge is a reward term; give it a weight with "
                                "--judge-weight W (0 < W <= 1), or judge an eval with eval --judge")
+        if self.partial_rollouts:
+            self._check_partial_rollouts()
         if self.dynamic_sampling and self.max_steps_off_policy:
             raise SettingError("--dynamic-sampling", "needs --max-steps-off-policy 0: how many questions a step "
                                "draws is known only when it has finished, so the next step's batch cannot start "
                                "earlier")
+
+    def _check_partial_rollouts(self) -> None:
+        """--partial-rollouts needs an off-policy pipeline, a bound it can keep, and a fixed draw."""
+        if not self.max_steps_off_policy:
+            raise SettingError("--partial-rollouts", "needs --max-steps-off-policy K >= 1: a trajectory moves on to "
+                               "a newer sampler only while later steps train")
+        if self.max_version_lag < self.max_steps_off_policy:
+            raise SettingError("--max-version-lag", f"{self.max_version_lag} is below --max-steps-off-policy "
+                               f"{self.max_steps_off_policy}: a batch's first turn already lags its step by K")
+        if self.curriculum:
+            raise SettingError("--curriculum", "does not go with --partial-rollouts: a resume redraws the batches "
+                               "it rolls out again, and the draw depends on when it is made")
 
     def to_json(self) -> dict[str, JsonValue]:
         return dataclasses.asdict(self)

@@ -42,7 +42,7 @@ from searchr1.evaluation.judge import Judge
 from searchr1.training.checkpoints import checkpoint_name, save_checkpoint
 from searchr1.training.curriculum import CurriculumRecord, curriculum_of, group_outcomes, question_metrics
 from searchr1.evaluation.probe import read_probe
-from searchr1.training.off_policy import off_policy_metrics, versions_to_record
+from searchr1.training.off_policy import off_policy_metrics, partial_versions_to_record, versions_to_record
 from searchr1.training.packing import pack_micro_batches, weight_micro_batch_for_global_mean
 from searchr1.training.pipeline import RolloutPipeline
 from searchr1.run.costs import BudgetReached, BudgetVerdict, RunAccount
@@ -193,9 +193,8 @@ class TrainingRun:
             "state_path": state_path,
             "weights_path": weights_path,
             # samplers of the batches in flight (off-policy runs): a resume redoes them exactly
-            "sampler_paths": {str(v): self.sampler_paths[v] for v in sorted(
-                versions_to_record(completed, self.config.max_steps_off_policy))
-                if v in self.sampler_paths},
+            "sampler_paths": {str(v): self.sampler_paths[v] for v in sorted(self._versions_to_record(completed))
+                              if v in self.sampler_paths},
             "time": time.time(),
         }
         self.run.record_checkpoint(entry)
@@ -203,12 +202,18 @@ class TrainingRun:
         self.reporter.note(f"checkpoint {name}: state {state_path}  weights {weights_path}")
         return entry
 
+    def _versions_to_record(self, completed: int) -> set[int]:
+        """The samplers a resume from ``completed`` steps needs (the batches it redoes sample on them)."""
+        if self.config.partial_rollouts:
+            return partial_versions_to_record(completed, self.config.max_version_lag)
+        return versions_to_record(completed, self.config.max_steps_off_policy)
+
     def metrics(self, record: StepRecord) -> dict[str, float]:
         """The step's metrics line: what it produced, the pipeline's state and the search counters."""
         config = self.config
         assert self.pipeline is not None
         metrics = step_metrics(record, config)
-        if config.max_steps_off_policy:
+        if config.max_steps_off_policy and not config.partial_rollouts:  # partial: the batch's own async/ metrics
             metrics.update(off_policy_metrics(record.step - record.batch.sampler_version, config.max_steps_off_policy,
                                               len(record.trajectories), discarded=0, in_flight=self.pipeline.in_flight))
         if self.probe is not None or self.curriculum is not None:

@@ -39,6 +39,7 @@ from searchr1.search.tool import SearchBackend, with_search
 from searchr1.core.tools import ToolBackend
 from searchr1.core.trainer import OnPolicy, RolloutBatch
 from searchr1.training.config import TrainConfig
+from searchr1.training.partial import PartialRollouts
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools
 
 SAMPLER_TTL_SECONDS = 24 * 3600  # named samplers of off-policy runs (resume reuses them)
@@ -97,14 +98,16 @@ class RolloutPipeline:
         self._rollouts: dict[int, asyncio.Future[RolloutBatch]] = {}
         self._drawn: dict[int, list[SearchExample]] = {}  # each launched batch's questions
         self._usage: dict[int, Usage] = {}  # each rolled-out batch's usage, until its step takes it
-        self._sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
+        self.sampling_slots = asyncio.Semaphore(config.rollout.sampling_concurrency)  # one cap for all batches
         # On-policy without dynamic sampling, each batch comes from the core's own source, watched
         # for usage and progress; otherwise from this pipeline's samplers and rollouts.
         self.on_policy: OnPolicy | None = None
+        # --partial-rollouts: groups, not batches, and each turn on its own sampler (searchr1.training.partial)
+        self.partial = PartialRollouts(self) if config.partial_rollouts else None
         if config.max_steps_off_policy == 0 and not config.dynamic_sampling:
             self.on_policy = OnPolicy(training_client, tokenizer, with_search(search, self.tools),
                                       self.questions,
-                                      config.rollout, watch=self._watch, sampling_slots=self._sampling_slots)
+                                      config.rollout, watch=self._watch, sampling_slots=self.sampling_slots)
         moved = [b for b in batches_in_flight(weights_version, config.max_steps, config.max_steps_off_policy)
                  if self.version_for(b) != sampler_version(b, config.max_steps_off_policy)]
         if moved:
@@ -114,13 +117,15 @@ class RolloutPipeline:
 
     @property
     def in_flight(self) -> int:
-        return len(self._rollouts)
+        return self.partial.in_flight if self.partial is not None else len(self._rollouts)
 
     async def batch(self, step: int) -> RolloutBatch:
         """Launch the batches the schedule allows while ``step`` waits, and wait for its own."""
         self.progress.focus(step)
         if self.on_policy is not None:
             return await self.on_policy.batch(step)
+        if self.partial is not None:
+            return await self.partial.batch(step)
         for index in batches_in_flight(step, self.config.max_steps, self.config.max_steps_off_policy):
             if index not in self._rollouts:
                 if not self.config.dynamic_sampling:
@@ -145,13 +150,19 @@ class RolloutPipeline:
         self.weights_version = step + 1
         if self.on_policy is None and step + 1 < self.config.max_steps:
             self._sampler(step + 1)
+        if self.partial is not None:
+            self.partial.published()  # turns waiting for this version go on
 
     def version_for(self, batch_index: int) -> int:
         """The weights version batch ``batch_index`` samples on: ``sampler_version(b, K)``,
         except for the batches of a resumed run whose version lies before the checkpoint and
         was not recorded with it (a restart with a larger --max-steps-off-policy): those sample
         on the checkpoint's weights. Both depend on the step index and the checkpoint alone."""
-        version = sampler_version(batch_index, self.config.max_steps_off_policy)
+        return self.usable_version(sampler_version(batch_index, self.config.max_steps_off_policy))
+
+    def usable_version(self, version: int) -> int:
+        """``version``, or the checkpoint's weights for a version before them that the checkpoint
+        does not record (:meth:`version_for`)."""
         if version < self.first_version and version not in self.sampler_paths:
             return self.first_version
         return version
@@ -159,7 +170,7 @@ class RolloutPipeline:
     def drop_from(self, first_batch: int) -> int:
         """Cancel rollouts of batches ``>= first_batch`` (a stop or the end of the run); returns
         how many were still running."""
-        dropped = 0
+        dropped = self.partial.drop_all() if self.partial is not None else 0
         for index in sorted(self._rollouts):
             if index >= first_batch:
                 self._drawn.pop(index, None)
@@ -174,6 +185,14 @@ class RolloutPipeline:
             task.cancel()
 
     # -- samplers (one per weights version) ------------------------------------------------------
+
+    def progress_of(self, batch_index: int) -> Callable[[int], None]:
+        """What to tell as each trajectory of batch ``batch_index`` ends."""
+        return self.progress.callback(batch_index)
+
+    def sampler(self, version: int) -> asyncio.Future[tuple[SamplingClient, int]]:
+        """The sampler of version ``version`` (made once; see :meth:`_sampler`)."""
+        return self._sampler(version)
 
     def _sampler(self, version: int) -> asyncio.Future[tuple[SamplingClient, int]]:
         """The sampling client on the weights after ``version`` finished steps (a task, made
@@ -237,11 +256,15 @@ class RolloutPipeline:
         questions = self._drawn.pop(batch_index)
         trajectories = await rollout_batch_async(
             sampler, self.tokenizer, with_search(search, tools), questions, config.rollout,
-            self.progress.callback(batch_index), step=batch_index, sampling_slots=self._sampling_slots,
+            self.progress.callback(batch_index), step=batch_index, sampling_slots=self.sampling_slots,
             sampler_version=version,
         )
         self._usage[batch_index] = usage
         return RolloutBatch(batch_index, version, trajectories, time.perf_counter() - started)
+
+    def add_usage(self, step: int, usage: Usage) -> None:
+        """Count ``usage`` with step ``step`` (partial rollouts: a batch whose last group it trains)."""
+        self._usage.setdefault(step, Usage()).add(usage)
 
     def take_usage(self, batch_index: int) -> Usage:
         """What rolling out batch ``batch_index`` used (its sampling, searches and the save of its
@@ -271,7 +294,7 @@ class RolloutPipeline:
             batch = take_batch(self.examples, self.cursor, size)
             drawn = await rollout_batch_async(
                 sampler, self.tokenizer, with_search(search, tools), batch, config.rollout,
-                self.progress.callback(batch_index), step=batch_index, sampling_slots=self._sampling_slots,
+                self.progress.callback(batch_index), step=batch_index, sampling_slots=self.sampling_slots,
                 first_question_index=draws * size, sampler_version=version,
             )
             score_trajectories(drawn, reward=config.reward)

@@ -322,8 +322,8 @@ def test_train_help_lists_every_option_under_a_heading_made_from_its_declaration
     code, output, _ = invoke("train", "--help")
     assert code == 0
     headings = [line for line in output.splitlines() if line.endswith(" options:")]
-    train_sections = ("run", "data", "rollout", "context", "algorithm", "credit", "correction", "search", "judge",
-                      "service", "health", "cost", "logging")
+    train_sections = ("run", "data", "rollout", "context", "algorithm", "credit", "correction", "pipeline", "search",
+                      "judge", "service", "health", "cost", "logging")
     assert headings == [f"{name.capitalize()} options:" for name in SECTIONS if name in train_sections] + [
         "Other options:"]
     for param in train.params:
