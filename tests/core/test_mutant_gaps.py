@@ -242,7 +242,8 @@ def test_on_policy_rolls_out_the_step_on_the_watched_sampler_with_its_progress_a
     elapsed = time.perf_counter() - before
     assert received == {"sampling_client": watched_sampler, "tokenizer": "tokenizer", "tools": watched_tools,
                         "examples": examples * 3, "config": rollout, "progress_callback": progress, "step": 3,
-                        "sampling_slots": slots, "first_question_index": 0, "sampler_version": 3}
+                        "sampling_slots": slots, "first_question_index": 0, "sampler_version": 3,
+                        "turn_sampler": None}  # on-policy, every turn on the step's own sampler
     assert (batch.batch_index, batch.sampler_version, batch.trajectories) == (3, 3, [])
     assert 0.0 <= batch.seconds <= elapsed
 
