@@ -173,7 +173,10 @@ class PartialRollouts:
 
     def _turn_sampler(self, batch_index: int, usage: Usage) -> TurnSampler:
         async def sampler_of(trajectory: Trajectory, turn: int) -> tuple[SamplingClient, int]:
-            self.groups[(batch_index, trajectory.question_index)].reach(turn)
+            group = self.groups.get((batch_index, trajectory.question_index))
+            if group is None:  # dropped (a stop, the end of the run) while this trajectory was running
+                raise asyncio.CancelledError
+            group.reach(turn)
             version = self.pipeline.usable_version(turn_version(batch_index, turn, self.k, self.t))
             while version > self.pipeline.weights_version or version >= self.pipeline.config.max_steps:
                 await self.publication()  # training has not made it yet (past max_steps: never)

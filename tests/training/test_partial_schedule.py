@@ -88,3 +88,25 @@ def test_the_metrics_histogram_the_oldest_turns_and_count_the_versions():
     assert metrics["async/staleness_mean"] == 1.0
     assert metrics["async/versions_per_trajectory"] == 4 / 3
     assert (metrics["async/groups_carried"], metrics["async/cut_by_lag"], metrics["async/batches_in_flight"]) == (1, 2, 3)
+
+
+def test_a_turn_of_a_dropped_group_ends_as_cancelled_not_with_an_error():
+    """A stop or the end of the run drops every group while some trajectories are still between
+    turns: the next turn's sampler ends that trajectory as cancelled (quietly), never a KeyError
+    in an unawaited task."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import pytest
+
+    from searchr1.core.rollout import RolloutConfig
+    from searchr1.core.types import SearchExample, Trajectory
+    from searchr1.run.usage import Usage
+    from searchr1.training.partial import PartialRollouts
+
+    config = SimpleNamespace(max_steps_off_policy=1, turns_per_version=2, max_version_lag=3, rollout=RolloutConfig())
+    partial = PartialRollouts(SimpleNamespace(config=config))  # type: ignore[arg-type]  # what it reads
+    trajectory = Trajectory(SearchExample("q", "?", ("a",), "nq"), 6, 0, messages=[])
+    sampler_of = partial._turn_sampler(27, Usage())
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(sampler_of(trajectory, 3))
