@@ -34,9 +34,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
-from searchr1.basics.fileio import append_text, write_text_atomically
 from searchr1.basics.json_types import JsonObject, as_float, as_int, as_object, as_str
 from searchr1.core.budgets import InvalidCallPolicy
 from searchr1.core.errors import UserError
@@ -44,6 +42,7 @@ from searchr1.core.reward import score_trajectories
 from searchr1.core.rollout import RolloutConfig, rollout_batch_async
 from searchr1.core.tools import ToolBackend
 from searchr1.core.types import SamplingClient, SearchExample, Tokenizer, Trajectory
+from searchr1.evaluation.evaluate import EvalProgress, append_records, rewrite_file
 from searchr1.run.estimate import scaled
 from searchr1.run.costs import Budget, BudgetVerdict, PriceTable, check_budget, mean_usage
 from searchr1.run.usage import MeteredSampler, MeteredSearch, Usage, metered_tools
@@ -190,14 +189,6 @@ class ProbeOutcome:
     summary: JsonObject | None = None
 
 
-class ProbeProgress(Protocol):
-    """Where progress goes (a counting bar)."""
-
-    def start(self, total: int, done: int) -> None: ...
-
-    def advance(self, count: int = 1) -> None: ...
-
-
 @dataclass
 class ProbeRunner:
     """What probing one question needs: the policy's sampler, the tools and both rollouts' settings."""
@@ -250,7 +241,7 @@ def _summary(lines: Sequence[JsonObject], usage: Usage, prices: PriceTable | Non
 
 async def probe_dataset(runner: ProbeRunner, examples: Sequence[SearchExample], output: str | Path,
                         config: Mapping[str, object], *, planned: Sequence[tuple[int, SearchExample]] | None = None,
-                        overwrite: bool = False, progress: ProbeProgress | None = None,
+                        overwrite: bool = False, progress: EvalProgress | None = None,
                         prices: PriceTable | None = None, budget: Budget | None = None) -> ProbeOutcome:
     """Probe ``planned`` (``(position, example)``; default every example) into ``output``; see the
     module docstring. Before each chunk of questions the budget is checked against the mean
@@ -286,7 +277,7 @@ async def probe_dataset(runner: ProbeRunner, examples: Sequence[SearchExample], 
                     outcome.failed.append(example.id)
                     continue
                 line, usage = result
-                append_text(path, json.dumps(line, ensure_ascii=False) + "\n")
+                append_records(path, [line])
                 lines[example.id] = line
                 outcome.usage.add(usage)
                 outcome.probed += 1
@@ -307,6 +298,5 @@ def _usage_of(line: Mapping[str, object]) -> Usage:
 
 
 def _rewrite(path: Path, header: JsonObject, lines: Sequence[JsonObject], summary: JsonObject | None) -> None:
-    records = [header, *lines] + ([summary] if summary is not None else [])
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    rewrite_file(path, [header, *lines] + ([summary] if summary is not None else []))
