@@ -206,3 +206,25 @@ run_dir.RunDir.append_metrics = append_then_maybe_die
 from searchr1.cli import main
 main(sys.argv[2:])
 """
+
+
+def killed_resumed_and_straight(args: list[str], tmp_path: Path) -> tuple[Path, list[dict], list[dict]]:
+    """``train`` with ``args`` (ending in ``--run-dir``, saving every 2 steps) killed right after
+    step 3 and resumed from its checkpoint at step 2, then the same run uninterrupted: the killed
+    run's directory and both runs' metrics lines without wall-clock keys."""
+    from click.testing import CliRunner
+
+    from searchr1.cli import main
+    from searchr1.run.directory import RunDir
+    from warm_python import run_python
+
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+    process = run_python(["-c", KILL_AFTER_STEP, "3", *args, str(killed)], cwd=Path(__file__).resolve().parents[1],
+                         timeout=300)
+    assert process.returncode == -9, process.stderr[-2000:]
+    assert RunDir(killed).resume_point().step == 2
+    for invocation in (["train", "--offline", "--resume", str(killed)], [*args, str(straight)]):
+        result = CliRunner().invoke(main, invocation)
+        assert result.exit_code == 0, result.output
+    return (killed, [without_timing_metrics(m) for m in RunDir(killed).metrics()],
+            [without_timing_metrics(m) for m in RunDir(straight).metrics()])

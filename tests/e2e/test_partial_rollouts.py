@@ -5,17 +5,14 @@ the bound cuts what would lag too far, and bad flag combinations are one line.""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from searchr1.cli import main
 from searchr1.run.directory import RunDir
-from twin_support import KILL_AFTER_STEP, without_timing_metrics
-from warm_python import run_python
+from twin_support import killed_resumed_and_straight, without_timing_metrics
 
-REPO = Path(__file__).resolve().parents[2]
 BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4"]
 PARTIAL = ["--max-steps-off-policy", "1", "--partial-rollouts", "--turns-per-version", "1"]
 
@@ -29,16 +26,7 @@ def run_cli(*args: str) -> tuple[int, str]:
                          ids=["carried", "cut", "k2"])
 def test_a_killed_partial_run_resumes_at_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path, bound):
     args = [*BASE, *PARTIAL, *bound, "--max-steps", "6", "--save-every", "2", "--run-dir"]
-    killed = tmp_path / "killed"
-    process = run_python(["-c", KILL_AFTER_STEP, "3", *args, str(killed)], cwd=REPO, timeout=300)
-    assert process.returncode == -9, process.stderr[-2000:]
-    assert RunDir(killed).resume_point().step == 2
-    code, output = run_cli(*BASE[:2], "--resume", str(killed))
-    assert code == 0, output
-    code, output = run_cli(*args, str(tmp_path / "straight"))
-    assert code == 0, output
-    resumed = [without_timing_metrics(m) for m in RunDir(killed).metrics()]
-    straight = [without_timing_metrics(m) for m in RunDir(tmp_path / "straight").metrics()]
+    killed, resumed, straight = killed_resumed_and_straight(args, tmp_path)
     assert [m["step"] for m in resumed] == list(range(6))
     assert resumed == straight
     lag = int(json.loads((killed / "config.json").read_text())["max_version_lag"])

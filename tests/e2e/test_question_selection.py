@@ -13,10 +13,8 @@ from click.testing import CliRunner
 from searchr1.cli import main
 from searchr1.offline import MIXED_TRAIN, load_source, KNOWN
 from searchr1.run.directory import RunDir
-from twin_support import KILL_AFTER_STEP, without_timing_metrics
-from warm_python import run_python
+from twin_support import killed_resumed_and_straight
 
-REPO = Path(__file__).resolve().parents[2]
 BASE = ["train", "--offline", "--quiet", "--questions-per-batch", "4", "--group-size", "4", "--data", str(MIXED_TRAIN)]
 
 
@@ -62,15 +60,7 @@ def test_a_resumed_probe_adds_only_what_it_lacks(tmp_path, probe):
 def test_a_filtered_curriculum_run_resumes_exactly(tmp_path, probe, off_policy):
     args = [*BASE, "--probe", str(probe), "--drop-guessable", "1", "--curriculum", *off_policy,
             "--max-steps", "6", "--save-every", "2", "--run-dir"]
-    killed = tmp_path / "killed"
-    process = run_python(["-c", KILL_AFTER_STEP, "3", *args, str(killed)], cwd=REPO, timeout=300)
-    assert process.returncode == -9, process.stderr[-2000:]
-    code, output = run_cli(*BASE[:2], "--resume", str(killed))
-    assert code == 0, output
-    code, output = run_cli(*args, str(tmp_path / "straight"))
-    assert code == 0, output
-    resumed = [without_timing_metrics(m) for m in RunDir(killed).metrics()]
-    straight = [without_timing_metrics(m) for m in RunDir(tmp_path / "straight").metrics()]
+    killed, resumed, straight = killed_resumed_and_straight(args, tmp_path)
     assert resumed == straight and len(resumed) == 6
     assert all(line["data/guessable_share"] == 0.0 for line in resumed)  # every known question dropped
     config = json.loads((killed / "config.json").read_text())
