@@ -62,16 +62,23 @@ def draw_weights(success: Sequence[float] | np.ndarray, floor: float) -> np.ndar
 
 def weighted_draw(weights: np.ndarray, size: int, seed: int, batch_index: int) -> list[int]:
     """``size`` distinct indices (all of them when fewer), each drawn in turn with probability
-    proportional to the weights of those left; questions of zero weight come last, uniformly."""
+    proportional to the weights of those left; questions of zero weight come last, uniformly, and
+    before them those whose weight is too small to hold a share of the sum (it rounds to 0)."""
     rng = np.random.default_rng([DRAW_STREAM, seed, batch_index])
-    positive = np.flatnonzero(weights > 0)
-    first = min(size, len(positive))
+    total = float(weights.sum())
+    drawable = np.flatnonzero(weights / total > 0) if total > 0 else np.array([], dtype=np.int64)
+    first = min(size, len(drawable))
     chosen: list[int] = []
     if first:
-        p = weights[positive] / weights[positive].sum()
-        chosen = [int(i) for i in rng.choice(positive, size=first, replace=False, p=p)]
-    rest = [int(i) for i in np.flatnonzero(weights <= 0)]
-    return chosen + [rest[int(i)] for i in rng.permutation(len(rest))[:size - first]]
+        p = weights[drawable] / weights[drawable].sum()
+        chosen = [int(i) for i in rng.choice(drawable, size=first, replace=False, p=p)]
+    rest: list[int] = []
+    tiny = np.setdiff1d(np.flatnonzero(weights > 0), drawable)
+    if len(tiny):
+        rest += [int(tiny[i]) for i in rng.permutation(len(tiny))]
+    zero = np.flatnonzero(weights <= 0)
+    rest += [int(zero[i]) for i in rng.permutation(len(zero))]
+    return chosen + rest[:size - first]
 
 
 class Curriculum:

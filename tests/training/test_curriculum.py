@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from searchr1.core.types import SearchExample
@@ -39,6 +39,8 @@ def test_single_draws_follow_the_weights(weights, seed):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=12), st.integers(1, 16), st.integers(0, 10**6))
+@example([1.0, 1.0, 5e-324], 3, 0)  # a weight whose share of the sum rounds to 0 (found by hypothesis)
+@example([1.0, 5e-324, 0.0], 2, 0)  # and it still comes before a zero weight
 def test_a_batch_holds_distinct_questions_and_as_many_as_it_can(weights, size, batch):
     """Weights of zero come last: a batch holds min(size, n) distinct indices, every positive-weight
     question before any zero-weight one."""
